@@ -1,0 +1,115 @@
+"""The training bucket as Kubernetes sees it: a GCS FUSE volume, its claim, the service account
+that may use it, and the Hugging Face token Secret.
+
+Spec: the tutorial's "Prepare data and storage" section and its gcsfuse-storage.yaml.
+Pure builders: plain data in, dicts out, no Pulumi.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PV_NAME = "training-bucket-pv"
+PVC_NAME = "training-bucket-pvc"
+HF_SECRET_NAME = "hf-secret"
+HF_SECRET_KEY = "hf_api_token"
+STORAGE_CLASS = "gcsfuse-sc"
+CSI_DRIVER = "gcsfuse.csi.storage.gke.io"
+DEFAULT_CAPACITY = "768Gi"
+MOUNT_PATH = "/data"
+"""Where every pod mounts the bucket (the tutorial's paths all start with /data)."""
+GCSFUSE_POD_ANNOTATION = {"gke-gcsfuse/volumes": "true"}
+"""Asks GKE to inject the gcsfuse sidecar into a pod that mounts the volume (FIELD-NOTES 3)."""
+
+# gcsfuse-storage.yaml, in the tutorial's order: unbounded metadata and file caches with parallel
+# downloads for reading the 66 GB model on every node, streaming writes for checkpoints.
+GCSFUSE_MOUNT_OPTIONS: tuple[str, ...] = (
+    "implicit-dirs",
+    "metadata-cache:negative-ttl-secs:0",
+    "metadata-cache:ttl-secs:0",
+    "metadata-cache:stat-cache-max-size-mb:-1",
+    "metadata-cache:type-cache-max-size-mb:-1",
+    "file-cache:max-size-mb:-1",
+    "file-cache:cache-file-for-range-read:true",
+    "file-cache:enable-parallel-downloads:true",
+    "read_ahead_kb=1024",
+    "write:enable-streaming-writes:true",
+    "write:global-max-blocks:200000",
+)
+
+VOLUME_ATTRIBUTES: dict[str, str] = {
+    "skipCSIBucketAccessCheck": "true",
+    "gcsfuseMetadataPrefetchOnMount": "true",
+}
+
+# The tutorial says Delete. Retain instead: the bucket holds the checkpoints of a paid training
+# run, and its lifetime belongs to the GCS bucket resource (force_destroy), not to whether a
+# claim happens to be deleted. The PV object itself is still removed by `pulumi destroy`.
+RECLAIM_POLICY = "Retain"
+
+
+def persistent_volume(*, bucket: str, namespace: str, capacity: str = DEFAULT_CAPACITY) -> dict[str, Any]:
+    """The tutorial's GCS FUSE volume over `bucket`, reserved for the training claim in `namespace`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": PV_NAME},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "capacity": {"storage": capacity},
+            "persistentVolumeReclaimPolicy": RECLAIM_POLICY,
+            "storageClassName": STORAGE_CLASS,
+            # A PV is cluster-wide: reserve it for our claim so no other claim can bind it first.
+            "claimRef": {"namespace": namespace, "name": PVC_NAME},
+            "mountOptions": list(GCSFUSE_MOUNT_OPTIONS),
+            "csi": {
+                "driver": CSI_DRIVER,
+                "volumeHandle": bucket,
+                "volumeAttributes": dict(VOLUME_ATTRIBUTES),
+            },
+        },
+    }
+
+
+def persistent_volume_claim(*, namespace: str, capacity: str = DEFAULT_CAPACITY) -> dict[str, Any]:
+    """The claim every Ray pod and the staging Job mount, bound to the training volume by name."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": PVC_NAME, "namespace": namespace},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "resources": {"requests": {"storage": capacity}},
+            "storageClassName": STORAGE_CLASS,
+            "volumeName": PV_NAME,
+        },
+    }
+
+
+def service_account(*, name: str, namespace: str) -> dict[str, Any]:
+    """The Kubernetes service account that Workload Identity lets into the bucket (no GSA needed)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": name, "namespace": namespace},
+    }
+
+
+def hf_token_secret(*, namespace: str, token: Any) -> dict[str, Any]:
+    """`hf-secret` with key `hf_api_token`, as the tutorial's `kubectl create secret` makes it.
+
+    `token` is passed through untouched: the caller may hand in a Pulumi secret Output, which
+    must stay one, so it is never read, formatted or logged here.
+    """
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": HF_SECRET_NAME, "namespace": namespace},
+        "type": "Opaque",
+        "stringData": {HF_SECRET_KEY: token},
+    }
+
+
+def claim_volume(volume_name: str) -> dict[str, Any]:
+    """A pod volume that mounts the training claim."""
+    return {"name": volume_name, "persistentVolumeClaim": {"claimName": PVC_NAME}}

@@ -1,0 +1,127 @@
+"""The bucket's Kubernetes objects against the tutorial's gcsfuse-storage.yaml and kubectl steps."""
+
+from __future__ import annotations
+
+import pytest
+
+from manifests import storage
+from tests.k8s_schema import validate_core
+
+BUCKET = "verl-data-my-project"
+
+# gcsfuse-storage.yaml, verbatim and in order.
+TUTORIAL_MOUNT_OPTIONS = [
+    "implicit-dirs",
+    "metadata-cache:negative-ttl-secs:0",
+    "metadata-cache:ttl-secs:0",
+    "metadata-cache:stat-cache-max-size-mb:-1",
+    "metadata-cache:type-cache-max-size-mb:-1",
+    "file-cache:max-size-mb:-1",
+    "file-cache:cache-file-for-range-read:true",
+    "file-cache:enable-parallel-downloads:true",
+    "read_ahead_kb=1024",
+    "write:enable-streaming-writes:true",
+    "write:global-max-blocks:200000",
+]
+
+
+def test_volume_matches_the_tutorial() -> None:
+    pv = storage.persistent_volume(bucket=BUCKET, namespace="default")
+    assert pv == {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": "training-bucket-pv"},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "capacity": {"storage": "768Gi"},
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "gcsfuse-sc",
+            "claimRef": {"namespace": "default", "name": "training-bucket-pvc"},
+            "mountOptions": TUTORIAL_MOUNT_OPTIONS,
+            "csi": {
+                "driver": "gcsfuse.csi.storage.gke.io",
+                "volumeHandle": BUCKET,
+                "volumeAttributes": {
+                    "skipCSIBucketAccessCheck": "true",
+                    "gcsfuseMetadataPrefetchOnMount": "true",
+                },
+            },
+        },
+    }
+
+
+def test_volume_has_all_eleven_mount_options() -> None:
+    assert len(storage.persistent_volume(bucket=BUCKET, namespace="ns")["spec"]["mountOptions"]) == 11
+
+
+def test_volume_keeps_the_bucket_when_released() -> None:
+    # Retain, not the tutorial's Delete: checkpoints outlive the claim.
+    assert storage.persistent_volume(bucket=BUCKET, namespace="ns")["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
+
+
+def test_capacity_is_configurable_on_both_volume_and_claim() -> None:
+    pv = storage.persistent_volume(bucket=BUCKET, namespace="ml", capacity="2Ti")
+    pvc = storage.persistent_volume_claim(namespace="ml", capacity="2Ti")
+    assert pv["spec"]["capacity"] == {"storage": "2Ti"}
+    assert pvc["spec"]["resources"] == {"requests": {"storage": "2Ti"}}
+
+
+def test_builders_return_fresh_objects() -> None:
+    pv = storage.persistent_volume(bucket=BUCKET, namespace="ns")
+    pv["spec"]["mountOptions"].append("ro")
+    pv["spec"]["csi"]["volumeAttributes"]["x"] = "y"
+    again = storage.persistent_volume(bucket=BUCKET, namespace="ns")
+    assert again["spec"]["mountOptions"] == TUTORIAL_MOUNT_OPTIONS
+    assert "x" not in again["spec"]["csi"]["volumeAttributes"]
+
+
+def test_claim_is_bound_to_the_volume_by_name() -> None:
+    assert storage.persistent_volume_claim(namespace="ml") == {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "training-bucket-pvc", "namespace": "ml"},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "resources": {"requests": {"storage": "768Gi"}},
+            "storageClassName": "gcsfuse-sc",
+            "volumeName": "training-bucket-pv",
+        },
+    }
+
+
+def test_service_account() -> None:
+    assert storage.service_account(name="verl-ksa", namespace="ml") == {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": "verl-ksa", "namespace": "ml"},
+    }
+
+
+def test_hf_secret_has_the_tutorials_name_and_key() -> None:
+    token = object()  # stands for a Pulumi secret Output: passed through, never inspected
+    secret = storage.hf_token_secret(namespace="ml", token=token)
+    assert secret["metadata"] == {"name": "hf-secret", "namespace": "ml"}
+    assert secret["type"] == "Opaque"
+    assert secret["stringData"] == {"hf_api_token": token}
+    assert secret["stringData"]["hf_api_token"] is token
+
+
+def test_claim_volume() -> None:
+    assert storage.claim_volume("training-bucket-vol") == {
+        "name": "training-bucket-vol",
+        "persistentVolumeClaim": {"claimName": "training-bucket-pvc"},
+    }
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        storage.persistent_volume(bucket=BUCKET, namespace="default"),
+        storage.persistent_volume_claim(namespace="default"),
+        storage.service_account(name="verl-ksa", namespace="default"),
+        storage.hf_token_secret(namespace="default", token="hf_example"),
+    ],
+    ids=lambda o: o["kind"],
+)
+def test_objects_validate_for_kubernetes_1_34(obj: dict) -> None:
+    validate_core(obj, k8s_version="1.34")
