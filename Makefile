@@ -1,0 +1,31 @@
+# The two commands of CONTRACT.md: `make synth STACK=<stack>` and `make test`.
+# Both create .venv on first use with nothing but python3.
+PYTHON ?= python3
+STACK ?= a4-standard
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: synth synth-all test bench clean
+
+$(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-dev.txt -c constraints.txt
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -e .
+	touch $(STAMP)
+
+synth: $(STAMP)
+	$(BIN)/python -m verl_gke.synth $(STACK)
+
+synth-all: $(STAMP)
+	for s in a4 a4-standard a3u-standard a4x; do $(BIN)/python -m verl_gke.synth $$s || exit 1; done
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.synth_time
+	$(BIN)/python -m bench.job_latency
+
+clean:
+	rm -rf dist .pytest_cache

@@ -1,0 +1,1 @@
+"""Pulumi components of verl-gke: one typed ComponentResource per module."""

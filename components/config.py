@@ -1,0 +1,448 @@
+"""Stack configuration: one typed, immutable object, validated before any resource exists.
+
+`load_config(raw, ...)` is pure and turns raw Pulumi config values (strings, as the engine
+hands them over) into a `StackConfig` or raises `ConfigError` listing every problem, each naming
+the key, the bad value and what is allowed. `from_pulumi()` reads the running stack's config.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from typing import Any, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from components.grpo_spec import DATA_MOUNT, GRPO_DEFAULTS, GrpoSpec, verl_problems
+from components.platforms import PLATFORMS, Platform
+
+NAMESPACE = "verl-gke"
+PLACEHOLDER_MARK = "replace-me"
+HF_TOKEN_KEY = f"{NAMESPACE}:hfToken"
+GRPO_PREFIX = "grpo"
+
+# GCP and Kubernetes naming rules.
+_GCE_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_BUCKET = re.compile(r"^[a-z0-9][-a-z0-9_.]{1,61}[a-z0-9]$")
+_PROJECT_ID = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
+_REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
+_ZONE = re.compile(r"^([a-z]+-[a-z]+[0-9]+)-[a-z]$")
+_QUANTITY = re.compile(r"^[0-9]+(Ki|Mi|Gi|Ti|Pi)$")
+_K8S_VERSION = re.compile(r"^1\.([0-9]+)(\.[0-9]+(-gke\.[0-9]+)?)?$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_IMAGE_PINNED = re.compile(r"^[^:@\s]+(:(?!latest$)[\w][\w.-]{0,127}|@sha256:[0-9a-f]{64})$")
+
+# GKE's max cluster name length; GCE resource names are at most 63 characters.
+_MAX_CLUSTER_NAME = 40
+_MAX_GCE_NAME = 63
+# DRA (resource.k8s.io/v1) and DRANET need GKE 1.34+ (FIELD-NOTES 3 and 4).
+_A4X_MIN_MINOR = 34
+
+# Qwen/Qwen2.5-32B-Instruct and openai/gsm8k pinned to commits so staging is reproducible.
+DEFAULT_MODEL = "Qwen/Qwen2.5-32B-Instruct"
+DEFAULT_MODEL_REVISION = "5ede1c97bbab6ce5cda5812749b4c0bdf79b18dd"
+DEFAULT_DATASET = "openai/gsm8k"
+DEFAULT_DATASET_REVISION = "e53f048856ff4f594e959d75785d2c2d37b678ee"
+
+
+def camel(snake: str) -> str:
+    """`a4x_networking` -> `a4xNetworking` (pydantic's to_camel would give `a4XNetworking`)."""
+    first, *rest = snake.split("_")
+    return first + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+class ConfigError(Exception):
+    """A stack config that must not be deployed; `str()` is the message for the user."""
+
+    def __init__(self, problems: list[str], source: str = "The stack config") -> None:
+        self.problems = problems
+        noun = "problem" if len(problems) == 1 else "problems"
+        super().__init__(f"{source} has {len(problems)} {noun}:\n" + "\n".join(f"  {p}" for p in problems))
+
+
+class StackConfig(BaseModel):
+    """The whole stack config, defaults resolved per platform. Keys are `verl-gke:<camelName>`
+    except project/region/zone, which come from the `gcp:` namespace."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=camel,
+                              populate_by_name=True)
+
+    project: str
+    region: str
+    zone: str
+
+    platform: Literal["a4", "a3u", "a4x"] = "a4"
+    cluster_mode: Literal["autopilot", "standard"] = "standard"
+    cluster_name: str = "verl-gke"
+    existing_cluster: bool = False
+    cluster_location: str = ""
+    release_channel: Literal["RAPID", "REGULAR", "STABLE"] = "REGULAR"
+    kubernetes_version: str = "1.34"
+    deletion_protection: bool = False
+    ray_operator: Literal["addon", "helm"] = "addon"
+    cpu_machine_type: str = "c2-standard-16"
+    cpu_min_nodes: int = Field(1, ge=0)
+    cpu_max_nodes: int = Field(5, ge=1)
+
+    gvnic_network_prefix: str = "verl-gvnic"
+    rdma_network_prefix: str = "verl-rdma"
+    gvnic_subnet_cidr: str = "192.168.0.0/24"
+    rdma_subnet_cidrs: tuple[str, ...] = ()
+    internal_source_range: str = "192.168.0.0/16"
+    a4x_networking: Literal["dranet", "multi-network"] = "dranet"
+
+    gpu_nodes: int = Field(2, ge=1)
+    gpu_max_nodes: int = Field(10, ge=1)
+    gpu_spot: bool = False
+    reservation: str = ""
+    worker_cpus: int = Field(0, ge=0)
+    worker_memory_gi: int = Field(0, ge=0)
+
+    namespace: str = "default"
+    service_account: str = "verl-ray"
+    bucket_name: str = ""
+    bucket_force_destroy: bool = False
+    volume_capacity: str = "768Gi"
+
+    model: str = DEFAULT_MODEL
+    model_revision: str = DEFAULT_MODEL_REVISION
+    dataset: str = DEFAULT_DATASET
+    dataset_revision: str = DEFAULT_DATASET_REVISION
+    staging_timeout_minutes: int = Field(180, ge=1)
+
+    ray_cluster_name: str = ""
+    verl_image: str = ""
+    verl_source_install: bool = False
+    nccl_installer_url: str = ""
+
+    job_ready_timeout_seconds: int = Field(1800, ge=1)
+    job_wait_for_completion: bool = False
+    job_dashboard_url: str = ""
+
+    grpo: GrpoSpec
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_defaults(cls, data: Any) -> Any:
+        """Fill the values whose defaults depend on the platform or the project."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        # An unknown platform is reported by its own field; derive the rest as for a4 meanwhile.
+        platform = PLATFORMS.get(str(data.get("platform", "a4")), PLATFORMS["a4"])
+        if not data.get("bucketName") and data.get("project"):
+            data["bucketName"] = f"verl-data-{data['project']}"
+        if not data.get("clusterLocation") and data.get("region"):
+            data["clusterLocation"] = data["region"]
+        nics = _rdma_nics(platform, str(data.get("a4xNetworking", "dranet")))
+        if _unset(data.get("rdmaSubnetCidrs")):
+            data["rdmaSubnetCidrs"] = [f"192.168.{i + 1}.0/24" for i in range(nics)]
+        for key, default in (("rayClusterName", platform.ray_cluster_name), ("verlImage", platform.image),
+                             ("workerCpus", platform.worker_cpus), ("workerMemoryGi", platform.worker_memory_gi)):
+            if _unset(data.get(key)):
+                data[key] = default
+        data["grpo"] = _grpo_values(data.get("grpo", {}), platform, str(data.get("model", DEFAULT_MODEL)))
+        return data
+
+    @property
+    def facts(self) -> Platform:
+        return PLATFORMS[self.platform]
+
+    @property
+    def autopilot(self) -> bool:
+        return self.cluster_mode == "autopilot"
+
+    @property
+    def rdma_nics(self) -> int:
+        """RDMA subnets this stack creates: 8 on A4/A3U, 0 on A4X with DRANET."""
+        return _rdma_nics(self.facts, self.a4x_networking)
+
+    @property
+    def total_gpus(self) -> int:
+        return self.facts.gpus_per_node * self.gpu_nodes
+
+    @property
+    def model_dir(self) -> str:
+        """Directory under the bucket mount that holds the model, as in the tutorial."""
+        return f"{DATA_MOUNT}/{self.model.rsplit('/', 1)[-1]}"
+
+
+def _rdma_nics(platform: Platform, a4x_networking: str) -> int:
+    if platform.name == "a4x" and a4x_networking == "dranet":
+        return 0
+    return platform.rdma_nics
+
+
+def _grpo_values(given: Mapping[str, Any], platform: Platform, model: str) -> dict[str, Any]:
+    """GRPO fields with the tutorial's per-platform defaults under the user's values.
+    0 (integers) and "auto" (booleans) in config mean: the platform's default."""
+    defaults = GRPO_DEFAULTS[platform.name]
+    values: dict[str, Any] = {
+        "ppo_mini_batch_size": defaults.ppo_mini_batch_size,
+        "ppo_micro_batch_size_per_gpu": defaults.ppo_micro_batch_size_per_gpu,
+        "rollout_log_prob_micro_batch_size_per_gpu": defaults.rollout_log_prob_micro_batch_size_per_gpu,
+        "ref_log_prob_micro_batch_size_per_gpu": defaults.ref_log_prob_micro_batch_size_per_gpu,
+        "use_kl_loss": defaults.use_kl_loss,
+        "val_before_train": defaults.val_before_train,
+        "rollout_tensor_parallel_size": platform.gpus_per_node,
+        "use_remove_padding": None,
+        "model_path": f"{DATA_MOUNT}/{model.rsplit('/', 1)[-1]}",
+        "checkpoint_dir": f"{DATA_MOUNT}/verl/checkpoints",
+    }
+    for field, value in given.items():
+        if not (field in values and _unset(value)):
+            values[field] = value
+    return values
+
+
+def _unset(value: Any) -> bool:
+    """Config sentinels for "derive it": empty string, 0, "auto", empty list."""
+    if isinstance(value, bool):
+        return False
+    return value in (None, "", 0, "0", "auto", [], ())
+
+
+def _problem(key: str, value: Any, message: str) -> str:
+    return f"{key} = {json.dumps(value)}: {message}"
+
+
+def config_key(field: str) -> str:
+    """The full config key of a StackConfig field name or a `grpo.<field>` path."""
+    if field in ("project", "region", "zone"):
+        return f"gcp:{field}"
+    if field.startswith("grpo."):
+        grpo_field = camel(field.split(".", 1)[1])
+        return f"{NAMESPACE}:{GRPO_PREFIX}{grpo_field[:1].upper()}{grpo_field[1:]}"
+    return f"{NAMESPACE}:{camel(field)}"
+
+
+_FRIENDLY = {
+    "int_parsing": "must be a whole number",
+    "int_from_float": "must be a whole number",
+    "float_parsing": "must be a number",
+    "bool_parsing": "must be true or false",
+    "string_type": "must be a string",
+    "tuple_type": "must be a list",
+}
+
+
+def _pydantic_problems(error: ValidationError, raw: Mapping[str, Any]) -> list[str]:
+    out = []
+    for e in error.errors():
+        loc = [str(p) for p in e["loc"] if not isinstance(p, int)]
+        if not loc:
+            out.append(e["msg"])
+            continue
+        key = _key_of_loc(loc)
+        value = raw.get(key, e.get("input"))
+        if e["type"] == "extra_forbidden":
+            out.append(_problem(key, value, "unknown key; see Pulumi.yaml for the keys verl-gke reads"))
+        elif e["type"] == "literal_error":
+            allowed = e.get("ctx", {}).get("expected", "")
+            out.append(_problem(key, value, f"must be one of {allowed}"))
+        elif e["type"] == "missing":
+            out.append(f"{key} is not set: run `pulumi config set {key} <value>`")
+        else:
+            out.append(_problem(key, value, _FRIENDLY.get(e["type"], e["msg"].lower())))
+    return out
+
+
+def _key_of_loc(loc: list[str]) -> str:
+    if loc[0] == "grpo" and len(loc) > 1:
+        return config_key("grpo." + loc[1])
+    if loc[0] in ("project", "region", "zone"):
+        return f"gcp:{loc[0]}"
+    # pydantic reports aliased fields by their alias already.
+    return f"{NAMESPACE}:{loc[0]}"
+
+
+def _as_field_values(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Raw `namespace:key` strings -> model input (aliases), lists decoded, grpo grouped."""
+    data: dict[str, Any] = {}
+    grpo: dict[str, Any] = {}
+    for full_key, value in raw.items():
+        ns, _, key = full_key.partition(":")
+        if ns == "gcp" and key in ("project", "region", "zone"):
+            data[key] = value
+        elif ns != NAMESPACE or full_key == HF_TOKEN_KEY:
+            continue
+        elif key.startswith(GRPO_PREFIX) and len(key) > len(GRPO_PREFIX) and key[len(GRPO_PREFIX)].isupper():
+            grpo[_snake(key[len(GRPO_PREFIX):])] = _decode(value)
+        else:
+            data[key] = _decode(value)
+    data["grpo"] = grpo
+    return data
+
+
+def _snake(camel: str) -> str:
+    return re.sub(r"(?<!^)([A-Z])", r"_\1", camel).lower()
+
+
+def _decode(value: Any) -> Any:
+    """Arrays arrive as JSON text from the engine; everything else stays a string."""
+    if isinstance(value, str) and value.startswith("["):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+def load_config(raw: Mapping[str, Any], source: str = "The stack config") -> StackConfig:
+    """Validate raw config (`{"verl-gke:gpuNodes": "2", "gcp:project": ...}`) into a StackConfig."""
+    data = _as_field_values(raw)
+    problems = [f"gcp:{k} is not set: run `pulumi config set gcp:{k} <value>`"
+                for k in ("project", "region", "zone") if not data.get(k)]
+    if problems:
+        raise ConfigError(problems, source)
+    try:
+        cfg = StackConfig.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(_pydantic_problems(error, raw), source) from None
+    problems = semantic_problems(cfg)
+    if problems:
+        raise ConfigError(problems, source)
+    return cfg
+
+
+def semantic_problems(cfg: StackConfig) -> list[str]:
+    """Every cross-field rule, each problem naming its key, value and what is allowed."""
+    out: list[str] = []
+    p = cfg.facts
+
+    def add(field: str, value: Any, message: str) -> None:
+        out.append(_problem(config_key(field), value, message))
+
+    if not _PROJECT_ID.match(cfg.project):
+        add("project", cfg.project, "a GCP project id: 6-30 lowercase letters, digits or hyphens, starting with a letter.")
+    if not _REGION.match(cfg.region):
+        add("region", cfg.region, "a GCP region such as us-central1.")
+    zone = _ZONE.match(cfg.zone)
+    if not zone or zone.group(1) != cfg.region:
+        add("zone", cfg.zone, f"must be a zone of region {cfg.region}, such as {cfg.region}-b.")
+
+    if cfg.autopilot and not p.autopilot_supported:
+        add("cluster_mode", cfg.cluster_mode, f"{p.title} runs only on Standard clusters; use \"standard\".")
+    if cfg.autopilot and cfg.ray_operator != "addon":
+        add("ray_operator", cfg.ray_operator, "Autopilot clusters use GKE's Ray operator add-on; use \"addon\".")
+    if not _GCE_NAME.match(cfg.cluster_name) or len(cfg.cluster_name) > _MAX_CLUSTER_NAME:
+        add("cluster_name", cfg.cluster_name,
+            f"1-{_MAX_CLUSTER_NAME} lowercase letters, digits or hyphens, starting with a letter.")
+    minor = _K8S_VERSION.match(cfg.kubernetes_version)
+    if not minor:
+        add("kubernetes_version", cfg.kubernetes_version, "a GKE version such as 1.34 or 1.34.1-gke.1829001.")
+    elif cfg.platform == "a4x" and int(minor.group(1)) < _A4X_MIN_MINOR:
+        add("kubernetes_version", cfg.kubernetes_version,
+            f"A4X needs 1.{_A4X_MIN_MINOR} or newer (DRA resource.k8s.io/v1 and DRANET).")
+    if cfg.cpu_min_nodes > cfg.cpu_max_nodes:
+        add("cpu_min_nodes", cfg.cpu_min_nodes, f"must be <= cpuMaxNodes ({cfg.cpu_max_nodes}).")
+    if cfg.gpu_nodes > cfg.gpu_max_nodes:
+        add("gpu_nodes", cfg.gpu_nodes, f"must be <= gpuMaxNodes ({cfg.gpu_max_nodes}).")
+    if not cfg.autopilot and not cfg.existing_cluster and not cfg.reservation:
+        add("reservation", cfg.reservation, "Standard GPU node pools consume a reservation; set its name.")
+
+    for field, suffix in (("gvnic_network_prefix", "-internal"), ("rdma_network_prefix", "-sub-7")):
+        value = getattr(cfg, field)
+        if not _GCE_NAME.match(value) or len(value + suffix) > _MAX_GCE_NAME:
+            add(field, value, f"lowercase letters, digits or hyphens starting with a letter, at most "
+                f"{_MAX_GCE_NAME - len(suffix)} characters.")
+    out.extend(_cidr_problems(cfg))
+
+    if cfg.worker_cpus > p.allocatable_cpu:
+        add("worker_cpus", cfg.worker_cpus,
+            f"a {p.machine_type} node has {p.allocatable_cpu:.2f} allocatable vCPUs; request at most {p.worker_cpus}.")
+    if cfg.worker_memory_gi > p.allocatable_memory_gib:
+        add("worker_memory_gi", cfg.worker_memory_gi,
+            f"a {p.machine_type} node has {p.allocatable_memory_gib:.0f}Gi allocatable; request at most {p.worker_memory_gi}.")
+    elif cfg.worker_memory_gi <= p.shm_size_gi:
+        add("worker_memory_gi", cfg.worker_memory_gi,
+            f"must exceed the {p.shm_size_gi}Gi /dev/shm that counts against it.")
+
+    if not _DNS_LABEL.match(cfg.namespace) or len(cfg.namespace) > 63:
+        add("namespace", cfg.namespace, "a Kubernetes namespace: at most 63 lowercase letters, digits or hyphens.")
+    if not _DNS_SUBDOMAIN.match(cfg.service_account) or len(cfg.service_account) > 253:
+        add("service_account", cfg.service_account, "a Kubernetes name: lowercase letters, digits, '-' or '.'.")
+    # KubeRay derives "<name>-head-svc" and pod names from it; keep room under 63.
+    if not _DNS_LABEL.match(cfg.ray_cluster_name) or len(cfg.ray_cluster_name) > 47:
+        add("ray_cluster_name", cfg.ray_cluster_name, "at most 47 lowercase letters, digits or hyphens.")
+    if (not _BUCKET.match(cfg.bucket_name) or cfg.bucket_name.startswith("goog")
+            or "google" in cfg.bucket_name or ".." in cfg.bucket_name):
+        add("bucket_name", cfg.bucket_name, "a GCS bucket name: 3-63 lowercase letters, digits, '-', '_' or '.', "
+            "starting and ending with a letter or digit, without 'goog' prefix or 'google'.")
+    if not _QUANTITY.match(cfg.volume_capacity):
+        add("volume_capacity", cfg.volume_capacity, "a Kubernetes quantity such as 768Gi.")
+
+    for field in ("model_revision", "dataset_revision"):
+        if not _COMMIT.match(getattr(cfg, field)):
+            add(field, getattr(cfg, field), "a 40-hex commit of the Hugging Face repo, so staging is reproducible.")
+    if not _IMAGE_PINNED.match(cfg.verl_image):
+        add("verl_image", cfg.verl_image, "an image with a fixed tag (not latest) or an @sha256 digest.")
+    if cfg.nccl_installer_url and not cfg.nccl_installer_url.startswith("https://"):
+        add("nccl_installer_url", cfg.nccl_installer_url, "an https:// URL pinned to a commit.")
+    if cfg.job_dashboard_url and not re.match(r"^https?://[^\s/]+", cfg.job_dashboard_url):
+        add("job_dashboard_url", cfg.job_dashboard_url, "an http(s) URL of a privately reachable Ray dashboard.")
+
+    if not cfg.grpo.checkpoint_dir.startswith(f"{DATA_MOUNT}/"):
+        add("grpo.checkpoint_dir", cfg.grpo.checkpoint_dir,
+            f"an absolute path under the bucket mount {DATA_MOUNT}/, shared by every node.")
+    for problem in verl_problems(cfg.grpo, p.gpus_per_node, cfg.gpu_nodes):
+        add(f"grpo.{problem.field}", getattr(cfg.grpo, problem.field), problem.message)
+    return out
+
+
+def _cidr_problems(cfg: StackConfig) -> list[str]:
+    out = []
+    nets: list[tuple[str, ipaddress.IPv4Network]] = []
+    fields = [("gvnic_subnet_cidr", cfg.gvnic_subnet_cidr)]
+    fields += [("rdma_subnet_cidrs", c) for c in cfg.rdma_subnet_cidrs]
+    fields.append(("internal_source_range", cfg.internal_source_range))
+    for field, text in fields:
+        try:
+            net = ipaddress.IPv4Network(text)
+        except ValueError:
+            out.append(_problem(config_key(field), text, "an IPv4 CIDR such as 192.168.1.0/24."))
+            continue
+        if field != "internal_source_range":
+            for other_field, other in nets:
+                if net.overlaps(other):
+                    out.append(_problem(config_key(field), text, f"overlaps {other} ({config_key(other_field)})."))
+            nets.append((field, net))
+    if len(cfg.rdma_subnet_cidrs) != cfg.rdma_nics:
+        out.append(_problem(config_key("rdma_subnet_cidrs"), list(cfg.rdma_subnet_cidrs),
+                            f"{cfg.facts.title} needs exactly {cfg.rdma_nics} RDMA subnets, one per NIC."))
+    return out
+
+
+def placeholders(raw: Mapping[str, Any]) -> list[str]:
+    """Keys a user must still set before `pulumi up`: values marked `replace-me`, and the token."""
+    found = sorted(k for k, v in raw.items() if isinstance(v, str) and PLACEHOLDER_MARK in v.lower())
+    if not raw.get(HF_TOKEN_KEY):
+        found.append(HF_TOKEN_KEY)
+    return found
+
+
+def from_pulumi() -> tuple[StackConfig, Any]:
+    """The running stack's config and its Hugging Face token (a secret Output).
+
+    Stops the program without a traceback on any problem. Placeholders are allowed only
+    under the offline mock engine (synth, tests); a real `pulumi up` stops with their list.
+    """
+    import pulumi
+    from pulumi.runtime import config as runtime_config
+    from pulumi.runtime import mocks, settings
+
+    source = f"Pulumi.{pulumi.get_stack()}.yaml"
+    raw = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
+    try:
+        cfg = load_config(raw, source)
+    except ConfigError as error:
+        raise pulumi.RunError(str(error)) from None
+    missing = placeholders(raw)
+    if missing and not isinstance(settings.get_monitor(), mocks.MockMonitor):
+        raise pulumi.RunError(f"{source} still has placeholders; set them before `pulumi up`:\n"
+                              + "\n".join(f"  {key}" for key in missing))
+    token = pulumi.Config(NAMESPACE).get_secret("hfToken") or pulumi.Output.secret(PLACEHOLDER_MARK)
+    return cfg, token

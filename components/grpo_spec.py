@@ -1,0 +1,199 @@
+"""The GRPO run: verl's overrides as a typed model, its validation, entrypoint and runtime env.
+
+Pure (no Pulumi): the program builds it from stack config, the job provider receives only the
+rendered `entrypoint` and `runtime_env`. Defaults are the tutorial's two `ray job submit`
+commands (A4/A3 Ultra and A4X); verl's own checks (FIELD-NOTES 6) run before anything is
+provisioned.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from components.platforms import Platform
+
+DATA_MOUNT = "/data"
+
+
+class GrpoSpec(BaseModel):
+    """Every override of the tutorial's job commands, plus resume and free extra overrides."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    train_batch_size: int = Field(256, ge=1)
+    max_prompt_length: int = Field(512, ge=1)
+    max_response_length: int = Field(512, ge=1)
+    learning_rate: float = Field(1e-5, gt=0)
+    ppo_mini_batch_size: int = Field(ge=1)
+    ppo_micro_batch_size_per_gpu: int = Field(ge=1)
+    rollout_log_prob_micro_batch_size_per_gpu: int = Field(ge=1)
+    ref_log_prob_micro_batch_size_per_gpu: int = Field(ge=1)
+    rollout_tensor_parallel_size: int = Field(ge=1)
+    gpu_memory_utilization: float = Field(0.6, gt=0, le=1)
+    rollout_n: int = Field(8, ge=1)
+    kl_coef: float = Field(0.001, ge=0)
+    use_kl_loss: bool | None = None
+    val_before_train: bool | None = None
+    ulysses_sequence_parallel_size: int = Field(1, ge=1)
+    use_remove_padding: bool | None = None
+    total_epochs: int = Field(2, ge=1)
+    save_freq: int = Field(10, ge=-1)
+    test_freq: int = Field(10, ge=-1)
+    logger: str = "console"
+    train_files: str = f"{DATA_MOUNT}/gsm8k/train.parquet"
+    val_files: str = f"{DATA_MOUNT}/gsm8k/test.parquet"
+    model_path: str
+    checkpoint_dir: str
+    extra_overrides: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PlatformGrpoDefaults:
+    """What the tutorial's job command sets differently per platform."""
+
+    ppo_mini_batch_size: int
+    ppo_micro_batch_size_per_gpu: int
+    rollout_log_prob_micro_batch_size_per_gpu: int
+    ref_log_prob_micro_batch_size_per_gpu: int
+    use_kl_loss: bool | None
+    val_before_train: bool | None
+
+
+GRPO_DEFAULTS: dict[str, PlatformGrpoDefaults] = {
+    # tutorial: A4 / A3 Ultra `ray job submit`
+    "a4": PlatformGrpoDefaults(256, 64, 8, 4, None, False),
+    "a3u": PlatformGrpoDefaults(256, 64, 8, 4, None, False),
+    # tutorial: A4X `ray job submit` inside the head pod
+    "a4x": PlatformGrpoDefaults(64, 8, 16, 16, True, None),
+}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a field of the spec, named by its GrpoSpec field."""
+
+    field: str
+    message: str
+
+
+def verl_problems(spec: GrpoSpec, gpus_per_node: int, nnodes: int) -> list[Problem]:
+    """verl's `validate_config` rules and its worker-side asserts (FIELD-NOTES 6)."""
+    n_gpus = gpus_per_node * nnodes
+    tp = spec.rollout_tensor_parallel_size
+    sp = spec.ulysses_sequence_parallel_size
+    out: list[Problem] = []
+    if (spec.train_batch_size * spec.rollout_n) % n_gpus:
+        out.append(Problem(
+            "train_batch_size",
+            f"train_batch_size x rollout.n ({spec.train_batch_size * spec.rollout_n}) must be "
+            f"divisible by the {n_gpus} GPUs ({nnodes} nodes x {gpus_per_node})."))
+    if spec.ppo_mini_batch_size > spec.train_batch_size:
+        out.append(Problem(
+            "ppo_mini_batch_size",
+            f"must be <= train_batch_size ({spec.train_batch_size})."))
+    if n_gpus % tp:
+        out.append(Problem(
+            "rollout_tensor_parallel_size",
+            f"must divide the {n_gpus} GPUs of the cluster."))
+    elif n_gpus // tp > 1 and gpus_per_node % tp:
+        out.append(Problem(
+            "rollout_tensor_parallel_size",
+            f"must divide the {gpus_per_node} GPUs per node when rollout runs data parallel."))
+    if sp > 1 and not spec.use_remove_padding:
+        out.append(Problem(
+            "ulysses_sequence_parallel_size",
+            "Ulysses sequence parallel > 1 needs use_remove_padding = true."))
+    if n_gpus % sp:
+        out.append(Problem(
+            "ulysses_sequence_parallel_size", f"must divide the {n_gpus} GPUs of the cluster."))
+        return out
+    dp = n_gpus // sp
+    rollouts = spec.ppo_mini_batch_size * spec.rollout_n
+    if rollouts % dp:
+        out.append(Problem(
+            "ppo_mini_batch_size",
+            f"ppo_mini_batch_size x rollout.n ({rollouts}) must be divisible by the "
+            f"data-parallel size ({dp})."))
+    elif (rollouts // dp) % spec.ppo_micro_batch_size_per_gpu:
+        out.append(Problem(
+            "ppo_micro_batch_size_per_gpu",
+            f"must divide the per-GPU mini batch ({rollouts // dp} = "
+            f"ppo_mini_batch_size x rollout.n / {dp})."))
+    return out
+
+
+def _overrides(spec: GrpoSpec, gpus_per_node: int, nnodes: int) -> list[tuple[str, object]]:
+    pairs: list[tuple[str, object | None]] = [
+        ("algorithm.adv_estimator", "grpo"),
+        ("data.train_files", spec.train_files),
+        ("data.val_files", spec.val_files),
+        ("data.train_batch_size", spec.train_batch_size),
+        ("data.max_prompt_length", spec.max_prompt_length),
+        ("data.max_response_length", spec.max_response_length),
+        ("actor_rollout_ref.model.path", spec.model_path),
+        ("actor_rollout_ref.model.use_remove_padding", spec.use_remove_padding),
+        ("actor_rollout_ref.actor.optim.lr", spec.learning_rate),
+        ("actor_rollout_ref.actor.ppo_mini_batch_size", spec.ppo_mini_batch_size),
+        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", spec.ppo_micro_batch_size_per_gpu),
+        ("actor_rollout_ref.actor.use_kl_loss", spec.use_kl_loss),
+        ("actor_rollout_ref.actor.strategy", "fsdp2"),
+        ("actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+         spec.ulysses_sequence_parallel_size if spec.ulysses_sequence_parallel_size > 1 else None),
+        ("actor_rollout_ref.rollout.name", "vllm"),
+        ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+         spec.rollout_log_prob_micro_batch_size_per_gpu),
+        ("actor_rollout_ref.rollout.tensor_model_parallel_size", spec.rollout_tensor_parallel_size),
+        ("actor_rollout_ref.rollout.gpu_memory_utilization", spec.gpu_memory_utilization),
+        ("actor_rollout_ref.rollout.n", spec.rollout_n),
+        ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+         spec.ref_log_prob_micro_batch_size_per_gpu),
+        ("algorithm.kl_ctrl.kl_coef", spec.kl_coef),
+        ("trainer.logger", spec.logger),
+        ("trainer.val_before_train", spec.val_before_train),
+        ("trainer.n_gpus_per_node", gpus_per_node),
+        ("trainer.nnodes", nnodes),
+        ("trainer.save_freq", spec.save_freq),
+        ("trainer.test_freq", spec.test_freq),
+        ("trainer.total_epochs", spec.total_epochs),
+        ("trainer.default_local_dir", spec.checkpoint_dir),
+        # A resubmitted run (after a preemption) resumes from the latest checkpoint.
+        ("trainer.resume_mode", "auto"),
+    ]
+    return [(k, v) for k, v in pairs if v is not None]
+
+
+def _render(value: object) -> str:
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    return str(value)
+
+
+def entrypoint(spec: GrpoSpec, gpus_per_node: int, nnodes: int) -> str:
+    """The shell command Ray runs: `python3 -m verl.trainer.main_ppo` with quoted overrides."""
+    args = [f"{key}={_render(value)}" for key, value in _overrides(spec, gpus_per_node, nnodes)]
+    args.extend(spec.extra_overrides)
+    return " ".join(["python3", "-m", "verl.trainer.main_ppo", *(shlex.quote(a) for a in args)])
+
+
+def runtime_env(platform: Platform, *, nnodes: int, worker_cpus: int,
+                verl_source_dir: str | None) -> dict[str, object]:
+    """The job's Ray runtime env: the tutorial's variables for the platform, none of its broken
+    keys (FIELD-NOTES 2.1), no pip installs at job start, and HF_HOME on the bucket."""
+    env = {
+        "PYTHONUNBUFFERED": "1",
+        "LD_LIBRARY_PATH": platform.ld_library_path,
+        "NCCL_DEBUG": "INFO",
+        **platform.nccl_env,
+        "HF_HOME": f"{DATA_MOUNT}/huggingface_cache",
+        "GLOO_SOCKET_IFNAME": "eth0",
+        "NUM_WORKERS": str(nnodes),
+        "CPUS_PER_WORKER": str(worker_cpus),
+        "GPUS_PER_WORKER": str(platform.gpus_per_node),
+    }
+    if verl_source_dir:
+        env["PYTHONPATH"] = verl_source_dir
+    return {"env_vars": env}

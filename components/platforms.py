@@ -1,0 +1,174 @@
+"""The one table of GPU platform facts; every per-platform setting derives from it.
+
+Sources: the tutorial (../shared/seeds) for images, Ray versions, NCCL variables and
+pod sizes; GCP's machine-type docs for machine sizes; GKE's "node allocatable" docs
+for the reserved share. Pure data: importable without Pulumi.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+PlatformName = Literal["a4", "a3u", "a4x"]
+
+# NCCL variables the tutorial's runtime-env.yaml sets for A4 and A3 Ultra (gIB plugin).
+_GIB_NCCL_ENV: dict[str, str] = {
+    "NCCL_NET_PLUGIN": "/usr/local/gib/lib64/libnccl-net_internal.so",
+    "NCCL_CROSS_NIC": "0",
+    "NCCL_NET_GDR_LEVEL": "PIX",
+    "NCCL_P2P_NET_CHUNKSIZE": "131072",
+    "NCCL_NVLS_CHUNKSIZE": "524288",
+    "NCCL_IB_ADAPTIVE_ROUTING": "1",
+    "NCCL_IB_QPS_PER_CONNECTION": "4",
+    "NCCL_IB_TC": "52",
+    "NCCL_IB_FIFO_TC": "84",
+}
+
+# x86 verl image of the tutorial's A4/A3 Ultra path, pinned to a dated tag instead of
+# the moving `vllm011.latest`; Ray inside it is 2.47.0 (the tutorial's rayVersion).
+X86_VERL_IMAGE = "verlai/verl:vllm011.latest"
+ARM_VERL_IMAGE = "verlai/verl:vllm023.aarch64.dev1"
+
+
+@dataclass(frozen=True)
+class Platform:
+    """Everything that differs between A4, A3 Ultra and A4X."""
+
+    name: PlatformName
+    title: str
+    machine_type: str
+    accelerator: str
+    gpus_per_node: int
+    rdma_nics: int
+    arch: Literal["amd64", "arm64"]
+    machine_vcpus: int
+    machine_memory_gb: int
+    """Machine memory as GCP's machine-type table lists it, read as 10^9 bytes (FIELD-NOTES 2.5)."""
+    image: str
+    ray_version: str
+    ray_cluster_name: str
+    nccl_env: dict[str, str] = field(default_factory=dict)
+    ld_library_path: str = "/usr/local/nvidia/lib64"
+    worker_ephemeral_storage_gi: int = 1000
+    shm_size_gi: int = 250
+    autopilot_supported: bool = True
+    nccl_installer: dict[str, str] = field(default_factory=dict)
+    """NCCL RDMA installer manifest per cluster mode (path under gpudirect-rdma/)."""
+
+    @property
+    def allocatable_cpu(self) -> float:
+        """vCPUs left to pods after GKE's kube-reserved share (GKE node-allocatable docs)."""
+        return self.machine_vcpus - _reserved_cpu(self.machine_vcpus)
+
+    @property
+    def allocatable_memory_gib(self) -> float:
+        """Memory left to pods after GKE's kube-reserved share and the 100 MiB eviction threshold."""
+        memory_gib = self.machine_memory_gb * 1e9 / 2**30
+        return memory_gib - _reserved_memory_gib(memory_gib) - 100 / 1024
+
+    @property
+    def worker_cpus(self) -> int:
+        """CPU request of a Ray worker: allocatable minus room for DaemonSets and the gcsfuse sidecar."""
+        return math.floor(self.allocatable_cpu) - WORKER_CPU_HEADROOM
+
+    @property
+    def worker_memory_gi(self) -> int:
+        """Memory request of a Ray worker, with headroom for DaemonSets and the gcsfuse sidecar."""
+        return math.floor(self.allocatable_memory_gib * WORKER_MEMORY_FRACTION)
+
+
+# Room left on a GPU node for GKE's DaemonSets (device plugin, NCCL installer, logging,
+# gcsfuse sidecar): 3 vCPUs and 5% of allocatable memory.
+WORKER_CPU_HEADROOM = 3
+WORKER_MEMORY_FRACTION = 0.95
+
+
+def _reserved_cpu(vcpus: int) -> float:
+    """GKE reserves 6% of the first core, 1% of the next, 0.5% of the next 2, 0.25% above 4."""
+    tiers = [(1, 0.06), (1, 0.01), (2, 0.005), (math.inf, 0.0025)]
+    return _tiered(vcpus, tiers)
+
+
+def _reserved_memory_gib(memory_gib: float) -> float:
+    """GKE reserves 25% of the first 4 GiB, 20% of the next 4, 10% of the next 8,
+    6% of the next 112 and 2% of everything above 128 GiB."""
+    tiers = [(4, 0.25), (4, 0.20), (8, 0.10), (112, 0.06), (math.inf, 0.02)]
+    return _tiered(memory_gib, tiers)
+
+
+def _tiered(amount: float, tiers: list[tuple[float, float]]) -> float:
+    reserved, left = 0.0, amount
+    for size, rate in tiers:
+        step = min(left, size)
+        reserved += step * rate
+        left -= step
+        if left <= 0:
+            break
+    return reserved
+
+
+PLATFORMS: dict[str, Platform] = {
+    "a4": Platform(
+        name="a4",
+        title="A4 (8x NVIDIA B200)",
+        machine_type="a4-highgpu-8g",
+        accelerator="nvidia-b200",
+        gpus_per_node=8,
+        rdma_nics=8,
+        arch="amd64",
+        machine_vcpus=224,
+        machine_memory_gb=3968,
+        image=X86_VERL_IMAGE,
+        ray_version="2.47.0",
+        ray_cluster_name="b200-ray-cluster",
+        nccl_env={**_GIB_NCCL_ENV, "NCCL_TUNER_CONFIG_PATH": "/usr/local/gib/configs/tuner_config_a4.txtpb"},
+        nccl_installer={
+            "standard": "gpudirect-rdma/nccl-rdma-installer.yaml",
+            "autopilot": "gpudirect-rdma/nccl-rdma-installer-autopilot.yaml",
+        },
+    ),
+    "a3u": Platform(
+        name="a3u",
+        title="A3 Ultra (8x NVIDIA H200)",
+        machine_type="a3-ultragpu-8g",
+        accelerator="nvidia-h200-141gb",
+        gpus_per_node=8,
+        rdma_nics=8,
+        arch="amd64",
+        machine_vcpus=224,
+        machine_memory_gb=2952,
+        image=X86_VERL_IMAGE,
+        ray_version="2.47.0",
+        # The tutorial names it b200-ray-cluster for H200 too (FIELD-NOTES 2.4).
+        ray_cluster_name="h200-ray-cluster",
+        # H200 needs the a3u tuner file, not the tutorial's a4 one (FIELD-NOTES 2.2).
+        nccl_env={**_GIB_NCCL_ENV, "NCCL_TUNER_CONFIG_PATH": "/usr/local/gib/configs/tuner_config_a3u.txtpb"},
+        nccl_installer={
+            "standard": "gpudirect-rdma/nccl-rdma-installer.yaml",
+            "autopilot": "gpudirect-rdma/nccl-rdma-installer-autopilot.yaml",
+        },
+    ),
+    "a4x": Platform(
+        name="a4x",
+        title="A4X (4x NVIDIA GB200, arm64)",
+        machine_type="a4x-highgpu-4g",
+        accelerator="nvidia-gb200",
+        gpus_per_node=4,
+        rdma_nics=4,
+        arch="arm64",
+        machine_vcpus=140,
+        machine_memory_gb=884,
+        image=ARM_VERL_IMAGE,
+        ray_version="2.49.0",
+        ray_cluster_name="gb200-ray-cluster",
+        # The tutorial's A4X runtime env: the gcp NCCL env plugin picks the rest.
+        nccl_env={"NCCL_ENV_PLUGIN": "gcp"},
+        ld_library_path="/usr/local/nvidia/lib64:/usr/local/gib/lib64",
+        worker_ephemeral_storage_gi=500,
+        shm_size_gi=200,
+        autopilot_supported=False,
+        nccl_installer={"standard": "gpudirect-rdma/nccl-rdma-installer-a4x.yaml"},
+    ),
+}

@@ -1,0 +1,1 @@
+"""Pure builders of Kubernetes objects: plain data in, dicts out, no Pulumi."""

@@ -1,0 +1,259 @@
+"""Every validation rule of the stack config, with a good and a bad case each."""
+
+from __future__ import annotations
+
+import pytest
+
+from components.config import ConfigError, load_config, placeholders
+from tests.conftest import BASE_CONFIG
+
+
+def config(**changes: str) -> dict[str, str]:
+    raw = dict(BASE_CONFIG)
+    for key, value in changes.items():
+        full = key.replace("__", ":")
+        raw[full if ":" in full else f"verl-gke:{full}"] = value
+    return raw
+
+
+def problems(**changes: str) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        load_config(config(**changes))
+    return caught.value.problems
+
+
+def only_problem(**changes: str) -> str:
+    found = problems(**changes)
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_base_config_is_valid_with_the_tutorials_defaults():
+    cfg = load_config(config())
+    assert (cfg.platform, cfg.cluster_mode, cfg.gpu_nodes, cfg.gpu_max_nodes) == ("a4", "standard", 2, 10)
+    assert cfg.bucket_name == "verl-data-my-project-123"
+    assert cfg.cluster_location == "us-central1"
+    assert cfg.rdma_subnet_cidrs == tuple(f"192.168.{i}.0/24" for i in range(1, 9))
+    assert cfg.grpo.train_batch_size == 256 and cfg.grpo.ppo_mini_batch_size == 256
+    assert cfg.grpo.rollout_tensor_parallel_size == 8
+    assert cfg.grpo.model_path == "/data/Qwen2.5-32B-Instruct"
+
+
+def test_a4x_defaults_are_the_tutorials_a4x_job():
+    cfg = load_config(config(platform="a4x", gpuNodes="4", gpuMaxNodes="4"))
+    g = cfg.grpo
+    assert (g.ppo_mini_batch_size, g.ppo_micro_batch_size_per_gpu) == (64, 8)
+    assert (g.rollout_log_prob_micro_batch_size_per_gpu, g.ref_log_prob_micro_batch_size_per_gpu) == (16, 16)
+    assert (g.rollout_tensor_parallel_size, g.use_kl_loss) == (4, True)
+    assert cfg.rdma_nics == 0 and cfg.rdma_subnet_cidrs == ()
+    assert cfg.verl_image == "verlai/verl:vllm023.aarch64.dev1"
+
+
+def test_all_problems_are_reported_at_once():
+    found = problems(platform="a4x", clusterMode="autopilot", gcp__zone="europe-west4-a", grpoTrainBatchSize="255", grpoRolloutN="3")
+    assert len(found) == 3
+    assert any(p.startswith('verl-gke:clusterMode = "autopilot": A4X') for p in found)
+    assert any(p.startswith('gcp:zone = "europe-west4-a"') for p in found)
+    assert any(p.startswith("verl-gke:grpoTrainBatchSize = 255") for p in found)
+
+
+def test_message_names_the_file_and_count():
+    with pytest.raises(ConfigError) as caught:
+        load_config(config(platform="h100"), "Pulumi.x.yaml")
+    assert str(caught.value).startswith("Pulumi.x.yaml has 1 problem:\n  verl-gke:platform = \"h100\": must be one of")
+
+
+@pytest.mark.parametrize("key, value, fragment", [
+    ("platform", "h100", "must be one of 'a4', 'a3u' or 'a4x'"),
+    ("gpuNodes", "two", "must be a whole number"),
+    ("gpuSpot", "maybe", "must be true or false"),
+    ("clusterMode", "serverless", "must be one of 'autopilot' or 'standard'"),
+    ("gpuNodes", "0", "greater than or equal to 1"),
+    ("colour", "blue", "unknown key"),
+    ("grpoColour", "blue", "unknown key"),
+])
+def test_malformed_values_name_key_and_value(key: str, value: str, fragment: str):
+    message = only_problem(**{key: value})
+    assert message.startswith(f'verl-gke:{key} = "{value}": ')
+    assert fragment in message
+
+
+def test_missing_project_says_how_to_set_it():
+    raw = config()
+    del raw["gcp:project"]
+    with pytest.raises(ConfigError) as caught:
+        load_config(raw)
+    assert caught.value.problems == ["gcp:project is not set: run `pulumi config set gcp:project <value>`"]
+
+
+@pytest.mark.parametrize("zone, ok", [("us-central1-b", True), ("us-east1-b", False), ("us-central1", False)])
+def test_zone_must_be_in_region(zone: str, ok: bool):
+    if ok:
+        assert load_config(config(gcp__zone=zone)).zone == zone
+    else:
+        assert "must be a zone of region us-central1" in only_problem(gcp__zone=zone)
+
+
+@pytest.mark.parametrize("project, ok", [("my-project-123", True), ("My_Project", False), ("abc", False)])
+def test_project_id_format(project: str, ok: bool):
+    if ok:
+        load_config(config(gcp__project=project))
+    else:
+        assert "a GCP project id" in only_problem(gcp__project=project, bucketName="fixed-bucket")
+
+
+def test_a4x_only_on_standard():
+    load_config(config(platform="a4x", gpuNodes="4"))
+    assert "runs only on Standard clusters" in only_problem(platform="a4x", gpuNodes="4", clusterMode="autopilot")
+
+
+def test_autopilot_uses_the_ray_addon():
+    load_config(config(clusterMode="autopilot"))
+    assert "use \"addon\"" in only_problem(clusterMode="autopilot", rayOperator="helm")
+
+
+def test_gpu_nodes_not_above_max():
+    load_config(config(gpuNodes="4", gpuMaxNodes="4"))
+    assert only_problem(gpuNodes="4", gpuMaxNodes="3") == "verl-gke:gpuNodes = 4: must be <= gpuMaxNodes (3)."
+
+
+def test_cpu_min_not_above_max():
+    load_config(config(cpuMinNodes="0", cpuMaxNodes="1"))
+    assert only_problem(cpuMinNodes="6", cpuMaxNodes="5") == "verl-gke:cpuMinNodes = 6: must be <= cpuMaxNodes (5)."
+
+
+def test_standard_needs_a_reservation_but_autopilot_and_existing_clusters_do_not():
+    load_config(config(reservation="", clusterMode="autopilot"))
+    load_config(config(reservation="", existingCluster="true"))
+    assert "consume a reservation" in only_problem(reservation="")
+
+
+@pytest.mark.parametrize("name, ok", [("verl-gke", True), ("Verl", False), ("-x", False), ("a" * 41, False)])
+def test_cluster_name_rules(name: str, ok: bool):
+    if ok:
+        load_config(config(clusterName=name))
+    else:
+        assert only_problem(clusterName=name).startswith(f'verl-gke:clusterName = "{name}"')
+
+
+@pytest.mark.parametrize("bucket, ok", [
+    ("my-bucket_1.data", True), ("My-Bucket", False), ("ab", False), ("goog-bucket", False),
+    ("my-google-bucket", False), ("-bucket", False)])
+def test_bucket_name_rules(bucket: str, ok: bool):
+    if ok:
+        assert load_config(config(bucketName=bucket)).bucket_name == bucket
+    else:
+        assert "a GCS bucket name" in only_problem(bucketName=bucket)
+
+
+@pytest.mark.parametrize("namespace, ok", [("ml-team", True), ("ML", False), ("a" * 64, False), ("a.b", False)])
+def test_namespace_rules(namespace: str, ok: bool):
+    if ok:
+        load_config(config(namespace=namespace))
+    else:
+        assert "a Kubernetes namespace" in only_problem(namespace=namespace)
+
+
+def test_service_account_and_ray_cluster_names():
+    load_config(config(serviceAccount="ray.sa", rayClusterName="my-ray"))
+    assert "a Kubernetes name" in only_problem(serviceAccount="Ray_SA")
+    assert "at most 47" in only_problem(rayClusterName="a" * 48)
+
+
+def test_network_prefixes_leave_room_for_suffixes():
+    load_config(config(rdmaNetworkPrefix="r" * 57))
+    assert "at most 57 characters" in only_problem(rdmaNetworkPrefix="r" * 58)
+    assert "starting with a letter" in only_problem(gvnicNetworkPrefix="1net")
+
+
+def test_overlapping_cidrs_are_rejected():
+    assert problems(gvnicSubnetCidr="192.168.0.0/22") == [
+        f'verl-gke:rdmaSubnetCidrs = "192.168.{i}.0/24": overlaps 192.168.0.0/22 (verl-gke:gvnicSubnetCidr).'
+        for i in (1, 2, 3)]
+
+
+def test_overlapping_rdma_cidrs_each_reported():
+    cidrs = '["10.0.0.0/24","10.0.0.0/24","10.0.2.0/24","10.0.3.0/24","10.0.4.0/24","10.0.5.0/24","10.0.6.0/24","10.0.7.0/24"]'
+    assert only_problem(rdmaSubnetCidrs=cidrs) == \
+        'verl-gke:rdmaSubnetCidrs = "10.0.0.0/24": overlaps 10.0.0.0/24 (verl-gke:rdmaSubnetCidrs).'
+
+
+def test_cidr_syntax_and_count():
+    assert "an IPv4 CIDR" in only_problem(gvnicSubnetCidr="192.168.0.0/33")
+    assert "needs exactly 8 RDMA subnets" in only_problem(rdmaSubnetCidrs='["10.1.0.0/24"]')
+    custom = '["10.1.0.0/24","10.1.1.0/24","10.1.2.0/24","10.1.3.0/24"]'
+    assert load_config(config(platform="a4x", gpuNodes="4", a4xNetworking="multi-network",
+                              rdmaSubnetCidrs=custom)).rdma_nics == 4
+
+
+def test_requests_must_fit_the_machine():
+    assert load_config(config(platform="a3u")).worker_memory_gi == 2553  # not the tutorial's 2800Gi
+    load_config(config(workerCpus="200", workerMemoryGi="2000"))
+    assert "allocatable vCPUs; request at most 220" in only_problem(workerCpus="224")
+    assert "request at most 2553" in only_problem(platform="a3u", workerMemoryGi="2800")
+    assert "/dev/shm" in only_problem(workerMemoryGi="200")
+
+
+def test_a4x_needs_kubernetes_134():
+    load_config(config(platform="a4x", gpuNodes="4", kubernetesVersion="1.34.1-gke.1829001"))
+    assert "A4X needs 1.34" in only_problem(platform="a4x", gpuNodes="4", kubernetesVersion="1.33")
+    assert "a GKE version" in only_problem(kubernetesVersion="latest")
+
+
+def test_revisions_and_images_are_pinned():
+    assert "40-hex commit" in only_problem(modelRevision="main")
+    assert "40-hex commit" in only_problem(datasetRevision="v1")
+    assert "fixed tag" in only_problem(verlImage="verlai/verl:latest")
+    assert "fixed tag" in only_problem(verlImage="verlai/verl")
+    load_config(config(verlImage="verlai/verl@sha256:" + "a" * 64))
+
+
+def test_urls_and_quantities():
+    assert "https:// URL" in only_problem(ncclInstallerUrl="http://example.com/x.yaml")
+    assert "http(s) URL" in only_problem(jobDashboardUrl="ray-head:8265")
+    load_config(config(jobDashboardUrl="http://10.0.0.5:8265", volumeCapacity="1Ti"))
+    assert "a Kubernetes quantity" in only_problem(volumeCapacity="768GB")
+
+
+def test_checkpoint_dir_on_the_bucket():
+    load_config(config(grpoCheckpointDir="/data/runs/ckpt"))
+    assert "under the bucket mount /data/" in only_problem(grpoCheckpointDir="/tmp/ckpt")
+
+
+# verl's rules (FIELD-NOTES 6): 2 nodes x 8 GPUs = 16 GPUs unless said otherwise.
+def test_batch_times_n_divisible_by_gpus():
+    valid = {"grpoRolloutN": "5", "grpoPpoMiniBatchSize": "128", "grpoPpoMicroBatchSizePerGpu": "8"}
+    load_config(config(grpoTrainBatchSize="256", **valid))
+    assert only_problem(grpoTrainBatchSize="250", **valid) == (
+        "verl-gke:grpoTrainBatchSize = 250: train_batch_size x rollout.n (1250) must be divisible "
+        "by the 16 GPUs (2 nodes x 8).")
+
+
+def test_mini_batch_not_above_train_batch():
+    load_config(config(grpoPpoMiniBatchSize="128", grpoPpoMicroBatchSizePerGpu="32"))
+    assert "must be <= train_batch_size (256)" in only_problem(grpoPpoMiniBatchSize="512")
+
+
+def test_rollout_tp_divides_gpus_per_node():
+    load_config(config(grpoRolloutTensorParallelSize="4"))
+    assert "must divide the 16 GPUs" in only_problem(grpoRolloutTensorParallelSize="3")
+    assert "GPUs per node" in only_problem(grpoRolloutTensorParallelSize="16", gpuNodes="4")
+
+
+def test_mini_batch_times_n_divisible_by_data_parallel():
+    assert "data-parallel size (16)" in only_problem(grpoPpoMiniBatchSize="3")
+
+
+def test_micro_batch_divides_per_gpu_mini_batch():
+    assert "per-GPU mini batch (128" in only_problem(grpoPpoMicroBatchSizePerGpu="48")
+
+
+def test_ulysses_needs_remove_padding():
+    load_config(config(grpoUlyssesSequenceParallelSize="2", grpoUseRemovePadding="true"))
+    assert "needs use_remove_padding" in only_problem(grpoUlyssesSequenceParallelSize="2")
+
+
+def test_placeholders_listed():
+    raw = config(gcp__project="replace-me-project", reservation="replace-me-reservation")
+    assert placeholders(raw) == ["gcp:project", "verl-gke:reservation", "verl-gke:hfToken"]
+    assert placeholders({**config(), "verl-gke:hfToken": "[encrypted]"}) == []

@@ -1,0 +1,98 @@
+"""The synth output format of CONTRACT.md section 3, read back from disk."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pulumi
+import pytest
+import yaml
+
+from tests.conftest import STACKS
+from verl_gke import synth
+from verl_gke.stack_config import PROJECT_DIR
+
+RESOURCE_KEYS = {"urn", "type", "name", "parent", "custom", "provider", "dependencies", "inputs"}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_dist_layout_reads_back(stack: str, synth_stack, tmp_path: Path):
+    result = synth_stack(stack)
+    synth.write(result, tmp_path)
+    resources = json.loads((tmp_path / "resources.json").read_text())
+    assert [r["urn"] for r in resources] == [r.urn for r in result.registrations]
+    urns = {r["urn"] for r in resources}
+    for r in resources:
+        assert set(r) == RESOURCE_KEYS
+        assert r["urn"].startswith(f"urn:pulumi:{stack}::verl-gke::")
+        assert r["parent"] is None or r["parent"].startswith("urn:pulumi:")
+        assert set(r["dependencies"]) <= urns | {r["parent"]}
+    outputs = json.loads((tmp_path / "outputs.json").read_text())
+    assert outputs == result.outputs
+    files = sorted((tmp_path / "manifests").iterdir())
+    assert len(files) == len(result.manifests())
+    for i, (path, obj) in enumerate(zip(files, result.manifests()), start=1):
+        assert re.fullmatch(rf"{i:02d}-[a-z0-9]+-[a-z0-9.-]+\.yaml", path.name), path.name
+        assert yaml.safe_load(path.read_text()) == obj
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_outputs_name_the_platform(stack: str, synth_stack):
+    outputs = synth_stack(stack).outputs
+    expected = {"a4": ("a4", 8), "a4-standard": ("a4", 8), "a3u-standard": ("a3u", 8), "a4x": ("a4x", 4)}[stack]
+    assert (outputs["gpuPlatform"], outputs["gpusPerNode"]) == expected
+
+
+def test_placeholders_are_listed_in_the_summary(synth_stack):
+    result = synth_stack("a4-standard")
+    text = synth.summary(result, Path("dist/a4-standard"))
+    assert text.endswith("Set these before `pulumi up` (they still hold placeholders):\n"
+                         "  gcp:project\n  verl-gke:reservation\n  verl-gke:hfToken")
+
+
+def test_wire_values_mask_secrets_and_unknowns():
+    secret = {pulumi.runtime.rpc._special_sig_key: pulumi.runtime.rpc._special_secret_sig, "value": "hf_abc"}
+    assert synth.wire_to_json({"a": [secret], "b": pulumi.runtime.rpc.UNKNOWN, "c": 1}) == {
+        "a": ["[secret]"], "b": "[unknown]", "c": 1}
+
+
+def test_bad_config_registers_nothing():
+    monitor = synth.RecordingMonitor(synth.SynthMocks())
+    with pytest.raises(pulumi.RunError, match="verl-gke:clusterMode"):
+        synth.run("a4x", overrides={"verl-gke:clusterMode": "autopilot"}, monitor=monitor)
+    assert monitor.registrations == []
+
+
+def _synth_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "verl_gke.synth", *args], cwd=PROJECT_DIR,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_rejects_bad_config_without_traceback(tmp_path: Path):
+    out = tmp_path / "a4x"
+    run = _synth_cli("a4x", "--out", str(out), "--set", "verl-gke:clusterMode=autopilot",
+                     "--set", "verl-gke:grpoTrainBatchSize=255")
+    assert run.returncode != 0
+    assert "Traceback" not in run.stderr + run.stdout
+    assert run.stderr.startswith("synth failed: Pulumi.a4x.yaml has 3 problems:\n")
+    assert '  verl-gke:rayOperator = "helm": Autopilot clusters use' in run.stderr
+    assert '  verl-gke:clusterMode = "autopilot": A4X' in run.stderr
+    assert "  verl-gke:grpoTrainBatchSize = 255: train_batch_size x rollout.n (2040)" in run.stderr
+    assert not out.exists()
+
+
+def test_cli_writes_dist_and_summary(tmp_path: Path):
+    run = _synth_cli("a4", "--out", str(tmp_path / "a4"))
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("verl-gke synth: stack a4: ")
+    assert (tmp_path / "a4" / "resources.json").exists()
+
+
+def test_unknown_stack_lists_the_stacks():
+    run = _synth_cli("a5")
+    assert run.returncode != 0
+    assert "no stack file Pulumi.a5.yaml; stacks: a3u-standard, a4, a4-standard, a4x" in run.stderr

@@ -1,0 +1,253 @@
+"""Offline synth: run the real Pulumi program in-process under Pulumi's mock engine.
+
+`python -m verl_gke.synth <stack>` writes dist/<stack>/ (CONTRACT.md section 3): every resource the
+program registers with its inputs as the engine would send them to the provider, every Kubernetes
+object the program defines as YAML, and the stack outputs, secrets masked as "[secret]".
+No Pulumi CLI, no plugins, no credentials and no network are involved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import runpy
+import shutil
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import pulumi
+import yaml
+from google.protobuf import json_format
+from pulumi.runtime import mocks, rpc, settings
+from pulumi.runtime.config import set_all_config
+from pulumi.runtime.stack import run_pulumi_func
+from pulumi.runtime.sync_await import _sync_await
+
+from verl_gke.stack_config import PROJECT_DIR, raw_config
+
+PROJECT = "verl-gke"
+SECRET = "[secret]"
+UNKNOWN = "[unknown]"
+MOCK_PROJECT_NUMBER = "123456789012"
+MOCK_CA = base64.b64encode(b"mock cluster CA certificate").decode()
+MOCK_ENDPOINT = "10.0.0.2"
+
+# Remote components and providers are registered but are not objects the program "applies".
+_NOT_MANIFESTS = ("kubernetes:helm.sh/", "kubernetes:yaml/", "pulumi:providers:")
+
+
+def _is_secret(obj: Any) -> bool:
+    return isinstance(obj, dict) and obj.get(rpc._special_sig_key) == rpc._special_secret_sig
+
+
+def wire_to_json(value: Any) -> Any:
+    """A property value as the engine sees it -> plain JSON, secrets masked, unknowns marked."""
+    if _is_secret(value):
+        return SECRET
+    if isinstance(value, dict):
+        sig = value.get(rpc._special_sig_key)
+        if sig == rpc._special_resource_sig:
+            return value.get("urn")
+        if sig == rpc._special_output_value_sig:
+            if value.get("secret"):
+                return SECRET
+            return wire_to_json(value["value"]) if "value" in value else UNKNOWN
+        return {k: wire_to_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [wire_to_json(v) for v in value]
+    if value == rpc.UNKNOWN:
+        return UNKNOWN
+    return value
+
+
+@dataclass
+class Registration:
+    urn: str
+    type: str
+    name: str
+    parent: str | None
+    custom: bool
+    provider: str | None
+    dependencies: list[str]
+    inputs: dict[str, Any]
+
+
+class SynthMocks(pulumi.runtime.Mocks):
+    """Plausible provider answers: inputs echoed back plus the computed fields the program reads."""
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
+        state = dict(args.inputs)
+        name = state.get("name") or args.name
+        if args.typ == "gcp:container/cluster:Cluster":
+            state.update(endpoint=MOCK_ENDPOINT, masterAuth={"clusterCaCertificate": MOCK_CA})
+        elif args.typ == "gcp:storage/bucket:Bucket":
+            state["url"] = f"gs://{name}"
+        elif args.typ.startswith("gcp:compute/"):
+            state["selfLink"] = f"https://www.googleapis.com/compute/v1/projects/mock/{name}"
+        elif args.typ.startswith("kubernetes:") and isinstance(state.get("metadata"), dict):
+            state["metadata"] = {"name": args.name, **state["metadata"]}
+        return f"{args.name}-id", state
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
+        if args.token == "gcp:organizations/getProject:getProject":
+            return {"number": MOCK_PROJECT_NUMBER, "projectId": args.args.get("projectId", "mock")}
+        if args.token == "gcp:container/getCluster:getCluster":
+            return {"name": args.args.get("name"), "location": args.args.get("location"),
+                    "endpoint": MOCK_ENDPOINT, "masterAuths": [{"clusterCaCertificate": MOCK_CA}]}
+        return {}
+
+
+class RecordingMonitor(mocks.MockMonitor):
+    """The stock mock monitor, plus a record of every register request in order."""
+
+    def __init__(self, mocks_: pulumi.runtime.Mocks) -> None:
+        super().__init__(mocks_)
+        self.registrations: list[Registration] = []
+
+    def RegisterResource(self, request: Any) -> Any:
+        response = super().RegisterResource(request)
+        if request.type != "pulumi:pulumi:Stack":
+            deps = set(request.dependencies)
+            for prop_deps in request.propertyDependencies.values():
+                deps.update(prop_deps.urns)
+            inputs = json_format.MessageToDict(request.object, preserving_proto_field_name=True)
+            self.registrations.append(Registration(
+                urn=response.urn, type=request.type, name=request.name,
+                parent=request.parent or None, custom=bool(request.custom),
+                provider=request.provider.split("::")[0] if request.provider else None,
+                dependencies=sorted(deps), inputs=wire_to_json(inputs)))
+        return response
+
+
+@dataclass
+class SynthResult:
+    stack: str
+    registrations: list[Registration]
+    outputs: dict[str, Any]
+    placeholders: list[str] = field(default_factory=list)
+
+    def manifests(self) -> list[dict[str, Any]]:
+        """Kubernetes objects the program defines, in registration order, as they would be applied."""
+        out = []
+        for r in self.registrations:
+            if r.type.startswith("kubernetes:") and not r.type.startswith(_NOT_MANIFESTS):
+                out.append({k: v for k, v in r.inputs.items() if k in ("apiVersion", "kind", "metadata",
+                            "spec", "data", "stringData", "type", "immutable", "rules", "roleRef",
+                            "subjects")})
+        return out
+
+
+async def _resolve(value: Any) -> Any:
+    """A stack output value -> JSON, secrets masked."""
+    if isinstance(value, pulumi.Output):
+        if await value.is_secret():
+            return SECRET
+        if not await value.is_known():
+            return UNKNOWN
+        return await _resolve(await value.future())
+    if isinstance(value, dict):
+        return {k: await _resolve(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [await _resolve(v) for v in value]
+    return value
+
+
+def run_in_mocks(program: Callable[[], Any], *, stack: str = "test", config: dict[str, str] | None = None,
+                 secret_keys: list[str] | None = None, preview: bool = False,
+                 monitor: RecordingMonitor | None = None) -> tuple[list[Registration], dict[str, Any]]:
+    """Run `program` under a fresh mock engine; return its registrations and resolved stack outputs.
+
+    `set_mocks` is process-global: each call resets the runtime first, so calls don't leak.
+    Pass a `monitor` to inspect what was registered when the program raises.
+    """
+    settings.reset_options(project=PROJECT, stack=stack, preview=preview)
+    set_all_config(dict(config or {}), list(secret_keys or []))
+    synth_mocks = SynthMocks()
+    monitor = monitor or RecordingMonitor(synth_mocks)
+    pulumi.runtime.set_mocks(synth_mocks, project=PROJECT, stack=stack, preview=preview, monitor=monitor)
+    root = settings.get_root_resource()
+    outputs: dict[str, Any] = {}
+
+    async def body() -> None:
+        program()
+
+    async def resolve_all() -> None:
+        for key, value in getattr(root, "outputs", {}).items():
+            outputs[key] = await _resolve(value)
+
+    _sync_await(run_pulumi_func(body))
+    _sync_await(resolve_all())
+    return monitor.registrations, outputs
+
+
+def run(stack: str, project_dir: Path = PROJECT_DIR, overrides: dict[str, Any] | None = None,
+        preview: bool = False, monitor: RecordingMonitor | None = None) -> SynthResult:
+    """Run __main__.py of `project_dir` for `stack` under mocks and return what it registered."""
+    from components.config import placeholders
+
+    raw, secret_keys = raw_config(stack, project_dir, overrides)
+    registrations, outputs = run_in_mocks(
+        lambda: runpy.run_path(str(project_dir / "__main__.py"), run_name="__main__"),
+        stack=stack, config=raw, secret_keys=secret_keys, preview=preview, monitor=monitor)
+    return SynthResult(stack, registrations, outputs, placeholders(raw))
+
+
+def write(result: SynthResult, out_dir: Path) -> None:
+    """dist/<stack>/: resources.json, manifests/NN-<kind>-<name>.yaml, outputs.json."""
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    (out_dir / "manifests").mkdir(parents=True)
+    resources = [r.__dict__ for r in result.registrations]
+    (out_dir / "resources.json").write_text(json.dumps(resources, indent=2) + "\n")
+    (out_dir / "outputs.json").write_text(json.dumps(result.outputs, indent=2, sort_keys=True) + "\n")
+    for i, obj in enumerate(result.manifests(), start=1):
+        kind = str(obj.get("kind", "object")).lower()
+        name = str(obj.get("metadata", {}).get("name", "unnamed"))
+        path = out_dir / "manifests" / f"{i:02d}-{kind}-{name}.yaml"
+        path.write_text(yaml.safe_dump(obj, sort_keys=False))
+
+
+def summary(result: SynthResult, out_dir: Path) -> str:
+    counts = Counter(r.type for r in result.registrations)
+    lines = [f"verl-gke synth: stack {result.stack}: {len(result.registrations)} resources -> {out_dir}"]
+    lines += [f"  {n:3d}  {t}" for t, n in sorted(counts.items())]
+    lines.append(f"  {len(result.manifests())} Kubernetes manifests, {len(result.outputs)} stack outputs")
+    if result.placeholders:
+        lines.append("Set these before `pulumi up` (they still hold placeholders):")
+        lines += [f"  {key}" for key in result.placeholders]
+    else:
+        lines.append("No placeholders left: ready for `pulumi up`.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from components.config import ConfigError
+
+    parser = argparse.ArgumentParser(prog="synth", description=__doc__.split("\n\n")[0])
+    parser.add_argument("stack", help="stack name, e.g. a4-standard (reads Pulumi.<stack>.yaml)")
+    parser.add_argument("--out", type=Path, default=None, help="output folder (default dist/<stack>)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config value for this synth only, e.g. verl-gke:gpuNodes=4")
+    args = parser.parse_args(argv)
+    out_dir = args.out or PROJECT_DIR / "dist" / args.stack
+    bad = [item for item in args.set if "=" not in item or ":" not in item.split("=", 1)[0]]
+    if bad:
+        parser.error(f"--set takes NAMESPACE:KEY=VALUE, got {bad[0]!r}")
+    overrides = dict(item.split("=", 1) for item in args.set)
+    try:
+        result = run(args.stack, overrides=overrides)
+    except (ConfigError, pulumi.RunError, FileNotFoundError) as error:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        print(f"synth failed: {error}", file=sys.stderr)
+        return 2
+    write(result, out_dir)
+    print(summary(result, out_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
