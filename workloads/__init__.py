@@ -1,0 +1,1 @@
+"""Programs that run inside the cluster, shipped to their pods as ConfigMap files."""

@@ -1,0 +1,544 @@
+"""Stage the model and GSM8K into the training bucket; runs inside the staging Job.
+
+Replaces the tutorial's "Prepare the model and data" steps (clone verl, run its GSM8K
+preprocessing, download the model to a laptop, upload both) with one in-cluster run that writes
+straight to the bucket mount:
+
+    /data/<model dir>/...            the model at a pinned commit
+    /data/gsm8k/train.parquet        GSM8K in the row format of verl's
+    /data/gsm8k/test.parquet         examples/data_preprocess/gsm8k.py
+
+Each artifact's directory gets a marker recording what was staged (repo, commit, fingerprint,
+file sizes); a later run whose marker matches and whose files are all there does nothing.
+Exit status: 0 done, 1 transient failure (the Job retries), 2 permanent failure (bad argument,
+missing repo or revision, token refused: retrying cannot help). A failure prints one line.
+
+Standard library, huggingface_hub and pyarrow only; the third-party ones are imported where they
+are used so that the pure parts import anywhere (tests, the Pulumi program).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+# Commits, not branches, so a rerun stages the same bytes. Both SHAs are the ones public projects
+# cite for these repos (the Hub itself is out of reach where this was written).
+DEFAULT_MODEL_REPO = "Qwen/Qwen2.5-32B-Instruct"
+DEFAULT_MODEL_REVISION = "5ede1c97bbab6ce5cda5812749b4c0bdf79b18dd"
+DEFAULT_DATASET_REPO = "openai/gsm8k"
+DEFAULT_DATASET_CONFIG = "main"
+DEFAULT_DATASET_REVISION = "740312add88f781978c0658806c59bc2815b9866"
+DEFAULT_DATA_ROOT = "/data"
+DEFAULT_WORKERS = 8
+
+DATASET_DIR = "gsm8k"
+SPLITS: tuple[str, ...] = ("train", "test")
+MARKER_NAME = ".verl-gke-staged.json"
+
+# verl's reward manager picks GSM8K scoring by this data_source, whichever repo the rows came from.
+DATA_SOURCE = "openai/gsm8k"
+INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+FORMAT_VERSION = 1
+"""Bump when the row format changes, so staged datasets are rebuilt."""
+
+EXIT_OK = 0
+EXIT_TRANSIENT = 1
+EXIT_PERMANENT = 2
+
+_SHA_RE = re.compile(r"[0-9a-f]{40}")
+_REPO_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# As verl's extract_solution: the number after "####", sign and decimals kept, commas dropped.
+_ANSWER_RE = re.compile(r"####\s*(-?[0-9.,]+)")
+
+# huggingface_hub errors (huggingface_hub.errors) that retrying cannot fix.
+_PERMANENT_HUB_ERRORS = frozenset(
+    {"RepositoryNotFoundError", "GatedRepoError", "RevisionNotFoundError", "RemoteEntryNotFoundError",
+     "EntryNotFoundError", "DisabledRepoError"}
+)
+_PERMANENT_HTTP_STATUS = frozenset({401, 403, 404})
+
+log = logging.getLogger("stage-data")
+T = TypeVar("T")
+
+
+class StagingError(Exception):
+    """A failure with a one-line reason; `permanent` when retrying cannot help."""
+
+    def __init__(self, reason: str, *, permanent: bool = False) -> None:
+        super().__init__(reason)
+        self.permanent = permanent
+
+
+# --- pure parts ---------------------------------------------------------------------------------
+
+
+def extract_answer(answer: str) -> str:
+    """The ground truth of a GSM8K answer: the number after "####", commas removed."""
+    match = _ANSWER_RE.search(answer)
+    if match is None:
+        raise ValueError('no "#### <number>" in the answer')
+    return match.group(1).replace(",", "")
+
+
+def gsm8k_row(*, question: str, answer: str, split: str, index: int) -> dict[str, Any]:
+    """One row as verl's examples/data_preprocess/gsm8k.py writes it."""
+    return {
+        "data_source": DATA_SOURCE,
+        "prompt": [{"role": "user", "content": f"{question} {INSTRUCTION}"}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": extract_answer(answer)},
+        "extra_info": {"split": split, "index": index, "answer": answer, "question": question},
+    }
+
+
+def row_schema() -> pa.Schema:
+    """The parquet schema of a row, fields in the order verl's preprocessing creates them."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("data_source", pa.string()),
+            ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+            ("ability", pa.string()),
+            ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
+            (
+                "extra_info",
+                pa.struct(
+                    [("split", pa.string()), ("index", pa.int64()), ("answer", pa.string()), ("question", pa.string())]
+                ),
+            ),
+        ]
+    )
+
+
+def transform_table(table: pa.Table, split: str, *, source: str) -> pa.Table:
+    """GSM8K's raw (question, answer) rows as verl rows; `source` names the input in errors."""
+    import pyarrow as pa
+
+    missing = [c for c in ("question", "answer") if c not in table.column_names]
+    if missing:
+        raise StagingError(
+            f"{source} has columns {table.column_names}, lacks {missing}: not a GSM8K split", permanent=True
+        )
+    rows = []
+    for index, (question, answer) in enumerate(
+        zip(table.column("question").to_pylist(), table.column("answer").to_pylist(), strict=True)
+    ):
+        try:
+            if not isinstance(question, str) or not isinstance(answer, str):
+                raise ValueError("question or answer is not text")
+            rows.append(gsm8k_row(question=question, answer=answer, split=split, index=index))
+        except ValueError as e:
+            raise StagingError(f"{source} row {index}: {e}", permanent=True) from None
+    return pa.Table.from_pylist(rows, schema=row_schema())
+
+
+def split_files(repo_files: Iterable[str], config: str, split: str) -> list[str]:
+    """The parquet shards of one split of one config, e.g. main/train-00000-of-00001.parquet."""
+    pattern = re.compile(rf"{re.escape(config)}/{re.escape(split)}-\d{{5}}-of-\d{{5}}\.parquet")
+    return sorted(f for f in repo_files if pattern.fullmatch(f))
+
+
+def model_dir_for(repo: str) -> str:
+    """The tutorial's directory for a model: its repo name (Qwen/Qwen2.5-32B-Instruct -> Qwen2.5-32B-Instruct)."""
+    return repo.rsplit("/", 1)[-1]
+
+
+def model_identity(repo: str, revision: str) -> dict[str, Any]:
+    """What a model marker must record for the staged model to count as this one."""
+    return {"kind": "model", "repo": repo, "revision": revision}
+
+
+def dataset_fingerprint(repo: str, config: str, revision: str) -> str:
+    """A digest of everything the staged rows depend on: source commit and row format."""
+    basis = {
+        "repo": repo,
+        "config": config,
+        "revision": revision,
+        "splits": list(SPLITS),
+        "data_source": DATA_SOURCE,
+        "instruction": INSTRUCTION,
+        "format": FORMAT_VERSION,
+    }
+    return hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def dataset_identity(repo: str, config: str, revision: str) -> dict[str, Any]:
+    """What a dataset marker must record for the staged dataset to count as this one."""
+    return {
+        "kind": "dataset",
+        "repo": repo,
+        "config": config,
+        "revision": revision,
+        "fingerprint": dataset_fingerprint(repo, config, revision),
+    }
+
+
+def make_marker(identity: Mapping[str, Any], files: Mapping[str, int]) -> dict[str, Any]:
+    """A marker: the identity plus the size of every staged file (relative path -> bytes)."""
+    return {**identity, "files": dict(sorted(files.items()))}
+
+
+@dataclass(frozen=True)
+class Decision:
+    skip: bool
+    reason: str
+
+
+def decide(
+    marker: Mapping[str, Any] | None, identity: Mapping[str, Any], size_of: Callable[[str], int | None]
+) -> Decision:
+    """Whether staging can be skipped: the marker records this identity and every file it lists
+    is present with its recorded size (`size_of` returns None for a missing file)."""
+    if marker is None:
+        return Decision(False, "nothing staged yet")
+    for key, want in identity.items():
+        if marker.get(key) != want:
+            return Decision(False, f"staged {key} is {marker.get(key)!r}, want {want!r}")
+    files = marker.get("files")
+    if not isinstance(files, dict) or not files:
+        return Decision(False, "marker lists no files")
+    for name, size in sorted(files.items()):
+        actual = size_of(name)
+        if actual is None:
+            return Decision(False, f"{name} is missing")
+        if actual != size:
+            return Decision(False, f"{name} has {actual} bytes, marker says {size}")
+    return Decision(True, f"already staged ({len(files)} files, {format_bytes(sum(files.values()))})")
+
+
+def read_marker(path: Path) -> dict[str, Any] | None:
+    """The marker at `path`, or None when there is none or it is unreadable (then staging redoes)."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        log.warning("ignoring unreadable marker %s: %s", path, e)
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_marker(path: Path, marker: Mapping[str, Any]) -> None:
+    """Write the marker last and atomically, so a half-done run never looks finished."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def size_in(root: Path) -> Callable[[str], int | None]:
+    """A `size_of` for `decide` over files under `root`."""
+
+    def size_of(name: str) -> int | None:
+        try:
+            return (root / name).stat().st_size
+        except FileNotFoundError:
+            return None
+
+    return size_of
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def progress_line(
+    label: str, files_done: int, files_total: int, bytes_done: int, bytes_total: int, seconds: float
+) -> str:
+    """e.g. `model: 12/37 files, 24.1 GB/65.5 GB (37%), 310.2 MB/s`."""
+    pct = 100 * bytes_done // bytes_total if bytes_total else 100
+    rate = format_bytes(bytes_done / seconds) + "/s" if seconds > 0 else "-"
+    return (
+        f"{label}: {files_done}/{files_total} files, "
+        f"{format_bytes(bytes_done)}/{format_bytes(bytes_total)} ({pct}%), {rate}"
+    )
+
+
+def hub_error(exc: BaseException, what: str) -> StagingError:
+    """A one-line StagingError for a Hugging Face Hub failure while doing `what`.
+
+    Classified by huggingface_hub.errors class names, so this needs no import of the library.
+    """
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    detail = " ".join(str(exc).split())[:300] or type(exc).__name__
+    if "GatedRepoError" in names:
+        return StagingError(
+            f"{what}: gated repository; accept its terms on the Hub with the account of the HF token ({detail})",
+            permanent=True,
+        )
+    if names & _PERMANENT_HUB_ERRORS or status in _PERMANENT_HTTP_STATUS:
+        return StagingError(f"{what}: {detail}", permanent=True)
+    return StagingError(f"{what}: {type(exc).__name__}: {detail}")
+
+
+def from_hub(what: str, call: Callable[[], T]) -> T:
+    """Run one Hub call; any failure becomes a classified StagingError saying what was being done."""
+    try:
+        return call()
+    except StagingError:
+        raise
+    except Exception as e:
+        raise hub_error(e, what) from None
+
+
+def one_line(message: str, secret: str | None) -> str:
+    """The message on one line with the token, should it ever appear, blanked out."""
+    line = " ".join(message.split())
+    return line.replace(secret, "[redacted]") if secret else line
+
+
+# --- the Hub ------------------------------------------------------------------------------------
+
+
+class Hub(Protocol):
+    """What staging needs from the Hugging Face Hub."""
+
+    def list_files(self, repo: str, repo_type: str, revision: str) -> dict[str, int]:
+        """Every file of the repo at `revision`: path -> size in bytes."""
+        ...
+
+    def download(self, repo: str, repo_type: str, revision: str, filename: str, local_dir: Path) -> Path:
+        """Fetch one file into `local_dir` (keeping its repo path); return where it landed."""
+        ...
+
+
+class HfHub:
+    """The real Hub, through huggingface_hub."""
+
+    def __init__(self, token: str | None) -> None:
+        self._token = token
+
+    def list_files(self, repo: str, repo_type: str, revision: str) -> dict[str, int]:
+        from huggingface_hub import HfApi
+
+        info = HfApi().repo_info(repo, repo_type=repo_type, revision=revision, files_metadata=True, token=self._token)
+        return {s.rfilename: int(s.size or 0) for s in info.siblings or []}
+
+    def download(self, repo: str, repo_type: str, revision: str, filename: str, local_dir: Path) -> Path:
+        from huggingface_hub import hf_hub_download
+
+        path = hf_hub_download(
+            repo, filename, repo_type=repo_type, revision=revision, local_dir=local_dir, token=self._token
+        )
+        return Path(str(path))
+
+
+# --- staging ------------------------------------------------------------------------------------
+
+
+def _download(hub: Hub, repo: str, repo_type: str, revision: str, filename: str, local_dir: Path) -> Path:
+    return from_hub(
+        f"downloading {filename} from {repo}@{revision}",
+        lambda: hub.download(repo, repo_type, revision, filename, local_dir),
+    )
+
+
+def stage_model(hub: Hub, *, repo: str, revision: str, dest: Path, workers: int) -> bool:
+    """Download every file of the model at `revision` into `dest`; False when already there."""
+    marker_path = dest / MARKER_NAME
+    identity = model_identity(repo, revision)
+    decision = decide(read_marker(marker_path), identity, size_in(dest))
+    if decision.skip:
+        log.info("model %s@%s: %s, skipping", repo, revision, decision.reason)
+        return False
+    log.info("model %s@%s -> %s: %s", repo, revision, dest, decision.reason)
+    dest.mkdir(parents=True, exist_ok=True)
+    marker_path.unlink(missing_ok=True)
+
+    files = from_hub(f"listing model {repo}@{revision}", lambda: hub.list_files(repo, "model", revision))
+    if not files:
+        raise StagingError(f"model {repo}@{revision} has no files", permanent=True)
+    total = sum(files.values())
+    log.info("model: %d files, %s to fetch with %d workers", len(files), format_bytes(total), workers)
+    started, done_files, done_bytes = time.monotonic(), 0, 0
+    # Largest first keeps the workers busy until the end instead of waiting on one last shard.
+    order = sorted(files, key=lambda name: (-files[name], name))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(_download, hub, repo, "model", revision, name, dest): name for name in order}
+        try:
+            for future in as_completed(futures):
+                future.result()
+                done_files += 1
+                done_bytes += files[futures[future]]
+                log.info(progress_line("model", done_files, len(files), done_bytes, total, time.monotonic() - started))
+        except BaseException:
+            # Fail now, not after every queued shard: only downloads already running are awaited.
+            for future in futures:
+                future.cancel()
+            raise
+
+    size_of = size_in(dest)
+    for name, size in sorted(files.items()):
+        if size_of(name) != size:
+            raise StagingError(f"model file {name}: {size_of(name)} bytes on the bucket, the Hub says {size}")
+    write_marker(marker_path, make_marker(identity, files))
+    log.info("model staged in %s (%s)", dest, format_bytes(total))
+    return True
+
+
+def stage_dataset(hub: Hub, *, repo: str, config: str, revision: str, dest: Path) -> bool:
+    """Write GSM8K's splits as verl parquet files into `dest`; False when already there."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    marker_path = dest / MARKER_NAME
+    identity = dataset_identity(repo, config, revision)
+    decision = decide(read_marker(marker_path), identity, size_in(dest))
+    if decision.skip:
+        log.info("dataset %s@%s: %s, skipping", repo, revision, decision.reason)
+        return False
+    log.info("dataset %s (%s)@%s -> %s: %s", repo, config, revision, dest, decision.reason)
+    dest.mkdir(parents=True, exist_ok=True)
+    marker_path.unlink(missing_ok=True)
+
+    repo_files = from_hub(f"listing dataset {repo}@{revision}", lambda: hub.list_files(repo, "dataset", revision))
+    written: dict[str, int] = {}
+    with tempfile.TemporaryDirectory(prefix="gsm8k-") as raw:
+        for split in SPLITS:
+            shards = split_files(repo_files, config, split)
+            if not shards:
+                raise StagingError(
+                    f"dataset {repo}@{revision} has no {config}/{split}-*.parquet", permanent=True
+                )
+            parts = []
+            for shard in shards:
+                local = _download(hub, repo, "dataset", revision, shard, Path(raw))
+                parts.append(pq.read_table(local))
+            source = f"{repo}@{revision}:{config}/{split}"
+            table = transform_table(pa.concat_tables(parts), split, source=source)
+            name = f"{split}.parquet"
+            tmp = dest / f".{name}.tmp"
+            pq.write_table(table, tmp)
+            os.replace(tmp, dest / name)
+            written[name] = (dest / name).stat().st_size
+            log.info("dataset: %s, %d rows, %s", dest / name, table.num_rows, format_bytes(written[name]))
+    write_marker(marker_path, make_marker(identity, written))
+    return True
+
+
+@dataclass(frozen=True)
+class Settings:
+    model_repo: str
+    model_revision: str
+    model_dir: str
+    dataset_repo: str
+    dataset_config: str
+    dataset_revision: str
+    data_root: Path
+    workers: int
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise StagingError(f"bad arguments: {message}", permanent=True)
+
+
+def parse_args(argv: Sequence[str]) -> Settings:
+    """The command line, checked; any problem is a permanent StagingError naming the flag."""
+    p = _Parser(prog="stage_data.py", description=__doc__.splitlines()[0])
+    p.add_argument("--model-repo", default=DEFAULT_MODEL_REPO)
+    p.add_argument("--model-revision", default=DEFAULT_MODEL_REVISION)
+    p.add_argument("--model-dir", default=None, help="directory under the data root (default: the repo name)")
+    p.add_argument("--dataset-repo", default=DEFAULT_DATASET_REPO)
+    p.add_argument("--dataset-config", default=DEFAULT_DATASET_CONFIG)
+    p.add_argument("--dataset-revision", default=DEFAULT_DATASET_REVISION)
+    p.add_argument("--data-root", default=DEFAULT_DATA_ROOT)
+    p.add_argument("--workers", type=int, default=DEFAULT_WORKERS)
+    a = p.parse_args(list(argv))
+
+    model_dir = a.model_dir if a.model_dir is not None else model_dir_for(a.model_repo)
+    problems = []
+    for flag, value in (("--model-repo", a.model_repo), ("--dataset-repo", a.dataset_repo)):
+        if not _REPO_RE.fullmatch(value):
+            problems.append(f"{flag} {value!r} is not a Hub repo id like owner/name")
+    for flag, value in (("--model-revision", a.model_revision), ("--dataset-revision", a.dataset_revision)):
+        if not _SHA_RE.fullmatch(value):
+            problems.append(f"{flag} {value!r} is not a commit SHA (40 lowercase hex digits); pin one")
+    if not _NAME_RE.fullmatch(model_dir) or model_dir == DATASET_DIR:
+        problems.append(
+            f"--model-dir {model_dir!r} must be one directory name of letters, digits, '.', '_', '-'"
+            f" other than {DATASET_DIR!r}"
+        )
+    if not _NAME_RE.fullmatch(a.dataset_config):
+        problems.append(f"--dataset-config {a.dataset_config!r} is not a config name")
+    if not 1 <= a.workers <= 64:
+        problems.append(f"--workers {a.workers} must be 1..64")
+    if problems:
+        raise StagingError("; ".join(problems), permanent=True)
+    return Settings(
+        model_repo=a.model_repo,
+        model_revision=a.model_revision,
+        model_dir=model_dir,
+        dataset_repo=a.dataset_repo,
+        dataset_config=a.dataset_config,
+        dataset_revision=a.dataset_revision,
+        data_root=Path(a.data_root),
+        workers=a.workers,
+    )
+
+
+def run(settings: Settings, hub: Hub) -> None:
+    """Stage the dataset (seconds) then the model (the long part) under the data root."""
+    if not settings.data_root.is_dir():
+        raise StagingError(
+            f"data root {settings.data_root} is not a directory: is the bucket claim mounted?", permanent=True
+        )
+    started = time.monotonic()
+    stage_dataset(
+        hub,
+        repo=settings.dataset_repo,
+        config=settings.dataset_config,
+        revision=settings.dataset_revision,
+        dest=settings.data_root / DATASET_DIR,
+    )
+    stage_model(
+        hub,
+        repo=settings.model_repo,
+        revision=settings.model_revision,
+        dest=settings.data_root / settings.model_dir,
+        workers=settings.workers,
+    )
+    log.info("staging done in %.0f s", time.monotonic() - started)
+
+
+def main(argv: Sequence[str] | None = None, hub: Hub | None = None) -> int:
+    logging.basicConfig(
+        format="%(asctime)s stage-data %(levelname)s %(message)s", level=logging.INFO, stream=sys.stdout
+    )
+    token = os.environ.get("HF_TOKEN") or None
+    try:
+        settings = parse_args(sys.argv[1:] if argv is None else argv)
+        run(settings, hub if hub is not None else HfHub(token))
+    except StagingError as e:
+        print(f"stage-data: failed: {one_line(str(e), token)}", file=sys.stderr)
+        return EXIT_PERMANENT if e.permanent else EXIT_TRANSIENT
+    except Exception as e:  # noqa: BLE001 - any other failure still ends in one line, and a retry
+        print(f"stage-data: failed: {one_line(f'{type(e).__name__}: {e}', token)}", file=sys.stderr)
+        return EXIT_TRANSIENT
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
