@@ -1,0 +1,116 @@
+"""A4X DRA objects: the NVIDIA DRA driver's namespace, quota and Helm values, the RDMA NIC
+ResourceClaimTemplate and the IMEX ComputeDomain (tutorial-ja, A4X: "compute-domain-a4x.yaml"
+and the `helm upgrade --install nvidia-dra-driver-gpu` step)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+NAMESPACE = "nvidia-dra-driver-gpu"
+QUOTA_NAME = "nvidia-dra-driver-gpu-quota"
+
+CHART_NAME = "nvidia-dra-driver-gpu"
+CHART_REPO = "https://helm.ngc.nvidia.com/nvidia"
+# The tutorial installs 25.3.1; 25.3.2 is the 25.3.x patch whose ComputeDomain CRD is the one
+# the manifests are validated against (shared/crds), so chart and checks agree.
+CHART_VERSION = "25.3.2"
+
+# GKE installs the NVIDIA driver under this host path, not at `/` as the chart assumes.
+NVIDIA_DRIVER_ROOT = "/home/kubernetes/bin/nvidia"
+
+RDMA_DEVICE_CLASS = "mrdma.google.com"
+RDMA_CLAIM_TEMPLATE = "verl-rdma-nic"
+COMPUTE_DOMAIN = "verl-compute-domain"
+CHANNEL_CLAIM_TEMPLATE = "verl-compute-domain-channel"
+"""Created by the DRA driver from the ComputeDomain; worker pods claim their IMEX channel from it."""
+
+
+def _check_nodes(gpu_nodes: int) -> None:
+    if isinstance(gpu_nodes, bool) or not isinstance(gpu_nodes, int) or gpu_nodes < 1:
+        raise ValueError(f"gpu_nodes = {gpu_nodes!r}: must be a whole number of A4X nodes, at least 1")
+
+
+def namespace(name: str = NAMESPACE) -> dict[str, Any]:
+    """The namespace the DRA driver runs in."""
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+
+
+def resource_quota(*, gpu_nodes: int, namespace: str = NAMESPACE) -> dict[str, Any]:
+    """Lets the driver's system-critical pods in: GKE only admits pods of the system priority
+    classes outside kube-system where a quota covers them. One kubelet-plugin and one IMEX daemon
+    per node plus the controller: 2 x nodes + 1."""
+    _check_nodes(gpu_nodes)
+    return {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": QUOTA_NAME, "namespace": namespace},
+        "spec": {
+            "hard": {"pods": str(2 * gpu_nodes + 1)},
+            "scopeSelector": {
+                "matchExpressions": [
+                    {
+                        "operator": "In",
+                        "scopeName": "PriorityClass",
+                        "values": ["system-node-critical", "system-cluster-critical"],
+                    }
+                ]
+            },
+        },
+    }
+
+
+def helm_values() -> dict[str, Any]:
+    """The tutorial's `--set` values: GKE's driver root, ComputeDomains only (GPUs stay with
+    GKE's device plugin), and a kubelet plugin that tolerates the GPU and arm64 taints."""
+    return {
+        "nvidiaDriverRoot": NVIDIA_DRIVER_ROOT,
+        "resources": {"gpus": {"enabled": False}},
+        "kubeletPlugin": {
+            "tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists"},
+                {"key": "kubernetes.io/arch", "operator": "Exists"},
+            ]
+        },
+    }
+
+
+def rdma_claim_template(*, namespace: str, name: str = RDMA_CLAIM_TEMPLATE) -> dict[str, Any]:
+    """One RDMA NIC per claim; each A4X worker claims all four rails."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "nic",
+                            "exactly": {
+                                "deviceClassName": RDMA_DEVICE_CLASS,
+                                "allocationMode": "ExactCount",
+                                "count": 1,
+                            },
+                        }
+                    ]
+                }
+            }
+        },
+    }
+
+
+def compute_domain(
+    *,
+    namespace: str,
+    gpu_nodes: int,
+    name: str = COMPUTE_DOMAIN,
+    channel_template: str = CHANNEL_CLAIM_TEMPLATE,
+) -> dict[str, Any]:
+    """The IMEX domain spanning every GPU node, for multi-node NVLink (its spec is immutable)."""
+    _check_nodes(gpu_nodes)
+    return {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "ComputeDomain",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"numNodes": gpu_nodes, "channel": {"resourceClaimTemplate": {"name": channel_template}}},
+    }

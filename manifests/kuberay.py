@@ -1,0 +1,21 @@
+"""Helm values of the namespace-scoped KubeRay operator (tutorial-ja, A4X:
+`helm upgrade --install kuberay-operator ... singleNamespaceInstall=true watchNamespace={NS}`).
+
+Only where GKE's Ray operator add-on is off: both install the same ray.io CRDs (FIELD-NOTES 3).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+CHART_NAME = "kuberay-operator"
+CHART_REPO = "https://ray-project.github.io/kuberay-helm/"
+# The chart release that ships the v1.6.2 ray.io CRDs the manifests are validated against.
+CHART_VERSION = "1.6.2"
+
+
+def helm_values(*, namespace: str) -> dict[str, Any]:
+    """Namespaced RBAC only, watching just the namespace the Ray cluster runs in."""
+    if not namespace:
+        raise ValueError("namespace = '': the KubeRay operator needs the namespace it watches")
+    return {"singleNamespaceInstall": True, "watchNamespace": [namespace]}

@@ -1,0 +1,316 @@
+"""The KubeRay RayCluster that runs verl: one CPU head and one group of GPU workers.
+
+Spec: the tutorial's ray-cluster-auto.yaml, ray-cluster-standard.yaml (A4, A3 Ultra) and
+ray-cluster-a4x.yaml, with FIELD-NOTES 2 applied: node selector values are strings (bug 3),
+the name comes from the caller (bug 4), worker sizes come from the caller, who derives them
+from the machine's allocatable resources (bug 5), and the head never runs on Spot (bug 6).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+from manifests import dra
+
+Mode = Literal["autopilot", "standard"]
+
+WORKER_GROUP = "gpu-group"
+BUCKET_MOUNT = "/data"
+GCS_PORT = 6379
+DASHBOARD_PORT = 8265
+CLIENT_PORT = 10001
+
+# pulumi-kubernetes does not wait for custom resources by itself (FIELD-NOTES 5); KubeRay sets
+# `.status.state` to "ready" once the head and every worker pod run, so the GRPO job that
+# depends on the cluster is only submitted to a complete cluster.
+WAIT_FOR_READY = "jsonpath={.status.state}=ready"
+
+# Head sizes of the tutorial: the x86 manifests use 32G / 9Gi, the A4X one 32Gi / 20Gi.
+HEAD_RESOURCES_X86 = {"cpu": "12", "memory": "32G", "ephemeral-storage": "9Gi"}
+HEAD_RESOURCES_A4X = {"cpu": "12", "memory": "32Gi", "ephemeral-storage": "20Gi"}
+
+# Multi-network names of network-mapping.yaml (A4, A3 Ultra): eth1 on the gVNIC network,
+# eth2.. on the RDMA networks rdma-0..N-1.
+GVNIC_NETWORK = "gvnic-1"
+RDMA_NETWORK_PREFIX = "rdma-"
+
+# The A4X image lacks verl's TransferQueue dependency; the tutorial installs this pin at start.
+TRANSFER_QUEUE_REQUIREMENT = "TransferQueue==0.1.8"
+
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+ARM_TOLERATION = {"key": "kubernetes.io/arch", "operator": "Exists", "effect": "NoSchedule"}
+
+_GCSFUSE_ANNOTATION = {"gke-gcsfuse/volumes": "true"}
+_BUCKET_VOLUME = "training-bucket-vol"
+# KubeRay refuses longer names or names that are not DNS-1035 labels (validation.go, v1.6.2).
+_MAX_NAME = 53
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class RayClusterSpec:
+    """Everything the RayCluster depends on, as plain values."""
+
+    name: str
+    """RayCluster name, e.g. b200-ray-cluster."""
+    namespace: str
+    ray_version: str
+    """Ray version inside `image` (KubeRay uses it to pick compatible defaults)."""
+    image: str
+    """verl image with a fixed tag, the same for head and workers."""
+    service_account: str
+    """Kubernetes service account allowed into the bucket (Workload Identity)."""
+    claim_name: str
+    """PersistentVolumeClaim of the GCS FUSE bucket, mounted at /data."""
+    mode: Mode
+    accelerator: str
+    """GKE accelerator label, e.g. nvidia-b200."""
+    gpus_per_node: int
+    worker_replicas: int
+    """GPU nodes: one worker pod per node, a fixed-size group."""
+    worker_cpus: int
+    """CPU request and limit of a worker, also Ray's `num-cpus` for it."""
+    worker_memory_gi: int
+    worker_ephemeral_gi: int
+    shm_gi: int
+    """Size limit of the memory-backed /dev/shm (NCCL and vLLM use it)."""
+    ld_library_path: str
+    rdma_nics: int
+    """RDMA NICs per node: multi-network interfaces on A4/A3 Ultra, DRA claims on A4X."""
+    a4x: bool = False
+    """GB200: the head runs on a GPU node (the image is arm64 only), NICs and the IMEX channel come
+    from DRA claims, one worker per host, TransferQueue installed at start."""
+    worker_spot: bool = False
+    """Autopilot only: run GPU workers on Spot capacity. On Standard the node pool decides."""
+    head_node_pool: str = "default-pool"
+    """Standard: the on-demand CPU pool the head runs on."""
+    verl_source_dir: str | None = None
+    """Use a verl source tree from the bucket (e.g. /data/verl) instead of the image's verl."""
+
+    def __post_init__(self) -> None:
+        problems = self.problems()
+        if problems:
+            raise ValueError("invalid RayCluster spec:\n  " + "\n  ".join(problems))
+
+    def problems(self) -> list[str]:
+        """Every invalid value, each naming the field, the value and what is allowed."""
+        out: list[str] = []
+        if len(self.name) > _MAX_NAME or not _DNS1035.match(self.name):
+            out.append(
+                f"name = {self.name!r}: must be a DNS-1035 label (lowercase letters, digits, '-', "
+                f"starting with a letter) of at most {_MAX_NAME} characters"
+            )
+        if self.mode not in get_args(Mode):
+            out.append(f"mode = {self.mode!r}: must be one of {', '.join(get_args(Mode))}")
+        if not _pinned(self.image):
+            out.append(f"image = {self.image!r}: needs a fixed tag or digest (not 'latest')")
+        for field_name in ("gpus_per_node", "worker_replicas", "worker_cpus", "worker_memory_gi",
+                           "worker_ephemeral_gi", "shm_gi"):
+            value = getattr(self, field_name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                out.append(f"{field_name} = {value!r}: must be a whole number, at least 1")
+        if isinstance(self.rdma_nics, bool) or not isinstance(self.rdma_nics, int) or self.rdma_nics < 0:
+            out.append(f"rdma_nics = {self.rdma_nics!r}: must be a whole number, at least 0")
+        if (isinstance(self.shm_gi, int) and isinstance(self.worker_memory_gi, int)
+                and self.shm_gi >= self.worker_memory_gi):
+            # A memory-backed emptyDir is charged to the pod's memory.
+            out.append(f"shm_gi = {self.shm_gi!r}: must be below worker_memory_gi ({self.worker_memory_gi!r})")
+        if self.a4x and self.mode != "standard":
+            out.append(f"mode = {self.mode!r}: A4X (GB200) runs only on Standard clusters; use 'standard'")
+        if self.worker_spot and self.mode != "autopilot":
+            out.append("worker_spot = True: applies to Autopilot only; on Standard the GPU node pool decides Spot")
+        if self.verl_source_dir is not None and not self.verl_source_dir.startswith("/"):
+            out.append(f"verl_source_dir = {self.verl_source_dir!r}: must be an absolute path (e.g. /data/verl)")
+        return out
+
+
+def _pinned(image: str) -> bool:
+    if "@sha256:" in image:
+        return True
+    name, _, tag = image.rpartition(":")
+    return bool(name) and "/" not in tag and tag not in ("", "latest")
+
+
+def head_service_name(cluster_name: str) -> str:
+    """The head Service KubeRay creates for a RayCluster (`<name>-head-svc`)."""
+    return f"{cluster_name}-head-svc"
+
+
+def ray_cluster(spec: RayClusterSpec) -> dict[str, Any]:
+    """The RayCluster custom resource (ray.io/v1)."""
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {
+            "name": spec.name,
+            "namespace": spec.namespace,
+            "annotations": {"pulumi.com/waitFor": WAIT_FOR_READY},
+        },
+        "spec": {
+            "rayVersion": spec.ray_version,
+            "headGroupSpec": _head_group(spec),
+            "workerGroupSpecs": [_worker_group(spec)],
+        },
+    }
+
+
+def _head_group(spec: RayClusterSpec) -> dict[str, Any]:
+    start_params = {"dashboard-host": "0.0.0.0"}
+    resources = HEAD_RESOURCES_A4X if spec.a4x else HEAD_RESOURCES_X86
+    container: dict[str, Any] = {
+        "name": "ray-head",
+        "image": spec.image,
+        "ports": [
+            {"containerPort": GCS_PORT, "name": "gcs-server"},
+            {"containerPort": DASHBOARD_PORT, "name": "dashboard"},
+            {"containerPort": CLIENT_PORT, "name": "client"},
+        ],
+        "resources": {"limits": dict(resources), "requests": dict(resources)},
+        "volumeMounts": [
+            {"mountPath": "/tmp/ray", "name": "ray-logs"},
+            {"name": _BUCKET_VOLUME, "mountPath": BUCKET_MOUNT},
+        ],
+    }
+    env = _verl_source_env(spec)
+    if env:
+        container["env"] = env
+    pod: dict[str, Any] = {
+        "serviceAccountName": spec.service_account,
+        "nodeSelector": _head_node_selector(spec),
+    }
+    if spec.a4x:
+        # No CPU node can run the arm64-only image: the head shares a GB200 node but takes no
+        # Ray CPUs, so no task is scheduled on it.
+        start_params["num-cpus"] = "0"
+        pod["tolerations"] = [dict(GPU_TOLERATION), dict(ARM_TOLERATION)]
+        container["lifecycle"] = _transfer_queue_hook()
+    pod["containers"] = [container]
+    pod["volumes"] = [{"name": "ray-logs", "emptyDir": {}}, _bucket_volume(spec)]
+    return {
+        "rayStartParams": start_params,
+        "template": {"metadata": {"annotations": dict(_GCSFUSE_ANNOTATION)}, "spec": pod},
+    }
+
+
+def _head_node_selector(spec: RayClusterSpec) -> dict[str, str]:
+    if spec.a4x:
+        return {"cloud.google.com/gke-accelerator": spec.accelerator}
+    if spec.mode == "autopilot":
+        # The tutorial's head also asks for gke-spot: a preempted head loses the run (bug 6).
+        return {
+            "cloud.google.com/machine-family": "c2",
+            "cloud.google.com/compute-class": "Performance",
+        }
+    return {"cloud.google.com/gke-nodepool": spec.head_node_pool}
+
+
+def _worker_group(spec: RayClusterSpec) -> dict[str, Any]:
+    annotations = dict(_GCSFUSE_ANNOTATION)
+    if not spec.a4x and spec.rdma_nics:
+        annotations["networking.gke.io/default-interface"] = "eth0"
+        annotations["networking.gke.io/interfaces"] = json.dumps(interfaces(spec.rdma_nics))
+    size = {
+        "cpu": str(spec.worker_cpus),
+        "memory": f"{spec.worker_memory_gi}Gi",
+        "nvidia.com/gpu": str(spec.gpus_per_node),
+        "ephemeral-storage": f"{spec.worker_ephemeral_gi}Gi",
+    }
+    container: dict[str, Any] = {
+        "name": "ray-worker",
+        "image": spec.image,
+        "env": [{"name": "LD_LIBRARY_PATH", "value": spec.ld_library_path}, *_verl_source_env(spec)],
+        "resources": {"limits": dict(size), "requests": dict(size)},
+        "volumeMounts": [
+            {"name": "nvidia", "mountPath": "/usr/local/nvidia", "readOnly": True},
+            {"name": "gib", "mountPath": "/usr/local/gib", "readOnly": True},
+            {"name": "shared-memory", "mountPath": "/dev/shm"},
+            {"name": "ray-tmp-storage", "mountPath": "/tmp"},
+            {"name": _BUCKET_VOLUME, "mountPath": BUCKET_MOUNT},
+        ],
+    }
+    pod: dict[str, Any] = {
+        "serviceAccountName": spec.service_account,
+        "nodeSelector": _worker_node_selector(spec),
+        "tolerations": [dict(GPU_TOLERATION)],
+    }
+    if spec.a4x:
+        container["lifecycle"] = _transfer_queue_hook()
+        claims = a4x_claims(spec.rdma_nics)
+        container["resources"]["claims"] = [{"name": claim["name"]} for claim in claims]
+        pod["resourceClaims"] = claims
+        pod["tolerations"].append(dict(ARM_TOLERATION))
+        # One worker per host: each claims all of its node's NICs and GPUs.
+        pod["affinity"] = {
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "labelSelector": {"matchLabels": {"ray.io/group": WORKER_GROUP}},
+                        "topologyKey": "kubernetes.io/hostname",
+                    }
+                ]
+            }
+        }
+    pod["containers"] = [container]
+    # The tutorial also mounts /lib64, /sys and /proc/sys host paths that no container uses.
+    pod["volumes"] = [
+        {"name": "gib", "hostPath": {"path": "/home/kubernetes/bin/gib"}},
+        {"name": "nvidia", "hostPath": {"path": "/home/kubernetes/bin/nvidia"}},
+        {"name": "shared-memory", "emptyDir": {"medium": "Memory", "sizeLimit": f"{spec.shm_gi}Gi"}},
+        {"name": "ray-tmp-storage", "emptyDir": {}},
+        _bucket_volume(spec),
+    ]
+    return {
+        "groupName": WORKER_GROUP,
+        "replicas": spec.worker_replicas,
+        "minReplicas": spec.worker_replicas,
+        "maxReplicas": spec.worker_replicas,
+        "rayStartParams": {"num-cpus": str(spec.worker_cpus)},
+        "template": {"metadata": {"annotations": annotations}, "spec": pod},
+    }
+
+
+def _worker_node_selector(spec: RayClusterSpec) -> dict[str, str]:
+    selector = {"cloud.google.com/gke-accelerator": spec.accelerator}
+    if spec.mode == "autopilot":
+        # Autopilot provisions nodes from these; the count must be a string (bug 3).
+        selector["cloud.google.com/gke-accelerator-count"] = str(spec.gpus_per_node)
+        if spec.worker_spot:
+            selector["cloud.google.com/gke-spot"] = "true"
+        selector["cloud.google.com/compute-class"] = "Performance"
+    return selector
+
+
+def interfaces(rdma_nics: int) -> list[dict[str, str]]:
+    """The `networking.gke.io/interfaces` list: eth0 default, eth1 gVNIC, eth2.. one per RDMA NIC."""
+    nets = ["default", GVNIC_NETWORK, *(f"{RDMA_NETWORK_PREFIX}{i}" for i in range(rdma_nics))]
+    return [{"interfaceName": f"eth{i}", "network": net} for i, net in enumerate(nets)]
+
+
+def a4x_claims(rdma_nics: int) -> list[dict[str, str]]:
+    """The A4X worker's pod-level resource claims: every RDMA NIC and the IMEX channel."""
+    nics = [
+        {"name": f"rdma-nic-{i}", "resourceClaimTemplateName": dra.RDMA_CLAIM_TEMPLATE}
+        for i in range(rdma_nics)
+    ]
+    return [*nics, {"name": "compute-domain-channel", "resourceClaimTemplateName": dra.CHANNEL_CLAIM_TEMPLATE}]
+
+
+def _transfer_queue_hook() -> dict[str, Any]:
+    command = ["/bin/bash", "-c", f"pip3 install --quiet {TRANSFER_QUEUE_REQUIREMENT}"]
+    return {"postStart": {"exec": {"command": command}}}
+
+
+def _verl_source_env(spec: RayClusterSpec) -> list[dict[str, str]]:
+    # The tutorial's init container runs `pip install -e` in its own root filesystem, which the
+    # Ray containers never see; putting the tree first on every Ray process's path has the
+    # effect it intended (verl is pure Python, installed with --no-deps).
+    if spec.verl_source_dir is None:
+        return []
+    return [{"name": "PYTHONPATH", "value": spec.verl_source_dir}]
+
+
+def _bucket_volume(spec: RayClusterSpec) -> dict[str, Any]:
+    return {"name": _BUCKET_VOLUME, "persistentVolumeClaim": {"claimName": spec.claim_name}}

@@ -1,0 +1,86 @@
+"""manifests.dra and manifests.kuberay against the tutorial's A4X steps (tutorial-ja)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from manifests import dra, kuberay
+from tests.k8s_schema import shared_dir, validate_core, validate_custom
+from tests.seed_manifests import tutorial_helm_install, tutorial_named
+
+ENV = {"NAMESPACE": "verl", "NUM_GPU_NODES": "4"}
+
+
+def _repo_url(alias: str) -> str:
+    text = (shared_dir() / "seeds" / "tutorial-ja.txt").read_text()
+    match = re.search(rf"helm repo add {alias} (\S+)", text)
+    assert match, f"no `helm repo add {alias}` in the tutorial"
+    return match.group(1)
+
+
+def test_namespace_and_quota_match_the_tutorial() -> None:
+    (quota,) = tutorial_named("ResourceQuota", "nvidia-dra-driver-gpu-quota", ENV)
+    assert dra.resource_quota(gpu_nodes=4) == quota
+    assert dra.resource_quota(gpu_nodes=4)["spec"]["hard"] == {"pods": "9"}
+    assert dra.resource_quota(gpu_nodes=18)["spec"]["hard"] == {"pods": "37"}
+    assert dra.namespace() == {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "nvidia-dra-driver-gpu"}}
+
+
+def test_claim_template_and_compute_domain_match_the_tutorial() -> None:
+    (template,) = tutorial_named("ResourceClaimTemplate", "verl-rdma-nic", ENV)
+    (domain,) = tutorial_named("ComputeDomain", "verl-compute-domain", ENV)
+    assert dra.rdma_claim_template(namespace="verl") == template
+    assert dra.compute_domain(namespace="verl", gpu_nodes=4) == domain
+    assert dra.compute_domain(namespace="verl", gpu_nodes=2)["spec"] == {
+        "numNodes": 2,
+        "channel": {"resourceClaimTemplate": {"name": "verl-compute-domain-channel"}},
+    }
+
+
+def test_core_objects_validate_for_kubernetes_1_34() -> None:
+    validate_core(dra.namespace())
+    validate_core(dra.resource_quota(gpu_nodes=4))
+    validate_core(dra.rdma_claim_template(namespace="verl"))
+
+
+def test_compute_domain_validates_against_its_crd() -> None:
+    validate_custom(dra.compute_domain(namespace="verl", gpu_nodes=4))
+
+
+def test_dra_helm_values_are_the_tutorials_set_flags() -> None:
+    install = tutorial_helm_install("nvidia-dra-driver-gpu", ENV)
+    assert dra.helm_values() == install["values"]
+    assert install["namespace"] == dra.NAMESPACE
+    alias, chart = install["chart"].split("/")
+    assert chart == dra.CHART_NAME
+    assert _repo_url(alias) == dra.CHART_REPO
+    # Same 25.3 line as the tutorial's 25.3.1; the patch release whose CRD shared/ holds.
+    assert install["version"] == "25.3.1"
+    assert dra.CHART_VERSION == "25.3.2"
+    assert any("v25.3.2" in p.name for p in (shared_dir() / "crds").iterdir())
+
+
+def test_kuberay_helm_values_are_the_tutorials_set_flags() -> None:
+    install = tutorial_helm_install("kuberay-operator", ENV)
+    assert kuberay.helm_values(namespace="verl") == install["values"]
+    assert kuberay.helm_values(namespace="verl") == {"singleNamespaceInstall": True, "watchNamespace": ["verl"]}
+    alias, chart = install["chart"].split("/")
+    assert chart == kuberay.CHART_NAME
+    assert _repo_url(alias) == kuberay.CHART_REPO
+    # The chart version matches the ray.io CRDs the RayCluster is validated against.
+    assert any(f"kuberay-v{kuberay.CHART_VERSION}-" in p.name for p in (shared_dir() / "crds").iterdir())
+
+
+@pytest.mark.parametrize("nodes", [0, -1, 2.0, True])
+def test_node_count_must_be_a_positive_whole_number(nodes: object) -> None:
+    with pytest.raises(ValueError, match=rf"gpu_nodes = {re.escape(repr(nodes))}: must be a whole number"):
+        dra.compute_domain(namespace="verl", gpu_nodes=nodes)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="gpu_nodes"):
+        dra.resource_quota(gpu_nodes=nodes)  # type: ignore[arg-type]
+
+
+def test_kuberay_needs_a_namespace() -> None:
+    with pytest.raises(ValueError, match="namespace = ''"):
+        kuberay.helm_values(namespace="")
