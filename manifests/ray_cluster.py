@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from manifests import dra
+from manifests.network_mapping import GVNIC_NETWORK, rdma_network_name
 
 Mode = Literal["autopilot", "standard"]
 
@@ -31,11 +32,6 @@ WAIT_FOR_READY = "jsonpath={.status.state}=ready"
 # Head sizes of the tutorial: the x86 manifests use 32G / 9Gi, the A4X one 32Gi / 20Gi.
 HEAD_RESOURCES_X86 = {"cpu": "12", "memory": "32G", "ephemeral-storage": "9Gi"}
 HEAD_RESOURCES_A4X = {"cpu": "12", "memory": "32Gi", "ephemeral-storage": "20Gi"}
-
-# Multi-network names of network-mapping.yaml (A4, A3 Ultra): eth1 on the gVNIC network,
-# eth2.. on the RDMA networks rdma-0..N-1.
-GVNIC_NETWORK = "gvnic-1"
-RDMA_NETWORK_PREFIX = "rdma-"
 
 # The A4X image lacks verl's TransferQueue dependency; the tutorial installs this pin at start.
 TRANSFER_QUEUE_REQUIREMENT = "TransferQueue==0.1.8"
@@ -79,10 +75,13 @@ class RayClusterSpec:
     """Size limit of the memory-backed /dev/shm (NCCL and vLLM use it)."""
     ld_library_path: str
     rdma_nics: int
-    """RDMA NICs per node: multi-network interfaces on A4/A3 Ultra, DRA claims on A4X."""
+    """RDMA NICs per node, all given to the worker (8 on A4/A3 Ultra, 4 on A4X)."""
     a4x: bool = False
-    """GB200: the head runs on a GPU node (the image is arm64 only), NICs and the IMEX channel come
-    from DRA claims, one worker per host, TransferQueue installed at start."""
+    """GB200: the head runs on a GPU node (the image is arm64 only), one worker per host claiming
+    the ComputeDomain's IMEX channel, TransferQueue installed at start."""
+    dra_nics: bool = False
+    """NICs come as DRA claims (A4X with DRANET, the tutorial's path) instead of multi-network
+    interfaces named in the `networking.gke.io/interfaces` annotation."""
     worker_spot: bool = False
     """Autopilot only: run GPU workers on Spot capacity. On Standard the node pool decides."""
     head_node_pool: str = "default-pool"
@@ -118,6 +117,8 @@ class RayClusterSpec:
                 and self.shm_gi >= self.worker_memory_gi):
             # A memory-backed emptyDir is charged to the pod's memory.
             out.append(f"shm_gi = {self.shm_gi!r}: must be below worker_memory_gi ({self.worker_memory_gi!r})")
+        if self.dra_nics and not self.a4x:
+            out.append("dra_nics = True: DRA NIC claims are set up for A4X (a4x = True) only")
         if self.a4x and self.mode != "standard":
             out.append(f"mode = {self.mode!r}: A4X (GB200) runs only on Standard clusters; use 'standard'")
         if self.worker_spot and self.mode != "autopilot":
@@ -209,7 +210,7 @@ def _head_node_selector(spec: RayClusterSpec) -> dict[str, str]:
 
 def _worker_group(spec: RayClusterSpec) -> dict[str, Any]:
     annotations = dict(_GCSFUSE_ANNOTATION)
-    if not spec.a4x and spec.rdma_nics:
+    if not spec.dra_nics and spec.rdma_nics:
         annotations["networking.gke.io/default-interface"] = "eth0"
         annotations["networking.gke.io/interfaces"] = json.dumps(interfaces(spec.rdma_nics))
     size = {
@@ -238,7 +239,7 @@ def _worker_group(spec: RayClusterSpec) -> dict[str, Any]:
     }
     if spec.a4x:
         container["lifecycle"] = _transfer_queue_hook()
-        claims = a4x_claims(spec.rdma_nics)
+        claims = a4x_claims(spec.rdma_nics if spec.dra_nics else 0)
         container["resources"]["claims"] = [{"name": claim["name"]} for claim in claims]
         pod["resourceClaims"] = claims
         pod["tolerations"].append(dict(ARM_TOLERATION))
@@ -285,15 +286,15 @@ def _worker_node_selector(spec: RayClusterSpec) -> dict[str, str]:
 
 def interfaces(rdma_nics: int) -> list[dict[str, str]]:
     """The `networking.gke.io/interfaces` list: eth0 default, eth1 gVNIC, eth2.. one per RDMA NIC."""
-    nets = ["default", GVNIC_NETWORK, *(f"{RDMA_NETWORK_PREFIX}{i}" for i in range(rdma_nics))]
+    nets = ["default", GVNIC_NETWORK, *(rdma_network_name(i) for i in range(rdma_nics))]
     return [{"interfaceName": f"eth{i}", "network": net} for i, net in enumerate(nets)]
 
 
-def a4x_claims(rdma_nics: int) -> list[dict[str, str]]:
-    """The A4X worker's pod-level resource claims: every RDMA NIC and the IMEX channel."""
+def a4x_claims(nic_claims: int) -> list[dict[str, str]]:
+    """The A4X worker's pod-level resource claims: `nic_claims` RDMA NICs and the IMEX channel."""
     nics = [
         {"name": f"rdma-nic-{i}", "resourceClaimTemplateName": dra.RDMA_CLAIM_TEMPLATE}
-        for i in range(rdma_nics)
+        for i in range(nic_claims)
     ]
     return [*nics, {"name": "compute-domain-channel", "resourceClaimTemplateName": dra.CHANNEL_CLAIM_TEMPLATE}]
 

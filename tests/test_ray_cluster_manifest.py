@@ -64,6 +64,7 @@ TUTORIAL_A4X = RayClusterSpec(
     ld_library_path="/usr/local/nvidia/lib64",
     rdma_nics=4,
     a4x=True,
+    dra_nics=True,
 )
 
 
@@ -180,6 +181,17 @@ def test_a4x_worker_claims_every_nic_and_the_imex_channel() -> None:
     assert annotations == {"gke-gcsfuse/volumes": "true"}
 
 
+def test_a4x_on_multi_network_names_its_nics_and_claims_only_the_channel() -> None:
+    group = _worker(ray_cluster(replace(TUTORIAL_A4X, dra_nics=False)))
+    annotations = group["template"]["metadata"]["annotations"]
+    assert json.loads(annotations["networking.gke.io/interfaces"]) == interfaces(4)
+    assert interfaces(4)[-1] == {"interfaceName": "eth5", "network": "rdma-3"}
+    assert group["template"]["spec"]["resourceClaims"] == [
+        {"name": "compute-domain-channel", "resourceClaimTemplateName": "verl-compute-domain-channel"}
+    ]
+    assert group["template"]["spec"]["containers"][0]["resources"]["claims"] == [{"name": "compute-domain-channel"}]
+
+
 def test_a4x_head_takes_no_ray_cpus_and_installs_the_pinned_transfer_queue() -> None:
     obj = ray_cluster(TUTORIAL_A4X)
     assert obj["spec"]["headGroupSpec"]["rayStartParams"] == {"dashboard-host": "0.0.0.0", "num-cpus": "0"}
@@ -226,6 +238,7 @@ def _platform_spec(platform: Platform, mode: str, nodes: int = 2) -> RayClusterS
         ld_library_path=platform.ld_library_path,
         rdma_nics=platform.rdma_nics,
         a4x=platform.name == "a4x",
+        dra_nics=platform.name == "a4x",
         worker_spot=mode == "autopilot",
     )
 
@@ -301,5 +314,7 @@ def test_bad_spec_names_every_problem() -> None:
         replace(TUTORIAL_X86, mode="gke")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="at most 53 characters"):
         replace(TUTORIAL_X86, name="r" * 54)
+    with pytest.raises(ValueError, match="dra_nics = True: DRA NIC claims are set up for A4X"):
+        replace(TUTORIAL_X86, dra_nics=True)
     with pytest.raises(ValueError, match="needs a fixed tag"):
         replace(TUTORIAL_X86, image="verlai/verl")
