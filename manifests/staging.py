@@ -1,0 +1,237 @@
+"""The staging Job that fills the bucket with the model and GSM8K, and the ConfigMap carrying its
+program (workloads/stage_data.py).
+
+Replaces the tutorial's "Prepare the model and data" section (download to a laptop, upload to the
+bucket) with a Job on a CPU node that writes through the bucket mount.
+Pure builders: plain data in, dicts out, no Pulumi.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+from manifests import storage
+
+JOB_NAME = "stage-data"
+CONFIG_MAP_NAME = "stage-data-script"
+CONTAINER_NAME = "stage-data"
+SCRIPT_DIR = "/opt/verl-gke"
+SCRIPT_FILE = "stage_data.py"
+SCRIPT_DIGEST_ANNOTATION = "verl-gke/script-sha256"
+LABELS = {"app.kubernetes.io/name": "verl-gke", "app.kubernetes.io/component": "data-staging"}
+
+# The official Python image at a fixed patch release; multi-arch, so any CPU node will do.
+IMAGE = "python:3.11.13-slim-bookworm"
+
+# huggingface_hub and pyarrow with their whole dependency closure, installed with --no-deps so the
+# Job runs exactly these versions. hf-xet is left out on purpose: see HF_HUB_DISABLE_XET below.
+PIP_REQUIREMENTS: tuple[str, ...] = (
+    "anyio==4.16.0",
+    "click==8.5.1",
+    "filelock==4.3.1",
+    "fsspec==2026.9.0",
+    "h11==0.16.0",
+    "httpcore2==2.16.2",
+    "httpx2==2.16.2",
+    "huggingface_hub==2.4.0",
+    "idna==3.20",
+    "packaging==26.4",
+    "pyarrow==26.0.1",
+    "PyYAML==6.0.4",
+    "tqdm==4.70.1",
+    "truststore==0.10.5",
+    "typing_extensions==4.16.0",
+)
+
+_RUN_AS = 1000
+_DEPS_DIR = "/tmp/pydeps"
+_TMP_VOLUME = "tmp"
+_SCRIPT_VOLUME = "script"
+_BUCKET_VOLUME = "training-bucket-vol"
+
+# Exit status 2 of stage_data.py means retrying cannot help (bad argument, missing repo or
+# revision, token refused): fail the Job at once instead of burning the retries.
+PERMANENT_EXIT_CODE = 2
+BACKOFF_LIMIT = 3
+
+# The main container only downloads and writes through FUSE: a few cores, little memory.
+RESOURCES = {
+    "requests": {"cpu": "2", "memory": "4Gi", "ephemeral-storage": "2Gi"},
+    "limits": {"memory": "4Gi", "ephemeral-storage": "2Gi"},
+}
+# gcsfuse's sidecar does the uploading: its default 250m CPU / 256Mi would throttle a 66 GB
+# upload and leave no room for the streaming-write buffers of parallel shard uploads.
+GCSFUSE_SIDECAR_ANNOTATIONS = {"gke-gcsfuse/cpu-limit": "2", "gke-gcsfuse/memory-limit": "2Gi"}
+
+
+@dataclass(frozen=True)
+class StagingSpec:
+    """What the staging Job stages and where, as plain values."""
+
+    namespace: str
+    service_account: str
+    """The Kubernetes service account allowed into the bucket."""
+    model_repo: str
+    model_revision: str
+    """A 40-hex commit of the model repository."""
+    model_dir: str
+    """Directory under the bucket mount for the model, e.g. Qwen2.5-32B-Instruct."""
+    dataset_repo: str
+    dataset_revision: str
+    dataset_config: str
+    script_digest: str
+    """sha256 of the script: a new script changes the pod template, so the Job runs again."""
+    deadline_seconds: int
+    """Kubernetes stops the Job after this long, so it never outlives Pulumi's wait for it."""
+    workers: int = 8
+    """Files downloaded in parallel."""
+
+
+def script_digest(script: str) -> str:
+    return hashlib.sha256(script.encode()).hexdigest()
+
+
+def script_config_map(*, namespace: str, script: str) -> dict[str, Any]:
+    """The ConfigMap holding stage_data.py, mounted read-only at /opt/verl-gke."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": CONFIG_MAP_NAME, "namespace": namespace, "labels": dict(LABELS)},
+        "data": {SCRIPT_FILE: script},
+    }
+
+
+def script_args(spec: StagingSpec) -> list[str]:
+    """stage_data.py's command line for `spec`."""
+    return [
+        "--model-repo", spec.model_repo,
+        "--model-revision", spec.model_revision,
+        "--model-dir", spec.model_dir,
+        "--dataset-repo", spec.dataset_repo,
+        "--dataset-config", spec.dataset_config,
+        "--dataset-revision", spec.dataset_revision,
+        "--data-root", storage.MOUNT_PATH,
+        "--workers", str(spec.workers),
+    ]
+
+
+def _shell() -> str:
+    """Install the pinned packages, then hand over to the script with the arguments after it
+    (`sh -c SCRIPT NAME ARGS...`: the arguments never pass through the shell's parser)."""
+    return (
+        "set -e\n"
+        "pip install --quiet --no-cache-dir --disable-pip-version-check --no-deps --only-binary=:all: "
+        f"--target {_DEPS_DIR} {' '.join(PIP_REQUIREMENTS)}\n"
+        f'exec python {SCRIPT_DIR}/{SCRIPT_FILE} "$@"\n'
+    )
+
+
+def staging_job(spec: StagingSpec) -> dict[str, Any]:
+    """A Job on a CPU node that runs stage_data.py against the bucket mounted at /data."""
+    env = [
+        # Never a literal: the token comes from the Secret the storage component made.
+        {
+            "name": "HF_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": storage.HF_SECRET_NAME, "key": storage.HF_SECRET_KEY}},
+        },
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "PYTHONPATH", "value": _DEPS_DIR},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+        {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+        # Plain HTTPS downloads write each file front to back, which is what gcsfuse's streaming
+        # writes (a mount option of the tutorial's volume) upload without staging on local disk.
+        {"name": "HF_HUB_DISABLE_XET", "value": "1"},
+        {"name": "HF_HUB_DISABLE_PROGRESS_BARS", "value": "1"},
+        {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
+    ]
+    container = {
+        "name": CONTAINER_NAME,
+        "image": IMAGE,
+        "command": ["/bin/sh", "-c", _shell(), JOB_NAME, *script_args(spec)],
+        "env": env,
+        "resources": {kind: dict(values) for kind, values in RESOURCES.items()},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [
+            {"name": _SCRIPT_VOLUME, "mountPath": SCRIPT_DIR, "readOnly": True},
+            {"name": _BUCKET_VOLUME, "mountPath": storage.MOUNT_PATH},
+            {"name": _TMP_VOLUME, "mountPath": "/tmp"},
+        ],
+    }
+    pod_spec = {
+        "serviceAccountName": spec.service_account,
+        "restartPolicy": "Never",
+        # Downloading needs no GPU: keep the Job off GPU nodes, which may still be coming up
+        # while it runs and cost far more per hour.
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "cloud.google.com/gke-accelerator", "operator": "DoesNotExist"}]}
+                    ]
+                }
+            }
+        },
+        # Non-root: the GCS FUSE CSI driver turns fsGroup into gid=1000 with group-writable modes
+        # on the mount, so the bucket stays writable without root.
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": _RUN_AS,
+            "runAsGroup": _RUN_AS,
+            "fsGroup": _RUN_AS,
+            "fsGroupChangePolicy": "OnRootMismatch",
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": [
+            {"name": _SCRIPT_VOLUME, "configMap": {"name": CONFIG_MAP_NAME, "defaultMode": 0o444}},
+            storage.claim_volume(_BUCKET_VOLUME),
+            {"name": _TMP_VOLUME, "emptyDir": {"sizeLimit": RESOURCES["limits"]["ephemeral-storage"]}},
+        ],
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": JOB_NAME,
+            "namespace": spec.namespace,
+            "labels": dict(LABELS),
+            # A Job that failed in an earlier `pulumi up` is replaced (run again) by the next one
+            # instead of being waited on forever.
+            "annotations": {"pulumi.com/replaceUnready": "true"},
+        },
+        "spec": {
+            "backoffLimit": BACKOFF_LIMIT,
+            "activeDeadlineSeconds": spec.deadline_seconds,
+            "podFailurePolicy": {
+                "rules": [
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {
+                            "containerName": CONTAINER_NAME,
+                            "operator": "In",
+                            "values": [PERMANENT_EXIT_CODE],
+                        },
+                    },
+                    # A preempted or drained node is not the program's fault: don't count it.
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                ]
+            },
+            "template": {
+                "metadata": {
+                    "labels": dict(LABELS),
+                    "annotations": {
+                        **storage.GCSFUSE_POD_ANNOTATION,
+                        **GCSFUSE_SIDECAR_ANNOTATIONS,
+                        SCRIPT_DIGEST_ANNOTATION: spec.script_digest,
+                    },
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
