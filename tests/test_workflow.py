@@ -1,0 +1,273 @@
+"""The users' GitHub Actions workflow: valid against GitHub's workflow schema, and built as promised.
+
+Schema: check-jsonschema's vendored copy of SchemaStore's github-workflow.json (offline).
+Conditions: the `if:` expressions are evaluated for each event, so "up only on main" is checked
+by meaning, not by spelling.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+WORKFLOW = Path(__file__).resolve().parent.parent / ".github" / "workflows" / "deploy.yml"
+MAIN = "refs/heads/main"
+
+
+def load() -> dict[str, Any]:
+    return yaml.safe_load(WORKFLOW.read_text())
+
+
+def triggers(workflow: dict[str, Any]) -> dict[str, Any]:
+    # YAML 1.1 (PyYAML) reads the bare key `on` as the boolean True.
+    return workflow.get("on", workflow.get(True))
+
+
+def steps_running(workflow: dict[str, Any], command: str) -> list[tuple[str, dict[str, Any]]]:
+    """(job id, step) for every step whose shell script runs `command`."""
+    return [(job_id, step) for job_id, job in workflow["jobs"].items() for step in job["steps"]
+            if re.search(rf"(^|[\s;|&]){re.escape(command)}(\s|$)", step.get("run", ""))]
+
+
+def check_schema(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows", str(path)],
+        capture_output=True, text=True, timeout=120,
+    )
+
+
+# --- A small evaluator for the GitHub expressions this workflow uses --------------------------
+
+_TOKEN = re.compile(r"\s*(?:(?P<str>'[^']*')|(?P<op>&&|\|\||==|!=|!|\(|\))|(?P<name>[A-Za-z_][\w.\-]*))")
+
+
+def evaluate(expression: str, context: dict[str, str]) -> bool:
+    """Evaluates `==`, `!=`, `!`, `&&`, `||`, parentheses, string literals and context names.
+
+    GitHub compares strings case-insensitively; every name must be in `context`, so an expression
+    that reads something this test does not model fails loudly instead of passing by accident.
+    """
+    text = expression.strip()
+    if text.startswith("${{") and text.endswith("}}"):
+        text = text[3:-2].strip()
+    tokens: list[tuple[str, str]] = []
+    position = 0
+    while position < len(text):
+        match = _TOKEN.match(text, position)
+        assert match and match.end() > position, f"cannot read {expression!r} at {text[position:]!r}"
+        position = match.end()
+        kind = match.lastgroup
+        assert kind is not None
+        tokens.append((kind, match.group(kind)))
+    result, rest = _or(tokens, context)
+    assert not rest, f"unread tokens in {expression!r}: {rest}"
+    return bool(result)
+
+
+_Value = str | bool
+_Tokens = list[tuple[str, str]]
+
+
+def _or(tokens: _Tokens, context: dict[str, str]) -> tuple[_Value, _Tokens]:
+    left, tokens = _and(tokens, context)
+    while tokens[:1] == [("op", "||")]:
+        right, tokens = _and(tokens[1:], context)
+        left = bool(left) or bool(right)
+    return left, tokens
+
+
+def _and(tokens: _Tokens, context: dict[str, str]) -> tuple[_Value, _Tokens]:
+    left, tokens = _compare(tokens, context)
+    while tokens[:1] == [("op", "&&")]:
+        right, tokens = _compare(tokens[1:], context)
+        left = bool(left) and bool(right)
+    return left, tokens
+
+
+def _compare(tokens: _Tokens, context: dict[str, str]) -> tuple[_Value, _Tokens]:
+    left, tokens = _unary(tokens, context)
+    if tokens[:1] in ([("op", "==")], [("op", "!=")]):
+        op = tokens[0][1]
+        right, tokens = _unary(tokens[1:], context)
+        left = (left == right) if op == "==" else (left != right)
+    return left, tokens
+
+
+def _unary(tokens: _Tokens, context: dict[str, str]) -> tuple[_Value, _Tokens]:
+    kind, value = tokens[0]
+    if (kind, value) == ("op", "!"):
+        operand, rest = _unary(tokens[1:], context)
+        return not operand, rest
+    if (kind, value) == ("op", "("):
+        inner, rest = _or(tokens[1:], context)
+        assert rest[:1] == [("op", ")")], "unbalanced parentheses"
+        return inner, rest[1:]
+    if kind == "str":
+        return value[1:-1].lower(), tokens[1:]
+    assert kind == "name" and value in context, f"expression reads {value}, which the test does not model"
+    return context[value].lower(), tokens[1:]
+
+
+def event(name: str, ref: str, *, fork: bool = False) -> dict[str, str]:
+    repository = "me/verl-gke"
+    return {
+        "github.event_name": name,
+        "github.ref": ref,
+        "github.repository": repository,
+        "github.event.pull_request.head.repo.full_name": "someone/verl-gke" if fork else repository,
+    }
+
+
+EVENTS = {
+    "same-repo PR": event("pull_request", "refs/pull/7/merge"),
+    "fork PR": event("pull_request", "refs/pull/8/merge", fork=True),
+    "push to main": event("push", MAIN),
+    "dispatch on main": event("workflow_dispatch", MAIN),
+    "dispatch on a branch": event("workflow_dispatch", "refs/heads/try-a4x"),
+}
+
+
+def runs(job: dict[str, Any], step: dict[str, Any] | None, context: dict[str, str]) -> bool:
+    """Whether a job (and a step of it) runs for this event, by their `if:` conditions."""
+    return all(evaluate(str(part["if"]), context) for part in (job, step or {}) if "if" in part)
+
+
+# --- Tests --------------------------------------------------------------------------------------
+
+
+def test_workflow_passes_githubs_workflow_schema() -> None:
+    result = check_schema(WORKFLOW)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_schema_check_rejects_a_broken_workflow(tmp_path: Path) -> None:
+    broken = load()
+    broken["permissions"]["id-token"] = "admin"  # not one of read / write / none
+    path = tmp_path / "deploy.yml"
+    path.write_text(yaml.safe_dump({"on": triggers(broken), **{k: v for k, v in broken.items() if k is not True}}))
+    result = check_schema(path)
+    assert result.returncode == 1
+    assert "id-token" in result.stdout
+
+
+def test_triggers_are_pull_requests_pushes_to_main_and_manual_runs() -> None:
+    on = triggers(load())
+    assert set(on) == {"pull_request", "push", "workflow_dispatch"}
+    assert on["push"] == {"branches": ["main"]}
+    assert on["pull_request"] == {"branches": ["main"]}
+    stack = on["workflow_dispatch"]["inputs"]["stack"]
+    assert stack["options"] == ["a4", "a4-standard", "a3u-standard", "a4x"]
+
+
+def test_stack_comes_from_the_form_then_the_repository_variable() -> None:
+    assert load()["env"]["STACK"] == "${{ inputs.stack || vars.STACK || 'a4-standard' }}"
+
+
+def test_permissions_are_minimal_and_no_job_widens_them() -> None:
+    workflow = load()
+    assert workflow["permissions"] == {"contents": "read", "id-token": "write"}
+    assert [job_id for job_id, job in workflow["jobs"].items() if "permissions" in job] == []
+
+
+def test_every_action_is_pinned_to_a_full_commit_sha_with_its_release_noted() -> None:
+    uses = [line.strip() for line in WORKFLOW.read_text().splitlines() if re.match(r"\s*(- )?uses:", line)]
+    pins = set()
+    for line in uses:
+        match = re.fullmatch(r"(?:- )?uses: ([\w.-]+/[\w.-]+)@([0-9a-f]{40}) # (v\d+\.\d+\.\d+)", line)
+        assert match, line
+        pins.add(match.groups())
+    # Each SHA is the commit its release tag points to in the action's repository.
+    assert pins == {
+        ("actions/checkout", "3d3c42e5aac5ba805825da76410c181273ba90b1", "v7.0.1"),
+        ("actions/setup-python", "5fda3b95a4ea91299a34e894583c3862153e4b97", "v7.0.0"),
+        ("google-github-actions/auth", "7c6bc770dae815cd3e89ee6cdf493a5fab2cc093", "v3.0.0"),
+        ("google-github-actions/setup-gcloud", "aa5489c8933f4cc7a4f7d45035b3b1440c9c10db", "v3.0.1"),
+        ("pulumi/actions", "8e5e406f4007fca908480587cb9893c07090f58d", "v7.0.0"),
+        ("actions/upload-artifact", "bbbca2ddaa5d8feaa63e36b76fdaad77386f024f", "v7.0.0"),
+    }
+    assert len(uses) == 13
+
+
+def test_pulumi_up_runs_only_for_pushes_and_manual_runs_on_main() -> None:
+    workflow = load()
+    (job_id, up), = steps_running(workflow, "pulumi up")
+    job = workflow["jobs"][job_id]
+    ran = {name: runs(job, up, context) for name, context in EVENTS.items()}
+    assert ran == {"same-repo PR": False, "fork PR": False, "push to main": True,
+                   "dispatch on main": True, "dispatch on a branch": False}
+    assert "--yes" in up["run"].split()
+
+
+def test_pulumi_preview_runs_for_same_repository_pull_requests_after_the_tests() -> None:
+    workflow = load()
+    (job_id, preview), = steps_running(workflow, "pulumi preview")
+    job = workflow["jobs"][job_id]
+    assert job["needs"] == "test"
+    ran = {name: runs(job, preview, context) for name, context in EVENTS.items()}
+    assert ran == {"same-repo PR": True, "fork PR": False, "push to main": False,
+                   "dispatch on main": False, "dispatch on a branch": True}
+
+
+def test_tests_run_for_every_event() -> None:
+    workflow = load()
+    (job_id, step), = steps_running(workflow, "make test")
+    assert job_id == "test"
+    assert all(runs(workflow["jobs"]["test"], step, context) for context in EVENTS.values())
+
+
+def test_gcp_auth_is_workload_identity_federation_only() -> None:
+    workflow = load()
+    auths = [step for job in workflow["jobs"].values() for step in job["steps"]
+             if step.get("uses", "").startswith("google-github-actions/auth@")]
+    assert len(auths) == 2
+    for step in auths:
+        assert set(step["with"]) == {"workload_identity_provider", "service_account", "project_id"}
+        assert step["with"]["workload_identity_provider"] == "${{ vars.GCP_WORKLOAD_IDENTITY_PROVIDER }}"
+
+
+def test_hf_token_reaches_pulumi_config_as_a_secret_through_stdin_only() -> None:
+    workflow = load()
+    text = WORKFLOW.read_text()
+    assert text.count("secrets.HF_TOKEN") == 1
+    (job_id, step), = steps_running(workflow, "pulumi config set")
+    assert step["env"] == {"HF_TOKEN": "${{ secrets.HF_TOKEN }}"}
+    assert step["run"] == "printf '%s' \"$HF_TOKEN\" | pulumi config set --secret verl-gke:hfToken --stack \"$STACK\""
+    scripts = [step.get("run", "") for job in workflow["jobs"].values() for step in job["steps"]]
+    assert [script for script in scripts if "--show-secrets" in script] == []
+
+
+def test_after_up_the_job_is_awaited_with_the_cli_and_the_plot_uploaded() -> None:
+    workflow = load()
+    follow = workflow["jobs"]["follow"]
+    assert follow["needs"] == "pulumi"
+    assert {name: runs(follow, None, context) for name, context in EVENTS.items()} == {
+        "same-repo PR": False, "fork PR": False, "push to main": True,
+        "dispatch on main": True, "dispatch on a branch": False,
+    }
+    scripts = [step.get("run", "") for step in follow["steps"]]
+    order = [
+        next(i for i, s in enumerate(scripts) if 'pulumi stack output --json --stack "$STACK" > run/outputs.json' in s),
+        next(i for i, s in enumerate(scripts) if s.startswith(".venv/bin/verl-gke wait --outputs run/outputs.json")),
+        next(i for i, s in enumerate(scripts) if "verl-gke metrics --log-file run/grpo-job.log --plot run/reward.png" in s),
+        next(i for i, step in enumerate(follow["steps"]) if step.get("uses", "").startswith("actions/upload-artifact@")),
+    ]
+    assert order == sorted(order)
+    upload = follow["steps"][order[-1]]
+    assert upload["with"]["path"] == "run/"
+    # The plot is uploaded even when the job failed or the wait timed out.
+    assert upload["if"] == "${{ !cancelled() && steps.outputs.outcome == 'success' }}"
+
+
+@pytest.mark.parametrize(("expression", "context", "expected"), [
+    ("a == 'x' && !(b != 'Y')", {"a": "X", "b": "y"}, True),
+    ("a == 'x' || b == 'z'", {"a": "w", "b": "y"}, False),
+    ("a == 'x' || a == 'w' && b == 'z'", {"a": "x", "b": "y"}, True),  # && binds tighter
+])
+def test_the_expression_evaluator_itself(expression: str, context: dict[str, str], expected: bool) -> None:
+    assert evaluate(expression, context) is expected
