@@ -6,7 +6,6 @@ Pods name these Networks in their `networking.gke.io/interfaces` annotation (`gv
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -17,33 +16,14 @@ RDMA_NETWORK_PREFIX = "rdma-"
 DeviceMode = Literal["NetDevice", "RDMA"]
 
 
-# GCP resource names: RFC 1035 labels, lowercase, at most 63 characters.
-_GCP_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_GCP_NAME_MAX = 63
-
-
 @dataclass(frozen=True)
 class NetworkNames:
-    """GCP names of the gVNIC VPC and the RDMA VPC, derived from prefixes as the tutorial does."""
+    """GCP names of the gVNIC VPC and the RDMA VPC, derived from prefixes as the tutorial does.
+    (components.config checks the prefixes and the NIC count.)"""
 
     gvnic_prefix: str
     rdma_prefix: str
     rdma_nics: int
-
-    def __post_init__(self) -> None:
-        if self.rdma_nics < 1:
-            raise ValueError(f"rdma_nics = {self.rdma_nics}: must be at least 1")
-        for key, prefix, longest in (
-            ("gvnic_prefix", self.gvnic_prefix, self.gvnic_firewall),
-            ("rdma_prefix", self.rdma_prefix, self.rdma_subnets[-1]),
-        ):
-            if not _GCP_NAME.match(prefix):
-                raise ValueError(
-                    f"{key} = {prefix!r}: must be lowercase letters, digits and dashes, "
-                    "starting with a letter and not ending with a dash"
-                )
-            if len(longest) > _GCP_NAME_MAX:
-                raise ValueError(f"{key} = {prefix!r}: {longest!r} would exceed GCP's {_GCP_NAME_MAX}-character names")
 
     @property
     def gvnic_network(self) -> str:
