@@ -1,0 +1,137 @@
+"""The tutorial's `gcloud container node-pools create gpu-pool` (A4, A3 Ultra) and the A4X pool that
+Cluster Toolkit's gke-a4x blueprint builds (FIELD-NOTES 3). Standard clusters only."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NotRequired, TypedDict
+
+import pulumi
+from pulumi_gcp import compute, container
+
+from components.platforms import PLATFORMS
+
+GPU_POOL_NAME = "gpu-pool"
+RESERVATION_KEY = "compute.googleapis.com/reservation-name"
+# GKE puts this taint on GPU nodes of clusters that also have CPU pools; the Ray workers tolerate it.
+GPU_TAINT: container.NodePoolNodeConfigTaintArgsDict = {"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}
+
+
+class NodeNetwork(TypedDict):
+    network: pulumi.Input[str]
+    subnetwork: pulumi.Input[str]
+
+
+class GpuNodePoolArgs(TypedDict):
+    project: str
+    cluster: pulumi.Input[str]
+    """Name of the cluster (GkeCluster.name), so the pool waits for it and is destroyed before it."""
+    location: str
+    """The cluster's location (control-plane region)."""
+    zone: str
+    """The one zone of the GPU nodes (the tutorial's NODE_ZONE, where the reservation is)."""
+    platform: str
+    """Key of components.platforms.PLATFORMS: machine type, accelerator and GPU count come from there."""
+    reservation: str | None
+    """Specific reservation the nodes consume (the tutorial's RESERVATION); None consumes none."""
+    nodes: int
+    """Nodes created with the pool (the tutorial starts 2); the autoscaler owns the size afterwards."""
+    max_nodes: int
+    """Autoscaling ceiling for the whole pool (the tutorial's --total-max-nodes=10)."""
+    spot: bool
+    """Spot VMs instead of on-demand/reserved capacity."""
+    additional_node_networks: NotRequired[pulumi.Input[Sequence[pulumi.Input[NodeNetwork]]]]
+    """Extra NICs, gVNIC first then RDMA 0..N-1 (RdmaNetwork.node_networks)."""
+    accelerator_network_profile: NotRequired[str | None]
+    """`auto`: GKE creates and attaches the accelerator networks itself (A4X DRANET)."""
+    accelerator_topology: NotRequired[str | None]
+    """NVLink domain for a COMPACT placement under a HIGH_THROUGHPUT workload policy (A4X: `1x72`)."""
+
+
+class GpuNodePool(pulumi.ComponentResource):
+    """The GPU node pool, on its reservation and extra networks, with its placement policy if any."""
+
+    name: pulumi.Output[str]
+    node_pool: container.NodePool
+
+    def __init__(self, name: str, args: GpuNodePoolArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("verl-gke:index:GpuNodePool", name, {}, opts)
+        platform_name = args["platform"]
+        if platform_name not in PLATFORMS:
+            raise ValueError(f"GpuNodePool: platform = {platform_name!r}: must be one of {', '.join(sorted(PLATFORMS))}")
+        platform = PLATFORMS[platform_name]
+        networks = args.get("additional_node_networks")
+        profile = args.get("accelerator_network_profile")
+        if networks is not None and profile is not None:
+            raise ValueError(
+                f"GpuNodePool: accelerator_network_profile = {profile!r} makes GKE attach the networks itself; "
+                "leave additional_node_networks unset with it"
+            )
+        if not 1 <= args["nodes"] <= args["max_nodes"]:
+            raise ValueError(
+                f"GpuNodePool: nodes = {args['nodes']}, max_nodes = {args['max_nodes']}: need 1 <= nodes <= max_nodes"
+            )
+        reservation = args["reservation"]
+        project, location = args["project"], args["location"]
+
+        placement: container.NodePoolPlacementPolicyArgsDict | None = None
+        topology = args.get("accelerator_topology")
+        if topology:
+            policy = compute.ResourcePolicy(
+                f"{name}-workload-policy",
+                # Unique per project and region, like the cluster name it starts with.
+                name=pulumi.Output.from_input(args["cluster"]).apply(lambda c: f"{c}-{GPU_POOL_NAME}-placement"),
+                project=project,
+                region=location,
+                workload_policy={"type": "HIGH_THROUGHPUT", "accelerator_topology": topology},
+                opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True),
+            )
+            placement = {"type": "COMPACT", "policy_name": policy.name}
+
+        network_config: container.NodePoolNetworkConfigArgsDict | None = None
+        if networks is not None:
+            network_config = {"additional_node_network_configs": networks}
+        elif profile is not None:
+            network_config = {"accelerator_network_profile": profile}
+
+        self.node_pool = container.NodePool(
+            f"{name}-pool",
+            name=GPU_POOL_NAME,
+            project=project,
+            cluster=args["cluster"],
+            location=location,
+            node_locations=[args["zone"]],
+            initial_node_count=args["nodes"],
+            autoscaling={"total_min_node_count": 0, "total_max_node_count": args["max_nodes"]},
+            placement_policy=placement,
+            network_config=network_config,
+            node_config={
+                "machine_type": platform.machine_type,
+                "guest_accelerators": [{
+                    "type": platform.accelerator,
+                    "count": platform.gpus_per_node,
+                    "gpu_driver_installation_config": {"gpu_driver_version": "DEFAULT"},
+                }],
+                "reservation_affinity": (
+                    {"consume_reservation_type": "SPECIFIC_RESERVATION", "key": RESERVATION_KEY, "values": [reservation]}
+                    if reservation else {"consume_reservation_type": "NO_RESERVATION"}
+                ),
+                "spot": args["spot"],
+                "taints": [GPU_TAINT],
+                "workload_metadata_config": {"mode": "GKE_METADATA"},
+                # 0 = every Local SSD bundled with the machine type, for machine series that fix their
+                # count (GKE API, EphemeralStorageLocalSsdConfig.local_ssd_count): the workers' 500-1000Gi
+                # of ephemeral storage would not fit on the boot disk.
+                "ephemeral_storage_local_ssd_config": {"local_ssd_count": 0},
+            },
+            # Its name is fixed, so a replacement must delete first. After creation the autoscaler owns
+            # the size, and the Local SSD count is the machine type's (Cluster Toolkit's gke-node-pool
+            # ignores both the same way).
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                delete_before_replace=True,
+                ignore_changes=["initialNodeCount", "nodeConfig.ephemeralStorageLocalSsdConfig"],
+            ),
+        )
+        self.name = self.node_pool.name
+        self.register_outputs({"name": self.name})

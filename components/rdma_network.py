@@ -1,0 +1,122 @@
+"""The tutorial's "Create an RDMA network and subnets": a gVNIC VPC and a RoCE VPC for the GPU NICs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypedDict
+
+import pulumi
+from pulumi_gcp import compute
+
+from manifests.network_mapping import NetworkNames
+
+# Cluster Toolkit's gpu-rdma-vpc MTU (FIELD-NOTES 3): the largest GCP allows.
+RDMA_MTU = 8896
+
+
+class RdmaNetworkArgs(TypedDict):
+    project: str
+    """Project that owns both VPCs (and the zone's RoCE network profile)."""
+    region: str
+    """Region of the subnets: the cluster's control-plane region."""
+    zone: str
+    """Zone of the GPU nodes; the RoCE network profile is per zone (`<zone>-vpc-roce`, FIELD-NOTES 2.8)."""
+    names: NetworkNames
+    """Prefixes and RDMA NIC count: `<gvnic>-net`, `<gvnic>-sub`, `<rdma>-net`, `<rdma>-sub-N`."""
+    gvnic_cidr: str
+    """Range of the gVNIC subnet (tutorial: 192.168.0.0/24)."""
+    rdma_cidrs: Sequence[str]
+    """One subnet range per RDMA NIC, in NIC order (tutorial: 192.168.1.0/24 ... 192.168.8.0/24).
+    components.config checks they are valid and disjoint."""
+    internal_source_range: str
+    """Sources the gVNIC VPC's firewall rule admits (tutorial: 192.168.0.0/16)."""
+
+
+class RdmaNetwork(pulumi.ComponentResource):
+    """A gVNIC VPC with one subnet and an internal firewall rule, and a RoCE VPC with one subnet
+    per RDMA NIC, named as the tutorial's gcloud commands name them."""
+
+    gvnic_network_name: pulumi.Output[str]
+    gvnic_network_self_link: pulumi.Output[str]
+    gvnic_subnet_name: pulumi.Output[str]
+    gvnic_subnet_self_link: pulumi.Output[str]
+    rdma_network_name: pulumi.Output[str]
+    rdma_network_self_link: pulumi.Output[str]
+    rdma_subnet_names: pulumi.Output[list[str]]
+    rdma_subnet_self_links: pulumi.Output[list[str]]
+    node_networks: pulumi.Output[list[dict[str, str]]]
+    """`{network, subnetwork}` names for a node pool's additional networks: gVNIC first, then RDMA 0..N-1."""
+
+    def __init__(self, name: str, args: RdmaNetworkArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("verl-gke:index:RdmaNetwork", name, {}, opts)
+        names = args["names"]
+        if len(args["rdma_cidrs"]) != names.rdma_nics:
+            raise ValueError(
+                f"RdmaNetwork: rdma_cidrs has {len(args['rdma_cidrs'])} ranges: needs one per RDMA NIC ({names.rdma_nics})"
+            )
+        project, region = args["project"], args["region"]
+        # Names are fixed (the network mapping refers to them), so a replacement must delete first.
+        child = pulumi.ResourceOptions(parent=self, delete_before_replace=True)
+
+        def subnet(logical: str, subnet_name: str, network: compute.Network, cidr: str) -> compute.Subnetwork:
+            return compute.Subnetwork(
+                f"{name}-{logical}", name=subnet_name, project=project, region=region,
+                network=network.id, ip_cidr_range=cidr, opts=child,
+            )
+
+        gvnic_net = compute.Network(
+            f"{name}-gvnic-net", name=names.gvnic_network, project=project, auto_create_subnetworks=False, opts=child,
+        )
+        gvnic_sub = subnet("gvnic-sub", names.gvnic_subnet, gvnic_net, args["gvnic_cidr"])
+        compute.Firewall(
+            f"{name}-gvnic-internal",
+            name=names.gvnic_firewall,
+            project=project,
+            network=gvnic_net.id,
+            direction="INGRESS",
+            allows=[
+                compute.FirewallAllowArgs(protocol="tcp", ports=["0-65535"]),
+                compute.FirewallAllowArgs(protocol="udp", ports=["0-65535"]),
+                compute.FirewallAllowArgs(protocol="icmp"),
+            ],
+            source_ranges=[args["internal_source_range"]],
+            opts=child,
+        )
+
+        rdma_net = compute.Network(
+            f"{name}-rdma-net",
+            name=names.rdma_network,
+            project=project,
+            auto_create_subnetworks=False,
+            mtu=RDMA_MTU,
+            network_profile=f"projects/{project}/global/networkProfiles/{args['zone']}-vpc-roce",
+            opts=child,
+        )
+        rdma_subs = [
+            subnet(f"rdma-sub-{n}", subnet_name, rdma_net, cidr)
+            for n, (subnet_name, cidr) in enumerate(zip(names.rdma_subnets, args["rdma_cidrs"], strict=True))
+        ]
+
+        self.gvnic_network_name = gvnic_net.name
+        self.gvnic_network_self_link = gvnic_net.self_link
+        self.gvnic_subnet_name = gvnic_sub.name
+        self.gvnic_subnet_self_link = gvnic_sub.self_link
+        self.rdma_network_name = rdma_net.name
+        self.rdma_network_self_link = rdma_net.self_link
+        self.rdma_subnet_names = pulumi.Output.all(*(s.name for s in rdma_subs))
+        self.rdma_subnet_self_links = pulumi.Output.all(*(s.self_link for s in rdma_subs))
+        self.node_networks = pulumi.Output.all(
+            pulumi.Output.all(network=gvnic_net.name, subnetwork=gvnic_sub.name),
+            *(pulumi.Output.all(network=rdma_net.name, subnetwork=s.name) for s in rdma_subs),
+        )
+        self.register_outputs({
+            "gvnic_network_name": self.gvnic_network_name,
+            "gvnic_network_self_link": self.gvnic_network_self_link,
+            "gvnic_subnet_name": self.gvnic_subnet_name,
+            "gvnic_subnet_self_link": self.gvnic_subnet_self_link,
+            "rdma_network_name": self.rdma_network_name,
+            "rdma_network_self_link": self.rdma_network_self_link,
+            "rdma_subnet_names": self.rdma_subnet_names,
+            "rdma_subnet_self_links": self.rdma_subnet_self_links,
+            "node_networks": self.node_networks,
+        })

@@ -1,0 +1,502 @@
+"""RdmaNetwork, GkeCluster, GpuNodePool and NetworkMapping under the mock engine: each value the
+tutorial's "Set up the infrastructure" and "Configure network mappings" steps fix (as corrected by
+FIELD-NOTES 2), per platform and mode, and the resources of each type they register."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pulumi
+import pytest
+import yaml
+
+from components.gke_cluster import DRA_V1BETA1_APIS, GkeCluster, GkeClusterArgs
+from components.gpu_node_pool import GpuNodePool, GpuNodePoolArgs
+from components.network_mapping import NetworkMapping
+from components.platforms import PLATFORMS
+from components.rdma_network import RdmaNetwork
+from manifests import nccl
+from manifests.network_mapping import NetworkNames
+from verl_gke import synth
+
+PROJECT, REGION, ZONE = "my-project-123", "us-central1", "us-central1-b"
+CLUSTER = "verl-cluster"
+
+
+class ProviderRefs(synth.RecordingMonitor):
+    """Also keeps each resource's provider reference whole (`<provider urn>::<id>`)."""
+
+    def __init__(self, mocks_: pulumi.runtime.Mocks) -> None:
+        super().__init__(mocks_)
+        self.providers: dict[str, str] = {}
+
+    def RegisterResource(self, request: Any) -> Any:
+        response = super().RegisterResource(request)
+        if request.provider:
+            self.providers[request.name] = request.provider.rsplit("::", 1)[0]
+        return response
+
+
+class Run:
+    """What one program registered, looked up by logical name and type."""
+
+    def __init__(self, program: Callable[[], None]) -> None:
+        self.monitor = ProviderRefs(synth.SynthMocks())
+        self.registrations, self.outputs = synth.run_in_mocks(program, monitor=self.monitor)
+        self.by_name = {r.name: r for r in self.registrations}
+
+    def inputs(self, name: str) -> dict[str, Any]:
+        return self.by_name[name].inputs
+
+    def urn(self, name: str) -> str:
+        return self.by_name[name].urn
+
+    def deps(self, name: str) -> list[str]:
+        return self.by_name[name].dependencies
+
+    def of_type(self, type_: str) -> list[synth.Registration]:
+        return [r for r in self.registrations if r.type == type_]
+
+    def counts(self) -> Counter[str]:
+        return Counter(r.type for r in self.registrations)
+
+
+def tutorial_rdma_cidrs(nics: int) -> list[str]:
+    """The tutorial's `--range=192.168.$((N+1)).0/24`."""
+    return [f"192.168.{n + 1}.0/24" for n in range(nics)]
+
+
+def names_for(platform: str) -> NetworkNames:
+    return NetworkNames(gvnic_prefix="verl-gvnic", rdma_prefix="verl-rdma", rdma_nics=PLATFORMS[platform].rdma_nics)
+
+
+def cluster_args(**overrides: Any) -> GkeClusterArgs:
+    args: dict[str, Any] = {"project": PROJECT, "name": CLUSTER, "location": REGION, "mode": "standard",
+                            "release_channel": "REGULAR", "deletion_protection": False, "min_master_version": "1.34",
+                            "ray_operator": True, "cpu_machine_type": "c2-standard-16", "cpu_min_nodes": 1,
+                            "cpu_max_nodes": 5}
+    args.update(overrides)
+    return args  # type: ignore[return-value]
+
+
+def rdma_network(platform: str) -> RdmaNetwork:
+    nics = PLATFORMS[platform].rdma_nics
+    return RdmaNetwork("net", {"project": PROJECT, "region": REGION, "zone": ZONE, "names": names_for(platform),
+                               "gvnic_cidr": "192.168.0.0/24", "rdma_cidrs": tutorial_rdma_cidrs(nics),
+                               "internal_source_range": "192.168.0.0/16"})
+
+
+def gpu_pool_args(platform: str, cluster: GkeCluster, **overrides: Any) -> GpuNodePoolArgs:
+    args: dict[str, Any] = {"project": PROJECT, "cluster": cluster.name, "location": REGION, "zone": ZONE,
+                            "platform": platform, "reservation": "my-reservation", "nodes": 2, "max_nodes": 10,
+                            "spot": False}
+    args.update(overrides)
+    return args  # type: ignore[return-value]
+
+
+def standard_stack(platform: str, *, dranet: bool = False) -> Callable[[], None]:
+    """The A4/A3 Ultra Standard path, or A4X (DRANET, or multi-network when dranet is False)."""
+
+    def program() -> None:
+        cluster = GkeCluster("gke", cluster_args(ray_operator=platform != "a4x"))
+        a4x = {"accelerator_topology": "1x72"} if platform == "a4x" else {}
+        if dranet:
+            pool = GpuNodePool("gpu", gpu_pool_args(platform, cluster, accelerator_network_profile="auto", **a4x))
+            networks = None
+        else:
+            net = rdma_network(platform)
+            pool = GpuNodePool("gpu", gpu_pool_args(platform, cluster, additional_node_networks=net.node_networks, **a4x))
+            networks = names_for(platform)
+        NetworkMapping(
+            "mapping",
+            {"networks": networks,
+             "nccl_installer_url": nccl.installer_url(PLATFORMS[platform].nccl_installer["standard"])},
+            opts=pulumi.ResourceOptions(providers=[cluster.provider], depends_on=[pool]),
+        )
+
+    return program
+
+
+@pytest.fixture(scope="module")
+def a4_standard() -> Run:
+    return Run(standard_stack("a4"))
+
+
+@pytest.fixture(scope="module")
+def a4x_dranet() -> Run:
+    return Run(standard_stack("a4x", dranet=True))
+
+
+# --- RdmaNetwork -------------------------------------------------------------------------------
+
+def test_gvnic_vpc_subnet_and_firewall_match_the_gcloud_commands(a4_standard: Run):
+    assert a4_standard.inputs("net-gvnic-net") == {
+        "name": "verl-gvnic-net", "project": PROJECT, "autoCreateSubnetworks": False}
+    sub = a4_standard.inputs("net-gvnic-sub")
+    assert (sub["name"], sub["region"], sub["ipCidrRange"]) == ("verl-gvnic-sub", REGION, "192.168.0.0/24")
+    fw = a4_standard.inputs("net-gvnic-internal")
+    assert fw["name"] == "verl-gvnic-internal"
+    assert fw["allows"] == [{"protocol": "tcp", "ports": ["0-65535"]}, {"protocol": "udp", "ports": ["0-65535"]},
+                            {"protocol": "icmp"}]
+    assert fw["sourceRanges"] == ["192.168.0.0/16"]
+    assert fw["direction"] == "INGRESS"
+
+
+def test_rdma_vpc_uses_the_zones_roce_profile_and_jumbo_mtu(a4_standard: Run):
+    net = a4_standard.inputs("net-rdma-net")
+    assert net["name"] == "verl-rdma-net"
+    assert net["networkProfile"] == f"projects/{PROJECT}/global/networkProfiles/{ZONE}-vpc-roce"
+    assert net["mtu"] == 8896
+    assert net["autoCreateSubnetworks"] is False
+
+
+def test_eight_rdma_subnets_192_168_1_to_8(a4_standard: Run):
+    subs = [a4_standard.inputs(f"net-rdma-sub-{n}") for n in range(8)]
+    assert [(s["name"], s["ipCidrRange"], s["region"]) for s in subs] == [
+        (f"verl-rdma-sub-{n}", f"192.168.{n + 1}.0/24", REGION) for n in range(8)]
+    assert "net-rdma-sub-8" not in a4_standard.by_name
+
+
+def test_subnets_and_firewall_wait_for_their_vpc(a4_standard: Run):
+    assert a4_standard.urn("net-gvnic-net") in a4_standard.deps("net-gvnic-sub")
+    assert a4_standard.urn("net-gvnic-net") in a4_standard.deps("net-gvnic-internal")
+    for n in range(8):
+        assert a4_standard.urn("net-rdma-net") in a4_standard.deps(f"net-rdma-sub-{n}")
+
+
+def test_a_range_per_rdma_nic_is_required_before_anything_is_registered():
+    def program() -> None:
+        RdmaNetwork("net", {"project": PROJECT, "region": REGION, "zone": ZONE, "names": names_for("a4"),
+                            "gvnic_cidr": "192.168.0.0/24", "rdma_cidrs": tutorial_rdma_cidrs(7),
+                            "internal_source_range": "192.168.0.0/16"})
+
+    monitor = ProviderRefs(synth.SynthMocks())
+    with pytest.raises(Exception, match=re.escape("RdmaNetwork: rdma_cidrs has 7 ranges: needs one per RDMA NIC (8)")):
+        synth.run_in_mocks(program, monitor=monitor)
+    assert [r.type for r in monitor.registrations if r.type.startswith("gcp:")] == []
+
+
+def test_other_ranges_from_config_reach_the_subnets_and_firewall():
+    def program() -> None:
+        RdmaNetwork("net", {"project": PROJECT, "region": REGION, "zone": ZONE, "names": names_for("a4"),
+                            "gvnic_cidr": "10.10.0.0/24", "rdma_cidrs": [f"10.20.{n}.0/24" for n in range(8)],
+                            "internal_source_range": "10.10.0.0/16"})
+
+    run = Run(program)
+    assert run.inputs("net-gvnic-sub")["ipCidrRange"] == "10.10.0.0/24"
+    assert run.inputs("net-rdma-sub-5")["ipCidrRange"] == "10.20.5.0/24"
+    assert run.inputs("net-gvnic-internal")["sourceRanges"] == ["10.10.0.0/16"]
+
+
+# --- GkeCluster: Standard ----------------------------------------------------------------------
+
+def test_standard_cluster_has_the_tutorials_flags(a4_standard: Run):
+    c = a4_standard.inputs("gke-cluster")
+    assert (c["name"], c["location"], c["project"]) == (CLUSTER, REGION, PROJECT)
+    assert c["datapathProvider"] == "ADVANCED_DATAPATH"  # --enable-dataplane-v2
+    assert c["workloadIdentityConfig"] == {"workloadPool": f"{PROJECT}.svc.id.goog"}  # --workload-pool
+    assert c["networkingMode"] == "VPC_NATIVE"  # --enable-ip-alias
+    assert c["enableMultiNetworking"] is True
+    assert c["addonsConfig"]["rayOperatorConfigs"] == [{"enabled": True}]  # --addons=RayOperator
+    assert c["addonsConfig"]["gcsFuseCsiDriverConfig"] == {"enabled": True}  # --addons=GcsFuseCsiDriver
+    assert c["releaseChannel"] == {"channel": "REGULAR"}
+    assert c["deletionProtection"] is False
+    assert c["minMasterVersion"] == "1.34"
+    assert "enableAutopilot" not in c
+
+
+def test_standard_cluster_replaces_its_builtin_pool_and_is_locked_down(a4_standard: Run):
+    c = a4_standard.inputs("gke-cluster")
+    assert c["removeDefaultNodePool"] is True
+    assert c["initialNodeCount"] == 1
+    assert c["enableShieldedNodes"] is True
+    assert c["masterAuth"] == {"clientCertificateConfig": {"issueClientCertificate": False}}
+    assert "masterAuthorizedNetworksConfig" not in c
+
+
+def test_default_pool_is_c2_standard_16_autoscaling_1_to_5(a4_standard: Run):
+    pool = a4_standard.inputs("gke-default-pool")
+    assert pool["name"] == "default-pool"  # the Ray head's nodeSelector
+    assert pool["cluster"] == CLUSTER
+    assert pool["location"] == REGION
+    assert pool["initialNodeCount"] == 1
+    assert pool["autoscaling"] == {"minNodeCount": 1, "maxNodeCount": 5}
+    assert pool["nodeConfig"] == {"machineType": "c2-standard-16", "workloadMetadataConfig": {"mode": "GKE_METADATA"}}
+    assert a4_standard.urn("gke-cluster") in a4_standard.deps("gke-default-pool")
+
+
+def test_default_pool_takes_machine_type_and_bounds_from_config():
+    pool = Run(lambda: GkeCluster("gke", cluster_args(cpu_machine_type="n2-standard-8", cpu_min_nodes=0,
+                                                      cpu_max_nodes=3))).inputs("gke-default-pool")
+    assert pool["nodeConfig"]["machineType"] == "n2-standard-8"
+    assert pool["autoscaling"] == {"minNodeCount": 0, "maxNodeCount": 3}
+    assert pool["initialNodeCount"] == 1  # the Ray head needs a node from the start
+
+
+def test_one_kubernetes_provider_from_a_secret_kubeconfig(a4_standard: Run):
+    providers = a4_standard.of_type("pulumi:providers:kubernetes")
+    assert [p.name for p in providers] == ["gke-k8s"]
+    assert providers[0].inputs["kubeconfig"] == "[secret]"
+    # Kubernetes objects wait for the CPU pool; destroy removes them before it.
+    assert a4_standard.urn("gke-default-pool") in providers[0].dependencies
+    assert a4_standard.urn("gke-cluster") in providers[0].dependencies
+
+
+def test_kubeconfig_uses_the_auth_plugin_and_the_clusters_endpoint():
+    def program() -> None:
+        cluster = GkeCluster("gke", cluster_args())
+        pulumi.export("kubeconfig", cluster.kubeconfig)
+        pulumi.export("is_secret", pulumi.Output.from_input(cluster.kubeconfig.is_secret()))
+        pulumi.export("plain", pulumi.Output.unsecret(cluster.kubeconfig))
+        pulumi.export("endpoint", cluster.endpoint)
+
+    run = Run(program)
+    assert run.outputs["kubeconfig"] == "[secret]"
+    assert run.outputs["is_secret"] is True
+    config = yaml.safe_load(run.outputs["plain"])
+    assert config["clusters"][0]["cluster"]["server"] == f"https://{synth.MOCK_ENDPOINT}"
+    assert config["clusters"][0]["cluster"]["certificate-authority-data"] == synth.MOCK_CA
+    assert config["users"][0]["user"]["exec"]["command"] == "gke-gcloud-auth-plugin"
+    assert run.outputs["endpoint"] == synth.MOCK_ENDPOINT
+
+
+def test_authorized_networks_and_version_and_beta_apis_when_asked():
+    run = Run(lambda: GkeCluster("gke", cluster_args(
+        master_authorized_cidrs=["203.0.113.0/24"], min_master_version="1.34.1-gke.1829001",
+        k8s_beta_apis=list(DRA_V1BETA1_APIS), ray_operator=False, deletion_protection=True,
+        release_channel="RAPID")))
+    c = run.inputs("gke-cluster")
+    assert c["masterAuthorizedNetworksConfig"] == {
+        "cidrBlocks": [{"cidrBlock": "203.0.113.0/24", "displayName": "authorized-0"}]}
+    assert c["minMasterVersion"] == "1.34.1-gke.1829001"
+    assert c["enableK8sBetaApis"] == {"enabledApis": list(DRA_V1BETA1_APIS)}
+    # KubeRay comes from its Helm chart on A4X: the add-on must be off, never both (FIELD-NOTES 3).
+    assert "rayOperatorConfigs" not in c["addonsConfig"]
+    assert c["deletionProtection"] is True
+    assert c["releaseChannel"] == {"channel": "RAPID"}
+
+
+# --- GkeCluster: Autopilot and bring-your-own ---------------------------------------------------
+
+def test_autopilot_cluster_is_create_auto_with_multi_networking_and_ray():
+    run = Run(lambda: GkeCluster("gke", cluster_args(mode="autopilot")))
+    c = run.inputs("gke-cluster")
+    assert c["enableAutopilot"] is True
+    assert c["enableMultiNetworking"] is True
+    assert c["datapathProvider"] == "ADVANCED_DATAPATH"
+    assert c["addonsConfig"]["rayOperatorConfigs"] == [{"enabled": True}]
+    assert c["workloadIdentityConfig"] == {"workloadPool": f"{PROJECT}.svc.id.goog"}
+    for standard_only in ("removeDefaultNodePool", "initialNodeCount", "enableShieldedNodes"):
+        assert standard_only not in c
+    assert run.counts() == Counter({"verl-gke:index:GkeCluster": 1, "gcp:container/cluster:Cluster": 1,
+                                    "pulumi:providers:kubernetes": 1})
+
+
+def test_existing_cluster_is_looked_up_and_nothing_is_created():
+    def program() -> None:
+        cluster = GkeCluster("gke", cluster_args(existing=True))
+        pulumi.export("name", cluster.name)
+        pulumi.export("location", cluster.location)
+        pulumi.export("plain", pulumi.Output.unsecret(cluster.kubeconfig))
+
+    run = Run(program)
+    assert run.counts() == Counter({"verl-gke:index:GkeCluster": 1, "pulumi:providers:kubernetes": 1})
+    assert (run.outputs["name"], run.outputs["location"]) == (CLUSTER, REGION)
+    server = yaml.safe_load(run.outputs["plain"])["clusters"][0]["cluster"]["server"]
+    assert server == f"https://{synth.MOCK_ENDPOINT}"
+
+
+def test_unknown_mode_is_refused_by_name():
+    with pytest.raises(Exception, match=re.escape("GkeCluster: mode = 'hybrid': must be 'autopilot' or 'standard'")):
+        synth.run_in_mocks(lambda: GkeCluster("gke", cluster_args(mode="hybrid")))
+
+
+# --- GpuNodePool ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("platform", "machine", "accelerator"),
+                         [("a4", "a4-highgpu-8g", "nvidia-b200"), ("a3u", "a3-ultragpu-8g", "nvidia-h200-141gb")])
+def test_gpu_pool_is_the_tutorials_node_pools_create(platform: str, machine: str, accelerator: str):
+    run = Run(standard_stack(platform))
+    pool = run.inputs("gpu-pool")
+    assert pool["name"] == "gpu-pool"
+    assert (pool["cluster"], pool["location"], pool["nodeLocations"]) == (CLUSTER, REGION, [ZONE])
+    assert pool["initialNodeCount"] == 2
+    assert pool["autoscaling"] == {"totalMinNodeCount": 0, "totalMaxNodeCount": 10}
+    node = pool["nodeConfig"]
+    assert node["machineType"] == machine
+    assert node["guestAccelerators"] == [
+        {"type": accelerator, "count": 8, "gpuDriverInstallationConfig": {"gpuDriverVersion": "DEFAULT"}}]
+    assert node["reservationAffinity"] == {"consumeReservationType": "SPECIFIC_RESERVATION",
+                                           "key": "compute.googleapis.com/reservation-name",
+                                           "values": ["my-reservation"]}
+    assert node["spot"] is False
+    assert node["workloadMetadataConfig"] == {"mode": "GKE_METADATA"}
+    assert node["ephemeralStorageLocalSsdConfig"] == {"localSsdCount": 0}
+    assert node["taints"] == [{"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}]
+    assert pool["networkConfig"]["additionalNodeNetworkConfigs"] == [
+        {"network": "verl-gvnic-net", "subnetwork": "verl-gvnic-sub"},
+        *({"network": "verl-rdma-net", "subnetwork": f"verl-rdma-sub-{n}"} for n in range(8)),
+    ]
+    assert "placementPolicy" not in pool
+    assert run.of_type("gcp:compute/resourcePolicy:ResourcePolicy") == []
+
+
+def test_gpu_pool_waits_for_the_cluster_and_every_subnet(a4_standard: Run):
+    deps = a4_standard.deps("gpu-pool")
+    assert a4_standard.urn("gke-cluster") in deps
+    for subnet in ["net-gvnic-sub", *(f"net-rdma-sub-{n}" for n in range(8))]:
+        assert a4_standard.urn(subnet) in deps
+
+
+def test_spot_without_reservation():
+    def program() -> None:
+        cluster = GkeCluster("gke", cluster_args())
+        GpuNodePool("gpu", gpu_pool_args("a4", cluster, spot=True, reservation=None, nodes=4, max_nodes=6))
+
+    pool = Run(program).inputs("gpu-pool")
+    assert pool["nodeConfig"]["spot"] is True
+    assert pool["nodeConfig"]["reservationAffinity"] == {"consumeReservationType": "NO_RESERVATION"}
+    assert (pool["initialNodeCount"], pool["autoscaling"]["totalMaxNodeCount"]) == (4, 6)
+
+
+def test_a4x_pool_is_gb200_with_compact_1x72_placement_and_dranet(a4x_dranet: Run):
+    pool = a4x_dranet.inputs("gpu-pool")
+    node = pool["nodeConfig"]
+    assert node["machineType"] == "a4x-highgpu-4g"
+    assert node["guestAccelerators"] == [
+        {"type": "nvidia-gb200", "count": 4, "gpuDriverInstallationConfig": {"gpuDriverVersion": "DEFAULT"}}]
+    assert node["taints"] == [{"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}]
+    assert node["workloadMetadataConfig"] == {"mode": "GKE_METADATA"}
+    assert node["reservationAffinity"]["consumeReservationType"] == "SPECIFIC_RESERVATION"
+    assert pool["networkConfig"] == {"acceleratorNetworkProfile": "auto"}
+    policy = a4x_dranet.of_type("gcp:compute/resourcePolicy:ResourcePolicy")
+    assert [p.name for p in policy] == ["gpu-workload-policy"]
+    assert policy[0].inputs["workloadPolicy"] == {"type": "HIGH_THROUGHPUT", "acceleratorTopology": "1x72"}
+    assert policy[0].inputs["region"] == REGION
+    assert policy[0].inputs["name"] == f"{CLUSTER}-gpu-pool-placement"
+    assert pool["placementPolicy"] == {"type": "COMPACT", "policyName": f"{CLUSTER}-gpu-pool-placement"}
+    assert policy[0].urn in a4x_dranet.deps("gpu-pool")
+
+
+def test_a4x_multi_network_pool_has_one_gvnic_and_four_rdma():
+    run = Run(standard_stack("a4x"))
+    assert run.inputs("gpu-pool")["networkConfig"]["additionalNodeNetworkConfigs"] == [
+        {"network": "verl-gvnic-net", "subnetwork": "verl-gvnic-sub"},
+        *({"network": "verl-rdma-net", "subnetwork": f"verl-rdma-sub-{n}"} for n in range(4)),
+    ]
+    assert sorted(r.inputs["ipCidrRange"] for r in run.of_type("gcp:compute/subnetwork:Subnetwork")) == [
+        f"192.168.{n}.0/24" for n in range(5)]
+    assert len(run.of_type("kubernetes:networking.gke.io/v1:Network")) == 5
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"platform": "h100"}, "GpuNodePool: platform = 'h100': must be one of a3u, a4, a4x"),
+        ({"nodes": 12}, "GpuNodePool: nodes = 12, max_nodes = 10: need 1 <= nodes <= max_nodes"),
+        ({"nodes": 0}, "GpuNodePool: nodes = 0, max_nodes = 10: need 1 <= nodes <= max_nodes"),
+        ({"accelerator_network_profile": "auto", "additional_node_networks": []},
+         "GpuNodePool: accelerator_network_profile = 'auto' makes GKE attach the networks itself"),
+    ],
+)
+def test_bad_pool_args_are_refused_by_name(overrides: dict[str, Any], message: str):
+    def program() -> None:
+        GpuNodePool("gpu", {**gpu_pool_args("a4", GkeCluster("gke", cluster_args())), **overrides})  # type: ignore[typeddict-item]
+
+    with pytest.raises(Exception, match=re.escape(message)):
+        synth.run_in_mocks(program)
+
+
+# --- NetworkMapping ---------------------------------------------------------------------------
+
+def test_mapping_objects_are_the_manifests_applied_through_the_clusters_provider(a4_standard: Run):
+    # Registration order follows when inputs resolve, not program order: compare by name.
+    param_sets = a4_standard.of_type("kubernetes:networking.gke.io/v1:GKENetworkParamSet")
+    networks = a4_standard.of_type("kubernetes:networking.gke.io/v1:Network")
+    expected = sorted(["gvnic-1", *(f"rdma-{n}" for n in range(8))])
+    assert sorted(p.inputs["metadata"]["name"] for p in param_sets) == expected
+    assert sorted(n.inputs["metadata"]["name"] for n in networks) == expected
+    assert a4_standard.inputs("mapping-gkenetworkparamset-gvnic-1")["spec"] == {
+        "vpc": "verl-gvnic-net", "vpcSubnet": "verl-gvnic-sub", "deviceMode": "NetDevice"}
+    assert a4_standard.inputs("mapping-gkenetworkparamset-rdma-7")["spec"] == {
+        "vpc": "verl-rdma-net", "vpcSubnet": "verl-rdma-sub-7", "deviceMode": "RDMA"}
+    assert a4_standard.inputs("mapping-network-rdma-7")["spec"] == {
+        "type": "Device",
+        "parametersRef": {"group": "networking.gke.io", "kind": "GKENetworkParamSet", "name": "rdma-7"}}
+    provider = a4_standard.urn("gke-k8s")
+    for r in [*param_sets, *networks]:
+        assert a4_standard.monitor.providers[r.name] == provider
+
+
+def test_mapping_waits_for_the_gpu_pool_and_each_network_for_its_param_set(a4_standard: Run):
+    # Depending on the GpuNodePool component means waiting for the node pool inside it.
+    pool = a4_standard.urn("gpu-pool")
+    for r in a4_standard.registrations:
+        if r.type.startswith("kubernetes:networking.gke.io/") or r.type == "kubernetes:yaml/v2:ConfigFile":
+            assert pool in r.dependencies, r.name
+    assert a4_standard.urn("mapping-gkenetworkparamset-rdma-3") in a4_standard.deps("mapping-network-rdma-3")
+
+
+def test_nccl_installer_is_applied_from_the_pinned_url(a4_standard: Run):
+    [installer] = a4_standard.of_type("kubernetes:yaml/v2:ConfigFile")
+    assert installer.inputs["file"] == (
+        "https://raw.githubusercontent.com/GoogleCloudPlatform/container-engine-accelerators/"
+        "07a8e6c9b2208ee865a1fb9b9b246e10adfd7738/gpudirect-rdma/nccl-rdma-installer.yaml")
+    assert a4_standard.monitor.providers[installer.name] == a4_standard.urn("gke-k8s")
+
+
+def test_dranet_has_no_mapping_objects_but_the_a4x_installer(a4x_dranet: Run):
+    assert a4x_dranet.of_type("kubernetes:networking.gke.io/v1:Network") == []
+    assert a4x_dranet.of_type("kubernetes:networking.gke.io/v1:GKENetworkParamSet") == []
+    [installer] = a4x_dranet.of_type("kubernetes:yaml/v2:ConfigFile")
+    assert installer.inputs["file"].endswith(f"/{nccl.NCCL_INSTALLER_COMMIT}/gpudirect-rdma/nccl-rdma-installer-a4x.yaml")
+
+
+def test_autopilot_applies_the_mapping_and_the_autopilot_installer():
+    def program() -> None:
+        cluster = GkeCluster("gke", cluster_args(mode="autopilot"))
+        rdma_network("a4")
+        NetworkMapping("mapping", {"networks": names_for("a4"),
+                                   "nccl_installer_url": nccl.installer_url(PLATFORMS["a4"].nccl_installer["autopilot"])},
+                       opts=pulumi.ResourceOptions(providers=[cluster.provider]))
+
+    run = Run(program)
+    assert len(run.of_type("kubernetes:networking.gke.io/v1:GKENetworkParamSet")) == 9
+    [installer] = run.of_type("kubernetes:yaml/v2:ConfigFile")
+    assert installer.inputs["file"].endswith("/gpudirect-rdma/nccl-rdma-installer-autopilot.yaml")
+    assert run.of_type("gcp:container/nodePool:NodePool") == []
+
+
+# --- Whole Standard stacks: resources per type ---------------------------------------------------
+
+def test_a4_standard_resource_counts(a4_standard: Run):
+    assert a4_standard.counts() == Counter({
+        "verl-gke:index:GkeCluster": 1, "gcp:container/cluster:Cluster": 1, "gcp:container/nodePool:NodePool": 2,
+        "pulumi:providers:kubernetes": 1,
+        "verl-gke:index:RdmaNetwork": 1, "gcp:compute/network:Network": 2, "gcp:compute/subnetwork:Subnetwork": 9,
+        "gcp:compute/firewall:Firewall": 1,
+        "verl-gke:index:GpuNodePool": 1,
+        "verl-gke:index:NetworkMapping": 1, "kubernetes:networking.gke.io/v1:GKENetworkParamSet": 9,
+        "kubernetes:networking.gke.io/v1:Network": 9, "kubernetes:yaml/v2:ConfigFile": 1,
+    })
+
+
+def test_a4x_dranet_resource_counts(a4x_dranet: Run):
+    assert a4x_dranet.counts() == Counter({
+        "verl-gke:index:GkeCluster": 1, "gcp:container/cluster:Cluster": 1, "gcp:container/nodePool:NodePool": 2,
+        "pulumi:providers:kubernetes": 1,
+        "verl-gke:index:GpuNodePool": 1, "gcp:compute/resourcePolicy:ResourcePolicy": 1,
+        "verl-gke:index:NetworkMapping": 1, "kubernetes:yaml/v2:ConfigFile": 1,
+    })
+
+
+def test_children_are_parented_to_their_component(a4_standard: Run):
+    parents = {r.name: r.parent for r in a4_standard.registrations}
+    assert parents["gke-cluster"] == a4_standard.urn("gke")
+    assert parents["gke-k8s"] == a4_standard.urn("gke")
+    assert parents["net-rdma-sub-0"] == a4_standard.urn("net")
+    assert parents["gpu-pool"] == a4_standard.urn("gpu")
+    assert parents["mapping-nccl-rdma-installer"] == a4_standard.urn("mapping")
