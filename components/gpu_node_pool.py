@@ -82,7 +82,8 @@ class GpuNodePool(pulumi.ComponentResource):
                 # Unique per project and region, like the cluster name it starts with.
                 name=pulumi.Output.from_input(args["cluster"]).apply(lambda c: f"{c}-{GPU_POOL_NAME}-placement"),
                 project=project,
-                region=location,
+                # The policy lives in the nodes' region, also when the cluster is zonal.
+                region=args["zone"].rsplit("-", 1)[0],
                 workload_policy={"type": "HIGH_THROUGHPUT", "accelerator_topology": topology},
                 opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True),
             )

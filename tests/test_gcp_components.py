@@ -458,12 +458,14 @@ def test_dranet_has_no_mapping_objects_but_the_a4x_installer(a4x_dranet: Run):
 def test_autopilot_applies_the_mapping_and_the_autopilot_installer():
     def program() -> None:
         cluster = GkeCluster("gke", cluster_args(mode="autopilot"))
-        rdma_network("a4")
+        net = rdma_network("a4")
+        # No GPU pool on Autopilot: the mapping waits for the VPCs it names, and goes before them.
         NetworkMapping("mapping", {"networks": names_for("a4"),
                                    "nccl_installer_url": nccl.installer_url(PLATFORMS["a4"].nccl_installer["autopilot"])},
-                       opts=pulumi.ResourceOptions(providers=[cluster.provider]))
+                       opts=pulumi.ResourceOptions(providers=[cluster.provider], depends_on=[net]))
 
     run = Run(program)
+    assert run.urn("net-rdma-sub-7") in run.deps("mapping-gkenetworkparamset-rdma-7")
     assert len(run.of_type("kubernetes:networking.gke.io/v1:GKENetworkParamSet")) == 9
     [installer] = run.of_type("kubernetes:yaml/v2:ConfigFile")
     assert installer.inputs["file"].endswith("/gpudirect-rdma/nccl-rdma-installer-autopilot.yaml")
