@@ -67,6 +67,16 @@ def _strict(schema: Any) -> Any:
     return schema
 
 
+# OpenAPI v3.0 schemas follow JSON Schema draft 4 (boolean exclusive bounds), except that a
+# whole-number float is an integer: the API server decodes 2.0 as 2, as Pulumi's engine sends ints.
+_OpenApiValidator = jsonschema.validators.extend(
+    jsonschema.Draft4Validator,
+    type_checker=jsonschema.Draft4Validator.TYPE_CHECKER.redefine(
+        "integer", lambda checker, instance: jsonschema.Draft7Validator.TYPE_CHECKER.is_type(instance, "integer")
+    ),
+)
+
+
 @functools.cache
 def _custom_validator(group: str, version: str, kind: str) -> jsonschema.protocols.Validator:
     crd = _crds().get((group, kind))
@@ -79,8 +89,7 @@ def _custom_validator(group: str, version: str, kind: str) -> jsonschema.protoco
             f"{group}/{version} is not a served version of {kind}; served: {', '.join(sorted(served))}"
         )
     schema = _strict(copy.deepcopy(served[version]["schema"]["openAPIV3Schema"]))
-    # OpenAPI v3.0 schemas follow JSON Schema draft 4 semantics (boolean exclusive bounds).
-    return jsonschema.Draft4Validator(schema)
+    return _OpenApiValidator(schema)
 
 
 def _where(path: Any) -> str:

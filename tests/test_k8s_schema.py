@@ -71,6 +71,15 @@ def test_custom_resource_errors_are_all_listed_with_their_paths() -> None:
     assert "'replicaz' was unexpected" in text
 
 
+def test_whole_number_floats_count_as_integers_as_the_engine_sends_them() -> None:
+    engine = _compute_domain()
+    engine["spec"]["numNodes"] = 2.0
+    validate_custom(engine)
+    engine["spec"]["numNodes"] = 2.5
+    with pytest.raises(AssertionError, match="2.5 is not of type 'integer'"):
+        validate_custom(engine)
+
+
 def test_compute_domain_requires_num_nodes() -> None:
     bad = _compute_domain()
     del bad["spec"]["numNodes"]

@@ -1,0 +1,80 @@
+"""The tutorial's A4X DRA steps: the NVIDIA DRA driver (for the IMEX ComputeDomain), the RDMA NIC
+claim template and the ComputeDomain the Ray workers claim their channel from.
+
+Pass the cluster's Kubernetes provider in `opts` (`providers=[cluster.provider]`) and the GPU node
+pool in `depends_on`; give the RayCluster `depends_on=[this]`, so its pods only start once their
+claims can be satisfied (and on destroy go before the driver that releases them).
+"""
+
+from __future__ import annotations
+
+from typing import NotRequired, TypedDict
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from manifests import dra
+
+
+class A4xDraArgs(TypedDict):
+    namespace: str
+    """Namespace of the Ray cluster: the claim template and the ComputeDomain live beside its pods."""
+    gpu_nodes: int
+    """A4X nodes the ComputeDomain spans (one Ray worker each)."""
+    nic_claims: NotRequired[bool]
+    """Create the RDMA NIC ResourceClaimTemplate (A4X with DRANET, the tutorial's path); default True."""
+
+
+class A4xDra(pulumi.ComponentResource):
+    """Namespace + quota + Helm release of the NVIDIA DRA driver, the NIC claim template, the ComputeDomain."""
+
+    compute_domain: pulumi.Output[str]
+    channel_claim_template: pulumi.Output[str]
+    """ResourceClaimTemplate the driver creates for the ComputeDomain; Ray workers claim from it."""
+
+    def __init__(self, name: str, args: A4xDraArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("verl-gke:index:A4xDra", name, {}, opts)
+        # Children don't inherit a component's depends_on: hand it down (see NetworkMapping).
+        waits_for = opts.depends_on if opts else None
+        child = pulumi.ResourceOptions(parent=self, depends_on=waits_for)
+
+        def after(*resources: pulumi.Resource) -> pulumi.ResourceOptions:
+            return child.merge(pulumi.ResourceOptions(depends_on=list(resources)))
+
+        namespace = k8s.core.v1.Namespace(f"{name}-namespace", metadata=dra.namespace()["metadata"], opts=child)
+        quota_obj = dra.resource_quota(gpu_nodes=args["gpu_nodes"])
+        # GKE admits the driver's system-critical pods only where such a quota exists.
+        quota = k8s.core.v1.ResourceQuota(
+            f"{name}-quota", metadata=quota_obj["metadata"], spec=quota_obj["spec"], opts=after(namespace)
+        )
+        driver = k8s.helm.v3.Release(
+            f"{name}-driver",
+            name=dra.CHART_NAME,
+            chart=dra.CHART_NAME,
+            version=dra.CHART_VERSION,
+            repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=dra.CHART_REPO),
+            namespace=dra.NAMESPACE,
+            values=dra.helm_values(),
+            opts=after(quota),
+        )
+        if args.get("nic_claims", True):
+            template = dra.rdma_claim_template(namespace=args["namespace"])
+            k8s.resource.v1.ResourceClaimTemplate(
+                f"{name}-rdma-nic", metadata=template["metadata"], spec=template["spec"], opts=child
+            )
+        domain_obj = dra.compute_domain(namespace=args["namespace"], gpu_nodes=args["gpu_nodes"])
+        domain = k8s.apiextensions.CustomResource(
+            f"{name}-compute-domain",
+            api_version=domain_obj["apiVersion"],
+            kind=domain_obj["kind"],
+            metadata=domain_obj["metadata"],
+            spec=domain_obj["spec"],
+            # The driver's chart brings the CRD. The spec is immutable (FIELD-NOTES 4), so a new
+            # node count replaces the domain instead of failing as an update.
+            opts=after(driver).merge(pulumi.ResourceOptions(replace_on_changes=["spec"], delete_before_replace=True)),
+        )
+        self.compute_domain = domain.metadata["name"]
+        self.channel_claim_template = pulumi.Output.from_input(dra.CHANNEL_CLAIM_TEMPLATE)
+        self.register_outputs(
+            {"compute_domain": self.compute_domain, "channel_claim_template": self.channel_claim_template}
+        )

@@ -1,0 +1,139 @@
+"""The tutorial's "Deploy the RayCluster custom resource" step, and on A4X its namespace-scoped
+KubeRay operator (where GKE's Ray operator add-on is off: both own the ray.io CRDs).
+
+Pass the cluster's Kubernetes provider in `opts` (`providers=[cluster.provider]`) and in
+`depends_on` everything the pods need first: the GPU node pool, the bucket's claim and service
+account, the NCCL installer / network mapping, and on A4X the `A4xDra` component.
+"""
+
+from __future__ import annotations
+
+from typing import NotRequired, TypedDict
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from components.platforms import PLATFORMS, PlatformName
+from manifests import kuberay
+from manifests.ray_cluster import Mode, RayClusterSpec, head_service_name, ray_cluster
+
+# GPU nodes appearing, a ~20 GB image pulled on each, Ray started: well past pulumi-kubernetes'
+# default of 10 minutes.
+DEFAULT_READY_TIMEOUT_MINUTES = 60
+
+
+class RayTrainingClusterArgs(TypedDict):
+    platform: PlatformName
+    """a4, a3u or a4x: accelerator, GPUs and NICs per node, disk and /dev/shm sizes, Ray version."""
+    mode: Mode
+    gpu_nodes: int
+    """GPU nodes, one Ray worker each; the worker group is fixed at this size."""
+    namespace: str
+    service_account: str
+    """Kubernetes service account bound to the bucket (Workload Identity)."""
+    claim_name: str
+    """PersistentVolumeClaim of the GCS FUSE bucket, mounted at /data."""
+    name: NotRequired[str]
+    """RayCluster name; default the platform's (b200-ray-cluster, h200-ray-cluster, gb200-ray-cluster)."""
+    image: NotRequired[str]
+    """verl image; default the platform's pinned image."""
+    ray_version: NotRequired[str]
+    """Ray version inside `image`; default the platform's."""
+    worker_cpus: NotRequired[int]
+    """Default: from the machine's allocatable CPUs (Platform.worker_cpus)."""
+    worker_memory_gi: NotRequired[int]
+    """Default: from the machine's allocatable memory (Platform.worker_memory_gi)."""
+    worker_spot: NotRequired[bool]
+    """Autopilot: GPU workers on Spot capacity. Default False; the head is never on Spot."""
+    nic_claims: NotRequired[bool]
+    """A4X: NICs as DRA claims (DRANET), not multi-network interfaces. Default True on A4X."""
+    head_node_pool: NotRequired[str]
+    """Standard (A4/A3 Ultra): the on-demand CPU pool of the head. Default default-pool."""
+    verl_source_dir: NotRequired[str | None]
+    """Use this verl source tree from the bucket (e.g. /data/verl) instead of the image's verl."""
+    install_kuberay: NotRequired[bool]
+    """Install the namespace-scoped KubeRay operator Helm chart (only without the Ray add-on)."""
+    ready_timeout_minutes: NotRequired[int]
+    """How long `pulumi up` waits for the head and every worker to run."""
+
+
+def cluster_spec(args: RayTrainingClusterArgs) -> RayClusterSpec:
+    """The RayCluster's inputs: the args, with the platform's facts for what they leave out.
+
+    Raises ValueError naming every invalid value.
+    """
+    if args["platform"] not in PLATFORMS:
+        raise ValueError(f"platform = {args['platform']!r}: must be one of {', '.join(PLATFORMS)}")
+    platform = PLATFORMS[args["platform"]]
+    a4x = platform.name == "a4x"
+    return RayClusterSpec(
+        name=args.get("name") or platform.ray_cluster_name,
+        namespace=args["namespace"],
+        ray_version=args.get("ray_version") or platform.ray_version,
+        image=args.get("image") or platform.image,
+        service_account=args["service_account"],
+        claim_name=args["claim_name"],
+        mode=args["mode"],
+        accelerator=platform.accelerator,
+        gpus_per_node=platform.gpus_per_node,
+        worker_replicas=args["gpu_nodes"],
+        worker_cpus=args.get("worker_cpus") or platform.worker_cpus,
+        worker_memory_gi=args.get("worker_memory_gi") or platform.worker_memory_gi,
+        worker_ephemeral_gi=platform.worker_ephemeral_storage_gi,
+        shm_gi=platform.shm_size_gi,
+        ld_library_path=platform.ld_library_path,
+        rdma_nics=platform.rdma_nics,
+        a4x=a4x,
+        dra_nics=a4x and args.get("nic_claims", True),
+        worker_spot=args.get("worker_spot", False),
+        head_node_pool=args.get("head_node_pool") or "default-pool",
+        verl_source_dir=args.get("verl_source_dir"),
+    )
+
+
+class RayTrainingCluster(pulumi.ComponentResource):
+    """The verl RayCluster (awaited until every pod runs) and, if asked, its KubeRay operator."""
+
+    name: pulumi.Output[str]
+    head_service: pulumi.Output[str]
+    """`<name>-head-svc`: GCS 6379, dashboard and job API 8265, client 10001."""
+    namespace: pulumi.Output[str]
+
+    def __init__(self, name: str, args: RayTrainingClusterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("verl-gke:index:RayTrainingCluster", name, {}, opts)
+        spec = cluster_spec(args)
+        # Children don't inherit a component's depends_on: hand it down (see NetworkMapping).
+        waits_for = opts.depends_on if opts else None
+        child = pulumi.ResourceOptions(parent=self, depends_on=waits_for)
+        cluster_opts = child
+        if args.get("install_kuberay", False):
+            operator = k8s.helm.v3.Release(
+                f"{name}-kuberay-operator",
+                name=kuberay.CHART_NAME,
+                chart=kuberay.CHART_NAME,
+                version=kuberay.CHART_VERSION,
+                repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=kuberay.CHART_REPO),
+                namespace=spec.namespace,
+                values=kuberay.helm_values(namespace=spec.namespace),
+                opts=child,
+            )
+            # The chart brings the ray.io CRDs and the operator that acts on the RayCluster.
+            cluster_opts = child.merge(pulumi.ResourceOptions(depends_on=[operator]))
+        obj = ray_cluster(spec)
+        timeout = f"{args.get('ready_timeout_minutes', DEFAULT_READY_TIMEOUT_MINUTES)}m"
+        cluster = k8s.apiextensions.CustomResource(
+            f"{name}-ray-cluster",
+            api_version=obj["apiVersion"],
+            kind=obj["kind"],
+            metadata=obj["metadata"],
+            spec=obj["spec"],
+            opts=cluster_opts.merge(pulumi.ResourceOptions(
+                custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout),
+                # A fixed name: a replacement must delete the old cluster first.
+                delete_before_replace=True,
+            )),
+        )
+        self.name = cluster.metadata["name"]
+        self.head_service = self.name.apply(head_service_name)
+        self.namespace = cluster.metadata["namespace"]
+        self.register_outputs({"name": self.name, "head_service": self.head_service, "namespace": self.namespace})

@@ -1,0 +1,208 @@
+"""RayTrainingCluster and A4xDra under the mock engine: what each registers, through which provider,
+in which order, and the RayCluster / DRA objects as the engine would send them (schema-checked)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+import pytest
+
+from components.a4x_dra import A4xDra, A4xDraArgs
+from components.platforms import PLATFORMS
+from components.ray_training_cluster import RayTrainingCluster, RayTrainingClusterArgs, cluster_spec
+from manifests import dra, kuberay
+from manifests.ray_cluster import WAIT_FOR_READY, ray_cluster
+from tests.k8s_schema import validate_core, validate_custom
+from verl_gke import synth
+
+RAY_CLUSTER = "kubernetes:ray.io/v1:RayCluster"
+RELEASE = "kubernetes:helm.sh/v3:Release"
+
+
+class Recorder(synth.RecordingMonitor):
+    """Also keeps the options the engine gets that `Registration` leaves out."""
+
+    def __init__(self, mocks_: pulumi.runtime.Mocks) -> None:
+        super().__init__(mocks_)
+        self.options: dict[str, dict[str, Any]] = {}
+
+    def RegisterResource(self, request: Any) -> Any:
+        response = super().RegisterResource(request)
+        self.options[request.name] = {
+            "provider": request.provider.rsplit("::", 1)[0] if request.provider else None,
+            "timeouts": (request.customTimeouts.create, request.customTimeouts.update),
+            "delete_before_replace": request.deleteBeforeReplace,
+            "replace_on_changes": list(request.replaceOnChanges),
+        }
+        return response
+
+
+class Run:
+    def __init__(self, program: Callable[[], None]) -> None:
+        self.monitor = Recorder(synth.SynthMocks())
+        self.registrations, self.outputs = synth.run_in_mocks(program, monitor=self.monitor)
+        self.by_name = {r.name: r for r in self.registrations}
+
+    def of_type(self, type_: str) -> list[synth.Registration]:
+        return [r for r in self.registrations if r.type == type_]
+
+    def one(self, type_: str) -> synth.Registration:
+        (found,) = self.of_type(type_)
+        return found
+
+    def manifest(self, registration: synth.Registration) -> dict[str, Any]:
+        return {k: registration.inputs[k] for k in ("apiVersion", "kind", "metadata", "spec")}
+
+
+def ray_args(platform: str, mode: str = "standard", **overrides: Any) -> RayTrainingClusterArgs:
+    args: dict[str, Any] = {"platform": platform, "mode": mode, "gpu_nodes": 2, "namespace": "verl",
+                            "service_account": "verl-ray", "claim_name": "training-bucket-pvc"}
+    args.update(overrides)
+    return args  # type: ignore[return-value]
+
+
+def deploy(args: RayTrainingClusterArgs, dra_args: A4xDraArgs | None = None) -> Run:
+    """The program the lead wires, reduced to these components: one provider, a stand-in for
+    the resources the pods need first (GPU pool, bucket claim), and on A4X the DRA component."""
+
+    def program() -> None:
+        provider = k8s.Provider("k8s", kubeconfig="mock")
+        prerequisite = k8s.core.v1.ConfigMap("prerequisite", opts=pulumi.ResourceOptions(provider=provider))
+        waits_for: list[pulumi.Resource] = [prerequisite]
+        if dra_args is not None:
+            waits_for.append(A4xDra("dra", dra_args,
+                                    opts=pulumi.ResourceOptions(providers=[provider], depends_on=[prerequisite])))
+        cluster = RayTrainingCluster("ray", args, opts=pulumi.ResourceOptions(providers=[provider], depends_on=waits_for))
+        pulumi.export("name", cluster.name)
+        pulumi.export("headService", cluster.head_service)
+        pulumi.export("namespace", cluster.namespace)
+
+    return Run(program)
+
+
+PLATFORM_MODES = [(p, m) for p in PLATFORMS for m in ("autopilot", "standard")
+                  if m == "standard" or PLATFORMS[p].autopilot_supported]
+
+
+@pytest.mark.parametrize(("platform", "mode"), PLATFORM_MODES)
+def test_ray_cluster_is_the_builders_manifest_and_valid(platform: str, mode: str) -> None:
+    args = ray_args(platform, mode, worker_spot=mode == "autopilot")
+    run = deploy(args)
+    registration = run.one(RAY_CLUSTER)
+    sent = run.manifest(registration)
+    assert sent == ray_cluster(cluster_spec(args))
+    validate_custom(sent)
+    assert sent["metadata"]["name"] == PLATFORMS[platform].ray_cluster_name
+    assert sent["metadata"]["annotations"] == {"pulumi.com/waitFor": WAIT_FOR_READY}
+    assert run.outputs == {"name": PLATFORMS[platform].ray_cluster_name,
+                           "headService": f"{PLATFORMS[platform].ray_cluster_name}-head-svc",
+                           "namespace": "verl"}
+
+
+def test_every_child_uses_the_one_provider_and_waits_for_the_prerequisites() -> None:
+    run = deploy(ray_args("a4x", install_kuberay=True), {"namespace": "verl", "gpu_nodes": 2})
+    provider = run.by_name["k8s"].urn
+    children = [r for r in run.registrations if r.custom and r.name not in ("k8s", "prerequisite")]
+    assert len(children) == 7
+    assert {run.monitor.options[r.name]["provider"] for r in children} == {provider}
+    prerequisite = run.by_name["prerequisite"].urn
+    assert all(prerequisite in r.dependencies for r in children)
+    components = {run.by_name["ray"].urn, run.by_name["dra"].urn}
+    assert {r.parent for r in children} == components
+
+
+def test_cluster_is_awaited_with_a_long_timeout_and_replaced_delete_first() -> None:
+    options = deploy(ray_args("a4")).monitor.options["ray-ray-cluster"]
+    assert options["timeouts"] == ("60m", "60m")
+    assert options["delete_before_replace"] is True
+    options = deploy(ray_args("a4", ready_timeout_minutes=90)).monitor.options["ray-ray-cluster"]
+    assert options["timeouts"] == ("90m", "90m")
+
+
+def test_overrides_reach_the_manifest() -> None:
+    args = ray_args("a3u", name="my-ray", image="verlai/verl:vllm011.dev7", ray_version="2.49.1",
+                    worker_cpus=200, worker_memory_gi=2000, gpu_nodes=3, head_node_pool="cpu-pool",
+                    verl_source_dir="/data/verl")
+    run = deploy(args)
+    sent = run.manifest(run.one(RAY_CLUSTER))
+    worker = sent["spec"]["workerGroupSpecs"][0]
+    pod = worker["template"]["spec"]
+    assert sent["metadata"]["name"] == "my-ray"
+    assert sent["spec"]["rayVersion"] == "2.49.1"
+    assert pod["containers"][0]["image"] == "verlai/verl:vllm011.dev7"
+    assert pod["containers"][0]["resources"]["requests"]["cpu"] == "200"
+    assert pod["containers"][0]["resources"]["requests"]["memory"] == "2000Gi"
+    assert (worker["replicas"], worker["minReplicas"], worker["maxReplicas"]) == (3, 3, 3)
+    assert sent["spec"]["headGroupSpec"]["template"]["spec"]["nodeSelector"] == {"cloud.google.com/gke-nodepool": "cpu-pool"}
+    assert {"name": "PYTHONPATH", "value": "/data/verl"} in pod["containers"][0]["env"]
+    assert run.outputs["headService"] == "my-ray-head-svc"
+
+
+def test_kuberay_operator_only_when_asked_and_before_the_cluster() -> None:
+    assert deploy(ray_args("a4x")).of_type(RELEASE) == []
+    run = deploy(ray_args("a4x", install_kuberay=True), {"namespace": "verl", "gpu_nodes": 2})
+    (operator,) = [r for r in run.of_type(RELEASE) if r.inputs["chart"] == "kuberay-operator"]
+    assert operator.inputs["name"] == "kuberay-operator"
+    assert operator.inputs["version"] == kuberay.CHART_VERSION == "1.6.2"
+    assert operator.inputs["repositoryOpts"] == {"repo": "https://ray-project.github.io/kuberay-helm/"}
+    assert operator.inputs["namespace"] == "verl"
+    assert operator.inputs["values"] == {"singleNamespaceInstall": True, "watchNamespace": ["verl"]}
+    assert operator.urn in run.one(RAY_CLUSTER).dependencies
+
+
+def test_a4x_dra_registers_the_tutorials_objects_in_order() -> None:
+    run = deploy(ray_args("a4x"), {"namespace": "verl", "gpu_nodes": 4})
+    namespace = run.by_name["dra-namespace"]
+    quota = run.by_name["dra-quota"]
+    driver = run.one(RELEASE)
+    template = run.by_name["dra-rdma-nic"]
+    domain = run.by_name["dra-compute-domain"]
+    assert namespace.inputs["metadata"] == {"name": "nvidia-dra-driver-gpu"}
+    assert quota.inputs["spec"]["hard"] == {"pods": "9"}
+    assert driver.inputs["name"] == driver.inputs["chart"] == "nvidia-dra-driver-gpu"
+    assert driver.inputs["version"] == "25.3.2"
+    assert driver.inputs["repositoryOpts"] == {"repo": "https://helm.ngc.nvidia.com/nvidia"}
+    assert driver.inputs["namespace"] == "nvidia-dra-driver-gpu"
+    assert driver.inputs["values"] == dra.helm_values()
+    assert run.manifest(template) == dra.rdma_claim_template(namespace="verl")
+    assert run.manifest(domain) == dra.compute_domain(namespace="verl", gpu_nodes=4)
+    # Namespace, then its quota, then the driver (whose pods the quota admits), then the domain.
+    assert namespace.urn in quota.dependencies
+    assert quota.urn in driver.dependencies
+    assert driver.urn in domain.dependencies
+    assert run.monitor.options["dra-compute-domain"]["replace_on_changes"] == ["spec"]
+    assert run.monitor.options["dra-compute-domain"]["delete_before_replace"] is True
+    # The Ray workers' claims exist before the RayCluster.
+    cluster = run.one(RAY_CLUSTER)
+    assert {template.urn, domain.urn} <= set(cluster.dependencies)
+
+
+def test_a4x_dra_objects_are_valid_as_sent() -> None:
+    run = deploy(ray_args("a4x"), {"namespace": "verl", "gpu_nodes": 2})
+    for name in ("dra-namespace", "dra-quota", "dra-rdma-nic"):
+        registration = run.by_name[name]
+        validate_core({k: v for k, v in registration.inputs.items() if k in ("apiVersion", "kind", "metadata", "spec")})
+    validate_custom(run.manifest(run.by_name["dra-compute-domain"]))
+
+
+def test_a4x_on_multi_network_has_no_nic_claim_template() -> None:
+    run = deploy(ray_args("a4x", nic_claims=False), {"namespace": "verl", "gpu_nodes": 2, "nic_claims": False})
+    assert "dra-rdma-nic" not in run.by_name
+    pod = run.manifest(run.one(RAY_CLUSTER))["spec"]["workerGroupSpecs"][0]["template"]["spec"]
+    assert [c["name"] for c in pod["resourceClaims"]] == ["compute-domain-channel"]
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"platform": "a5"}, "platform = 'a5': must be one of a4, a3u, a4x"),
+    ({"platform": "a4x", "mode": "autopilot"}, "A4X (GB200) runs only on Standard clusters"),
+    ({"gpu_nodes": 0}, "worker_replicas = 0: must be a whole number, at least 1"),
+    ({"mode": "standard", "worker_spot": True}, "worker_spot = True: applies to Autopilot only"),
+])
+def test_bad_args_are_refused_with_the_value_and_what_is_allowed(overrides: dict[str, Any], message: str) -> None:
+    args: RayTrainingClusterArgs = {**ray_args("a4"), **overrides}  # type: ignore[typeddict-item]
+    with pytest.raises(ValueError, match=re.escape(message)):
+        cluster_spec(args)
