@@ -1,0 +1,113 @@
+"""The tutorial's "Prepare the model and data", done by the cluster: a Job that writes the model
+and GSM8K into the bucket, and that `pulumi up` waits for.
+
+Pass the cluster's Kubernetes provider in the args and the GcsFuseStorage component in
+`opts.depends_on`: the Job then starts once the bucket, its role binding, the claim and the token
+Secret exist. It needs no GPU, so it runs while the GPU node pool is still being created. Whatever
+reads the data should take `model_path`, `train_files` or `val_files` from here: they resolve only
+once the Job has succeeded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NotRequired, TypedDict
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from manifests import staging, storage
+from workloads import stage_data
+
+
+class DataStagingArgs(TypedDict):
+    namespace: str
+    """Namespace of the bucket claim, the token Secret and the service account."""
+    service_account: str
+    """Kubernetes service account allowed into the bucket."""
+    model_repo: str
+    """Hugging Face model, e.g. Qwen/Qwen2.5-32B-Instruct."""
+    model_revision: str
+    """40-hex commit of the model repository."""
+    model_dir: str
+    """Directory under /data for the model, e.g. Qwen2.5-32B-Instruct."""
+    dataset_repo: str
+    """Hugging Face dataset with GSM8K's layout, e.g. openai/gsm8k."""
+    dataset_revision: str
+    """40-hex commit of the dataset repository."""
+    timeout_minutes: int
+    """How long `pulumi up` waits for the Job; Kubernetes also stops the Job then."""
+    k8s_provider: k8s.Provider
+    """The cluster's Kubernetes provider."""
+    dataset_config: NotRequired[str]
+    """The dataset's config (default `main`, as verl's preprocessing)."""
+
+
+class DataStaging(pulumi.ComponentResource):
+    """The script ConfigMap and the staging Job."""
+
+    job_name: pulumi.Output[str]
+    model_path: pulumi.Output[str]
+    """/data/<model dir>, once staged."""
+    train_files: pulumi.Output[str]
+    """/data/gsm8k/train.parquet, once staged."""
+    val_files: pulumi.Output[str]
+    """/data/gsm8k/test.parquet, once staged."""
+
+    def __init__(self, name: str, args: DataStagingArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("verl-gke:index:DataStaging", name, {}, opts)
+        # Children don't inherit a component's depends_on: hand it down so the Job waits for storage.
+        waits_for = opts.depends_on if opts else None
+        child = pulumi.ResourceOptions(parent=self, provider=args["k8s_provider"], depends_on=waits_for)
+        ns = args["namespace"]
+        script = Path(stage_data.__file__).read_text()
+
+        cm = staging.script_config_map(namespace=ns, script=script)
+        config_map = k8s.core.v1.ConfigMap(f"{name}-script", metadata=cm["metadata"], data=cm["data"], opts=child)
+
+        spec = staging.StagingSpec(
+            namespace=ns,
+            service_account=args["service_account"],
+            model_repo=args["model_repo"],
+            model_revision=args["model_revision"],
+            model_dir=args["model_dir"],
+            dataset_repo=args["dataset_repo"],
+            dataset_revision=args["dataset_revision"],
+            dataset_config=args.get("dataset_config", stage_data.DEFAULT_DATASET_CONFIG),
+            script_digest=staging.script_digest(script),
+            deadline_seconds=args["timeout_minutes"] * 60,
+        )
+        manifest = staging.staging_job(spec)
+        timeout = f"{args['timeout_minutes']}m"
+        job = k8s.batch.v1.Job(
+            f"{name}-job",
+            metadata=manifest["metadata"],
+            spec=manifest["spec"],
+            opts=child.merge(
+                pulumi.ResourceOptions(
+                    depends_on=[config_map],
+                    # pulumi-kubernetes waits for a Job to complete (and fails the update if the Job
+                    # fails); the default 10 minutes is far too short for a 66 GB download.
+                    custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout),
+                    # The Job has a fixed name: a new one can only exist once the old one is gone.
+                    delete_before_replace=True,
+                )
+            ),
+        )
+
+        def once_staged(path: str) -> pulumi.Output[str]:
+            return job.metadata.apply(lambda _: path)
+
+        data = storage.MOUNT_PATH
+        self.job_name = job.metadata["name"]
+        self.model_path = once_staged(f"{data}/{args['model_dir']}")
+        self.train_files = once_staged(f"{data}/{stage_data.DATASET_DIR}/train.parquet")
+        self.val_files = once_staged(f"{data}/{stage_data.DATASET_DIR}/test.parquet")
+        self.register_outputs(
+            {
+                "job_name": self.job_name,
+                "model_path": self.model_path,
+                "train_files": self.train_files,
+                "val_files": self.val_files,
+            }
+        )

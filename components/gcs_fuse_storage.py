@@ -1,0 +1,153 @@
+"""The tutorial's "Prepare data and storage": the training bucket, the identity allowed into it,
+the GCS FUSE volume every pod mounts at /data, and the Hugging Face token Secret.
+
+Pass the GKE cluster's Kubernetes provider in the args. Whatever must not start before the bucket
+is usable (the staging Job, the Ray cluster) can depend on this component as a whole, or use
+`service_account_name`, which resolves only once the service account may use the bucket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NotRequired, TypedDict
+
+import pulumi
+import pulumi_kubernetes as k8s
+from pulumi_gcp import storage as gcs
+
+from manifests import storage
+
+BUCKET_ROLE = "roles/storage.objectUser"
+"""Read, write and delete objects in this one bucket: what training, checkpoints and staging need."""
+DEFAULT_LABELS = {"app": "verl-gke"}
+
+
+class GcsFuseStorageArgs(TypedDict):
+    project: str
+    """Project that owns the bucket; its Workload Identity pool is `<project>.svc.id.goog`."""
+    project_number: pulumi.Input[str]
+    """The project's number (`gcp.organizations.get_project().number`): the principal names it."""
+    region: str
+    """Bucket location: the cluster's region, as the tutorial's `--location=${REGION}`."""
+    bucket_name: str
+    """Bucket that every Ray pod and the staging Job mount at /data."""
+    force_destroy: bool
+    """Let `pulumi destroy` delete the bucket with its checkpoints and model copy."""
+    namespace: str
+    """Namespace of the service account, the claim and the Secret; created unless `default`."""
+    service_account: str
+    """Kubernetes service account whose Workload Identity may read and write the bucket."""
+    hf_token: pulumi.Input[str]
+    """Hugging Face token; stored as a secret whatever the caller passes."""
+    k8s_provider: k8s.Provider
+    """The cluster's Kubernetes provider; every Kubernetes child uses it."""
+    capacity: NotRequired[str]
+    """Size the volume and the claim declare (default 768Gi, the tutorial's). GCS does not enforce it."""
+    labels: NotRequired[Mapping[str, str]]
+    """Extra bucket labels, added to `app: verl-gke`."""
+
+
+def workload_identity_principal(*, project_number: str, project: str, namespace: str, service_account: str) -> str:
+    """The IAM principal of a Kubernetes service account, without a Google service account
+    (the tutorial's `--member "principal://..."`, FIELD-NOTES 3)."""
+    return (
+        f"principal://iam.googleapis.com/projects/{project_number}/locations/global/workloadIdentityPools/"
+        f"{project}.svc.id.goog/subject/ns/{namespace}/sa/{service_account}"
+    )
+
+
+class GcsFuseStorage(pulumi.ComponentResource):
+    """A bucket, the identity allowed into it, and the FUSE volume every Ray pod mounts."""
+
+    bucket_name: pulumi.Output[str]
+    bucket_url: pulumi.Output[str]
+    """`gs://<bucket>`."""
+    namespace: pulumi.Output[str]
+    service_account_name: pulumi.Output[str]
+    """The service account's name, known only once it has its role on the bucket."""
+    claim_name: pulumi.Output[str]
+    """The PersistentVolumeClaim to mount at /data."""
+    hf_secret_name: pulumi.Output[str]
+
+    def __init__(self, name: str, args: GcsFuseStorageArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("verl-gke:index:GcsFuseStorage", name, {}, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        ns = args["namespace"]
+        capacity = args.get("capacity", storage.DEFAULT_CAPACITY)
+
+        bucket = gcs.Bucket(
+            f"{name}-bucket",
+            name=args["bucket_name"],
+            project=args["project"],
+            location=args["region"].upper(),
+            uniform_bucket_level_access=True,
+            hierarchical_namespace={"enabled": True},
+            # Model weights and checkpoints are never meant to be public.
+            public_access_prevention="enforced",
+            force_destroy=args["force_destroy"],
+            labels={**DEFAULT_LABELS, **args.get("labels", {})},
+            opts=child,
+        )
+        member = pulumi.Output.from_input(args["project_number"]).apply(
+            lambda number: workload_identity_principal(
+                project_number=str(number),
+                project=args["project"],
+                namespace=ns,
+                service_account=args["service_account"],
+            )
+        )
+        access = gcs.BucketIAMMember(
+            f"{name}-bucket-object-user", bucket=bucket.name, role=BUCKET_ROLE, member=member, opts=child
+        )
+
+        k8s_child = child.merge(pulumi.ResourceOptions(provider=args["k8s_provider"]))
+        self.namespace = pulumi.Output.from_input(ns)
+        in_namespace = k8s_child
+        if ns != "default":
+            namespace = k8s.core.v1.Namespace(f"{name}-namespace", metadata={"name": ns}, opts=k8s_child)
+            in_namespace = k8s_child.merge(pulumi.ResourceOptions(depends_on=[namespace]))
+            self.namespace = namespace.metadata["name"]
+
+        ksa = storage.service_account(name=args["service_account"], namespace=ns)
+        account = k8s.core.v1.ServiceAccount(f"{name}-ksa", metadata=ksa["metadata"], opts=in_namespace)
+
+        pv = storage.persistent_volume(bucket=args["bucket_name"], namespace=ns, capacity=capacity)
+        # The volume names the bucket by a plain string: make it wait for the bucket explicitly.
+        volume = k8s.core.v1.PersistentVolume(
+            f"{name}-pv",
+            metadata=pv["metadata"],
+            spec=pv["spec"],
+            opts=k8s_child.merge(pulumi.ResourceOptions(depends_on=[bucket])),
+        )
+        pvc = storage.persistent_volume_claim(namespace=ns, capacity=capacity)
+        claim = k8s.core.v1.PersistentVolumeClaim(
+            f"{name}-pvc",
+            metadata=pvc["metadata"],
+            spec=pvc["spec"],
+            opts=in_namespace.merge(pulumi.ResourceOptions(depends_on=[volume])),
+        )
+
+        secret = storage.hf_token_secret(namespace=ns, token=pulumi.Output.secret(args["hf_token"]))
+        hf_secret = k8s.core.v1.Secret(
+            f"{name}-hf-secret",
+            metadata=secret["metadata"],
+            type=secret["type"],
+            string_data=secret["stringData"],
+            opts=in_namespace,
+        )
+
+        self.bucket_name = bucket.name
+        self.bucket_url = bucket.url
+        self.service_account_name = pulumi.Output.all(account.metadata["name"], access.id).apply(lambda v: v[0])
+        self.claim_name = claim.metadata["name"]
+        self.hf_secret_name = hf_secret.metadata["name"]
+        self.register_outputs(
+            {
+                "bucket_name": self.bucket_name,
+                "bucket_url": self.bucket_url,
+                "namespace": self.namespace,
+                "service_account_name": self.service_account_name,
+                "claim_name": self.claim_name,
+                "hf_secret_name": self.hf_secret_name,
+            }
+        )

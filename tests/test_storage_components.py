@@ -1,0 +1,321 @@
+"""GcsFuseStorage and DataStaging under the mock engine: every value the tutorial's "Prepare data and
+storage" and "Prepare the model and data" steps fix, the order things wait for each other, and the
+Hugging Face token never reaching the engine in clear."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+import pytest
+from google.protobuf import json_format
+
+from components.data_staging import DataStaging
+from components.gcs_fuse_storage import GcsFuseStorage, workload_identity_principal
+from manifests import staging, storage
+from verl_gke import synth
+from workloads import stage_data
+
+TOKEN = "hf_TESTTOKENxx0123456789"
+PROJECT = "my-project-123"
+BUCKET = "verl-data-my-project-123"
+MODEL_REV = "5ede1c97bbab6ce5cda5812749b4c0bdf79b18dd"
+DATASET_REV = "740312add88f781978c0658806c59bc2815b9866"
+
+
+class Recorder(synth.RecordingMonitor):
+    """Keeps, per logical name, the register request as sent: inputs before any masking, the
+    provider reference and the resource options that don't show in the inputs."""
+
+    def __init__(self, mocks_: pulumi.runtime.Mocks) -> None:
+        super().__init__(mocks_)
+        self.raw: dict[str, dict[str, Any]] = {}
+        self.provider: dict[str, str] = {}
+        self.timeouts: dict[str, tuple[str, str]] = {}
+        self.delete_before_replace: dict[str, bool] = {}
+
+    def RegisterResource(self, request: Any) -> Any:
+        response = super().RegisterResource(request)
+        self.raw[request.name] = json_format.MessageToDict(request.object)
+        self.provider[request.name] = request.provider.rsplit("::", 1)[0]
+        self.timeouts[request.name] = (request.customTimeouts.create, request.customTimeouts.update)
+        self.delete_before_replace[request.name] = request.deleteBeforeReplace
+        return response
+
+
+class Result:
+    def __init__(self, namespace: str, token: Any) -> None:
+        self.monitor = Recorder(synth.SynthMocks())
+
+        def program() -> None:
+            provider = k8s.Provider("k8s", kubeconfig="apiVersion: v1")
+            hf_token = pulumi.Output.secret(TOKEN) if token == "secret" else TOKEN
+            store = GcsFuseStorage(
+                "storage",
+                {
+                    "project": PROJECT,
+                    "project_number": pulumi.Output.from_input(synth.MOCK_PROJECT_NUMBER),
+                    "region": "us-central1",
+                    "bucket_name": BUCKET,
+                    "force_destroy": False,
+                    "namespace": namespace,
+                    "service_account": "verl-ray",
+                    "hf_token": hf_token,
+                    "k8s_provider": provider,
+                    "labels": {"stack": "a4"},
+                },
+            )
+            data = DataStaging(
+                "staging",
+                {
+                    "namespace": namespace,
+                    "service_account": "verl-ray",
+                    "model_repo": "Qwen/Qwen2.5-32B-Instruct",
+                    "model_revision": MODEL_REV,
+                    "model_dir": "Qwen2.5-32B-Instruct",
+                    "dataset_repo": "openai/gsm8k",
+                    "dataset_revision": DATASET_REV,
+                    "timeout_minutes": 180,
+                    "k8s_provider": provider,
+                },
+                opts=pulumi.ResourceOptions(depends_on=[store]),
+            )
+            for key in ("bucket_name", "bucket_url", "namespace", "service_account_name", "claim_name",
+                        "hf_secret_name"):
+                pulumi.export(f"storage.{key}", getattr(store, key))
+            for key in ("job_name", "model_path", "train_files", "val_files"):
+                pulumi.export(f"staging.{key}", getattr(data, key))
+
+        self.registrations, self.outputs = synth.run_in_mocks(program, monitor=self.monitor)
+        self.by_name = {r.name: r for r in self.registrations}
+
+    def inputs(self, name: str) -> dict[str, Any]:
+        return self.by_name[name].inputs
+
+    def urn(self, name: str) -> str:
+        return self.by_name[name].urn
+
+
+@pytest.fixture(scope="module")
+def run() -> Result:
+    return Result("ml", token="secret")
+
+
+@pytest.fixture(scope="module")
+def run_default_ns() -> Result:
+    return Result("default", token="plain")
+
+
+K8S_CHILDREN = ["storage-namespace", "storage-ksa", "storage-pv", "storage-pvc", "storage-hf-secret",
+                "staging-script", "staging-job"]
+
+
+def test_registers_what_the_tutorial_creates(run: Result) -> None:
+    # Registration order follows when inputs resolve, so compare as a set.
+    assert {(r.type, r.name) for r in run.registrations} == {
+        ("pulumi:providers:kubernetes", "k8s"),
+        ("verl-gke:index:GcsFuseStorage", "storage"),
+        ("gcp:storage/bucket:Bucket", "storage-bucket"),
+        ("gcp:storage/bucketIAMMember:BucketIAMMember", "storage-bucket-object-user"),
+        ("kubernetes:core/v1:Namespace", "storage-namespace"),
+        ("kubernetes:core/v1:ServiceAccount", "storage-ksa"),
+        ("kubernetes:core/v1:PersistentVolume", "storage-pv"),
+        ("kubernetes:core/v1:PersistentVolumeClaim", "storage-pvc"),
+        ("kubernetes:core/v1:Secret", "storage-hf-secret"),
+        ("verl-gke:index:DataStaging", "staging"),
+        ("kubernetes:core/v1:ConfigMap", "staging-script"),
+        ("kubernetes:batch/v1:Job", "staging-job"),
+    }
+    assert len(run.registrations) == 12
+
+
+def test_no_namespace_is_created_for_default(run_default_ns: Result) -> None:
+    assert "storage-namespace" not in run_default_ns.by_name
+    assert run_default_ns.outputs["storage.namespace"] == "default"
+    assert run_default_ns.inputs("storage-pvc")["metadata"]["namespace"] == "default"
+
+
+def test_bucket(run: Result) -> None:
+    bucket = run.inputs("storage-bucket")
+    assert bucket["name"] == BUCKET
+    assert bucket["project"] == PROJECT
+    assert bucket["location"] == "US-CENTRAL1"
+    assert bucket["uniformBucketLevelAccess"] is True
+    assert bucket["hierarchicalNamespace"] == {"enabled": True}
+    assert bucket["publicAccessPrevention"] == "enforced"
+    assert bucket["forceDestroy"] is False
+    assert bucket["labels"] == {"app": "verl-gke", "stack": "a4"}
+
+
+def test_bucket_role_for_the_workload_identity_principal_only(run: Result) -> None:
+    binding = run.inputs("storage-bucket-object-user")
+    assert binding["bucket"] == BUCKET
+    assert binding["role"] == "roles/storage.objectUser"
+    assert binding["member"] == (
+        "principal://iam.googleapis.com/projects/123456789012/locations/global/workloadIdentityPools/"
+        "my-project-123.svc.id.goog/subject/ns/ml/sa/verl-ray"
+    )
+    assert run.urn("storage-bucket") in run.by_name["storage-bucket-object-user"].dependencies
+
+
+def test_principal_format() -> None:
+    principal = workload_identity_principal(project_number="42", project="p-1", namespace="default", service_account="a")
+    assert principal == (
+        "principal://iam.googleapis.com/projects/42/locations/global/workloadIdentityPools/p-1.svc.id.goog/"
+        "subject/ns/default/sa/a"
+    )
+
+
+def test_kubernetes_objects_are_the_manifest_builders(run: Result) -> None:
+    assert run.inputs("storage-namespace")["metadata"] == {"name": "ml"}
+    assert run.inputs("storage-ksa")["metadata"] == {"name": "verl-ray", "namespace": "ml"}
+    pv = storage.persistent_volume(bucket=BUCKET, namespace="ml")
+    assert run.inputs("storage-pv")["metadata"] == pv["metadata"]
+    assert run.inputs("storage-pv")["spec"] == pv["spec"]
+    pvc = storage.persistent_volume_claim(namespace="ml")
+    assert run.inputs("storage-pvc")["metadata"] == pvc["metadata"]
+    assert run.inputs("storage-pvc")["spec"] == pvc["spec"]
+    secret = run.inputs("storage-hf-secret")
+    assert secret["metadata"] == {"name": "hf-secret", "namespace": "ml"}
+    assert secret["type"] == "Opaque"
+    assert secret["stringData"] == "[secret]"
+
+
+def test_volume_keeps_the_tutorials_mount_options(run: Result) -> None:
+    spec = run.inputs("storage-pv")["spec"]
+    assert len(spec["mountOptions"]) == 11
+    assert spec["csi"]["volumeHandle"] == BUCKET
+    assert spec["persistentVolumeReclaimPolicy"] == "Retain"
+
+
+def test_every_kubernetes_child_uses_the_one_provider(run: Result) -> None:
+    provider = run.urn("k8s")
+    for name in K8S_CHILDREN:
+        assert run.monitor.provider[name] == provider, name
+
+
+def test_children_are_parented(run: Result) -> None:
+    for name in ("storage-bucket", "storage-bucket-object-user", *K8S_CHILDREN[:5]):
+        assert run.by_name[name].parent == run.urn("storage"), name
+    for name in K8S_CHILDREN[5:]:
+        assert run.by_name[name].parent == run.urn("staging"), name
+
+
+def test_storage_order(run: Result) -> None:
+    deps = {name: run.by_name[name].dependencies for name in K8S_CHILDREN}
+    assert run.urn("storage-bucket") in deps["storage-pv"]
+    assert run.urn("storage-pv") in deps["storage-pvc"]
+    for name in ("storage-ksa", "storage-pvc", "storage-hf-secret"):
+        assert run.urn("storage-namespace") in deps[name], name
+
+
+def test_storage_outputs(run: Result) -> None:
+    assert {k: v for k, v in run.outputs.items() if k.startswith("storage.")} == {
+        "storage.bucket_name": BUCKET,
+        "storage.bucket_url": f"gs://{BUCKET}",
+        "storage.namespace": "ml",
+        "storage.service_account_name": "verl-ray",
+        "storage.claim_name": "training-bucket-pvc",
+        "storage.hf_secret_name": "hf-secret",
+    }
+
+
+# --- the token ----------------------------------------------------------------------------------
+
+
+def _without_secrets(value: Any) -> Any:
+    """A raw property value with every secret-wrapped value removed."""
+    if isinstance(value, dict):
+        if value.get(pulumi.runtime.rpc._special_sig_key) == pulumi.runtime.rpc._special_secret_sig:
+            return "<secret>"
+        return {k: _without_secrets(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_secrets(v) for v in value]
+    return value
+
+
+@pytest.mark.parametrize("fixture", ["run", "run_default_ns"])
+def test_token_reaches_the_engine_only_as_a_secret(fixture: str, request: pytest.FixtureRequest) -> None:
+    result: Result = request.getfixturevalue(fixture)
+    raw = json.dumps(result.monitor.raw)
+    # The token is sent (the Secret needs it), so this test would see it in clear if it were...
+    assert TOKEN in raw
+    # ...but only ever inside secret-marked values, whether the caller passed a secret or not.
+    assert TOKEN not in json.dumps(_without_secrets(result.monitor.raw))
+    assert TOKEN not in json.dumps([r.__dict__ for r in result.registrations])
+    assert TOKEN not in json.dumps(result.outputs)
+
+
+def test_job_reads_the_token_from_the_secret_not_a_literal(run: Result) -> None:
+    raw = run.monitor.raw["staging-job"]
+    assert TOKEN not in json.dumps(raw)
+    (container,) = raw["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["HF_TOKEN"] == {
+        "name": "HF_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "hf-secret", "key": "hf_api_token"}},
+    }
+
+
+# --- staging ------------------------------------------------------------------------------------
+
+
+def test_config_map_holds_the_script(run: Result) -> None:
+    assert run.inputs("staging-script")["data"] == {"stage_data.py": Path(stage_data.__file__).read_text()}
+    assert run.inputs("staging-script")["metadata"]["name"] == "stage-data-script"
+    assert run.inputs("staging-script")["metadata"]["namespace"] == "ml"
+
+
+def test_job_is_the_manifest_builders(run: Result) -> None:
+    expected = staging.staging_job(
+        staging.StagingSpec(
+            namespace="ml",
+            service_account="verl-ray",
+            model_repo="Qwen/Qwen2.5-32B-Instruct",
+            model_revision=MODEL_REV,
+            model_dir="Qwen2.5-32B-Instruct",
+            dataset_repo="openai/gsm8k",
+            dataset_revision=DATASET_REV,
+            dataset_config="main",
+            script_digest=staging.script_digest(Path(stage_data.__file__).read_text()),
+            deadline_seconds=10800,
+        )
+    )
+    job = run.inputs("staging-job")
+    assert job["metadata"] == expected["metadata"]
+    assert job["spec"] == expected["spec"]
+    assert job["spec"]["activeDeadlineSeconds"] == 10800
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"][4:8] == [
+        "--model-repo", "Qwen/Qwen2.5-32B-Instruct", "--model-revision", MODEL_REV,
+    ]
+
+
+def test_pulumi_waits_for_the_job_as_long_as_configured(run: Result) -> None:
+    assert run.monitor.timeouts["staging-job"] == ("180m", "180m")
+    assert run.monitor.delete_before_replace["staging-job"] is True
+    assert run.monitor.timeouts["staging-script"] == ("", "")
+
+
+def test_job_waits_for_storage_and_its_script(run: Result) -> None:
+    deps = run.by_name["staging-job"].dependencies
+    for name in ("staging-script", "storage-bucket-object-user", "storage-ksa", "storage-pvc", "storage-hf-secret"):
+        assert run.urn(name) in deps, name
+
+
+def test_job_does_not_wait_for_anything_else(run: Result) -> None:
+    # Storage's children and the script only: the Job runs while the GPU pool is still created.
+    allowed = {run.urn(n) for n in ("staging-script", "storage-bucket", "storage-bucket-object-user",
+                                    *K8S_CHILDREN[:5])}
+    assert set(run.by_name["staging-job"].dependencies) <= allowed
+
+
+def test_staging_outputs(run: Result) -> None:
+    assert {k: v for k, v in run.outputs.items() if k.startswith("staging.")} == {
+        "staging.job_name": "stage-data",
+        "staging.model_path": "/data/Qwen2.5-32B-Instruct",
+        "staging.train_files": "/data/gsm8k/train.parquet",
+        "staging.val_files": "/data/gsm8k/test.parquet",
+    }
