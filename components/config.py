@@ -31,15 +31,17 @@ _PROJECT_ID = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
 _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 _ZONE = re.compile(r"^([a-z]+-[a-z]+[0-9]+)-[a-z]$")
 _QUANTITY = re.compile(r"^[0-9]+(Ki|Mi|Gi|Ti|Pi)$")
-_K8S_VERSION = re.compile(r"^1\.([0-9]+)(\.[0-9]+(-gke\.[0-9]+)?)?$")
+_K8S_VERSION = re.compile(r"^1\.([0-9]+)(?:\.([0-9]+)(?:-gke\.([0-9]+))?)?$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _IMAGE_PINNED = re.compile(r"^[^:@\s]+(:(?!latest$)[\w][\w.-]{0,127}|@sha256:[0-9a-f]{64})$")
 
 # GKE's max cluster name length; GCE resource names are at most 63 characters.
 _MAX_CLUSTER_NAME = 40
 _MAX_GCE_NAME = 63
-# DRA (resource.k8s.io/v1) and DRANET need GKE 1.34+ (FIELD-NOTES 3 and 4).
+# DRA (resource.k8s.io/v1) needs GKE 1.34+, DRANET 1.34.1-gke.1829001+ (FIELD-NOTES 3 and 4).
 _A4X_MIN_MINOR = 34
+_DRANET_MIN = (34, 1, 1829001)
+_DRANET_MIN_TEXT = "1.34.1-gke.1829001"
 
 # Qwen/Qwen2.5-32B-Instruct and openai/gsm8k pinned to commits so staging is reproducible.
 DEFAULT_MODEL = "Qwen/Qwen2.5-32B-Instruct"
@@ -80,7 +82,7 @@ class StackConfig(BaseModel):
     existing_cluster: bool = False
     cluster_location: str = ""
     release_channel: Literal["RAPID", "REGULAR", "STABLE"] = "REGULAR"
-    kubernetes_version: str = "1.34"
+    kubernetes_version: str = "1.34.1-gke.1829001"
     deletion_protection: bool = False
     ray_operator: Literal["addon", "helm"] = "addon"
     cpu_machine_type: str = "c2-standard-16"
@@ -159,6 +161,11 @@ class StackConfig(BaseModel):
     def rdma_nics(self) -> int:
         """RDMA subnets this stack creates: 8 on A4/A3U, 0 on A4X with DRANET."""
         return _rdma_nics(self.facts, self.a4x_networking)
+
+    @property
+    def kubernetes_minor(self) -> str:
+        """`1.34` of `1.34.1-gke.1829001`: the API schema version manifests are checked against."""
+        return ".".join(self.kubernetes_version.split("-")[0].split(".")[:2])
 
     @property
     def total_gpus(self) -> int:
@@ -337,6 +344,10 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
     elif cfg.platform == "a4x" and int(minor.group(1)) < _A4X_MIN_MINOR:
         add("kubernetes_version", cfg.kubernetes_version,
             f"A4X needs 1.{_A4X_MIN_MINOR} or newer (DRA resource.k8s.io/v1 and DRANET).")
+    elif (cfg.platform == "a4x" and cfg.a4x_networking == "dranet"
+          and tuple(int(g or 0) for g in minor.groups()) < _DRANET_MIN):
+        add("kubernetes_version", cfg.kubernetes_version,
+            f"DRANET needs {_DRANET_MIN_TEXT} or newer; pin at least that version.")
     if cfg.cpu_min_nodes > cfg.cpu_max_nodes:
         add("cpu_min_nodes", cfg.cpu_min_nodes, f"must be <= cpuMaxNodes ({cfg.cpu_max_nodes}).")
     if cfg.gpu_nodes > cfg.gpu_max_nodes:

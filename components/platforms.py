@@ -54,6 +54,8 @@ class Platform:
     worker_ephemeral_storage_gi: int = 1000
     shm_size_gi: int = 250
     autopilot_supported: bool = True
+    accelerator_topology: str | None = None
+    """NVLink domain shape for COMPACT placement (A4X: one 72-GPU NVL72 rack, Cluster Toolkit gke-a4x)."""
     nccl_installer: dict[str, str] = field(default_factory=dict)
     """NCCL RDMA installer manifest per cluster mode (path under gpudirect-rdma/)."""
 
@@ -169,6 +171,7 @@ PLATFORMS: dict[str, Platform] = {
         worker_ephemeral_storage_gi=500,
         shm_size_gi=200,
         autopilot_supported=False,
+        accelerator_topology="1x72",
         nccl_installer={"standard": "gpudirect-rdma/nccl-rdma-installer-a4x.yaml"},
     ),
 }

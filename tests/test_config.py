@@ -196,7 +196,12 @@ def test_requests_must_fit_the_machine():
 
 def test_a4x_needs_kubernetes_134():
     load_config(config(platform="a4x", gpuNodes="4", kubernetesVersion="1.34.1-gke.1829001"))
+    load_config(config(platform="a4x", gpuNodes="4", kubernetesVersion="1.35"))
+    load_config(config(platform="a4x", gpuNodes="4", kubernetesVersion="1.34", a4xNetworking="multi-network"))
     assert "A4X needs 1.34" in only_problem(platform="a4x", gpuNodes="4", kubernetesVersion="1.33")
+    assert "DRANET needs 1.34.1-gke.1829001" in only_problem(platform="a4x", gpuNodes="4",
+                                                             kubernetesVersion="1.34.1-gke.1800000")
+    assert "DRANET needs" in only_problem(platform="a4x", gpuNodes="4", kubernetesVersion="1.34")
     assert "a GKE version" in only_problem(kubernetesVersion="latest")
 
 

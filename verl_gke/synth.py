@@ -15,6 +15,7 @@ import runpy
 import shutil
 import sys
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -25,7 +26,7 @@ from google.protobuf import json_format
 from pulumi.runtime import mocks, rpc, settings
 from pulumi.runtime.config import set_all_config
 from pulumi.runtime.stack import run_pulumi_func
-from pulumi.runtime.sync_await import _sync_await
+from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
 
 from verl_gke.stack_config import PROJECT_DIR, raw_config
 
@@ -118,7 +119,7 @@ class RecordingMonitor(mocks.MockMonitor):
             self.registrations.append(Registration(
                 urn=response.urn, type=request.type, name=request.name,
                 parent=request.parent or None, custom=bool(request.custom),
-                provider=request.provider.split("::")[0] if request.provider else None,
+                provider=request.provider.rsplit("::", 1)[0] if request.provider else None,
                 dependencies=sorted(deps), inputs=wire_to_json(inputs)))
         return response
 
@@ -165,6 +166,9 @@ def run_in_mocks(program: Callable[[], Any], *, stack: str = "test", config: dic
     Pass a `monitor` to inspect what was registered when the program raises.
     """
     settings.reset_options(project=PROJECT, stack=stack, preview=preview)
+    # One RPC thread: the mock monitor then sees registrations in the order the program
+    # issues them, so resources.json and the manifest numbering are the same on every run.
+    _ensure_event_loop().set_default_executor(ThreadPoolExecutor(max_workers=1))
     set_all_config(dict(config or {}), list(secret_keys or []))
     synth_mocks = SynthMocks()
     monitor = monitor or RecordingMonitor(synth_mocks)
