@@ -8,7 +8,7 @@ account, the NCCL installer / network mapping, and on A4X the `A4xDra` component
 
 from __future__ import annotations
 
-from typing import NotRequired, TypedDict
+from typing import NotRequired, TypedDict, cast
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -31,8 +31,9 @@ class RayTrainingClusterArgs(TypedDict):
     namespace: str
     service_account: str
     """Kubernetes service account bound to the bucket (Workload Identity)."""
-    claim_name: str
-    """PersistentVolumeClaim of the GCS FUSE bucket, mounted at /data."""
+    claim_name: pulumi.Input[str]
+    """PersistentVolumeClaim of the GCS FUSE bucket, mounted at /data; pass the claim's Output so
+    the RayCluster waits for it."""
     name: NotRequired[str]
     """RayCluster name; default the platform's (b200-ray-cluster, h200-ray-cluster, gb200-ray-cluster)."""
     image: NotRequired[str]
@@ -72,7 +73,9 @@ def cluster_spec(args: RayTrainingClusterArgs) -> RayClusterSpec:
         ray_version=args.get("ray_version") or platform.ray_version,
         image=args.get("image") or platform.image,
         service_account=args["service_account"],
-        claim_name=args["claim_name"],
+        # The builder only places this value; an Output is resolved there by the engine, so the
+        # rest of the manifest stays known in preview and the claim becomes a dependency.
+        claim_name=cast(str, args["claim_name"]),
         mode=args["mode"],
         accelerator=platform.accelerator,
         gpus_per_node=platform.gpus_per_node,

@@ -142,6 +142,23 @@ def test_overrides_reach_the_manifest() -> None:
     assert run.outputs["headService"] == "my-ray-head-svc"
 
 
+def test_claim_name_output_becomes_a_dependency_and_lands_in_the_volumes() -> None:
+    def program() -> None:
+        provider = k8s.Provider("k8s", kubeconfig="mock")
+        claim = k8s.core.v1.PersistentVolumeClaim(
+            "claim", metadata={"name": "training-bucket-pvc", "namespace": "verl"},
+            opts=pulumi.ResourceOptions(provider=provider))
+        RayTrainingCluster("ray", ray_args("a4", claim_name=claim.metadata.apply(lambda m: m.name)),
+                           opts=pulumi.ResourceOptions(providers=[provider]))
+
+    run = Run(program)
+    cluster = run.one(RAY_CLUSTER)
+    assert run.by_name["claim"].urn in cluster.dependencies
+    spec = run.manifest(cluster)["spec"]
+    for pod in (spec["headGroupSpec"]["template"]["spec"], spec["workerGroupSpecs"][0]["template"]["spec"]):
+        assert {"name": "training-bucket-vol", "persistentVolumeClaim": {"claimName": "training-bucket-pvc"}} in pod["volumes"]
+
+
 def test_kuberay_operator_only_when_asked_and_before_the_cluster() -> None:
     assert deploy(ray_args("a4x")).of_type(RELEASE) == []
     run = deploy(ray_args("a4x", install_kuberay=True), {"namespace": "verl", "gpu_nodes": 2})
