@@ -15,11 +15,11 @@ from typing import Any, Literal, get_args
 
 from manifests import dra
 from manifests.network_mapping import GVNIC_NETWORK, rdma_network_name
+from manifests.storage import GCSFUSE_POD_ANNOTATION, MOUNT_PATH
 
 Mode = Literal["autopilot", "standard"]
 
 WORKER_GROUP = "gpu-group"
-BUCKET_MOUNT = "/data"
 GCS_PORT = 6379
 DASHBOARD_PORT = 8265
 CLIENT_PORT = 10001
@@ -39,7 +39,6 @@ TRANSFER_QUEUE_REQUIREMENT = "TransferQueue==0.1.8"
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 ARM_TOLERATION = {"key": "kubernetes.io/arch", "operator": "Exists", "effect": "NoSchedule"}
 
-_GCSFUSE_ANNOTATION = {"gke-gcsfuse/volumes": "true"}
 _BUCKET_VOLUME = "training-bucket-vol"
 # KubeRay refuses longer names or names that are not DNS-1035 labels (validation.go, v1.6.2).
 _MAX_NAME = 53
@@ -172,7 +171,7 @@ def _head_group(spec: RayClusterSpec) -> dict[str, Any]:
         "resources": {"limits": dict(resources), "requests": dict(resources)},
         "volumeMounts": [
             {"mountPath": "/tmp/ray", "name": "ray-logs"},
-            {"name": _BUCKET_VOLUME, "mountPath": BUCKET_MOUNT},
+            {"name": _BUCKET_VOLUME, "mountPath": MOUNT_PATH},
         ],
     }
     env = _verl_source_env(spec)
@@ -192,7 +191,7 @@ def _head_group(spec: RayClusterSpec) -> dict[str, Any]:
     pod["volumes"] = [{"name": "ray-logs", "emptyDir": {}}, _bucket_volume(spec)]
     return {
         "rayStartParams": start_params,
-        "template": {"metadata": {"annotations": dict(_GCSFUSE_ANNOTATION)}, "spec": pod},
+        "template": {"metadata": {"annotations": dict(GCSFUSE_POD_ANNOTATION)}, "spec": pod},
     }
 
 
@@ -209,7 +208,7 @@ def _head_node_selector(spec: RayClusterSpec) -> dict[str, str]:
 
 
 def _worker_group(spec: RayClusterSpec) -> dict[str, Any]:
-    annotations = dict(_GCSFUSE_ANNOTATION)
+    annotations = dict(GCSFUSE_POD_ANNOTATION)
     if not spec.dra_nics and spec.rdma_nics:
         annotations["networking.gke.io/default-interface"] = "eth0"
         annotations["networking.gke.io/interfaces"] = json.dumps(interfaces(spec.rdma_nics))
@@ -229,7 +228,7 @@ def _worker_group(spec: RayClusterSpec) -> dict[str, Any]:
             {"name": "gib", "mountPath": "/usr/local/gib", "readOnly": True},
             {"name": "shared-memory", "mountPath": "/dev/shm"},
             {"name": "ray-tmp-storage", "mountPath": "/tmp"},
-            {"name": _BUCKET_VOLUME, "mountPath": BUCKET_MOUNT},
+            {"name": _BUCKET_VOLUME, "mountPath": MOUNT_PATH},
         ],
     }
     pod: dict[str, Any] = {
