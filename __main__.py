@@ -1,11 +1,127 @@
-"""verl-gke: config -> components -> exports. Wiring only."""
+"""verl-gke: stack config -> components -> stack outputs. Wiring only."""
 
 import pulumi
+import pulumi_gcp as gcp
 
+from components.a4x_dra import A4xDra
 from components.config import from_pulumi
+from components.data_staging import DataStaging
+from components.gcs_fuse_storage import GcsFuseStorage
+from components.gke_cluster import DRA_V1BETA1_APIS, GkeCluster
+from components.gpu_node_pool import GpuNodePool
+from components.grpo_job import GrpoJob
+from components.grpo_spec import entrypoint, runtime_env
+from components.network_mapping import NetworkMapping
+from components.rdma_network import RdmaNetwork
+from components.ray_training_cluster import RayTrainingCluster
+from manifests import nccl
+from manifests.network_mapping import NetworkNames
+from manifests.storage import MOUNT_PATH
+from workloads.stage_data import model_dir_for
 
 cfg, hf_token = from_pulumi()
+facts = cfg.facts
+a4x = cfg.platform == "a4x"
+builds_infra = not cfg.existing_cluster
+networks = NetworkNames(cfg.gvnic_network_prefix, cfg.rdma_network_prefix, cfg.rdma_nics) if cfg.rdma_nics else None
 
+rdma = None
+if networks and builds_infra:
+    rdma = RdmaNetwork("rdma", {
+        "project": cfg.project, "region": cfg.region, "zone": cfg.zone, "names": networks,
+        "gvnic_cidr": cfg.gvnic_subnet_cidr, "rdma_cidrs": cfg.rdma_subnet_cidrs,
+        "internal_source_range": cfg.internal_source_range,
+    })
+
+cluster = GkeCluster("gke", {
+    "project": cfg.project, "name": cfg.cluster_name, "location": cfg.cluster_location,
+    "mode": cfg.cluster_mode, "release_channel": cfg.release_channel,
+    "deletion_protection": cfg.deletion_protection, "min_master_version": cfg.kubernetes_version,
+    "ray_operator": cfg.ray_operator == "addon", "cpu_machine_type": cfg.cpu_machine_type,
+    "cpu_min_nodes": cfg.cpu_min_nodes, "cpu_max_nodes": cfg.cpu_max_nodes,
+    "existing": cfg.existing_cluster,
+    # The NVIDIA DRA driver 25.3 still speaks resource.k8s.io/v1beta1 (Cluster Toolkit gke-a4x).
+    "k8s_beta_apis": DRA_V1BETA1_APIS if a4x else [],
+})
+k8s = pulumi.ResourceOptions(providers=[cluster.provider])
+
+gpu_pool = None
+if not cfg.autopilot and builds_infra:
+    gpu_pool = GpuNodePool("gpu", {
+        "project": cfg.project, "cluster": cluster.name, "location": cfg.cluster_location,
+        "zone": cfg.zone, "platform": cfg.platform, "reservation": cfg.reservation or None,
+        "nodes": cfg.gpu_nodes, "max_nodes": cfg.gpu_max_nodes, "spot": cfg.gpu_spot,
+        "accelerator_topology": facts.accelerator_topology,
+        # DRANET: GKE attaches the A4X NICs itself; otherwise the gVNIC + RDMA subnets.
+        **({"additional_node_networks": rdma.node_networks} if rdma else
+           {"accelerator_network_profile": "auto"} if a4x else {}),
+    })
+gpu_ready = [r for r in (gpu_pool, rdma) if r is not None]
+
+project_number = gcp.organizations.get_project_output(project_id=cfg.project).number
+storage = GcsFuseStorage("storage", {
+    "project": cfg.project, "project_number": project_number, "region": cfg.region,
+    "bucket_name": cfg.bucket_name, "force_destroy": cfg.bucket_force_destroy,
+    "namespace": cfg.namespace, "service_account": cfg.service_account, "hf_token": hf_token,
+    "capacity": cfg.volume_capacity, "labels": {"app": "verl-gke", "stack": pulumi.get_stack()},
+    "k8s_provider": cluster.provider,
+})
+
+# Staging runs on a CPU node while the GPU pool is still being created.
+staging = DataStaging("staging", {
+    "namespace": cfg.namespace, "service_account": cfg.service_account, "model_repo": cfg.model,
+    "model_revision": cfg.model_revision, "model_dir": model_dir_for(cfg.model),
+    "dataset_repo": cfg.dataset, "dataset_revision": cfg.dataset_revision,
+    "timeout_minutes": cfg.staging_timeout_minutes, "k8s_provider": cluster.provider,
+}, pulumi.ResourceOptions(depends_on=[storage]))
+
+installer_url = cfg.nccl_installer_url or nccl.installer_url(facts.nccl_installer[cfg.cluster_mode])
+mapping = NetworkMapping("network", {"nccl_installer_url": installer_url, "networks": networks},
+                         k8s.merge(pulumi.ResourceOptions(depends_on=gpu_ready)))
+
+ray_waits_for: list[pulumi.Resource] = [storage, mapping, *gpu_ready]
+if a4x:
+    ray_waits_for.append(A4xDra("dra", {
+        "namespace": cfg.namespace, "gpu_nodes": cfg.gpu_nodes, "nic_claims": networks is None,
+    }, k8s.merge(pulumi.ResourceOptions(depends_on=gpu_ready))))
+
+ray = RayTrainingCluster("ray", {
+    "platform": cfg.platform, "mode": cfg.cluster_mode, "gpu_nodes": cfg.gpu_nodes,
+    "namespace": cfg.namespace, "service_account": cfg.service_account,
+    "claim_name": storage.claim_name, "name": cfg.ray_cluster_name, "image": cfg.verl_image,
+    "worker_cpus": cfg.worker_cpus, "worker_memory_gi": cfg.worker_memory_gi,
+    "worker_spot": cfg.gpu_spot, "nic_claims": a4x and networks is None,
+    "verl_source_dir": f"{MOUNT_PATH}/verl" if cfg.verl_source_install else None,
+    "install_kuberay": cfg.ray_operator == "helm",
+}, k8s.merge(pulumi.ResourceOptions(depends_on=ray_waits_for)))
+
+source_dir = f"{MOUNT_PATH}/verl" if cfg.verl_source_install else None
+job = GrpoJob("grpo", {
+    "entrypoint": entrypoint(cfg.grpo, facts.gpus_per_node, cfg.gpu_nodes),
+    "runtime_env": runtime_env(facts, nnodes=cfg.gpu_nodes, worker_cpus=cfg.worker_cpus,
+                               verl_source_dir=source_dir),
+    "dashboard_url": cfg.job_dashboard_url or None,
+    "cluster_endpoint": cluster.endpoint, "cluster_ca_certificate": cluster.ca_certificate,
+    "cluster_name": cluster.name, "namespace": cfg.namespace, "head_service": ray.head_service,
+    "stack": pulumi.get_stack(), "ready_timeout_s": cfg.job_ready_timeout_seconds,
+    "wait_for_completion": cfg.job_wait_for_completion,
+}, pulumi.ResourceOptions(depends_on=[ray, staging]))
+
+checkpoint_path = cfg.grpo.checkpoint_dir.removeprefix(f"{MOUNT_PATH}/")
+pulumi.export("clusterName", cluster.name)
+pulumi.export("clusterLocation", cluster.location)
+pulumi.export("clusterEndpoint", cluster.endpoint)
+pulumi.export("clusterCaCertificate", cluster.ca_certificate)
+pulumi.export("kubeconfig", cluster.kubeconfig)
+pulumi.export("namespace", cfg.namespace)
+pulumi.export("bucketName", storage.bucket_name)
+pulumi.export("bucketUrl", storage.bucket_url)
+pulumi.export("rayClusterName", ray.name)
+pulumi.export("rayHeadService", ray.head_service)
+pulumi.export("dashboardCommand", job.dashboard_command)
+pulumi.export("grpoSubmissionId", job.submission_id)
+pulumi.export("grpoJobStatus", job.status)
+pulumi.export("checkpointUri", storage.bucket_name.apply(lambda b: f"gs://{b}/{checkpoint_path}"))
 pulumi.export("gpuPlatform", cfg.platform)
 pulumi.export("gpuNodes", cfg.gpu_nodes)
-pulumi.export("gpusPerNode", cfg.facts.gpus_per_node)
+pulumi.export("gpusPerNode", facts.gpus_per_node)

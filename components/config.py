@@ -14,8 +14,16 @@ from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from components.grpo_spec import DATA_MOUNT, GRPO_DEFAULTS, GrpoSpec, verl_problems
+from components.grpo_spec import GRPO_DEFAULTS, GrpoSpec, verl_problems
 from components.platforms import PLATFORMS, Platform
+from manifests.storage import MOUNT_PATH
+from workloads.stage_data import (
+    DEFAULT_DATASET_REPO,
+    DEFAULT_DATASET_REVISION,
+    DEFAULT_MODEL_REPO,
+    DEFAULT_MODEL_REVISION,
+    model_dir_for,
+)
 
 NAMESPACE = "verl-gke"
 PLACEHOLDER_MARK = "replace-me"
@@ -42,12 +50,6 @@ _MAX_GCE_NAME = 63
 _A4X_MIN_MINOR = 34
 _DRANET_MIN = (34, 1, 1829001)
 _DRANET_MIN_TEXT = "1.34.1-gke.1829001"
-
-# Qwen/Qwen2.5-32B-Instruct and openai/gsm8k pinned to commits so staging is reproducible.
-DEFAULT_MODEL = "Qwen/Qwen2.5-32B-Instruct"
-DEFAULT_MODEL_REVISION = "5ede1c97bbab6ce5cda5812749b4c0bdf79b18dd"
-DEFAULT_DATASET = "openai/gsm8k"
-DEFAULT_DATASET_REVISION = "e53f048856ff4f594e959d75785d2c2d37b678ee"
 
 
 def camel(snake: str) -> str:
@@ -109,9 +111,9 @@ class StackConfig(BaseModel):
     bucket_force_destroy: bool = False
     volume_capacity: str = "768Gi"
 
-    model: str = DEFAULT_MODEL
+    model: str = DEFAULT_MODEL_REPO
     model_revision: str = DEFAULT_MODEL_REVISION
-    dataset: str = DEFAULT_DATASET
+    dataset: str = DEFAULT_DATASET_REPO
     dataset_revision: str = DEFAULT_DATASET_REVISION
     staging_timeout_minutes: int = Field(180, ge=1)
 
@@ -146,7 +148,7 @@ class StackConfig(BaseModel):
                              ("workerCpus", platform.worker_cpus), ("workerMemoryGi", platform.worker_memory_gi)):
             if _unset(data.get(key)):
                 data[key] = default
-        data["grpo"] = _grpo_values(data.get("grpo", {}), platform, str(data.get("model", DEFAULT_MODEL)))
+        data["grpo"] = _grpo_values(data.get("grpo", {}), platform, str(data.get("model", DEFAULT_MODEL_REPO)))
         return data
 
     @property
@@ -171,10 +173,6 @@ class StackConfig(BaseModel):
     def total_gpus(self) -> int:
         return self.facts.gpus_per_node * self.gpu_nodes
 
-    @property
-    def model_dir(self) -> str:
-        """Directory under the bucket mount that holds the model, as in the tutorial."""
-        return f"{DATA_MOUNT}/{self.model.rsplit('/', 1)[-1]}"
 
 
 def _rdma_nics(platform: Platform, a4x_networking: str) -> int:
@@ -196,8 +194,8 @@ def _grpo_values(given: Mapping[str, Any], platform: Platform, model: str) -> di
         "val_before_train": defaults.val_before_train,
         "rollout_tensor_parallel_size": platform.gpus_per_node,
         "use_remove_padding": None,
-        "model_path": f"{DATA_MOUNT}/{model.rsplit('/', 1)[-1]}",
-        "checkpoint_dir": f"{DATA_MOUNT}/verl/checkpoints",
+        "model_path": f"{MOUNT_PATH}/{model_dir_for(model)}",
+        "checkpoint_dir": f"{MOUNT_PATH}/verl/checkpoints",
     }
     for field, value in given.items():
         if not (field in values and _unset(value)):
@@ -396,9 +394,9 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
     if cfg.job_dashboard_url and not re.match(r"^https?://[^\s/]+", cfg.job_dashboard_url):
         add("job_dashboard_url", cfg.job_dashboard_url, "an http(s) URL of a privately reachable Ray dashboard.")
 
-    if not cfg.grpo.checkpoint_dir.startswith(f"{DATA_MOUNT}/"):
+    if not cfg.grpo.checkpoint_dir.startswith(f"{MOUNT_PATH}/"):
         add("grpo.checkpoint_dir", cfg.grpo.checkpoint_dir,
-            f"an absolute path under the bucket mount {DATA_MOUNT}/, shared by every node.")
+            f"an absolute path under the bucket mount {MOUNT_PATH}/, shared by every node.")
     for problem in verl_problems(cfg.grpo, p.gpus_per_node, cfg.gpu_nodes):
         add(f"grpo.{problem.field}", getattr(cfg.grpo, problem.field), problem.message)
     return out

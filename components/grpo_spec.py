@@ -15,8 +15,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from components.platforms import Platform
+from manifests.storage import MOUNT_PATH
 
-DATA_MOUNT = "/data"
 
 
 class GrpoSpec(BaseModel):
@@ -44,8 +44,8 @@ class GrpoSpec(BaseModel):
     save_freq: int = Field(10, ge=-1)
     test_freq: int = Field(10, ge=-1)
     logger: str = "console"
-    train_files: str = f"{DATA_MOUNT}/gsm8k/train.parquet"
-    val_files: str = f"{DATA_MOUNT}/gsm8k/test.parquet"
+    train_files: str = f"{MOUNT_PATH}/gsm8k/train.parquet"
+    val_files: str = f"{MOUNT_PATH}/gsm8k/test.parquet"
     model_path: str
     checkpoint_dir: str
     extra_overrides: tuple[str, ...] = ()
@@ -188,7 +188,7 @@ def runtime_env(platform: Platform, *, nnodes: int, worker_cpus: int,
         "LD_LIBRARY_PATH": platform.ld_library_path,
         "NCCL_DEBUG": "INFO",
         **platform.nccl_env,
-        "HF_HOME": f"{DATA_MOUNT}/huggingface_cache",
+        "HF_HOME": f"{MOUNT_PATH}/huggingface_cache",
         "GLOO_SOCKET_IFNAME": "eth0",
         "NUM_WORKERS": str(nnodes),
         "CPUS_PER_WORKER": str(worker_cpus),

@@ -26,9 +26,10 @@ _GIB_NCCL_ENV: dict[str, str] = {
     "NCCL_IB_FIFO_TC": "84",
 }
 
-# x86 verl image of the tutorial's A4/A3 Ultra path, pinned to a dated tag instead of
-# the moving `vllm011.latest`; Ray inside it is 2.47.0 (the tutorial's rayVersion).
-X86_VERL_IMAGE = "verlai/verl:vllm011.latest"
+# The tutorial's x86 image is the moving `vllm011.latest`; `vllm011.dev7` is the fixed vLLM 0.11
+# build that verl's docs and CI name (verl commit 0958b940b). The arm64 one is the tutorial's.
+# rayVersion stays the tutorial's per platform: KubeRay uses it only to gate features.
+X86_VERL_IMAGE = "verlai/verl:vllm011.dev7"
 ARM_VERL_IMAGE = "verlai/verl:vllm023.aarch64.dev1"
 
 

@@ -136,10 +136,21 @@ class SynthResult:
         out = []
         for r in self.registrations:
             if r.type.startswith("kubernetes:") and not r.type.startswith(_NOT_MANIFESTS):
-                out.append({k: v for k, v in r.inputs.items() if k in ("apiVersion", "kind", "metadata",
-                            "spec", "data", "stringData", "type", "immutable", "rules", "roleRef",
-                            "subjects")})
+                out.append(_whole_numbers({k: v for k, v in r.inputs.items() if k in (
+                    "apiVersion", "kind", "metadata", "spec", "data", "stringData", "type",
+                    "immutable", "rules", "roleRef", "subjects")}))
         return out
+
+
+def _whole_numbers(value: Any) -> Any:
+    """The wire carries every number as a double; the Kubernetes provider applies 3.0 as 3."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _whole_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_whole_numbers(v) for v in value]
+    return value
 
 
 async def _resolve(value: Any) -> Any:
