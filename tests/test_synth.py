@@ -55,9 +55,10 @@ def test_placeholders_are_listed_in_the_summary(synth_stack):
 
 
 def test_wire_values_mask_secrets_and_unknowns():
-    secret = {pulumi.runtime.rpc._special_sig_key: pulumi.runtime.rpc._special_secret_sig, "value": "hf_abc"}
-    assert synth.wire_to_json({"a": [secret], "b": pulumi.runtime.rpc.UNKNOWN, "c": 1}) == {
-        "a": ["[secret]"], "b": "[unknown]", "c": 1}
+    sig = {pulumi.runtime.rpc._special_sig_key: pulumi.runtime.rpc._special_secret_sig}
+    secret, secret_map = {**sig, "value": "hf_abc"}, {**sig, "value": {"token": "hf_abc", "n": [1]}}
+    assert synth.wire_to_json({"a": [secret], "b": pulumi.runtime.rpc.UNKNOWN, "c": 1, "d": secret_map}) == {
+        "a": ["[secret]"], "b": "[unknown]", "c": 1, "d": {"token": "[secret]", "n": ["[secret]"]}}
 
 
 def test_bad_config_registers_nothing():

@@ -45,10 +45,19 @@ def _is_secret(obj: Any) -> bool:
     return isinstance(obj, dict) and obj.get(rpc._special_sig_key) == rpc._special_secret_sig
 
 
+def _masked(value: Any) -> Any:
+    """A secret's shape with every leaf replaced: `{"hf_api_token": "[secret]"}` stays a valid map."""
+    if isinstance(value, dict):
+        return {k: _masked(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_masked(v) for v in value]
+    return SECRET
+
+
 def wire_to_json(value: Any) -> Any:
     """A property value as the engine sees it -> plain JSON, secrets masked, unknowns marked."""
     if _is_secret(value):
-        return SECRET
+        return _masked(value.get("value"))
     if isinstance(value, dict):
         sig = value.get(rpc._special_sig_key)
         if sig == rpc._special_resource_sig:

@@ -1,0 +1,108 @@
+"""Each stack's whole composition under the mock engine: what it creates, in which order, that
+every Kubernetes object it defines passes its schema, and that the token stays secret."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from components.config import load_config
+from tests.conftest import STACKS
+from tests.k8s_schema import validate_core, validate_custom
+from verl_gke import synth
+from verl_gke.stack_config import raw_config
+
+CUSTOM_KINDS = {"RayCluster", "ComputeDomain"}
+# GKE's own CRDs: no schema ships with this repo or kubernetes-validate.
+UNCHECKED_KINDS = {"GKENetworkParamSet", "Network"}
+
+EXPECTED_COUNTS = {
+    # stack: (networks, subnets, node pools, GKENetworkParamSets, helm releases, ComputeDomains)
+    "a4": (2, 9, 0, 9, 0, 0),
+    "a4-standard": (2, 9, 2, 9, 0, 0),
+    "a3u-standard": (2, 9, 2, 9, 0, 0),
+    "a4x": (0, 0, 2, 0, 2, 1),
+}
+
+
+def _counts(result: synth.SynthResult) -> tuple[int, ...]:
+    types = Counter(r.type for r in result.registrations)
+    return (types["gcp:compute/network:Network"], types["gcp:compute/subnetwork:Subnetwork"],
+            types["gcp:container/nodePool:NodePool"], types["kubernetes:networking.gke.io/v1:GKENetworkParamSet"],
+            types["kubernetes:helm.sh/v3:Release"], types["kubernetes:resource.nvidia.com/v1beta1:ComputeDomain"])
+
+
+def _by_type(result: synth.SynthResult, type_: str) -> list[synth.Registration]:
+    return [r for r in result.registrations if r.type == type_]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_resource_counts(stack: str, synth_stack):
+    result = synth_stack(stack)
+    assert _counts(result) == EXPECTED_COUNTS[stack]
+    for type_ in ("gcp:container/cluster:Cluster", "gcp:storage/bucket:Bucket", "kubernetes:ray.io/v1:RayCluster",
+                  "kubernetes:batch/v1:Job", "pulumi-python:dynamic:GrpoJob", "pulumi:providers:kubernetes"):
+        assert len(_by_type(result, type_)) == 1, type_
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_kubernetes_object_goes_through_the_one_provider(stack: str, synth_stack):
+    result = synth_stack(stack)
+    (provider,) = _by_type(result, "pulumi:providers:kubernetes")
+    for r in result.registrations:
+        if r.type.startswith("kubernetes:") and r.custom and r.type != provider.type:
+            assert r.provider == provider.urn, r.urn
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_job_waits_for_ray_and_staging_and_ray_for_gpus(stack: str, synth_stack):
+    result = synth_stack(stack)
+    (job,) = _by_type(result, "pulumi-python:dynamic:GrpoJob")
+    (ray,) = _by_type(result, "kubernetes:ray.io/v1:RayCluster")
+    (staging,) = _by_type(result, "kubernetes:batch/v1:Job")
+    assert ray.urn in job.dependencies and staging.urn in job.dependencies
+    gpu_pools = [r.urn for r in _by_type(result, "gcp:container/nodePool:NodePool") if "gpu" in r.name]
+    assert set(gpu_pools) <= set(ray.dependencies)
+    # Staging never waits for GPU nodes: it runs while they are created.
+    assert not set(gpu_pools) & set(staging.dependencies)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_manifest_passes_its_schema(stack: str, synth_stack):
+    cfg = load_config(raw_config(stack)[0])
+    checked = 0
+    for obj in synth_stack(stack).manifests():
+        if obj["kind"] in CUSTOM_KINDS:
+            validate_custom(obj)
+        elif obj["kind"] not in UNCHECKED_KINDS:
+            validate_core(obj, cfg.kubernetes_minor)
+        checked += obj["kind"] not in UNCHECKED_KINDS
+    assert checked >= 7
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_job_outputs_and_checkpoint_uri(stack: str, synth_stack):
+    outputs = synth_stack(stack).outputs
+    assert outputs["kubeconfig"] == "[secret]"
+    assert outputs["checkpointUri"] == f"gs://{outputs['bucketName']}/verl/checkpoints"
+    assert outputs["rayHeadService"] == f"{outputs['rayClusterName']}-head-svc"
+
+
+def test_the_token_never_appears_in_clear():
+    token = "hf_NotARealTokenButSecret42"
+    result = synth.run("a4-standard", overrides={"verl-gke:hfToken": token})
+    text = json.dumps([r.__dict__ for r in result.registrations]) + json.dumps(result.outputs)
+    text += json.dumps(result.manifests())
+    assert token not in text
+    (secret,) = [m for m in result.manifests() if m["kind"] == "Secret"]
+    assert secret["stringData"] == {"hf_api_token": "[secret]"}
+    assert "verl-gke:hfToken" not in result.placeholders
+
+
+def test_existing_cluster_creates_no_infrastructure():
+    result = synth.run("a4-standard", overrides={"verl-gke:existingCluster": "true"})
+    types = {r.type for r in result.registrations}
+    assert not {t for t in types if t.startswith(("gcp:compute/", "gcp:container/"))}
+    assert "kubernetes:ray.io/v1:RayCluster" in types and "pulumi-python:dynamic:GrpoJob" in types
