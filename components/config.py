@@ -433,11 +433,12 @@ def placeholders(raw: Mapping[str, Any]) -> list[str]:
     return found
 
 
-def from_pulumi() -> tuple[StackConfig, Any]:
+def from_pulumi(allow_placeholders: bool | None = None) -> tuple[StackConfig, Any]:
     """The running stack's config and its Hugging Face token (a secret Output).
 
     Stops the program without a traceback on any problem. Placeholders are allowed only
-    under the offline mock engine (synth, tests); a real `pulumi up` stops with their list.
+    under the offline mock engine (synth, tests) unless said otherwise; a real `pulumi up`
+    (or preview) stops at once with their list.
     """
     import pulumi
     from pulumi.runtime import config as runtime_config
@@ -450,7 +451,9 @@ def from_pulumi() -> tuple[StackConfig, Any]:
     except ConfigError as error:
         raise pulumi.RunError(str(error)) from None
     missing = placeholders(raw)
-    if missing and not isinstance(settings.get_monitor(), mocks.MockMonitor):
+    if allow_placeholders is None:
+        allow_placeholders = isinstance(settings.get_monitor(), mocks.MockMonitor)
+    if missing and not allow_placeholders:
         raise pulumi.RunError(f"{source} still has placeholders; set them before `pulumi up`:\n"
                               + "\n".join(f"  {key}" for key in missing))
     token = pulumi.Config(NAMESPACE).get_secret("hfToken") or pulumi.Output.secret(PLACEHOLDER_MARK)

@@ -97,3 +97,21 @@ def test_unknown_stack_lists_the_stacks():
     run = _synth_cli("a5")
     assert run.returncode != 0
     assert "no stack file Pulumi.a5.yaml; stacks: a3u-standard, a4, a4-standard, a4x" in run.stderr
+
+
+def test_a_real_run_stops_at_once_on_placeholders():
+    from components.config import from_pulumi
+
+    raw, secret_keys = synth.raw_config("a4-standard")
+    monitor = synth.RecordingMonitor(synth.SynthMocks())
+    with pytest.raises(pulumi.RunError) as caught:
+        synth.run_in_mocks(lambda: from_pulumi(allow_placeholders=False), stack="a4-standard",
+                           config=raw, secret_keys=secret_keys, monitor=monitor)
+    assert str(caught.value) == ("Pulumi.a4-standard.yaml still has placeholders; set them before `pulumi up`:\n"
+                                 "  gcp:project\n  verl-gke:reservation\n  verl-gke:hfToken")
+    assert monitor.registrations == []
+
+
+def test_preview_synthesizes_with_unknowns():
+    result = synth.run("a4x", preview=True)
+    assert any(r.type == "pulumi-python:dynamic:GrpoJob" for r in result.registrations)
