@@ -8,6 +8,8 @@ import pytest
 
 from verl_gke import synth
 
+pytest_plugins = ["tests.ray_head"]
+
 STACKS = ("a4", "a4-standard", "a3u-standard", "a4x")
 
 # A valid raw config as the engine would pass it; tests change one key at a time.

@@ -1,0 +1,202 @@
+"""A real, private Ray head on 127.0.0.1 for the tests and the latency bench, and a fake kubectl.
+
+Loaded as a pytest plugin (`pytest_plugins = ["tests.ray_head"]` in tests/conftest.py). The head
+runs as a child in its own process group with every port chosen free and its own temp dir, so it
+collides with nothing else on the machine, and it is ended through that group: `ray stop` would
+end every Ray process on the machine (FIELD-NOTES 7).
+
+`fake_kubectl` stands in for kubectl only (there is no cluster here): it prints kubectl's
+"Forwarding from" line for a port it is told, which can be the real head's dashboard port.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from verl_gke.head_access import wait_for_dashboard
+
+# A cold head takes about 8 s on a 2-core machine (FIELD-NOTES 7); leave room for a loaded CI.
+HEAD_START_TIMEOUT_S = 90.0
+# The head can take over 10 s to exit after SIGTERM (FIELD-NOTES 7).
+HEAD_STOP_GRACE_S = 30.0
+WORKER_PORTS = 16
+HEAD_ENV = {
+    # Ray maps --node-ip-address=127.0.0.1 to the machine's own address unless multi-node mode is
+    # off; off, every Ray process binds and talks on loopback only.
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
+
+
+@dataclass(frozen=True)
+class RayHead:
+    """A running head: its process (leader of its own group), dashboard URL and temp dir."""
+
+    process: subprocess.Popen[bytes]
+    dashboard_url: str
+    temp_dir: Path
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct loopback ports that were free a moment ago (held open together while picked)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def ray_start_command(temp_dir: Path) -> tuple[list[str], str]:
+    """The `ray start --head --block` command line with every port free, and its dashboard URL."""
+    names = [
+        "port", "dashboard-port", "ray-client-server-port", "node-manager-port",
+        "object-manager-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+        "runtime-env-agent-port", "metrics-export-port",
+    ]
+    ports = free_ports(len(names) + WORKER_PORTS)
+    named = dict(zip(names, ports))
+    worker_ports = ",".join(str(p) for p in ports[len(names):])
+    ray = str(Path(sys.executable).with_name("ray"))
+    command = [
+        ray, "start", "--head", "--block",
+        "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
+        "--num-cpus=1", "--disable-usage-stats", f"--temp-dir={temp_dir}",
+        f"--worker-port-list={worker_ports}",
+        *(f"--{name}={port}" for name, port in named.items()),
+    ]
+    return command, f"http://127.0.0.1:{named['dashboard-port']}"
+
+
+def start_head() -> RayHead:
+    """Starts a head in its own process group and returns once its dashboard answers."""
+    # Short path: Ray puts unix sockets under the temp dir, and their paths are limited to ~107 bytes.
+    temp_dir = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
+    command, url = ray_start_command(temp_dir)
+    log = open(temp_dir / "ray-start.log", "wb")
+    process = subprocess.Popen(
+        command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        start_new_session=True, env={**os.environ, **HEAD_ENV},
+    )
+    log.close()
+    head = RayHead(process=process, dashboard_url=url, temp_dir=temp_dir)
+    try:
+        wait_for_dashboard(url, HEAD_START_TIMEOUT_S)
+    except BaseException:
+        stop_head(head)
+        raise
+    return head
+
+
+def stop_head(head: RayHead) -> None:
+    """Ends the head through its process group: SIGTERM, then SIGKILL for whatever is left of its
+    session after the grace period (Ray workers take process groups of their own)."""
+    leader = head.process.pid
+    _signal_group(leader, signal.SIGTERM)
+    deadline = time.monotonic() + HEAD_STOP_GRACE_S
+    while time.monotonic() < deadline:
+        head.process.poll()  # reap the leader so it does not count as alive
+        if not _session_members(leader):
+            break
+        time.sleep(0.2)
+    else:
+        _signal_group(leader, signal.SIGKILL)
+        for pid in _session_members(leader):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    head.process.wait()
+    shutil.rmtree(head.temp_dir, ignore_errors=True)
+
+
+def _signal_group(group: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(group, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _session_members(session: int) -> list[int]:
+    """Live (not zombie) processes of a session, read from /proc."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # The command name may hold spaces and parentheses: fields start after the last ')'.
+            state, _ppid, _pgrp, sid = stat.read_text().rsplit(")", 1)[1].split()[:4]
+        except (OSError, IndexError, ValueError):
+            continue
+        if int(sid) == session and state != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "ray: starts or uses a real local Ray head")
+
+
+@pytest.fixture(scope="session")
+def ray_head() -> Iterator[str]:
+    """The dashboard URL of a real Ray head on 127.0.0.1, shared by the session."""
+    head = start_head()
+    try:
+        yield head.dashboard_url
+    finally:
+        stop_head(head)
+
+
+@pytest.fixture
+def fake_kubectl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A `kubectl` first on PATH that records its call and kubeconfig in the returned file, then
+    per FAKE_KUBECTL_MODE: `forward` (default) prints the "Forwarding from" line for
+    FAKE_KUBECTL_PORT (default 45678) and sleeps, `fail` exits 1 with kubectl's error for a
+    missing service, `silent` sleeps without a word."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "record"
+    script = bin_dir / "kubectl"
+    script.write_text(
+        "#!/bin/bash\n"
+        'args=("$@"); kc=""\n'
+        'for ((i = 0; i < $#; i++)); do [[ ${args[i]} == --kubeconfig ]] && kc=${args[i+1]}; done\n'
+        '{ echo "pid $$"; echo "mode $(stat -c %a "$kc")"; echo "kubeconfig $kc"; printf "arg %s\\n" "$@"; } > "$FAKE_KUBECTL_RECORD"\n'
+        'cp "$kc" "$FAKE_KUBECTL_RECORD.kubeconfig"\n'
+        'case "$FAKE_KUBECTL_MODE" in\n'
+        '  fail) echo \'error: services "head-svc" not found\' >&2; exit 1 ;;\n'
+        '  silent) exec sleep 300 ;;\n'
+        'esac\n'
+        'port=${FAKE_KUBECTL_PORT:-45678}\n'
+        'echo "Forwarding from 127.0.0.1:$port -> 8265"\n'
+        'echo "Forwarding from [::1]:$port -> 8265"\n'
+        "exec sleep 300\n"
+    )
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_KUBECTL_RECORD", str(record))
+    monkeypatch.setenv("FAKE_KUBECTL_MODE", "forward")
+    return record
+
+
+def kubectl_record(record: Path) -> dict[str, list[str]]:
+    """What the last fake kubectl call recorded: `pid`, `mode` (of its kubeconfig), `kubeconfig`, `arg`s."""
+    lines: dict[str, list[str]] = {}
+    for line in record.read_text().splitlines():
+        key, _, value = line.partition(" ")
+        lines.setdefault(key, []).append(value)
+    return lines

@@ -1,0 +1,159 @@
+"""verl_gke.kubeconfig and verl_gke.head_access: how clients reach the Ray dashboard.
+
+The port-forward path is driven through a fake `kubectl` put first on PATH: it prints kubectl's
+"Forwarding from" line and serves nothing. That fakes kubectl only; Ray is always real.
+"""
+
+from __future__ import annotations
+
+import stat
+import time
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.ray_head import free_ports, kubectl_record
+from verl_gke.head_access import (
+    HeadAccessError,
+    HeadAccessSetupError,
+    dashboard,
+    dashboard_command,
+    wait_for_dashboard,
+)
+from verl_gke.kubeconfig import gke_kubeconfig
+
+CA = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg=="
+
+
+def _forward(start_timeout_s: float = 60.0) -> AbstractContextManager[str]:
+    """The port-forward way to svc/head-svc in namespace ray of cluster verl."""
+    return dashboard(None, cluster_endpoint="34.1.2.3", cluster_ca_certificate=CA, cluster_name="verl",
+                     namespace="ray", head_service="head-svc", start_timeout_s=start_timeout_s)
+
+
+def test_kubeconfig_authenticates_with_the_gke_auth_plugin_only() -> None:
+    config = yaml.safe_load(gke_kubeconfig("verl", "34.1.2.3", CA))
+    assert config["apiVersion"] == "v1" and config["kind"] == "Config"
+    assert config["clusters"] == [{"name": "verl", "cluster": {
+        "server": "https://34.1.2.3", "certificate-authority-data": CA}}]
+    assert config["contexts"] == [{"name": "verl", "context": {"cluster": "verl", "user": "verl"}}]
+    assert config["current-context"] == "verl"
+    [user] = config["users"]
+    assert user["name"] == "verl"
+    # The exec plugin and nothing else: no token, password or client key in the file.
+    assert list(user["user"]) == ["exec"]
+    plugin = user["user"]["exec"]
+    assert plugin["apiVersion"] == "client.authentication.k8s.io/v1beta1"
+    assert plugin["command"] == "gke-gcloud-auth-plugin"
+    assert plugin["provideClusterInfo"] is True
+    assert "gke-gcloud-auth-plugin" in plugin["installHint"]
+
+
+def test_kubeconfig_keeps_an_https_endpoint_and_rejects_an_empty_one() -> None:
+    config = yaml.safe_load(gke_kubeconfig("c", "https://10.0.0.2", CA))
+    assert config["clusters"][0]["cluster"]["server"] == "https://10.0.0.2"
+    with pytest.raises(ValueError, match="endpoint must be a non-empty string"):
+        gke_kubeconfig("c", "", CA)
+
+
+def test_dashboard_command_is_the_tutorials_port_forward_on_loopback() -> None:
+    assert dashboard_command("ray", "b200-ray-cluster-head-svc") == (
+        "kubectl port-forward svc/b200-ray-cluster-head-svc 8265:8265 -n ray --address 127.0.0.1")
+    assert dashboard_command("ray", "h", 9000) == "kubectl port-forward svc/h 9000:9000 -n ray --address 127.0.0.1"
+
+
+def test_a_given_dashboard_url_is_yielded_as_is() -> None:
+    with dashboard("http://127.0.0.1:8265/", cluster_endpoint=None, cluster_ca_certificate=None,
+                   cluster_name=None, namespace="default", head_service=None) as url:
+        assert url == "http://127.0.0.1:8265"
+
+
+@pytest.mark.ray
+def test_wait_for_dashboard_returns_once_the_real_head_answers(ray_head: str) -> None:
+    started = time.monotonic()
+    wait_for_dashboard(ray_head, timeout_s=30)
+    assert time.monotonic() - started < 5
+
+
+def test_wait_for_dashboard_on_a_closed_port_times_out_naming_the_address() -> None:
+    [port] = free_ports(1)
+    url = f"http://127.0.0.1:{port}"
+    started = time.monotonic()
+    with pytest.raises(HeadAccessError) as raised:
+        wait_for_dashboard(url, timeout_s=1.5)
+    elapsed = time.monotonic() - started
+    assert 1.5 <= elapsed < 5
+    assert f"Ray dashboard at {url} did not answer GET /api/version within 1.5 s" in str(raised.value)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_port_forward_runs_kubectl_on_loopback_with_a_private_kubeconfig(fake_kubectl: Path) -> None:
+    with _forward() as url:
+        assert url == "http://127.0.0.1:45678"
+        seen = kubectl_record(fake_kubectl)
+        kubeconfig = Path(seen["kubeconfig"][0])
+        assert seen["arg"] == ["port-forward", "svc/head-svc", ":8265", "-n", "ray",
+                               "--address", "127.0.0.1", "--kubeconfig", str(kubeconfig)]
+        assert seen["mode"] == ["600"]
+        assert stat.S_IMODE(kubeconfig.stat().st_mode) == 0o600
+        pid = int(seen["pid"][0])
+        assert _alive(pid)
+    assert not kubeconfig.exists()
+    assert not _alive(pid)
+    written = yaml.safe_load(Path(f"{fake_kubectl}.kubeconfig").read_text())
+    assert written == yaml.safe_load(gke_kubeconfig("verl", "34.1.2.3", CA))
+
+
+def test_port_forward_is_terminated_when_the_block_raises(fake_kubectl: Path) -> None:
+    with pytest.raises(ZeroDivisionError):
+        with _forward():
+            pid = int(kubectl_record(fake_kubectl)["pid"][0])
+            1 / 0
+    assert not _alive(pid)
+
+
+def test_kubectl_failing_is_reported_with_its_error_line(fake_kubectl: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_KUBECTL_MODE", "fail")
+    with pytest.raises(HeadAccessError) as raised:
+        with _forward():
+            pytest.fail("the block must not run")
+    message = str(raised.value)
+    assert "kubectl port-forward to svc/head-svc in namespace ray of cluster verl exited with status 1" in message
+    assert 'services "head-svc" not found' in message
+    assert not Path(kubectl_record(fake_kubectl)["kubeconfig"][0]).exists()
+
+
+def test_kubectl_that_never_forwards_times_out_and_is_killed(fake_kubectl: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_KUBECTL_MODE", "silent")
+    started = time.monotonic()
+    with pytest.raises(HeadAccessError, match=r"did not open within 1 s"):
+        with _forward(start_timeout_s=1):
+            pytest.fail("the block must not run")
+    assert time.monotonic() - started < 10
+    assert not _alive(int(kubectl_record(fake_kubectl)["pid"][0]))
+
+
+def test_missing_kubectl_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(HeadAccessSetupError) as raised:
+        with _forward():
+            pytest.fail("the block must not run")
+    message = str(raised.value)
+    assert message.startswith("kubectl not found on PATH")
+    assert "\n" not in message
+
+
+def test_missing_cluster_facts_are_named() -> None:
+    with pytest.raises(HeadAccessSetupError) as raised:
+        with dashboard(None, cluster_endpoint="34.1.2.3", cluster_ca_certificate=None,
+                       cluster_name="verl", namespace="ray", head_service=None):
+            pytest.fail("the block must not run")
+    assert "(missing: cluster_ca_certificate, head_service)" in str(raised.value)

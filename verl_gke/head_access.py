@@ -1,0 +1,212 @@
+"""How a client reaches the Ray dashboard of the training cluster, never through a public endpoint.
+
+Two ways, chosen by `dashboard(...)`:
+- `dashboard_url` given (a privately exposed dashboard, or a local head in tests): used as is.
+- otherwise `kubectl port-forward` to the head service through the Kubernetes API, with a
+  throw-away kubeconfig built from the cluster's endpoint and CA (no credential in it: the
+  gke-gcloud-auth-plugin fetches a token at use time), bound to 127.0.0.1 only.
+
+Used by the GrpoJob provider and the CLI:
+
+    with dashboard(None, cluster_endpoint=ep, cluster_ca_certificate=ca, cluster_name="c",
+                   namespace="ray", head_service="b200-ray-cluster-head-svc") as url:
+        wait_for_dashboard(url, timeout_s=60)
+        JobSubmissionClient(url).list_jobs()
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+from verl_gke.kubeconfig import gke_kubeconfig
+
+DASHBOARD_PORT = 8265
+"""The Ray dashboard (and job API) port of the head service (the tutorial's containerPort 8265)."""
+
+PORT_FORWARD_START_TIMEOUT_S = 60.0
+"""How long kubectl may take to authenticate and open the tunnel before we give up."""
+
+_FORWARDING = re.compile(rb"Forwarding from 127\.0\.0\.1:(\d+) ->")
+_STOP_GRACE_S = 5.0
+_ERROR_LINES = 10
+
+
+class HeadAccessError(RuntimeError):
+    """The Ray dashboard cannot be reached; the message says where and why."""
+
+
+class HeadAccessSetupError(HeadAccessError):
+    """kubectl or a cluster fact is missing: retrying cannot help."""
+
+
+def dashboard_command(namespace: str, head_service: str, port: int = DASHBOARD_PORT) -> str:
+    """The command a person runs to open the dashboard at http://127.0.0.1:<port>."""
+    return shlex.join([
+        "kubectl", "port-forward", f"svc/{head_service}", f"{port}:{port}",
+        "-n", namespace, "--address", "127.0.0.1",
+    ])
+
+
+def wait_for_dashboard(url: str, timeout_s: float) -> None:
+    """Polls `GET <url>/api/version` until it answers 200, for at most `timeout_s` seconds."""
+    deadline = time.monotonic() + timeout_s
+    probe = f"{url.rstrip('/')}/api/version"
+    last_error = "no answer"
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise HeadAccessError(
+                f"Ray dashboard at {url} did not answer GET /api/version within {timeout_s:g} s "
+                f"(last error: {last_error})"
+            )
+        try:
+            with urllib.request.urlopen(probe, timeout=max(0.1, min(5.0, left))) as response:
+                if response.status == 200:
+                    return
+                last_error = f"HTTP {response.status}"
+        except urllib.error.HTTPError as error:
+            last_error = f"HTTP {error.code}"
+        except (OSError, ValueError) as error:  # refused, reset, timed out, bad URL
+            last_error = str(getattr(error, "reason", error))
+        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+
+
+@contextmanager
+def dashboard(
+    dashboard_url: str | None,
+    *,
+    cluster_endpoint: str | None,
+    cluster_ca_certificate: str | None,
+    cluster_name: str | None,
+    namespace: str,
+    head_service: str | None,
+    port: int = DASHBOARD_PORT,
+    start_timeout_s: float = PORT_FORWARD_START_TIMEOUT_S,
+) -> Iterator[str]:
+    """Yields an http URL of the Ray dashboard for the duration of the block.
+
+    `dashboard_url` is yielded as is when given. Otherwise a `kubectl port-forward` to
+    `svc/<head_service>` runs for the block, with a temporary kubeconfig (mode 0600, deleted on
+    exit); it is always terminated on exit. Raises HeadAccessSetupError when kubectl or a cluster
+    fact is missing, HeadAccessError when the tunnel does not open within `start_timeout_s`.
+    """
+    if dashboard_url:
+        yield dashboard_url.rstrip("/")
+        return
+    facts = {"cluster_endpoint": cluster_endpoint, "cluster_ca_certificate": cluster_ca_certificate,
+             "cluster_name": cluster_name, "head_service": head_service}
+    missing = [key for key, value in facts.items() if not value]
+    if missing:
+        raise HeadAccessSetupError(
+            f"cannot reach the Ray dashboard: give dashboard_url, or all of cluster_endpoint, "
+            f"cluster_ca_certificate, cluster_name and head_service (missing: {', '.join(missing)})"
+        )
+    assert cluster_endpoint and cluster_ca_certificate and cluster_name and head_service
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        raise HeadAccessSetupError(
+            "kubectl not found on PATH: it is needed to port-forward to the Ray head service "
+            "(install kubectl and gke-gcloud-auth-plugin, or give dashboard_url)"
+        )
+    with tempfile.TemporaryDirectory(prefix="verl-gke-") as workdir:
+        kubeconfig = Path(workdir) / "kubeconfig"
+        _write_private(kubeconfig, gke_kubeconfig(cluster_name, cluster_endpoint, cluster_ca_certificate))
+        command = [kubectl, "port-forward", f"svc/{head_service}", f":{port}", "-n", namespace,
+                   "--address", "127.0.0.1", "--kubeconfig", str(kubeconfig)]
+        target = f"svc/{head_service} in namespace {namespace} of cluster {cluster_name}"
+        with _PortForward(command, target, start_timeout_s) as local_port:
+            yield f"http://127.0.0.1:{local_port}"
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Writes a file readable by its owner only, with that mode from its creation on."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+
+
+class _PortForward:
+    """A kubectl port-forward child: started on enter, always terminated on exit.
+
+    Its output is drained by two threads for its whole life: kubectl prints a line per
+    connection, and a full pipe would block it.
+    """
+
+    def __init__(self, command: list[str], target: str, start_timeout_s: float) -> None:
+        self._command = command
+        self._target = target
+        self._start_timeout_s = start_timeout_s
+        self._port: int | None = None
+        self._ready = threading.Event()
+        self._errors: collections.deque[str] = collections.deque(maxlen=_ERROR_LINES)
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> int:
+        self._process = subprocess.Popen(self._command, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert self._process.stdout and self._process.stderr
+        readers = [threading.Thread(target=self._read_stdout, args=(self._process.stdout,), daemon=True),
+                   threading.Thread(target=self._read_stderr, args=(self._process.stderr,), daemon=True)]
+        for reader in readers:
+            reader.start()
+        try:
+            if not self._ready.wait(self._start_timeout_s):
+                raise HeadAccessError(
+                    f"kubectl port-forward to {self._target} did not open within "
+                    f"{self._start_timeout_s:g} s{self._error_tail()}"
+                )
+            if self._port is None:
+                for reader in readers:
+                    reader.join(timeout=_STOP_GRACE_S)
+                raise HeadAccessError(
+                    f"kubectl port-forward to {self._target} exited with status "
+                    f"{self._process.wait()}{self._error_tail()}"
+                )
+        except BaseException:
+            self._stop()
+            raise
+        return self._port
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop()
+
+    def _read_stdout(self, stream: IO[bytes]) -> None:
+        for line in stream:
+            match = _FORWARDING.search(line)
+            if match and self._port is None:
+                self._port = int(match.group(1))
+                self._ready.set()
+        self._ready.set()  # EOF: kubectl exited; __enter__ reports it
+
+    def _read_stderr(self, stream: IO[bytes]) -> None:
+        for line in stream:
+            self._errors.append(line.decode(errors="replace").rstrip())
+
+    def _error_tail(self) -> str:
+        lines = [line for line in self._errors if line]
+        return (": " + " | ".join(lines)) if lines else ""
+
+    def _stop(self) -> None:
+        process = self._process
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=_STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
