@@ -1,0 +1,384 @@
+"""GrpoJob: the tutorial's `ray job submit ... python3 -m verl.trainer.main_ppo` as a resource.
+
+A Pulumi dynamic provider (CONTRACT.md 5) that waits for the Ray dashboard with its own deadline,
+submits the run under a submission id derived from the stack and a hash of the job spec, and
+adopts the job when one with that id already exists, so `pulumi up` twice never starts two runs.
+
+Dynamic-provider rules followed here (FIELD-NOTES 5): the provider is pickled with dill by
+reference to this module, so it keeps no state and imports Ray inside its methods; ints arrive as
+floats; unknowns arrive in check/diff during preview; the default `update` would drop the outputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, NotRequired, Required, TypedDict
+
+import pulumi
+import pulumi.dynamic
+from pulumi.output import Unknown
+from pulumi.runtime import rpc
+
+from verl_gke.head_access import (
+    PORT_FORWARD_START_TIMEOUT_S,
+    HeadAccessError,
+    HeadAccessSetupError,
+    dashboard,
+    dashboard_command,
+    wait_for_dashboard,
+)
+
+if TYPE_CHECKING:
+    from ray.job_submission import JobDetails, JobSubmissionClient
+
+SUBMISSION_ID_PREFIX = "verl-grpo"
+REACH_TIMEOUT_S = 30.0
+"""Deadline to reach a head that already took the job (refresh, delete, completion polls), capped
+by ready_timeout_s; past it, `delete` takes the head for gone."""
+STOP_TIMEOUT_S = 60.0
+"""How long `delete` waits for a stopped job to reach a terminal state."""
+LOG_TAIL_LINES = 20
+
+_TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+_OUTPUT_KEYS = ("submission_id", "status", "dashboard_command")
+_REPLACE_KEYS = ("entrypoint", "runtime_env")
+_SECONDS_KEYS = ("completion_timeout_s", "poll_interval_s", "ready_timeout_s")
+_ACCESS_KEYS = ("dashboard_url", "cluster_endpoint", "cluster_ca_certificate", "cluster_name", "head_service")
+_NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+class GrpoJobArgs(TypedDict, total=False):
+    """Inputs of a GrpoJob; all but `entrypoint` and `runtime_env` have defaults (see `_JobSpec`)."""
+
+    entrypoint: Required[pulumi.Input[str]]
+    """The full shell command the Ray job runs (the verl trainer invocation)."""
+    runtime_env: Required[pulumi.Input[Mapping[str, Any]]]
+    """The Ray runtime_env dict (env_vars for NCCL, HF_HOME, ...)."""
+    dashboard_url: NotRequired[pulumi.Input[str | None]]
+    """A privately reachable dashboard (http://host:8265); no port-forward when set."""
+    cluster_endpoint: NotRequired[pulumi.Input[str | None]]
+    """GKE cluster endpoint, for the port-forward through the Kubernetes API."""
+    cluster_ca_certificate: NotRequired[pulumi.Input[str | None]]
+    """GKE cluster CA certificate (base64), for the port-forward."""
+    cluster_name: NotRequired[pulumi.Input[str | None]]
+    """GKE cluster name, for the port-forward's kubeconfig."""
+    namespace: NotRequired[pulumi.Input[str]]
+    """Namespace of the Ray head service."""
+    head_service: NotRequired[pulumi.Input[str | None]]
+    """The RayCluster's head service (`<cluster>-head-svc`)."""
+    stack: NotRequired[pulumi.Input[str]]
+    """Stack name, part of the submission id."""
+    ready_timeout_s: NotRequired[pulumi.Input[float]]
+    """How long `create` waits for the dashboard to answer (the head pod may still be scheduling)."""
+    wait_for_completion: NotRequired[pulumi.Input[bool]]
+    """When true, `create` returns only when the run ends, and fails unless it SUCCEEDED."""
+    completion_timeout_s: NotRequired[pulumi.Input[float]]
+    """With wait_for_completion: how long the run may take."""
+    poll_interval_s: NotRequired[pulumi.Input[float]]
+    """With wait_for_completion: seconds between status polls."""
+    metadata: NotRequired[pulumi.Input[Mapping[str, str] | None]]
+    """Ray job metadata (string to string)."""
+
+
+@dataclass(frozen=True)
+class _JobSpec:
+    """The provider's view of the props, with every default in one place."""
+
+    entrypoint: str
+    runtime_env: dict[str, Any]
+    dashboard_url: str | None = None
+    cluster_endpoint: str | None = None
+    cluster_ca_certificate: str | None = None
+    cluster_name: str | None = None
+    namespace: str = "default"
+    head_service: str | None = None
+    stack: str = "dev"
+    ready_timeout_s: float = 1800.0
+    wait_for_completion: bool = False
+    # A GRPO run of the tutorial's size takes hours; a day bounds a stuck `pulumi up`.
+    completion_timeout_s: float = 86400.0
+    poll_interval_s: float = 15.0
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_props(cls, props: Mapping[str, Any]) -> _JobSpec:
+        """Parses the spec part of props (None means default); ValueError names every bad prop."""
+        problems = _problems(props)
+        if problems:
+            raise ValueError("GrpoJob: " + "; ".join(f"{key}: {reason}" for key, reason in problems))
+        given = {key: props[key] for key in _SPEC_KEYS if props.get(key) is not None}
+        given["runtime_env"] = _ints(given["runtime_env"])
+        for key in _SECONDS_KEYS:
+            if key in given:
+                given[key] = float(given[key])
+        if "metadata" in given:
+            given["metadata"] = dict(given["metadata"])
+        return cls(**given)
+
+    @property
+    def submission_id(self) -> str:
+        """`verl-grpo-<stack>-<12 hex>`: the same job spec on the same stack gives the same id."""
+        canonical = json.dumps({"entrypoint": self.entrypoint, "runtime_env": self.runtime_env},
+                               sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return f"{SUBMISSION_ID_PREFIX}-{self.stack}-{hashlib.sha256(canonical.encode()).hexdigest()[:12]}"
+
+    @property
+    def address(self) -> str:
+        """Where the head is reached, for messages."""
+        if self.dashboard_url:
+            return self.dashboard_url
+        return (f"svc/{self.head_service} in namespace {self.namespace} of GKE cluster "
+                f"{self.cluster_name} (kubectl port-forward)")
+
+    @property
+    def reach_timeout_s(self) -> float:
+        return min(REACH_TIMEOUT_S, self.ready_timeout_s)
+
+    def outs(self, submission_id: str, status: str) -> dict[str, Any]:
+        """Outputs: the props later calls need (read and delete get only these) and the job's state."""
+        command = dashboard_command(self.namespace, self.head_service) if self.head_service else None
+        return {**asdict(self), "submission_id": submission_id, "status": status,
+                "dashboard_command": command}
+
+
+_SPEC_KEYS = tuple(f.name for f in fields(_JobSpec))
+_DEFAULTS: dict[str, Any] = {
+    f.name: f.default_factory() if f.default_factory is not MISSING
+    else None if f.default is MISSING else f.default
+    for f in fields(_JobSpec)
+}
+
+
+def _ints(value: Any) -> Any:
+    """Integral floats become ints, recursively (the engine sends every number as a float)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, Mapping):
+        return {key: _ints(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_ints(item) for item in value]
+    return value
+
+
+def _is_unknown(value: Any) -> bool:
+    """A preview placeholder at any depth: the rpc sentinel string or pulumi's Unknown object."""
+    if isinstance(value, Unknown) or (isinstance(value, str) and value == rpc.UNKNOWN):
+        return True
+    if isinstance(value, Mapping):
+        return any(_is_unknown(item) for item in value.values())
+    if isinstance(value, list | tuple):
+        return any(_is_unknown(item) for item in value)
+    return False
+
+
+def _problems(props: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Every bad prop as (key, reason); unknown (preview) values are not judged."""
+    known = {key: value for key, value in props.items() if not _is_unknown(value)}
+    problems = [(key, f"not a GrpoJob prop (allowed: {', '.join(_SPEC_KEYS)})")
+                for key in sorted(set(props) - set(_SPEC_KEYS) - set(_OUTPUT_KEYS) - {"__provider"})]
+    if "entrypoint" in known and not (isinstance(known["entrypoint"], str) and known["entrypoint"].strip()):
+        problems.append(("entrypoint", "a non-empty shell command is required"))
+    if "runtime_env" in known and not isinstance(known["runtime_env"], Mapping):
+        problems.append(("runtime_env", "a dict is required (use {} for none)"))
+    for key in ("entrypoint", "runtime_env"):
+        if key not in props:
+            problems.append((key, "is required"))
+    for key in _ACCESS_KEYS:
+        value = known.get(key)
+        if value is not None and not (isinstance(value, str) and value.strip()):
+            problems.append((key, f"must be a non-empty string or unset, got {type(value).__name__}"))
+    url = known.get("dashboard_url")
+    if isinstance(url, str) and not url.startswith(("http://", "https://")):
+        problems.append(("dashboard_url", f"{url!r} must start with http:// or https://"))
+    if all(key in known or key not in props for key in _ACCESS_KEYS) and not known.get("dashboard_url"):
+        missing = [key for key in _ACCESS_KEYS[1:] if not known.get(key)]
+        if missing:
+            problems.append(("dashboard_url", "unset, so the head is reached by kubectl port-forward, "
+                                              f"which needs {', '.join(missing)}"))
+    for key in ("namespace", "stack"):
+        value = known.get(key)
+        if value is not None and not (isinstance(value, str) and _NAME_RE.match(value)):
+            problems.append((key, f"{value!r} must be letters, digits, '.', '_' or '-'"))
+    for key in _SECONDS_KEYS:
+        value = known.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                  or not math.isfinite(value) or value <= 0):
+            problems.append((key, f"{value!r} must be a positive number of seconds"))
+    waiting = known.get("wait_for_completion")
+    if waiting is not None and not isinstance(waiting, bool):
+        problems.append(("wait_for_completion", f"{waiting!r} must be true or false"))
+    metadata = known.get("metadata")
+    if metadata is not None and not (isinstance(metadata, Mapping) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):
+        problems.append(("metadata", "must map strings to strings"))
+    return problems
+
+
+def _differs(key: str, old: Any, new: Any) -> bool:
+    """Whether a prop changed, comparing effective values (defaults applied, floats cast)."""
+    if _is_unknown(new):
+        return True
+
+    def effective(value: Any) -> Any:
+        return _DEFAULTS[key] if value is None else _ints(value)
+
+    return bool(effective(old) != effective(new))
+
+
+class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
+    """Submits, adopts, refreshes and stops the GRPO Ray job (CONTRACT.md 5)."""
+
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.CheckResult:
+        failures = [pulumi.dynamic.CheckFailure(key, reason) for key, reason in _problems(news)]
+        return pulumi.dynamic.CheckResult(news, failures)
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.DiffResult:
+        replaces = [key for key in _REPLACE_KEYS if _differs(key, olds.get(key), news.get(key))]
+        changed = any(_differs(key, olds.get(key), news.get(key)) for key in _SPEC_KEYS)
+        # The old run holds the GPUs: stop it before the new one is submitted.
+        return pulumi.dynamic.DiffResult(changes=changed, replaces=replaces, delete_before_replace=True)
+
+    def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
+        spec = _JobSpec.from_props(props)
+        submission_id = spec.submission_id
+        with _client(spec, spec.ready_timeout_s) as client:
+            if _find_job(client, submission_id) is None:
+                client.submit_job(entrypoint=spec.entrypoint, submission_id=submission_id,
+                                  runtime_env=spec.runtime_env, metadata=spec.metadata or None)
+            status = _value(client.get_job_status(submission_id))
+        if spec.wait_for_completion:
+            status = _await_completion(spec, submission_id)
+        return pulumi.dynamic.CreateResult(submission_id, spec.outs(submission_id, status))
+
+    def read(self, id_: str, props: dict[str, Any]) -> pulumi.dynamic.ReadResult:
+        spec = _JobSpec.from_props(_spec_props(props))
+        with _client(spec, spec.reach_timeout_s) as client:
+            job = _find_job(client, id_)
+        if job is None:
+            # An empty id tells the engine the job is gone (e.g. the head was restarted).
+            return pulumi.dynamic.ReadResult("", {})
+        return pulumi.dynamic.ReadResult(id_, spec.outs(id_, _value(job.status)))
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.UpdateResult:
+        # diff replaces on every prop that touches the run, so the job and its state stay.
+        spec = _JobSpec.from_props(_spec_props(news))
+        return pulumi.dynamic.UpdateResult(spec.outs(olds["submission_id"], olds["status"]))
+
+    def delete(self, id_: str, props: dict[str, Any]) -> None:
+        spec = _JobSpec.from_props(_spec_props(props))
+        try:
+            with _client(spec, spec.reach_timeout_s) as client:
+                _stop(client, id_)
+        except HeadAccessError as error:
+            # The head (or the whole cluster) is gone, and its jobs with it.
+            pulumi.log.warn(f"GrpoJob {id_}: nothing to stop; {error}")
+
+
+def _spec_props(props: Mapping[str, Any]) -> dict[str, Any]:
+    """The spec part of stored outputs (without the outputs and the serialized provider)."""
+    return {key: props[key] for key in _SPEC_KEYS if key in props}
+
+
+@contextmanager
+def _client(spec: _JobSpec, timeout_s: float) -> Iterator[JobSubmissionClient]:
+    """A JobSubmissionClient on the head, reached within `timeout_s`, or HeadAccessError naming it.
+
+    The port-forward is retried until the deadline: kubectl fails while the head pod is pending.
+    """
+    from ray.job_submission import JobSubmissionClient
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stack = ExitStack()
+        try:
+            url = stack.enter_context(dashboard(
+                spec.dashboard_url, cluster_endpoint=spec.cluster_endpoint,
+                cluster_ca_certificate=spec.cluster_ca_certificate, cluster_name=spec.cluster_name,
+                namespace=spec.namespace, head_service=spec.head_service,
+                start_timeout_s=max(1.0, min(PORT_FORWARD_START_TIMEOUT_S, deadline - time.monotonic()))))
+            wait_for_dashboard(url, max(0.1, deadline - time.monotonic()))
+            break
+        except HeadAccessSetupError:
+            stack.close()
+            raise
+        except HeadAccessError as error:
+            stack.close()
+            if time.monotonic() >= deadline:
+                raise HeadAccessError(
+                    f"Ray head at {spec.address} not reachable within {timeout_s:g} s: {error}"
+                ) from None
+            time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+    with stack:
+        yield JobSubmissionClient(url)
+
+
+def _find_job(client: JobSubmissionClient, submission_id: str) -> JobDetails | None:
+    # list_jobs, not get_job_info: the latter does not tell "no such job" from other failures.
+    return next((job for job in client.list_jobs() if job.submission_id == submission_id), None)
+
+
+def _value(status: Any) -> str:
+    """JobStatus is a str enum; outputs hold its plain value."""
+    return str(getattr(status, "value", status))
+
+
+def _stop(client: JobSubmissionClient, submission_id: str) -> None:
+    """Stops the job unless it already ended, and waits until Ray reports it ended."""
+    job = _find_job(client, submission_id)
+    if job is None or _value(job.status) in _TERMINAL:
+        return
+    client.stop_job(submission_id)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while (status := _value(client.get_job_status(submission_id))) not in _TERMINAL:
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"GrpoJob {submission_id} still {status} {STOP_TIMEOUT_S:g} s after stop_job")
+        time.sleep(0.5)
+
+
+def _await_completion(spec: _JobSpec, submission_id: str) -> str:
+    """Polls until the run ends; raises with the log tail unless it SUCCEEDED.
+
+    Each poll opens its own connection: one port-forward held for hours would break.
+    """
+    deadline = time.monotonic() + spec.completion_timeout_s
+    while True:
+        with _client(spec, spec.reach_timeout_s) as client:
+            job = client.get_job_info(submission_id)
+            status = _value(job.status)
+            if status == "SUCCEEDED":
+                return status
+            if status in _TERMINAL:
+                # Ray's message embeds up to 20,000 chars of logs after its first line: keep that line.
+                reason = (job.message or "no message").splitlines()[0]
+                tail = client.get_job_logs(submission_id).splitlines()[-LOG_TAIL_LINES:]
+                raise RuntimeError(
+                    f"GRPO job {submission_id} {status}: {reason}\n"
+                    f"last {len(tail)} log lines:\n" + "\n".join(tail)
+                )
+        if time.monotonic() >= deadline:
+            raise TimeoutError(
+                f"GRPO job {submission_id} still {status} after completion_timeout_s="
+                f"{spec.completion_timeout_s:g} s; it keeps running on {spec.address}"
+            )
+        time.sleep(min(spec.poll_interval_s, max(0.0, deadline - time.monotonic())))
+
+
+class GrpoJob(pulumi.dynamic.Resource, name="GrpoJob"):
+    """The GRPO training run submitted to the Ray cluster; replaced when its spec changes."""
+
+    submission_id: pulumi.Output[str]
+    status: pulumi.Output[str]
+    dashboard_command: pulumi.Output[str]
+
+    def __init__(self, name: str, args: GrpoJobArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        props: dict[str, Any] = {**args, **{key: None for key in _OUTPUT_KEYS}}
+        # `pulumi up --replace` must stop the old run before submitting again, as diff's replace does.
+        opts = pulumi.ResourceOptions.merge(pulumi.ResourceOptions(delete_before_replace=True), opts)
+        super().__init__(GrpoJobProvider(), name, props, opts)

@@ -1,0 +1,356 @@
+"""The GrpoJob dynamic provider, driven directly (CONTRACT.md 5) against a real local Ray head.
+
+Entrypoints are tiny python commands; each test uses its own stack name, so submission ids never
+collide on the shared head.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import shlex
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import dill
+import pulumi
+import pulumi.dynamic
+import pytest
+from pulumi.output import Unknown
+from pulumi.runtime import rpc
+from ray.job_submission import JobSubmissionClient
+
+from components.grpo_job import GrpoJob, GrpoJobProvider
+from tests.ray_head import free_ports, kubectl_record
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
+
+PY = shlex.quote(sys.executable)
+
+
+def _py(code: str) -> str:
+    return f"{PY} -c {shlex.quote(code)}"
+
+
+@pytest.fixture
+def props(ray_head: str) -> Callable[..., dict[str, Any]]:
+    """Props for the local head: a fresh stack name per test, the given entrypoint and extras."""
+    stack = f"t{uuid.uuid4().hex[:8]}"
+
+    def make(entrypoint: str, **extra: Any) -> dict[str, Any]:
+        return {"dashboard_url": ray_head, "entrypoint": entrypoint, "runtime_env": {}, "stack": stack, **extra}
+
+    return make
+
+
+def _outs_of(result: pulumi.dynamic.CreateResult | pulumi.dynamic.ReadResult | pulumi.dynamic.UpdateResult
+             ) -> dict[str, Any]:
+    assert result.outs is not None
+    return result.outs
+
+
+def _wait_status(client: JobSubmissionClient, submission_id: str, wanted: set[str], timeout_s: float = 60) -> str:
+    deadline = time.monotonic() + timeout_s
+    while (status := str(client.get_job_status(submission_id).value)) not in wanted:
+        assert time.monotonic() < deadline, f"{submission_id} still {status}"
+        time.sleep(0.2)
+    return status
+
+
+def test_create_submits_under_the_deterministic_id(ray_head: str, props: Callable[..., dict[str, Any]]) -> None:
+    entrypoint = _py("print('hello from grpo')")
+    runtime_env = {"env_vars": {"HF_HOME": "/data/huggingface"}}
+    job_props = props(entrypoint, runtime_env=runtime_env)
+    result = GrpoJobProvider().create(job_props)
+
+    canonical = json.dumps({"entrypoint": entrypoint, "runtime_env": runtime_env},
+                           sort_keys=True, separators=(",", ":"))
+    expected = f"verl-grpo-{job_props['stack']}-{hashlib.sha256(canonical.encode()).hexdigest()[:12]}"
+    assert result.id == expected
+    assert _outs_of(result)["submission_id"] == expected
+    assert _outs_of(result)["status"] in {"PENDING", "RUNNING", "SUCCEEDED"}
+    client = JobSubmissionClient(ray_head)
+    info = client.get_job_info(expected)
+    assert info.entrypoint == entrypoint
+    assert (info.runtime_env or {}).get("env_vars") == {"HF_HOME": "/data/huggingface"}
+    assert _wait_status(client, expected, {"SUCCEEDED", "FAILED"}) == "SUCCEEDED"
+    assert "hello from grpo" in client.get_job_logs(expected)
+
+
+def test_only_entrypoint_runtime_env_and_dashboard_url_are_needed(ray_head: str) -> None:
+    entrypoint = _py(f"print({uuid.uuid4().hex!r})")
+    result = GrpoJobProvider().create({"dashboard_url": ray_head, "entrypoint": entrypoint, "runtime_env": {}})
+    assert result.id.startswith("verl-grpo-dev-")
+    assert _outs_of(result)["namespace"] == "default" and _outs_of(result)["ready_timeout_s"] == 1800
+    assert _outs_of(result)["dashboard_command"] is None
+
+
+def test_second_create_adopts_the_job_instead_of_running_it_twice(
+        ray_head: str, props: Callable[..., dict[str, Any]], tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    job_props = props(_py(f"open({str(runs)!r}, 'a').write('run\\n')"))
+    provider = GrpoJobProvider()
+    first = provider.create(job_props)
+    second = provider.create(job_props)
+    assert second.id == first.id
+    client = JobSubmissionClient(ray_head)
+    assert [job.submission_id for job in client.list_jobs()].count(first.id) == 1
+    _wait_status(client, first.id, {"SUCCEEDED", "FAILED"})
+    assert runs.read_text() == "run\n"
+    # Adopting a finished job reports its real status.
+    assert _outs_of(provider.create(job_props))["status"] == "SUCCEEDED"
+
+
+def test_ints_sent_as_floats_give_the_same_job(props: Callable[..., dict[str, Any]]) -> None:
+    entrypoint = _py("print('floats')")
+    as_ints = props(entrypoint, runtime_env={"config": {"setup_timeout_seconds": 600}}, ready_timeout_s=60)
+    as_floats = {**as_ints, "runtime_env": {"config": {"setup_timeout_seconds": 600.0}}, "ready_timeout_s": 60.0}
+    provider = GrpoJobProvider()
+    created = provider.create(as_floats)
+    assert provider.create(as_ints).id == created.id
+    assert _outs_of(created)["runtime_env"] == {"config": {"setup_timeout_seconds": 600}}
+
+
+def test_read_refreshes_the_status(ray_head: str, props: Callable[..., dict[str, Any]]) -> None:
+    provider = GrpoJobProvider()
+    created = provider.create(props(_py("import time; time.sleep(1)")))
+    assert _outs_of(created)["status"] in {"PENDING", "RUNNING"}
+    _wait_status(JobSubmissionClient(ray_head), created.id, {"SUCCEEDED", "FAILED"})
+    read = provider.read(created.id, _outs_of(created))
+    assert read.id == created.id
+    assert _outs_of(read)["status"] == "SUCCEEDED"
+    assert _outs_of(read)["submission_id"] == created.id
+    assert _outs_of(read)["entrypoint"] == _outs_of(created)["entrypoint"]
+
+
+def test_read_of_a_job_the_head_does_not_know_reports_it_gone(props: Callable[..., dict[str, Any]]) -> None:
+    outs = {**props(_py("pass")), "submission_id": "verl-grpo-dev-000000000000", "status": "RUNNING"}
+    read = GrpoJobProvider().read("verl-grpo-dev-000000000000", outs)
+    assert read.id == "" and _outs_of(read) == {}
+
+
+CLUSTER = {"cluster_endpoint": "34.1.2.3", "cluster_ca_certificate": "Y2E=", "cluster_name": "verl",
+           "namespace": "ray", "head_service": "verl-head-svc"}
+
+
+def test_create_reaches_the_head_through_a_port_forward(
+        ray_head: str, props: Callable[..., dict[str, Any]], fake_kubectl: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The fake kubectl "forwards" to the real head's dashboard port.
+    monkeypatch.setenv("FAKE_KUBECTL_PORT", ray_head.rsplit(":", 1)[1])
+    job_props = {**props(_py("print('tunnelled')")), **CLUSTER}
+    del job_props["dashboard_url"]
+    created = GrpoJobProvider().create(job_props)
+    assert JobSubmissionClient(ray_head).get_job_info(created.id).entrypoint == _py("print('tunnelled')")
+    seen = kubectl_record(fake_kubectl)
+    assert seen["arg"][:7] == ["port-forward", "svc/verl-head-svc", ":8265", "-n", "ray", "--address", "127.0.0.1"]
+    assert not Path(seen["kubeconfig"][0]).exists()
+    assert _outs_of(created)["dashboard_command"] == (
+        "kubectl port-forward svc/verl-head-svc 8265:8265 -n ray --address 127.0.0.1")
+    # Endpoint and CA are kept to rebuild the kubeconfig at refresh and destroy; never a kubeconfig.
+    assert _outs_of(created)["cluster_endpoint"] == "34.1.2.3" and "kubeconfig" not in _outs_of(created)
+
+
+def test_a_failing_port_forward_is_retried_until_ready_timeout_and_named(
+        props: Callable[..., dict[str, Any]], fake_kubectl: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_KUBECTL_MODE", "fail")
+    job_props = {**props(_py("pass")), **CLUSTER, "ready_timeout_s": 3.0}
+    del job_props["dashboard_url"]
+    started = time.monotonic()
+    with pytest.raises(RuntimeError) as raised:
+        GrpoJobProvider().create(job_props)
+    assert 3 <= time.monotonic() - started < 15
+    message = str(raised.value)
+    assert message.startswith("Ray head at svc/verl-head-svc in namespace ray of GKE cluster verl "
+                              "(kubectl port-forward) not reachable within 3 s: ")
+    assert 'services "head-svc" not found' in message
+
+
+def test_a_missing_kubectl_fails_create_at_once(
+        props: Callable[..., dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    job_props = {**props(_py("pass")), **CLUSTER}
+    del job_props["dashboard_url"]
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="^kubectl not found on PATH"):
+        GrpoJobProvider().create(job_props)
+    assert time.monotonic() - started < 5
+
+
+def _stored(**overrides: Any) -> dict[str, Any]:
+    base = {"dashboard_url": "http://127.0.0.1:8265", "entrypoint": "python3 -m verl.trainer.main_ppo a=1",
+            "runtime_env": {"env_vars": {"NCCL_CROSS_NIC": "0"}}, "stack": "a4"}
+    return {**base, **overrides}
+
+
+def test_diff_replaces_on_entrypoint_or_runtime_env_change_only() -> None:
+    provider = GrpoJobProvider()
+    olds = {**_stored(), "namespace": "default", "ready_timeout_s": 1800.0,
+            "submission_id": "verl-grpo-a4-x", "status": "RUNNING"}
+    # The engine's news: outputs seeded as None, defaults left out, numbers as floats.
+    news = {**_stored(), "submission_id": None, "status": None, "dashboard_command": None, "__provider": "p"}
+    same = provider.diff("verl-grpo-a4-x", olds, news)
+    assert same.changes is False and same.replaces == []
+
+    entry = provider.diff("id", olds, {**news, "entrypoint": "python3 -m verl.trainer.main_ppo a=2"})
+    assert entry.changes is True and entry.replaces == ["entrypoint"] and entry.delete_before_replace is True
+
+    env = provider.diff("id", olds, {**news, "runtime_env": {"env_vars": {"NCCL_CROSS_NIC": "1"}}})
+    assert env.changes is True and env.replaces == ["runtime_env"]
+
+    timeout = provider.diff("id", olds, {**news, "ready_timeout_s": 600.0})
+    assert timeout.changes is True and timeout.replaces == []
+
+
+def test_diff_in_preview_treats_unknown_spec_as_a_replace() -> None:
+    provider = GrpoJobProvider()
+    olds = {**_stored(), "submission_id": "verl-grpo-a4-x", "status": "RUNNING"}
+    for unknown in (Unknown(), rpc.UNKNOWN):
+        nested = provider.diff("id", olds, {**_stored(), "runtime_env": {"env_vars": {"HF_HOME": unknown}}})
+        assert nested.replaces == ["runtime_env"]
+        url = provider.diff("id", olds, {**_stored(), "dashboard_url": unknown})
+        assert url.changes is True and url.replaces == []
+
+
+def test_check_names_each_bad_prop_and_lets_unknowns_pass() -> None:
+    provider = GrpoJobProvider()
+    result = provider.check({}, {"entrypoint": "", "runtime_env": [], "ready_timeout_s": -1.0,
+                                 "stack": "my stack", "wait_for_completion": "yes", "retries": 3.0})
+    failures = {(f.property, f.reason) for f in result.failures}
+    assert {f.property for f in result.failures} == {
+        "entrypoint", "runtime_env", "ready_timeout_s", "stack", "wait_for_completion", "retries", "dashboard_url"}
+    assert ("ready_timeout_s", "-1.0 must be a positive number of seconds") in failures
+    assert ("dashboard_url", "unset, so the head is reached by kubectl port-forward, which needs "
+                             "cluster_endpoint, cluster_ca_certificate, cluster_name, head_service") in failures
+
+    preview = provider.check({}, {"entrypoint": rpc.UNKNOWN, "runtime_env": {"env_vars": {"A": Unknown()}},
+                                  "cluster_endpoint": Unknown(), "cluster_ca_certificate": "Y2E=",
+                                  "cluster_name": "verl", "head_service": "h", "__provider": Unknown()})
+    assert preview.failures == []
+
+    port_forward = provider.check({}, {"entrypoint": "x", "runtime_env": {}, "cluster_endpoint": "34.1.2.3",
+                                       "cluster_ca_certificate": "Y2E=", "cluster_name": "verl",
+                                       "head_service": "h", "namespace": "ray"})
+    assert port_forward.failures == []
+
+
+def test_create_with_bad_props_raises_one_message_naming_them() -> None:
+    with pytest.raises(ValueError, match=r"^GrpoJob: entrypoint: a non-empty shell command is required; "
+                                         r"dashboard_url: 'localhost:8265' must start with http:// or https://$"):
+        GrpoJobProvider().create({"dashboard_url": "localhost:8265", "entrypoint": " ", "runtime_env": {}})
+
+
+def test_update_keeps_the_job_and_its_outputs() -> None:
+    olds = {**_stored(), "submission_id": "verl-grpo-a4-abc", "status": "RUNNING", "dashboard_command": None}
+    news = {**_stored(), "ready_timeout_s": 600.0, "namespace": "ray", "head_service": "h",
+            "submission_id": None, "status": None, "dashboard_command": None}
+    outs = _outs_of(GrpoJobProvider().update("verl-grpo-a4-abc", olds, news))
+    assert outs["submission_id"] == "verl-grpo-a4-abc" and outs["status"] == "RUNNING"
+    assert outs["ready_timeout_s"] == 600.0 and outs["namespace"] == "ray"
+    assert outs["dashboard_command"] == "kubectl port-forward svc/h 8265:8265 -n ray --address 127.0.0.1"
+
+
+def test_delete_stops_a_running_job(ray_head: str, props: Callable[..., dict[str, Any]]) -> None:
+    provider = GrpoJobProvider()
+    created = provider.create(props(_py("import time; print('training', flush=True); time.sleep(600)")))
+    client = JobSubmissionClient(ray_head)
+    _wait_status(client, created.id, {"RUNNING"})
+    started = time.monotonic()
+    provider.delete(created.id, _outs_of(created))
+    assert time.monotonic() - started < 30
+    assert str(client.get_job_status(created.id).value) == "STOPPED"
+
+
+def test_delete_succeeds_when_the_head_is_gone(props: Callable[..., dict[str, Any]]) -> None:
+    [port] = free_ports(1)
+    outs = {**props(_py("pass")), "dashboard_url": f"http://127.0.0.1:{port}", "ready_timeout_s": 1.0,
+            "submission_id": "verl-grpo-dev-abc", "status": "RUNNING"}
+    started = time.monotonic()
+    GrpoJobProvider().delete("verl-grpo-dev-abc", outs)
+    assert time.monotonic() - started < 10
+
+
+def test_a_head_that_does_not_answer_fails_create_naming_its_address(props: Callable[..., dict[str, Any]]) -> None:
+    [port] = free_ports(1)
+    url = f"http://127.0.0.1:{port}"
+    started = time.monotonic()
+    with pytest.raises(RuntimeError) as raised:
+        GrpoJobProvider().create(props(_py("pass"), dashboard_url=url, ready_timeout_s=2.0))
+    assert 2 <= time.monotonic() - started < 10
+    assert str(raised.value).startswith(f"Ray head at {url} not reachable within 2 s")
+
+
+def test_wait_for_completion_fails_with_the_runs_log_tail(props: Callable[..., dict[str, Any]]) -> None:
+    code = "import sys\nfor i in range(30): print(f'step {i}', flush=True)\nsys.exit(3)"
+    with pytest.raises(RuntimeError) as raised:
+        GrpoJobProvider().create(props(_py(code), wait_for_completion=True, poll_interval_s=0.2))
+    message = str(raised.value)
+    first_line, *rest = message.splitlines()
+    assert first_line.startswith("GRPO job verl-grpo-t")
+    assert first_line.endswith(" FAILED: Job entrypoint command failed with exit code 3, "
+                               "last available logs (truncated to 20,000 chars):")
+    assert rest[0] == "last 20 log lines:"
+    assert rest[1:] == [f"step {i}" for i in range(10, 30)]
+
+
+def test_wait_for_completion_returns_succeeded(props: Callable[..., dict[str, Any]]) -> None:
+    created = GrpoJobProvider().create(props(_py("print('done')"), wait_for_completion=True, poll_interval_s=0.2))
+    assert _outs_of(created)["status"] == "SUCCEEDED"
+
+
+def test_provider_survives_the_engines_dill_round_trip(ray_head: str, props: Callable[..., dict[str, Any]]) -> None:
+    provider = GrpoJobProvider()
+    assert dill.loads(dill.dumps(provider, recurse=True)).__class__ is GrpoJobProvider
+    # Exactly what `pulumi up` stores and the provider process loads.
+    serialized = base64.b64decode(pulumi.dynamic.dynamic.serialize_provider(provider))
+    # By reference to this importable module, not by value: no code or state travels in the state file.
+    assert b"components.grpo_job" in serialized and len(serialized) < 100
+    loaded = dill.loads(serialized)
+    assert isinstance(loaded, GrpoJobProvider)
+    created = loaded.create(props(_py("print('pickled')")))
+    assert JobSubmissionClient(ray_head).get_job_info(created.id).entrypoint == _py("print('pickled')")
+
+
+class _Mocks(pulumi.runtime.Mocks):
+    def __init__(self) -> None:
+        self.registered: list[pulumi.runtime.MockResourceArgs] = []
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
+        self.registered.append(args)
+        return "verl-grpo-a4-0123456789ab", {**args.inputs, "submission_id": "verl-grpo-a4-0123456789ab",
+                                            "status": "PENDING", "dashboard_command": "kubectl port-forward"}
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
+        return {}, None
+
+
+@pytest.fixture
+def mocks() -> _Mocks:
+    mocks = _Mocks()
+    pulumi.runtime.set_mocks(mocks, preview=False)
+    return mocks
+
+
+@pulumi.runtime.test
+def test_grpo_job_resource_registers_the_provider_and_exposes_outputs(mocks: _Mocks) -> pulumi.Output[Any]:
+    job = GrpoJob("grpo", {"entrypoint": "python3 -m verl.trainer.main_ppo", "runtime_env": {}, "stack": "a4",
+                           "namespace": "ray", "head_service": "h", "cluster_endpoint": "34.1.2.3",
+                           "cluster_ca_certificate": "Y2E=", "cluster_name": "verl"})
+
+    def check(values: list[Any]) -> None:
+        submission_id, status = values
+        assert submission_id == "verl-grpo-a4-0123456789ab" and status == "PENDING"
+        [registered] = mocks.registered
+        assert registered.typ == "pulumi-python:dynamic:GrpoJob"
+        # Outputs seeded as None are not sent as inputs, yet resolve (they exist only because seeded).
+        assert not {"submission_id", "status", "dashboard_command"} & set(registered.inputs)
+        assert registered.inputs["stack"] == "a4" and registered.inputs["head_service"] == "h"
+        # The pickled provider is stored as a secret.
+        assert rpc.is_rpc_secret(registered.inputs["__provider"])
+
+    return pulumi.Output.all(job.submission_id, job.status).apply(check)
