@@ -1,0 +1,440 @@
+"""The `verl-gke` CLI against a real Ray head on loopback (the `ray_head` fixture), plus its error paths.
+
+Jobs are submitted with Ray's own JobSubmissionClient and print lines in verl's console format;
+the CLI reaches the head with `--dashboard-url`, as it would a privately reachable dashboard.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+import yaml
+from matplotlib.image import imread
+from ray.job_submission import JobStatus, JobSubmissionClient
+
+from tests.ray_head import free_ports, kubectl_record
+from verl_gke import cli, stack_outputs
+from verl_gke.stack_outputs import OutputsError
+
+pytestmark = pytest.mark.ray
+
+JOB_TIMEOUT_S = 90.0
+REPO = Path(__file__).resolve().parent.parent
+CA = base64.b64encode(b"test cluster CA").decode()
+
+# What the job prints: Ray-style noise, a coloured task prefix, and one verl console line per step
+# (aggregate_logger.concat_dict_to_str: `step:N - key:value` with values formatted :.3f).
+JOB_SCRIPT = r"""
+import sys, time
+rewards = [0.1, 0.2, 0.25, 0.35, 0.3, 0.45, 0.5, 0.6]
+print("INFO worker.py:1852 -- Connecting to existing Ray cluster", flush=True)
+for step, reward in enumerate(rewards, start=1):
+    line = " - ".join([f"step:{step}", f"critic/score/mean:{reward:.3f}", f"perf/throughput:{1500 + 10 * step:.3f}",
+                       f"perf/time_per_step:{100 - step:.3f}", f"actor/entropy:{0.7 - step / 100:.3f}"])
+    prefix = "\x1b[36m(TaskRunner pid=4242)\x1b[0m " if step % 2 else "(TaskRunner pid=4242) "
+    print(prefix + line, flush=True)
+    print(f"(TaskRunner pid=4242) Training Progress: {step}/8", flush=True)
+    time.sleep(float(sys.argv[1]))
+"""
+
+EXPECTED_TABLE = [
+    "step  critic/score/mean  perf/throughput  perf/time_per_step",
+    "   1              0.100         1510.000              99.000",
+    "   2              0.200         1520.000              98.000",
+    "   3              0.250         1530.000              97.000",
+    "   4              0.350         1540.000              96.000",
+    "   5              0.300         1550.000              95.000",
+    "   6              0.450         1560.000              94.000",
+    "   7              0.500         1570.000              93.000",
+    "   8              0.600         1580.000              92.000",
+]
+
+
+def submit(url: str, step_sleep_s: float = 0.0, entrypoint: str | None = None) -> str:
+    submission_id = f"cli-test-{uuid.uuid4().hex[:8]}"
+    command = entrypoint or f"python -c '{JOB_SCRIPT}' {step_sleep_s}"
+    JobSubmissionClient(url).submit_job(entrypoint=command, submission_id=submission_id)
+    return submission_id
+
+
+def wait_until_done(url: str, submission_id: str) -> JobStatus:
+    client = JobSubmissionClient(url)
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while (status := client.get_job_status(submission_id)) not in {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}:
+        assert time.monotonic() < deadline, f"job {submission_id} still {status} after {JOB_TIMEOUT_S} s"
+        time.sleep(0.5)
+    return status
+
+
+def outputs_doc(submission_id: str, **changes: Any) -> dict[str, Any]:
+    """Stack outputs shaped like `pulumi stack output --json` of an A4 stack (secrets masked)."""
+    doc: dict[str, Any] = {
+        "bucketName": "verl-data-my-project-123",
+        "bucketUrl": "gs://verl-data-my-project-123",
+        "checkpointUri": "gs://verl-data-my-project-123/verl/checkpoints",
+        "clusterLocation": "us-central1",
+        "clusterName": "verl-a4",
+        "dashboardCommand": "kubectl port-forward svc/b200-ray-cluster-head-svc 8265:8265 -n default --address 127.0.0.1",
+        "gpuNodes": 2,
+        "gpuPlatform": "a4",
+        "gpusPerNode": 8,
+        "grpoJobStatus": "RUNNING",
+        "grpoSubmissionId": submission_id,
+        "kubeconfig": "[secret]",
+        "namespace": "default",
+        "rayClusterName": "b200-ray-cluster",
+        "rayHeadService": "b200-ray-cluster-head-svc",
+    }
+    doc.update(changes)
+    return {key: value for key, value in doc.items() if value is not None}
+
+
+def write_outputs(path: Path, doc: dict[str, Any]) -> Path:
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.fixture(scope="module")
+def finished_job(ray_head: str) -> str:
+    submission_id = submit(ray_head)
+    assert wait_until_done(ray_head, submission_id) == JobStatus.SUCCEEDED
+    return submission_id
+
+
+@pytest.fixture
+def outputs_file(tmp_path: Path, finished_job: str) -> Path:
+    return write_outputs(tmp_path / "outputs.json", outputs_doc(finished_job))
+
+
+@pytest.fixture
+def no_pulumi(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """A PATH without the pulumi CLI (none is installed here, but make it certain)."""
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    yield
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def error_line(err: str) -> str:
+    """The CLI's error: exactly one line, and no traceback anywhere."""
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("verl-gke: error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+# --- Against the real head ----------------------------------------------------------------------
+
+
+def test_status_shows_cluster_head_workers_gpus_and_job_on_one_screen(
+        capsys: pytest.CaptureFixture[str], ray_head: str, finished_job: str, outputs_file: Path) -> None:
+    code, out, _ = run(capsys, "status", "--outputs", str(outputs_file), "--dashboard-url", ray_head)
+    assert code == 0
+    assert out.splitlines() == [
+        f"Stack outputs  {outputs_file}",
+        "Cluster        verl-a4 in us-central1, platform a4, 2 GPU nodes x 8 GPUs",
+        f"Ray head       {ray_head}  Ray {ray.__version__}, svc/b200-ray-cluster-head-svc in namespace default",
+        # The loopback head is alone and has no GPU: no worker has joined.
+        "Workers        0 of 2 joined",
+        "GPUs visible   0 of 16  <- 16 GPUs not joined yet",
+        f"GRPO job       {finished_job}  SUCCEEDED (Pulumi last saw RUNNING)",
+        "Job message    Job finished successfully.",
+        "Checkpoints    gs://verl-data-my-project-123/verl/checkpoints",
+        "Dashboard      kubectl port-forward svc/b200-ray-cluster-head-svc 8265:8265 -n default --address 127.0.0.1",
+    ]
+
+
+def test_logs_prints_the_jobs_output(
+        capsys: pytest.CaptureFixture[str], ray_head: str, outputs_file: Path) -> None:
+    code, out, _ = run(capsys, "logs", "--outputs", str(outputs_file), "--dashboard-url", ray_head)
+    assert code == 0
+    assert "\x1b[36m(TaskRunner pid=4242)\x1b[0m step:1 - critic/score/mean:0.100 - perf/throughput:1510.000" in out
+    assert "(TaskRunner pid=4242) step:8 - critic/score/mean:0.600 - perf/throughput:1580.000" in out
+    assert "(TaskRunner pid=4242) Training Progress: 8/8" in out
+
+
+@pytest.mark.filterwarnings("ignore:ssl=None is deprecated:DeprecationWarning")  # inside Ray's log tail
+def test_logs_follow_streams_a_running_job_until_it_ends(
+        capsys: pytest.CaptureFixture[str], ray_head: str, no_pulumi: None) -> None:
+    submission_id = submit(ray_head, step_sleep_s=0.4)
+    # --dashboard-url and --submission-id together need no stack outputs at all.
+    code, out, err = run(capsys, "logs", "--follow", "--dashboard-url", ray_head, "--submission-id", submission_id)
+    assert code == 0
+    assert re.findall(r"step:(\d) - critic/score/mean:", out) == [str(step) for step in range(1, 9)]
+    assert out.rstrip().endswith("(TaskRunner pid=4242) Training Progress: 8/8")
+    assert f"verl-gke: job {submission_id} is SUCCEEDED: Job finished successfully." in err.splitlines()
+
+
+def test_metrics_from_the_jobs_logs_table_verdict_and_plot(
+        capsys: pytest.CaptureFixture[str], ray_head: str, outputs_file: Path, tmp_path: Path) -> None:
+    plot = tmp_path / "reward.png"
+    code, out, err = run(capsys, "metrics", "--outputs", str(outputs_file), "--dashboard-url", ray_head,
+                         "--plot", str(plot))
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[:9] == EXPECTED_TABLE
+    assert lines[9] == ("critic/score/mean: RISING over 8 steps (slope +0.06607/step, "
+                        "first quarter mean 0.150, last quarter mean 0.550)")
+    assert lines[10].startswith("rule: rising = least-squares slope")
+    assert lines[11] == f"plot: {plot}"
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert imread(plot).shape == (450, 800, 4)
+    assert "error" not in err
+
+
+def test_metrics_extra_keys_and_an_absent_key(
+        capsys: pytest.CaptureFixture[str], ray_head: str, outputs_file: Path) -> None:
+    code, out, err = run(capsys, "metrics", "--outputs", str(outputs_file), "--dashboard-url", ray_head,
+                         "--keys", "actor/entropy,critic/vf_loss")
+    assert code == 0
+    header, first = out.splitlines()[:2]
+    assert header.split() == ["step", "critic/score/mean", "perf/throughput", "perf/time_per_step",
+                              "actor/entropy", "critic/vf_loss"]
+    assert first.split() == ["1", "0.100", "1510.000", "99.000", "0.690", "-"]
+    assert "verl-gke: metric critic/vf_loss appears in no step" in err.splitlines()
+
+
+def test_wait_exits_zero_for_a_job_that_succeeded(
+        capsys: pytest.CaptureFixture[str], ray_head: str, finished_job: str, outputs_file: Path) -> None:
+    code, out, err = run(capsys, "wait", "--outputs", str(outputs_file), "--dashboard-url", ray_head, "--poll", "0.5")
+    assert code == 0
+    assert out == f"job {finished_job} SUCCEEDED\n"
+    assert f"verl-gke: job {finished_job}: SUCCEEDED after 0m00s" in err.splitlines()
+
+
+def test_wait_fails_with_one_line_for_a_failed_job(
+        capsys: pytest.CaptureFixture[str], ray_head: str, tmp_path: Path) -> None:
+    submission_id = submit(ray_head, entrypoint="python -c 'import sys; sys.exit(3)'")
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc(submission_id))
+    code, _, err = run(capsys, "wait", "--outputs", str(outputs), "--dashboard-url", ray_head, "--poll", "0.5")
+    assert code == 1
+    assert error_line(err).startswith(f"verl-gke: error: job {submission_id} ended FAILED: ")
+
+
+def test_wait_gives_up_after_its_timeout(
+        capsys: pytest.CaptureFixture[str], ray_head: str, tmp_path: Path) -> None:
+    submission_id = submit(ray_head, entrypoint="sleep 30")
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc(submission_id))
+    try:
+        code, _, err = run(capsys, "wait", "--outputs", str(outputs), "--dashboard-url", ray_head,
+                           "--poll", "1", "--timeout", "1")
+        assert code == 1
+        assert re.fullmatch(
+            rf"verl-gke: error: job {submission_id} is still (PENDING|RUNNING) after 0m0\ds \(--timeout 1 s\)",
+            error_line(err))
+    finally:
+        JobSubmissionClient(ray_head).stop_job(submission_id)
+
+
+def test_an_unknown_job_is_one_line_naming_it_and_the_head(
+        capsys: pytest.CaptureFixture[str], ray_head: str, tmp_path: Path) -> None:
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("raysubmit_doesnotexist"))
+    code, _, err = run(capsys, "wait", "--outputs", str(outputs), "--dashboard-url", ray_head)
+    assert code == 1
+    line = error_line(err)
+    assert line.startswith(f"verl-gke: error: reading job raysubmit_doesnotexist at {ray_head} failed: ")
+    assert "does not exist" in line
+
+
+def test_status_still_shows_the_cluster_when_the_head_lost_the_job(
+        capsys: pytest.CaptureFixture[str], ray_head: str, tmp_path: Path) -> None:
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("raysubmit_doesnotexist"))
+    code, out, _ = run(capsys, "status", "--outputs", str(outputs), "--dashboard-url", ray_head)
+    assert code == 1
+    lines = out.splitlines()
+    assert lines[1] == "Cluster        verl-a4 in us-central1, platform a4, 2 GPU nodes x 8 GPUs"
+    assert lines[5] == "GRPO job       raysubmit_doesnotexist  UNREADABLE (Pulumi last saw RUNNING)"
+    assert lines[6].startswith(f"Job message    reading job raysubmit_doesnotexist at {ray_head} failed: ")
+
+
+def test_status_never_prints_secrets(
+        capsys: pytest.CaptureFixture[str], ray_head: str, finished_job: str, tmp_path: Path) -> None:
+    # Even outputs saved with --show-secrets by mistake: the kubeconfig is never read or shown.
+    kubeconfig = "apiVersion: v1\nusers:\n- name: u\n  user:\n    token: ya29.super-secret-token\n"
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc(finished_job, kubeconfig=kubeconfig))
+    code, out, err = run(capsys, "status", "--outputs", str(outputs), "--dashboard-url", ray_head)
+    assert code == 0
+    assert "super-secret" not in out + err
+
+
+def test_status_through_a_port_forward_the_way_the_job_provider_reaches_the_head(
+        capsys: pytest.CaptureFixture[str], ray_head: str, finished_job: str, tmp_path: Path,
+        fake_kubectl: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The fake kubectl announces a forward to the real head's port, so the whole path is exercised.
+    monkeypatch.setenv("FAKE_KUBECTL_PORT", ray_head.rsplit(":", 1)[1])
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc(
+        finished_job, clusterEndpoint="34.1.2.3", clusterCaCertificate=CA))
+    code, out, err = run(capsys, "status", "--outputs", str(outputs))
+    assert code == 0, err
+    assert f"Ray head       {ray_head}  Ray {ray.__version__}, svc/b200-ray-cluster-head-svc in namespace default" in out
+    assert f"GRPO job       {finished_job}  SUCCEEDED (Pulumi last saw RUNNING)" in out
+    assert ("verl-gke: opening a port-forward to svc/b200-ray-cluster-head-svc in namespace default "
+            "of cluster verl-a4") in err.splitlines()
+    call = kubectl_record(fake_kubectl)
+    assert call["arg"][:7] == ["port-forward", "svc/b200-ray-cluster-head-svc", ":8265", "-n", "default",
+                               "--address", "127.0.0.1"]
+    kubeconfig = yaml.safe_load(Path(f"{fake_kubectl}.kubeconfig").read_text())
+    assert kubeconfig["clusters"][0]["cluster"] == {"server": "https://34.1.2.3", "certificate-authority-data": CA}
+    assert not Path(call["kubeconfig"][0]).exists()  # the throw-away kubeconfig is gone
+
+
+def test_dashboard_holds_the_port_forward_until_ctrl_c(
+        ray_head: str, tmp_path: Path, fake_kubectl: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_KUBECTL_PORT", ray_head.rsplit(":", 1)[1])
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc(
+        "raysubmit_1", clusterEndpoint="34.1.2.3", clusterCaCertificate=CA))
+    process = subprocess.Popen([sys.executable, "-m", "verl_gke", "dashboard", "--outputs", str(outputs)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline() == f"Ray dashboard: {ray_head}\n"
+        kubectl_pid = int(kubectl_record(fake_kubectl)["pid"][0])
+        assert Path(f"/proc/{kubectl_pid}").exists()
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0
+    assert "verl-gke: closing the port-forward" in err.splitlines()
+    assert not Path(f"/proc/{kubectl_pid}").exists()  # the tunnel closed with the command
+
+
+def test_dashboard_with_a_directly_reachable_head_just_prints_it(
+        capsys: pytest.CaptureFixture[str], ray_head: str, no_pulumi: None) -> None:
+    code, out, _ = run(capsys, "dashboard", "--dashboard-url", ray_head + "/")
+    assert (code, out) == (0, f"Ray dashboard: {ray_head}\n")
+
+
+# --- Error paths without a head -----------------------------------------------------------------
+
+
+def test_unreachable_head_is_one_line_naming_the_address(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_ports(1)[0]}"
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("raysubmit_x"))
+    code, out, err = run(capsys, "status", "--outputs", str(outputs), "--dashboard-url", url, "--head-timeout", "1")
+    assert code == 1
+    assert out == ""
+    assert error_line(err).startswith(f"verl-gke: error: Ray dashboard at {url} did not answer GET /api/version within 1 s")
+
+
+def test_missing_outputs_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    missing = tmp_path / "nope.json"
+    code, _, err = run(capsys, "status", "--outputs", str(missing))
+    assert code == 1
+    assert error_line(err) == f"verl-gke: error: stack outputs file {missing} does not exist"
+
+
+def test_outputs_file_that_is_not_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    bad = tmp_path / "outputs.json"
+    bad.write_text('{"clusterName": "verl-a4",\n  oops}')
+    code, _, err = run(capsys, "logs", "--outputs", str(bad))
+    assert code == 1
+    assert error_line(err) == (f"verl-gke: error: {bad} is not valid JSON "
+                               "(line 2, column 3: Expecting property name enclosed in double quotes)")
+
+
+def test_outputs_lacking_keys_are_named(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("x", grpoSubmissionId=None, rayHeadService=None))
+    code, _, err = run(capsys, "status", "--outputs", str(outputs))
+    assert code == 1
+    assert error_line(err) == (f"verl-gke: error: {outputs} lacks stack outputs rayHeadService, grpoSubmissionId "
+                               "(is it from `pulumi stack output --json` of a verl-gke stack?)")
+
+
+def test_no_outputs_file_and_no_pulumi_cli(capsys: pytest.CaptureFixture[str], no_pulumi: None) -> None:
+    code, _, err = run(capsys, "status")
+    assert code == 1
+    assert error_line(err).startswith("verl-gke: error: no stack outputs: the pulumi CLI is not on PATH; pass --outputs FILE")
+
+
+def test_port_forward_needs_the_cluster_endpoint_and_ca(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("x", clusterEndpoint="34.1.2.3"))
+    code, _, err = run(capsys, "dashboard", "--outputs", str(outputs))
+    assert code == 1
+    assert error_line(err) == (f"verl-gke: error: {outputs} lacks clusterCaCertificate, needed to port-forward "
+                               "to the Ray head; pass --dashboard-url URL for a directly reachable head")
+
+
+def test_metrics_from_a_log_file_needs_no_stack(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, no_pulumi: None) -> None:
+    log = tmp_path / "job.log"
+    log.write_text("noise\n(TaskRunner pid=1) step:1 - critic/score/mean:0.250 - perf/throughput:99.500\nstep:2 - crit")
+    code, out, err = run(capsys, "metrics", "--log-file", str(log))
+    assert code == 0
+    assert out.splitlines()[:2] == [
+        "step  critic/score/mean  perf/throughput  perf/time_per_step",
+        "   1              0.250           99.500                   -",
+    ]
+    assert out.splitlines()[2] == "critic/score/mean: not enough steps to judge (1 < 4)"
+    assert "verl-gke: the last log line is incomplete (still being written) and was left out" in err.splitlines()
+
+
+def test_metrics_from_a_log_without_metrics(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text("Traceback (most recent call last):\nRuntimeError: CUDA out of memory\n")
+    code, _, err = run(capsys, "metrics", "--log-file", str(log))
+    assert code == 1
+    assert error_line(err) == (f"verl-gke: error: no verl metric lines (step:N - key:value ...) in {log}; "
+                               "is trainer.logger set to console?")
+
+
+@pytest.mark.parametrize("command", [[], ["status"], ["logs"], ["wait"], ["dashboard"], ["metrics"]])
+def test_help_everywhere(capsys: pytest.CaptureFixture[str], command: list[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([*command, "--help"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: verl-gke {' '.join(command)}".rstrip())
+
+
+def test_python_dash_m_runs_the_cli() -> None:
+    done = subprocess.run([sys.executable, "-m", "verl_gke", "metrics", "--help"],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert "Verdict rule: rising = least-squares slope" in done.stdout.replace("\n", " ").replace("  ", " ")
+
+
+# --- Stack outputs, typed -------------------------------------------------------------------------
+
+
+def test_outputs_are_typed_and_whole_number_floats_accepted() -> None:
+    loaded = stack_outputs.from_mapping(outputs_doc("raysubmit_1", gpuNodes=2.0, clusterCaCertificate="[secret]",
+                                                    clusterEndpoint="34.1.2.3"), "test")
+    assert (loaded.gpu_nodes, loaded.gpus_per_node) == (2, 8)
+    assert loaded.cluster_endpoint == "34.1.2.3"
+    assert loaded.cluster_ca_certificate is None
+    assert loaded.grpo_submission_id == "raysubmit_1"
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"gpuNodes": True}, "stack output gpuNodes in test must be a whole number >= 0, got True"),
+    ({"gpusPerNode": 7.5}, "stack output gpusPerNode in test must be a whole number >= 0, got 7.5"),
+    ({"namespace": ""}, "stack output namespace in test must be a non-empty string, got ''"),
+    ({"grpoSubmissionId": "[unknown]"}, "stack output grpoSubmissionId in test is not known before deployment; "
+                                        "use the outputs of a deployed stack (`pulumi stack output --json`)"),
+    ({"rayHeadService": "[secret]"}, "stack output rayHeadService in test is a secret; it must be exported in clear"),
+])
+def test_bad_output_values_are_named(change: dict[str, Any], message: str) -> None:
+    with pytest.raises(OutputsError) as error:
+        stack_outputs.from_mapping(outputs_doc("raysubmit_1", **change), "test")
+    assert str(error.value) == message

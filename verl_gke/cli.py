@@ -1,0 +1,397 @@
+"""`verl-gke`: follow a deployed GRPO run from a terminal or a CI pipeline.
+
+    verl-gke status      cluster, Ray head, workers and GPUs, job status: one screen
+    verl-gke logs        the job's logs (--follow to stream them until the job ends)
+    verl-gke wait        block until the job ends; exit 0 only if it SUCCEEDED
+    verl-gke dashboard   open the port-forward and print the local URL until Ctrl-C
+    verl-gke metrics     verl's per-step metrics as a table, a reward plot and a verdict
+
+The stack outputs come from `pulumi stack output --json` or `--outputs FILE`; the head is
+reached the way the GrpoJob provider reaches it (verl_gke.head_access): a port-forward through
+the Kubernetes API, or `--dashboard-url` for a head that is directly reachable. Results go to
+stdout, progress to stderr; an error is one line on stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO, TypeVar
+
+from verl_gke import metrics, stack_outputs
+from verl_gke.head_access import HeadAccessError, dashboard, wait_for_dashboard
+from verl_gke.stack_outputs import OutputsError, StackOutputs
+
+if TYPE_CHECKING:
+    from ray.job_submission import JobSubmissionClient
+    from ray.util.state.common import NodeState
+
+PROG = "verl-gke"
+TERMINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
+DEFAULT_HEAD_TIMEOUT_S = 30.0
+DEFAULT_POLL_S = 30.0
+# A head that answers within this needs no progress message.
+_QUICK_PROBE_S = 1.0
+# `wait` reports every status change, and the unchanged status this often.
+_REPORT_EVERY_S = 300.0
+_T = TypeVar("_T")
+
+
+class CliError(Exception):
+    """A failure the user can act on; printed as one line."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the job is: the stack outputs (when loaded), and the submission id."""
+
+    outputs: StackOutputs | None
+    submission_id: str
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    source = common.add_argument_group("where the stack is")
+    source.add_argument("--outputs", type=Path, metavar="FILE",
+                        help="stack outputs as JSON (a saved `pulumi stack output --json`, or "
+                             "dist/<stack>/outputs.json); default: ask the pulumi CLI")
+    source.add_argument("--stack", metavar="NAME", help="Pulumi stack to read the outputs of (default: the selected one)")
+    source.add_argument("--dashboard-url", metavar="URL",
+                        help="a directly reachable Ray dashboard, e.g. http://127.0.0.1:8265 "
+                             "(default: port-forward to the head service through the Kubernetes API)")
+    source.add_argument("--submission-id", metavar="ID",
+                        help="Ray job submission id (default: the stack output grpoSubmissionId)")
+    source.add_argument("--head-timeout", type=_positive_float, default=DEFAULT_HEAD_TIMEOUT_S, metavar="S",
+                        help=f"seconds to wait for the Ray dashboard to answer (default {DEFAULT_HEAD_TIMEOUT_S:g})")
+
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Follow the GRPO run of a verl-gke stack.",
+        epilog="Errors are one line on stderr with exit status 1.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    status = commands.add_parser("status", parents=[common], help="cluster, head, workers, GPUs and job, on one screen",
+                                 description="Show the cluster, the Ray head, the workers and GPUs that joined, and the job status.")
+    status.set_defaults(handler=cmd_status)
+
+    logs = commands.add_parser("logs", parents=[common], help="print the job's logs",
+                               description="Print the GRPO job's logs.")
+    logs.add_argument("--follow", "-f", action="store_true", help="keep streaming until the job ends")
+    logs.set_defaults(handler=cmd_logs)
+
+    wait = commands.add_parser("wait", parents=[common], help="wait for the job to end; exit 0 only if it succeeded",
+                               description="Wait for the GRPO job to end, showing progress on stderr. "
+                                           "Exit 0 if it SUCCEEDED, 1 if it FAILED or STOPPED or the timeout passed.")
+    wait.add_argument("--timeout", type=_positive_float, metavar="S", help="give up after S seconds (default: never)")
+    wait.add_argument("--poll", type=_positive_float, default=DEFAULT_POLL_S, metavar="S",
+                      help=f"seconds between status checks (default {DEFAULT_POLL_S:g})")
+    wait.set_defaults(handler=cmd_wait)
+
+    dash = commands.add_parser("dashboard", parents=[common], help="open the Ray dashboard locally until Ctrl-C",
+                               description="Open a port-forward to the Ray head and print its local URL until Ctrl-C.")
+    dash.set_defaults(handler=cmd_dashboard)
+
+    met = commands.add_parser(
+        "metrics", parents=[common], help="per-step metrics table, reward plot and verdict",
+        description="Parse verl's console metrics (step:N - key:value ...) from the job's logs or a saved "
+                    f"log file. Verdict rule: {metrics.RISING_RULE}.",
+    )
+    met.add_argument("--log-file", type=Path, metavar="FILE", help="read this saved log instead of the job's logs")
+    met.add_argument("--keys", type=_key_list, default=[], metavar="K1,K2",
+                     help=f"more metric keys to show, comma-separated (always shown: {', '.join(metrics.DEFAULT_KEYS)})")
+    met.add_argument("--plot", type=Path, metavar="PNG", help=f"write a PNG plot of {metrics.REWARD_KEY} over the steps")
+    met.set_defaults(handler=cmd_metrics)
+    return parser
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return value
+
+
+def _key_list(text: str) -> list[str]:
+    keys = [key.strip() for key in text.split(",") if key.strip()]
+    if not keys:
+        raise argparse.ArgumentTypeError(f"{text!r} names no metric key")
+    return keys
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except (CliError, OutputsError, HeadAccessError) as error:
+        _fail(str(error))
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except Exception as error:  # a bug or an unforeseen failure: still one line, no traceback
+        _fail(f"unexpected {type(error).__name__}: {_one_line(error)}")
+    return 1
+
+
+def _fail(message: str) -> None:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+
+
+def _one_line(error: BaseException) -> str:
+    return _first_line(str(error)) or type(error).__name__
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reaching the job
+
+
+def _target(args: argparse.Namespace, *, need_outputs: bool) -> Target:
+    """Loads the stack outputs unless the flags alone say where the job is."""
+    outputs = None
+    if need_outputs or not (args.dashboard_url and args.submission_id):
+        outputs = stack_outputs.load(args.outputs, args.stack)
+    submission_id = args.submission_id or (outputs.grpo_submission_id if outputs else "")
+    return Target(outputs=outputs, submission_id=submission_id)
+
+
+@contextmanager
+def _head(args: argparse.Namespace, outputs: StackOutputs | None) -> Iterator[str]:
+    """The dashboard URL, reachable for the duration of the block."""
+    if args.dashboard_url:
+        context = dashboard(args.dashboard_url, cluster_endpoint=None, cluster_ca_certificate=None,
+                            cluster_name=None, namespace="", head_service=None)
+    else:
+        assert outputs is not None, "_target loads the outputs whenever --dashboard-url is absent"
+        missing = [key for key, value in (("clusterEndpoint", outputs.cluster_endpoint),
+                                          ("clusterCaCertificate", outputs.cluster_ca_certificate)) if not value]
+        if missing:
+            raise CliError(f"{outputs.source} lacks {' and '.join(missing)}, needed to port-forward to the "
+                           "Ray head; pass --dashboard-url URL for a directly reachable head")
+        _progress(f"opening a port-forward to svc/{outputs.ray_head_service} in namespace "
+                  f"{outputs.namespace} of cluster {outputs.cluster_name}")
+        context = dashboard(
+            None,
+            cluster_endpoint=outputs.cluster_endpoint,
+            cluster_ca_certificate=outputs.cluster_ca_certificate,
+            cluster_name=outputs.cluster_name,
+            namespace=outputs.namespace,
+            head_service=outputs.ray_head_service,
+        )
+    with context as url:
+        try:
+            wait_for_dashboard(url, min(_QUICK_PROBE_S, args.head_timeout))
+        except HeadAccessError:
+            if args.head_timeout <= _QUICK_PROBE_S:
+                raise
+            _progress(f"waiting up to {args.head_timeout:g} s for the Ray dashboard at {url}")
+            wait_for_dashboard(url, args.head_timeout)
+        yield url
+
+
+def _job_client(url: str) -> JobSubmissionClient:
+    from ray.job_submission import JobSubmissionClient
+
+    # Ray's client logs INFO chatter (e.g. each closed log stream) to stderr; keep warnings only.
+    logging.getLogger("ray").setLevel(logging.WARNING)
+    return _ray_call(url, "connecting to the Ray job API", lambda: JobSubmissionClient(url))
+
+
+def _ray_call(url: str, what: str, call: Callable[[], _T]) -> _T:
+    """Runs a Ray client call; any failure becomes one line naming the head's address."""
+    try:
+        return call()
+    except (KeyboardInterrupt, CliError):
+        raise
+    except Exception as error:
+        raise CliError(f"{what} at {url} failed: {_one_line(error)}") from None
+
+
+def _job_info(client: JobSubmissionClient, url: str, submission_id: str) -> tuple[str, str]:
+    """(status, message) of the job, with a clear error if the head does not know it."""
+    info = _ray_call(url, f"reading job {submission_id}", lambda: client.get_job_info(submission_id))
+    return str(info.status), _first_line(info.message or "")
+
+
+def _progress(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    target = _target(args, need_outputs=True)
+    outputs = target.outputs
+    assert outputs is not None
+    expected_gpus = outputs.gpu_nodes * outputs.gpus_per_node
+    with _head(args, outputs) as url:
+        version = _ray_call(url, "reading the Ray version", lambda: _ray_version(url))
+        nodes = _ray_call(url, "listing Ray nodes", lambda: _list_nodes(url, args.head_timeout))
+        client = _job_client(url)
+        try:
+            status, message = _job_info(client, url, target.submission_id)
+        except CliError as error:  # e.g. a restarted head forgot the job: still show the rest
+            status, message = "UNREADABLE", str(error)
+    alive = [n for n in nodes if n.state == "ALIVE"]
+    workers = [n for n in alive if not n.is_head_node]
+    gpus = sum(n.resources_total.get("GPU", 0.0) for n in alive)
+    dead = len(nodes) - len(alive)
+    shortfall = "" if gpus >= expected_gpus else f"  <- {expected_gpus - gpus:g} GPUs not joined yet"
+    rows = [
+        ("Stack outputs", outputs.source),
+        ("Cluster", f"{outputs.cluster_name} in {outputs.cluster_location}, platform {outputs.gpu_platform}, "
+                    f"{outputs.gpu_nodes} GPU nodes x {outputs.gpus_per_node} GPUs"),
+        ("Ray head", f"{url}  Ray {version}, svc/{outputs.ray_head_service} in namespace {outputs.namespace}"),
+        ("Workers", f"{len(workers)} of {outputs.gpu_nodes} joined"
+                    + (f" ({dead} dead node{'s' if dead != 1 else ''})" if dead else "")),
+        ("GPUs visible", f"{gpus:g} of {expected_gpus}{shortfall}"),
+        ("GRPO job", f"{target.submission_id}  {status}"
+                     + (f" (Pulumi last saw {outputs.grpo_job_status})" if outputs.grpo_job_status != status else "")),
+    ]
+    if message:
+        rows.append(("Job message", message))
+    rows += [("Checkpoints", outputs.checkpoint_uri), ("Dashboard", outputs.dashboard_command)]
+    width = max(len(label) for label, _ in rows)
+    for label, value in rows:
+        print(f"{label.ljust(width)}  {value}")
+    return 1 if status == "UNREADABLE" else 0
+
+
+def _ray_version(url: str) -> str:
+    with urllib.request.urlopen(f"{url}/api/version", timeout=10) as response:
+        return str(json.load(response)["ray_version"])
+
+
+def _list_nodes(url: str, timeout_s: float) -> list[NodeState]:
+    from ray.util.state import list_nodes
+
+    return list(list_nodes(address=url, limit=10_000, timeout=max(1, int(timeout_s))))
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    target = _target(args, need_outputs=False)
+    with _head(args, target.outputs) as url:
+        client = _job_client(url)
+        if not args.follow:
+            text = _ray_call(url, f"reading the logs of job {target.submission_id}",
+                             lambda: client.get_job_logs(target.submission_id))
+            sys.stdout.write(text)
+            return 0
+        _job_info(client, url, target.submission_id)  # a clear error for an unknown job
+        _ray_call(url, f"following the logs of job {target.submission_id}",
+                  lambda: asyncio.run(_tail(client, target.submission_id, sys.stdout)))
+        status, message = _job_info(client, url, target.submission_id)
+    _progress(f"job {target.submission_id} is {status}" + (f": {message}" if message else ""))
+    return 0
+
+
+async def _tail(client: JobSubmissionClient, submission_id: str, out: TextIO) -> None:
+    async for chunk in client.tail_job_logs(submission_id):
+        out.write(chunk)
+        out.flush()
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    target = _target(args, need_outputs=False)
+    started = time.monotonic()
+    with _head(args, target.outputs) as url:
+        client = _job_client(url)
+        reported: tuple[str, float] | None = None
+        while True:
+            status, message = _job_info(client, url, target.submission_id)
+            elapsed = time.monotonic() - started
+            if reported is None or reported[0] != status or elapsed - reported[1] >= _REPORT_EVERY_S:
+                _progress(f"job {target.submission_id}: {status} after {_duration(elapsed)}")
+                reported = (status, elapsed)
+            if status in TERMINAL_STATUSES:
+                break
+            if args.timeout is not None and elapsed + args.poll > args.timeout:
+                raise CliError(f"job {target.submission_id} is still {status} after {_duration(elapsed)} "
+                               f"(--timeout {args.timeout:g} s)")
+            time.sleep(args.poll)
+    if status != "SUCCEEDED":
+        raise CliError(f"job {target.submission_id} ended {status}"
+                       + (f": {message}" if message else ""))
+    print(f"job {target.submission_id} SUCCEEDED")
+    return 0
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    outputs = None if args.dashboard_url else stack_outputs.load(args.outputs, args.stack)
+    with _head(args, outputs) as url:
+        if args.dashboard_url:
+            print(f"Ray dashboard: {url}")
+            return 0  # directly reachable: there is no tunnel to hold open
+        try:  # Ctrl-C is how this command is meant to end
+            print(f"Ray dashboard: {url}", flush=True)
+            _progress("port-forward open; press Ctrl-C to close it")
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            _progress("closing the port-forward")
+    return 0
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    if args.log_file is not None:
+        source = str(args.log_file)
+        try:
+            text = args.log_file.read_text(encoding="utf-8", errors="replace")
+        except OSError as error:
+            raise CliError(f"cannot read log file {args.log_file}: {error.strerror or error}") from None
+    else:
+        target = _target(args, need_outputs=False)
+        source = f"the logs of job {target.submission_id}"
+        with _head(args, target.outputs) as url:
+            client = _job_client(url)
+            text = _ray_call(url, f"reading the logs of job {target.submission_id}",
+                             lambda: client.get_job_logs(target.submission_id))
+    parsed = metrics.parse_log(text)
+    if not parsed.steps:
+        raise CliError(f"no verl metric lines (step:N - key:value ...) in {source}; "
+                       "is trainer.logger set to console?")
+    keys = list(dict.fromkeys([*metrics.DEFAULT_KEYS, *args.keys]))
+    seen = set(parsed.keys())
+    for key in keys:
+        if key not in seen:
+            _progress(f"metric {key} appears in no step")
+    print(metrics.table(parsed, keys))
+    if parsed.partial_tail is not None:
+        _progress("the last log line is incomplete (still being written) and was left out")
+    print(metrics.trend(parsed.series(metrics.REWARD_KEY)).verdict())
+    print(f"rule: {metrics.RISING_RULE}")
+    if args.plot is not None:
+        try:
+            metrics.plot_reward(parsed, args.plot)
+        except ValueError as error:
+            raise CliError(f"cannot plot: {error}") from None
+        except OSError as error:
+            raise CliError(f"cannot write plot {args.plot}: {error.strerror or error}") from None
+        print(f"plot: {args.plot}")
+    return 0

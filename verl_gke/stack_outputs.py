@@ -1,0 +1,161 @@
+"""The stack outputs the CLI and CI read (CONTRACT.md section 4), typed.
+
+They come from `pulumi stack output --json` when the Pulumi CLI is on PATH, or from a JSON file
+of the same shape (`dist/<stack>/outputs.json` from `make synth`, or a saved
+`pulumi stack output --json`). Never `--show-secrets`: the CLI needs no secret output, and a
+secret shows up here as the string "[secret]".
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SECRET_MASK = "[secret]"
+UNKNOWN_MARK = "[unknown]"
+"""How `make synth` writes an output whose value only a real deployment knows."""
+PULUMI_TIMEOUT_S = 120.0
+
+# output name -> kind; every one of these must be present.
+_REQUIRED: dict[str, type] = {
+    "clusterName": str,
+    "clusterLocation": str,
+    "namespace": str,
+    "rayHeadService": str,
+    "grpoSubmissionId": str,
+    "grpoJobStatus": str,
+    "dashboardCommand": str,
+    "checkpointUri": str,
+    "gpuPlatform": str,
+    "gpuNodes": int,
+    "gpusPerNode": int,
+}
+# Only needed to open a port-forward; `--dashboard-url` does without them.
+_OPTIONAL: tuple[str, ...] = ("clusterEndpoint", "clusterCaCertificate")
+
+
+class OutputsError(Exception):
+    """Stack outputs that cannot be read or lack a key; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class StackOutputs:
+    """What the CLI needs to know about a deployed stack."""
+
+    source: str
+    """Where these came from (a file path or `pulumi stack output`), for messages."""
+    cluster_name: str
+    cluster_location: str
+    namespace: str
+    ray_head_service: str
+    grpo_submission_id: str
+    grpo_job_status: str
+    """The job status when Pulumi last read it; the live one comes from the Ray head."""
+    dashboard_command: str
+    checkpoint_uri: str
+    gpu_platform: str
+    gpu_nodes: int
+    gpus_per_node: int
+    cluster_endpoint: str | None
+    cluster_ca_certificate: str | None
+
+
+def load(outputs_file: Path | None, stack: str | None = None) -> StackOutputs:
+    """Reads `outputs_file` when given, else asks the Pulumi CLI for `stack` (or the selected stack)."""
+    if outputs_file is not None:
+        return from_file(outputs_file)
+    pulumi = shutil.which("pulumi")
+    if pulumi is None:
+        raise OutputsError(
+            "no stack outputs: the pulumi CLI is not on PATH; pass --outputs FILE "
+            "(a saved `pulumi stack output --json`, or dist/<stack>/outputs.json from `make synth`)"
+        )
+    command = [pulumi, "stack", "output", "--json", *(["--stack", stack] if stack else [])]
+    source = " ".join(["pulumi stack output --json", *(["--stack", stack] if stack else [])])
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=PULUMI_TIMEOUT_S,
+                              stdin=subprocess.DEVNULL, check=False)
+    except subprocess.TimeoutExpired:
+        raise OutputsError(f"`{source}` did not finish within {PULUMI_TIMEOUT_S:g} s") from None
+    if done.returncode != 0:
+        last = next((line for line in reversed(done.stderr.splitlines()) if line.strip()), "no message")
+        raise OutputsError(f"`{source}` failed (exit {done.returncode}): {last.strip()}")
+    return from_text(done.stdout, source)
+
+
+def from_file(path: Path) -> StackOutputs:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise OutputsError(f"stack outputs file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise OutputsError(f"cannot read stack outputs file {path}: {error}") from None
+    return from_text(text, str(path))
+
+
+def from_text(text: str, source: str) -> StackOutputs:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise OutputsError(
+            f"{source} is not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})"
+        ) from None
+    return from_mapping(data, source)
+
+
+def from_mapping(data: Any, source: str) -> StackOutputs:
+    """Checks every key and kind; the first problem found becomes the error."""
+    if not isinstance(data, dict):
+        raise OutputsError(f"{source} must hold a JSON object of stack outputs, not {type(data).__name__}")
+    missing = [key for key in _REQUIRED if key not in data]
+    if missing:
+        raise OutputsError(
+            f"{source} lacks stack output{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+            f"(is it from `pulumi stack output --json` of a verl-gke stack?)"
+        )
+    values: dict[str, Any] = {}
+    for key, kind in _REQUIRED.items():
+        values[key] = _int(data[key], key, source) if kind is int else _str(data[key], key, source)
+    for key in _OPTIONAL:
+        raw = data.get(key)
+        values[key] = None if raw in (None, "", SECRET_MASK, UNKNOWN_MARK) else _str(raw, key, source)
+    return StackOutputs(
+        source=source,
+        cluster_name=values["clusterName"],
+        cluster_location=values["clusterLocation"],
+        namespace=values["namespace"],
+        ray_head_service=values["rayHeadService"],
+        grpo_submission_id=values["grpoSubmissionId"],
+        grpo_job_status=values["grpoJobStatus"],
+        dashboard_command=values["dashboardCommand"],
+        checkpoint_uri=values["checkpointUri"],
+        gpu_platform=values["gpuPlatform"],
+        gpu_nodes=values["gpuNodes"],
+        gpus_per_node=values["gpusPerNode"],
+        cluster_endpoint=values["clusterEndpoint"],
+        cluster_ca_certificate=values["clusterCaCertificate"],
+    )
+
+
+def _str(value: Any, key: str, source: str) -> str:
+    if value == SECRET_MASK:
+        raise OutputsError(f"stack output {key} in {source} is a secret; it must be exported in clear")
+    if value == UNKNOWN_MARK:
+        raise OutputsError(f"stack output {key} in {source} is not known before deployment; "
+                           "use the outputs of a deployed stack (`pulumi stack output --json`)")
+    if not isinstance(value, str) or not value:
+        raise OutputsError(f"stack output {key} in {source} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _int(value: Any, key: str, source: str) -> int:
+    # JSON from Pulumi's engine may carry whole numbers as floats (2.0).
+    whole = (isinstance(value, int) and not isinstance(value, bool)) or (
+        isinstance(value, float) and value.is_integer())
+    if not whole or value < 0:
+        raise OutputsError(f"stack output {key} in {source} must be a whole number >= 0, got {value!r}")
+    return int(value)
