@@ -417,6 +417,16 @@ def test_python_dash_m_runs_the_cli() -> None:
 # --- Stack outputs, typed -------------------------------------------------------------------------
 
 
+def test_the_synths_outputs_json_loads(tmp_path: Path) -> None:
+    # `make synth` marks what only a deployment knows as "[unknown]"; the job's status is one.
+    doc = outputs_doc("verl-grpo-a4-d4b0ab0df167", grpoJobStatus="[unknown]", clusterEndpoint="10.0.0.2",
+                      clusterCaCertificate=CA)
+    loaded = stack_outputs.from_file(write_outputs(tmp_path / "outputs.json", doc))
+    assert loaded.grpo_job_status is None
+    assert loaded.grpo_submission_id == "verl-grpo-a4-d4b0ab0df167"
+    assert loaded.cluster_endpoint == "10.0.0.2"
+
+
 def test_outputs_are_typed_and_whole_number_floats_accepted() -> None:
     loaded = stack_outputs.from_mapping(outputs_doc("raysubmit_1", gpuNodes=2.0, clusterCaCertificate="[secret]",
                                                     clusterEndpoint="34.1.2.3"), "test")

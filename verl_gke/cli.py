@@ -266,7 +266,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                     + (f" ({dead} dead node{'s' if dead != 1 else ''})" if dead else "")),
         ("GPUs visible", f"{gpus:g} of {expected_gpus}{shortfall}"),
         ("GRPO job", f"{target.submission_id}  {status}"
-                     + (f" (Pulumi last saw {outputs.grpo_job_status})" if outputs.grpo_job_status != status else "")),
+                     + (f" (Pulumi last saw {outputs.grpo_job_status})"
+                        if outputs.grpo_job_status not in (None, status) else "")),
     ]
     if message:
         rows.append(("Job message", message))

@@ -36,6 +36,8 @@ _REQUIRED: dict[str, type] = {
 }
 # Only needed to open a port-forward; `--dashboard-url` does without them.
 _OPTIONAL: tuple[str, ...] = ("clusterEndpoint", "clusterCaCertificate")
+# Informational: the live status comes from the head, so a synth's "[unknown]" is fine.
+_MAY_BE_UNKNOWN: tuple[str, ...] = ("grpoJobStatus",)
 
 
 class OutputsError(Exception):
@@ -53,8 +55,8 @@ class StackOutputs:
     namespace: str
     ray_head_service: str
     grpo_submission_id: str
-    grpo_job_status: str
-    """The job status when Pulumi last read it; the live one comes from the Ray head."""
+    grpo_job_status: str | None
+    """The job status when Pulumi last read it (None before deployment); the live one comes from the Ray head."""
     dashboard_command: str
     checkpoint_uri: str
     gpu_platform: str
@@ -119,7 +121,10 @@ def from_mapping(data: Any, source: str) -> StackOutputs:
         )
     values: dict[str, Any] = {}
     for key, kind in _REQUIRED.items():
-        values[key] = _int(data[key], key, source) if kind is int else _str(data[key], key, source)
+        if key in _MAY_BE_UNKNOWN and data[key] == UNKNOWN_MARK:
+            values[key] = None
+        else:
+            values[key] = _int(data[key], key, source) if kind is int else _str(data[key], key, source)
     for key in _OPTIONAL:
         raw = data.get(key)
         values[key] = None if raw in (None, "", SECRET_MASK, UNKNOWN_MARK) else _str(raw, key, source)
