@@ -156,6 +156,12 @@ _DEFAULTS: dict[str, Any] = {
 }
 
 
+def planned_outs(props: Mapping[str, Any], status: str) -> dict[str, Any]:
+    """The outputs a create with these props would return, for an offline synth (no head)."""
+    spec = _JobSpec.from_props(_spec_props(props))
+    return spec.outs(spec.submission_id, status)
+
+
 def _ints(value: Any) -> Any:
     """Integral floats become ints, recursively (the engine sends every number as a float)."""
     if isinstance(value, float) and value.is_integer():

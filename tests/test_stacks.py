@@ -4,6 +4,7 @@ every Kubernetes object it defines passes its schema, and that the token stays s
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 
 import pytest
@@ -88,6 +89,10 @@ def test_job_outputs_and_checkpoint_uri(stack: str, synth_stack):
     assert outputs["kubeconfig"] == "[secret]"
     assert outputs["checkpointUri"] == f"gs://{outputs['bucketName']}/verl/checkpoints"
     assert outputs["rayHeadService"] == f"{outputs['rayClusterName']}-head-svc"
+    assert re.fullmatch(rf"verl-grpo-{stack}-[0-9a-f]{{12}}", outputs["grpoSubmissionId"])
+    assert outputs["grpoJobStatus"] == "[unknown]"
+    assert outputs["dashboardCommand"] == (f"kubectl port-forward svc/{outputs['rayHeadService']} 8265:8265 "
+                                           f"-n {outputs['namespace']} --address 127.0.0.1")
 
 
 def test_the_token_never_appears_in_clear():

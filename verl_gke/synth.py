@@ -28,6 +28,7 @@ from pulumi.runtime.config import set_all_config
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
 
+from components.grpo_job import planned_outs
 from verl_gke.stack_config import PROJECT_DIR, raw_config
 
 PROJECT = "verl-gke"
@@ -37,6 +38,7 @@ MOCK_PROJECT_NUMBER = "123456789012"
 MOCK_CA = base64.b64encode(b"mock cluster CA certificate").decode()
 MOCK_ENDPOINT = "10.0.0.2"
 
+GRPO_JOB_TYPE = "pulumi-python:dynamic:GrpoJob"
 # Remote components and providers are registered but are not objects the program "applies".
 _NOT_MANIFESTS = ("kubernetes:helm.sh/", "kubernetes:yaml/", "pulumi:providers:")
 
@@ -100,6 +102,10 @@ class SynthMocks(pulumi.runtime.Mocks):
             state["selfLink"] = f"https://www.googleapis.com/compute/v1/projects/mock/{name}"
         elif args.typ.startswith("kubernetes:") and isinstance(state.get("metadata"), dict):
             state["metadata"] = {"name": args.name, **state["metadata"]}
+        elif args.typ == GRPO_JOB_TYPE:
+            # The submission id and dashboard command are known offline; the run's status is not.
+            state = planned_outs(state, UNKNOWN)
+            return state["submission_id"], state
         return f"{args.name}-id", state
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
