@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import signal
 import subprocess
@@ -397,6 +398,42 @@ def test_metrics_from_a_log_without_metrics(capsys: pytest.CaptureFixture[str], 
     assert code == 1
     assert error_line(err) == (f"verl-gke: error: no verl metric lines (step:N - key:value ...) in {log}; "
                                "is trainer.logger set to console?")
+
+
+@pytest.fixture
+def fake_pulumi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A `pulumi` first on PATH that records its arguments, then prints FAKE_PULUMI_OUT or fails."""
+    bin_dir = tmp_path / "pulumi-bin"
+    bin_dir.mkdir()
+    script = bin_dir / "pulumi"
+    script.write_text(
+        "#!/bin/bash\n"
+        'printf "%s\\n" "$@" > "$FAKE_PULUMI_RECORD"\n'
+        'if [[ -n $FAKE_PULUMI_FAIL ]]; then echo "$FAKE_PULUMI_FAIL" >&2; exit 255; fi\n'
+        'cat "$FAKE_PULUMI_OUT"\n'
+    )
+    script.chmod(0o755)
+    record = tmp_path / "pulumi-args"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_PULUMI_RECORD", str(record))
+    return record
+
+
+def test_outputs_come_from_the_pulumi_cli_without_secrets(
+        fake_pulumi: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_PULUMI_OUT", str(write_outputs(tmp_path / "out.json", outputs_doc("raysubmit_7"))))
+    loaded = stack_outputs.load(None, "a4")
+    assert fake_pulumi.read_text().splitlines() == ["stack", "output", "--json", "--stack", "a4"]
+    assert (loaded.source, loaded.grpo_submission_id) == ("pulumi stack output --json --stack a4", "raysubmit_7")
+
+
+def test_a_failing_pulumi_cli_is_one_line(
+        capsys: pytest.CaptureFixture[str], fake_pulumi: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_PULUMI_FAIL", "error: no stack named 'a4x' found")
+    code, _, err = run(capsys, "status", "--stack", "a4x")
+    assert code == 1
+    assert error_line(err) == ("verl-gke: error: `pulumi stack output --json --stack a4x` failed (exit 255): "
+                               "error: no stack named 'a4x' found")
 
 
 @pytest.mark.parametrize("command", [[], ["status"], ["logs"], ["wait"], ["dashboard"], ["metrics"]])

@@ -302,6 +302,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
         _ray_call(url, f"following the logs of job {target.submission_id}",
                   lambda: asyncio.run(_tail(client, target.submission_id, sys.stdout)))
         status, message = _job_info(client, url, target.submission_id)
+    if status not in TERMINAL_STATUSES:  # e.g. the port-forward dropped
+        raise CliError(f"the log stream of job {target.submission_id} ended while the job is {status}; "
+                       "run `verl-gke logs --follow` again")
     _progress(f"job {target.submission_id} is {status}" + (f": {message}" if message else ""))
     return 0
 
