@@ -181,7 +181,7 @@ def test_kubernetes_objects_are_the_manifest_builders(run: Result) -> None:
     secret = run.inputs("storage-hf-secret")
     assert secret["metadata"] == {"name": "hf-secret", "namespace": "ml"}
     assert secret["type"] == "Opaque"
-    assert secret["stringData"] == "[secret]"
+    assert secret["stringData"] == {"hf_api_token": "[secret]"}
 
 
 def test_volume_keeps_the_tutorials_mount_options(run: Result) -> None:
