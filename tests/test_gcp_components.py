@@ -20,48 +20,11 @@ from components.platforms import PLATFORMS
 from components.rdma_network import RdmaNetwork
 from manifests import nccl
 from manifests.network_mapping import NetworkNames
+from tests.mock_run import MockRun
 from verl_gke import synth
 
 PROJECT, REGION, ZONE = "my-project-123", "us-central1", "us-central1-b"
 CLUSTER = "verl-cluster"
-
-
-class ProviderRefs(synth.RecordingMonitor):
-    """Also keeps each resource's provider reference whole (`<provider urn>::<id>`)."""
-
-    def __init__(self, mocks_: pulumi.runtime.Mocks) -> None:
-        super().__init__(mocks_)
-        self.providers: dict[str, str] = {}
-
-    def RegisterResource(self, request: Any) -> Any:
-        response = super().RegisterResource(request)
-        if request.provider:
-            self.providers[request.name] = request.provider.rsplit("::", 1)[0]
-        return response
-
-
-class Run:
-    """What one program registered, looked up by logical name and type."""
-
-    def __init__(self, program: Callable[[], None]) -> None:
-        self.monitor = ProviderRefs(synth.SynthMocks())
-        self.registrations, self.outputs = synth.run_in_mocks(program, monitor=self.monitor)
-        self.by_name = {r.name: r for r in self.registrations}
-
-    def inputs(self, name: str) -> dict[str, Any]:
-        return self.by_name[name].inputs
-
-    def urn(self, name: str) -> str:
-        return self.by_name[name].urn
-
-    def deps(self, name: str) -> list[str]:
-        return self.by_name[name].dependencies
-
-    def of_type(self, type_: str) -> list[synth.Registration]:
-        return [r for r in self.registrations if r.type == type_]
-
-    def counts(self) -> Counter[str]:
-        return Counter(r.type for r in self.registrations)
 
 
 def tutorial_rdma_cidrs(nics: int) -> list[str]:
@@ -121,18 +84,18 @@ def standard_stack(platform: str, *, dranet: bool = False) -> Callable[[], None]
 
 
 @pytest.fixture(scope="module")
-def a4_standard() -> Run:
-    return Run(standard_stack("a4"))
+def a4_standard() -> MockRun:
+    return MockRun(standard_stack("a4"))
 
 
 @pytest.fixture(scope="module")
-def a4x_dranet() -> Run:
-    return Run(standard_stack("a4x", dranet=True))
+def a4x_dranet() -> MockRun:
+    return MockRun(standard_stack("a4x", dranet=True))
 
 
 # --- RdmaNetwork -------------------------------------------------------------------------------
 
-def test_gvnic_vpc_subnet_and_firewall_match_the_gcloud_commands(a4_standard: Run):
+def test_gvnic_vpc_subnet_and_firewall_match_the_gcloud_commands(a4_standard: MockRun):
     assert a4_standard.inputs("net-gvnic-net") == {
         "name": "verl-gvnic-net", "project": PROJECT, "autoCreateSubnetworks": False}
     sub = a4_standard.inputs("net-gvnic-sub")
@@ -145,7 +108,7 @@ def test_gvnic_vpc_subnet_and_firewall_match_the_gcloud_commands(a4_standard: Ru
     assert fw["direction"] == "INGRESS"
 
 
-def test_rdma_vpc_uses_the_zones_roce_profile_and_jumbo_mtu(a4_standard: Run):
+def test_rdma_vpc_uses_the_zones_roce_profile_and_jumbo_mtu(a4_standard: MockRun):
     net = a4_standard.inputs("net-rdma-net")
     assert net["name"] == "verl-rdma-net"
     assert net["networkProfile"] == f"projects/{PROJECT}/global/networkProfiles/{ZONE}-vpc-roce"
@@ -153,14 +116,14 @@ def test_rdma_vpc_uses_the_zones_roce_profile_and_jumbo_mtu(a4_standard: Run):
     assert net["autoCreateSubnetworks"] is False
 
 
-def test_eight_rdma_subnets_192_168_1_to_8(a4_standard: Run):
+def test_eight_rdma_subnets_192_168_1_to_8(a4_standard: MockRun):
     subs = [a4_standard.inputs(f"net-rdma-sub-{n}") for n in range(8)]
     assert [(s["name"], s["ipCidrRange"], s["region"]) for s in subs] == [
         (f"verl-rdma-sub-{n}", f"192.168.{n + 1}.0/24", REGION) for n in range(8)]
     assert "net-rdma-sub-8" not in a4_standard.by_name
 
 
-def test_subnets_and_firewall_wait_for_their_vpc(a4_standard: Run):
+def test_subnets_and_firewall_wait_for_their_vpc(a4_standard: MockRun):
     assert a4_standard.urn("net-gvnic-net") in a4_standard.deps("net-gvnic-sub")
     assert a4_standard.urn("net-gvnic-net") in a4_standard.deps("net-gvnic-internal")
     for n in range(8):
@@ -173,7 +136,7 @@ def test_a_range_per_rdma_nic_is_required_before_anything_is_registered():
                             "gvnic_cidr": "192.168.0.0/24", "rdma_cidrs": tutorial_rdma_cidrs(7),
                             "internal_source_range": "192.168.0.0/16"})
 
-    monitor = ProviderRefs(synth.SynthMocks())
+    monitor = synth.RecordingMonitor(synth.SynthMocks())
     with pytest.raises(Exception, match=re.escape("RdmaNetwork: rdma_cidrs has 7 ranges: needs one per RDMA NIC (8)")):
         synth.run_in_mocks(program, monitor=monitor)
     assert [r.type for r in monitor.registrations if r.type.startswith("gcp:")] == []
@@ -185,7 +148,7 @@ def test_other_ranges_from_config_reach_the_subnets_and_firewall():
                             "gvnic_cidr": "10.10.0.0/24", "rdma_cidrs": [f"10.20.{n}.0/24" for n in range(8)],
                             "internal_source_range": "10.10.0.0/16"})
 
-    run = Run(program)
+    run = MockRun(program)
     assert run.inputs("net-gvnic-sub")["ipCidrRange"] == "10.10.0.0/24"
     assert run.inputs("net-rdma-sub-5")["ipCidrRange"] == "10.20.5.0/24"
     assert run.inputs("net-gvnic-internal")["sourceRanges"] == ["10.10.0.0/16"]
@@ -193,7 +156,7 @@ def test_other_ranges_from_config_reach_the_subnets_and_firewall():
 
 # --- GkeCluster: Standard ----------------------------------------------------------------------
 
-def test_standard_cluster_has_the_tutorials_flags(a4_standard: Run):
+def test_standard_cluster_has_the_tutorials_flags(a4_standard: MockRun):
     c = a4_standard.inputs("gke-cluster")
     assert (c["name"], c["location"], c["project"]) == (CLUSTER, REGION, PROJECT)
     assert c["datapathProvider"] == "ADVANCED_DATAPATH"  # --enable-dataplane-v2
@@ -208,7 +171,7 @@ def test_standard_cluster_has_the_tutorials_flags(a4_standard: Run):
     assert "enableAutopilot" not in c
 
 
-def test_standard_cluster_replaces_its_builtin_pool_and_is_locked_down(a4_standard: Run):
+def test_standard_cluster_replaces_its_builtin_pool_and_is_locked_down(a4_standard: MockRun):
     c = a4_standard.inputs("gke-cluster")
     assert c["removeDefaultNodePool"] is True
     assert c["initialNodeCount"] == 1
@@ -217,7 +180,7 @@ def test_standard_cluster_replaces_its_builtin_pool_and_is_locked_down(a4_standa
     assert "masterAuthorizedNetworksConfig" not in c
 
 
-def test_default_pool_is_c2_standard_16_autoscaling_1_to_5(a4_standard: Run):
+def test_default_pool_is_c2_standard_16_autoscaling_1_to_5(a4_standard: MockRun):
     pool = a4_standard.inputs("gke-default-pool")
     assert pool["name"] == "default-pool"  # the Ray head's nodeSelector
     assert pool["cluster"] == CLUSTER
@@ -229,14 +192,14 @@ def test_default_pool_is_c2_standard_16_autoscaling_1_to_5(a4_standard: Run):
 
 
 def test_default_pool_takes_machine_type_and_bounds_from_config():
-    pool = Run(lambda: GkeCluster("gke", cluster_args(cpu_machine_type="n2-standard-8", cpu_min_nodes=0,
-                                                      cpu_max_nodes=3))).inputs("gke-default-pool")
+    pool = MockRun(lambda: GkeCluster("gke", cluster_args(cpu_machine_type="n2-standard-8", cpu_min_nodes=0,
+                                                          cpu_max_nodes=3))).inputs("gke-default-pool")
     assert pool["nodeConfig"]["machineType"] == "n2-standard-8"
     assert pool["autoscaling"] == {"minNodeCount": 0, "maxNodeCount": 3}
     assert pool["initialNodeCount"] == 1  # the Ray head needs a node from the start
 
 
-def test_one_kubernetes_provider_from_a_secret_kubeconfig(a4_standard: Run):
+def test_one_kubernetes_provider_from_a_secret_kubeconfig(a4_standard: MockRun):
     providers = a4_standard.of_type("pulumi:providers:kubernetes")
     assert [p.name for p in providers] == ["gke-k8s"]
     assert providers[0].inputs["kubeconfig"] == "[secret]"
@@ -253,7 +216,7 @@ def test_kubeconfig_uses_the_auth_plugin_and_the_clusters_endpoint():
         pulumi.export("plain", pulumi.Output.unsecret(cluster.kubeconfig))
         pulumi.export("endpoint", cluster.endpoint)
 
-    run = Run(program)
+    run = MockRun(program)
     assert run.outputs["kubeconfig"] == "[secret]"
     assert run.outputs["is_secret"] is True
     config = yaml.safe_load(run.outputs["plain"])
@@ -264,7 +227,7 @@ def test_kubeconfig_uses_the_auth_plugin_and_the_clusters_endpoint():
 
 
 def test_authorized_networks_and_version_and_beta_apis_when_asked():
-    run = Run(lambda: GkeCluster("gke", cluster_args(
+    run = MockRun(lambda: GkeCluster("gke", cluster_args(
         master_authorized_cidrs=["203.0.113.0/24"], min_master_version="1.34.1-gke.1829001",
         k8s_beta_apis=list(DRA_V1BETA1_APIS), ray_operator=False, deletion_protection=True,
         release_channel="RAPID")))
@@ -282,7 +245,7 @@ def test_authorized_networks_and_version_and_beta_apis_when_asked():
 # --- GkeCluster: Autopilot and bring-your-own ---------------------------------------------------
 
 def test_autopilot_cluster_is_create_auto_with_multi_networking_and_ray():
-    run = Run(lambda: GkeCluster("gke", cluster_args(mode="autopilot")))
+    run = MockRun(lambda: GkeCluster("gke", cluster_args(mode="autopilot")))
     c = run.inputs("gke-cluster")
     assert c["enableAutopilot"] is True
     assert c["enableMultiNetworking"] is True
@@ -302,7 +265,7 @@ def test_existing_cluster_is_looked_up_and_nothing_is_created():
         pulumi.export("location", cluster.location)
         pulumi.export("plain", pulumi.Output.unsecret(cluster.kubeconfig))
 
-    run = Run(program)
+    run = MockRun(program)
     assert run.counts() == Counter({"verl-gke:index:GkeCluster": 1, "pulumi:providers:kubernetes": 1})
     assert (run.outputs["name"], run.outputs["location"]) == (CLUSTER, REGION)
     server = yaml.safe_load(run.outputs["plain"])["clusters"][0]["cluster"]["server"]
@@ -319,7 +282,7 @@ def test_unknown_mode_is_refused_by_name():
 @pytest.mark.parametrize(("platform", "machine", "accelerator"),
                          [("a4", "a4-highgpu-8g", "nvidia-b200"), ("a3u", "a3-ultragpu-8g", "nvidia-h200-141gb")])
 def test_gpu_pool_is_the_tutorials_node_pools_create(platform: str, machine: str, accelerator: str):
-    run = Run(standard_stack(platform))
+    run = MockRun(standard_stack(platform))
     pool = run.inputs("gpu-pool")
     assert pool["name"] == "gpu-pool"
     assert (pool["cluster"], pool["location"], pool["nodeLocations"]) == (CLUSTER, REGION, [ZONE])
@@ -344,7 +307,7 @@ def test_gpu_pool_is_the_tutorials_node_pools_create(platform: str, machine: str
     assert run.of_type("gcp:compute/resourcePolicy:ResourcePolicy") == []
 
 
-def test_gpu_pool_waits_for_the_cluster_and_every_subnet(a4_standard: Run):
+def test_gpu_pool_waits_for_the_cluster_and_every_subnet(a4_standard: MockRun):
     deps = a4_standard.deps("gpu-pool")
     assert a4_standard.urn("gke-cluster") in deps
     for subnet in ["net-gvnic-sub", *(f"net-rdma-sub-{n}" for n in range(8))]:
@@ -356,13 +319,13 @@ def test_spot_without_reservation():
         cluster = GkeCluster("gke", cluster_args())
         GpuNodePool("gpu", gpu_pool_args("a4", cluster, spot=True, reservation=None, nodes=4, max_nodes=6))
 
-    pool = Run(program).inputs("gpu-pool")
+    pool = MockRun(program).inputs("gpu-pool")
     assert pool["nodeConfig"]["spot"] is True
     assert pool["nodeConfig"]["reservationAffinity"] == {"consumeReservationType": "NO_RESERVATION"}
     assert (pool["initialNodeCount"], pool["autoscaling"]["totalMaxNodeCount"]) == (4, 6)
 
 
-def test_a4x_pool_is_gb200_with_compact_1x72_placement_and_dranet(a4x_dranet: Run):
+def test_a4x_pool_is_gb200_with_compact_1x72_placement_and_dranet(a4x_dranet: MockRun):
     pool = a4x_dranet.inputs("gpu-pool")
     node = pool["nodeConfig"]
     assert node["machineType"] == "a4x-highgpu-4g"
@@ -382,7 +345,7 @@ def test_a4x_pool_is_gb200_with_compact_1x72_placement_and_dranet(a4x_dranet: Ru
 
 
 def test_a4x_multi_network_pool_has_one_gvnic_and_four_rdma():
-    run = Run(standard_stack("a4x"))
+    run = MockRun(standard_stack("a4x"))
     assert run.inputs("gpu-pool")["networkConfig"]["additionalNodeNetworkConfigs"] == [
         {"network": "verl-gvnic-net", "subnetwork": "verl-gvnic-sub"},
         *({"network": "verl-rdma-net", "subnetwork": f"verl-rdma-sub-{n}"} for n in range(4)),
@@ -412,7 +375,7 @@ def test_bad_pool_args_are_refused_by_name(overrides: dict[str, Any], message: s
 
 # --- NetworkMapping ---------------------------------------------------------------------------
 
-def test_mapping_objects_are_the_manifests_applied_through_the_clusters_provider(a4_standard: Run):
+def test_mapping_objects_are_the_manifests_applied_through_the_clusters_provider(a4_standard: MockRun):
     # Registration order follows when inputs resolve, not program order: compare by name.
     param_sets = a4_standard.of_type("kubernetes:networking.gke.io/v1:GKENetworkParamSet")
     networks = a4_standard.of_type("kubernetes:networking.gke.io/v1:Network")
@@ -428,10 +391,10 @@ def test_mapping_objects_are_the_manifests_applied_through_the_clusters_provider
         "parametersRef": {"group": "networking.gke.io", "kind": "GKENetworkParamSet", "name": "rdma-7"}}
     provider = a4_standard.urn("gke-k8s")
     for r in [*param_sets, *networks]:
-        assert a4_standard.monitor.providers[r.name] == provider
+        assert r.provider == provider
 
 
-def test_mapping_waits_for_the_gpu_pool_and_each_network_for_its_param_set(a4_standard: Run):
+def test_mapping_waits_for_the_gpu_pool_and_each_network_for_its_param_set(a4_standard: MockRun):
     # Depending on the GpuNodePool component means waiting for the node pool inside it.
     pool = a4_standard.urn("gpu-pool")
     for r in a4_standard.registrations:
@@ -440,15 +403,15 @@ def test_mapping_waits_for_the_gpu_pool_and_each_network_for_its_param_set(a4_st
     assert a4_standard.urn("mapping-gkenetworkparamset-rdma-3") in a4_standard.deps("mapping-network-rdma-3")
 
 
-def test_nccl_installer_is_applied_from_the_pinned_url(a4_standard: Run):
+def test_nccl_installer_is_applied_from_the_pinned_url(a4_standard: MockRun):
     [installer] = a4_standard.of_type("kubernetes:yaml/v2:ConfigFile")
     assert installer.inputs["file"] == (
         "https://raw.githubusercontent.com/GoogleCloudPlatform/container-engine-accelerators/"
         "07a8e6c9b2208ee865a1fb9b9b246e10adfd7738/gpudirect-rdma/nccl-rdma-installer.yaml")
-    assert a4_standard.monitor.providers[installer.name] == a4_standard.urn("gke-k8s")
+    assert installer.provider == a4_standard.urn("gke-k8s")
 
 
-def test_dranet_has_no_mapping_objects_but_the_a4x_installer(a4x_dranet: Run):
+def test_dranet_has_no_mapping_objects_but_the_a4x_installer(a4x_dranet: MockRun):
     assert a4x_dranet.of_type("kubernetes:networking.gke.io/v1:Network") == []
     assert a4x_dranet.of_type("kubernetes:networking.gke.io/v1:GKENetworkParamSet") == []
     [installer] = a4x_dranet.of_type("kubernetes:yaml/v2:ConfigFile")
@@ -464,7 +427,7 @@ def test_autopilot_applies_the_mapping_and_the_autopilot_installer():
                                    "nccl_installer_url": nccl.installer_url(PLATFORMS["a4"].nccl_installer["autopilot"])},
                        opts=pulumi.ResourceOptions(providers=[cluster.provider], depends_on=[net]))
 
-    run = Run(program)
+    run = MockRun(program)
     assert run.urn("net-rdma-sub-7") in run.deps("mapping-gkenetworkparamset-rdma-7")
     assert len(run.of_type("kubernetes:networking.gke.io/v1:GKENetworkParamSet")) == 9
     [installer] = run.of_type("kubernetes:yaml/v2:ConfigFile")
@@ -474,7 +437,7 @@ def test_autopilot_applies_the_mapping_and_the_autopilot_installer():
 
 # --- Whole Standard stacks: resources per type ---------------------------------------------------
 
-def test_a4_standard_resource_counts(a4_standard: Run):
+def test_a4_standard_resource_counts(a4_standard: MockRun):
     assert a4_standard.counts() == Counter({
         "verl-gke:index:GkeCluster": 1, "gcp:container/cluster:Cluster": 1, "gcp:container/nodePool:NodePool": 2,
         "pulumi:providers:kubernetes": 1,
@@ -486,7 +449,7 @@ def test_a4_standard_resource_counts(a4_standard: Run):
     })
 
 
-def test_a4x_dranet_resource_counts(a4x_dranet: Run):
+def test_a4x_dranet_resource_counts(a4x_dranet: MockRun):
     assert a4x_dranet.counts() == Counter({
         "verl-gke:index:GkeCluster": 1, "gcp:container/cluster:Cluster": 1, "gcp:container/nodePool:NodePool": 2,
         "pulumi:providers:kubernetes": 1,
@@ -495,7 +458,7 @@ def test_a4x_dranet_resource_counts(a4x_dranet: Run):
     })
 
 
-def test_children_are_parented_to_their_component(a4_standard: Run):
+def test_children_are_parented_to_their_component(a4_standard: MockRun):
     parents = {r.name: r.parent for r in a4_standard.registrations}
     assert parents["gke-cluster"] == a4_standard.urn("gke")
     assert parents["gke-k8s"] == a4_standard.urn("gke")

@@ -4,7 +4,6 @@ in which order, and the RayCluster / DRA objects as the engine would send them (
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from typing import Any
 
 import pulumi
@@ -17,45 +16,10 @@ from components.ray_training_cluster import RayTrainingCluster, RayTrainingClust
 from manifests import dra, kuberay
 from manifests.ray_cluster import WAIT_FOR_READY, ray_cluster
 from tests.k8s_schema import validate_core, validate_custom
-from verl_gke import synth
+from tests.mock_run import MockRun
 
 RAY_CLUSTER = "kubernetes:ray.io/v1:RayCluster"
 RELEASE = "kubernetes:helm.sh/v3:Release"
-
-
-class Recorder(synth.RecordingMonitor):
-    """Also keeps the options the engine gets that `Registration` leaves out."""
-
-    def __init__(self, mocks_: pulumi.runtime.Mocks) -> None:
-        super().__init__(mocks_)
-        self.options: dict[str, dict[str, Any]] = {}
-
-    def RegisterResource(self, request: Any) -> Any:
-        response = super().RegisterResource(request)
-        self.options[request.name] = {
-            "provider": request.provider.rsplit("::", 1)[0] if request.provider else None,
-            "timeouts": (request.customTimeouts.create, request.customTimeouts.update),
-            "delete_before_replace": request.deleteBeforeReplace,
-            "replace_on_changes": list(request.replaceOnChanges),
-        }
-        return response
-
-
-class Run:
-    def __init__(self, program: Callable[[], None]) -> None:
-        self.monitor = Recorder(synth.SynthMocks())
-        self.registrations, self.outputs = synth.run_in_mocks(program, monitor=self.monitor)
-        self.by_name = {r.name: r for r in self.registrations}
-
-    def of_type(self, type_: str) -> list[synth.Registration]:
-        return [r for r in self.registrations if r.type == type_]
-
-    def one(self, type_: str) -> synth.Registration:
-        (found,) = self.of_type(type_)
-        return found
-
-    def manifest(self, registration: synth.Registration) -> dict[str, Any]:
-        return {k: registration.inputs[k] for k in ("apiVersion", "kind", "metadata", "spec")}
 
 
 def ray_args(platform: str, mode: str = "standard", **overrides: Any) -> RayTrainingClusterArgs:
@@ -65,7 +29,7 @@ def ray_args(platform: str, mode: str = "standard", **overrides: Any) -> RayTrai
     return args  # type: ignore[return-value]
 
 
-def deploy(args: RayTrainingClusterArgs, dra_args: A4xDraArgs | None = None) -> Run:
+def deploy(args: RayTrainingClusterArgs, dra_args: A4xDraArgs | None = None) -> MockRun:
     """The program the lead wires, reduced to these components: one provider, a stand-in for
     the resources the pods need first (GPU pool, bucket claim), and on A4X the DRA component."""
 
@@ -81,7 +45,7 @@ def deploy(args: RayTrainingClusterArgs, dra_args: A4xDraArgs | None = None) -> 
         pulumi.export("headService", cluster.head_service)
         pulumi.export("namespace", cluster.namespace)
 
-    return Run(program)
+    return MockRun(program)
 
 
 PLATFORM_MODES = [(p, m) for p in PLATFORMS for m in ("autopilot", "standard")
@@ -108,7 +72,7 @@ def test_every_child_uses_the_one_provider_and_waits_for_the_prerequisites() -> 
     provider = run.by_name["k8s"].urn
     children = [r for r in run.registrations if r.custom and r.name not in ("k8s", "prerequisite")]
     assert len(children) == 7
-    assert {run.monitor.options[r.name]["provider"] for r in children} == {provider}
+    assert {r.provider for r in children} == {provider}
     prerequisite = run.by_name["prerequisite"].urn
     assert all(prerequisite in r.dependencies for r in children)
     components = {run.by_name["ray"].urn, run.by_name["dra"].urn}
@@ -116,11 +80,11 @@ def test_every_child_uses_the_one_provider_and_waits_for_the_prerequisites() -> 
 
 
 def test_cluster_is_awaited_with_a_long_timeout_and_replaced_delete_first() -> None:
-    options = deploy(ray_args("a4")).monitor.options["ray-ray-cluster"]
-    assert options["timeouts"] == ("60m", "60m")
-    assert options["delete_before_replace"] is True
-    options = deploy(ray_args("a4", ready_timeout_minutes=90)).monitor.options["ray-ray-cluster"]
-    assert options["timeouts"] == ("90m", "90m")
+    sent = deploy(ray_args("a4")).sent("ray-ray-cluster")
+    assert sent.timeouts == ("60m", "60m")
+    assert sent.delete_before_replace is True
+    sent = deploy(ray_args("a4", ready_timeout_minutes=90)).sent("ray-ray-cluster")
+    assert sent.timeouts == ("90m", "90m")
 
 
 def test_overrides_reach_the_manifest() -> None:
@@ -151,7 +115,7 @@ def test_claim_name_output_becomes_a_dependency_and_lands_in_the_volumes() -> No
         RayTrainingCluster("ray", ray_args("a4", claim_name=claim.metadata.apply(lambda m: m.name)),
                            opts=pulumi.ResourceOptions(providers=[provider]))
 
-    run = Run(program)
+    run = MockRun(program)
     cluster = run.one(RAY_CLUSTER)
     assert run.by_name["claim"].urn in cluster.dependencies
     spec = run.manifest(cluster)["spec"]
@@ -191,8 +155,8 @@ def test_a4x_dra_registers_the_tutorials_objects_in_order() -> None:
     assert namespace.urn in quota.dependencies
     assert quota.urn in driver.dependencies
     assert driver.urn in domain.dependencies
-    assert run.monitor.options["dra-compute-domain"]["replace_on_changes"] == ["spec"]
-    assert run.monitor.options["dra-compute-domain"]["delete_before_replace"] is True
+    assert run.sent("dra-compute-domain").replace_on_changes == ["spec"]
+    assert run.sent("dra-compute-domain").delete_before_replace is True
     # The Ray workers' claims exist before the RayCluster.
     cluster = run.one(RAY_CLUSTER)
     assert {template.urn, domain.urn} <= set(cluster.dependencies)

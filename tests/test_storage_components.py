@@ -11,11 +11,11 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 import pytest
-from google.protobuf import json_format
 
 from components.data_staging import DataStaging
 from components.gcs_fuse_storage import GcsFuseStorage, workload_identity_principal
 from manifests import staging, storage
+from tests.mock_run import MockRun
 from verl_gke import synth
 from workloads import stage_data
 
@@ -26,94 +26,67 @@ MODEL_REV = "5ede1c97bbab6ce5cda5812749b4c0bdf79b18dd"
 DATASET_REV = "740312add88f781978c0658806c59bc2815b9866"
 
 
-class Recorder(synth.RecordingMonitor):
-    """Keeps, per logical name, the register request as sent: inputs before any masking, the
-    provider reference and the resource options that don't show in the inputs."""
+def deploy(namespace: str, token: str) -> MockRun:
+    """GcsFuseStorage then DataStaging through one provider; `token` "secret" passes the HF token as a
+    secret Output, anything else as a plain string."""
 
-    def __init__(self, mocks_: pulumi.runtime.Mocks) -> None:
-        super().__init__(mocks_)
-        self.raw: dict[str, dict[str, Any]] = {}
-        self.provider: dict[str, str] = {}
-        self.timeouts: dict[str, tuple[str, str]] = {}
-        self.delete_before_replace: dict[str, bool] = {}
+    def program() -> None:
+        provider = k8s.Provider("k8s", kubeconfig="apiVersion: v1")
+        hf_token = pulumi.Output.secret(TOKEN) if token == "secret" else TOKEN
+        store = GcsFuseStorage(
+            "storage",
+            {
+                "project": PROJECT,
+                "project_number": pulumi.Output.from_input(synth.MOCK_PROJECT_NUMBER),
+                "region": "us-central1",
+                "bucket_name": BUCKET,
+                "force_destroy": False,
+                "namespace": namespace,
+                "service_account": "verl-ray",
+                "hf_token": hf_token,
+                "k8s_provider": provider,
+                "labels": {"stack": "a4"},
+            },
+        )
+        data = DataStaging(
+            "staging",
+            {
+                "namespace": namespace,
+                "service_account": "verl-ray",
+                "model_repo": "Qwen/Qwen2.5-32B-Instruct",
+                "model_revision": MODEL_REV,
+                "model_dir": "Qwen2.5-32B-Instruct",
+                "dataset_repo": "openai/gsm8k",
+                "dataset_revision": DATASET_REV,
+                "timeout_minutes": 180,
+                "k8s_provider": provider,
+            },
+            opts=pulumi.ResourceOptions(depends_on=[store]),
+        )
+        for key in ("bucket_name", "bucket_url", "namespace", "service_account_name", "claim_name",
+                    "hf_secret_name"):
+            pulumi.export(f"storage.{key}", getattr(store, key))
+        for key in ("job_name", "model_path", "train_files", "val_files"):
+            pulumi.export(f"staging.{key}", getattr(data, key))
 
-    def RegisterResource(self, request: Any) -> Any:
-        response = super().RegisterResource(request)
-        self.raw[request.name] = json_format.MessageToDict(request.object)
-        self.provider[request.name] = request.provider.rsplit("::", 1)[0]
-        self.timeouts[request.name] = (request.customTimeouts.create, request.customTimeouts.update)
-        self.delete_before_replace[request.name] = request.deleteBeforeReplace
-        return response
-
-
-class Result:
-    def __init__(self, namespace: str, token: Any) -> None:
-        self.monitor = Recorder(synth.SynthMocks())
-
-        def program() -> None:
-            provider = k8s.Provider("k8s", kubeconfig="apiVersion: v1")
-            hf_token = pulumi.Output.secret(TOKEN) if token == "secret" else TOKEN
-            store = GcsFuseStorage(
-                "storage",
-                {
-                    "project": PROJECT,
-                    "project_number": pulumi.Output.from_input(synth.MOCK_PROJECT_NUMBER),
-                    "region": "us-central1",
-                    "bucket_name": BUCKET,
-                    "force_destroy": False,
-                    "namespace": namespace,
-                    "service_account": "verl-ray",
-                    "hf_token": hf_token,
-                    "k8s_provider": provider,
-                    "labels": {"stack": "a4"},
-                },
-            )
-            data = DataStaging(
-                "staging",
-                {
-                    "namespace": namespace,
-                    "service_account": "verl-ray",
-                    "model_repo": "Qwen/Qwen2.5-32B-Instruct",
-                    "model_revision": MODEL_REV,
-                    "model_dir": "Qwen2.5-32B-Instruct",
-                    "dataset_repo": "openai/gsm8k",
-                    "dataset_revision": DATASET_REV,
-                    "timeout_minutes": 180,
-                    "k8s_provider": provider,
-                },
-                opts=pulumi.ResourceOptions(depends_on=[store]),
-            )
-            for key in ("bucket_name", "bucket_url", "namespace", "service_account_name", "claim_name",
-                        "hf_secret_name"):
-                pulumi.export(f"storage.{key}", getattr(store, key))
-            for key in ("job_name", "model_path", "train_files", "val_files"):
-                pulumi.export(f"staging.{key}", getattr(data, key))
-
-        self.registrations, self.outputs = synth.run_in_mocks(program, monitor=self.monitor)
-        self.by_name = {r.name: r for r in self.registrations}
-
-    def inputs(self, name: str) -> dict[str, Any]:
-        return self.by_name[name].inputs
-
-    def urn(self, name: str) -> str:
-        return self.by_name[name].urn
+    return MockRun(program)
 
 
 @pytest.fixture(scope="module")
-def run() -> Result:
-    return Result("ml", token="secret")
+def run() -> MockRun:
+    return deploy("ml", token="secret")
 
 
 @pytest.fixture(scope="module")
-def run_default_ns() -> Result:
-    return Result("default", token="plain")
+def run_default_ns() -> MockRun:
+    return deploy("default", token="plain")
 
 
 K8S_CHILDREN = ["storage-namespace", "storage-ksa", "storage-pv", "storage-pvc", "storage-hf-secret",
                 "staging-script", "staging-job"]
 
 
-def test_registers_what_the_tutorial_creates(run: Result) -> None:
+def test_registers_what_the_tutorial_creates(run: MockRun) -> None:
     # Registration order follows when inputs resolve, so compare as a set.
     assert {(r.type, r.name) for r in run.registrations} == {
         ("pulumi:providers:kubernetes", "k8s"),
@@ -132,13 +105,13 @@ def test_registers_what_the_tutorial_creates(run: Result) -> None:
     assert len(run.registrations) == 12
 
 
-def test_no_namespace_is_created_for_default(run_default_ns: Result) -> None:
+def test_no_namespace_is_created_for_default(run_default_ns: MockRun) -> None:
     assert "storage-namespace" not in run_default_ns.by_name
     assert run_default_ns.outputs["storage.namespace"] == "default"
     assert run_default_ns.inputs("storage-pvc")["metadata"]["namespace"] == "default"
 
 
-def test_bucket(run: Result) -> None:
+def test_bucket(run: MockRun) -> None:
     bucket = run.inputs("storage-bucket")
     assert bucket["name"] == BUCKET
     assert bucket["project"] == PROJECT
@@ -150,7 +123,7 @@ def test_bucket(run: Result) -> None:
     assert bucket["labels"] == {"app": "verl-gke", "stack": "a4"}
 
 
-def test_bucket_role_for_the_workload_identity_principal_only(run: Result) -> None:
+def test_bucket_role_for_the_workload_identity_principal_only(run: MockRun) -> None:
     binding = run.inputs("storage-bucket-object-user")
     assert binding["bucket"] == BUCKET
     assert binding["role"] == "roles/storage.objectUser"
@@ -169,7 +142,7 @@ def test_principal_format() -> None:
     )
 
 
-def test_kubernetes_objects_are_the_manifest_builders(run: Result) -> None:
+def test_kubernetes_objects_are_the_manifest_builders(run: MockRun) -> None:
     assert run.inputs("storage-namespace")["metadata"] == {"name": "ml"}
     assert run.inputs("storage-ksa")["metadata"] == {"name": "verl-ray", "namespace": "ml"}
     pv = storage.persistent_volume(bucket=BUCKET, namespace="ml")
@@ -184,27 +157,27 @@ def test_kubernetes_objects_are_the_manifest_builders(run: Result) -> None:
     assert secret["stringData"] == {"hf_api_token": "[secret]"}
 
 
-def test_volume_keeps_the_tutorials_mount_options(run: Result) -> None:
+def test_volume_keeps_the_tutorials_mount_options(run: MockRun) -> None:
     spec = run.inputs("storage-pv")["spec"]
     assert len(spec["mountOptions"]) == 11
     assert spec["csi"]["volumeHandle"] == BUCKET
     assert spec["persistentVolumeReclaimPolicy"] == "Retain"
 
 
-def test_every_kubernetes_child_uses_the_one_provider(run: Result) -> None:
+def test_every_kubernetes_child_uses_the_one_provider(run: MockRun) -> None:
     provider = run.urn("k8s")
     for name in K8S_CHILDREN:
-        assert run.monitor.provider[name] == provider, name
+        assert run.by_name[name].provider == provider, name
 
 
-def test_children_are_parented(run: Result) -> None:
+def test_children_are_parented(run: MockRun) -> None:
     for name in ("storage-bucket", "storage-bucket-object-user", *K8S_CHILDREN[:5]):
         assert run.by_name[name].parent == run.urn("storage"), name
     for name in K8S_CHILDREN[5:]:
         assert run.by_name[name].parent == run.urn("staging"), name
 
 
-def test_storage_order(run: Result) -> None:
+def test_storage_order(run: MockRun) -> None:
     deps = {name: run.by_name[name].dependencies for name in K8S_CHILDREN}
     assert run.urn("storage-bucket") in deps["storage-pv"]
     assert run.urn("storage-pv") in deps["storage-pvc"]
@@ -212,7 +185,7 @@ def test_storage_order(run: Result) -> None:
         assert run.urn("storage-namespace") in deps[name], name
 
 
-def test_storage_outputs(run: Result) -> None:
+def test_storage_outputs(run: MockRun) -> None:
     assert {k: v for k, v in run.outputs.items() if k.startswith("storage.")} == {
         "storage.bucket_name": BUCKET,
         "storage.bucket_url": f"gs://{BUCKET}",
@@ -239,18 +212,18 @@ def _without_secrets(value: Any) -> Any:
 
 @pytest.mark.parametrize("fixture", ["run", "run_default_ns"])
 def test_token_reaches_the_engine_only_as_a_secret(fixture: str, request: pytest.FixtureRequest) -> None:
-    result: Result = request.getfixturevalue(fixture)
-    raw = json.dumps(result.monitor.raw)
+    result: MockRun = request.getfixturevalue(fixture)
+    raw = {name: sent.raw_inputs for name, sent in result.monitor.sent.items()}
     # The token is sent (the Secret needs it), so this test would see it in clear if it were...
-    assert TOKEN in raw
+    assert TOKEN in json.dumps(raw)
     # ...but only ever inside secret-marked values, whether the caller passed a secret or not.
-    assert TOKEN not in json.dumps(_without_secrets(result.monitor.raw))
+    assert TOKEN not in json.dumps(_without_secrets(raw))
     assert TOKEN not in json.dumps([r.__dict__ for r in result.registrations])
     assert TOKEN not in json.dumps(result.outputs)
 
 
-def test_job_reads_the_token_from_the_secret_not_a_literal(run: Result) -> None:
-    raw = run.monitor.raw["staging-job"]
+def test_job_reads_the_token_from_the_secret_not_a_literal(run: MockRun) -> None:
+    raw = run.sent("staging-job").raw_inputs
     assert TOKEN not in json.dumps(raw)
     (container,) = raw["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e for e in container["env"]}
@@ -263,13 +236,13 @@ def test_job_reads_the_token_from_the_secret_not_a_literal(run: Result) -> None:
 # --- staging ------------------------------------------------------------------------------------
 
 
-def test_config_map_holds_the_script(run: Result) -> None:
+def test_config_map_holds_the_script(run: MockRun) -> None:
     assert run.inputs("staging-script")["data"] == {"stage_data.py": Path(stage_data.__file__).read_text()}
     assert run.inputs("staging-script")["metadata"]["name"] == "stage-data-script"
     assert run.inputs("staging-script")["metadata"]["namespace"] == "ml"
 
 
-def test_job_is_the_manifest_builders(run: Result) -> None:
+def test_job_is_the_manifest_builders(run: MockRun) -> None:
     expected = staging.staging_job(
         staging.StagingSpec(
             namespace="ml",
@@ -293,26 +266,26 @@ def test_job_is_the_manifest_builders(run: Result) -> None:
     ]
 
 
-def test_pulumi_waits_for_the_job_as_long_as_configured(run: Result) -> None:
-    assert run.monitor.timeouts["staging-job"] == ("180m", "180m")
-    assert run.monitor.delete_before_replace["staging-job"] is True
-    assert run.monitor.timeouts["staging-script"] == ("", "")
+def test_pulumi_waits_for_the_job_as_long_as_configured(run: MockRun) -> None:
+    assert run.sent("staging-job").timeouts == ("180m", "180m")
+    assert run.sent("staging-job").delete_before_replace is True
+    assert run.sent("staging-script").timeouts == ("", "")
 
 
-def test_job_waits_for_storage_and_its_script(run: Result) -> None:
+def test_job_waits_for_storage_and_its_script(run: MockRun) -> None:
     deps = run.by_name["staging-job"].dependencies
     for name in ("staging-script", "storage-bucket-object-user", "storage-ksa", "storage-pvc", "storage-hf-secret"):
         assert run.urn(name) in deps, name
 
 
-def test_job_does_not_wait_for_anything_else(run: Result) -> None:
+def test_job_does_not_wait_for_anything_else(run: MockRun) -> None:
     # Storage's children and the script only: the Job runs while the GPU pool is still created.
     allowed = {run.urn(n) for n in ("staging-script", "storage-bucket", "storage-bucket-object-user",
                                     *K8S_CHILDREN[:5])}
     assert set(run.by_name["staging-job"].dependencies) <= allowed
 
 
-def test_staging_outputs(run: Result) -> None:
+def test_staging_outputs(run: MockRun) -> None:
     assert {k: v for k, v in run.outputs.items() if k.startswith("staging.")} == {
         "staging.job_name": "stage-data",
         "staging.model_path": "/data/Qwen2.5-32B-Instruct",
