@@ -29,7 +29,6 @@ from tests.ray_head import free_ports, kubectl_record
 from verl_gke import cli, stack_outputs
 from verl_gke.stack_outputs import OutputsError
 
-pytestmark = pytest.mark.ray
 
 JOB_TIMEOUT_S = 90.0
 REPO = Path(__file__).resolve().parent.parent
@@ -145,6 +144,7 @@ def error_line(err: str) -> str:
 # --- Against the real head ----------------------------------------------------------------------
 
 
+@pytest.mark.ray
 def test_status_shows_cluster_head_workers_gpus_and_job_on_one_screen(
         capsys: pytest.CaptureFixture[str], ray_head: str, finished_job: str, outputs_file: Path) -> None:
     code, out, _ = run(capsys, "status", "--outputs", str(outputs_file), "--dashboard-url", ray_head)
@@ -163,6 +163,7 @@ def test_status_shows_cluster_head_workers_gpus_and_job_on_one_screen(
     ]
 
 
+@pytest.mark.ray
 def test_logs_prints_the_jobs_output(
         capsys: pytest.CaptureFixture[str], ray_head: str, outputs_file: Path) -> None:
     code, out, _ = run(capsys, "logs", "--outputs", str(outputs_file), "--dashboard-url", ray_head)
@@ -172,6 +173,7 @@ def test_logs_prints_the_jobs_output(
     assert "(TaskRunner pid=4242) Training Progress: 8/8" in out
 
 
+@pytest.mark.ray
 @pytest.mark.filterwarnings("ignore:ssl=None is deprecated:DeprecationWarning")  # inside Ray's log tail
 def test_logs_follow_streams_a_running_job_until_it_ends(
         capsys: pytest.CaptureFixture[str], ray_head: str, no_pulumi: None) -> None:
@@ -184,6 +186,7 @@ def test_logs_follow_streams_a_running_job_until_it_ends(
     assert f"verl-gke: job {submission_id} is SUCCEEDED: Job finished successfully." in err.splitlines()
 
 
+@pytest.mark.ray
 def test_metrics_from_the_jobs_logs_table_verdict_and_plot(
         capsys: pytest.CaptureFixture[str], ray_head: str, outputs_file: Path, tmp_path: Path) -> None:
     plot = tmp_path / "reward.png"
@@ -201,6 +204,7 @@ def test_metrics_from_the_jobs_logs_table_verdict_and_plot(
     assert "error" not in err
 
 
+@pytest.mark.ray
 def test_metrics_extra_keys_and_an_absent_key(
         capsys: pytest.CaptureFixture[str], ray_head: str, outputs_file: Path) -> None:
     code, out, err = run(capsys, "metrics", "--outputs", str(outputs_file), "--dashboard-url", ray_head,
@@ -213,6 +217,7 @@ def test_metrics_extra_keys_and_an_absent_key(
     assert "verl-gke: metric critic/vf_loss appears in no step" in err.splitlines()
 
 
+@pytest.mark.ray
 def test_wait_exits_zero_for_a_job_that_succeeded(
         capsys: pytest.CaptureFixture[str], ray_head: str, finished_job: str, outputs_file: Path) -> None:
     code, out, err = run(capsys, "wait", "--outputs", str(outputs_file), "--dashboard-url", ray_head, "--poll", "0.5")
@@ -221,6 +226,7 @@ def test_wait_exits_zero_for_a_job_that_succeeded(
     assert f"verl-gke: job {finished_job}: SUCCEEDED after 0m00s" in err.splitlines()
 
 
+@pytest.mark.ray
 def test_wait_fails_with_one_line_for_a_failed_job(
         capsys: pytest.CaptureFixture[str], ray_head: str, tmp_path: Path) -> None:
     submission_id = submit(ray_head, entrypoint="python -c 'import sys; sys.exit(3)'")
@@ -230,6 +236,7 @@ def test_wait_fails_with_one_line_for_a_failed_job(
     assert error_line(err).startswith(f"verl-gke: error: job {submission_id} ended FAILED: ")
 
 
+@pytest.mark.ray
 def test_wait_gives_up_after_its_timeout(
         capsys: pytest.CaptureFixture[str], ray_head: str, tmp_path: Path) -> None:
     submission_id = submit(ray_head, entrypoint="sleep 30")
@@ -245,6 +252,7 @@ def test_wait_gives_up_after_its_timeout(
         JobSubmissionClient(ray_head).stop_job(submission_id)
 
 
+@pytest.mark.ray
 def test_an_unknown_job_is_one_line_naming_it_and_the_head(
         capsys: pytest.CaptureFixture[str], ray_head: str, tmp_path: Path) -> None:
     outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("raysubmit_doesnotexist"))
@@ -255,6 +263,7 @@ def test_an_unknown_job_is_one_line_naming_it_and_the_head(
     assert "does not exist" in line
 
 
+@pytest.mark.ray
 def test_status_still_shows_the_cluster_when_the_head_lost_the_job(
         capsys: pytest.CaptureFixture[str], ray_head: str, tmp_path: Path) -> None:
     outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("raysubmit_doesnotexist"))
@@ -266,6 +275,7 @@ def test_status_still_shows_the_cluster_when_the_head_lost_the_job(
     assert lines[6].startswith(f"Job message    reading job raysubmit_doesnotexist at {ray_head} failed: ")
 
 
+@pytest.mark.ray
 def test_status_never_prints_secrets(
         capsys: pytest.CaptureFixture[str], ray_head: str, finished_job: str, tmp_path: Path) -> None:
     # Even outputs saved with --show-secrets by mistake: the kubeconfig is never read or shown.
@@ -276,6 +286,7 @@ def test_status_never_prints_secrets(
     assert "super-secret" not in out + err
 
 
+@pytest.mark.ray
 def test_status_through_a_port_forward_the_way_the_job_provider_reaches_the_head(
         capsys: pytest.CaptureFixture[str], ray_head: str, finished_job: str, tmp_path: Path,
         fake_kubectl: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -297,6 +308,7 @@ def test_status_through_a_port_forward_the_way_the_job_provider_reaches_the_head
     assert not Path(call["kubeconfig"][0]).exists()  # the throw-away kubeconfig is gone
 
 
+@pytest.mark.ray
 def test_dashboard_holds_the_port_forward_until_ctrl_c(
         ray_head: str, tmp_path: Path, fake_kubectl: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_KUBECTL_PORT", ray_head.rsplit(":", 1)[1])
@@ -320,6 +332,7 @@ def test_dashboard_holds_the_port_forward_until_ctrl_c(
     assert not Path(f"/proc/{kubectl_pid}").exists()  # the tunnel closed with the command
 
 
+@pytest.mark.ray
 def test_dashboard_with_a_directly_reachable_head_just_prints_it(
         capsys: pytest.CaptureFixture[str], ray_head: str, no_pulumi: None) -> None:
     code, out, _ = run(capsys, "dashboard", "--dashboard-url", ray_head + "/")
