@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: synth synth-all test bench clean
+.PHONY: synth synth-all test lint bench clean
 
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ synth-all: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# Pyflakes, syntax errors and bugbear: unused code, undefined names, likely bugs.
+lint: $(STAMP)
+	$(BIN)/ruff check --select F,E9,B --ignore B905 --line-length 120 --exclude .venv .
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.synth_time

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict, Field
 
 from components.platforms import Platform

@@ -113,10 +113,10 @@ def test_port_forward_runs_kubectl_on_loopback_with_a_private_kubeconfig(fake_ku
 
 
 def test_port_forward_is_terminated_when_the_block_raises(fake_kubectl: Path) -> None:
-    with pytest.raises(ZeroDivisionError):
+    with pytest.raises(RuntimeError, match="inside the block"):
         with _forward():
             pid = int(kubectl_record(fake_kubectl)["pid"][0])
-            1 / 0
+            raise RuntimeError("inside the block")
     assert not _alive(pid)
 
 
