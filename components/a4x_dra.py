@@ -13,6 +13,8 @@ from typing import NotRequired, TypedDict
 import pulumi
 import pulumi_kubernetes as k8s
 
+from components.helm_release import pinned_release
+
 from manifests import dra
 
 
@@ -47,16 +49,8 @@ class A4xDra(pulumi.ComponentResource):
         quota = k8s.core.v1.ResourceQuota(
             f"{name}-quota", metadata=quota_obj["metadata"], spec=quota_obj["spec"], opts=after(namespace)
         )
-        driver = k8s.helm.v3.Release(
-            f"{name}-driver",
-            name=dra.CHART_NAME,
-            chart=dra.CHART_NAME,
-            version=dra.CHART_VERSION,
-            repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=dra.CHART_REPO),
-            namespace=dra.NAMESPACE,
-            values=dra.helm_values(),
-            opts=after(quota),
-        )
+        driver = pinned_release(f"{name}-driver", dra.CHART, namespace=dra.NAMESPACE,
+                                values=dra.helm_values(), opts=after(quota))
         if args.get("nic_claims", True):
             template = dra.rdma_claim_template(namespace=args["namespace"])
             k8s.resource.v1.ResourceClaimTemplate(

@@ -13,6 +13,8 @@ from typing import NotRequired, TypedDict, cast
 import pulumi
 import pulumi_kubernetes as k8s
 
+from components.helm_release import pinned_release
+
 from components.platforms import PLATFORMS, PlatformName
 from manifests import kuberay
 from manifests.ray_cluster import Mode, RayClusterSpec, head_service_name, ray_cluster
@@ -110,16 +112,8 @@ class RayTrainingCluster(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self, depends_on=waits_for)
         cluster_opts = child
         if args.get("install_kuberay", False):
-            operator = k8s.helm.v3.Release(
-                f"{name}-kuberay-operator",
-                name=kuberay.CHART_NAME,
-                chart=kuberay.CHART_NAME,
-                version=kuberay.CHART_VERSION,
-                repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=kuberay.CHART_REPO),
-                namespace=spec.namespace,
-                values=kuberay.helm_values(namespace=spec.namespace),
-                opts=child,
-            )
+            operator = pinned_release(f"{name}-kuberay-operator", kuberay.CHART, namespace=spec.namespace,
+                                      values=kuberay.helm_values(namespace=spec.namespace), opts=child)
             # The chart brings the ray.io CRDs and the operator that acts on the RayCluster.
             cluster_opts = child.merge(pulumi.ResourceOptions(depends_on=[operator]))
         obj = ray_cluster(spec)

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from manifests.helm import HelmChart
+
 NAMESPACE = "nvidia-dra-driver-gpu"
 QUOTA_NAME = "nvidia-dra-driver-gpu-quota"
 
-CHART_NAME = "nvidia-dra-driver-gpu"
-CHART_REPO = "https://helm.ngc.nvidia.com/nvidia"
 # The tutorial installs 25.3.1; 25.3.2 is the 25.3.x patch whose ComputeDomain CRD is the one
 # the manifests are validated against (shared/crds), so chart and checks agree.
-CHART_VERSION = "25.3.2"
+CHART = HelmChart(name="nvidia-dra-driver-gpu", repo="https://helm.ngc.nvidia.com/nvidia", version="25.3.2")
 
 # GKE installs the NVIDIA driver under this host path, not at `/` as the chart assumes.
 NVIDIA_DRIVER_ROOT = "/home/kubernetes/bin/nvidia"

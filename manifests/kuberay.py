@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-CHART_NAME = "kuberay-operator"
-CHART_REPO = "https://ray-project.github.io/kuberay-helm/"
+from manifests.helm import HelmChart
+
 # The chart release that ships the v1.6.2 ray.io CRDs the manifests are validated against.
-CHART_VERSION = "1.6.2"
+CHART = HelmChart(name="kuberay-operator", repo="https://ray-project.github.io/kuberay-helm/", version="1.6.2")
 
 
 def helm_values(*, namespace: str) -> dict[str, Any]:

@@ -54,11 +54,11 @@ def test_dra_helm_values_are_the_tutorials_set_flags() -> None:
     assert dra.helm_values() == install["values"]
     assert install["namespace"] == dra.NAMESPACE
     alias, chart = install["chart"].split("/")
-    assert chart == dra.CHART_NAME
-    assert _repo_url(alias) == dra.CHART_REPO
+    assert chart == dra.CHART.name
+    assert _repo_url(alias) == dra.CHART.repo
     # Same 25.3 line as the tutorial's 25.3.1; the patch release whose CRD shared/ holds.
     assert install["version"] == "25.3.1"
-    assert dra.CHART_VERSION == "25.3.2"
+    assert dra.CHART.version == "25.3.2"
     assert any("v25.3.2" in p.name for p in (shared_dir() / "crds").iterdir())
 
 
@@ -67,10 +67,10 @@ def test_kuberay_helm_values_are_the_tutorials_set_flags() -> None:
     assert kuberay.helm_values(namespace="verl") == install["values"]
     assert kuberay.helm_values(namespace="verl") == {"singleNamespaceInstall": True, "watchNamespace": ["verl"]}
     alias, chart = install["chart"].split("/")
-    assert chart == kuberay.CHART_NAME
-    assert _repo_url(alias) == kuberay.CHART_REPO
+    assert chart == kuberay.CHART.name
+    assert _repo_url(alias) == kuberay.CHART.repo
     # The chart version matches the ray.io CRDs the RayCluster is validated against.
-    assert any(f"kuberay-v{kuberay.CHART_VERSION}-" in p.name for p in (shared_dir() / "crds").iterdir())
+    assert any(f"kuberay-v{kuberay.CHART.version}-" in p.name for p in (shared_dir() / "crds").iterdir())
 
 
 @pytest.mark.parametrize("nodes", [0, -1, 2.0, True])

@@ -128,7 +128,7 @@ def test_kuberay_operator_only_when_asked_and_before_the_cluster() -> None:
     run = deploy(ray_args("a4x", install_kuberay=True), {"namespace": "verl", "gpu_nodes": 2})
     (operator,) = [r for r in run.of_type(RELEASE) if r.inputs["chart"] == "kuberay-operator"]
     assert operator.inputs["name"] == "kuberay-operator"
-    assert operator.inputs["version"] == kuberay.CHART_VERSION == "1.6.2"
+    assert operator.inputs["version"] == kuberay.CHART.version == "1.6.2"
     assert operator.inputs["repositoryOpts"] == {"repo": "https://ray-project.github.io/kuberay-helm/"}
     assert operator.inputs["namespace"] == "verl"
     assert operator.inputs["values"] == {"singleNamespaceInstall": True, "watchNamespace": ["verl"]}
