@@ -115,3 +115,13 @@ def test_a_real_run_stops_at_once_on_placeholders():
 def test_preview_synthesizes_with_unknowns():
     result = synth.run("a4x", preview=True)
     assert any(r.type == "pulumi-python:dynamic:GrpoJob" for r in result.registrations)
+
+
+def test_registration_order_is_the_same_on_every_run(synth_stack):
+    first = [r.urn for r in synth_stack("a4x").registrations]
+    assert [r.urn for r in synth.run("a4x").registrations] == first
+
+
+def test_manifests_start_with_api_version_kind_metadata(synth_stack):
+    for obj in synth_stack("a4").manifests():
+        assert list(obj)[:3] == ["apiVersion", "kind", "metadata"]

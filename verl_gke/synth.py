@@ -39,6 +39,9 @@ MOCK_CA = base64.b64encode(b"mock cluster CA certificate").decode()
 MOCK_ENDPOINT = "10.0.0.2"
 
 GRPO_JOB_TYPE = "pulumi-python:dynamic:GrpoJob"
+# Top-level fields of a Kubernetes object, in the order kubectl shows them.
+_MANIFEST_FIELDS = ("apiVersion", "kind", "metadata", "type", "immutable", "data", "stringData", "spec",
+                    "rules", "roleRef", "subjects")
 # Remote components and providers are registered but are not objects the program "applies".
 _NOT_MANIFESTS = ("kubernetes:helm.sh/", "kubernetes:yaml/", "pulumi:providers:")
 
@@ -151,9 +154,7 @@ class SynthResult:
         out = []
         for r in self.registrations:
             if r.type.startswith("kubernetes:") and not r.type.startswith(_NOT_MANIFESTS):
-                out.append(_whole_numbers({k: v for k, v in r.inputs.items() if k in (
-                    "apiVersion", "kind", "metadata", "spec", "data", "stringData", "type",
-                    "immutable", "rules", "roleRef", "subjects")}))
+                out.append(_whole_numbers({k: r.inputs[k] for k in _MANIFEST_FIELDS if k in r.inputs}))
         return out
 
 
