@@ -11,7 +11,6 @@ STAMP := $(VENV)/.installed
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-dev.txt -c constraints.txt
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $(STAMP)
 
 synth: $(STAMP)
