@@ -13,6 +13,10 @@ from components.platforms import PLATFORMS
 
 GPU_POOL_NAME = "gpu-pool"
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
+# GKE runs its managed DRANET driver (which publishes the NICs as mrdma.google.com devices) only on
+# nodes with this label; the accelerator network profile alone attaches the NICs but exposes none
+# (GKE "Allocate network resources by using GKE managed DRANET"; Cluster Toolkit enable_dranet).
+DRANET_NODE_LABEL = "cloud.google.com/gke-networking-dra-driver"
 # GKE puts this taint on GPU nodes of clusters that also have CPU pools; the Ray workers tolerate it.
 GPU_TAINT: container.NodePoolNodeConfigTaintArgsDict = {"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}
 
@@ -72,6 +76,11 @@ class GpuNodePool(pulumi.ComponentResource):
                 f"GpuNodePool: nodes = {args['nodes']}, max_nodes = {args['max_nodes']}: need 1 <= nodes <= max_nodes"
             )
         reservation = args["reservation"]
+        if args["spot"] and reservation:
+            raise ValueError(
+                f"GpuNodePool: spot = True with reservation = {reservation!r}: Spot VMs cannot consume a "
+                "reservation; set reservation to None for Spot, or spot to False"
+            )
         project, location = args["project"], args["location"]
 
         placement: container.NodePoolPlacementPolicyArgsDict | None = None
@@ -119,6 +128,7 @@ class GpuNodePool(pulumi.ComponentResource):
                 ),
                 "spot": args["spot"],
                 "taints": [GPU_TAINT],
+                **({"labels": {DRANET_NODE_LABEL: "true"}} if profile is not None else {}),
                 "workload_metadata_config": {"mode": "GKE_METADATA"},
                 # 0 = every Local SSD bundled with the machine type, for machine series that fix their
                 # count (GKE API, EphemeralStorageLocalSsdConfig.local_ssd_count): the workers' 500-1000Gi

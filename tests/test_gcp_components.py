@@ -299,6 +299,7 @@ def test_gpu_pool_is_the_tutorials_node_pools_create(platform: str, machine: str
     assert node["workloadMetadataConfig"] == {"mode": "GKE_METADATA"}
     assert node["ephemeralStorageLocalSsdConfig"] == {"localSsdCount": 0}
     assert node["taints"] == [{"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}]
+    assert "labels" not in node  # no DRANET: the NICs come from the multi-network objects
     assert pool["networkConfig"]["additionalNodeNetworkConfigs"] == [
         {"network": "verl-gvnic-net", "subnetwork": "verl-gvnic-sub"},
         *({"network": "verl-rdma-net", "subnetwork": f"verl-rdma-sub-{n}"} for n in range(8)),
@@ -335,6 +336,8 @@ def test_a4x_pool_is_gb200_with_compact_1x72_placement_and_dranet(a4x_dranet: Mo
     assert node["workloadMetadataConfig"] == {"mode": "GKE_METADATA"}
     assert node["reservationAffinity"]["consumeReservationType"] == "SPECIFIC_RESERVATION"
     assert pool["networkConfig"] == {"acceleratorNetworkProfile": "auto"}
+    # Without this label GKE's DRANET driver skips the nodes and no mrdma.google.com NIC is claimable.
+    assert node["labels"] == {"cloud.google.com/gke-networking-dra-driver": "true"}
     policy = a4x_dranet.of_type("gcp:compute/resourcePolicy:ResourcePolicy")
     assert [p.name for p in policy] == ["gpu-workload-policy"]
     assert policy[0].inputs["workloadPolicy"] == {"type": "HIGH_THROUGHPUT", "acceleratorTopology": "1x72"}
@@ -363,6 +366,8 @@ def test_a4x_multi_network_pool_has_one_gvnic_and_four_rdma():
         ({"nodes": 0}, "GpuNodePool: nodes = 0, max_nodes = 10: need 1 <= nodes <= max_nodes"),
         ({"accelerator_network_profile": "auto", "additional_node_networks": []},
          "GpuNodePool: accelerator_network_profile = 'auto' makes GKE attach the networks itself"),
+        ({"spot": True}, "GpuNodePool: spot = True with reservation = 'my-reservation': Spot VMs cannot consume a "
+                         "reservation"),
     ],
 )
 def test_bad_pool_args_are_refused_by_name(overrides: dict[str, Any], message: str):
