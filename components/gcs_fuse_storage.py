@@ -47,6 +47,17 @@ class GcsFuseStorageArgs(TypedDict):
     """Extra bucket labels, added to `app: verl-gke`."""
 
 
+def _label_problem(key: str, value: str) -> str | None:
+    """GCS's label rule: keys and values of at most 63 lowercase letters, digits, '_' or '-', keys
+    starting with a letter. GCS refuses the bucket otherwise (e.g. a stack named `Dev` or `a4.x`)."""
+    for text, is_key in ((key, True), (value, False)):
+        if (len(text) > 63 or text != text.lower() or not all(c.isalnum() or c in "-_" for c in text)
+                or (is_key and not text[:1].isalpha())):
+            return (f"GcsFuseStorage: label {key!r}: {value!r}: keys and values must be at most 63 lowercase "
+                    "letters, digits, '_' or '-', and keys must start with a letter")
+    return None
+
+
 def workload_identity_principal(*, project_number: str, project: str, namespace: str, service_account: str) -> str:
     """The IAM principal of a Kubernetes service account, without a Google service account
     (the tutorial's `--member "principal://..."`, FIELD-NOTES 3)."""
@@ -74,6 +85,10 @@ class GcsFuseStorage(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         ns = args["namespace"]
         capacity = args.get("capacity", storage.DEFAULT_CAPACITY)
+        labels = {**DEFAULT_LABELS, **args.get("labels", {})}
+        problem = next(filter(None, (_label_problem(k, v) for k, v in labels.items())), None)
+        if problem:
+            raise ValueError(problem)
 
         bucket = gcs.Bucket(
             f"{name}-bucket",
@@ -85,7 +100,7 @@ class GcsFuseStorage(pulumi.ComponentResource):
             # Model weights and checkpoints are never meant to be public.
             public_access_prevention="enforced",
             force_destroy=args["force_destroy"],
-            labels={**DEFAULT_LABELS, **args.get("labels", {})},
+            labels=labels,
             opts=child,
         )
         member = pulumi.Output.from_input(args["project_number"]).apply(

@@ -5,6 +5,7 @@ Hugging Face token never reaching the engine in clear."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,22 @@ def test_bucket(run: MockRun) -> None:
     assert bucket["publicAccessPrevention"] == "enforced"
     assert bucket["forceDestroy"] is False
     assert bucket["labels"] == {"app": "verl-gke", "stack": "a4"}
+
+
+@pytest.mark.parametrize("labels", [{"stack": "Dev"}, {"stack": "a4.x"}, {"Stack": "a4"}, {"9s": "a4"},
+                                    {"stack": "x" * 64}])
+def test_labels_gcs_would_refuse_are_refused_by_name(labels: dict[str, str]) -> None:
+    # A Pulumi stack may be named `Dev` or `a4.x`; GCS rejects such a label and the bucket with it.
+    def program() -> None:
+        GcsFuseStorage("storage", {
+            "project": PROJECT, "project_number": "1", "region": "us-central1", "bucket_name": BUCKET,
+            "force_destroy": False, "namespace": "default", "service_account": "verl-ray", "hf_token": TOKEN,
+            "k8s_provider": k8s.Provider("k8s", kubeconfig="apiVersion: v1"), "labels": labels,
+        })
+
+    [(key, value)] = labels.items()
+    with pytest.raises(Exception, match=re.escape(f"GcsFuseStorage: label {key!r}: {value!r}: keys and values must be")):
+        synth.run_in_mocks(program)
 
 
 def test_bucket_role_for_the_workload_identity_principal_only(run: MockRun) -> None:
