@@ -42,7 +42,8 @@ cluster = GkeCluster("gke", {
     "existing": cfg.existing_cluster,
     # The NVIDIA DRA driver 25.3 still speaks resource.k8s.io/v1beta1 (Cluster Toolkit gke-a4x).
     "k8s_beta_apis": DRA_V1BETA1_APIS if a4x else [],
-})
+# GKE-created GPU nodes hold NICs in the RDMA subnets: the cluster goes before them on destroy.
+}, pulumi.ResourceOptions(depends_on=[rdma] if rdma else []))
 k8s = pulumi.ResourceOptions(providers=[cluster.provider])
 
 gpu_pool = None
@@ -90,7 +91,7 @@ ray = RayTrainingCluster("ray", {
     "namespace": cfg.namespace, "service_account": cfg.service_account,
     "claim_name": storage.claim_name, "name": cfg.ray_cluster_name, "image": cfg.verl_image,
     "worker_cpus": cfg.worker_cpus, "worker_memory_gi": cfg.worker_memory_gi,
-    "worker_spot": cfg.gpu_spot, "nic_claims": a4x and networks is None,
+    "worker_spot": cfg.gpu_spot and cfg.autopilot, "nic_claims": a4x and networks is None,
     "verl_source_dir": f"{MOUNT_PATH}/verl" if cfg.verl_source_install else None,
     "install_kuberay": cfg.ray_operator == "helm",
 }, k8s.merge(pulumi.ResourceOptions(depends_on=ray_waits_for)))

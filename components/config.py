@@ -84,7 +84,7 @@ class StackConfig(BaseModel):
     existing_cluster: bool = False
     cluster_location: str = ""
     release_channel: Literal["RAPID", "REGULAR", "STABLE"] = "REGULAR"
-    kubernetes_version: str = "1.34.1-gke.1829001"
+    kubernetes_version: str = "1.34"
     deletion_protection: bool = False
     ray_operator: Literal["addon", "helm"] = "addon"
     cpu_machine_type: str = "c2-standard-16"
@@ -342,16 +342,20 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
     elif cfg.platform == "a4x" and int(minor.group(1)) < _A4X_MIN_MINOR:
         add("kubernetes_version", cfg.kubernetes_version,
             f"A4X needs 1.{_A4X_MIN_MINOR} or newer (DRA resource.k8s.io/v1 and DRANET).")
-    elif (cfg.platform == "a4x" and cfg.a4x_networking == "dranet"
+    elif (cfg.platform == "a4x" and cfg.a4x_networking == "dranet" and minor.group(2) is not None
           and tuple(int(g or 0) for g in minor.groups()) < _DRANET_MIN):
-        add("kubernetes_version", cfg.kubernetes_version,
-            f"DRANET needs {_DRANET_MIN_TEXT} or newer; pin at least that version.")
+        # A bare minor such as 1.34 makes GKE pick that minor's newest patch, which is newer.
+        add("kubernetes_version", cfg.kubernetes_version, f"DRANET needs {_DRANET_MIN_TEXT} or newer.")
     if cfg.cpu_min_nodes > cfg.cpu_max_nodes:
         add("cpu_min_nodes", cfg.cpu_min_nodes, f"must be <= cpuMaxNodes ({cfg.cpu_max_nodes}).")
     if cfg.gpu_nodes > cfg.gpu_max_nodes:
         add("gpu_nodes", cfg.gpu_nodes, f"must be <= gpuMaxNodes ({cfg.gpu_max_nodes}).")
-    if not cfg.autopilot and not cfg.existing_cluster and not cfg.reservation:
-        add("reservation", cfg.reservation, "Standard GPU node pools consume a reservation; set its name.")
+    if not cfg.autopilot and not cfg.existing_cluster:
+        if cfg.gpu_spot and cfg.reservation:
+            add("reservation", cfg.reservation, "Spot VMs cannot consume a reservation; leave it empty with gpuSpot.")
+        elif not cfg.gpu_spot and not cfg.reservation:
+            add("reservation", cfg.reservation,
+                "Standard GPU node pools consume a reservation; set its name (or use gpuSpot).")
 
     for field, suffix in (("gvnic_network_prefix", "-internal"), ("rdma_network_prefix", "-sub-7")):
         value = getattr(cfg, field)

@@ -4,7 +4,7 @@ by name, plus the one Kubernetes provider every Kubernetes child of the program 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -80,7 +80,8 @@ class GkeCluster(pulumi.ComponentResource):
         if args.get("existing", False):
             self._look_up(args)
         else:
-            self._create(name, args)
+            # Children don't inherit a component's depends_on: hand it to the cluster.
+            self._create(name, args, opts.depends_on if opts else None)
         self.kubeconfig = pulumi.Output.secret(
             pulumi.Output.all(self.name, self.endpoint, self.ca_certificate).apply(lambda a: gke_kubeconfig(*a))
         )
@@ -107,7 +108,7 @@ class GkeCluster(pulumi.ComponentResource):
         self.endpoint = found.endpoint
         self.ca_certificate = found.master_auths.apply(lambda auths: auths[0].cluster_ca_certificate)
 
-    def _create(self, name: str, args: GkeClusterArgs) -> None:
+    def _create(self, name: str, args: GkeClusterArgs, waits_for: Any) -> None:
         project, mode = args["project"], args["mode"]
         if mode not in ("autopilot", "standard"):
             raise ValueError(f"GkeCluster: mode = {mode!r}: must be 'autopilot' or 'standard'")
@@ -145,7 +146,7 @@ class GkeCluster(pulumi.ComponentResource):
                 if authorized else None
             ),
             enable_k8s_beta_apis={"enabled_apis": list(beta_apis)} if beta_apis else None,
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=waits_for),
         )
         if standard:
             self.default_pool = container.NodePool(

@@ -128,6 +128,12 @@ def test_standard_needs_a_reservation_but_autopilot_and_existing_clusters_do_not
     assert "consume a reservation" in only_problem(reservation="")
 
 
+def test_spot_pools_take_no_reservation():
+    load_config(config(reservation="", gpuSpot="true"))
+    assert only_problem(gpuSpot="true") == (
+        'verl-gke:reservation = "my-reservation": Spot VMs cannot consume a reservation; leave it empty with gpuSpot.')
+
+
 @pytest.mark.parametrize("name, ok", [("verl-gke", True), ("Verl", False), ("-x", False), ("a" * 41, False)])
 def test_cluster_name_rules(name: str, ok: bool):
     if ok:
@@ -197,11 +203,12 @@ def test_requests_must_fit_the_machine():
 def test_a4x_needs_kubernetes_134():
     load_config(config(platform="a4x", gpuNodes="4", kubernetesVersion="1.34.1-gke.1829001"))
     load_config(config(platform="a4x", gpuNodes="4", kubernetesVersion="1.35"))
-    load_config(config(platform="a4x", gpuNodes="4", kubernetesVersion="1.34", a4xNetworking="multi-network"))
+    load_config(config(platform="a4x", gpuNodes="4", kubernetesVersion="1.34"))
     assert "A4X needs 1.34" in only_problem(platform="a4x", gpuNodes="4", kubernetesVersion="1.33")
     assert "DRANET needs 1.34.1-gke.1829001" in only_problem(platform="a4x", gpuNodes="4",
                                                              kubernetesVersion="1.34.1-gke.1800000")
-    assert "DRANET needs" in only_problem(platform="a4x", gpuNodes="4", kubernetesVersion="1.34")
+    load_config(config(platform="a4x", gpuNodes="4", kubernetesVersion="1.34.0", a4xNetworking="multi-network"))
+    assert "DRANET needs" in only_problem(platform="a4x", gpuNodes="4", kubernetesVersion="1.34.0")
     assert "a GKE version" in only_problem(kubernetesVersion="latest")
 
 

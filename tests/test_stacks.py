@@ -111,3 +111,18 @@ def test_existing_cluster_creates_no_infrastructure():
     types = {r.type for r in result.registrations}
     assert not {t for t in types if t.startswith(("gcp:compute/", "gcp:container/"))}
     assert "kubernetes:ray.io/v1:RayCluster" in types and "pulumi-python:dynamic:GrpoJob" in types
+
+
+def test_autopilot_cluster_goes_before_the_rdma_subnets_on_destroy(synth_stack):
+    result = synth_stack("a4")
+    (cluster,) = _by_type(result, "gcp:container/cluster:Cluster")
+    subnets = {r.urn for r in _by_type(result, "gcp:compute/subnetwork:Subnetwork")}
+    assert len(subnets) == 9 and subnets <= set(cluster.dependencies)
+
+
+def test_standard_spot_pool_without_reservation():
+    result = synth.run("a4-standard", overrides={"verl-gke:gpuSpot": "true", "verl-gke:reservation": ""})
+    (pool,) = [r for r in _by_type(result, "gcp:container/nodePool:NodePool") if r.name == "gpu-pool"]
+    assert pool.inputs["nodeConfig"]["spot"] is True
+    assert pool.inputs["nodeConfig"]["reservationAffinity"] == {"consumeReservationType": "NO_RESERVATION"}
+    assert "verl-gke:reservation" not in result.placeholders
