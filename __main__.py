@@ -6,7 +6,7 @@ import pulumi_gcp as gcp
 from components.a4x_dra import A4xDra
 from components.config import from_pulumi
 from components.data_staging import DataStaging
-from components.gcs_fuse_storage import GcsFuseStorage
+from components.gcs_fuse_storage import GcsFuseStorage, label_value
 from components.gke_cluster import DRA_V1BETA1_APIS, GkeCluster
 from components.gpu_node_pool import GpuNodePool
 from components.grpo_job import GrpoJob
@@ -64,7 +64,7 @@ storage = GcsFuseStorage("storage", {
     "project": cfg.project, "project_number": project_number, "region": cfg.region,
     "bucket_name": cfg.bucket_name, "force_destroy": cfg.bucket_force_destroy,
     "namespace": cfg.namespace, "service_account": cfg.service_account, "hf_token": hf_token,
-    "capacity": cfg.volume_capacity, "labels": {"app": "verl-gke", "stack": pulumi.get_stack()},
+    "capacity": cfg.volume_capacity, "labels": {"stack": label_value(pulumi.get_stack())},
     "k8s_provider": cluster.provider,
 })
 

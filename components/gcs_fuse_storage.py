@@ -58,6 +58,11 @@ def _label_problem(key: str, value: str) -> str | None:
     return None
 
 
+def label_value(text: str) -> str:
+    """Any text (e.g. a stack name such as `Dev.A4x`) as a value GCS accepts: `dev-a4x`."""
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in text.lower())[:63]
+
+
 def workload_identity_principal(*, project_number: str, project: str, namespace: str, service_account: str) -> str:
     """The IAM principal of a Kubernetes service account, without a Google service account
     (the tutorial's `--member "principal://..."`, FIELD-NOTES 3)."""

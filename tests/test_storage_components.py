@@ -309,3 +309,11 @@ def test_staging_outputs(run: MockRun) -> None:
         "staging.train_files": "/data/gsm8k/train.parquet",
         "staging.val_files": "/data/gsm8k/test.parquet",
     }
+
+
+@pytest.mark.parametrize("stack, label", [("a4-standard", "a4-standard"), ("Dev.A4x", "dev-a4x"), ("x" * 70, "x" * 63)])
+def test_any_stack_name_becomes_a_valid_bucket_label(stack: str, label: str):
+    from components.gcs_fuse_storage import _label_problem, label_value
+
+    assert label_value(stack) == label
+    assert _label_problem("stack", label_value(stack)) is None
