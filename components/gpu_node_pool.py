@@ -115,6 +115,9 @@ class GpuNodePool(pulumi.ComponentResource):
             autoscaling={"total_min_node_count": 0, "total_max_node_count": args["max_nodes"]},
             placement_policy=placement,
             network_config=network_config,
+            # A reservation has no spare machine for a surge node: upgrade one node at a time in place
+            # (Cluster Toolkit's setting for reserved GPU pools).
+            upgrade_settings={"strategy": "SURGE", "max_surge": 0, "max_unavailable": 1},
             node_config={
                 "machine_type": platform.machine_type,
                 "guest_accelerators": [{

@@ -288,6 +288,7 @@ def test_gpu_pool_is_the_tutorials_node_pools_create(platform: str, machine: str
     assert (pool["cluster"], pool["location"], pool["nodeLocations"]) == (CLUSTER, REGION, [ZONE])
     assert pool["initialNodeCount"] == 2
     assert pool["autoscaling"] == {"totalMinNodeCount": 0, "totalMaxNodeCount": 10}
+    assert pool["upgradeSettings"] == {"strategy": "SURGE", "maxSurge": 0, "maxUnavailable": 1}
     node = pool["nodeConfig"]
     assert node["machineType"] == machine
     assert node["guestAccelerators"] == [
