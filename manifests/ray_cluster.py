@@ -30,8 +30,11 @@ CLIENT_PORT = 10001
 WAIT_FOR_READY = "jsonpath={.status.state}=ready"
 
 # Head sizes of the tutorial: the x86 manifests use 32G / 9Gi, the A4X one 32Gi / 20Gi.
+# The A4X head shares a GB200 node with a worker, so the platform table sizes workers around it.
+A4X_HEAD_CPUS = 12
+A4X_HEAD_MEMORY_GI = 32
 HEAD_RESOURCES_X86 = {"cpu": "12", "memory": "32G", "ephemeral-storage": "9Gi"}
-HEAD_RESOURCES_A4X = {"cpu": "12", "memory": "32Gi", "ephemeral-storage": "20Gi"}
+HEAD_RESOURCES_A4X = {"cpu": str(A4X_HEAD_CPUS), "memory": f"{A4X_HEAD_MEMORY_GI}Gi", "ephemeral-storage": "20Gi"}
 
 # The A4X image lacks verl's TransferQueue dependency; the tutorial installs this pin at start.
 TRANSFER_QUEUE_REQUIREMENT = "TransferQueue==0.1.8"
