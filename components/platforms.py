@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from manifests.ray_cluster import A4X_HEAD_CPUS, A4X_HEAD_MEMORY_GI
+
 PlatformName = Literal["a4", "a3u", "a4x"]
 
 # NCCL variables the tutorial's runtime-env.yaml sets for A4 and A3 Ultra (gIB plugin).
@@ -59,6 +61,8 @@ class Platform:
     """NVLink domain shape for COMPACT placement (A4X: one 72-GPU NVL72 rack, Cluster Toolkit gke-a4x)."""
     nccl_installer: dict[str, str] = field(default_factory=dict)
     """NCCL RDMA installer manifest per cluster mode (path under gpudirect-rdma/)."""
+    head_on_gpu_node: bool = False
+    """The Ray head shares a GPU node with a worker (A4X: its arm64-only image runs on no CPU node)."""
 
     @property
     def allocatable_cpu(self) -> float:
@@ -73,13 +77,17 @@ class Platform:
 
     @property
     def worker_cpus(self) -> int:
-        """CPU request of a Ray worker: allocatable minus room for DaemonSets and the gcsfuse sidecar."""
-        return math.floor(self.allocatable_cpu) - WORKER_CPU_HEADROOM
+        """CPU request of a Ray worker: allocatable minus room for DaemonSets, the gcsfuse sidecar and,
+        where it shares the node, the Ray head."""
+        head = A4X_HEAD_CPUS if self.head_on_gpu_node else 0
+        return math.floor(self.allocatable_cpu) - WORKER_CPU_HEADROOM - head
 
     @property
     def worker_memory_gi(self) -> int:
-        """Memory request of a Ray worker, with headroom for DaemonSets and the gcsfuse sidecar."""
-        return math.floor(self.allocatable_memory_gib * WORKER_MEMORY_FRACTION)
+        """Memory request of a Ray worker, with headroom for DaemonSets, the gcsfuse sidecar and, where it
+        shares the node, the Ray head."""
+        head = A4X_HEAD_MEMORY_GI if self.head_on_gpu_node else 0
+        return math.floor(self.allocatable_memory_gib * WORKER_MEMORY_FRACTION) - head
 
 
 # Room left on a GPU node for GKE's DaemonSets (device plugin, NCCL installer, logging,
@@ -173,6 +181,8 @@ PLATFORMS: dict[str, Platform] = {
         shm_size_gi=200,
         autopilot_supported=False,
         accelerator_topology="1x72",
+        # The tutorial's A4X head runs on a GB200 node beside a worker (120 + 12 vCPUs there).
+        head_on_gpu_node=True,
         nccl_installer={"standard": "gpudirect-rdma/nccl-rdma-installer-a4x.yaml"},
     ),
 }
