@@ -8,6 +8,7 @@ account, the NCCL installer / network mapping, and on A4X the `A4xDra` component
 
 from __future__ import annotations
 
+import math
 from typing import NotRequired, TypedDict, cast
 
 import pulumi
@@ -15,9 +16,16 @@ import pulumi_kubernetes as k8s
 
 from components.helm_release import pinned_release
 
-from components.platforms import PLATFORMS, PlatformName
+from components.platforms import PLATFORMS, Platform, PlatformName
 from manifests import kuberay
-from manifests.ray_cluster import Mode, RayClusterSpec, head_service_name, ray_cluster
+from manifests.ray_cluster import (
+    A4X_HEAD_CPUS,
+    A4X_HEAD_MEMORY_GI,
+    Mode,
+    RayClusterSpec,
+    head_service_name,
+    ray_cluster,
+)
 
 # GPU nodes appearing, a ~20 GB image pulled on each, Ray started: well past pulumi-kubernetes'
 # default of 10 minutes.
@@ -69,7 +77,7 @@ def cluster_spec(args: RayTrainingClusterArgs) -> RayClusterSpec:
         raise ValueError(f"platform = {args['platform']!r}: must be one of {', '.join(PLATFORMS)}")
     platform = PLATFORMS[args["platform"]]
     a4x = platform.name == "a4x"
-    return RayClusterSpec(
+    spec = RayClusterSpec(
         name=args.get("name") or platform.ray_cluster_name,
         namespace=args["namespace"],
         ray_version=args.get("ray_version") or platform.ray_version,
@@ -94,6 +102,29 @@ def cluster_spec(args: RayTrainingClusterArgs) -> RayClusterSpec:
         head_node_pool=args.get("head_node_pool") or "default-pool",
         verl_source_dir=args.get("verl_source_dir"),
     )
+    if platform.head_on_gpu_node:
+        _check_room_for_head(spec, platform)
+    return spec
+
+
+def _check_room_for_head(spec: RayClusterSpec, platform: Platform) -> None:
+    """A head that shares a GPU node with a worker must fit beside it, or it never schedules and
+    the RayCluster never becomes ready."""
+    cpus = math.floor(platform.allocatable_cpu - A4X_HEAD_CPUS)
+    memory_gi = math.floor(platform.allocatable_memory_gib - A4X_HEAD_MEMORY_GI)
+    problems = []
+    if spec.worker_cpus > cpus:
+        problems.append(
+            f"worker_cpus = {spec.worker_cpus}: an A4X node has {platform.allocatable_cpu:.2f} allocatable vCPUs "
+            f"and also runs the Ray head ({A4X_HEAD_CPUS}); request at most {cpus}"
+        )
+    if spec.worker_memory_gi > memory_gi:
+        problems.append(
+            f"worker_memory_gi = {spec.worker_memory_gi}: an A4X node has {platform.allocatable_memory_gib:.2f}Gi "
+            f"allocatable and also runs the Ray head ({A4X_HEAD_MEMORY_GI}Gi); request at most {memory_gi}"
+        )
+    if problems:
+        raise ValueError("invalid RayCluster spec:\n  " + "\n  ".join(problems))
 
 
 class RayTrainingCluster(pulumi.ComponentResource):

@@ -11,7 +11,7 @@ import pulumi_kubernetes as k8s
 import pytest
 
 from components.a4x_dra import A4xDra, A4xDraArgs
-from components.platforms import PLATFORMS
+from components.platforms import PLATFORMS, WORKER_CPU_HEADROOM, WORKER_MEMORY_FRACTION
 from components.ray_training_cluster import RayTrainingCluster, RayTrainingClusterArgs, cluster_spec
 from manifests import dra, kuberay
 from manifests.ray_cluster import WAIT_FOR_READY, ray_cluster
@@ -187,3 +187,29 @@ def test_bad_args_are_refused_with_the_value_and_what_is_allowed(overrides: dict
     args: RayTrainingClusterArgs = {**ray_args("a4"), **overrides}  # type: ignore[typeddict-item]
     with pytest.raises(ValueError, match=re.escape(message)):
         cluster_spec(args)
+
+
+def test_a4x_workers_leave_room_for_the_head_on_their_gpu_node() -> None:
+    # The arm64-only head runs on a GB200 node beside that node's worker (one worker per node,
+    # every node a worker): both must fit its allocatable resources, with the DaemonSet headroom.
+    platform = PLATFORMS["a4x"]
+    spec = ray_cluster(cluster_spec(ray_args("a4x", gpu_nodes=4)))["spec"]
+    head = spec["headGroupSpec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
+    worker = spec["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"]["requests"]
+    assert (head["cpu"], head["memory"]) == ("12", "32Gi")
+    assert (worker["cpu"], worker["memory"]) == ("124", "727Gi")
+    assert int(head["cpu"]) + int(worker["cpu"]) + WORKER_CPU_HEADROOM <= platform.allocatable_cpu
+    gi = int(head["memory"].removesuffix("Gi")) + int(worker["memory"].removesuffix("Gi"))
+    assert gi <= platform.allocatable_memory_gib * WORKER_MEMORY_FRACTION
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"worker_cpus": 136}, "worker_cpus = 136: an A4X node has 139.58 allocatable vCPUs and also runs the "
+                           "Ray head (12); request at most 127"),
+    ({"worker_memory_gi": 780}, "worker_memory_gi = 780: an A4X node has 799.97Gi allocatable and also runs the "
+                                "Ray head (32Gi); request at most 767"),
+])
+def test_a4x_workers_that_crowd_out_the_head_are_refused(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        cluster_spec(ray_args("a4x", **overrides))
+    cluster_spec(ray_args("a4x", worker_cpus=127, worker_memory_gi=767))
