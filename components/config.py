@@ -364,12 +364,15 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
                 f"{_MAX_GCE_NAME - len(suffix)} characters.")
     out.extend(_cidr_problems(cfg))
 
-    if cfg.worker_cpus > p.allocatable_cpu:
+    beside_head = " beside the Ray head" if p.head_on_gpu_node else ""
+    if cfg.worker_cpus > p.max_worker_cpus:
         add("worker_cpus", cfg.worker_cpus,
-            f"a {p.machine_type} node has {p.allocatable_cpu:.2f} allocatable vCPUs; request at most {p.worker_cpus}.")
-    if cfg.worker_memory_gi > p.allocatable_memory_gib:
+            f"each {p.machine_type} node has {p.allocatable_cpu:.2f} allocatable vCPUs; request at most "
+            f"{p.max_worker_cpus}{beside_head} (default {p.worker_cpus}).")
+    if cfg.worker_memory_gi > p.max_worker_memory_gi:
         add("worker_memory_gi", cfg.worker_memory_gi,
-            f"a {p.machine_type} node has {p.allocatable_memory_gib:.0f}Gi allocatable; request at most {p.worker_memory_gi}.")
+            f"each {p.machine_type} node has {p.allocatable_memory_gib:.0f}Gi allocatable; request at most "
+            f"{p.max_worker_memory_gi}{beside_head} (default {p.worker_memory_gi}).")
     elif cfg.worker_memory_gi <= p.shm_size_gi:
         add("worker_memory_gi", cfg.worker_memory_gi,
             f"must exceed the {p.shm_size_gi}Gi /dev/shm that counts against it.")

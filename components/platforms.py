@@ -76,18 +76,34 @@ class Platform:
         return memory_gib - _reserved_memory_gib(memory_gib) - 100 / 1024
 
     @property
+    def head_cpus(self) -> int:
+        """vCPUs the Ray head takes on a GPU node (0 where it runs on a CPU node)."""
+        return A4X_HEAD_CPUS if self.head_on_gpu_node else 0
+
+    @property
+    def head_memory_gi(self) -> int:
+        return A4X_HEAD_MEMORY_GI if self.head_on_gpu_node else 0
+
+    @property
+    def max_worker_cpus(self) -> int:
+        """The largest CPU request a worker can get scheduled with (beside the head where it shares the node)."""
+        return math.floor(self.allocatable_cpu - self.head_cpus)
+
+    @property
+    def max_worker_memory_gi(self) -> int:
+        return math.floor(self.allocatable_memory_gib - self.head_memory_gi)
+
+    @property
     def worker_cpus(self) -> int:
         """CPU request of a Ray worker: allocatable minus room for DaemonSets, the gcsfuse sidecar and,
         where it shares the node, the Ray head."""
-        head = A4X_HEAD_CPUS if self.head_on_gpu_node else 0
-        return math.floor(self.allocatable_cpu) - WORKER_CPU_HEADROOM - head
+        return math.floor(self.allocatable_cpu) - WORKER_CPU_HEADROOM - self.head_cpus
 
     @property
     def worker_memory_gi(self) -> int:
         """Memory request of a Ray worker, with headroom for DaemonSets, the gcsfuse sidecar and, where it
         shares the node, the Ray head."""
-        head = A4X_HEAD_MEMORY_GI if self.head_on_gpu_node else 0
-        return math.floor(self.allocatable_memory_gib * WORKER_MEMORY_FRACTION) - head
+        return math.floor(self.allocatable_memory_gib * WORKER_MEMORY_FRACTION) - self.head_memory_gi
 
 
 # Room left on a GPU node for GKE's DaemonSets (device plugin, NCCL installer, logging,

@@ -8,7 +8,6 @@ account, the NCCL installer / network mapping, and on A4X the `A4xDra` component
 
 from __future__ import annotations
 
-import math
 from typing import NotRequired, TypedDict, cast
 
 import pulumi
@@ -110,8 +109,7 @@ def cluster_spec(args: RayTrainingClusterArgs) -> RayClusterSpec:
 def _check_room_for_head(spec: RayClusterSpec, platform: Platform) -> None:
     """A head that shares a GPU node with a worker must fit beside it, or it never schedules and
     the RayCluster never becomes ready."""
-    cpus = math.floor(platform.allocatable_cpu - A4X_HEAD_CPUS)
-    memory_gi = math.floor(platform.allocatable_memory_gib - A4X_HEAD_MEMORY_GI)
+    cpus, memory_gi = platform.max_worker_cpus, platform.max_worker_memory_gi
     problems = []
     if spec.worker_cpus > cpus:
         problems.append(

@@ -15,7 +15,7 @@ import runpy
 import shutil
 import sys
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -89,6 +89,18 @@ class Registration:
     provider: str | None
     dependencies: list[str]
     inputs: dict[str, Any]
+
+
+class _InlineExecutor(ThreadPoolExecutor):
+    """Runs each submitted call at once, on the calling thread (asyncio only takes this class)."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        future: Future = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as error:  # noqa: BLE001 handed to the awaiting coroutine
+            future.set_exception(error)
+        return future
 
 
 class SynthMocks(pulumi.runtime.Mocks):
@@ -193,9 +205,9 @@ def run_in_mocks(program: Callable[[], Any], *, stack: str = "test", config: dic
     Pass a `monitor` to inspect what was registered when the program raises.
     """
     settings.reset_options(project=PROJECT, stack=stack, preview=preview)
-    # One RPC thread: the mock monitor then sees registrations in the order the program
-    # issues them, so resources.json and the manifest numbering are the same on every run.
-    _ensure_event_loop().set_default_executor(ThreadPoolExecutor(max_workers=1))
+    # RPCs run inline on the event loop's thread, not in a thread pool: the mock monitor then sees
+    # registrations in the order the program issues them, the same on every run.
+    _ensure_event_loop().set_default_executor(_InlineExecutor())
     set_all_config(dict(config or {}), list(secret_keys or []))
     synth_mocks = SynthMocks()
     monitor = monitor or RecordingMonitor(synth_mocks)
