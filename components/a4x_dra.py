@@ -30,10 +30,6 @@ class A4xDraArgs(TypedDict):
 class A4xDra(pulumi.ComponentResource):
     """Namespace + quota + Helm release of the NVIDIA DRA driver, the NIC claim template, the ComputeDomain."""
 
-    compute_domain: pulumi.Output[str]
-    channel_claim_template: pulumi.Output[str]
-    """ResourceClaimTemplate the driver creates for the ComputeDomain; Ray workers claim from it."""
-
     def __init__(self, name: str, args: A4xDraArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("verl-gke:index:A4xDra", name, {}, opts)
         # Children don't inherit a component's depends_on: hand it down (see NetworkMapping).
@@ -57,7 +53,7 @@ class A4xDra(pulumi.ComponentResource):
                 f"{name}-rdma-nic", metadata=template["metadata"], spec=template["spec"], opts=child
             )
         domain_obj = dra.compute_domain(namespace=args["namespace"], gpu_nodes=args["gpu_nodes"])
-        domain = k8s.apiextensions.CustomResource(
+        k8s.apiextensions.CustomResource(
             f"{name}-compute-domain",
             api_version=domain_obj["apiVersion"],
             kind=domain_obj["kind"],
@@ -67,8 +63,4 @@ class A4xDra(pulumi.ComponentResource):
             # node count replaces the domain instead of failing as an update.
             opts=after(driver).merge(pulumi.ResourceOptions(replace_on_changes=["spec"], delete_before_replace=True)),
         )
-        self.compute_domain = domain.metadata["name"]
-        self.channel_claim_template = pulumi.Output.from_input(dra.CHANNEL_CLAIM_TEMPLATE)
-        self.register_outputs(
-            {"compute_domain": self.compute_domain, "channel_claim_template": self.channel_claim_template}
-        )
+        self.register_outputs({})

@@ -169,11 +169,6 @@ class StackConfig(BaseModel):
         """`1.34` of `1.34.1-gke.1829001`: the API schema version manifests are checked against."""
         return ".".join(self.kubernetes_version.split("-")[0].split(".")[:2])
 
-    @property
-    def total_gpus(self) -> int:
-        return self.facts.gpus_per_node * self.gpu_nodes
-
-
 
 def _rdma_nics(platform: Platform, a4x_networking: str) -> int:
     if platform.name == "a4x" and a4x_networking == "dranet":

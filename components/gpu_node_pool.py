@@ -55,9 +55,6 @@ class GpuNodePoolArgs(TypedDict):
 class GpuNodePool(pulumi.ComponentResource):
     """The GPU node pool, on its reservation and extra networks, with its placement policy if any."""
 
-    name: pulumi.Output[str]
-    node_pool: container.NodePool
-
     def __init__(self, name: str, args: GpuNodePoolArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("verl-gke:index:GpuNodePool", name, {}, opts)
         platform_name = args["platform"]
@@ -104,7 +101,7 @@ class GpuNodePool(pulumi.ComponentResource):
         elif profile is not None:
             network_config = {"accelerator_network_profile": profile}
 
-        self.node_pool = container.NodePool(
+        container.NodePool(
             f"{name}-pool",
             name=GPU_POOL_NAME,
             project=project,
@@ -147,5 +144,4 @@ class GpuNodePool(pulumi.ComponentResource):
                 ignore_changes=["initialNodeCount", "nodeConfig.ephemeralStorageLocalSsdConfig"],
             ),
         )
-        self.name = self.node_pool.name
-        self.register_outputs({"name": self.name})
+        self.register_outputs({})

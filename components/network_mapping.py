@@ -26,9 +26,6 @@ class NetworkMappingArgs(TypedDict):
 class NetworkMapping(pulumi.ComponentResource):
     """A GKENetworkParamSet + Network per extra NIC, and the NCCL RDMA installer DaemonSet."""
 
-    network_names: pulumi.Output[list[str]]
-    """Kubernetes Networks pods can name in `networking.gke.io/interfaces` (gvnic-1, rdma-0 ...)."""
-
     def __init__(self, name: str, args: NetworkMappingArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("verl-gke:index:NetworkMapping", name, {}, opts)
         # Children don't inherit a component's depends_on: hand it down, so nothing is applied before
@@ -36,7 +33,6 @@ class NetworkMapping(pulumi.ComponentResource):
         waits_for = opts.depends_on if opts else None
         child = pulumi.ResourceOptions(parent=self, depends_on=waits_for)
         names = args.get("networks")
-        network_names: list[str] = []
         param_set: k8s.apiextensions.CustomResource | None = None
         for obj in network_mapping(names) if names else []:
             kind, obj_name = obj["kind"], obj["metadata"]["name"]
@@ -51,8 +47,5 @@ class NetworkMapping(pulumi.ComponentResource):
             )
             if kind == "GKENetworkParamSet":
                 param_set = resource
-            else:
-                network_names.append(obj_name)
         k8s.yaml.v2.ConfigFile(f"{name}-nccl-rdma-installer", file=args["nccl_installer_url"], opts=child)
-        self.network_names = pulumi.Output.from_input(network_names)
-        self.register_outputs({"network_names": self.network_names})
+        self.register_outputs({})

@@ -36,14 +36,6 @@ class RdmaNetwork(pulumi.ComponentResource):
     """A gVNIC VPC with one subnet and an internal firewall rule, and a RoCE VPC with one subnet
     per RDMA NIC, named as the tutorial's gcloud commands name them."""
 
-    gvnic_network_name: pulumi.Output[str]
-    gvnic_network_self_link: pulumi.Output[str]
-    gvnic_subnet_name: pulumi.Output[str]
-    gvnic_subnet_self_link: pulumi.Output[str]
-    rdma_network_name: pulumi.Output[str]
-    rdma_network_self_link: pulumi.Output[str]
-    rdma_subnet_names: pulumi.Output[list[str]]
-    rdma_subnet_self_links: pulumi.Output[list[str]]
     node_networks: pulumi.Output[list[dict[str, str]]]
     """`{network, subnetwork}` names for a node pool's additional networks: gVNIC first, then RDMA 0..N-1."""
 
@@ -97,26 +89,8 @@ class RdmaNetwork(pulumi.ComponentResource):
             for n, (subnet_name, cidr) in enumerate(zip(names.rdma_subnets, args["rdma_cidrs"], strict=True))
         ]
 
-        self.gvnic_network_name = gvnic_net.name
-        self.gvnic_network_self_link = gvnic_net.self_link
-        self.gvnic_subnet_name = gvnic_sub.name
-        self.gvnic_subnet_self_link = gvnic_sub.self_link
-        self.rdma_network_name = rdma_net.name
-        self.rdma_network_self_link = rdma_net.self_link
-        self.rdma_subnet_names = pulumi.Output.all(*(s.name for s in rdma_subs))
-        self.rdma_subnet_self_links = pulumi.Output.all(*(s.self_link for s in rdma_subs))
         self.node_networks = pulumi.Output.all(
             pulumi.Output.all(network=gvnic_net.name, subnetwork=gvnic_sub.name),
             *(pulumi.Output.all(network=rdma_net.name, subnetwork=s.name) for s in rdma_subs),
         )
-        self.register_outputs({
-            "gvnic_network_name": self.gvnic_network_name,
-            "gvnic_network_self_link": self.gvnic_network_self_link,
-            "gvnic_subnet_name": self.gvnic_subnet_name,
-            "gvnic_subnet_self_link": self.gvnic_subnet_self_link,
-            "rdma_network_name": self.rdma_network_name,
-            "rdma_network_self_link": self.rdma_network_self_link,
-            "rdma_subnet_names": self.rdma_subnet_names,
-            "rdma_subnet_self_links": self.rdma_subnet_self_links,
-            "node_networks": self.node_networks,
-        })
+        self.register_outputs({"node_networks": self.node_networks})
