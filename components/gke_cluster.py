@@ -10,13 +10,11 @@ import pulumi
 import pulumi_kubernetes as k8s
 from pulumi_gcp import container
 
+from manifests.ray_cluster import HEAD_NODE_POOL
 from verl_gke.kubeconfig import gke_kubeconfig
 
 ClusterMode = Literal["autopilot", "standard"]
 ReleaseChannel = Literal["RAPID", "REGULAR", "STABLE", "EXTENDED"]
-
-DEFAULT_POOL_NAME = "default-pool"
-"""The Ray head's node selector on Standard clusters (`cloud.google.com/gke-nodepool: default-pool`)."""
 
 DRA_V1BETA1_APIS = (
     "resource.k8s.io/v1beta1/deviceclasses",
@@ -151,7 +149,7 @@ class GkeCluster(pulumi.ComponentResource):
         if standard:
             self.default_pool = container.NodePool(
                 f"{name}-default-pool",
-                name=DEFAULT_POOL_NAME,
+                name=HEAD_NODE_POOL,
                 project=project,
                 cluster=cluster.name,
                 location=cluster.location,

@@ -28,6 +28,12 @@ _GIB_NCCL_ENV: dict[str, str] = {
     "NCCL_IB_FIFO_TC": "84",
 }
 
+# The NCCL RDMA installers (with that plugin) the tutorial applies on A4 and A3 Ultra, per cluster mode.
+_GIB_NCCL_INSTALLERS: dict[str, str] = {
+    "standard": "gpudirect-rdma/nccl-rdma-installer.yaml",
+    "autopilot": "gpudirect-rdma/nccl-rdma-installer-autopilot.yaml",
+}
+
 # The tutorial's x86 image is the moving `vllm011.latest`; `vllm011.dev7` is the fixed vLLM 0.11
 # build that verl's docs and CI name (verl commit 0958b940b). The arm64 one is the tutorial's.
 # rayVersion stays the tutorial's per platform: KubeRay uses it only to gate features.
@@ -149,10 +155,7 @@ PLATFORMS: dict[str, Platform] = {
         ray_version="2.47.0",
         ray_cluster_name="b200-ray-cluster",
         nccl_env={**_GIB_NCCL_ENV, "NCCL_TUNER_CONFIG_PATH": "/usr/local/gib/configs/tuner_config_a4.txtpb"},
-        nccl_installer={
-            "standard": "gpudirect-rdma/nccl-rdma-installer.yaml",
-            "autopilot": "gpudirect-rdma/nccl-rdma-installer-autopilot.yaml",
-        },
+        nccl_installer=_GIB_NCCL_INSTALLERS,
     ),
     "a3u": Platform(
         name="a3u",
@@ -169,10 +172,7 @@ PLATFORMS: dict[str, Platform] = {
         ray_cluster_name="h200-ray-cluster",
         # H200 needs the a3u tuner file, not the tutorial's a4 one (FIELD-NOTES 2.2).
         nccl_env={**_GIB_NCCL_ENV, "NCCL_TUNER_CONFIG_PATH": "/usr/local/gib/configs/tuner_config_a3u.txtpb"},
-        nccl_installer={
-            "standard": "gpudirect-rdma/nccl-rdma-installer.yaml",
-            "autopilot": "gpudirect-rdma/nccl-rdma-installer-autopilot.yaml",
-        },
+        nccl_installer=_GIB_NCCL_INSTALLERS,
     ),
     "a4x": Platform(
         name="a4x",

@@ -20,6 +20,7 @@ from manifests import kuberay
 from manifests.ray_cluster import (
     A4X_HEAD_CPUS,
     A4X_HEAD_MEMORY_GI,
+    HEAD_NODE_POOL,
     Mode,
     RayClusterSpec,
     head_service_name,
@@ -98,7 +99,7 @@ def cluster_spec(args: RayTrainingClusterArgs) -> RayClusterSpec:
         a4x=a4x,
         dra_nics=a4x and args.get("nic_claims", True),
         worker_spot=args.get("worker_spot", False),
-        head_node_pool=args.get("head_node_pool") or "default-pool",
+        head_node_pool=args.get("head_node_pool") or HEAD_NODE_POOL,
         verl_source_dir=args.get("verl_source_dir"),
     )
     if platform.head_on_gpu_node:

@@ -15,11 +15,13 @@ from typing import Any, Literal, get_args
 
 from manifests import dra
 from manifests.network_mapping import GVNIC_NETWORK, rdma_network_name
-from manifests.storage import GCSFUSE_POD_ANNOTATION, MOUNT_PATH
+from manifests.storage import GCSFUSE_POD_ANNOTATION, bucket_mount, claim_volume
 
 Mode = Literal["autopilot", "standard"]
 
 WORKER_GROUP = "gpu-group"
+HEAD_NODE_POOL = "default-pool"
+"""Standard (A4, A3 Ultra): the on-demand CPU pool the head runs on, the tutorial's c2-standard-16 pool."""
 GCS_PORT = 6379
 DASHBOARD_PORT = 8265
 CLIENT_PORT = 10001
@@ -42,7 +44,6 @@ TRANSFER_QUEUE_REQUIREMENT = "TransferQueue==0.1.8"
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 ARM_TOLERATION = {"key": "kubernetes.io/arch", "operator": "Exists", "effect": "NoSchedule"}
 
-_BUCKET_VOLUME = "training-bucket-vol"
 # KubeRay refuses longer names or names that are not DNS-1035 labels (validation.go, v1.6.2).
 _MAX_NAME = 53
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -86,7 +87,7 @@ class RayClusterSpec:
     interfaces named in the `networking.gke.io/interfaces` annotation."""
     worker_spot: bool = False
     """Autopilot only: run GPU workers on Spot capacity. On Standard the node pool decides."""
-    head_node_pool: str = "default-pool"
+    head_node_pool: str = HEAD_NODE_POOL
     """Standard: the on-demand CPU pool the head runs on."""
     verl_source_dir: str | None = None
     """Use a verl source tree from the bucket (e.g. /data/verl) instead of the image's verl."""
@@ -174,7 +175,7 @@ def _head_group(spec: RayClusterSpec) -> dict[str, Any]:
         "resources": {"limits": dict(resources), "requests": dict(resources)},
         "volumeMounts": [
             {"mountPath": "/tmp/ray", "name": "ray-logs"},
-            {"name": _BUCKET_VOLUME, "mountPath": MOUNT_PATH},
+            bucket_mount(),
         ],
     }
     env = _verl_source_env(spec)
@@ -191,7 +192,7 @@ def _head_group(spec: RayClusterSpec) -> dict[str, Any]:
         pod["tolerations"] = [dict(GPU_TOLERATION), dict(ARM_TOLERATION)]
         container["lifecycle"] = _transfer_queue_hook()
     pod["containers"] = [container]
-    pod["volumes"] = [{"name": "ray-logs", "emptyDir": {}}, _bucket_volume(spec)]
+    pod["volumes"] = [{"name": "ray-logs", "emptyDir": {}}, claim_volume(spec.claim_name)]
     return {
         "rayStartParams": start_params,
         "template": {"metadata": {"annotations": dict(GCSFUSE_POD_ANNOTATION)}, "spec": pod},
@@ -231,7 +232,7 @@ def _worker_group(spec: RayClusterSpec) -> dict[str, Any]:
             {"name": "gib", "mountPath": "/usr/local/gib", "readOnly": True},
             {"name": "shared-memory", "mountPath": "/dev/shm"},
             {"name": "ray-tmp-storage", "mountPath": "/tmp"},
-            {"name": _BUCKET_VOLUME, "mountPath": MOUNT_PATH},
+            bucket_mount(),
         ],
     }
     pod: dict[str, Any] = {
@@ -260,10 +261,10 @@ def _worker_group(spec: RayClusterSpec) -> dict[str, Any]:
     # The tutorial also mounts /lib64, /sys and /proc/sys host paths that no container uses.
     pod["volumes"] = [
         {"name": "gib", "hostPath": {"path": "/home/kubernetes/bin/gib"}},
-        {"name": "nvidia", "hostPath": {"path": "/home/kubernetes/bin/nvidia"}},
+        {"name": "nvidia", "hostPath": {"path": dra.NVIDIA_DRIVER_ROOT}},
         {"name": "shared-memory", "emptyDir": {"medium": "Memory", "sizeLimit": f"{spec.shm_gi}Gi"}},
         {"name": "ray-tmp-storage", "emptyDir": {}},
-        _bucket_volume(spec),
+        claim_volume(spec.claim_name),
     ]
     return {
         "groupName": WORKER_GROUP,
@@ -313,7 +314,3 @@ def _verl_source_env(spec: RayClusterSpec) -> list[dict[str, str]]:
     if spec.verl_source_dir is None:
         return []
     return [{"name": "PYTHONPATH", "value": spec.verl_source_dir}]
-
-
-def _bucket_volume(spec: RayClusterSpec) -> dict[str, Any]:
-    return {"name": _BUCKET_VOLUME, "persistentVolumeClaim": {"claimName": spec.claim_name}}

@@ -49,7 +49,6 @@ _RUN_AS = 1000
 _DEPS_DIR = "/tmp/pydeps"
 _TMP_VOLUME = "tmp"
 _SCRIPT_VOLUME = "script"
-_BUCKET_VOLUME = "training-bucket-vol"
 
 # Exit status 2 of stage_data.py means retrying cannot help (bad argument, missing repo or
 # revision, token refused): fail the Job at once instead of burning the retries.
@@ -159,7 +158,7 @@ def staging_job(spec: StagingSpec) -> dict[str, Any]:
         },
         "volumeMounts": [
             {"name": _SCRIPT_VOLUME, "mountPath": SCRIPT_DIR, "readOnly": True},
-            {"name": _BUCKET_VOLUME, "mountPath": storage.MOUNT_PATH},
+            storage.bucket_mount(),
             {"name": _TMP_VOLUME, "mountPath": "/tmp"},
         ],
     }
@@ -190,7 +189,7 @@ def staging_job(spec: StagingSpec) -> dict[str, Any]:
         "containers": [container],
         "volumes": [
             {"name": _SCRIPT_VOLUME, "configMap": {"name": CONFIG_MAP_NAME, "defaultMode": 0o444}},
-            storage.claim_volume(_BUCKET_VOLUME),
+            storage.claim_volume(),
             {"name": _TMP_VOLUME, "emptyDir": {"sizeLimit": RESOURCES["limits"]["ephemeral-storage"]}},
         ],
     }

@@ -18,6 +18,8 @@ CSI_DRIVER = "gcsfuse.csi.storage.gke.io"
 DEFAULT_CAPACITY = "768Gi"
 MOUNT_PATH = "/data"
 """Where every pod mounts the bucket (the tutorial's paths all start with /data)."""
+BUCKET_VOLUME = "training-bucket-vol"
+"""The pod volume that mounts the training claim, in every pod that reads or writes the bucket."""
 GCSFUSE_POD_ANNOTATION = {"gke-gcsfuse/volumes": "true"}
 """Asks GKE to inject the gcsfuse sidecar into a pod that mounts the volume (FIELD-NOTES 3)."""
 
@@ -110,6 +112,11 @@ def hf_token_secret(*, namespace: str, token: Any) -> dict[str, Any]:
     }
 
 
-def claim_volume(volume_name: str) -> dict[str, Any]:
-    """A pod volume that mounts the training claim."""
-    return {"name": volume_name, "persistentVolumeClaim": {"claimName": PVC_NAME}}
+def claim_volume(claim_name: str = PVC_NAME) -> dict[str, Any]:
+    """The pod volume of the training claim."""
+    return {"name": BUCKET_VOLUME, "persistentVolumeClaim": {"claimName": claim_name}}
+
+
+def bucket_mount() -> dict[str, str]:
+    """A container's mount of that volume at /data."""
+    return {"name": BUCKET_VOLUME, "mountPath": MOUNT_PATH}

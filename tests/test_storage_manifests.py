@@ -106,11 +106,16 @@ def test_hf_secret_has_the_tutorials_name_and_key() -> None:
     assert secret["stringData"]["hf_api_token"] is token
 
 
-def test_claim_volume() -> None:
-    assert storage.claim_volume("training-bucket-vol") == {
+def test_claim_volume_and_its_mount() -> None:
+    assert storage.claim_volume() == {
         "name": "training-bucket-vol",
         "persistentVolumeClaim": {"claimName": "training-bucket-pvc"},
     }
+    assert storage.claim_volume("other-pvc") == {
+        "name": "training-bucket-vol",
+        "persistentVolumeClaim": {"claimName": "other-pvc"},
+    }
+    assert storage.bucket_mount() == {"name": "training-bucket-vol", "mountPath": "/data"}
 
 
 @pytest.mark.parametrize(

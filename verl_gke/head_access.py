@@ -32,10 +32,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+from manifests.ray_cluster import DASHBOARD_PORT
 from verl_gke.kubeconfig import gke_kubeconfig
-
-DASHBOARD_PORT = 8265
-"""The Ray dashboard (and job API) port of the head service (the tutorial's containerPort 8265)."""
 
 PORT_FORWARD_START_TIMEOUT_S = 60.0
 """How long kubectl may take to authenticate and open the tunnel before we give up."""
