@@ -114,7 +114,7 @@ class _JobSpec:
         if problems:
             raise ValueError("GrpoJob: " + "; ".join(f"{key}: {reason}" for key, reason in problems))
         given = {key: props[key] for key in _SPEC_KEYS if props.get(key) is not None}
-        given["runtime_env"] = _ints(given["runtime_env"])
+        given["runtime_env"] = whole_numbers(given["runtime_env"])
         for key in _SECONDS_KEYS:
             if key in given:
                 given[key] = float(given[key])
@@ -162,14 +162,14 @@ def planned_outs(props: Mapping[str, Any], status: str) -> dict[str, Any]:
     return spec.outs(spec.submission_id, status)
 
 
-def _ints(value: Any) -> Any:
-    """Integral floats become ints, recursively (the engine sends every number as a float)."""
+def whole_numbers(value: Any) -> Any:
+    """Integral floats become ints, recursively: the engine sends every number as a float."""
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, Mapping):
-        return {key: _ints(item) for key, item in value.items()}
+        return {key: whole_numbers(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
-        return [_ints(item) for item in value]
+        return [whole_numbers(item) for item in value]
     return value
 
 
@@ -233,7 +233,7 @@ def _differs(key: str, old: Any, new: Any) -> bool:
         return True
 
     def effective(value: Any) -> Any:
-        return _DEFAULTS[key] if value is None else _ints(value)
+        return _DEFAULTS[key] if value is None else whole_numbers(value)
 
     return bool(effective(old) != effective(new))
 

@@ -28,7 +28,7 @@ from pulumi.runtime.config import set_all_config
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
 
-from components.grpo_job import planned_outs
+from components.grpo_job import planned_outs, whole_numbers
 from verl_gke.stack_config import PROJECT_DIR, raw_config
 
 PROJECT = "verl-gke"
@@ -166,19 +166,9 @@ class SynthResult:
         out = []
         for r in self.registrations:
             if r.type.startswith("kubernetes:") and not r.type.startswith(_NOT_MANIFESTS):
-                out.append(_whole_numbers({k: r.inputs[k] for k in _MANIFEST_FIELDS if k in r.inputs}))
+                # The Kubernetes provider applies the wire's 3.0 as 3.
+                out.append(whole_numbers({k: r.inputs[k] for k in _MANIFEST_FIELDS if k in r.inputs}))
         return out
-
-
-def _whole_numbers(value: Any) -> Any:
-    """The wire carries every number as a double; the Kubernetes provider applies 3.0 as 3."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, dict):
-        return {k: _whole_numbers(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_whole_numbers(v) for v in value]
-    return value
 
 
 async def _resolve(value: Any) -> Any:
