@@ -13,8 +13,8 @@ from typing import NotRequired, TypedDict
 import pulumi
 import pulumi_kubernetes as k8s
 
+from components.children import child_options, custom_resource
 from components.helm_release import pinned_release
-
 from manifests import dra
 
 
@@ -32,9 +32,7 @@ class A4xDra(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: A4xDraArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("verl-gke:index:A4xDra", name, {}, opts)
-        # Children don't inherit a component's depends_on: hand it down (see NetworkMapping).
-        waits_for = opts.depends_on if opts else None
-        child = pulumi.ResourceOptions(parent=self, depends_on=waits_for)
+        child = child_options(self, opts)
 
         def after(*resources: pulumi.Resource) -> pulumi.ResourceOptions:
             return child.merge(pulumi.ResourceOptions(depends_on=list(resources)))
@@ -52,13 +50,9 @@ class A4xDra(pulumi.ComponentResource):
             k8s.resource.v1.ResourceClaimTemplate(
                 f"{name}-rdma-nic", metadata=template["metadata"], spec=template["spec"], opts=child
             )
-        domain_obj = dra.compute_domain(namespace=args["namespace"], gpu_nodes=args["gpu_nodes"])
-        k8s.apiextensions.CustomResource(
+        custom_resource(
             f"{name}-compute-domain",
-            api_version=domain_obj["apiVersion"],
-            kind=domain_obj["kind"],
-            metadata=domain_obj["metadata"],
-            spec=domain_obj["spec"],
+            dra.compute_domain(namespace=args["namespace"], gpu_nodes=args["gpu_nodes"]),
             # The driver's chart brings the CRD. The spec is immutable (FIELD-NOTES 4), so a new
             # node count replaces the domain instead of failing as an update.
             opts=after(driver).merge(pulumi.ResourceOptions(replace_on_changes=["spec"], delete_before_replace=True)),

@@ -16,6 +16,7 @@ from typing import NotRequired, TypedDict
 import pulumi
 import pulumi_kubernetes as k8s
 
+from components.children import child_options
 from manifests import staging, storage
 from workloads import stage_data
 
@@ -56,9 +57,8 @@ class DataStaging(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: DataStagingArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("verl-gke:index:DataStaging", name, {}, opts)
-        # Children don't inherit a component's depends_on: hand it down so the Job waits for storage.
-        waits_for = opts.depends_on if opts else None
-        child = pulumi.ResourceOptions(parent=self, provider=args["k8s_provider"], depends_on=waits_for)
+        # The Job waits for what this component waits for (the storage).
+        child = child_options(self, opts).merge(pulumi.ResourceOptions(provider=args["k8s_provider"]))
         ns = args["namespace"]
         script = Path(stage_data.__file__).read_text()
 

@@ -4,12 +4,13 @@ by name, plus the one Kubernetes provider every Kubernetes child of the program 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Literal, NotRequired, TypedDict
 
 import pulumi
 import pulumi_kubernetes as k8s
 from pulumi_gcp import container
 
+from components.children import child_options
 from manifests.ray_cluster import HEAD_NODE_POOL
 from verl_gke.kubeconfig import gke_kubeconfig
 
@@ -78,8 +79,8 @@ class GkeCluster(pulumi.ComponentResource):
         if args.get("existing", False):
             self._look_up(args)
         else:
-            # Children don't inherit a component's depends_on: hand it to the cluster.
-            self._create(name, args, opts.depends_on if opts else None)
+            # The cluster waits for what this component waits for.
+            self._create(name, args, child_options(self, opts))
         self.kubeconfig = pulumi.Output.secret(
             pulumi.Output.all(self.name, self.endpoint, self.ca_certificate).apply(lambda a: gke_kubeconfig(*a))
         )
@@ -106,7 +107,7 @@ class GkeCluster(pulumi.ComponentResource):
         self.endpoint = found.endpoint
         self.ca_certificate = found.master_auths.apply(lambda auths: auths[0].cluster_ca_certificate)
 
-    def _create(self, name: str, args: GkeClusterArgs, waits_for: Any) -> None:
+    def _create(self, name: str, args: GkeClusterArgs, cluster_opts: pulumi.ResourceOptions) -> None:
         project, mode = args["project"], args["mode"]
         if mode not in ("autopilot", "standard"):
             raise ValueError(f"GkeCluster: mode = {mode!r}: must be 'autopilot' or 'standard'")
@@ -144,7 +145,7 @@ class GkeCluster(pulumi.ComponentResource):
                 if authorized else None
             ),
             enable_k8s_beta_apis={"enabled_apis": list(beta_apis)} if beta_apis else None,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=waits_for),
+            opts=cluster_opts,
         )
         if standard:
             self.default_pool = container.NodePool(

@@ -6,11 +6,12 @@ node pool in `depends_on`: these objects then wait for the pool and are removed 
 
 from __future__ import annotations
 
-from typing import NotRequired, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import pulumi
 import pulumi_kubernetes as k8s
 
+from components.children import child_options, custom_resource
 from manifests.network_mapping import NetworkNames, network_mapping
 
 
@@ -28,24 +29,18 @@ class NetworkMapping(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: NetworkMappingArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("verl-gke:index:NetworkMapping", name, {}, opts)
-        # Children don't inherit a component's depends_on: hand it down, so nothing is applied before
-        # the GPU pool exists (and, on destroy, everything goes before it).
-        waits_for = opts.depends_on if opts else None
-        child = pulumi.ResourceOptions(parent=self, depends_on=waits_for)
+        # Nothing is applied before the GPU pool exists (and, on destroy, everything goes before it).
+        child = child_options(self, opts)
         names = args.get("networks")
-        param_set: k8s.apiextensions.CustomResource | None = None
-        for obj in network_mapping(names) if names else []:
-            kind, obj_name = obj["kind"], obj["metadata"]["name"]
-            resource = k8s.apiextensions.CustomResource(
-                f"{name}-{kind.lower()}-{obj_name}",
-                api_version=obj["apiVersion"],
-                kind=kind,
-                metadata=obj["metadata"],
-                spec=obj["spec"],
-                # A Network refers to the param set just before it: create after it, delete before it.
-                opts=child if kind == "GKENetworkParamSet" else child.merge(pulumi.ResourceOptions(depends_on=[param_set])),
-            )
-            if kind == "GKENetworkParamSet":
-                param_set = resource
+        objects = network_mapping(names) if names else []
+
+        def resource_name(obj: dict[str, Any]) -> str:
+            return f"{name}-{obj['kind'].lower()}-{obj['metadata']['name']}"
+
+        for param_set_obj, network_obj in zip(objects[::2], objects[1::2], strict=True):
+            param_set = custom_resource(resource_name(param_set_obj), param_set_obj, child)
+            # The Network refers to its param set: create it after, delete it before.
+            custom_resource(resource_name(network_obj), network_obj,
+                            child.merge(pulumi.ResourceOptions(depends_on=[param_set])))
         k8s.yaml.v2.ConfigFile(f"{name}-nccl-rdma-installer", file=args["nccl_installer_url"], opts=child)
         self.register_outputs({})

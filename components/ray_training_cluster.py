@@ -11,10 +11,9 @@ from __future__ import annotations
 from typing import NotRequired, TypedDict, cast
 
 import pulumi
-import pulumi_kubernetes as k8s
 
+from components.children import child_options, custom_resource
 from components.helm_release import pinned_release
-
 from components.platforms import PLATFORMS, Platform, PlatformName
 from manifests import kuberay
 from manifests.ray_cluster import (
@@ -137,23 +136,17 @@ class RayTrainingCluster(pulumi.ComponentResource):
     def __init__(self, name: str, args: RayTrainingClusterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("verl-gke:index:RayTrainingCluster", name, {}, opts)
         spec = cluster_spec(args)
-        # Children don't inherit a component's depends_on: hand it down (see NetworkMapping).
-        waits_for = opts.depends_on if opts else None
-        child = pulumi.ResourceOptions(parent=self, depends_on=waits_for)
+        child = child_options(self, opts)
         cluster_opts = child
         if args.get("install_kuberay", False):
             operator = pinned_release(f"{name}-kuberay-operator", kuberay.CHART, namespace=spec.namespace,
                                       values=kuberay.helm_values(namespace=spec.namespace), opts=child)
             # The chart brings the ray.io CRDs and the operator that acts on the RayCluster.
             cluster_opts = child.merge(pulumi.ResourceOptions(depends_on=[operator]))
-        obj = ray_cluster(spec)
         timeout = f"{args.get('ready_timeout_minutes', DEFAULT_READY_TIMEOUT_MINUTES)}m"
-        cluster = k8s.apiextensions.CustomResource(
+        cluster = custom_resource(
             f"{name}-ray-cluster",
-            api_version=obj["apiVersion"],
-            kind=obj["kind"],
-            metadata=obj["metadata"],
-            spec=obj["spec"],
+            ray_cluster(spec),
             opts=cluster_opts.merge(pulumi.ResourceOptions(
                 custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout),
                 # A fixed name: a replacement must delete the old cluster first.
