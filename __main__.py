@@ -73,8 +73,8 @@ staging = DataStaging("staging", {
     "namespace": cfg.namespace, "service_account": cfg.service_account, "model_repo": cfg.model,
     "model_revision": cfg.model_revision, "model_dir": model_dir_for(cfg.model),
     "dataset_repo": cfg.dataset, "dataset_revision": cfg.dataset_revision,
-    "timeout_minutes": cfg.staging_timeout_minutes, "k8s_provider": cluster.provider,
-}, pulumi.ResourceOptions(depends_on=[storage]))
+    "timeout_minutes": cfg.staging_timeout_minutes,
+}, k8s.merge(pulumi.ResourceOptions(depends_on=[storage])))
 
 installer_url = cfg.nccl_installer_url or nccl.installer_url(facts.nccl_installer[cfg.cluster_mode])
 mapping = NetworkMapping("network", {"nccl_installer_url": installer_url, "networks": networks},

@@ -1,11 +1,11 @@
 """The tutorial's "Prepare the model and data", done by the cluster: a Job that writes the model
 and GSM8K into the bucket, and that `pulumi up` waits for.
 
-Pass the cluster's Kubernetes provider in the args and the GcsFuseStorage component in
-`opts.depends_on`: the Job then starts once the bucket, its role binding, the claim and the token
-Secret exist. It needs no GPU, so it runs while the GPU node pool is still being created. Whatever
-reads the data should take `model_path`, `train_files` or `val_files` from here: they resolve only
-once the Job has succeeded.
+Pass the cluster's Kubernetes provider in `opts` (`providers=[cluster.provider]`) and the
+GcsFuseStorage component in `opts.depends_on`: the Job then starts once the bucket, its role
+binding, the claim and the token Secret exist. It needs no GPU, so it runs while the GPU node pool
+is still being created. Whatever reads the data should take `model_path`, `train_files` or
+`val_files` from here: they resolve only once the Job has succeeded.
 """
 
 from __future__ import annotations
@@ -38,8 +38,6 @@ class DataStagingArgs(TypedDict):
     """40-hex commit of the dataset repository."""
     timeout_minutes: int
     """How long `pulumi up` waits for the Job; Kubernetes also stops the Job then."""
-    k8s_provider: k8s.Provider
-    """The cluster's Kubernetes provider."""
     dataset_config: NotRequired[str]
     """The dataset's config (default `main`, as verl's preprocessing)."""
 
@@ -58,7 +56,7 @@ class DataStaging(pulumi.ComponentResource):
     def __init__(self, name: str, args: DataStagingArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("verl-gke:index:DataStaging", name, {}, opts)
         # The Job waits for what this component waits for (the storage).
-        child = child_options(self, opts).merge(pulumi.ResourceOptions(provider=args["k8s_provider"]))
+        child = child_options(self, opts)
         ns = args["namespace"]
         script = Path(stage_data.__file__).read_text()
 

@@ -1,7 +1,9 @@
 """The tutorial's "Prepare data and storage": the training bucket, the identity allowed into it,
 the GCS FUSE volume every pod mounts at /data, and the Hugging Face token Secret.
 
-Pass the GKE cluster's Kubernetes provider in the args. Whatever must not start before the bucket
+Pass the GKE cluster's Kubernetes provider in the args, not in `opts.providers` as the components
+with only Kubernetes children take it: a component registers only once its providers exist, which
+would hold the bucket back until the cluster is up. Whatever must not start before the bucket
 is usable (the staging Job, the Ray cluster) can depend on this component as a whole, or use
 `service_account_name`, which resolves only once the service account may use the bucket.
 """

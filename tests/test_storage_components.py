@@ -60,9 +60,8 @@ def deploy(namespace: str, token: str) -> MockRun:
                 "dataset_repo": "openai/gsm8k",
                 "dataset_revision": DATASET_REV,
                 "timeout_minutes": 180,
-                "k8s_provider": provider,
             },
-            opts=pulumi.ResourceOptions(depends_on=[store]),
+            opts=pulumi.ResourceOptions(providers=[provider], depends_on=[store]),
         )
         for key in ("bucket_name", "bucket_url", "namespace", "service_account_name", "claim_name",
                     "hf_secret_name"):
