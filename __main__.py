@@ -54,8 +54,8 @@ if not cfg.autopilot and builds_infra:
         "nodes": cfg.gpu_nodes, "max_nodes": cfg.gpu_max_nodes, "spot": cfg.gpu_spot,
         "accelerator_topology": facts.accelerator_topology,
         # DRANET: GKE attaches the A4X NICs itself; otherwise the gVNIC + RDMA subnets.
-        **({"additional_node_networks": rdma.node_networks} if rdma else
-           {"accelerator_network_profile": "auto"} if a4x else {}),
+        "additional_node_networks": rdma.node_networks if rdma else None,
+        "accelerator_network_profile": "auto" if a4x and not rdma else None,
     })
 gpu_ready = [r for r in (gpu_pool, rdma) if r is not None]
 

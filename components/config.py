@@ -10,7 +10,8 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-from typing import Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 

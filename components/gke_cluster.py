@@ -4,7 +4,7 @@ by name, plus the one Kubernetes provider every Kubernetes child of the program 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, NotRequired, TypedDict
+from typing import Literal, NotRequired, TypedDict, cast
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -168,4 +168,5 @@ class GkeCluster(pulumi.ComponentResource):
         self.name = cluster.name
         self.location = cluster.location
         self.endpoint = cluster.endpoint
-        self.ca_certificate = cluster.master_auth.apply(lambda auth: auth.cluster_ca_certificate)
+        # GKE issues every cluster a CA; the provider types the field optional.
+        self.ca_certificate = cluster.master_auth.apply(lambda auth: cast(str, auth.cluster_ca_certificate))

@@ -21,9 +21,8 @@ DRANET_NODE_LABEL = "cloud.google.com/gke-networking-dra-driver"
 GPU_TAINT: container.NodePoolNodeConfigTaintArgsDict = {"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}
 
 
-class NodeNetwork(TypedDict):
-    network: pulumi.Input[str]
-    subnetwork: pulumi.Input[str]
+NodeNetwork = container.NodePoolNetworkConfigAdditionalNodeNetworkConfigArgsDict
+"""One extra NIC of every node: the `network` and `subnetwork` it is attached to."""
 
 
 class GpuNodePoolArgs(TypedDict):
@@ -44,7 +43,7 @@ class GpuNodePoolArgs(TypedDict):
     """Autoscaling ceiling for the whole pool (the tutorial's --total-max-nodes=10)."""
     spot: bool
     """Spot VMs instead of on-demand/reserved capacity."""
-    additional_node_networks: NotRequired[pulumi.Input[Sequence[pulumi.Input[NodeNetwork]]]]
+    additional_node_networks: NotRequired[pulumi.Input[Sequence[pulumi.Input[NodeNetwork]]] | None]
     """Extra NICs, gVNIC first then RDMA 0..N-1 (RdmaNetwork.node_networks)."""
     accelerator_network_profile: NotRequired[str | None]
     """`auto`: GKE creates and attaches the accelerator networks itself (A4X DRANET)."""

@@ -8,6 +8,7 @@ from typing import TypedDict
 import pulumi
 from pulumi_gcp import compute
 
+from components.gpu_node_pool import NodeNetwork
 from manifests.network_mapping import NetworkNames
 
 # Cluster Toolkit's gpu-rdma-vpc MTU (FIELD-NOTES 3): the largest GCP allows.
@@ -36,7 +37,7 @@ class RdmaNetwork(pulumi.ComponentResource):
     """A gVNIC VPC with one subnet and an internal firewall rule, and a RoCE VPC with one subnet
     per RDMA NIC, named as the tutorial's gcloud commands name them."""
 
-    node_networks: pulumi.Output[list[dict[str, str]]]
+    node_networks: pulumi.Output[list[NodeNetwork]]
     """`{network, subnetwork}` names for a node pool's additional networks: gVNIC first, then RDMA 0..N-1."""
 
     def __init__(self, name: str, args: RdmaNetworkArgs, opts: pulumi.ResourceOptions | None = None) -> None:

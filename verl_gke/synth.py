@@ -15,10 +15,11 @@ import runpy
 import shutil
 import sys
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pulumi
 import yaml
@@ -123,13 +124,14 @@ class SynthMocks(pulumi.runtime.Mocks):
             return state["submission_id"], state
         return f"{args.name}-id", state
 
-    def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
+    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list[tuple[str, str]]]:
+        """The invoke's result and no check failures."""
         if args.token == "gcp:organizations/getProject:getProject":
-            return {"number": MOCK_PROJECT_NUMBER, "projectId": args.args.get("projectId", "mock")}
+            return {"number": MOCK_PROJECT_NUMBER, "projectId": args.args.get("projectId", "mock")}, []
         if args.token == "gcp:container/getCluster:getCluster":
             return {"name": args.args.get("name"), "location": args.args.get("location"),
-                    "endpoint": MOCK_ENDPOINT, "masterAuths": [{"clusterCaCertificate": MOCK_CA}]}
-        return {}
+                    "endpoint": MOCK_ENDPOINT, "masterAuths": [{"clusterCaCertificate": MOCK_CA}]}, []
+        return {}, []
 
 
 class RecordingMonitor(mocks.MockMonitor):
