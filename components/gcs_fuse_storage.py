@@ -17,6 +17,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 from pulumi_gcp import storage as gcs
 
+from components.children import child_options
 from manifests import storage
 
 BUCKET_ROLE = "roles/storage.objectUser"
@@ -89,7 +90,7 @@ class GcsFuseStorage(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: GcsFuseStorageArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("verl-gke:index:GcsFuseStorage", name, {}, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        child = child_options(self, opts)
         ns = args["namespace"]
         capacity = args.get("capacity", storage.DEFAULT_CAPACITY)
         labels = {**DEFAULT_LABELS, **args.get("labels", {})}

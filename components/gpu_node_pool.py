@@ -9,6 +9,7 @@ from typing import NotRequired, TypedDict
 import pulumi
 from pulumi_gcp import compute, container
 
+from components.children import child_options
 from components.platforms import PLATFORMS
 
 GPU_POOL_NAME = "gpu-pool"
@@ -78,6 +79,8 @@ class GpuNodePool(pulumi.ComponentResource):
                 "reservation; set reservation to None for Spot, or spot to False"
             )
         project, location = args["project"], args["location"]
+        # Both have fixed names, so a replacement must delete first.
+        child = child_options(self, opts).merge(pulumi.ResourceOptions(delete_before_replace=True))
 
         placement: container.NodePoolPlacementPolicyArgsDict | None = None
         topology = args.get("accelerator_topology")
@@ -90,7 +93,7 @@ class GpuNodePool(pulumi.ComponentResource):
                 # The policy lives in the nodes' region, also when the cluster is zonal.
                 region=args["zone"].rsplit("-", 1)[0],
                 workload_policy={"type": "HIGH_THROUGHPUT", "accelerator_topology": topology},
-                opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True),
+                opts=child,
             )
             placement = {"type": "COMPACT", "policy_name": policy.name}
 
@@ -134,13 +137,10 @@ class GpuNodePool(pulumi.ComponentResource):
                 # of ephemeral storage would not fit on the boot disk.
                 "ephemeral_storage_local_ssd_config": {"local_ssd_count": 0},
             },
-            # Its name is fixed, so a replacement must delete first. After creation the autoscaler owns
-            # the size, and the Local SSD count is the machine type's (Cluster Toolkit's gke-node-pool
-            # ignores both the same way).
-            opts=pulumi.ResourceOptions(
-                parent=self,
-                delete_before_replace=True,
+            # After creation the autoscaler owns the size, and the Local SSD count is the machine type's
+            # (Cluster Toolkit's gke-node-pool ignores both the same way).
+            opts=child.merge(pulumi.ResourceOptions(
                 ignore_changes=["initialNodeCount", "nodeConfig.ephemeralStorageLocalSsdConfig"],
-            ),
+            )),
         )
         self.register_outputs({})

@@ -8,6 +8,7 @@ from typing import TypedDict
 import pulumi
 from pulumi_gcp import compute
 
+from components.children import child_options
 from components.gpu_node_pool import NodeNetwork
 from manifests.network_mapping import NetworkNames
 
@@ -49,7 +50,7 @@ class RdmaNetwork(pulumi.ComponentResource):
             )
         project, region = args["project"], args["region"]
         # Names are fixed (the network mapping refers to them), so a replacement must delete first.
-        child = pulumi.ResourceOptions(parent=self, delete_before_replace=True)
+        child = child_options(self, opts).merge(pulumi.ResourceOptions(delete_before_replace=True))
 
         def subnet(logical: str, subnet_name: str, network: compute.Network, cidr: str) -> compute.Subnetwork:
             return compute.Subnetwork(
