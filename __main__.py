@@ -86,21 +86,21 @@ if a4x:
         "namespace": cfg.namespace, "gpu_nodes": cfg.gpu_nodes, "nic_claims": networks is None,
     }, k8s.merge(pulumi.ResourceOptions(depends_on=gpu_ready))))
 
+verl_source_dir = f"{MOUNT_PATH}/verl" if cfg.verl_source_install else None
 ray = RayTrainingCluster("ray", {
     "platform": cfg.platform, "mode": cfg.cluster_mode, "gpu_nodes": cfg.gpu_nodes,
     "namespace": cfg.namespace, "service_account": cfg.service_account,
     "claim_name": storage.claim_name, "name": cfg.ray_cluster_name, "image": cfg.verl_image,
     "worker_cpus": cfg.worker_cpus, "worker_memory_gi": cfg.worker_memory_gi,
     "worker_spot": cfg.gpu_spot and cfg.autopilot, "nic_claims": a4x and networks is None,
-    "verl_source_dir": f"{MOUNT_PATH}/verl" if cfg.verl_source_install else None,
+    "verl_source_dir": verl_source_dir,
     "install_kuberay": cfg.ray_operator == "helm",
 }, k8s.merge(pulumi.ResourceOptions(depends_on=ray_waits_for)))
 
-source_dir = f"{MOUNT_PATH}/verl" if cfg.verl_source_install else None
 job = GrpoJob("grpo", {
     "entrypoint": entrypoint(cfg.grpo, facts.gpus_per_node, cfg.gpu_nodes),
     "runtime_env": runtime_env(facts, nnodes=cfg.gpu_nodes, worker_cpus=cfg.worker_cpus,
-                               verl_source_dir=source_dir),
+                               verl_source_dir=verl_source_dir),
     "dashboard_url": cfg.job_dashboard_url or None,
     "cluster_endpoint": cluster.endpoint, "cluster_ca_certificate": cluster.ca_certificate,
     "cluster_name": cluster.name, "namespace": cfg.namespace, "head_service": ray.head_service,

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from components.grpo_spec import GRPO_DEFAULTS, GrpoSpec, verl_problems
 from components.platforms import PLATFORMS, Platform
-from manifests.storage import MOUNT_PATH
+from manifests.storage import DEFAULT_CAPACITY, MOUNT_PATH
 from workloads.stage_data import (
     DEFAULT_DATASET_REPO,
     DEFAULT_DATASET_REVISION,
@@ -110,7 +110,7 @@ class StackConfig(BaseModel):
     service_account: str = "verl-ray"
     bucket_name: str = ""
     bucket_force_destroy: bool = False
-    volume_capacity: str = "768Gi"
+    volume_capacity: str = DEFAULT_CAPACITY
 
     model: str = DEFAULT_MODEL_REPO
     model_revision: str = DEFAULT_MODEL_REVISION
@@ -162,7 +162,8 @@ class StackConfig(BaseModel):
 
     @property
     def rdma_nics(self) -> int:
-        """RDMA subnets this stack creates: 8 on A4/A3U, 0 on A4X with DRANET."""
+        """RDMA subnets this stack creates, one per RDMA NIC (8 on A4/A3 Ultra, 4 on A4X with multi-network),
+        none on A4X with DRANET."""
         return _rdma_nics(self.facts, self.a4x_networking)
 
     @property

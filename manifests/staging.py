@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from manifests import storage
+from workloads import stage_data
 
 JOB_NAME = "stage-data"
 CONFIG_MAP_NAME = "stage-data-script"
@@ -50,9 +51,6 @@ _DEPS_DIR = "/tmp/pydeps"
 _TMP_VOLUME = "tmp"
 _SCRIPT_VOLUME = "script"
 
-# Exit status 2 of stage_data.py means retrying cannot help (bad argument, missing repo or
-# revision, token refused): fail the Job at once instead of burning the retries.
-PERMANENT_EXIT_CODE = 2
 BACKOFF_LIMIT = 3
 
 # The main container only downloads and writes through FUSE: a few cores, little memory.
@@ -84,7 +82,7 @@ class StagingSpec:
     """sha256 of the script: a new script changes the pod template, so the Job runs again."""
     deadline_seconds: int
     """Kubernetes stops the Job after this long, so it never outlives Pulumi's wait for it."""
-    workers: int = 8
+    workers: int = stage_data.DEFAULT_WORKERS
     """Files downloaded in parallel."""
 
 
@@ -209,12 +207,14 @@ def staging_job(spec: StagingSpec) -> dict[str, Any]:
             "activeDeadlineSeconds": spec.deadline_seconds,
             "podFailurePolicy": {
                 "rules": [
+                    # stage_data.py's exit status when retrying cannot help (bad argument, missing
+                    # repo or revision, token refused): fail the Job at once, not after the retries.
                     {
                         "action": "FailJob",
                         "onExitCodes": {
                             "containerName": CONTAINER_NAME,
                             "operator": "In",
-                            "values": [PERMANENT_EXIT_CODE],
+                            "values": [stage_data.EXIT_PERMANENT],
                         },
                     },
                     # A preempted or drained node is not the program's fault: don't count it.
