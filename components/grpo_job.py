@@ -48,7 +48,7 @@ LOG_TAIL_LINES = 20
 
 _TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 _OUTPUT_KEYS = ("submission_id", "status", "dashboard_command")
-_REPLACE_KEYS = ("entrypoint", "runtime_env")
+_REPLACE_KEYS = ("entrypoint", "runtime_env", "attempt")
 _SECONDS_KEYS = ("completion_timeout_s", "poll_interval_s", "ready_timeout_s")
 _ACCESS_KEYS = ("dashboard_url", "cluster_endpoint", "cluster_ca_certificate", "cluster_name", "head_service")
 _NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -106,6 +106,8 @@ class _JobSpec:
     completion_timeout_s: float = 86400.0
     poll_interval_s: float = 15.0
     metadata: dict[str, str] = field(default_factory=dict)
+    # Bumped to run the same spec again: Ray never reuses a submission id, so a new attempt is a new id.
+    attempt: int = 0
 
     @classmethod
     def from_props(cls, props: Mapping[str, Any]) -> _JobSpec:
@@ -120,13 +122,17 @@ class _JobSpec:
                 given[key] = float(given[key])
         if "metadata" in given:
             given["metadata"] = dict(given["metadata"])
+        if "attempt" in given:
+            given["attempt"] = int(given["attempt"])  # the engine sends numbers as floats
         return cls(**given)
 
     @property
     def submission_id(self) -> str:
         """`verl-grpo-<stack>-<12 hex>`: the same job spec on the same stack gives the same id."""
-        canonical = json.dumps({"entrypoint": self.entrypoint, "runtime_env": self.runtime_env},
-                               sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        job: dict[str, Any] = {"entrypoint": self.entrypoint, "runtime_env": self.runtime_env}
+        if self.attempt:
+            job["attempt"] = self.attempt
+        canonical = json.dumps(job, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return f"{SUBMISSION_ID_PREFIX}-{self.stack}-{hashlib.sha256(canonical.encode()).hexdigest()[:12]}"
 
     @property
@@ -220,6 +226,10 @@ def _problems(props: Mapping[str, Any]) -> list[tuple[str, str]]:
     waiting = known.get("wait_for_completion")
     if waiting is not None and not isinstance(waiting, bool):
         problems.append(("wait_for_completion", f"{waiting!r} must be true or false"))
+    attempt = known.get("attempt")
+    if attempt is not None and (isinstance(attempt, bool) or not isinstance(attempt, int | float)
+                                or attempt < 0 or attempt != int(attempt)):
+        problems.append(("attempt", f"{attempt!r} must be a whole number >= 0"))
     metadata = known.get("metadata")
     if metadata is not None and not (isinstance(metadata, Mapping) and all(
             isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):

@@ -206,6 +206,19 @@ def test_diff_replaces_on_entrypoint_or_runtime_env_change_only() -> None:
     timeout = provider.diff("id", olds, {**news, "ready_timeout_s": 600.0})
     assert timeout.changes is True and timeout.replaces == []
 
+    again = provider.diff("id", olds, {**news, "attempt": 1.0})
+    assert again.changes is True and again.replaces == ["attempt"] and again.delete_before_replace is True
+
+
+def test_a_new_attempt_of_the_same_spec_is_a_new_submission(ray_head: str, props: Callable[..., dict[str, Any]]) -> None:
+    job_props = props(_py("print('attempt')"))
+    first = GrpoJobProvider().create(job_props)
+    second = GrpoJobProvider().create({**job_props, "attempt": 1.0})
+    assert second.id != first.id and second.id.startswith(f"verl-grpo-{job_props['stack']}-")
+    assert GrpoJobProvider().create({**job_props, "attempt": 0.0}).id == first.id
+    with pytest.raises(ValueError, match=r"attempt: -1 must be a whole number >= 0"):
+        GrpoJobProvider().create({**job_props, "attempt": -1})
+
 
 def test_diff_in_preview_treats_unknown_spec_as_a_replace() -> None:
     provider = GrpoJobProvider()
