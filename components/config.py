@@ -16,7 +16,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from components.grpo_spec import GRPO_DEFAULTS, GrpoSpec, verl_problems
-from components.platforms import PLATFORMS, Platform
+from components.platforms import PLATFORMS, Platform, PlatformName
+from manifests.ray_cluster import Mode
 from manifests.storage import DEFAULT_CAPACITY, MOUNT_PATH
 from workloads.stage_data import (
     DEFAULT_DATASET_REPO,
@@ -79,8 +80,8 @@ class StackConfig(BaseModel):
     region: str
     zone: str
 
-    platform: Literal["a4", "a3u", "a4x"] = "a4"
-    cluster_mode: Literal["autopilot", "standard"] = "standard"
+    platform: PlatformName = "a4"
+    cluster_mode: Mode = "standard"
     cluster_name: str = "verl-gke"
     existing_cluster: bool = False
     cluster_location: str = ""

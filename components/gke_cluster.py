@@ -11,10 +11,9 @@ import pulumi_kubernetes as k8s
 from pulumi_gcp import container
 
 from components.children import child_options
-from manifests.ray_cluster import HEAD_NODE_POOL
+from manifests.ray_cluster import HEAD_NODE_POOL, Mode
 from verl_gke.kubeconfig import gke_kubeconfig
 
-ClusterMode = Literal["autopilot", "standard"]
 ReleaseChannel = Literal["RAPID", "REGULAR", "STABLE", "EXTENDED"]
 
 DRA_V1BETA1_APIS = (
@@ -33,7 +32,7 @@ class GkeClusterArgs(TypedDict):
     """Cluster name (the tutorial's CLUSTER_NAME)."""
     location: str
     """Control-plane region (the tutorial's CONTROL_PLANE_REGION)."""
-    mode: ClusterMode
+    mode: Mode
     """`autopilot` (`create-auto`) or `standard` (`create` + node pools)."""
     release_channel: ReleaseChannel
     """GKE release channel; decides which versions the control plane and nodes upgrade to."""

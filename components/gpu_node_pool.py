@@ -10,7 +10,7 @@ import pulumi
 from pulumi_gcp import compute, container
 
 from components.children import child_options
-from components.platforms import PLATFORMS
+from components.platforms import PLATFORMS, PlatformName
 
 GPU_POOL_NAME = "gpu-pool"
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
@@ -34,7 +34,7 @@ class GpuNodePoolArgs(TypedDict):
     """The cluster's location (control-plane region)."""
     zone: str
     """The one zone of the GPU nodes (the tutorial's NODE_ZONE, where the reservation is)."""
-    platform: str
+    platform: PlatformName
     """Key of components.platforms.PLATFORMS: machine type, accelerator and GPU count come from there."""
     reservation: str | None
     """Specific reservation the nodes consume (the tutorial's RESERVATION); None consumes none."""

@@ -17,8 +17,6 @@ from components.helm_release import pinned_release
 from components.platforms import PLATFORMS, Platform, PlatformName
 from manifests import kuberay
 from manifests.ray_cluster import (
-    A4X_HEAD_CPUS,
-    A4X_HEAD_MEMORY_GI,
     HEAD_NODE_POOL,
     Mode,
     RayClusterSpec,
@@ -114,12 +112,12 @@ def _check_room_for_head(spec: RayClusterSpec, platform: Platform) -> None:
     if spec.worker_cpus > cpus:
         problems.append(
             f"worker_cpus = {spec.worker_cpus}: an A4X node has {platform.allocatable_cpu:.2f} allocatable vCPUs "
-            f"and also runs the Ray head ({A4X_HEAD_CPUS}); request at most {cpus}"
+            f"and also runs the Ray head ({platform.head_cpus}); request at most {cpus}"
         )
     if spec.worker_memory_gi > memory_gi:
         problems.append(
             f"worker_memory_gi = {spec.worker_memory_gi}: an A4X node has {platform.allocatable_memory_gib:.2f}Gi "
-            f"allocatable and also runs the Ray head ({A4X_HEAD_MEMORY_GI}Gi); request at most {memory_gi}"
+            f"allocatable and also runs the Ray head ({platform.head_memory_gi}Gi); request at most {memory_gi}"
         )
     if problems:
         raise ValueError("invalid RayCluster spec:\n  " + "\n  ".join(problems))
