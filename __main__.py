@@ -39,7 +39,7 @@ cluster = GkeCluster("gke", {
     "deletion_protection": cfg.deletion_protection, "min_master_version": cfg.kubernetes_version,
     "ray_operator": cfg.ray_operator == "addon", "cpu_machine_type": cfg.cpu_machine_type,
     "cpu_min_nodes": cfg.cpu_min_nodes, "cpu_max_nodes": cfg.cpu_max_nodes,
-    "existing": cfg.existing_cluster,
+    "existing": cfg.existing_cluster, "master_authorized_cidrs": cfg.master_authorized_cidrs,
     # The NVIDIA DRA driver 25.3 still speaks resource.k8s.io/v1beta1 (Cluster Toolkit gke-a4x).
     "k8s_beta_apis": DRA_V1BETA1_APIS if a4x else [],
 # GKE-created GPU nodes hold NICs in the RDMA subnets: the cluster goes before them on destroy.
@@ -105,7 +105,7 @@ job = GrpoJob("grpo", {
     "cluster_endpoint": cluster.endpoint, "cluster_ca_certificate": cluster.ca_certificate,
     "cluster_name": cluster.name, "namespace": cfg.namespace, "head_service": ray.head_service,
     "stack": pulumi.get_stack(), "ready_timeout_s": cfg.job_ready_timeout_seconds,
-    "wait_for_completion": cfg.job_wait_for_completion,
+    "wait_for_completion": cfg.job_wait_for_completion, "attempt": cfg.job_attempt,
 }, pulumi.ResourceOptions(depends_on=[ray, staging]))
 
 checkpoint_path = cfg.grpo.checkpoint_dir.removeprefix(f"{MOUNT_PATH}/")

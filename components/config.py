@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from components.grpo_spec import GRPO_DEFAULTS, GrpoSpec, verl_problems
 from components.platforms import PLATFORMS, Platform, PlatformName
-from manifests.ray_cluster import Mode
+from manifests.ray_cluster import Mode, is_pinned_image
 from manifests.storage import DEFAULT_CAPACITY, MOUNT_PATH
 from workloads.stage_data import (
     DEFAULT_DATASET_REPO,
@@ -43,7 +43,6 @@ _ZONE = re.compile(r"^([a-z]+-[a-z]+[0-9]+)-[a-z]$")
 _QUANTITY = re.compile(r"^[0-9]+(Ki|Mi|Gi|Ti|Pi)$")
 _K8S_VERSION = re.compile(r"^1\.([0-9]+)(?:\.([0-9]+)(?:-gke\.([0-9]+))?)?$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
-_IMAGE_PINNED = re.compile(r"^[^:@\s]+(:(?!latest$)[\w][\w.-]{0,127}|@sha256:[0-9a-f]{64})$")
 
 # GKE's max cluster name length; GCE resource names are at most 63 characters.
 _MAX_CLUSTER_NAME = 40
@@ -88,6 +87,7 @@ class StackConfig(BaseModel):
     release_channel: Literal["RAPID", "REGULAR", "STABLE"] = "REGULAR"
     kubernetes_version: str = "1.34"
     deletion_protection: bool = False
+    master_authorized_cidrs: tuple[str, ...] = ()
     ray_operator: Literal["addon", "helm"] = "addon"
     cpu_machine_type: str = "c2-standard-16"
     cpu_min_nodes: int = Field(1, ge=0)
@@ -126,6 +126,7 @@ class StackConfig(BaseModel):
 
     job_ready_timeout_seconds: int = Field(1800, ge=1)
     job_wait_for_completion: bool = False
+    job_attempt: int = Field(0, ge=0)
     job_dashboard_url: str = ""
 
     grpo: GrpoSpec
@@ -392,7 +393,7 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
     for field in ("model_revision", "dataset_revision"):
         if not _COMMIT.match(getattr(cfg, field)):
             add(field, getattr(cfg, field), "a 40-hex commit of the Hugging Face repo, so staging is reproducible.")
-    if not _IMAGE_PINNED.match(cfg.verl_image):
+    if not is_pinned_image(cfg.verl_image):
         add("verl_image", cfg.verl_image, "an image with a fixed tag (not latest) or an @sha256 digest.")
     if cfg.nccl_installer_url and not cfg.nccl_installer_url.startswith("https://"):
         add("nccl_installer_url", cfg.nccl_installer_url, "an https:// URL pinned to a commit.")
@@ -413,13 +414,14 @@ def _cidr_problems(cfg: StackConfig) -> list[str]:
     fields = [("gvnic_subnet_cidr", cfg.gvnic_subnet_cidr)]
     fields += [("rdma_subnet_cidrs", c) for c in cfg.rdma_subnet_cidrs]
     fields.append(("internal_source_range", cfg.internal_source_range))
+    fields += [("master_authorized_cidrs", c) for c in cfg.master_authorized_cidrs]
     for field, text in fields:
         try:
             net = ipaddress.IPv4Network(text)
         except ValueError:
             out.append(_problem(config_key(field), text, "an IPv4 CIDR such as 192.168.1.0/24."))
             continue
-        if field != "internal_source_range":
+        if field not in ("internal_source_range", "master_authorized_cidrs"):
             for other_field, other in nets:
                 if net.overlaps(other):
                     out.append(_problem(config_key(field), text, f"overlaps {other} ({config_key(other_field)})."))

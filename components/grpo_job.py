@@ -85,6 +85,8 @@ class GrpoJobArgs(TypedDict, total=False):
     """With wait_for_completion: seconds between status polls."""
     metadata: NotRequired[pulumi.Input[Mapping[str, str] | None]]
     """Ray job metadata (string to string)."""
+    attempt: NotRequired[pulumi.Input[int]]
+    """Bump to run an unchanged spec again under a new submission id (default 0)."""
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,8 @@ class Platform:
     accelerator: str
     gpus_per_node: int
     rdma_nics: int
+    arch: Literal["amd64", "arm64"]
+    """CPU architecture of the GPU nodes; the image must match it."""
     machine_vcpus: int
     machine_memory_gb: int
     """Machine memory as GCP's machine-type table lists it, read as 10^9 bytes (FIELD-NOTES 2.5)."""
@@ -149,6 +151,7 @@ PLATFORMS: dict[str, Platform] = {
         accelerator="nvidia-b200",
         gpus_per_node=8,
         rdma_nics=8,
+        arch="amd64",
         machine_vcpus=224,
         machine_memory_gb=3968,
         image=X86_VERL_IMAGE,
@@ -164,6 +167,7 @@ PLATFORMS: dict[str, Platform] = {
         accelerator="nvidia-h200-141gb",
         gpus_per_node=8,
         rdma_nics=8,
+        arch="amd64",
         machine_vcpus=224,
         machine_memory_gb=2952,
         image=X86_VERL_IMAGE,
@@ -181,6 +185,7 @@ PLATFORMS: dict[str, Platform] = {
         accelerator="nvidia-gb200",
         gpus_per_node=4,
         rdma_nics=4,
+        arch="arm64",
         machine_vcpus=140,
         machine_memory_gb=884,
         image=ARM_VERL_IMAGE,

@@ -93,6 +93,7 @@ def cluster_spec(args: RayTrainingClusterArgs) -> RayClusterSpec:
         shm_gi=platform.shm_size_gi,
         ld_library_path=platform.ld_library_path,
         rdma_nics=platform.rdma_nics,
+        arm64=platform.arch == "arm64",
         a4x=a4x,
         dra_nics=a4x and args.get("nic_claims", True),
         worker_spot=args.get("worker_spot", False),

@@ -79,6 +79,8 @@ class RayClusterSpec:
     ld_library_path: str
     rdma_nics: int
     """RDMA NICs per node, all given to the worker (8 on A4/A3 Ultra, 4 on A4X)."""
+    arm64: bool = False
+    """The nodes are arm64, which GKE taints `kubernetes.io/arch`: every pod tolerates it."""
     a4x: bool = False
     """GB200: the head runs on a GPU node (the image is arm64 only), one worker per host claiming
     the ComputeDomain's IMEX channel, TransferQueue installed at start."""
@@ -107,7 +109,7 @@ class RayClusterSpec:
             )
         if self.mode not in get_args(Mode):
             out.append(f"mode = {self.mode!r}: must be one of {', '.join(get_args(Mode))}")
-        if not _pinned(self.image):
+        if not is_pinned_image(self.image):
             out.append(f"image = {self.image!r}: needs a fixed tag or digest (not 'latest')")
         for field_name in ("gpus_per_node", "worker_replicas", "worker_cpus", "worker_memory_gi",
                            "worker_ephemeral_gi", "shm_gi"):
@@ -131,7 +133,8 @@ class RayClusterSpec:
         return out
 
 
-def _pinned(image: str) -> bool:
+def is_pinned_image(image: str) -> bool:
+    """A fixed tag (not `latest`) or a digest; a registry port (`host:5000/x`) is not a tag."""
     if "@sha256:" in image:
         return True
     name, _, tag = image.rpartition(":")
@@ -189,8 +192,10 @@ def _head_group(spec: RayClusterSpec) -> dict[str, Any]:
         # No CPU node can run the arm64-only image: the head shares a GB200 node but takes no
         # Ray CPUs, so no task is scheduled on it.
         start_params["num-cpus"] = "0"
-        pod["tolerations"] = [dict(GPU_TOLERATION), dict(ARM_TOLERATION)]
+        pod["tolerations"] = [dict(GPU_TOLERATION)]
         container["lifecycle"] = _transfer_queue_hook()
+    if spec.arm64:
+        pod.setdefault("tolerations", []).append(dict(ARM_TOLERATION))
     pod["containers"] = [container]
     pod["volumes"] = [{"name": "ray-logs", "emptyDir": {}}, claim_volume(spec.claim_name)]
     return {
@@ -245,7 +250,9 @@ def _worker_group(spec: RayClusterSpec) -> dict[str, Any]:
         claims = a4x_claims(spec.rdma_nics if spec.dra_nics else 0)
         container["resources"]["claims"] = [{"name": claim["name"]} for claim in claims]
         pod["resourceClaims"] = claims
+    if spec.arm64:
         pod["tolerations"].append(dict(ARM_TOLERATION))
+    if spec.a4x:
         # One worker per host: each claims all of its node's NICs and GPUs.
         pod["affinity"] = {
             "podAntiAffinity": {

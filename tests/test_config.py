@@ -228,6 +228,8 @@ def test_revisions_and_images_are_pinned():
     assert "fixed tag" in only_problem(verlImage="verlai/verl:latest")
     assert "fixed tag" in only_problem(verlImage="verlai/verl")
     load_config(config(verlImage="verlai/verl@sha256:" + "a" * 64))
+    load_config(config(verlImage="registry.example:5000/verl:vllm011.dev7"))
+    assert "fixed tag" in only_problem(verlImage="registry.example:5000/verl")
 
 
 def test_urls_and_quantities():
@@ -235,6 +237,18 @@ def test_urls_and_quantities():
     assert "http(s) URL" in only_problem(jobDashboardUrl="ray-head:8265")
     load_config(config(jobDashboardUrl="http://10.0.0.5:8265", volumeCapacity="1Ti"))
     assert "a Kubernetes quantity" in only_problem(volumeCapacity="768GB")
+
+
+def test_master_authorized_cidrs_must_be_cidrs():
+    cfg = load_config(config(masterAuthorizedCidrs='["203.0.113.0/24", "192.168.0.0/16"]'))
+    assert cfg.master_authorized_cidrs == ("203.0.113.0/24", "192.168.0.0/16")  # may overlap the VPCs
+    assert only_problem(masterAuthorizedCidrs='["10.0.0.0/33"]') == (
+        'verl-gke:masterAuthorizedCidrs = "10.0.0.0/33": an IPv4 CIDR such as 192.168.1.0/24.')
+
+
+def test_job_attempt_is_a_whole_number_from_zero():
+    assert load_config(config(jobAttempt="2")).job_attempt == 2
+    assert "greater than or equal to 0" in only_problem(jobAttempt="-1")
 
 
 def test_checkpoint_dir_on_the_bucket():

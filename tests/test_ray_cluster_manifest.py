@@ -12,6 +12,7 @@ import pytest
 from components.platforms import PLATFORMS, Platform
 from manifests import dra
 from manifests.ray_cluster import (
+    ARM_TOLERATION,
     WAIT_FOR_READY,
     RayClusterSpec,
     head_service_name,
@@ -63,6 +64,7 @@ TUTORIAL_A4X = RayClusterSpec(
     shm_gi=200,
     ld_library_path="/usr/local/nvidia/lib64",
     rdma_nics=4,
+    arm64=True,
     a4x=True,
     dra_nics=True,
 )
@@ -237,6 +239,7 @@ def _platform_spec(platform: Platform, mode: str, nodes: int = 2) -> RayClusterS
         shm_gi=platform.shm_size_gi,
         ld_library_path=platform.ld_library_path,
         rdma_nics=platform.rdma_nics,
+        arm64=platform.arch == "arm64",
         a4x=platform.name == "a4x",
         dra_nics=platform.name == "a4x",
         worker_spot=mode == "autopilot",
@@ -318,3 +321,12 @@ def test_bad_spec_names_every_problem() -> None:
         replace(TUTORIAL_X86, dra_nics=True)
     with pytest.raises(ValueError, match="needs a fixed tag"):
         replace(TUTORIAL_X86, image="verlai/verl")
+
+
+def test_arm64_nodes_are_tolerated_only_on_arm64() -> None:
+    a4x = ray_cluster(TUTORIAL_A4X)
+    head = a4x["spec"]["headGroupSpec"]["template"]["spec"]
+    worker = a4x["spec"]["workerGroupSpecs"][0]["template"]["spec"]
+    assert ARM_TOLERATION in head["tolerations"] and ARM_TOLERATION in worker["tolerations"]
+    x86 = ray_cluster(TUTORIAL_X86)
+    assert ARM_TOLERATION not in x86["spec"]["workerGroupSpecs"][0]["template"]["spec"]["tolerations"]
