@@ -109,7 +109,10 @@ class GcsFuseStorage(pulumi.ComponentResource):
             public_access_prevention="enforced",
             force_destroy=args["force_destroy"],
             labels=labels,
-            opts=child,
+            # Without force_destroy the bucket and its checkpoints outlive `pulumi destroy`: Pulumi
+            # forgets it instead of failing on a non-empty bucket partway (maybe before the cluster,
+            # which would keep billing).
+            opts=child.merge(pulumi.ResourceOptions(retain_on_delete=not args["force_destroy"])),
         )
         member = pulumi.Output.from_input(args["project_number"]).apply(
             lambda number: workload_identity_principal(

@@ -26,6 +26,7 @@ class SentRequest:
     """customTimeouts (create, update); "" where not set."""
     delete_before_replace: bool
     replace_on_changes: list[str]
+    retain_on_delete: bool
 
 
 class OptionsMonitor(synth.RecordingMonitor):
@@ -42,6 +43,7 @@ class OptionsMonitor(synth.RecordingMonitor):
             timeouts=(request.customTimeouts.create, request.customTimeouts.update),
             delete_before_replace=request.deleteBeforeReplace,
             replace_on_changes=list(request.replaceOnChanges),
+            retain_on_delete=request.retainOnDelete,
         )
         return response
 

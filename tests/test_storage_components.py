@@ -27,7 +27,7 @@ MODEL_REV = "5ede1c97bbab6ce5cda5812749b4c0bdf79b18dd"
 DATASET_REV = "740312add88f781978c0658806c59bc2815b9866"
 
 
-def deploy(namespace: str, token: str) -> MockRun:
+def deploy(namespace: str, token: str, force_destroy: bool = False) -> MockRun:
     """GcsFuseStorage then DataStaging through one provider; `token` "secret" passes the HF token as a
     secret Output, anything else as a plain string."""
 
@@ -41,7 +41,7 @@ def deploy(namespace: str, token: str) -> MockRun:
                 "project_number": pulumi.Output.from_input(synth.MOCK_PROJECT_NUMBER),
                 "region": "us-central1",
                 "bucket_name": BUCKET,
-                "force_destroy": False,
+                "force_destroy": force_destroy,
                 "namespace": namespace,
                 "service_account": "verl-ray",
                 "hf_token": hf_token,
@@ -137,6 +137,14 @@ def test_labels_gcs_would_refuse_are_refused_by_name(labels: dict[str, str]) -> 
     [(key, value)] = labels.items()
     with pytest.raises(Exception, match=re.escape(f"GcsFuseStorage: label {key!r}: {value!r}: keys and values must be")):
         synth.run_in_mocks(program)
+
+
+def test_destroy_keeps_a_bucket_without_force_destroy_and_deletes_it_with(run: MockRun) -> None:
+    assert run.sent("storage-bucket").retain_on_delete is True
+    assert run.inputs("storage-bucket")["forceDestroy"] is False
+    forced = deploy("default", "secret", force_destroy=True)
+    assert forced.sent("storage-bucket").retain_on_delete is False
+    assert forced.inputs("storage-bucket")["forceDestroy"] is True
 
 
 def test_bucket_role_for_the_workload_identity_principal_only(run: MockRun) -> None:
