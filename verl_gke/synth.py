@@ -13,6 +13,7 @@ import base64
 import json
 import runpy
 import shutil
+import signal
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -285,4 +286,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # `synth ... | head` should end quietly, as other command-line tools do.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     sys.exit(main())
