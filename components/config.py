@@ -347,6 +347,9 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
         add("kubernetes_version", cfg.kubernetes_version, f"DRANET needs {_DRANET_MIN_TEXT} or newer.")
     if cfg.cpu_min_nodes > cfg.cpu_max_nodes:
         add("cpu_min_nodes", cfg.cpu_min_nodes, f"must be <= cpuMaxNodes ({cfg.cpu_max_nodes}).")
+    if p.max_placement_nodes and cfg.gpu_max_nodes > p.max_placement_nodes:
+        add("gpu_max_nodes", cfg.gpu_max_nodes,
+            f"{p.title} nodes share one {p.accelerator_topology} NVLink domain: at most {p.max_placement_nodes}.")
     if cfg.gpu_nodes > cfg.gpu_max_nodes:
         add("gpu_nodes", cfg.gpu_nodes, f"must be <= gpuMaxNodes ({cfg.gpu_max_nodes}).")
     if not cfg.autopilot and not cfg.existing_cluster:

@@ -83,6 +83,13 @@ class Platform:
         return memory_gib - _reserved_memory_gib(memory_gib) - 100 / 1024
 
     @property
+    def max_placement_nodes(self) -> int | None:
+        """Nodes one COMPACT placement holds: a 1x72 topology is one 72-GPU NVLink rack (18 A4X nodes)."""
+        if self.accelerator_topology is None:
+            return None
+        return int(self.accelerator_topology.split("x")[1]) // self.gpus_per_node
+
+    @property
     def head_cpus(self) -> int:
         """vCPUs the Ray head takes on a GPU node (0 where it runs on a CPU node)."""
         return A4X_HEAD_CPUS if self.head_on_gpu_node else 0

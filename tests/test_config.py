@@ -117,6 +117,13 @@ def test_gpu_nodes_not_above_max():
     assert only_problem(gpuNodes="4", gpuMaxNodes="3") == "verl-gke:gpuNodes = 4: must be <= gpuMaxNodes (3)."
 
 
+def test_a4x_pool_fits_one_nvl72_rack():
+    assert load_config(config(platform="a4x", gpuNodes="4", gpuMaxNodes="18")).gpu_max_nodes == 18
+    assert only_problem(platform="a4x", gpuNodes="4", gpuMaxNodes="19") == (
+        "verl-gke:gpuMaxNodes = 19: A4X (4x NVIDIA GB200, arm64) nodes share one 1x72 NVLink domain: at most 18.")
+    load_config(config(gpuMaxNodes="40"))  # no placement limit on A4
+
+
 def test_cpu_min_not_above_max():
     load_config(config(cpuMinNodes="0", cpuMaxNodes="1"))
     assert only_problem(cpuMinNodes="6", cpuMaxNodes="5") == "verl-gke:cpuMinNodes = 6: must be <= cpuMaxNodes (5)."
