@@ -33,6 +33,7 @@ if networks and builds_infra:
         "internal_source_range": cfg.internal_source_range,
     })
 
+# GKE-created GPU nodes hold NICs in the RDMA subnets: the cluster goes before them on destroy.
 cluster = GkeCluster("gke", {
     "project": cfg.project, "name": cfg.cluster_name, "location": cfg.cluster_location,
     "mode": cfg.cluster_mode, "release_channel": cfg.release_channel,
@@ -42,7 +43,6 @@ cluster = GkeCluster("gke", {
     "existing": cfg.existing_cluster, "master_authorized_cidrs": cfg.master_authorized_cidrs,
     # The NVIDIA DRA driver 25.3 still speaks resource.k8s.io/v1beta1 (Cluster Toolkit gke-a4x).
     "k8s_beta_apis": DRA_V1BETA1_APIS if a4x else [],
-# GKE-created GPU nodes hold NICs in the RDMA subnets: the cluster goes before them on destroy.
 }, pulumi.ResourceOptions(depends_on=[rdma] if rdma else []))
 k8s = pulumi.ResourceOptions(providers=[cluster.provider])
 

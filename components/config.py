@@ -258,7 +258,7 @@ def _key_of_loc(loc: list[str]) -> str:
     if loc[0] == "grpo" and len(loc) > 1:
         return config_key("grpo." + loc[1])
     if loc[0] in ("project", "region", "zone"):
-        return f"gcp:{loc[0]}"
+        return config_key(loc[0])
     # pydantic reports aliased fields by their alias already.
     return f"{NAMESPACE}:{loc[0]}"
 
