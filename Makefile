@@ -1,4 +1,4 @@
-# The two commands of CONTRACT.md: `make synth STACK=<stack>` and `make test`.
+# The two commands: `make synth STACK=<stack>` and `make test`.
 # Both create .venv on first use with nothing but python3.
 PYTHON ?= python3
 STACK ?= a4-standard

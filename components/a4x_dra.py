@@ -53,7 +53,7 @@ class A4xDra(pulumi.ComponentResource):
         custom_resource(
             f"{name}-compute-domain",
             dra.compute_domain(namespace=args["namespace"], gpu_nodes=args["gpu_nodes"]),
-            # The driver's chart brings the CRD. The spec is immutable (FIELD-NOTES 4), so a new
+            # The driver's chart brings the CRD. The spec is immutable, so a new
             # node count replaces the domain instead of failing as an update.
             opts=after(driver).merge(pulumi.ResourceOptions(replace_on_changes=["spec"], delete_before_replace=True)),
         )

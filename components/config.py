@@ -47,7 +47,7 @@ _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 # GKE's max cluster name length; GCE resource names are at most 63 characters.
 _MAX_CLUSTER_NAME = 40
 _MAX_GCE_NAME = 63
-# DRA (resource.k8s.io/v1) needs GKE 1.34+, DRANET 1.34.1-gke.1829001+ (FIELD-NOTES 3 and 4).
+# DRA (resource.k8s.io/v1) needs GKE 1.34+, DRANET 1.34.1-gke.1829001+.
 _A4X_MIN_MINOR = 34
 _DRANET_MIN = (34, 1, 1829001)
 _DRANET_MIN_TEXT = "1.34.1-gke.1829001"

@@ -68,7 +68,7 @@ def label_value(text: str) -> str:
 
 def workload_identity_principal(*, project_number: str, project: str, namespace: str, service_account: str) -> str:
     """The IAM principal of a Kubernetes service account, without a Google service account
-    (the tutorial's `--member "principal://..."`, FIELD-NOTES 3)."""
+    (the tutorial's `--member "principal://..."`)."""
     return (
         f"principal://iam.googleapis.com/projects/{project_number}/locations/global/workloadIdentityPools/"
         f"{project}.svc.id.goog/subject/ns/{namespace}/sa/{service_account}"

@@ -43,7 +43,7 @@ class GkeClusterArgs(TypedDict):
     """Lowest control-plane version, e.g. 1.34 (A4X with DRANET needs 1.34.1-gke.1829001 or later)."""
     ray_operator: bool
     """Enable GKE's Ray operator add-on. Turn it off where KubeRay comes from its Helm chart instead
-    (the A4X path): both would own the same CRDs (FIELD-NOTES 3)."""
+    (the A4X path): both would own the same CRDs."""
     cpu_machine_type: str
     """Standard: machine type of default-pool, which hosts the Ray head (tutorial: c2-standard-16)."""
     cpu_min_nodes: int
@@ -130,12 +130,12 @@ class GkeCluster(pulumi.ComponentResource):
             release_channel={"channel": args["release_channel"]},
             deletion_protection=args["deletion_protection"],
             min_master_version=args["min_master_version"],
-            # Dataplane V2 + multi-networking carry the extra gVNIC/RDMA NICs (FIELD-NOTES 3).
+            # Dataplane V2 + multi-networking carry the extra gVNIC/RDMA NICs.
             datapath_provider="ADVANCED_DATAPATH",
             enable_multi_networking=True,
             networking_mode="VPC_NATIVE",
             ip_allocation_policy={"stack_type": "IPV4"},
-            # GCS FUSE authenticates pods through Workload Identity (FIELD-NOTES 2.8).
+            # GCS FUSE authenticates pods through Workload Identity.
             workload_identity_config={"workload_pool": f"{project}.svc.id.goog"},
             addons_config=addons,
             master_auth={"client_certificate_config": {"issue_client_certificate": False}},

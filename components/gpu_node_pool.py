@@ -1,5 +1,5 @@
 """The tutorial's `gcloud container node-pools create gpu-pool` (A4, A3 Ultra) and the A4X pool that
-Cluster Toolkit's gke-a4x blueprint builds (FIELD-NOTES 3). Standard clusters only."""
+Cluster Toolkit's gke-a4x blueprint builds. Standard clusters only."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """GrpoJob: the tutorial's `ray job submit ... python3 -m verl.trainer.main_ppo` as a resource.
 
-A Pulumi dynamic provider (CONTRACT.md 5) that waits for the Ray dashboard with its own deadline,
+A Pulumi dynamic provider that waits for the Ray dashboard with its own deadline,
 submits the run under a submission id derived from the stack and a hash of the job spec, and
 adopts the job when one with that id already exists, so `pulumi up` twice never starts two runs.
 
-Dynamic-provider rules followed here (FIELD-NOTES 5): the provider is pickled with dill by
+Dynamic-provider rules followed here: the provider is pickled with dill by
 reference to this module, so it keeps no state and imports Ray inside its methods; ints arrive as
 floats; unknowns arrive in check/diff during preview; the default `update` would drop the outputs.
 """
@@ -251,7 +251,7 @@ def _differs(key: str, old: Any, new: Any) -> bool:
 
 
 class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
-    """Submits, adopts, refreshes and stops the GRPO Ray job (CONTRACT.md 5)."""
+    """Submits, adopts, refreshes and stops the GRPO Ray job."""
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.CheckResult:
         failures = [pulumi.dynamic.CheckFailure(key, reason) for key, reason in _problems(news)]

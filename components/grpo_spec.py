@@ -2,7 +2,7 @@
 
 Pure (no Pulumi): the program builds it from stack config, the job provider receives only the
 rendered `entrypoint` and `runtime_env`. Defaults are the tutorial's two `ray job submit`
-commands (A4/A3 Ultra and A4X); verl's own checks (FIELD-NOTES 6) run before anything is
+commands (A4/A3 Ultra and A4X); verl's own checks run before anything is
 provisioned.
 """
 
@@ -79,7 +79,7 @@ class Problem:
 
 
 def verl_problems(spec: GrpoSpec, gpus_per_node: int, nnodes: int) -> list[Problem]:
-    """verl's `validate_config` rules and its worker-side asserts (FIELD-NOTES 6)."""
+    """verl's `validate_config` rules and its worker-side asserts."""
     n_gpus = gpus_per_node * nnodes
     tp = spec.rollout_tensor_parallel_size
     sp = spec.ulysses_sequence_parallel_size
@@ -180,7 +180,7 @@ def entrypoint(spec: GrpoSpec, gpus_per_node: int, nnodes: int) -> str:
 def runtime_env(platform: Platform, *, nnodes: int, worker_cpus: int,
                 verl_source_dir: str | None) -> dict[str, object]:
     """The job's Ray runtime env: the tutorial's variables for the platform, none of its broken
-    keys (FIELD-NOTES 2.1), no pip installs at job start, and HF_HOME on the bucket."""
+    keys, no pip installs at job start, and HF_HOME on the bucket."""
     env = {
         "PYTHONUNBUFFERED": "1",
         "LD_LIBRARY_PATH": platform.ld_library_path,

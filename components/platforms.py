@@ -1,6 +1,6 @@
 """The one table of GPU platform facts; every per-platform setting derives from it.
 
-Sources: the tutorial (../shared/seeds) for images, Ray versions, NCCL variables and
+Sources: the tutorial for images, Ray versions, NCCL variables and
 pod sizes; GCP's machine-type docs for machine sizes; GKE's "node allocatable" docs
 for the reserved share. Pure data: importable without Pulumi.
 """
@@ -55,7 +55,7 @@ class Platform:
     """CPU architecture of the GPU nodes; the image must match it."""
     machine_vcpus: int
     machine_memory_gb: int
-    """Machine memory as GCP's machine-type table lists it, read as 10^9 bytes (FIELD-NOTES 2.5)."""
+    """Machine memory as GCP's machine-type table lists it, read as 10^9 bytes."""
     image: str
     ray_version: str
     ray_cluster_name: str
@@ -179,9 +179,9 @@ PLATFORMS: dict[str, Platform] = {
         machine_memory_gb=2952,
         image=X86_VERL_IMAGE,
         ray_version="2.47.0",
-        # The tutorial names it b200-ray-cluster for H200 too (FIELD-NOTES 2.4).
+        # The tutorial names it b200-ray-cluster for H200 too.
         ray_cluster_name="h200-ray-cluster",
-        # H200 needs the a3u tuner file, not the tutorial's a4 one (FIELD-NOTES 2.2).
+        # H200 needs the a3u tuner file, not the tutorial's a4 one.
         nccl_env={**_GIB_NCCL_ENV, "NCCL_TUNER_CONFIG_PATH": "/usr/local/gib/configs/tuner_config_a3u.txtpb"},
         nccl_installer=_GIB_NCCL_INSTALLERS,
     ),

@@ -12,7 +12,7 @@ from components.children import child_options
 from components.gpu_node_pool import NodeNetwork
 from manifests.network_mapping import NetworkNames
 
-# Cluster Toolkit's gpu-rdma-vpc MTU (FIELD-NOTES 3): the largest GCP allows.
+# Cluster Toolkit's gpu-rdma-vpc MTU: the largest GCP allows.
 RDMA_MTU = 8896
 
 
@@ -22,7 +22,7 @@ class RdmaNetworkArgs(TypedDict):
     region: str
     """Region of the subnets: the cluster's control-plane region."""
     zone: str
-    """Zone of the GPU nodes; the RoCE network profile is per zone (`<zone>-vpc-roce`, FIELD-NOTES 2.8)."""
+    """Zone of the GPU nodes; the RoCE network profile is per zone (`<zone>-vpc-roce`)."""
     names: NetworkNames
     """Prefixes and RDMA NIC count: `<gvnic>-net`, `<gvnic>-sub`, `<rdma>-net`, `<rdma>-sub-N`."""
     gvnic_cidr: str

@@ -12,7 +12,7 @@ NAMESPACE = "nvidia-dra-driver-gpu"
 QUOTA_NAME = "nvidia-dra-driver-gpu-quota"
 
 # The tutorial installs 25.3.1; 25.3.2 is the 25.3.x patch whose ComputeDomain CRD is the one
-# the manifests are validated against (shared/crds), so chart and checks agree.
+# the manifests are validated against (tests/k8s_schema.py), so chart and checks agree.
 CHART = HelmChart(name="nvidia-dra-driver-gpu", repo="https://helm.ngc.nvidia.com/nvidia", version="25.3.2")
 
 # GKE installs the NVIDIA driver under this host path, not at `/` as the chart assumes.

@@ -1,7 +1,7 @@
 """Helm values of the namespace-scoped KubeRay operator (tutorial-ja, A4X:
 `helm upgrade --install kuberay-operator ... singleNamespaceInstall=true watchNamespace={NS}`).
 
-Only where GKE's Ray operator add-on is off: both install the same ray.io CRDs (FIELD-NOTES 3).
+Only where GKE's Ray operator add-on is off: both install the same ray.io CRDs.
 """
 
 from __future__ import annotations

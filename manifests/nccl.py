@@ -1,7 +1,7 @@
-"""Where the NCCL RDMA installer DaemonSets come from (FIELD-NOTES 4).
+"""Where the NCCL RDMA installer DaemonSets come from.
 
 The tutorial applies them from `refs/heads/master` of GoogleCloudPlatform/container-engine-accelerators,
-which has changed since it was written (FIELD-NOTES 2.10); here every URL names a commit.
+which has changed since it was written; here every URL names a commit.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The KubeRay RayCluster that runs verl: one CPU head and one group of GPU workers.
 
 Spec: the tutorial's ray-cluster-auto.yaml, ray-cluster-standard.yaml (A4, A3 Ultra) and
-ray-cluster-a4x.yaml, with FIELD-NOTES 2 applied: node selector values are strings (bug 3),
+ray-cluster-a4x.yaml, with the tutorial's bugs fixed: node selector values are strings (bug 3),
 the name comes from the caller (bug 4), worker sizes come from the caller, who derives them
 from the machine's allocatable resources (bug 5), and the head never runs on Spot (bug 6).
 """
@@ -26,7 +26,7 @@ GCS_PORT = 6379
 DASHBOARD_PORT = 8265
 CLIENT_PORT = 10001
 
-# pulumi-kubernetes does not wait for custom resources by itself (FIELD-NOTES 5); KubeRay sets
+# pulumi-kubernetes does not wait for custom resources by itself; KubeRay sets
 # `.status.state` to "ready" once the head and every worker pod run, so the GRPO job that
 # depends on the cluster is only submitted to a complete cluster.
 WAIT_FOR_READY = "jsonpath={.status.state}=ready"

@@ -21,7 +21,7 @@ MOUNT_PATH = "/data"
 BUCKET_VOLUME = "training-bucket-vol"
 """The pod volume that mounts the training claim, in every pod that reads or writes the bucket."""
 GCSFUSE_POD_ANNOTATION = {"gke-gcsfuse/volumes": "true"}
-"""Asks GKE to inject the gcsfuse sidecar into a pod that mounts the volume (FIELD-NOTES 3)."""
+"""Asks GKE to inject the gcsfuse sidecar into a pod that mounts the volume."""
 
 # gcsfuse-storage.yaml, in the tutorial's order: unbounded metadata and file caches with parallel
 # downloads for reading the 66 GB model on every node, streaming writes for checkpoints.

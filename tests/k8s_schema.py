@@ -1,7 +1,7 @@
 """Offline schema checks for the Kubernetes objects the program defines.
 
 `validate_custom` checks a custom resource (RayCluster, RayJob, ComputeDomain) against the
-`openAPIV3Schema` of the served version in the CRD files of the shared dir (FIELD-NOTES 4);
+`openAPIV3Schema` of the served version in the pinned CRD files (`crd_paths`);
 `validate_core` checks a core object with `kubernetes-validate` for a Kubernetes version.
 Both raise AssertionError naming every problem, so they read well inside tests.
 """
@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 import os
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,29 +22,86 @@ import kubernetes_validate
 import yaml
 from kubernetes_validate.utils import VersionNotSupportedError
 
-SHARED_DIR_ENV = "VERL_GKE_SHARED_DIR"
-"""Overrides where the shared dir is; by default `../shared` from the repo root (as in CI)."""
+CRD_DIR_ENV = "VERL_GKE_CRD_DIR"
+"""A folder holding the CRD files below (offline machines); unset, they are downloaded and cached."""
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "verl-gke" / "crds"
+DOWNLOAD_TIMEOUT_S = 60
 
 
-def shared_dir() -> Path:
-    """The shared dir holding `crds/`: $VERL_GKE_SHARED_DIR, else `<repo>/../shared`."""
-    override = os.environ.get(SHARED_DIR_ENV)
-    path = Path(override) if override else REPO_ROOT.parent / "shared"
-    if not (path / "crds").is_dir():
+@dataclass(frozen=True)
+class CrdFile:
+    name: str
+    """The file name, in VERL_GKE_CRD_DIR and in the cache."""
+    url: str
+    """Pinned to the release's commit: the CRDs of the KubeRay chart and NVIDIA DRA driver the program installs."""
+    sha256: str
+
+
+_KUBERAY = "https://raw.githubusercontent.com/ray-project/kuberay/598eb66aa077c55ae04fa87b192238a3ec184e88"
+_NVIDIA_DRA = "https://raw.githubusercontent.com/NVIDIA/k8s-dra-driver-gpu/7020737a5e6d17d53003b19b1c473fa352f59232"
+CRD_FILES = (
+    CrdFile("kuberay-v1.6.2-ray.io_rayclusters.yaml",
+            f"{_KUBERAY}/helm-chart/kuberay-operator/crds/ray.io_rayclusters.yaml",
+            "1d51d8c4ce065b22c2069af0ebd72ae25f4a6968e5c5f93a3106ba6fc35bcc1d"),
+    CrdFile("kuberay-v1.6.2-ray.io_rayjobs.yaml",
+            f"{_KUBERAY}/helm-chart/kuberay-operator/crds/ray.io_rayjobs.yaml",
+            "ecae45d9a5dc1be68f1074ba784c495ef9d439d295253b61e1bd51f7b08522f5"),
+    CrdFile("nvidia-dra-driver-gpu-v25.3.2-resource.nvidia.com_computedomains.yaml",
+            f"{_NVIDIA_DRA}/deployments/helm/nvidia-dra-driver-gpu/crds/resource.nvidia.com_computedomains.yaml",
+            "35efe465138d4a125be5b54b85bcd26b4b4a45dea947cfdc3ceb4ff6021cdb52"),
+)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _download(crd: CrdFile) -> bytes:
+    with urllib.request.urlopen(crd.url, timeout=DOWNLOAD_TIMEOUT_S) as response:
+        return response.read()
+
+
+def crd_paths() -> list[Path]:
+    """The pinned CRD files, each checked against its sha256: from $VERL_GKE_CRD_DIR when set,
+    else from the cache, downloading what it lacks. One AssertionError names every problem."""
+    local = os.environ.get(CRD_DIR_ENV)
+    folder = Path(local) if local else CACHE_DIR
+    paths, problems = [], []
+    for crd in CRD_FILES:
+        path = folder / crd.name
+        if not local and not path.is_file():
+            try:
+                data = _download(crd)
+            except OSError as error:
+                problems.append(f"{crd.url}: {error}")
+                continue
+            if _sha256(data) != crd.sha256:
+                problems.append(f"{crd.url}: sha256 {_sha256(data)}, expected {crd.sha256}")
+                continue
+            folder.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(".partial")
+            partial.write_bytes(data)
+            partial.replace(path)
+        if not path.is_file():
+            problems.append(f"{path}: missing")
+        elif _sha256(path.read_bytes()) != crd.sha256:
+            problems.append(f"{path}: sha256 differs from the pinned {crd.sha256}")
+        else:
+            paths.append(path)
+    if problems:
         raise AssertionError(
-            f"no CRD directory at {path / 'crds'}: put the shared dir beside the repo "
-            f"or set {SHARED_DIR_ENV} to its path"
-        )
-    return path
+            "the CRD schemas the tests check against are not available:\n  " + "\n  ".join(problems)
+            + f"\nSet {CRD_DIR_ENV} to a folder holding {', '.join(c.name for c in CRD_FILES)}, "
+            "or give this machine access to:\n  " + "\n  ".join(c.url for c in CRD_FILES))
+    return paths
 
 
 @functools.cache
 def _crds() -> dict[tuple[str, str], dict[str, Any]]:
-    """Every CRD in shared/crds, keyed by (group, kind)."""
+    """Every pinned CRD, keyed by (group, kind)."""
     found: dict[tuple[str, str], dict[str, Any]] = {}
-    for path in sorted((shared_dir() / "crds").glob("*.yaml")):
+    for path in crd_paths():
         with path.open() as f:
             for doc in yaml.load_all(f, Loader=yaml.CSafeLoader):
                 if doc and doc.get("kind") == "CustomResourceDefinition":
@@ -82,7 +142,7 @@ def _custom_validator(group: str, version: str, kind: str) -> jsonschema.protoco
     crd = _crds().get((group, kind))
     if crd is None:
         known = ", ".join(f"{k} ({g})" for g, k in sorted(_crds())) or "none"
-        raise AssertionError(f"no CRD for kind {kind} in group {group} under {shared_dir() / 'crds'}; known: {known}")
+        raise AssertionError(f"no CRD for kind {kind} in group {group} in the pinned CRDs; known: {known}")
     served = {v["name"]: v for v in crd["spec"]["versions"] if v.get("served")}
     if version not in served:
         raise AssertionError(

@@ -3,7 +3,7 @@
 Loaded as a pytest plugin (`pytest_plugins = ["tests.ray_head"]` in tests/conftest.py). The head
 runs as a child in its own process group with every port chosen free and its own temp dir, so it
 collides with nothing else on the machine, and it is ended through that group: `ray stop` would
-end every Ray process on the machine (FIELD-NOTES 7).
+end every Ray process on the machine.
 
 `fake_kubectl` stands in for kubectl only (there is no cluster here): it prints kubectl's
 "Forwarding from" line for a port it is told, which can be the real head's dashboard port.
@@ -27,9 +27,9 @@ import pytest
 
 from verl_gke.head_access import wait_for_dashboard
 
-# A cold head takes about 8 s on a 2-core machine (FIELD-NOTES 7); leave room for a loaded CI.
+# A cold head takes about 8 s on a 2-core machine; leave room for a loaded CI.
 HEAD_START_TIMEOUT_S = 90.0
-# The head can take over 10 s to exit after SIGTERM (FIELD-NOTES 7).
+# The head can take over 10 s to exit after SIGTERM.
 HEAD_STOP_GRACE_S = 30.0
 WORKER_PORTS = 16
 HEAD_ENV = {

@@ -1,4 +1,4 @@
-"""The tutorial's own manifests, read from the seed text in the shared dir, so tests compare the
+"""The tutorial's own manifests, read from its code blocks (tests/tutorial), so tests compare the
 builders' output with the spec itself rather than with a retyped copy of it."""
 
 from __future__ import annotations
@@ -7,11 +7,14 @@ import ast
 import operator
 import re
 import shlex
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from tests.k8s_schema import shared_dir
+TUTORIAL_DIR = Path(__file__).parent / "tutorial"
+TUTORIAL = "code-ja.txt"
+"""The Japanese edition's code blocks: the only edition with the A4X steps."""
 
 _VAR = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)\}")
 _ARITH = re.compile(r"\$\(\((.+?)\)\)")
@@ -50,7 +53,7 @@ def _blocks(seed: str) -> list[str]:
     """Each YAML block of the seed: from an `apiVersion:` line to the next blank line or heredoc end."""
     blocks: list[str] = []
     current: list[str] | None = None
-    for line in (shared_dir() / "seeds" / seed).read_text().splitlines():
+    for line in (TUTORIAL_DIR / seed).read_text().splitlines():
         if current is None:
             if line.startswith("apiVersion:"):
                 current = [line]
@@ -64,12 +67,12 @@ def _blocks(seed: str) -> list[str]:
     return blocks
 
 
-def tutorial_objects(env: dict[str, str], seed: str = "tutorial-ja.txt") -> list[dict[str, Any]]:
+def tutorial_objects(env: dict[str, str], seed: str = TUTORIAL) -> list[dict[str, Any]]:
     """Every object of the seed's manifests in order, with `${VAR}` and `$((...))` filled from `env`."""
     return [doc for block in _blocks(seed) for doc in yaml.safe_load_all(_substitute(block, env)) if doc]
 
 
-def tutorial_named(kind: str, name: str, env: dict[str, str], seed: str = "tutorial-ja.txt") -> list[dict[str, Any]]:
+def tutorial_named(kind: str, name: str, env: dict[str, str], seed: str = TUTORIAL) -> list[dict[str, Any]]:
     """The seed's objects of `kind` named `name`, in the tutorial's order."""
     return [o for o in tutorial_objects(env, seed) if o["kind"] == kind and o["metadata"]["name"] == name]
 
@@ -107,10 +110,10 @@ def _helm_set(values: dict[str, Any], path: str, value: Any) -> None:
     node[last] = value
 
 
-def tutorial_helm_install(release: str, env: dict[str, str], seed: str = "tutorial-ja.txt") -> dict[str, Any]:
+def tutorial_helm_install(release: str, env: dict[str, str], seed: str = TUTORIAL) -> dict[str, Any]:
     """The tutorial's `helm upgrade --install <release> <chart> ...` command, parsed:
     {"chart", "version", "namespace", "values"} (values from its `--set` flags)."""
-    lines = (shared_dir() / "seeds" / seed).read_text().splitlines()
+    lines = (TUTORIAL_DIR / seed).read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(f"helm upgrade --install {release} "))
     command = []
     for line in lines[start:]:

@@ -263,7 +263,7 @@ def test_checkpoint_dir_on_the_bucket():
     assert "under the bucket mount /data/" in only_problem(grpoCheckpointDir="/tmp/ckpt")
 
 
-# verl's rules (FIELD-NOTES 6): 2 nodes x 8 GPUs = 16 GPUs unless said otherwise.
+# verl's rules: 2 nodes x 8 GPUs = 16 GPUs unless said otherwise.
 def test_batch_times_n_divisible_by_gpus():
     valid = {"grpoRolloutN": "5", "grpoPpoMiniBatchSize": "128", "grpoPpoMicroBatchSizePerGpu": "8"}
     load_config(config(grpoTrainBatchSize="256", **valid))

@@ -7,14 +7,14 @@ import re
 import pytest
 
 from manifests import dra, kuberay
-from tests.k8s_schema import shared_dir, validate_core, validate_custom
-from tests.seed_manifests import tutorial_helm_install, tutorial_named
+from tests.k8s_schema import CRD_FILES, validate_core, validate_custom
+from tests.seed_manifests import TUTORIAL, TUTORIAL_DIR, tutorial_helm_install, tutorial_named
 
 ENV = {"NAMESPACE": "verl", "NUM_GPU_NODES": "4"}
 
 
 def _repo_url(alias: str) -> str:
-    text = (shared_dir() / "seeds" / "tutorial-ja.txt").read_text()
+    text = (TUTORIAL_DIR / TUTORIAL).read_text()
     match = re.search(rf"helm repo add {alias} (\S+)", text)
     assert match, f"no `helm repo add {alias}` in the tutorial"
     return match.group(1)
@@ -56,10 +56,10 @@ def test_dra_helm_values_are_the_tutorials_set_flags() -> None:
     alias, chart = install["chart"].split("/")
     assert chart == dra.CHART.name
     assert _repo_url(alias) == dra.CHART.repo
-    # Same 25.3 line as the tutorial's 25.3.1; the patch release whose CRD shared/ holds.
+    # Same 25.3 line as the tutorial's 25.3.1; the patch release whose CRD the tests pin.
     assert install["version"] == "25.3.1"
     assert dra.CHART.version == "25.3.2"
-    assert any("v25.3.2" in p.name for p in (shared_dir() / "crds").iterdir())
+    assert any(f"-v{dra.CHART.version}-" in c.name and "NVIDIA" in c.url for c in CRD_FILES)
 
 
 def test_kuberay_helm_values_are_the_tutorials_set_flags() -> None:
@@ -70,7 +70,7 @@ def test_kuberay_helm_values_are_the_tutorials_set_flags() -> None:
     assert chart == kuberay.CHART.name
     assert _repo_url(alias) == kuberay.CHART.repo
     # The chart version matches the ray.io CRDs the RayCluster is validated against.
-    assert any(f"kuberay-v{kuberay.CHART.version}-" in p.name for p in (shared_dir() / "crds").iterdir())
+    assert any(f"kuberay-v{kuberay.CHART.version}-" in c.name for c in CRD_FILES)
 
 
 @pytest.mark.parametrize("nodes", [0, -1, 2.0, True])

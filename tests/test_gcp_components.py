@@ -1,6 +1,6 @@
 """RdmaNetwork, GkeCluster, GpuNodePool and NetworkMapping under the mock engine: each value the
-tutorial's "Set up the infrastructure" and "Configure network mappings" steps fix (as corrected by
-FIELD-NOTES 2), per platform and mode, and the resources of each type they register."""
+tutorial's "Set up the infrastructure" and "Configure network mappings" steps fix (with its bugs
+corrected), per platform and mode, and the resources of each type they register."""
 
 from __future__ import annotations
 
@@ -236,7 +236,7 @@ def test_authorized_networks_and_version_and_beta_apis_when_asked():
         "cidrBlocks": [{"cidrBlock": "203.0.113.0/24", "displayName": "authorized-0"}]}
     assert c["minMasterVersion"] == "1.34.1-gke.1829001"
     assert c["enableK8sBetaApis"] == {"enabledApis": list(DRA_V1BETA1_APIS)}
-    # KubeRay comes from its Helm chart on A4X: the add-on must be off, never both (FIELD-NOTES 3).
+    # KubeRay comes from its Helm chart on A4X: the add-on must be off, never both.
     assert "rayOperatorConfigs" not in c["addonsConfig"]
     assert c["deletionProtection"] is True
     assert c["releaseChannel"] == {"channel": "RAPID"}

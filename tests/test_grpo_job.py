@@ -1,4 +1,4 @@
-"""The GrpoJob dynamic provider, driven directly (CONTRACT.md 5) against a real local Ray head.
+"""The GrpoJob dynamic provider, driven directly against a real local Ray head.
 
 Entrypoints are tiny python commands; each test uses its own stack name, so submission ids never
 collide on the shared head.

@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import functools
+import http.server
+import re
+import shutil
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,12 +104,67 @@ def test_unserved_version_and_unknown_kind_are_rejected() -> None:
         validate_custom(other)
 
 
-def test_shared_dir_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv(k8s_schema.SHARED_DIR_ENV, str(tmp_path))
-    with pytest.raises(AssertionError, match=f"set {k8s_schema.SHARED_DIR_ENV}"):
-        k8s_schema.shared_dir()
-    (tmp_path / "crds").mkdir()
-    assert k8s_schema.shared_dir() == tmp_path
+@pytest.fixture
+def crd_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, Path]]:
+    """A loopback HTTP server standing in for raw.githubusercontent.com (no internet here), serving
+    the pinned files; yields (served folder, empty cache folder)."""
+    served = tmp_path / "served"
+    served.mkdir()
+    for path in k8s_schema.crd_paths():
+        shutil.copy(path, served)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_port}"
+    files = tuple(dataclasses.replace(c, url=f"{base}/{c.name}") for c in k8s_schema.CRD_FILES)
+    monkeypatch.setattr(k8s_schema, "CRD_FILES", files)
+    monkeypatch.setattr(k8s_schema, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.delenv(k8s_schema.CRD_DIR_ENV, raising=False)
+    yield served, tmp_path / "cache"
+    server.shutdown()
+    server.server_close()
+
+
+def test_crds_are_downloaded_checked_and_cached(crd_server: tuple[Path, Path]) -> None:
+    served, cache = crd_server
+    paths = k8s_schema.crd_paths()
+    assert [p.name for p in paths] == [c.name for c in k8s_schema.CRD_FILES]
+    assert all(p.parent == cache for p in paths)
+    shutil.rmtree(served)  # a second call reads the cache, not the network
+    assert k8s_schema.crd_paths() == paths
+
+
+def test_a_download_with_another_sha256_is_refused_and_not_cached(crd_server: tuple[Path, Path]) -> None:
+    served, cache = crd_server
+    first = k8s_schema.CRD_FILES[0]
+    (served / first.name).write_text("apiVersion: v1\n")
+    with pytest.raises(AssertionError, match=rf"{re.escape(first.url)}: sha256 \w+, expected {first.sha256}"):
+        k8s_schema.crd_paths()
+    assert not (cache / first.name).exists()
+
+
+def test_without_network_or_crd_dir_one_message_names_the_variable_and_urls(
+        crd_server: tuple[Path, Path]) -> None:
+    served, _ = crd_server
+    shutil.rmtree(served)
+    with pytest.raises(AssertionError) as error:
+        k8s_schema.crd_paths()
+    message = str(error.value)
+    assert f"Set {k8s_schema.CRD_DIR_ENV} to a folder holding" in message
+    assert all(message.count(c.url) == 2 for c in k8s_schema.CRD_FILES)  # the failure and the list
+
+
+def test_crd_dir_files_are_checked_against_their_sha256(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for path in k8s_schema.crd_paths():
+        shutil.copy(path, tmp_path)
+    last = k8s_schema.CRD_FILES[-1]
+    (tmp_path / last.name).write_text("kind: Other\n")
+    (tmp_path / k8s_schema.CRD_FILES[0].name).unlink()
+    monkeypatch.setenv(k8s_schema.CRD_DIR_ENV, str(tmp_path))
+    with pytest.raises(AssertionError) as error:
+        k8s_schema.crd_paths()
+    assert f"{tmp_path / k8s_schema.CRD_FILES[0].name}: missing" in str(error.value)
+    assert f"{tmp_path / last.name}: sha256 differs from the pinned {last.sha256}" in str(error.value)
 
 
 def _pod() -> dict[str, Any]:

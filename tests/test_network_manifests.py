@@ -1,5 +1,5 @@
 """network-mapping.yaml and the NCCL installer URLs, as the tutorial's "Configure network mappings"
-and "Create the GKE cluster" steps define them (FIELD-NOTES 2.10 and 4 for the pinning)."""
+and "Create the GKE cluster" steps define them."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def test_installer_url_is_pinned_to_a_full_commit():
 
 
 def test_pinned_commit_is_the_last_one_with_install_nccl():
-    # 2da1c92 dropped --install-nccl from the Standard and A4X installers (FIELD-NOTES 4).
+    # 2da1c92 dropped --install-nccl from the Standard and A4X installers.
     assert re.fullmatch(r"[0-9a-f]{40}", nccl.NCCL_INSTALLER_COMMIT)
     assert nccl.NCCL_INSTALLER_COMMIT != "2da1c92ff7bd772a2c833710bb6c21dcfe6dfaae"
 

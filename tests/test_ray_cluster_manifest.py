@@ -1,4 +1,4 @@
-"""manifests.ray_cluster against the tutorial's RayCluster manifests and FIELD-NOTES 2."""
+"""manifests.ray_cluster against the tutorial's RayCluster manifests and the tutorial bugs it fixes."""
 
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def _worker_pod(obj: dict[str, Any]) -> dict[str, Any]:
 def _corrected(tutorial: dict[str, Any], namespace: str) -> dict[str, Any]:
     """The tutorial's RayCluster with every intended difference applied, each with its reason."""
     out = copy.deepcopy(tutorial)
-    # Namespaced explicitly, and awaited by pulumi-kubernetes until ready (FIELD-NOTES 5).
+    # Namespaced explicitly, and awaited by pulumi-kubernetes until ready.
     out["metadata"] = {"name": out["metadata"]["name"], "namespace": namespace,
                        "annotations": {"pulumi.com/waitFor": WAIT_FOR_READY}}
     head_selector = _head_pod(out)["nodeSelector"]

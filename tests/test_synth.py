@@ -1,4 +1,4 @@
-"""The synth output format of CONTRACT.md section 3, read back from disk."""
+"""The synth output format users and CI rely on, read back from disk."""
 
 from __future__ import annotations
 

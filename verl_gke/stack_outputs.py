@@ -1,4 +1,4 @@
-"""The stack outputs the CLI and CI read (CONTRACT.md section 4), typed.
+"""The stack outputs the CLI and CI read, typed.
 
 They come from `pulumi stack output --json` when the Pulumi CLI is on PATH, or from a JSON file
 of the same shape (`dist/<stack>/outputs.json` from `make synth`, or a saved

@@ -1,6 +1,6 @@
 """Offline synth: run the real Pulumi program in-process under Pulumi's mock engine.
 
-`python -m verl_gke.synth <stack>` writes dist/<stack>/ (CONTRACT.md section 3): every resource the
+`python -m verl_gke.synth <stack>` writes dist/<stack>/: every resource the
 program registers with its inputs as the engine would send them to the provider, every Kubernetes
 object the program defines as YAML, and the stack outputs, secrets masked as "[secret]".
 No Pulumi CLI, no plugins, no credentials and no network are involved.
