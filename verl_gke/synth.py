@@ -12,7 +12,6 @@ import argparse
 import base64
 import json
 import runpy
-import shutil
 import signal
 import sys
 from collections import Counter
@@ -31,6 +30,7 @@ from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
 
 from components.grpo_job import planned_outs, whole_numbers
+from verl_gke import output_dir
 from verl_gke.stack_config import PROJECT_DIR, raw_config
 
 PROJECT = "verl-gke"
@@ -232,19 +232,21 @@ def run(stack: str, project_dir: Path = PROJECT_DIR, overrides: dict[str, Any] |
     return SynthResult(stack, registrations, outputs, placeholders(raw))
 
 
-def write(result: SynthResult, out_dir: Path) -> None:
-    """dist/<stack>/: resources.json, manifests/NN-<kind>-<name>.yaml, outputs.json."""
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    (out_dir / "manifests").mkdir(parents=True)
+def render(result: SynthResult) -> dict[str, str]:
+    """dist/<stack>/'s files, path -> text: resources.json, outputs.json, manifests/NN-<kind>-<name>.yaml."""
     resources = [r.__dict__ for r in result.registrations]
-    (out_dir / "resources.json").write_text(json.dumps(resources, indent=2) + "\n")
-    (out_dir / "outputs.json").write_text(json.dumps(result.outputs, indent=2, sort_keys=True) + "\n")
+    files = {"resources.json": json.dumps(resources, indent=2) + "\n",
+             "outputs.json": json.dumps(result.outputs, indent=2, sort_keys=True) + "\n"}
     for i, obj in enumerate(result.manifests(), start=1):
         kind = str(obj.get("kind", "object")).lower()
         name = str(obj.get("metadata", {}).get("name", "unnamed"))
-        path = out_dir / "manifests" / f"{i:02d}-{kind}-{name}.yaml"
-        path.write_text(yaml.safe_dump(obj, sort_keys=False))
+        files[f"manifests/{i:02d}-{kind}-{name}.yaml"] = yaml.safe_dump(obj, sort_keys=False)
+    return files
+
+
+def write(result: SynthResult, out_dir: Path) -> None:
+    """Write `result` to `out_dir`, replacing only an earlier synth's files (see output_dir)."""
+    output_dir.replace(out_dir, render(result))
 
 
 def summary(result: SynthResult, out_dir: Path) -> str:
@@ -275,9 +277,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--set takes NAMESPACE:KEY=VALUE, got {bad[0]!r}")
     overrides = dict(item.split("=", 1) for item in args.set)
     try:
+        output_dir.check(out_dir)
+    except output_dir.OutputDirError as error:
+        print(f"synth failed: {error}", file=sys.stderr)
+        return 2
+    try:
         result = run(args.stack, overrides=overrides)
     except (ConfigError, pulumi.RunError, FileNotFoundError) as error:
-        shutil.rmtree(out_dir, ignore_errors=True)
+        output_dir.clear(out_dir)
         print(f"synth failed: {error}", file=sys.stderr)
         return 2
     write(result, out_dir)
