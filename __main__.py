@@ -16,6 +16,7 @@ from components.rdma_network import RdmaNetwork
 from components.ray_training_cluster import RayTrainingCluster
 from manifests import nccl
 from manifests.network_mapping import NetworkNames
+from manifests.staging import WheelStaging
 from manifests.storage import MOUNT_PATH
 from workloads.stage_data import model_dir_for
 
@@ -69,11 +70,13 @@ storage = GcsFuseStorage("storage", {
 })
 
 # Staging runs on a CPU node while the GPU pool is still being created.
+release = cfg.staged_verl
 staging = DataStaging("staging", {
     "namespace": cfg.namespace, "service_account": cfg.service_account, "model_repo": cfg.model,
     "model_revision": cfg.model_revision, "model_dir": model_dir_for(cfg.model),
     "dataset_repo": cfg.dataset, "dataset_revision": cfg.dataset_revision,
     "timeout_minutes": cfg.staging_timeout_minutes,
+    "verl": WheelStaging(release.wheel_url, release.sha256, release.dir_name) if release else None,
 }, k8s.merge(pulumi.ResourceOptions(depends_on=[storage])))
 
 installer_url = cfg.nccl_installer_url or nccl.installer_url(facts.nccl_installer[cfg.cluster_mode])
@@ -86,21 +89,20 @@ if a4x:
         "namespace": cfg.namespace, "gpu_nodes": cfg.gpu_nodes, "nic_claims": networks is None,
     }, k8s.merge(pulumi.ResourceOptions(depends_on=gpu_ready))))
 
-verl_source_dir = f"{MOUNT_PATH}/verl" if cfg.verl_source_install else None
 ray = RayTrainingCluster("ray", {
     "platform": cfg.platform, "mode": cfg.cluster_mode, "gpu_nodes": cfg.gpu_nodes,
     "namespace": cfg.namespace, "service_account": cfg.service_account,
     "claim_name": storage.claim_name, "name": cfg.ray_cluster_name, "image": cfg.verl_image,
     "worker_cpus": cfg.worker_cpus, "worker_memory_gi": cfg.worker_memory_gi,
     "worker_spot": cfg.gpu_spot and cfg.autopilot, "nic_claims": a4x and networks is None,
-    "verl_source_dir": verl_source_dir,
+    "verl_dir": cfg.verl_dir,
     "install_kuberay": cfg.ray_operator == "helm",
 }, k8s.merge(pulumi.ResourceOptions(depends_on=ray_waits_for)))
 
 job = GrpoJob("grpo", {
     "entrypoint": entrypoint(cfg.grpo, facts.gpus_per_node, cfg.gpu_nodes),
     "runtime_env": runtime_env(facts, nnodes=cfg.gpu_nodes, worker_cpus=cfg.worker_cpus,
-                               verl_source_dir=verl_source_dir),
+                               verl_dir=cfg.verl_dir),
     "dashboard_url": cfg.job_dashboard_url or None,
     "cluster_endpoint": cluster.endpoint, "cluster_ca_certificate": cluster.ca_certificate,
     "cluster_name": cluster.name, "namespace": cfg.namespace, "head_service": ray.head_service,

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from components.grpo_spec import GRPO_DEFAULTS, GrpoSpec, verl_problems
-from components.platforms import PLATFORMS, Platform, PlatformName
+from components.platforms import PLATFORMS, Platform, PlatformName, VerlRelease
 from manifests.ray_cluster import Mode, is_pinned_image
 from manifests.storage import DEFAULT_CAPACITY, MOUNT_PATH
 from workloads.stage_data import (
@@ -31,6 +31,8 @@ NAMESPACE = "verl-gke"
 PLACEHOLDER_MARK = "replace-me"
 HF_TOKEN_KEY = f"{NAMESPACE}:hfToken"
 GRPO_PREFIX = "grpo"
+USER_VERL_DIR = "verl"
+"""verlSourceInstall: the user's own verl tree, at gs://<bucket>/verl."""
 
 # GCP and Kubernetes naming rules.
 _GCE_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -122,6 +124,7 @@ class StackConfig(BaseModel):
     ray_cluster_name: str = ""
     verl_image: str = ""
     verl_source_install: bool = False
+    verl_in_image: bool = False
     nccl_installer_url: str = ""
 
     job_ready_timeout_seconds: int = Field(1800, ge=1)
@@ -169,6 +172,19 @@ class StackConfig(BaseModel):
         return _rdma_nics(self.facts, self.a4x_networking)
 
     @property
+    def staged_verl(self) -> VerlRelease | None:
+        """The pinned verl release staging puts on the bucket, unless the user brings their own."""
+        return None if self.verl_in_image or self.verl_source_install else self.facts.verl
+
+    @property
+    def verl_dir(self) -> str | None:
+        """The verl tree first on every Ray process's path; None when the image has verl."""
+        if self.verl_source_install:
+            return f"{MOUNT_PATH}/{USER_VERL_DIR}"
+        release = self.staged_verl
+        return f"{MOUNT_PATH}/{release.dir_name}" if release else None
+
+    @property
     def kubernetes_minor(self) -> str:
         """`1.34` of `1.34.1-gke.1829001`: the API schema version manifests are checked against."""
         return ".".join(self.kubernetes_version.split("-")[0].split(".")[:2])
@@ -209,7 +225,8 @@ def _unset(value: Any) -> bool:
     return value in (None, "", 0, "0", "auto", [], ())
 
 
-def _problem(key: str, value: Any, message: str) -> str:
+def problem_line(key: str, value: Any, message: str) -> str:
+    """One problem as users read it: `key = value: what is allowed`."""
     return f"{key} = {json.dumps(value)}: {message}"
 
 
@@ -243,14 +260,14 @@ def _pydantic_problems(error: ValidationError, raw: Mapping[str, Any]) -> list[s
         key = _key_of_loc(loc)
         value = raw.get(key, e.get("input"))
         if e["type"] == "extra_forbidden":
-            out.append(_problem(key, value, "unknown key; see Pulumi.yaml for the keys verl-gke reads"))
+            out.append(problem_line(key, value, "unknown key; see Pulumi.yaml for the keys verl-gke reads"))
         elif e["type"] == "literal_error":
             allowed = e.get("ctx", {}).get("expected", "")
-            out.append(_problem(key, value, f"must be one of {allowed}"))
+            out.append(problem_line(key, value, f"must be one of {allowed}"))
         elif e["type"] == "missing":
             out.append(f"{key} is not set: run `pulumi config set {key} <value>`")
         else:
-            out.append(_problem(key, value, _FRIENDLY.get(e["type"], e["msg"].lower())))
+            out.append(problem_line(key, value, _FRIENDLY.get(e["type"], e["msg"].lower())))
     return out
 
 
@@ -273,12 +290,20 @@ def _as_field_values(raw: Mapping[str, Any]) -> dict[str, Any]:
             data[key] = value
         elif ns != NAMESPACE or full_key == HF_TOKEN_KEY:
             continue
-        elif key.startswith(GRPO_PREFIX) and len(key) > len(GRPO_PREFIX) and key[len(GRPO_PREFIX)].isupper():
-            grpo[_snake(key[len(GRPO_PREFIX):])] = _decode(value)
+        elif grpo_field := grpo_field_of(full_key):
+            grpo[grpo_field.removeprefix("grpo.")] = _decode(value)
         else:
             data[key] = _decode(value)
     data["grpo"] = grpo
     return data
+
+
+def grpo_field_of(full_key: str) -> str | None:
+    """`verl-gke:grpoKlCoef` -> `grpo.kl_coef`; None for a key that is not a grpo* key."""
+    ns, _, key = full_key.partition(":")
+    if ns != NAMESPACE or not (key.startswith(GRPO_PREFIX) and key[len(GRPO_PREFIX):][:1].isupper()):
+        return None
+    return "grpo." + _snake(key[len(GRPO_PREFIX):])
 
 
 def _snake(camel: str) -> str:
@@ -318,7 +343,7 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
     p = cfg.facts
 
     def add(field: str, value: Any, message: str) -> None:
-        out.append(_problem(config_key(field), value, message))
+        out.append(problem_line(config_key(field), value, message))
 
     if not _PROJECT_ID.match(cfg.project):
         add("project", cfg.project, "a GCP project id: 6-30 lowercase letters, digits or hyphens, starting with a letter.")
@@ -396,6 +421,9 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
     for field in ("model_revision", "dataset_revision"):
         if not _COMMIT.match(getattr(cfg, field)):
             add(field, getattr(cfg, field), "a 40-hex commit of the Hugging Face repo, so staging is reproducible.")
+    if cfg.verl_in_image and cfg.verl_source_install:
+        add("verl_in_image", cfg.verl_in_image,
+            "verlInImage and verlSourceInstall each bring verl; set at most one of them.")
     if not is_pinned_image(cfg.verl_image):
         add("verl_image", cfg.verl_image, "an image with a fixed tag (not latest) or an @sha256 digest.")
     if cfg.nccl_installer_url and not cfg.nccl_installer_url.startswith("https://"):
@@ -422,15 +450,15 @@ def _cidr_problems(cfg: StackConfig) -> list[str]:
         try:
             net = ipaddress.IPv4Network(text)
         except ValueError:
-            out.append(_problem(config_key(field), text, "an IPv4 CIDR such as 192.168.1.0/24."))
+            out.append(problem_line(config_key(field), text, "an IPv4 CIDR such as 192.168.1.0/24."))
             continue
         if field not in ("internal_source_range", "master_authorized_cidrs"):
             for other_field, other in nets:
                 if net.overlaps(other):
-                    out.append(_problem(config_key(field), text, f"overlaps {other} ({config_key(other_field)})."))
+                    out.append(problem_line(config_key(field), text, f"overlaps {other} ({config_key(other_field)})."))
             nets.append((field, net))
     if len(cfg.rdma_subnet_cidrs) != cfg.rdma_nics:
-        out.append(_problem(config_key("rdma_subnet_cidrs"), list(cfg.rdma_subnet_cidrs),
+        out.append(problem_line(config_key("rdma_subnet_cidrs"), list(cfg.rdma_subnet_cidrs),
                             f"{cfg.facts.title} needs exactly {cfg.rdma_nics} RDMA subnets, one per NIC."))
     return out
 
@@ -441,6 +469,25 @@ def placeholders(raw: Mapping[str, Any]) -> list[str]:
     if not raw.get(HF_TOKEN_KEY):
         found.append(HF_TOKEN_KEY)
     return found
+
+
+def verl_run_check(cfg: StackConfig, raw: Mapping[str, Any]) -> tuple[list[str], Any]:
+    """The run composed with its pinned verl's own config: (problems, RunPlan or None)."""
+    # Imported here: Hydra and the wheel cache are needed only once the config itself is valid.
+    from components.verl_config import check_run
+    from verl_gke.stack_config import engine_string, project_defaults
+    from verl_gke.verl_wheel import VerlUnavailable, config_dir
+
+    release = cfg.facts.verl
+    try:
+        folder = config_dir(release)
+    except VerlUnavailable as e:
+        return [f"cannot check the GRPO run against verl's own config: {e}"], None
+    # The engine hands over Pulumi.yaml's defaults too: "set" means changed from the default.
+    defaults = {key: engine_string(value) for key, value in project_defaults().items()}
+    user_set = {f for key, value in raw.items()
+                if (f := grpo_field_of(key)) and str(value) != defaults.get(key)}
+    return check_run(cfg, folder, release.version, user_set)
 
 
 def from_pulumi(allow_placeholders: bool | None = None) -> tuple[StackConfig, Any]:
@@ -460,6 +507,14 @@ def from_pulumi(allow_placeholders: bool | None = None) -> tuple[StackConfig, An
         cfg = load_config(raw, source)
     except ConfigError as error:
         raise pulumi.RunError(str(error)) from None
+    problems, plan = verl_run_check(cfg, raw)
+    if problems:
+        raise pulumi.RunError(str(ConfigError(problems, source)))
+    if plan is not None:
+        for line in plan.lines():
+            pulumi.log.info(line)
+        for warning in plan.warnings:
+            pulumi.log.warn(warning)
     missing = placeholders(raw)
     if allow_placeholders is None:
         allow_placeholders = isinstance(settings.get_monitor(), mocks.MockMonitor)

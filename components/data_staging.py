@@ -1,5 +1,5 @@
-"""The tutorial's "Prepare the model and data", done by the cluster: a Job that writes the model
-and GSM8K into the bucket, and that `pulumi up` waits for.
+"""The tutorial's "Prepare the model and data", done by the cluster: a Job that writes the model,
+GSM8K and verl into the bucket, and that `pulumi up` waits for.
 
 Pass the cluster's Kubernetes provider in `opts` (`providers=[cluster.provider]`) and the
 GcsFuseStorage component in `opts.depends_on`: the Job then starts once the bucket, its role
@@ -40,6 +40,8 @@ class DataStagingArgs(TypedDict):
     """How long `pulumi up` waits for the Job; Kubernetes also stops the Job then."""
     dataset_config: NotRequired[str]
     """The dataset's config (default `main`, as verl's preprocessing)."""
+    verl: NotRequired[staging.WheelStaging | None]
+    """The pinned verl wheel to unpack on the bucket; None when the image or the user's tree has verl."""
 
 
 class DataStaging(pulumi.ComponentResource):
@@ -74,6 +76,7 @@ class DataStaging(pulumi.ComponentResource):
             dataset_config=args.get("dataset_config", stage_data.DEFAULT_DATASET_CONFIG),
             script_digest=staging.script_digest(script),
             deadline_seconds=args["timeout_minutes"] * 60,
+            verl=args.get("verl"),
         )
         manifest = staging.staging_job(spec)
         timeout = f"{args['timeout_minutes']}m"

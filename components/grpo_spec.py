@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from components.platforms import Platform
+from manifests.ray_cluster import PYCACHE_DIR
 from manifests.storage import MOUNT_PATH
 
+VERL_ENTRY_MODULE = "verl.trainer.main_ppo"
 
 
 class GrpoSpec(BaseModel):
@@ -46,6 +48,7 @@ class GrpoSpec(BaseModel):
     val_files: str = f"{MOUNT_PATH}/gsm8k/test.parquet"
     model_path: str
     checkpoint_dir: str
+    max_checkpoints: int = Field(2, ge=1)
     extra_overrides: tuple[str, ...] = ()
 
 
@@ -124,47 +127,77 @@ def verl_problems(spec: GrpoSpec, gpus_per_node: int, nnodes: int) -> list[Probl
     return out
 
 
-def _overrides(spec: GrpoSpec, gpus_per_node: int, nnodes: int) -> list[tuple[str, object]]:
-    pairs: list[tuple[str, object | None]] = [
-        ("algorithm.adv_estimator", "grpo"),
-        ("data.train_files", spec.train_files),
-        ("data.val_files", spec.val_files),
-        ("data.train_batch_size", spec.train_batch_size),
-        ("data.max_prompt_length", spec.max_prompt_length),
-        ("data.max_response_length", spec.max_response_length),
-        ("actor_rollout_ref.model.path", spec.model_path),
-        ("actor_rollout_ref.model.use_remove_padding", spec.use_remove_padding),
-        ("actor_rollout_ref.actor.optim.lr", spec.learning_rate),
-        ("actor_rollout_ref.actor.ppo_mini_batch_size", spec.ppo_mini_batch_size),
-        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", spec.ppo_micro_batch_size_per_gpu),
-        ("actor_rollout_ref.actor.use_kl_loss", spec.use_kl_loss),
-        ("actor_rollout_ref.actor.strategy", "fsdp2"),
+@dataclass(frozen=True)
+class Override:
+    """One `key=value` of the job's command line and the config that sets it."""
+
+    key: str
+    """verl's dotted config key."""
+    value: object
+    source: str
+    """The StackConfig field that sets it (`grpo.<field>`, `gpu_nodes`, `platform`), `managed` for a
+    value verl-gke must own, or "" for verl-gke's fixed choice that an extra override may change."""
+
+
+def overrides(spec: GrpoSpec, gpus_per_node: int, nnodes: int) -> list[Override]:
+    """The run's overrides in command-line order, unset (None) ones left out."""
+    return [o for o in _all_overrides(spec, gpus_per_node, nnodes) if o.value is not None]
+
+
+def override_sources(spec: GrpoSpec, gpus_per_node: int, nnodes: int) -> dict[str, str]:
+    """verl key -> what sets it, for every key verl-gke owns (set now or not)."""
+    return {o.key: o.source for o in _all_overrides(spec, gpus_per_node, nnodes) if o.source}
+
+
+def _all_overrides(spec: GrpoSpec, gpus_per_node: int, nnodes: int) -> list[Override]:
+    rows: list[tuple[str, object | None, str]] = [
+        ("algorithm.adv_estimator", "grpo", ""),
+        ("data.train_files", spec.train_files, "grpo.train_files"),
+        ("data.val_files", spec.val_files, "grpo.val_files"),
+        ("data.train_batch_size", spec.train_batch_size, "grpo.train_batch_size"),
+        ("data.max_prompt_length", spec.max_prompt_length, "grpo.max_prompt_length"),
+        ("data.max_response_length", spec.max_response_length, "grpo.max_response_length"),
+        ("actor_rollout_ref.model.path", spec.model_path, "grpo.model_path"),
+        ("actor_rollout_ref.model.use_remove_padding", spec.use_remove_padding, "grpo.use_remove_padding"),
+        ("actor_rollout_ref.actor.optim.lr", spec.learning_rate, "grpo.learning_rate"),
+        ("actor_rollout_ref.actor.ppo_mini_batch_size", spec.ppo_mini_batch_size, "grpo.ppo_mini_batch_size"),
+        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", spec.ppo_micro_batch_size_per_gpu,
+         "grpo.ppo_micro_batch_size_per_gpu"),
+        ("actor_rollout_ref.actor.use_kl_loss", spec.use_kl_loss, "grpo.use_kl_loss"),
+        ("actor_rollout_ref.actor.strategy", "fsdp2", ""),
         ("actor_rollout_ref.actor.ulysses_sequence_parallel_size",
-         spec.ulysses_sequence_parallel_size if spec.ulysses_sequence_parallel_size > 1 else None),
-        ("actor_rollout_ref.rollout.name", "vllm"),
+         spec.ulysses_sequence_parallel_size if spec.ulysses_sequence_parallel_size > 1 else None,
+         "grpo.ulysses_sequence_parallel_size"),
+        ("actor_rollout_ref.rollout.name", "vllm", ""),
         ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-         spec.rollout_log_prob_micro_batch_size_per_gpu),
-        ("actor_rollout_ref.rollout.tensor_model_parallel_size", spec.rollout_tensor_parallel_size),
-        ("actor_rollout_ref.rollout.gpu_memory_utilization", spec.gpu_memory_utilization),
-        ("actor_rollout_ref.rollout.n", spec.rollout_n),
-        ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
-         spec.ref_log_prob_micro_batch_size_per_gpu),
-        ("algorithm.kl_ctrl.kl_coef", spec.kl_coef),
-        ("trainer.logger", spec.logger),
-        ("trainer.val_before_train", spec.val_before_train),
-        ("trainer.n_gpus_per_node", gpus_per_node),
-        ("trainer.nnodes", nnodes),
-        ("trainer.save_freq", spec.save_freq),
-        ("trainer.test_freq", spec.test_freq),
-        ("trainer.total_epochs", spec.total_epochs),
-        ("trainer.default_local_dir", spec.checkpoint_dir),
+         spec.rollout_log_prob_micro_batch_size_per_gpu, "grpo.rollout_log_prob_micro_batch_size_per_gpu"),
+        ("actor_rollout_ref.rollout.tensor_model_parallel_size", spec.rollout_tensor_parallel_size,
+         "grpo.rollout_tensor_parallel_size"),
+        ("actor_rollout_ref.rollout.gpu_memory_utilization", spec.gpu_memory_utilization,
+         "grpo.gpu_memory_utilization"),
+        ("actor_rollout_ref.rollout.n", spec.rollout_n, "grpo.rollout_n"),
+        ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", spec.ref_log_prob_micro_batch_size_per_gpu,
+         "grpo.ref_log_prob_micro_batch_size_per_gpu"),
+        ("algorithm.kl_ctrl.kl_coef", spec.kl_coef, "grpo.kl_coef"),
+        ("trainer.logger", spec.logger, "grpo.logger"),
+        ("trainer.val_before_train", spec.val_before_train, "grpo.val_before_train"),
+        ("trainer.n_gpus_per_node", gpus_per_node, "platform"),
+        ("trainer.nnodes", nnodes, "gpu_nodes"),
+        ("trainer.save_freq", spec.save_freq, "grpo.save_freq"),
+        ("trainer.test_freq", spec.test_freq, "grpo.test_freq"),
+        ("trainer.total_epochs", spec.total_epochs, "grpo.total_epochs"),
+        ("trainer.default_local_dir", spec.checkpoint_dir, "grpo.checkpoint_dir"),
+        # verl keeps every checkpoint unless told (~390 GB each for a 32B model with optimizer state).
+        ("trainer.max_actor_ckpt_to_keep", spec.max_checkpoints, "grpo.max_checkpoints"),
+        ("trainer.max_critic_ckpt_to_keep", spec.max_checkpoints, "grpo.max_checkpoints"),
         # A resubmitted run (after a preemption) resumes from the latest checkpoint.
-        ("trainer.resume_mode", "auto"),
+        ("trainer.resume_mode", "auto", "managed"),
     ]
-    return [(k, v) for k, v in pairs if v is not None]
+    return [Override(key, value, source) for key, value, source in rows]
 
 
-def _render(value: object) -> str:
+def render(value: object) -> str:
+    """A value as Hydra reads it on the command line."""
     if isinstance(value, bool):
         return "True" if value else "False"
     return str(value)
@@ -172,15 +205,16 @@ def _render(value: object) -> str:
 
 def entrypoint(spec: GrpoSpec, gpus_per_node: int, nnodes: int) -> str:
     """The shell command Ray runs: `python3 -m verl.trainer.main_ppo` with quoted overrides."""
-    args = [f"{key}={_render(value)}" for key, value in _overrides(spec, gpus_per_node, nnodes)]
+    args = [f"{o.key}={render(o.value)}" for o in overrides(spec, gpus_per_node, nnodes)]
     args.extend(spec.extra_overrides)
-    return " ".join(["python3", "-m", "verl.trainer.main_ppo", *(shlex.quote(a) for a in args)])
+    return " ".join(["python3", "-m", VERL_ENTRY_MODULE, *(shlex.quote(a) for a in args)])
 
 
 def runtime_env(platform: Platform, *, nnodes: int, worker_cpus: int,
-                verl_source_dir: str | None) -> dict[str, object]:
+                verl_dir: str | None) -> dict[str, object]:
     """The job's Ray runtime env: the tutorial's variables for the platform, none of its broken
-    keys, no pip installs at job start, and HF_HOME on the bucket."""
+    keys, no pip installs at job start, HF_HOME on the bucket, and `verl_dir` (a verl tree on the
+    bucket, None when the image has verl) first on the path of the driver and every worker."""
     env = {
         "PYTHONUNBUFFERED": "1",
         "LD_LIBRARY_PATH": platform.ld_library_path,
@@ -192,6 +226,8 @@ def runtime_env(platform: Platform, *, nnodes: int, worker_cpus: int,
         "CPUS_PER_WORKER": str(worker_cpus),
         "GPUS_PER_WORKER": str(platform.gpus_per_node),
     }
-    if verl_source_dir:
-        env["PYTHONPATH"] = verl_source_dir
+    if verl_dir:
+        # As `pip install --no-deps`: verl itself, the image's dependencies untouched.
+        env["PYTHONPATH"] = verl_dir
+        env["PYTHONPYCACHEPREFIX"] = PYCACHE_DIR
     return {"env_vars": env}

@@ -42,6 +42,39 @@ ARM_VERL_IMAGE = "verlai/verl:vllm023.aarch64.dev1"
 
 
 @dataclass(frozen=True)
+class VerlRelease:
+    """A verl wheel from PyPI, pinned by content. verl's images carry verl's dependencies but not
+    verl (their Dockerfiles `pip uninstall -y verl`), so staging puts this wheel on the bucket."""
+
+    version: str
+    wheel_url: str
+    sha256: str
+
+    @property
+    def dir_name(self) -> str:
+        """Where it is unpacked under the bucket mount, one directory per version."""
+        return f"verl-{self.version}"
+
+
+# The release verl's CI runs in verlai/verl:vllm011.dev7 (every workflow at tag v0.6.1).
+VERL_0_6_1 = VerlRelease(
+    "0.6.1",
+    "https://files.pythonhosted.org/packages/c2/56/21bc9c0b0532cd5d94a151d084817080f5597af93755f79c899c61894be8/"
+    "verl-0.6.1-py3-none-any.whl",
+    "a67dd50fb99b402db0c990d4c92710be9a728cb18607515daa0f1e8552e47983",
+)
+# The tutorial builds its A4X image for verl commit ddbcdb7, between releases 0.8.0 and 0.9.0.
+# 0.9.0 is the one whose declared vLLM range (>=0.18) holds the image's vLLM 0.23 (0.8.0 stops at
+# 0.12), and the run's overrides compose identically with both (tests/test_verl_config.py).
+VERL_0_9_0 = VerlRelease(
+    "0.9.0",
+    "https://files.pythonhosted.org/packages/b1/48/279b03f544f8c1fe1c86a230ecac8a448a4fa80697a76543917205a1d8f8/"
+    "verl-0.9.0-py3-none-any.whl",
+    "6e9374db1e2ab346a0aafe9a202bee1b239a042def2f2ccd6db2a4cd04c6308b",
+)
+
+
+@dataclass(frozen=True)
 class Platform:
     """Everything that differs between A4, A3 Ultra and A4X."""
 
@@ -57,6 +90,8 @@ class Platform:
     machine_memory_gb: int
     """Machine memory as GCP's machine-type table lists it, read as 10^9 bytes."""
     image: str
+    verl: VerlRelease
+    """The verl release the image was built for."""
     ray_version: str
     ray_cluster_name: str
     nccl_env: dict[str, str] = field(default_factory=dict)
@@ -162,6 +197,7 @@ PLATFORMS: dict[str, Platform] = {
         machine_vcpus=224,
         machine_memory_gb=3968,
         image=X86_VERL_IMAGE,
+        verl=VERL_0_6_1,
         ray_version="2.47.0",
         ray_cluster_name="b200-ray-cluster",
         nccl_env={**_GIB_NCCL_ENV, "NCCL_TUNER_CONFIG_PATH": "/usr/local/gib/configs/tuner_config_a4.txtpb"},
@@ -178,6 +214,7 @@ PLATFORMS: dict[str, Platform] = {
         machine_vcpus=224,
         machine_memory_gb=2952,
         image=X86_VERL_IMAGE,
+        verl=VERL_0_6_1,
         ray_version="2.47.0",
         # The tutorial names it b200-ray-cluster for H200 too.
         ray_cluster_name="h200-ray-cluster",
@@ -196,6 +233,7 @@ PLATFORMS: dict[str, Platform] = {
         machine_vcpus=140,
         machine_memory_gb=884,
         image=ARM_VERL_IMAGE,
+        verl=VERL_0_9_0,
         ray_version="2.49.0",
         ray_cluster_name="gb200-ray-cluster",
         # The tutorial's A4X runtime env: the gcp NCCL env plugin picks the rest.

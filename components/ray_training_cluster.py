@@ -57,8 +57,8 @@ class RayTrainingClusterArgs(TypedDict):
     """A4X: NICs as DRA claims (DRANET), not multi-network interfaces. Default True on A4X."""
     head_node_pool: NotRequired[str]
     """Standard (A4/A3 Ultra): the on-demand CPU pool of the head. Default default-pool."""
-    verl_source_dir: NotRequired[str | None]
-    """Use this verl source tree from the bucket (e.g. /data/verl) instead of the image's verl."""
+    verl_dir: NotRequired[str | None]
+    """A verl tree on the bucket first on every Ray process's path; None (default) when the image has verl."""
     install_kuberay: NotRequired[bool]
     """Install the namespace-scoped KubeRay operator Helm chart (only without the Ray add-on)."""
     ready_timeout_minutes: NotRequired[int]
@@ -98,7 +98,7 @@ def cluster_spec(args: RayTrainingClusterArgs) -> RayClusterSpec:
         dra_nics=a4x and args.get("nic_claims", True),
         worker_spot=args.get("worker_spot", False),
         head_node_pool=args.get("head_node_pool") or HEAD_NODE_POOL,
-        verl_source_dir=args.get("verl_source_dir"),
+        verl_dir=args.get("verl_dir"),
     )
     if platform.head_on_gpu_node:
         _check_room_for_head(spec, platform)

@@ -49,6 +49,9 @@ _MAX_NAME = 53
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
+PYCACHE_DIR = "/tmp/pycache"
+"""Bytecode of a verl tree on the bucket goes to local disk, not back into the bucket from every node."""
+
 @dataclass(frozen=True)
 class RayClusterSpec:
     """Everything the RayCluster depends on, as plain values."""
@@ -91,8 +94,9 @@ class RayClusterSpec:
     """Autopilot only: run GPU workers on Spot capacity. On Standard the node pool decides."""
     head_node_pool: str = HEAD_NODE_POOL
     """Standard: the on-demand CPU pool the head runs on."""
-    verl_source_dir: str | None = None
-    """Use a verl source tree from the bucket (e.g. /data/verl) instead of the image's verl."""
+    verl_dir: str | None = None
+    """A verl tree on the bucket (the staged release or the user's own) first on every Ray process's
+    path; None when the image has verl."""
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -128,8 +132,8 @@ class RayClusterSpec:
             out.append(f"mode = {self.mode!r}: A4X (GB200) runs only on Standard clusters; use 'standard'")
         if self.worker_spot and self.mode != "autopilot":
             out.append("worker_spot = True: applies to Autopilot only; on Standard the GPU node pool decides Spot")
-        if self.verl_source_dir is not None and not self.verl_source_dir.startswith("/"):
-            out.append(f"verl_source_dir = {self.verl_source_dir!r}: must be an absolute path (e.g. /data/verl)")
+        if self.verl_dir is not None and not self.verl_dir.startswith("/"):
+            out.append(f"verl_dir = {self.verl_dir!r}: must be an absolute path (e.g. /data/verl)")
         return out
 
 
@@ -181,7 +185,7 @@ def _head_group(spec: RayClusterSpec) -> dict[str, Any]:
             bucket_mount(),
         ],
     }
-    env = _verl_source_env(spec)
+    env = _verl_path_env(spec)
     if env:
         container["env"] = env
     pod: dict[str, Any] = {
@@ -230,7 +234,7 @@ def _worker_group(spec: RayClusterSpec) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": "ray-worker",
         "image": spec.image,
-        "env": [{"name": "LD_LIBRARY_PATH", "value": spec.ld_library_path}, *_verl_source_env(spec)],
+        "env": [{"name": "LD_LIBRARY_PATH", "value": spec.ld_library_path}, *_verl_path_env(spec)],
         "resources": {"limits": dict(size), "requests": dict(size)},
         "volumeMounts": [
             {"name": "nvidia", "mountPath": "/usr/local/nvidia", "readOnly": True},
@@ -314,10 +318,10 @@ def _transfer_queue_hook() -> dict[str, Any]:
     return {"postStart": {"exec": {"command": command}}}
 
 
-def _verl_source_env(spec: RayClusterSpec) -> list[dict[str, str]]:
-    # The tutorial's init container runs `pip install -e` in its own root filesystem, which the
-    # Ray containers never see; putting the tree first on every Ray process's path has the
-    # effect it intended (verl is pure Python, installed with --no-deps).
-    if spec.verl_source_dir is None:
+def _verl_path_env(spec: RayClusterSpec) -> list[dict[str, str]]:
+    # verl is pure Python: first on the path, it acts as `pip install --no-deps` would, for the
+    # job and for anything else run on the cluster. (The tutorial's init container ran `pip install
+    # -e` in its own root filesystem, which the Ray containers never see.)
+    if spec.verl_dir is None:
         return []
-    return [{"name": "PYTHONPATH", "value": spec.verl_source_dir}]
+    return [{"name": "PYTHONPATH", "value": spec.verl_dir}, {"name": "PYTHONPYCACHEPREFIX", "value": PYCACHE_DIR}]

@@ -2,7 +2,7 @@
 program (workloads/stage_data.py).
 
 Replaces the tutorial's "Prepare the model and data" section (download to a laptop, upload to the
-bucket) with a Job on a CPU node that writes through the bucket mount.
+bucket) with a Job on a CPU node that writes through the bucket mount; it also stages verl.
 Pure builders: plain data in, dicts out, no Pulumi.
 """
 
@@ -64,6 +64,15 @@ GCSFUSE_SIDECAR_ANNOTATIONS = {"gke-gcsfuse/cpu-limit": "2", "gke-gcsfuse/memory
 
 
 @dataclass(frozen=True)
+class WheelStaging:
+    """A pinned wheel to unpack under the bucket mount (verl, which verl's images lack)."""
+
+    url: str
+    sha256: str
+    dir_name: str
+
+
+@dataclass(frozen=True)
 class StagingSpec:
     """What the staging Job stages and where, as plain values."""
 
@@ -84,6 +93,8 @@ class StagingSpec:
     """Kubernetes stops the Job after this long, so it never outlives Pulumi's wait for it."""
     workers: int = stage_data.DEFAULT_WORKERS
     """Files downloaded in parallel."""
+    verl: WheelStaging | None = None
+    """None when the image or the user's own tree on the bucket provides verl."""
 
 
 def script_digest(script: str) -> str:
@@ -102,7 +113,7 @@ def script_config_map(*, namespace: str, script: str) -> dict[str, Any]:
 
 def script_args(spec: StagingSpec) -> list[str]:
     """stage_data.py's command line for `spec`."""
-    return [
+    args = [
         "--model-repo", spec.model_repo,
         "--model-revision", spec.model_revision,
         "--model-dir", spec.model_dir,
@@ -112,6 +123,10 @@ def script_args(spec: StagingSpec) -> list[str]:
         "--data-root", storage.MOUNT_PATH,
         "--workers", str(spec.workers),
     ]
+    if spec.verl is not None:
+        args += ["--verl-wheel-url", spec.verl.url, "--verl-wheel-sha256", spec.verl.sha256,
+                 "--verl-dir", spec.verl.dir_name]
+    return args
 
 
 def _shell() -> str:

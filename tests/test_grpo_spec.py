@@ -9,7 +9,7 @@ from components.grpo_spec import entrypoint, runtime_env
 from components.platforms import PLATFORMS
 from tests.conftest import BASE_CONFIG
 
-# The tutorial's A4/A3 Ultra `ray job submit` overrides, plus resume_mode=auto.
+# The tutorial's A4/A3 Ultra `ray job submit` overrides, plus resume_mode=auto and keeping two checkpoints.
 TUTORIAL_A4 = [
     "algorithm.adv_estimator=grpo",
     "data.train_files=/data/gsm8k/train.parquet",
@@ -37,6 +37,8 @@ TUTORIAL_A4 = [
     "trainer.test_freq=10",
     "trainer.total_epochs=2",
     "trainer.default_local_dir=/data/verl/checkpoints",
+    "trainer.max_actor_ckpt_to_keep=2",
+    "trainer.max_critic_ckpt_to_keep=2",
     "trainer.resume_mode=auto",
 ]
 
@@ -75,7 +77,7 @@ def test_extra_overrides_are_quoted_and_cannot_inject_commands():
 
 
 def test_runtime_env_has_the_platform_nccl_settings_and_no_broken_keys():
-    env = runtime_env(PLATFORMS["a3u"], nnodes=2, worker_cpus=220, verl_source_dir=None)
+    env = runtime_env(PLATFORMS["a3u"], nnodes=2, worker_cpus=220, verl_dir=None)
     assert set(env) == {"env_vars"}  # no working_dir", py_executable", setup_hook or pip
     variables = env["env_vars"]
     assert variables["NCCL_TUNER_CONFIG_PATH"] == "/usr/local/gib/configs/tuner_config_a3u.txtpb"
@@ -87,8 +89,8 @@ def test_runtime_env_has_the_platform_nccl_settings_and_no_broken_keys():
 
 
 def test_a4_uses_the_b200_tuner_and_a4x_the_gcp_env_plugin():
-    a4 = runtime_env(PLATFORMS["a4"], nnodes=2, worker_cpus=220, verl_source_dir=None)["env_vars"]
-    a4x = runtime_env(PLATFORMS["a4x"], nnodes=4, worker_cpus=136, verl_source_dir="/data/verl")["env_vars"]
+    a4 = runtime_env(PLATFORMS["a4"], nnodes=2, worker_cpus=220, verl_dir=None)["env_vars"]
+    a4x = runtime_env(PLATFORMS["a4x"], nnodes=4, worker_cpus=136, verl_dir="/data/verl")["env_vars"]
     assert a4["NCCL_TUNER_CONFIG_PATH"] == "/usr/local/gib/configs/tuner_config_a4.txtpb"
     assert a4x["NCCL_ENV_PLUGIN"] == "gcp" and "NCCL_TUNER_CONFIG_PATH" not in a4x
     assert a4x["LD_LIBRARY_PATH"] == "/usr/local/nvidia/lib64:/usr/local/gib/lib64"

@@ -99,7 +99,7 @@ def _corrected(tutorial: dict[str, Any], namespace: str) -> dict[str, Any]:
     head_selector = _head_pod(out)["nodeSelector"]
     head_selector.pop("cloud.google.com/gke-spot", None)  # bug 6: never a Spot head
     worker = _worker_pod(out)
-    worker.pop("initContainers", None)  # opt-in (verl_source_dir), see its own test
+    worker.pop("initContainers", None)  # opt-in (verl_dir), see its own test
     if "cloud.google.com/gke-accelerator-count" in worker["nodeSelector"]:
         worker["nodeSelector"]["cloud.google.com/gke-accelerator-count"] = "8"  # bug 3
     # Host paths no container mounts are dropped; the driver and gIB mounts are read-only.
@@ -202,19 +202,18 @@ def test_a4x_head_takes_no_ray_cpus_and_installs_the_pinned_transfer_queue() -> 
         assert hook == ["/bin/bash", "-c", "pip3 install --quiet TransferQueue==0.1.8"]
 
 
-def test_verl_source_tree_is_off_by_default_and_on_every_ray_container_when_set() -> None:
+def test_verl_tree_is_off_by_default_and_first_on_every_ray_containers_path_when_set() -> None:
     default = ray_cluster(TUTORIAL_X86)
     assert "env" not in _head_pod(default)["containers"][0]
     assert _worker_pod(default)["containers"][0]["env"] == [
         {"name": "LD_LIBRARY_PATH", "value": "/usr/local/nvidia/lib64"}
     ]
     assert "initContainers" not in _worker_pod(default)
-    source = ray_cluster(replace(TUTORIAL_X86, verl_source_dir="/data/verl"))
-    assert _head_pod(source)["containers"][0]["env"] == [{"name": "PYTHONPATH", "value": "/data/verl"}]
+    source = ray_cluster(replace(TUTORIAL_X86, verl_dir="/data/verl-0.6.1"))
+    path = [{"name": "PYTHONPATH", "value": "/data/verl-0.6.1"}, {"name": "PYTHONPYCACHEPREFIX", "value": "/tmp/pycache"}]
+    assert _head_pod(source)["containers"][0]["env"] == path
     assert _worker_pod(source)["containers"][0]["env"] == [
-        {"name": "LD_LIBRARY_PATH", "value": "/usr/local/nvidia/lib64"},
-        {"name": "PYTHONPATH", "value": "/data/verl"},
-    ]
+        {"name": "LD_LIBRARY_PATH", "value": "/usr/local/nvidia/lib64"}, *path]
 
 
 def test_head_service_follows_kuberay_naming() -> None:

@@ -90,7 +90,7 @@ def test_cluster_is_awaited_with_a_long_timeout_and_replaced_delete_first() -> N
 def test_overrides_reach_the_manifest() -> None:
     args = ray_args("a3u", name="my-ray", image="verlai/verl:vllm011.dev7", ray_version="2.49.1",
                     worker_cpus=200, worker_memory_gi=2000, gpu_nodes=3, head_node_pool="cpu-pool",
-                    verl_source_dir="/data/verl")
+                    verl_dir="/data/verl")
     run = deploy(args)
     sent = run.manifest(run.one(RAY_CLUSTER))
     worker = sent["spec"]["workerGroupSpecs"][0]

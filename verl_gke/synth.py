@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import logging
 import runpy
 import signal
 import sys
@@ -163,6 +164,8 @@ class SynthResult:
     registrations: list[Registration]
     outputs: dict[str, Any]
     placeholders: list[str] = field(default_factory=list)
+    log: list[str] = field(default_factory=list)
+    """What the program logged (the GRPO run's plan, warnings)."""
 
     def manifests(self) -> list[dict[str, Any]]:
         """Kubernetes objects the program defines, in registration order, as they would be applied."""
@@ -189,13 +192,27 @@ async def _resolve(value: Any) -> Any:
     return value
 
 
+class _EngineLog(logging.Handler):
+    """What the program logs through pulumi.log (info and up), as `pulumi up` would show it."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        prefix = "warning: " if record.levelno >= logging.WARNING else ""
+        self.lines.append(prefix + record.getMessage())
+
+
 def run_in_mocks(program: Callable[[], Any], *, stack: str = "test", config: dict[str, str] | None = None,
                  secret_keys: list[str] | None = None, preview: bool = False,
-                 monitor: RecordingMonitor | None = None) -> tuple[list[Registration], dict[str, Any]]:
+                 monitor: RecordingMonitor | None = None,
+                 log: list[str] | None = None) -> tuple[list[Registration], dict[str, Any]]:
     """Run `program` under a fresh mock engine; return its registrations and resolved stack outputs.
 
     `set_mocks` is process-global: each call resets the runtime first, so calls don't leak.
-    Pass a `monitor` to inspect what was registered when the program raises.
+    Pass a `monitor` to inspect what was registered when the program raises, and a `log` list to
+    collect what the program logs.
     """
     settings.reset_options(project=PROJECT, stack=stack, preview=preview)
     # RPCs run inline on the event loop's thread, not in a thread pool: the mock monitor then sees
@@ -204,7 +221,13 @@ def run_in_mocks(program: Callable[[], Any], *, stack: str = "test", config: dic
     set_all_config(dict(config or {}), list(secret_keys or []))
     synth_mocks = SynthMocks()
     monitor = monitor or RecordingMonitor(synth_mocks)
-    pulumi.runtime.set_mocks(synth_mocks, project=PROJECT, stack=stack, preview=preview, monitor=monitor)
+    engine_log = _EngineLog()
+    logger = logging.getLogger(f"{__name__}.engine")
+    logger.handlers[:] = [engine_log]
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    pulumi.runtime.set_mocks(synth_mocks, project=PROJECT, stack=stack, preview=preview, monitor=monitor,
+                             logger=logger)
     root = settings.get_root_resource()
     outputs: dict[str, Any] = {}
 
@@ -215,8 +238,12 @@ def run_in_mocks(program: Callable[[], Any], *, stack: str = "test", config: dic
         for key, value in getattr(root, "outputs", {}).items():
             outputs[key] = await _resolve(value)
 
-    _sync_await(run_pulumi_func(body))
-    _sync_await(resolve_all())
+    try:
+        _sync_await(run_pulumi_func(body))
+        _sync_await(resolve_all())
+    finally:
+        if log is not None:
+            log.extend(engine_log.lines)
     return monitor.registrations, outputs
 
 
@@ -226,10 +253,11 @@ def run(stack: str, project_dir: Path = PROJECT_DIR, overrides: dict[str, Any] |
     from components.config import placeholders
 
     raw, secret_keys = raw_config(stack, project_dir, overrides)
+    log: list[str] = []
     registrations, outputs = run_in_mocks(
         lambda: runpy.run_path(str(project_dir / "__main__.py"), run_name="__main__"),
-        stack=stack, config=raw, secret_keys=secret_keys, preview=preview, monitor=monitor)
-    return SynthResult(stack, registrations, outputs, placeholders(raw))
+        stack=stack, config=raw, secret_keys=secret_keys, preview=preview, monitor=monitor, log=log)
+    return SynthResult(stack, registrations, outputs, placeholders(raw), log)
 
 
 def render(result: SynthResult) -> dict[str, str]:
@@ -254,6 +282,7 @@ def summary(result: SynthResult, out_dir: Path) -> str:
     lines = [f"verl-gke synth: stack {result.stack}: {len(result.registrations)} resources -> {out_dir}"]
     lines += [f"  {n:3d}  {t}" for t, n in sorted(counts.items())]
     lines.append(f"  {len(result.manifests())} Kubernetes manifests, {len(result.outputs)} stack outputs")
+    lines += result.log
     if result.placeholders:
         lines.append("Set these before `pulumi up` (they still hold placeholders):")
         lines += [f"  {key}" for key in result.placeholders]

@@ -7,13 +7,15 @@ straight to the bucket mount:
     /data/<model dir>/...            the model at a pinned commit
     /data/gsm8k/train.parquet        GSM8K in the row format of verl's
     /data/gsm8k/test.parquet         examples/data_preprocess/gsm8k.py
+    /data/verl-<version>/verl/...    verl itself, from its sha256-pinned wheel (verl's images
+                                     carry its dependencies but not verl)
 
 Each artifact's directory gets a marker recording what was staged (repo, commit, fingerprint,
 file sizes); a later run whose marker matches and whose files are all there does nothing.
 Exit status: 0 done, 1 transient failure (the Job retries), 2 permanent failure (bad argument,
 missing repo or revision, token refused: retrying cannot help). A failure prints one line.
 
-Standard library, huggingface_hub and pyarrow only; the third-party ones are imported where they
+Standard library, huggingface_hub and pyarrow only (verl's wheel needs only the standard library); the third-party ones are imported where they
 are used so that the pure parts import anywhere (tests, the Pulumi program).
 """
 
@@ -26,12 +28,16 @@ import logging
 import os
 import re
 import sys
+import shutil
 import tempfile
 import time
+import urllib.error
+import urllib.request
+import zipfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
 if TYPE_CHECKING:
@@ -44,6 +50,8 @@ DEFAULT_MODEL_REVISION = "5ede1c97bbab6ce5cda5812749b4c0bdf79b18dd"
 DEFAULT_DATASET_REPO = "openai/gsm8k"
 DEFAULT_DATASET_CONFIG = "main"
 DEFAULT_DATASET_REVISION = "740312add88f781978c0658806c59bc2815b9866"
+DEFAULT_DATASET_TRAIN_ROWS = 7473
+"""GSM8K main's train split at that revision."""
 DEFAULT_DATA_ROOT = "/data"
 DEFAULT_WORKERS = 8
 
@@ -64,6 +72,7 @@ EXIT_PERMANENT = 2
 _SHA_RE = re.compile(r"[0-9a-f]{40}")
 _REPO_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
 # As verl's extract_solution: the number after "####", sign and decimals kept, commas dropped.
 _ANSWER_RE = re.compile(r"####\s*(-?[0-9.,]+)")
 
@@ -73,6 +82,11 @@ _PERMANENT_HUB_ERRORS = frozenset(
      "EntryNotFoundError", "DisabledRepoError"}
 )
 _PERMANENT_HTTP_STATUS = frozenset({401, 403, 404})
+
+# Per socket operation, and for a whole wheel download: a stalled server never hangs the Job.
+WHEEL_SOCKET_TIMEOUT_S = 30
+WHEEL_DEADLINE_S = 300
+_CHUNK = 1 << 20
 
 log = logging.getLogger("stage-data")
 T = TypeVar("T")
@@ -438,6 +452,74 @@ def stage_dataset(hub: Hub, *, repo: str, config: str, revision: str, dest: Path
     return True
 
 
+def wheel_identity(url: str, sha256: str) -> dict[str, Any]:
+    """What a wheel marker must record for the unpacked tree to count as this wheel."""
+    return {"kind": "wheel", "url": url, "sha256": sha256}
+
+
+def fetch_verified(url: str, sha256: str, dest: Path, *, deadline_s: float = WHEEL_DEADLINE_S) -> None:
+    """Download `url` to `dest`, refusing bytes whose sha256 is not `sha256`; within `deadline_s`."""
+    digest = hashlib.sha256()
+    part = dest.with_name(dest.name + ".part")
+    give_up = time.monotonic() + deadline_s
+    try:
+        with urllib.request.urlopen(url, timeout=WHEEL_SOCKET_TIMEOUT_S) as response, part.open("wb") as out:
+            while chunk := response.read(_CHUNK):
+                if time.monotonic() > give_up:
+                    raise StagingError(f"downloading {url}: not done after {deadline_s:.0f} s")
+                digest.update(chunk)
+                out.write(chunk)
+    except urllib.error.HTTPError as e:
+        raise StagingError(f"downloading {url}: HTTP {e.code}", permanent=e.code in _PERMANENT_HTTP_STATUS) from None
+    except (OSError, urllib.error.URLError) as e:
+        raise StagingError(f"downloading {url}: {e}") from None
+    if digest.hexdigest() != sha256:
+        part.unlink(missing_ok=True)
+        raise StagingError(f"{url} has sha256 {digest.hexdigest()}, pinned {sha256}: refusing it", permanent=True)
+    os.replace(part, dest)
+
+
+def unpack_wheel(wheel: Path, dest: Path) -> dict[str, int]:
+    """Unpack a pure-Python wheel into `dest` as `pip install --no-deps --target` lays it out;
+    return its files (relative path -> bytes)."""
+    files: dict[str, int] = {}
+    with zipfile.ZipFile(wheel) as archive:
+        for info in archive.infolist():
+            if info.is_dir():
+                continue
+            parts = PurePosixPath(info.filename).parts
+            # A `.data/` member would go outside site-packages under pip (scripts, headers).
+            if info.filename.startswith("/") or ".." in parts or parts[0].endswith(".data"):
+                raise StagingError(f"{wheel.name}: unexpected member {info.filename!r}", permanent=True)
+            target = dest.joinpath(*parts)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with archive.open(info) as src, target.open("wb") as out:
+                shutil.copyfileobj(src, out)
+            files[info.filename] = info.file_size
+    return files
+
+
+def stage_wheel(*, url: str, sha256: str, dest: Path) -> bool:
+    """Put the wheel at `url` (checked against `sha256`) unpacked into `dest`; False when already there."""
+    marker_path = dest / MARKER_NAME
+    identity = wheel_identity(url, sha256)
+    decision = decide(read_marker(marker_path), identity, size_in(dest))
+    name = url.rsplit("/", 1)[-1]
+    if decision.skip:
+        log.info("%s: %s, skipping", name, decision.reason)
+        return False
+    log.info("%s -> %s: %s", name, dest, decision.reason)
+    dest.mkdir(parents=True, exist_ok=True)
+    marker_path.unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory(prefix="wheel-") as tmp:
+        wheel = Path(tmp) / name
+        fetch_verified(url, sha256, wheel)
+        files = unpack_wheel(wheel, dest)
+    write_marker(marker_path, make_marker(identity, files))
+    log.info("%s unpacked in %s (%d files)", name, dest, len(files))
+    return True
+
+
 @dataclass(frozen=True)
 class Settings:
     model_repo: str
@@ -448,6 +530,10 @@ class Settings:
     dataset_revision: str
     data_root: Path
     workers: int
+    verl_wheel_url: str | None = None
+    verl_wheel_sha256: str | None = None
+    verl_dir: str | None = None
+    """Directory under the data root for verl; all three set, or none (the image has verl)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -466,6 +552,9 @@ def parse_args(argv: Sequence[str]) -> Settings:
     p.add_argument("--dataset-revision", default=DEFAULT_DATASET_REVISION)
     p.add_argument("--data-root", default=DEFAULT_DATA_ROOT)
     p.add_argument("--workers", type=int, default=DEFAULT_WORKERS)
+    p.add_argument("--verl-wheel-url", default=None, help="https URL of a verl wheel to unpack on the bucket")
+    p.add_argument("--verl-wheel-sha256", default=None)
+    p.add_argument("--verl-dir", default=None, help="directory under the data root for verl")
     a = p.parse_args(list(argv))
 
     model_dir = a.model_dir if a.model_dir is not None else model_dir_for(a.model_repo)
@@ -485,6 +574,19 @@ def parse_args(argv: Sequence[str]) -> Settings:
         problems.append(f"--dataset-config {a.dataset_config!r} is not a config name")
     if not 1 <= a.workers <= 64:
         problems.append(f"--workers {a.workers} must be 1..64")
+    verl_flags = {"--verl-wheel-url": a.verl_wheel_url, "--verl-wheel-sha256": a.verl_wheel_sha256,
+                  "--verl-dir": a.verl_dir}
+    if any(v is not None for v in verl_flags.values()):
+        missing = [flag for flag, v in verl_flags.items() if v is None]
+        if missing:
+            problems.append(f"{', '.join(verl_flags)} go together; missing {', '.join(missing)}")
+        if a.verl_wheel_url is not None and not (
+                a.verl_wheel_url.startswith("https://") and a.verl_wheel_url.endswith(".whl")):
+            problems.append(f"--verl-wheel-url {a.verl_wheel_url!r} is not an https URL of a .whl file")
+        if a.verl_wheel_sha256 is not None and not _SHA256_RE.fullmatch(a.verl_wheel_sha256):
+            problems.append(f"--verl-wheel-sha256 {a.verl_wheel_sha256!r} is not 64 lowercase hex digits")
+        if a.verl_dir is not None and (not _NAME_RE.fullmatch(a.verl_dir) or a.verl_dir in (DATASET_DIR, model_dir)):
+            problems.append(f"--verl-dir {a.verl_dir!r} must be one directory name, not the model's or the dataset's")
     if problems:
         raise StagingError("; ".join(problems), permanent=True)
     return Settings(
@@ -496,16 +598,22 @@ def parse_args(argv: Sequence[str]) -> Settings:
         dataset_revision=a.dataset_revision,
         data_root=Path(a.data_root),
         workers=a.workers,
+        verl_wheel_url=a.verl_wheel_url,
+        verl_wheel_sha256=a.verl_wheel_sha256,
+        verl_dir=a.verl_dir,
     )
 
 
 def run(settings: Settings, hub: Hub) -> None:
-    """Stage the dataset (seconds) then the model (the long part) under the data root."""
+    """Stage verl and the dataset (seconds each), then the model (the long part) under the data root."""
     if not settings.data_root.is_dir():
         raise StagingError(
             f"data root {settings.data_root} is not a directory: is the bucket claim mounted?", permanent=True
         )
     started = time.monotonic()
+    if settings.verl_wheel_url and settings.verl_wheel_sha256 and settings.verl_dir:
+        stage_wheel(url=settings.verl_wheel_url, sha256=settings.verl_wheel_sha256,
+                    dest=settings.data_root / settings.verl_dir)
     stage_dataset(
         hub,
         repo=settings.dataset_repo,

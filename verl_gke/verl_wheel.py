@@ -1,0 +1,43 @@
+"""The platform's pinned verl release on this machine, unpacked in a local cache.
+
+synth and preview read verl's own Hydra config from it; tests also import verl's validators from
+it. The download is the staging Job's own (workloads/stage_data.py): the same URL, the same sha256
+check, the same marker, so a cached copy is reused only when it is complete.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from components.platforms import VerlRelease
+from workloads.stage_data import StagingError, stage_wheel
+
+CACHE_ENV = "VERL_GKE_CACHE_DIR"
+
+
+class VerlUnavailable(Exception):
+    """The pinned wheel could not be fetched or checked; `str()` says why, on one line."""
+
+
+def cache_dir() -> Path:
+    """$VERL_GKE_CACHE_DIR, else verl-gke/verl under $XDG_CACHE_HOME or ~/.cache."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "verl-gke" / "verl"
+
+
+def unpacked(release: VerlRelease) -> Path:
+    """The directory holding `verl/` of `release` (put first on a path, it imports as installed)."""
+    dest = cache_dir() / release.dir_name
+    try:
+        stage_wheel(url=release.wheel_url, sha256=release.sha256, dest=dest)
+    except (StagingError, OSError) as e:
+        raise VerlUnavailable(f"verl {release.version} from {release.wheel_url}: {e}") from None
+    return dest
+
+
+def config_dir(release: VerlRelease) -> Path:
+    """verl's Hydra config folder (trainer/config, holding ppo_trainer.yaml) of `release`."""
+    return unpacked(release) / "verl" / "trainer" / "config"
