@@ -82,20 +82,27 @@ class Problem:
 
 
 def verl_problems(spec: GrpoSpec, gpus_per_node: int, nnodes: int) -> list[Problem]:
-    """verl's `validate_config` rules and its worker-side asserts."""
+    """verl's batch rules, before any GPU is paid for.
+
+    Three restate verl's `validate_config` (the program cannot import verl: it needs torch);
+    tests/test_verl_config.py holds their verdicts equal to verl's own. The rest verl checks only
+    in its workers, once the GPUs are allocated: verl has no earlier rule for them."""
     n_gpus = gpus_per_node * nnodes
     tp = spec.rollout_tensor_parallel_size
     sp = spec.ulysses_sequence_parallel_size
     out: list[Problem] = []
+    # validate_config: real_train_batch_size divisible by the minimal batch (n_gpus).
     if (spec.train_batch_size * spec.rollout_n) % n_gpus:
         out.append(Problem(
             "train_batch_size",
             f"train_batch_size x rollout.n ({spec.train_batch_size * spec.rollout_n}) must be "
             f"divisible by the {n_gpus} GPUs ({nnodes} nodes x {gpus_per_node})."))
+    # validate_config (ActorConfig.validate): train_batch_size >= ppo_mini_batch_size.
     if spec.ppo_mini_batch_size > spec.train_batch_size:
         out.append(Problem(
             "ppo_mini_batch_size",
             f"must be <= train_batch_size ({spec.train_batch_size})."))
+    # Only after allocation (rollout worker): world size divisible by TP; TP within a node.
     if n_gpus % tp:
         out.append(Problem(
             "rollout_tensor_parallel_size",
@@ -104,10 +111,13 @@ def verl_problems(spec: GrpoSpec, gpus_per_node: int, nnodes: int) -> list[Probl
         out.append(Problem(
             "rollout_tensor_parallel_size",
             f"must divide the {gpus_per_node} GPUs per node when rollout runs data parallel."))
+    # validate_config (ActorConfig.validate): Ulysses needs use_remove_padding.
     if sp > 1 and not spec.use_remove_padding:
         out.append(Problem(
             "ulysses_sequence_parallel_size",
             "Ulysses sequence parallel > 1 needs use_remove_padding = true."))
+    # Only after allocation (FSDP worker): the device mesh splits the GPUs by the Ulysses size, and
+    # the normalized mini batch must split into data-parallel ranks and micro batches.
     if n_gpus % sp:
         out.append(Problem(
             "ulysses_sequence_parallel_size", f"must divide the {n_gpus} GPUs of the cluster."))

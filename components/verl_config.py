@@ -3,7 +3,7 @@ config (`ppo_trainer.yaml` from its wheel), checked before anything is created.
 
 Hydra and omegaconf only. Importing any verl module pulls in torch, so verl's Python validator
 (`verl.utils.config.validate_config`) runs in the tests against every stack's synth, and the
-program keeps grpo_spec.verl_problems for the rules verl checks only once GPUs are allocated.
+program's batch rules live in grpo_spec.verl_problems.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser

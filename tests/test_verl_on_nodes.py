@@ -103,3 +103,45 @@ def test_without_the_staged_verl_the_same_job_fails(ray_head: str, bucket: Path,
 def test_a_second_staging_finds_verl_in_place_and_skips(bucket: Path) -> None:
     release = PLATFORMS["a4"].verl
     assert not stage_data.stage_wheel(url=release.wheel_url, sha256=release.sha256, dest=bucket / release.dir_name)
+
+
+def _verl_wiring(result: Any) -> tuple[list[str], str | None, list[dict[str, str]]]:
+    """What a synth puts in place for verl: staging flags, the job's PYTHONPATH, the Ray containers' env."""
+    args = _staging_args(result)
+    flags = [a for a in args if a.startswith("--verl")]
+    job_path = _inputs(result, "pulumi-python:dynamic:GrpoJob")["runtime_env"]["env_vars"].get("PYTHONPATH")
+    ray = next(m for m in result.manifests() if m["kind"] == "RayCluster")
+    head_env = ray["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0].get("env", [])
+    return flags, job_path, head_env
+
+
+@pytest.mark.parametrize(("stack", "version"), [("a4-standard", "0.6.1"), ("a3u-standard", "0.6.1"), ("a4x", "0.9.0")])
+def test_each_stack_stages_the_verl_its_image_was_built_for(synth_stack: Any, stack: str, version: str) -> None:
+    flags, job_path, head_env = _verl_wiring(synth_stack(stack))
+    assert flags == ["--verl-wheel-url", "--verl-wheel-sha256", "--verl-dir"]
+    assert job_path == f"/data/verl-{version}"
+    assert {"name": "PYTHONPATH", "value": f"/data/verl-{version}"} in head_env
+
+
+def test_an_image_with_verl_gets_no_second_copy() -> None:
+    from verl_gke import synth
+
+    flags, job_path, head_env = _verl_wiring(synth.run("a4", overrides={"verl-gke:verlInImage": "true",
+                                                                       "verl-gke:verlImage": "me/verl:1.0"}))
+    assert (flags, job_path, head_env) == ([], None, [])
+
+
+def test_a_users_own_tree_on_the_bucket_is_used_instead_of_the_release() -> None:
+    from verl_gke import synth
+
+    flags, job_path, head_env = _verl_wiring(synth.run("a4", overrides={"verl-gke:verlSourceInstall": "true"}))
+    assert flags == [] and job_path == "/data/verl"
+    assert {"name": "PYTHONPATH", "value": "/data/verl"} in head_env
+
+
+def test_bringing_verl_twice_is_a_config_error() -> None:
+    from components.config import ConfigError, load_config
+    from tests.conftest import BASE_CONFIG
+
+    with pytest.raises(ConfigError, match="verl-gke:verlInImage = true: verlInImage and verlSourceInstall"):
+        load_config({**BASE_CONFIG, "verl-gke:verlInImage": "true", "verl-gke:verlSourceInstall": "true"})

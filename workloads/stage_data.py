@@ -457,14 +457,16 @@ def wheel_identity(url: str, sha256: str) -> dict[str, Any]:
     return {"kind": "wheel", "url": url, "sha256": sha256}
 
 
-def fetch_verified(url: str, sha256: str, dest: Path, *, deadline_s: float = WHEEL_DEADLINE_S) -> None:
+def fetch_verified(url: str, sha256: str, dest: Path, *, socket_timeout_s: float = WHEEL_SOCKET_TIMEOUT_S,
+                   deadline_s: float = WHEEL_DEADLINE_S) -> None:
     """Download `url` to `dest`, refusing bytes whose sha256 is not `sha256`; within `deadline_s`."""
     digest = hashlib.sha256()
     part = dest.with_name(dest.name + ".part")
     give_up = time.monotonic() + deadline_s
     try:
-        with urllib.request.urlopen(url, timeout=WHEEL_SOCKET_TIMEOUT_S) as response, part.open("wb") as out:
-            while chunk := response.read(_CHUNK):
+        with urllib.request.urlopen(url, timeout=socket_timeout_s) as response, part.open("wb") as out:
+            # read1: whatever has arrived, so a server dripping bytes still meets the deadline.
+            while chunk := response.read1(_CHUNK):
                 if time.monotonic() > give_up:
                     raise StagingError(f"downloading {url}: not done after {deadline_s:.0f} s")
                 digest.update(chunk)
