@@ -129,6 +129,8 @@ class StackConfig(BaseModel):
 
     job_ready_timeout_seconds: int = Field(1800, ge=1)
     job_wait_for_completion: bool = False
+    job_startup_grace_seconds: int = Field(60, ge=0)
+    job_outage_window_seconds: int = Field(600, ge=1)
     job_attempt: int = Field(0, ge=0)
     job_dashboard_url: str = ""
 

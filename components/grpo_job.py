@@ -16,6 +16,7 @@ import json
 import math
 import re
 import time
+import urllib.parse
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import MISSING, asdict, dataclass, field, fields
@@ -26,12 +27,16 @@ import pulumi.dynamic
 from pulumi.output import Unknown
 from pulumi.runtime import rpc
 
+from verl_gke import head_access
 from verl_gke.head_access import (
     PORT_FORWARD_START_TIMEOUT_S,
     HeadAccessError,
     HeadAccessSetupError,
+    HeadGoneError,
+    HeadRequestError,
     dashboard,
     dashboard_command,
+    job_client,
     wait_for_dashboard,
 )
 
@@ -42,14 +47,19 @@ SUBMISSION_ID_PREFIX = "verl-grpo"
 REACH_TIMEOUT_S = 30.0
 """Deadline to reach a head that already took the job (refresh, delete, completion polls), capped
 by ready_timeout_s; past it, `delete` takes the head for gone."""
+START_GRACE_S = 60.0
+"""How long `create` watches a RUNNING job before calling it started: verl fails on a bad config,
+a missing module or an unreachable model within its first minute."""
 STOP_TIMEOUT_S = 60.0
 """How long `delete` waits for a stopped job to reach a terminal state."""
 LOG_TAIL_LINES = 20
 
 _TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 _OUTPUT_KEYS = ("submission_id", "status", "dashboard_command")
-_REPLACE_KEYS = ("entrypoint", "runtime_env", "attempt")
-_SECONDS_KEYS = ("completion_timeout_s", "poll_interval_s", "ready_timeout_s")
+# What the run is, and where it runs: a new cluster or head needs a new submission on it.
+_REPLACE_KEYS = ("entrypoint", "runtime_env", "attempt", "dashboard_url", "cluster_endpoint", "cluster_name",
+                 "namespace", "head_service")
+_SECONDS_KEYS = ("completion_timeout_s", "poll_interval_s", "ready_timeout_s", "outage_window_s")
 _ACCESS_KEYS = ("dashboard_url", "cluster_endpoint", "cluster_ca_certificate", "cluster_name", "head_service")
 _NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -83,10 +93,14 @@ class GrpoJobArgs(TypedDict, total=False):
     """With wait_for_completion: how long the run may take."""
     poll_interval_s: NotRequired[pulumi.Input[float]]
     """With wait_for_completion: seconds between status polls."""
+    outage_window_s: NotRequired[pulumi.Input[float]]
+    """With wait_for_completion: how long the head may stay unreachable before the wait fails."""
     metadata: NotRequired[pulumi.Input[Mapping[str, str] | None]]
     """Ray job metadata (string to string)."""
     attempt: NotRequired[pulumi.Input[int]]
     """Bump to run an unchanged spec again under a new submission id (default 0)."""
+    startup_grace_s: NotRequired[pulumi.Input[float]]
+    """`create` returns once the job has been RUNNING this long (0: as soon as it runs)."""
 
 
 @dataclass(frozen=True)
@@ -107,9 +121,11 @@ class _JobSpec:
     # A GRPO run of the tutorial's size takes hours; a day bounds a stuck `pulumi up`.
     completion_timeout_s: float = 86400.0
     poll_interval_s: float = 15.0
+    outage_window_s: float = head_access.OUTAGE_WINDOW_S
     metadata: dict[str, str] = field(default_factory=dict)
     # Bumped to run the same spec again: Ray never reuses a submission id, so a new attempt is a new id.
     attempt: int = 0
+    startup_grace_s: float = START_GRACE_S
 
     @classmethod
     def from_props(cls, props: Mapping[str, Any]) -> _JobSpec:
@@ -119,7 +135,7 @@ class _JobSpec:
             raise ValueError("GrpoJob: " + "; ".join(f"{key}: {reason}" for key, reason in problems))
         given = {key: props[key] for key in _SPEC_KEYS if props.get(key) is not None}
         given["runtime_env"] = whole_numbers(given["runtime_env"])
-        for key in _SECONDS_KEYS:
+        for key in (*_SECONDS_KEYS, "startup_grace_s"):
             if key in given:
                 given[key] = float(given[key])
         if "metadata" in given:
@@ -225,6 +241,10 @@ def _problems(props: Mapping[str, Any]) -> list[tuple[str, str]]:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
                                   or not math.isfinite(value) or value <= 0):
             problems.append((key, f"{value!r} must be a positive number of seconds"))
+    grace = known.get("startup_grace_s")
+    if grace is not None and (isinstance(grace, bool) or not isinstance(grace, int | float)
+                              or not math.isfinite(grace) or grace < 0):
+        problems.append(("startup_grace_s", f"{grace!r} must be a number of seconds >= 0"))
     waiting = known.get("wait_for_completion")
     if waiting is not None and not isinstance(waiting, bool):
         problems.append(("wait_for_completion", f"{waiting!r} must be true or false"))
@@ -266,11 +286,15 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
     def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
         spec = _JobSpec.from_props(props)
         submission_id = spec.submission_id
+        started = time.monotonic()
         with _client(spec, spec.ready_timeout_s) as client:
-            if _find_job(client, submission_id) is None:
+            job = _find_job(client, submission_id)
+            if job is None:
                 client.submit_job(entrypoint=spec.entrypoint, submission_id=submission_id,
                                   runtime_env=spec.runtime_env, metadata=spec.metadata or None)
-            status = _value(client.get_job_status(submission_id))
+            else:
+                _check_adoptable(job, spec)
+            status = _await_start(client, spec, submission_id, started + spec.ready_timeout_s)
         if spec.wait_for_completion:
             status = _await_completion(spec, submission_id)
         return pulumi.dynamic.CreateResult(submission_id, spec.outs(submission_id, status))
@@ -294,9 +318,16 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
         try:
             with _client(spec, spec.reach_timeout_s) as client:
                 _stop(client, id_)
-        except HeadAccessError as error:
-            # The head (or the whole cluster) is gone, and its jobs with it.
+        except HeadGoneError as error:
+            # The Kubernetes API says the head's service is gone, and its jobs with it.
             pulumi.log.warn(f"GrpoJob {id_}: nothing to stop; {error}")
+        except (HeadAccessError, HeadRequestError) as error:
+            # Succeeding here would let Pulumi start a replacement beside a run that may be live.
+            raise RuntimeError(
+                f"GrpoJob {id_}: cannot tell whether it still runs, so nothing was stopped: {error}. "
+                "Restore access to the head (cluster credentials, network) and run again; if the "
+                "cluster is gone for good, remove the job with `pulumi state delete`."
+            ) from None
 
 
 def _spec_props(props: Mapping[str, Any]) -> dict[str, Any]:
@@ -309,9 +340,8 @@ def _client(spec: _JobSpec, timeout_s: float) -> Iterator[JobSubmissionClient]:
     """A JobSubmissionClient on the head, reached within `timeout_s`, or HeadAccessError naming it.
 
     The port-forward is retried until the deadline: kubectl fails while the head pod is pending.
+    The last error's kind is kept, so a head the API says is gone stays HeadGoneError.
     """
-    from ray.job_submission import JobSubmissionClient
-
     deadline = time.monotonic() + timeout_s
     while True:
         stack = ExitStack()
@@ -329,17 +359,82 @@ def _client(spec: _JobSpec, timeout_s: float) -> Iterator[JobSubmissionClient]:
         except HeadAccessError as error:
             stack.close()
             if time.monotonic() >= deadline:
-                raise HeadAccessError(
+                raise type(error)(
                     f"Ray head at {spec.address} not reachable within {timeout_s:g} s: {error}"
                 ) from None
             time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
     with stack:
-        yield JobSubmissionClient(url)
+        yield job_client(url, spec.address)
 
 
 def _find_job(client: JobSubmissionClient, submission_id: str) -> JobDetails | None:
     # list_jobs, not get_job_info: the latter does not tell "no such job" from other failures.
     return next((job for job in client.list_jobs() if job.submission_id == submission_id), None)
+
+
+def _check_adoptable(job: JobDetails, spec: _JobSpec) -> None:
+    """A job under our id is ours only if it runs our spec: Ray ids say nothing about the job."""
+    theirs = {"entrypoint": job.entrypoint, "runtime_env": whole_numbers(job.runtime_env or {})}
+    ours = {"entrypoint": spec.entrypoint, "runtime_env": spec.runtime_env}
+    # Ray stores runtime_env.config with its own defaults filled in (eager_install, log_files).
+    their_config = theirs["runtime_env"].get("config") or {}
+    same_config = all(their_config.get(key) == value for key, value in (ours["runtime_env"].get("config") or {}).items())
+
+    def without_config(env: dict[str, Any]) -> dict[str, Any]:
+        return {key: value for key, value in env.items() if key != "config"}
+
+    if not (theirs["entrypoint"] == ours["entrypoint"] and same_config
+            and without_config(theirs["runtime_env"]) == without_config(ours["runtime_env"])):
+        raise RuntimeError(
+            f"GrpoJob {job.submission_id}: the head already has a job under this id that runs something "
+            f"else, so it is not adopted. Its spec: {json.dumps(theirs, sort_keys=True)}; this stack's: "
+            f"{json.dumps(ours, sort_keys=True)}. Stop it, or bump verl-gke:jobAttempt for a new id."
+        )
+
+
+def _await_start(client: JobSubmissionClient, spec: _JobSpec, submission_id: str, deadline: float) -> str:
+    """Waits for the job to be RUNNING (by `deadline`) and to stay so for its start-up grace;
+    a job that ends badly first raises with the end of its log."""
+    running_since: float | None = None
+    while True:
+        status = _value(client.get_job_status(submission_id))
+        now = time.monotonic()
+        if status in ("FAILED", "STOPPED"):
+            raise RuntimeError(_ended_message(client, submission_id, status, "while starting"))
+        if status == "SUCCEEDED":
+            return status
+        if status == "RUNNING":
+            running_since = running_since or now
+            if now - running_since >= spec.startup_grace_s:
+                return status
+        elif now >= deadline:
+            raise TimeoutError(f"GrpoJob {submission_id} still {status} after ready_timeout_s="
+                               f"{spec.ready_timeout_s:g} s on {spec.address}; it was not stopped")
+        time.sleep(1.0)
+
+
+def _ended_message(client: JobSubmissionClient, submission_id: str, status: str, when: str) -> str:
+    job = client.get_job_info(submission_id)
+    # Ray's message embeds up to 20,000 chars of logs after its first line: keep that line.
+    message = (job.message or "no message").splitlines()[0]
+    tail = log_tail(client, job, LOG_TAIL_LINES)
+    return (f"GRPO job {submission_id} {status} {when}: {message}\n"
+            f"last {len(tail)} log lines:\n" + "\n".join(tail))
+
+
+def log_tail(client: JobSubmissionClient, job: JobDetails, lines: int) -> list[str]:
+    """The last `lines` lines of the job's driver log, cut by the head (the log may be GBs)."""
+    if not job.driver_node_id:
+        return ["(no log tail: the job's driver never started)"]
+    query = urllib.parse.urlencode({"submission_id": job.submission_id, "node_id": job.driver_node_id,
+                                    "lines": lines, "timeout": int(head_access.REQUEST_TIMEOUT_S)})
+    try:
+        response = client._do_request("GET", f"/api/v0/logs/file?{query}")
+    except HeadRequestError as e:
+        return [f"(no log tail: {e})"]
+    if response.status_code != 200:
+        return [f"(no log tail: the head answered HTTP {response.status_code})"]
+    return response.text.splitlines()[-lines:]
 
 
 def _value(status: Any) -> str:
@@ -366,20 +461,28 @@ def _await_completion(spec: _JobSpec, submission_id: str) -> str:
     Each poll opens its own connection: one port-forward held for hours would break.
     """
     deadline = time.monotonic() + spec.completion_timeout_s
+    lost_since: float | None = None
+    status = "RUNNING"
     while True:
-        with _client(spec, spec.reach_timeout_s) as client:
-            job = client.get_job_info(submission_id)
-            status = _value(job.status)
-            if status == "SUCCEEDED":
-                return status
-            if status in _TERMINAL:
-                # Ray's message embeds up to 20,000 chars of logs after its first line: keep that line.
-                reason = (job.message or "no message").splitlines()[0]
-                tail = client.get_job_logs(submission_id).splitlines()[-LOG_TAIL_LINES:]
-                raise RuntimeError(
-                    f"GRPO job {submission_id} {status}: {reason}\n"
-                    f"last {len(tail)} log lines:\n" + "\n".join(tail)
-                )
+        try:
+            with _client(spec, spec.reach_timeout_s) as client:
+                job = client.get_job_info(submission_id)
+                status = _value(job.status)
+                if status == "SUCCEEDED":
+                    return status
+                if status in _TERMINAL:
+                    raise RuntimeError(_ended_message(client, submission_id, status, "after it started"))
+            lost_since = None
+        except HeadGoneError:
+            raise
+        except (HeadAccessError, HeadRequestError) as error:
+            # A head pod restart or a dropped port-forward must not fail a wait of many hours.
+            now = time.monotonic()
+            lost_since = lost_since or now
+            if now - lost_since >= spec.outage_window_s:
+                raise RuntimeError(f"GRPO job {submission_id}: lost the Ray head for {now - lost_since:.0f} s "
+                                   f"(outage_window_s={spec.outage_window_s:g}): {error}") from None
+            pulumi.log.warn(f"GRPO job {submission_id}: head unreachable, retrying: {error}")
         if time.monotonic() >= deadline:
             raise TimeoutError(
                 f"GRPO job {submission_id} still {status} after completion_timeout_s="

@@ -1,4 +1,5 @@
-"""A real, private Ray head on 127.0.0.1 for the tests and the latency bench, and a fake kubectl.
+"""A real, private Ray head on 127.0.0.1 for the tests and the latency bench, a fake kubectl, and a
+TCP relay to the head that can be cut (FlakyLink).
 
 Loaded as a pytest plugin (`pytest_plugins = ["tests.ray_head"]` in tests/conftest.py). The head
 runs as a child in its own process group with every port chosen free and its own temp dir, so it
@@ -18,6 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -166,7 +168,8 @@ def fake_kubectl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A `kubectl` first on PATH that records its call and kubeconfig in the returned file, then
     per FAKE_KUBECTL_MODE: `forward` (default) prints the "Forwarding from" line for
     FAKE_KUBECTL_PORT (default 45678) and sleeps, `fail` exits 1 with kubectl's error for a
-    missing service, `silent` sleeps without a word."""
+    missing service, `auth` exits 1 as kubectl does with expired credentials, `silent` sleeps
+    without a word."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     record = tmp_path / "record"
@@ -179,6 +182,7 @@ def fake_kubectl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         'cp "$kc" "$FAKE_KUBECTL_RECORD.kubeconfig"\n'
         'case "$FAKE_KUBECTL_MODE" in\n'
         '  fail) echo \'error: services "head-svc" not found\' >&2; exit 1 ;;\n'
+        '  auth) echo \'error: You must be logged in to the server (Unauthorized)\' >&2; exit 1 ;;\n'
         '  silent) exec sleep 300 ;;\n'
         'esac\n'
         'port=${FAKE_KUBECTL_PORT:-45678}\n'
@@ -200,3 +204,45 @@ def kubectl_record(record: Path) -> dict[str, list[str]]:
         key, _, value = line.partition(" ")
         lines.setdefault(key, []).append(value)
     return lines
+
+
+class FlakyLink:
+    """A TCP relay to the real head that can be cut: a stand-in for a dropped port-forward or a
+    head pod restart (a real head loses its jobs when restarted)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.up = threading.Event()
+        self._target = target_port
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = self._server.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            if not self.up.is_set():
+                conn.close()
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self._target))
+            for a, b in ((conn, upstream), (upstream, conn)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._server.close()

@@ -25,7 +25,7 @@ import yaml
 from matplotlib.image import imread
 from ray.job_submission import JobStatus, JobSubmissionClient
 
-from tests.ray_head import free_ports, kubectl_record
+from tests.ray_head import FlakyLink, free_ports, kubectl_record
 from verl_gke import cli, stack_outputs
 from verl_gke.stack_outputs import OutputsError
 
@@ -309,8 +309,9 @@ def test_status_through_a_port_forward_the_way_the_job_provider_reaches_the_head
 
 
 @pytest.mark.ray
-def test_dashboard_holds_the_port_forward_until_ctrl_c(
-        ray_head: str, tmp_path: Path, fake_kubectl: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_dashboard_holds_the_port_forward_until_ctrl_c_or_sigterm_and_then_cleans_up(
+        ray_head: str, tmp_path: Path, fake_kubectl: Path, monkeypatch: pytest.MonkeyPatch, sig: signal.Signals) -> None:
     monkeypatch.setenv("FAKE_KUBECTL_PORT", ray_head.rsplit(":", 1)[1])
     outputs = write_outputs(tmp_path / "outputs.json", outputs_doc(
         "raysubmit_1", clusterEndpoint="34.1.2.3", clusterCaCertificate=CA))
@@ -319,9 +320,10 @@ def test_dashboard_holds_the_port_forward_until_ctrl_c(
     try:
         assert process.stdout is not None
         assert process.stdout.readline() == f"Ray dashboard: {ray_head}\n"
-        kubectl_pid = int(kubectl_record(fake_kubectl)["pid"][0])
-        assert Path(f"/proc/{kubectl_pid}").exists()
-        process.send_signal(signal.SIGINT)
+        seen = kubectl_record(fake_kubectl)
+        kubectl_pid, kubeconfig = int(seen["pid"][0]), Path(seen["kubeconfig"][0])
+        assert Path(f"/proc/{kubectl_pid}").exists() and kubeconfig.exists()
+        process.send_signal(sig)
         _, err = process.communicate(timeout=30)
     finally:
         if process.poll() is None:
@@ -330,6 +332,7 @@ def test_dashboard_holds_the_port_forward_until_ctrl_c(
     assert process.returncode == 0
     assert "verl-gke: closing the port-forward" in err.splitlines()
     assert not Path(f"/proc/{kubectl_pid}").exists()  # the tunnel closed with the command
+    assert not kubeconfig.parent.exists()  # and its temporary kubeconfig folder
 
 
 @pytest.mark.ray
@@ -498,3 +501,41 @@ def test_bad_output_values_are_named(change: dict[str, Any], message: str) -> No
     with pytest.raises(OutputsError) as error:
         stack_outputs.from_mapping(outputs_doc("raysubmit_1", **change), "test")
     assert str(error.value) == message
+
+
+@pytest.mark.ray
+def test_wait_rides_out_a_head_outage_shorter_than_its_window(
+        capsys: pytest.CaptureFixture[str], ray_head: str, tmp_path: Path) -> None:
+    import threading
+
+    submission_id = submit(ray_head, entrypoint="python -c 'import time; time.sleep(10)'")
+    link = FlakyLink(int(ray_head.rsplit(":", 1)[1]))
+    link.up.set()
+    threading.Timer(2.0, link.up.clear).start()  # lost 2 s in, for 4 s
+    threading.Timer(6.0, link.up.set).start()
+    try:
+        outputs = write_outputs(tmp_path / "outputs.json", outputs_doc(submission_id))
+        code, out, err = run(capsys, "wait", "--outputs", str(outputs), "--dashboard-url",
+                             f"http://127.0.0.1:{link.port}", "--poll", "0.5", "--outage-window", "30")
+    finally:
+        link.close()
+    assert code == 0, err
+    assert out == f"job {submission_id} SUCCEEDED\n"
+    assert "head unreachable" in err and "reconnecting for up to" in err
+
+
+@pytest.mark.ray
+def test_wait_exits_3_not_1_when_the_head_stays_unreachable(
+        capsys: pytest.CaptureFixture[str], ray_head: str, tmp_path: Path) -> None:
+    link = FlakyLink(int(ray_head.rsplit(":", 1)[1]))
+    try:
+        outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("cli-test-never"))
+        started = time.monotonic()
+        code, _, err = run(capsys, "wait", "--outputs", str(outputs), "--dashboard-url",
+                           f"http://127.0.0.1:{link.port}", "--poll", "0.5", "--outage-window", "2",
+                           "--head-timeout", "1")
+    finally:
+        link.close()
+    assert code == 3
+    assert error_line(err).startswith("verl-gke: error: lost the Ray head for 0m0")
+    assert time.monotonic() - started < 15

@@ -11,6 +11,7 @@ import hashlib
 import json
 import shlex
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -25,8 +26,8 @@ from pulumi.output import Unknown
 from pulumi.runtime import rpc
 from ray.job_submission import JobSubmissionClient
 
-from components.grpo_job import GrpoJob, GrpoJobProvider
-from tests.ray_head import free_ports, kubectl_record
+from components.grpo_job import GrpoJob, GrpoJobProvider, _JobSpec
+from tests.ray_head import FlakyLink, free_ports, kubectl_record
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
 
@@ -118,8 +119,8 @@ def test_ints_sent_as_floats_give_the_same_job(props: Callable[..., dict[str, An
 
 def test_read_refreshes_the_status(ray_head: str, props: Callable[..., dict[str, Any]]) -> None:
     provider = GrpoJobProvider()
-    created = provider.create(props(_py("import time; time.sleep(1)")))
-    assert _outs_of(created)["status"] in {"PENDING", "RUNNING"}
+    created = provider.create(props(_py("import time; time.sleep(3)"), startup_grace_s=0.0))
+    assert _outs_of(created)["status"] == "RUNNING"
     _wait_status(JobSubmissionClient(ray_head), created.id, {"SUCCEEDED", "FAILED"})
     read = provider.read(created.id, _outs_of(created))
     assert read.id == created.id
@@ -188,7 +189,7 @@ def _stored(**overrides: Any) -> dict[str, Any]:
     return {**base, **overrides}
 
 
-def test_diff_replaces_on_entrypoint_or_runtime_env_change_only() -> None:
+def test_diff_replaces_on_the_run_changing_not_on_timeouts() -> None:
     provider = GrpoJobProvider()
     olds = {**_stored(), "namespace": "default", "ready_timeout_s": 1800.0,
             "submission_id": "verl-grpo-a4-x", "status": "RUNNING"}
@@ -210,6 +211,14 @@ def test_diff_replaces_on_entrypoint_or_runtime_env_change_only() -> None:
     assert again.changes is True and again.replaces == ["attempt"] and again.delete_before_replace is True
 
 
+@pytest.mark.parametrize("key", ["dashboard_url", "cluster_endpoint", "cluster_name", "namespace", "head_service"])
+def test_diff_replaces_when_where_the_job_runs_changes(key: str) -> None:
+    olds = {**_stored(), **CLUSTER, "submission_id": "verl-grpo-a4-x", "status": "RUNNING"}
+    moved = GrpoJobProvider().diff("id", olds, {**olds, key: "http://elsewhere:8265" if key == "dashboard_url"
+                                                else "other"})
+    assert moved.replaces == [key] and moved.delete_before_replace is True
+
+
 def test_a_new_attempt_of_the_same_spec_is_a_new_submission(ray_head: str, props: Callable[..., dict[str, Any]]) -> None:
     job_props = props(_py("print('attempt')"))
     first = GrpoJobProvider().create(job_props)
@@ -226,8 +235,9 @@ def test_diff_in_preview_treats_unknown_spec_as_a_replace() -> None:
     for unknown in (Unknown(), rpc.UNKNOWN):
         nested = provider.diff("id", olds, {**_stored(), "runtime_env": {"env_vars": {"HF_HOME": unknown}}})
         assert nested.replaces == ["runtime_env"]
+        # Where the job runs is not known yet (a new cluster): the run moves with it.
         url = provider.diff("id", olds, {**_stored(), "dashboard_url": unknown})
-        assert url.changes is True and url.replaces == []
+        assert url.changes is True and url.replaces == ["dashboard_url"]
 
 
 def test_check_names_each_bad_prop_and_lets_unknowns_pass() -> None:
@@ -270,7 +280,8 @@ def test_update_keeps_the_job_and_its_outputs() -> None:
 
 def test_delete_stops_a_running_job(ray_head: str, props: Callable[..., dict[str, Any]]) -> None:
     provider = GrpoJobProvider()
-    created = provider.create(props(_py("import time; print('training', flush=True); time.sleep(600)")))
+    created = provider.create(props(_py("import time; print('training', flush=True); time.sleep(600)"),
+                                    startup_grace_s=0.0))
     client = JobSubmissionClient(ray_head)
     _wait_status(client, created.id, {"RUNNING"})
     started = time.monotonic()
@@ -279,12 +290,38 @@ def test_delete_stops_a_running_job(ray_head: str, props: Callable[..., dict[str
     assert str(client.get_job_status(created.id).value) == "STOPPED"
 
 
-def test_delete_succeeds_when_the_head_is_gone(props: Callable[..., dict[str, Any]]) -> None:
+def _tunnelled(props: Callable[..., dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    outs = {**props(_py("pass")), **CLUSTER, "submission_id": "verl-grpo-dev-abc", "status": "RUNNING", **extra}
+    del outs["dashboard_url"]
+    return outs
+
+
+def test_delete_succeeds_without_stopping_only_when_the_api_says_the_head_is_gone(
+        props: Callable[..., dict[str, Any]], fake_kubectl: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_KUBECTL_MODE", "fail")  # kubectl: services "head-svc" not found
+    started = time.monotonic()
+    GrpoJobProvider().delete("verl-grpo-dev-abc", _tunnelled(props, ready_timeout_s=1.0))
+    assert time.monotonic() - started < 10
+
+
+def test_delete_raises_when_credentials_fail_instead_of_letting_a_second_run_start(
+        props: Callable[..., dict[str, Any]], fake_kubectl: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_KUBECTL_MODE", "auth")
+    with pytest.raises(RuntimeError) as raised:
+        GrpoJobProvider().delete("verl-grpo-dev-abc", _tunnelled(props, ready_timeout_s=1.0))
+    message = str(raised.value)
+    assert message.startswith("GrpoJob verl-grpo-dev-abc: cannot tell whether it still runs, so nothing was stopped")
+    assert "You must be logged in to the server (Unauthorized)" in message
+    assert "`pulumi state delete`" in message
+
+
+def test_delete_raises_when_a_dashboard_url_does_not_answer(props: Callable[..., dict[str, Any]]) -> None:
     [port] = free_ports(1)
     outs = {**props(_py("pass")), "dashboard_url": f"http://127.0.0.1:{port}", "ready_timeout_s": 1.0,
             "submission_id": "verl-grpo-dev-abc", "status": "RUNNING"}
     started = time.monotonic()
-    GrpoJobProvider().delete("verl-grpo-dev-abc", outs)
+    with pytest.raises(RuntimeError, match="cannot tell whether it still runs"):
+        GrpoJobProvider().delete("verl-grpo-dev-abc", outs)
     assert time.monotonic() - started < 10
 
 
@@ -305,7 +342,7 @@ def test_wait_for_completion_fails_with_the_runs_log_tail(props: Callable[..., d
     message = str(raised.value)
     first_line, *rest = message.splitlines()
     assert first_line.startswith("GRPO job verl-grpo-t")
-    assert first_line.endswith(" FAILED: Job entrypoint command failed with exit code 3, "
+    assert first_line.endswith(" FAILED while starting: Job entrypoint command failed with exit code 3, "
                                "last available logs (truncated to 20,000 chars):")
     assert rest[0] == "last 20 log lines:"
     assert rest[1:] == [f"step {i}" for i in range(10, 30)]
@@ -367,3 +404,98 @@ def test_grpo_job_resource_registers_the_provider_and_exposes_outputs(mocks: _Mo
         assert rpc.is_rpc_secret(registered.inputs["__provider"])
 
     return pulumi.Output.all(job.submission_id, job.status).apply(check)
+
+
+def test_a_run_that_fails_within_its_start_up_grace_fails_create_with_its_log_tail(
+        props: Callable[..., dict[str, Any]]) -> None:
+    code = "import sys, time\nfor i in range(5000): print(f'line {i}')\ntime.sleep(2)\nsys.exit(4)"
+    with pytest.raises(RuntimeError) as raised:
+        GrpoJobProvider().create(props(_py(code), startup_grace_s=30.0))
+    first_line, *rest = str(raised.value).splitlines()
+    assert " FAILED while starting: Job entrypoint command failed with exit code 4" in first_line
+    assert rest[0] == "last 20 log lines:"
+    assert rest[1:] == [f"line {i}" for i in range(4980, 5000)]
+
+
+def test_create_returns_once_the_run_survived_its_start_up_grace(props: Callable[..., dict[str, Any]]) -> None:
+    started = time.monotonic()
+    created = GrpoJobProvider().create(props(_py("import time; time.sleep(60)"), startup_grace_s=3.0))
+    assert _outs_of(created)["status"] == "RUNNING"
+    assert 3 <= time.monotonic() - started < 20
+    GrpoJobProvider().delete(created.id, _outs_of(created))
+
+
+def test_a_job_under_our_id_that_runs_something_else_is_not_adopted(
+        ray_head: str, props: Callable[..., dict[str, Any]]) -> None:
+    job_props = props(_py("print('ours')"), startup_grace_s=0.0)
+    submission_id = GrpoJobProvider().create(job_props).id
+    # Someone else's job under the id this spec would take (Ray ids say nothing about the job).
+    other = {**job_props, "entrypoint": _py("print('theirs')")}
+    squatter = _JobSpec.from_props(other)
+    JobSubmissionClient(ray_head).submit_job(entrypoint=_py("print('ours')") + " # edited",
+                                             submission_id=squatter.submission_id, runtime_env={})
+    with pytest.raises(RuntimeError) as raised:
+        GrpoJobProvider().create(other)
+    message = str(raised.value)
+    assert message.startswith(f"GrpoJob {squatter.submission_id}: the head already has a job under this id "
+                              "that runs something else, so it is not adopted.")
+    assert "# edited" in message and "theirs" in message
+    assert submission_id != squatter.submission_id
+
+
+def test_ray_filling_in_runtime_env_config_defaults_does_not_block_adoption(
+        props: Callable[..., dict[str, Any]]) -> None:
+    job_props = props(_py("print('cfg')"), runtime_env={"config": {"setup_timeout_seconds": 600}},
+                      startup_grace_s=0.0)
+    assert GrpoJobProvider().create(job_props).id == GrpoJobProvider().create(job_props).id
+
+
+def _cut_once_running(link: FlakyLink, head: str, submission_id: str, for_s: float) -> None:
+    """Cuts the link for `for_s` seconds once the job runs (its start has no outage window)."""
+    client = JobSubmissionClient(head)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if str(client.get_job_status(submission_id).value) == "RUNNING":
+                break
+        except RuntimeError:
+            pass  # not submitted yet
+        time.sleep(0.2)
+    time.sleep(1.0)  # let create pass from start-up to the completion polls
+    link.up.clear()
+    time.sleep(for_s)
+    link.up.set()
+
+
+def test_wait_for_completion_rides_out_a_head_outage_within_its_window(
+        ray_head: str, props: Callable[..., dict[str, Any]]) -> None:
+    link = FlakyLink(int(ray_head.rsplit(":", 1)[1]))
+    link.up.set()
+    job_props = props(_py("import time; time.sleep(12)"), dashboard_url=f"http://127.0.0.1:{link.port}",
+                      startup_grace_s=0.0, wait_for_completion=True, poll_interval_s=0.5, outage_window_s=60.0)
+    threading.Thread(target=_cut_once_running, args=(link, ray_head, _JobSpec.from_props(job_props).submission_id, 5.0),
+                     daemon=True).start()
+    try:
+        created = GrpoJobProvider().create(job_props)
+    finally:
+        link.close()
+    assert _outs_of(created)["status"] == "SUCCEEDED"
+
+
+def test_wait_for_completion_fails_once_the_head_is_lost_for_longer_than_its_window(
+        ray_head: str, props: Callable[..., dict[str, Any]]) -> None:
+    link = FlakyLink(int(ray_head.rsplit(":", 1)[1]))
+    link.up.set()
+    job_props = props(_py("import time; time.sleep(60)"), dashboard_url=f"http://127.0.0.1:{link.port}",
+                      startup_grace_s=0.0, wait_for_completion=True, poll_interval_s=0.5, outage_window_s=3.0,
+                      ready_timeout_s=2.0)
+    threading.Thread(target=_cut_once_running, args=(link, ray_head, _JobSpec.from_props(job_props).submission_id, 600.0),
+                     daemon=True).start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match=r"lost the Ray head for \d+ s \(outage_window_s=3\)"):
+            GrpoJobProvider().create(job_props)
+    finally:
+        link.close()
+    assert time.monotonic() - started < 30
+    JobSubmissionClient(ray_head).stop_job(_JobSpec.from_props(job_props).submission_id)

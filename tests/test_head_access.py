@@ -6,7 +6,10 @@ The port-forward path is driven through a fake `kubectl` put first on PATH: it p
 
 from __future__ import annotations
 
+import signal
 import stat
+import subprocess
+import sys
 import time
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -157,3 +160,35 @@ def test_missing_cluster_facts_are_named() -> None:
                        cluster_name="verl", namespace="ray", head_service=None):
             pytest.fail("the block must not run")
     assert "(missing: cluster_ca_certificate, head_service)" in str(raised.value)
+
+
+def test_a_port_forward_ends_with_the_process_that_opened_it_even_on_sigkill(
+        fake_kubectl: Path) -> None:
+    # A stand-in for the provider process, killed without a chance to clean up.
+    opener = subprocess.Popen([sys.executable, "-c", (
+        "from verl_gke.head_access import dashboard\n"
+        "import time\n"
+        "with dashboard(None, cluster_endpoint='34.1.2.3', cluster_ca_certificate='Y2E=', cluster_name='c',"
+        " namespace='ray', head_service='h-svc') as url:\n"
+        "    print(url, flush=True); time.sleep(300)\n")], stdout=subprocess.PIPE, text=True,
+        cwd=Path(__file__).resolve().parent.parent)
+    try:
+        assert opener.stdout is not None and opener.stdout.readline().startswith("http://127.0.0.1:")
+        kubectl_pid = int(kubectl_record(fake_kubectl)["pid"][0])
+        opener.send_signal(signal.SIGKILL)
+        opener.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while _alive(kubectl_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(kubectl_pid)
+    finally:
+        if opener.poll() is None:
+            opener.kill()
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for its new parent to reap it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

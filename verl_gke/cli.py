@@ -9,7 +9,8 @@
 The stack outputs come from `pulumi stack output --json` or `--outputs FILE`; the head is
 reached the way the GrpoJob provider reaches it (verl_gke.head_access): a port-forward through
 the Kubernetes API, or `--dashboard-url` for a head that is directly reachable. Results go to
-stdout, progress to stderr; an error is one line on stderr and exit status 1.
+stdout, progress to stderr; an error is one line on stderr and exit status 1 (`wait`: 3 when the
+head stayed unreachable for its outage window, so a pipeline can tell a lost head from a failed run).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import argparse
 import asyncio
 import json
 import logging
+import signal
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
@@ -28,7 +31,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO, TypeVar
 
 from verl_gke import metrics, stack_outputs
-from verl_gke.head_access import HeadAccessError, dashboard, wait_for_dashboard
+from verl_gke.head_access import (
+    OUTAGE_WINDOW_S,
+    HeadAccessError,
+    HeadRequestError,
+    dashboard,
+    job_client,
+    wait_for_dashboard,
+)
 from verl_gke.stack_outputs import OutputsError, StackOutputs
 
 if TYPE_CHECKING:
@@ -39,6 +49,8 @@ PROG = "verl-gke"
 TERMINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 DEFAULT_HEAD_TIMEOUT_S = 30.0
 DEFAULT_POLL_S = 30.0
+DEFAULT_OUTAGE_WINDOW_S = OUTAGE_WINDOW_S
+RECONNECT_PAUSE_S = 5.0
 # A head that answers within this needs no progress message.
 _QUICK_PROBE_S = 1.0
 # `wait` reports every status change, and the unchanged status this often.
@@ -48,6 +60,12 @@ _T = TypeVar("_T")
 
 class CliError(Exception):
     """A failure the user can act on; printed as one line."""
+
+
+class HeadUnreachable(CliError):
+    """`wait` lost the head for longer than its outage window: the run may still be going."""
+
+    exit_code = 3
 
 
 @dataclass(frozen=True)
@@ -94,10 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     wait = commands.add_parser("wait", parents=[common], help="wait for the job to end; exit 0 only if it succeeded",
                                description="Wait for the GRPO job to end, showing progress on stderr. "
-                                           "Exit 0 if it SUCCEEDED, 1 if it FAILED or STOPPED or the timeout passed.")
+                                           "Exit 0 if it SUCCEEDED, 1 if it FAILED or STOPPED or the timeout passed, "
+                                           "3 if the head stayed unreachable for the outage window.")
     wait.add_argument("--timeout", type=_positive_float, metavar="S", help="give up after S seconds (default: never)")
     wait.add_argument("--poll", type=_positive_float, default=DEFAULT_POLL_S, metavar="S",
                       help=f"seconds between status checks (default {DEFAULT_POLL_S:g})")
+    wait.add_argument("--outage-window", type=_positive_float, default=DEFAULT_OUTAGE_WINDOW_S, metavar="S",
+                      help="keep reconnecting while the head is unreachable for up to S seconds "
+                           f"(default {DEFAULT_OUTAGE_WINDOW_S:g})")
     wait.set_defaults(handler=cmd_wait)
 
     dash = commands.add_parser("dashboard", parents=[common], help="open the Ray dashboard locally until Ctrl-C",
@@ -134,12 +156,21 @@ def _key_list(text: str) -> list[str]:
     return keys
 
 
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        # SIGTERM (a CI runner's cancel, `kill`) ends a command as Ctrl-C does: port-forwards and
+        # temporary kubeconfigs are closed on the way out.
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
         return int(args.handler(args))
-    except (CliError, OutputsError, HeadAccessError) as error:
+    except (CliError, OutputsError, HeadAccessError, HeadRequestError) as error:
         _fail(str(error))
+        return getattr(error, "exit_code", 1)
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130
@@ -174,8 +205,10 @@ def _target(args: argparse.Namespace, *, need_outputs: bool) -> Target:
 
 
 @contextmanager
-def _head(args: argparse.Namespace, outputs: StackOutputs | None) -> Iterator[str]:
-    """The dashboard URL, reachable for the duration of the block."""
+def _head(args: argparse.Namespace, outputs: StackOutputs | None, timeout_s: float | None = None) -> Iterator[str]:
+    """The dashboard URL, reachable for the duration of the block; waited for up to `timeout_s`
+    (default --head-timeout)."""
+    head_timeout = args.head_timeout if timeout_s is None else timeout_s
     if args.dashboard_url:
         context = dashboard(args.dashboard_url, cluster_endpoint=None, cluster_ca_certificate=None,
                             cluster_name=None, namespace="", head_service=None)
@@ -198,28 +231,26 @@ def _head(args: argparse.Namespace, outputs: StackOutputs | None) -> Iterator[st
         )
     with context as url:
         try:
-            wait_for_dashboard(url, min(_QUICK_PROBE_S, args.head_timeout))
+            wait_for_dashboard(url, min(_QUICK_PROBE_S, head_timeout))
         except HeadAccessError:
-            if args.head_timeout <= _QUICK_PROBE_S:
+            if head_timeout <= _QUICK_PROBE_S:
                 raise
-            _progress(f"waiting up to {args.head_timeout:g} s for the Ray dashboard at {url}")
-            wait_for_dashboard(url, args.head_timeout)
+            _progress(f"waiting up to {head_timeout:g} s for the Ray dashboard at {url}")
+            wait_for_dashboard(url, head_timeout)
         yield url
 
 
 def _job_client(url: str) -> JobSubmissionClient:
-    from ray.job_submission import JobSubmissionClient
-
     # Ray's client logs INFO chatter (e.g. each closed log stream) to stderr; keep warnings only.
     logging.getLogger("ray").setLevel(logging.WARNING)
-    return _ray_call(url, "connecting to the Ray job API", lambda: JobSubmissionClient(url))
+    return _ray_call(url, "connecting to the Ray job API", lambda: job_client(url, url))
 
 
 def _ray_call(url: str, what: str, call: Callable[[], _T]) -> _T:
     """Runs a Ray client call; any failure becomes one line naming the head's address."""
     try:
         return call()
-    except (KeyboardInterrupt, CliError):
+    except (KeyboardInterrupt, CliError, HeadRequestError):
         raise
     except Exception as error:
         raise CliError(f"{what} at {url} failed: {_one_line(error)}") from None
@@ -318,21 +349,37 @@ async def _tail(client: JobSubmissionClient, submission_id: str, out: TextIO) ->
 def cmd_wait(args: argparse.Namespace) -> int:
     target = _target(args, need_outputs=False)
     started = time.monotonic()
-    with _head(args, target.outputs) as url:
-        client = _job_client(url)
-        reported: tuple[str, float] | None = None
-        while True:
-            status, message = _job_info(client, url, target.submission_id)
-            elapsed = time.monotonic() - started
-            if reported is None or reported[0] != status or elapsed - reported[1] >= _REPORT_EVERY_S:
-                _progress(f"job {target.submission_id}: {status} after {_duration(elapsed)}")
-                reported = (status, elapsed)
-            if status in TERMINAL_STATUSES:
-                break
-            if args.timeout is not None and elapsed + args.poll > args.timeout:
-                raise CliError(f"job {target.submission_id} is still {status} after {_duration(elapsed)} "
-                               f"(--timeout {args.timeout:g} s)")
-            time.sleep(args.poll)
+    reported: tuple[str, float] | None = None
+    lost_since: float | None = None
+    while True:
+        left = None if lost_since is None else max(1.0, args.outage_window - (time.monotonic() - lost_since))
+        try:
+            with _head(args, target.outputs, None if left is None else min(args.head_timeout, left)) as url:
+                client = _job_client(url)
+                while True:
+                    status, message = _job_info(client, url, target.submission_id)
+                    lost_since = None
+                    elapsed = time.monotonic() - started
+                    if reported is None or reported[0] != status or elapsed - reported[1] >= _REPORT_EVERY_S:
+                        _progress(f"job {target.submission_id}: {status} after {_duration(elapsed)}")
+                        reported = (status, elapsed)
+                    if status in TERMINAL_STATUSES:
+                        break
+                    if args.timeout is not None and elapsed + args.poll > args.timeout:
+                        raise CliError(f"job {target.submission_id} is still {status} after {_duration(elapsed)} "
+                                       f"(--timeout {args.timeout:g} s)")
+                    time.sleep(args.poll)
+            break
+        except (HeadAccessError, HeadRequestError) as error:
+            # A head restart or a dropped port-forward must not fail a wait that may last a day.
+            now = time.monotonic()
+            lost_since = lost_since or now
+            if now - lost_since >= args.outage_window:
+                raise HeadUnreachable(f"lost the Ray head for {_duration(now - lost_since)} "
+                                      f"(--outage-window {args.outage_window:g} s): {_one_line(error)}") from None
+            _progress(f"head unreachable ({_one_line(error)}); reconnecting for up to "
+                      f"{_duration(args.outage_window - (now - lost_since))}")
+            time.sleep(min(args.poll, RECONNECT_PAUSE_S))
     if status != "SUCCEEDED":
         raise CliError(f"job {target.submission_id} ended {status}"
                        + (f": {message}" if message else ""))

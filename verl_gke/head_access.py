@@ -17,11 +17,14 @@ Used by the GrpoJob provider and the CLI:
 from __future__ import annotations
 
 import collections
+import ctypes
 import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -30,10 +33,13 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING, Any
 
 from manifests.ray_cluster import DASHBOARD_PORT
 from verl_gke.kubeconfig import gke_kubeconfig
+
+if TYPE_CHECKING:
+    from ray.job_submission import JobSubmissionClient
 
 PORT_FORWARD_START_TIMEOUT_S = 60.0
 """How long kubectl may take to authenticate and open the tunnel before we give up."""
@@ -49,6 +55,49 @@ class HeadAccessError(RuntimeError):
 
 class HeadAccessSetupError(HeadAccessError):
     """kubectl or a cluster fact is missing: retrying cannot help."""
+
+
+class HeadRequestError(RuntimeError):
+    """The head took a request and did not answer in time, or broke the connection: it may be
+    alive, so this never counts as the head being gone."""
+
+
+class HeadGoneError(HeadAccessError):
+    """The Kubernetes API says the head's service (or its namespace) does not exist."""
+
+
+# kubectl's words for an object the API server does not have: `services "x" not found`,
+# `Error from server (NotFound): namespaces "x" not found`.
+_NOT_FOUND = re.compile(r'(?:services|namespaces) "[^"]+" not found')
+
+
+REQUEST_TIMEOUT_S = 30.0
+"""Deadline of each request to the Ray job API (connect and read): Ray's client sets none, and a
+head that accepts a connection and never answers would block its caller for good."""
+
+
+OUTAGE_WINDOW_S = 600.0
+"""How long a long wait (jobWaitForCompletion, `verl-gke wait`) rides out a lost head: a head pod
+restart or a dropped port-forward takes a minute or two."""
+
+
+def job_client(url: str, address: str) -> JobSubmissionClient:
+    """Ray's JobSubmissionClient on `url` with a deadline on every request; a stall or a broken
+    connection raises HeadRequestError naming `address` and the request."""
+    import requests
+    from ray.job_submission import JobSubmissionClient
+
+    class BoundedClient(JobSubmissionClient):
+        def _do_request(self, method: str, endpoint: str, **kwargs: Any) -> requests.Response:
+            kwargs.setdefault("timeout", REQUEST_TIMEOUT_S)
+            try:
+                return super()._do_request(method, endpoint, **kwargs)
+            except (requests.Timeout, requests.ConnectionError) as e:
+                raise HeadRequestError(
+                    f"Ray head at {address}: {method} {endpoint} got no answer within "
+                    f"{kwargs['timeout']:g} s ({type(e).__name__})") from None
+
+    return BoundedClient(url)
 
 
 def dashboard_command(namespace: str, head_service: str, port: int = DASHBOARD_PORT) -> str:
@@ -137,6 +186,17 @@ def _write_private(path: Path, text: str) -> None:
         handle.write(text)
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the kubectl child: end when the thread that started it dies, even by SIGKILL (an engine
+    cancelling the provider), so no port-forward outlives its caller. The child lives only within
+    one call on that thread."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class _PortForward:
     """A kubectl port-forward child: started on enter, always terminated on exit.
 
@@ -155,7 +215,8 @@ class _PortForward:
 
     def __enter__(self) -> int:
         self._process = subprocess.Popen(self._command, stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         preexec_fn=_die_with_parent)
         assert self._process.stdout and self._process.stderr
         readers = [threading.Thread(target=self._read_stdout, args=(self._process.stdout,), daemon=True),
                    threading.Thread(target=self._read_stderr, args=(self._process.stderr,), daemon=True)]
@@ -170,7 +231,8 @@ class _PortForward:
             if self._port is None:
                 for reader in readers:
                     reader.join(timeout=_STOP_GRACE_S)
-                raise HeadAccessError(
+                gone = any(_NOT_FOUND.search(line) for line in self._errors)
+                raise (HeadGoneError if gone else HeadAccessError)(
                     f"kubectl port-forward to {self._target} exited with status "
                     f"{self._process.wait()}{self._error_tail()}"
                 )

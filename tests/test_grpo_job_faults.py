@@ -1,0 +1,81 @@
+"""GrpoJob against a head that misbehaves: a loopback stand-in for the Ray dashboard (a real head
+cannot be made to stall on demand) that answers GET /api/version as Ray 2.60 does and then stalls
+or resets on the job API."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from components.grpo_job import GrpoJobProvider
+from verl_gke import head_access
+from verl_gke.head_access import HeadRequestError
+
+pytestmark = pytest.mark.timeout(60)
+
+VERSION = json.dumps({"version": "4", "ray_version": "2.60.0", "ray_commit": "x", "session_name": "s"}).encode()
+
+
+def _standin(mode: str) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            if self.path.startswith("/api/version"):
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(VERSION)))
+                self.end_headers()
+                self.wfile.write(VERSION)
+            elif mode == "stall":
+                time.sleep(20)
+            else:  # reset: close the connection without a word
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                self.connection.close()
+
+        do_POST = do_GET
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    return Handler
+
+
+@pytest.fixture(params=["stall", "reset"])
+def bad_head(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    monkeypatch.setattr(head_access, "REQUEST_TIMEOUT_S", 1.0)
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _standin(request.param))
+    httpd.daemon_threads = True
+    httpd.block_on_close = False
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def _props(url: str) -> dict[str, object]:
+    return {"dashboard_url": url, "entrypoint": "python3 -c pass", "runtime_env": {}, "stack": "faults",
+            "ready_timeout_s": 5.0}
+
+
+def test_create_against_a_head_that_stops_answering_fails_in_time_naming_it(bad_head: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(HeadRequestError) as raised:
+        GrpoJobProvider().create(_props(bad_head))
+    assert time.monotonic() - started < 5
+    assert str(raised.value).startswith(f"Ray head at {bad_head}: GET /api/jobs/ got no answer within 1 s")
+
+
+def test_delete_against_a_head_that_stops_answering_raises_and_stops_nothing(bad_head: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(RuntimeError) as raised:
+        GrpoJobProvider().delete("verl-grpo-faults-abc", {**_props(bad_head), "submission_id": "verl-grpo-faults-abc"})
+    assert time.monotonic() - started < 5
+    assert "cannot tell whether it still runs, so nothing was stopped" in str(raised.value)
+    assert f"Ray head at {bad_head}: GET /api/jobs/ got no answer" in str(raised.value)
