@@ -9,9 +9,12 @@ STAMP := $(VENV)/.installed
 .PHONY: synth synth-all test lint bench clean
 
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
+	@echo "verl-gke: installing the pinned requirements into $(VENV) (pulumi, pulumi-gcp, pulumi-kubernetes,"
+	@echo "verl-gke: ray, hydra-core; for the tests torch, transformers and the schema checkers): a few minutes, once"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-dev.txt -c constraints.txt
 	touch $(STAMP)
+	@echo "verl-gke: $(VENV) is ready"
 
 synth: $(STAMP)
 	$(BIN)/python -m verl_gke.synth $(STACK)

@@ -63,7 +63,9 @@ def main() -> int:
         provider = GrpoJobProvider()
 
         def via_provider() -> str:
-            return provider.create({"dashboard_url": url, "entrypoint": _entrypoint(), "runtime_env": {}}).id
+            # No start-up grace: it is a deliberate wait for a failing run, not the provider's overhead.
+            return provider.create({"dashboard_url": url, "entrypoint": _entrypoint(), "runtime_env": {},
+                                    "startup_grace_s": 0.0}).id
 
         def via_bare_client() -> str:
             return bare_client.submit_job(entrypoint=_entrypoint(), runtime_env={})

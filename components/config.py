@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import posixpath
 import re
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -16,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from components.grpo_spec import GRPO_DEFAULTS, GrpoSpec, verl_problems
-from components.platforms import PLATFORMS, Platform, PlatformName, VerlRelease
+from components.platforms import PINNED_IMAGE_ARCH, PLATFORMS, Platform, PlatformName, VerlRelease
 from manifests.ray_cluster import Mode, is_pinned_image
 from manifests.storage import DEFAULT_CAPACITY, MOUNT_PATH
 from workloads.stage_data import (
@@ -24,6 +25,7 @@ from workloads.stage_data import (
     DEFAULT_DATASET_REVISION,
     DEFAULT_MODEL_REPO,
     DEFAULT_MODEL_REVISION,
+    is_repo_id,
     model_dir_for,
 )
 
@@ -38,7 +40,10 @@ USER_VERL_DIR = "verl"
 _GCE_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_BUCKET = re.compile(r"^[a-z0-9][-a-z0-9_.]{1,61}[a-z0-9]$")
+_BUCKET = re.compile(r"^[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9]$")
+_IPV4_LIKE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$")
+# GCS bucket names: 3-63 characters, or up to 222 with dots and at most 63 between them.
+_MAX_BUCKET_PART = 63
 _PROJECT_ID = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
 _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 _ZONE = re.compile(r"^([a-z]+-[a-z]+[0-9]+)-[a-z]$")
@@ -413,10 +418,10 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
     # KubeRay derives "<name>-head-svc" and pod names from it; keep room under 63.
     if not _DNS_LABEL.match(cfg.ray_cluster_name) or len(cfg.ray_cluster_name) > 47:
         add("ray_cluster_name", cfg.ray_cluster_name, "at most 47 lowercase letters, digits or hyphens.")
-    if (not _BUCKET.match(cfg.bucket_name) or cfg.bucket_name.startswith("goog")
-            or "google" in cfg.bucket_name or ".." in cfg.bucket_name):
-        add("bucket_name", cfg.bucket_name, "a GCS bucket name: 3-63 lowercase letters, digits, '-', '_' or '.', "
-            "starting and ending with a letter or digit, without 'goog' prefix or 'google'.")
+    if not _bucket_name_ok(cfg.bucket_name):
+        add("bucket_name", cfg.bucket_name, "a GCS bucket name: 3-63 lowercase letters, digits, '-', '_' or '.' "
+            "(up to 222 with dots, 63 between dots), starting and ending with a letter or digit, not an "
+            "IP address, not starting with 'goog' or containing 'google'.")
     if not _QUANTITY.match(cfg.volume_capacity):
         add("volume_capacity", cfg.volume_capacity, "a Kubernetes quantity such as 768Gi.")
 
@@ -433,12 +438,29 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
     if cfg.job_dashboard_url and not re.match(r"^https?://[^\s/]+", cfg.job_dashboard_url):
         add("job_dashboard_url", cfg.job_dashboard_url, "an http(s) URL of a privately reachable Ray dashboard.")
 
-    if not cfg.grpo.checkpoint_dir.startswith(f"{MOUNT_PATH}/"):
-        add("grpo.checkpoint_dir", cfg.grpo.checkpoint_dir,
-            f"an absolute path under the bucket mount {MOUNT_PATH}/, shared by every node.")
+    for field in ("checkpoint_dir", "model_path", "train_files", "val_files"):
+        value = getattr(cfg.grpo, field)
+        if posixpath.normpath(value) != value or not value.startswith(f"{MOUNT_PATH}/"):
+            add(f"grpo.{field}", value, f"an absolute path under the bucket mount {MOUNT_PATH}/ that every node "
+                "shares, written plainly (no '..', '.', '//' or trailing '/').")
+    for field in ("model", "dataset"):
+        if not is_repo_id(getattr(cfg, field)):
+            add(field, getattr(cfg, field), "a Hugging Face repo id such as Qwen/Qwen2.5-32B-Instruct: owner/name "
+                "of letters, digits, '.', '_' or '-', without '--' or '..'.")
+    built_for = PINNED_IMAGE_ARCH.get(cfg.verl_image)
+    if built_for and built_for != p.arch:
+        add("verl_image", cfg.verl_image, f"is built for {built_for} only; {p.title} nodes are {p.arch}: use "
+            f"{p.image} or an image built for {p.arch}.")
     for problem in verl_problems(cfg.grpo, p.gpus_per_node, cfg.gpu_nodes):
         add(f"grpo.{problem.field}", getattr(cfg.grpo, problem.field), problem.message)
     return out
+
+
+def _bucket_name_ok(name: str) -> bool:
+    parts = name.split(".")
+    return (bool(_BUCKET.match(name)) and (len(name) <= _MAX_BUCKET_PART or "." in name)
+            and all(0 < len(part) <= _MAX_BUCKET_PART for part in parts) and not _IPV4_LIKE.match(name)
+            and not name.startswith("goog") and "google" not in name and "g00gle" not in name)
 
 
 def _cidr_problems(cfg: StackConfig) -> list[str]:
@@ -465,9 +487,20 @@ def _cidr_problems(cfg: StackConfig) -> list[str]:
     return out
 
 
-def placeholders(raw: Mapping[str, Any]) -> list[str]:
-    """Keys a user must still set before `pulumi up`: values marked `replace-me`, and the token."""
-    found = sorted(k for k, v in raw.items() if isinstance(v, str) and PLACEHOLDER_MARK in v.lower())
+def unused_keys(cfg: StackConfig) -> set[str]:
+    """Keys this stack never reads, so their placeholders block nothing."""
+    unused = set()
+    if cfg.autopilot or cfg.existing_cluster or cfg.gpu_spot:
+        unused.add(config_key("reservation"))  # only Standard GPU pools verl-gke creates consume it
+    return unused
+
+
+def placeholders(raw: Mapping[str, Any], cfg: StackConfig) -> list[str]:
+    """Keys a user must still set before `pulumi up`: values marked `replace-me` of keys the stack
+    uses, and the token."""
+    unused = unused_keys(cfg)
+    found = sorted(k for k, v in raw.items()
+                   if isinstance(v, str) and PLACEHOLDER_MARK in v.lower() and k not in unused)
     if not raw.get(HF_TOKEN_KEY):
         found.append(HF_TOKEN_KEY)
     return found
@@ -517,7 +550,7 @@ def from_pulumi(allow_placeholders: bool | None = None) -> tuple[StackConfig, An
             pulumi.log.info(line)
         for warning in plan.warnings:
             pulumi.log.warn(warning)
-    missing = placeholders(raw)
+    missing = placeholders(raw, cfg)
     if allow_placeholders is None:
         allow_placeholders = isinstance(settings.get_monitor(), mocks.MockMonitor)
     if missing and not allow_placeholders:

@@ -50,6 +50,8 @@ by ready_timeout_s; past it, `delete` takes the head for gone."""
 START_GRACE_S = 60.0
 """How long `create` watches a RUNNING job before calling it started: verl fails on a bad config,
 a missing module or an unreachable model within its first minute."""
+START_POLL_S = 0.25
+"""Status polls while a job starts: a cheap GET, and `pulumi up` returns that much sooner."""
 STOP_TIMEOUT_S = 60.0
 """How long `delete` waits for a stopped job to reach a terminal state."""
 LOG_TAIL_LINES = 20
@@ -288,13 +290,20 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
         submission_id = spec.submission_id
         started = time.monotonic()
         with _client(spec, spec.ready_timeout_s) as client:
-            job = _find_job(client, submission_id)
+            jobs = client.list_jobs()
+            job = next((j for j in jobs if j.submission_id == submission_id), None)
+            _refuse_a_second_run(jobs, spec, submission_id)
             if job is None:
                 client.submit_job(entrypoint=spec.entrypoint, submission_id=submission_id,
                                   runtime_env=spec.runtime_env, metadata=spec.metadata or None)
             else:
                 _check_adoptable(job, spec)
-            status = _await_start(client, spec, submission_id, started + spec.ready_timeout_s)
+            try:
+                status = _await_start(client, spec, submission_id, started + spec.ready_timeout_s)
+            except TimeoutError:
+                # A failed create leaves no resource behind in Pulumi's state: nor may it leave a run.
+                _stop(client, submission_id)
+                raise
         if spec.wait_for_completion:
             status = _await_completion(spec, submission_id)
         return pulumi.dynamic.CreateResult(submission_id, spec.outs(submission_id, status))
@@ -372,6 +381,20 @@ def _find_job(client: JobSubmissionClient, submission_id: str) -> JobDetails | N
     return next((job for job in client.list_jobs() if job.submission_id == submission_id), None)
 
 
+def _refuse_a_second_run(jobs: list[JobDetails], spec: _JobSpec, submission_id: str) -> None:
+    """One stack, one live run: another run of this stack (one an interrupted update left behind,
+    say) holds the GPUs and writes the same checkpoints."""
+    prefix = f"{SUBMISSION_ID_PREFIX}-{spec.stack}-"
+    live = sorted(j.submission_id for j in jobs if j.submission_id and j.submission_id.startswith(prefix)
+                  and j.submission_id != submission_id and _value(j.status) in ("PENDING", "RUNNING"))
+    if live:
+        raise RuntimeError(
+            f"GrpoJob {submission_id}: another run of stack {spec.stack} is live on {spec.address}: "
+            f"{', '.join(live)}. Two runs would share the GPUs and the checkpoint folder; stop it "
+            f"(`ray job stop {live[0]}` through `verl-gke dashboard`) and run again."
+        )
+
+
 def _check_adoptable(job: JobDetails, spec: _JobSpec) -> None:
     """A job under our id is ours only if it runs our spec: Ray ids say nothing about the job."""
     theirs = {"entrypoint": job.entrypoint, "runtime_env": whole_numbers(job.runtime_env or {})}
@@ -409,8 +432,8 @@ def _await_start(client: JobSubmissionClient, spec: _JobSpec, submission_id: str
                 return status
         elif now >= deadline:
             raise TimeoutError(f"GrpoJob {submission_id} still {status} after ready_timeout_s="
-                               f"{spec.ready_timeout_s:g} s on {spec.address}; it was not stopped")
-        time.sleep(1.0)
+                               f"{spec.ready_timeout_s:g} s on {spec.address}; it was stopped")
+        time.sleep(START_POLL_S)
 
 
 def _ended_message(client: JobSubmissionClient, submission_id: str, status: str, when: str) -> str:

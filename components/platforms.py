@@ -39,6 +39,8 @@ _GIB_NCCL_INSTALLERS: dict[str, str] = {
 # rayVersion stays the tutorial's per platform: KubeRay uses it only to gate features.
 X86_VERL_IMAGE = "verlai/verl:vllm011.dev7"
 ARM_VERL_IMAGE = "verlai/verl:vllm023.aarch64.dev1"
+PINNED_IMAGE_ARCH = {X86_VERL_IMAGE: "amd64", ARM_VERL_IMAGE: "arm64"}
+"""Each pinned image is built for one CPU architecture only."""
 
 
 @dataclass(frozen=True)

@@ -65,8 +65,9 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def ray_start_command(temp_dir: Path) -> tuple[list[str], str]:
-    """The `ray start --head --block` command line with every port free, and its dashboard URL."""
+def ray_start_command(temp_dir: Path, ray: Path | None = None) -> tuple[list[str], str]:
+    """The `ray start --head --block` command line with every port free, and its dashboard URL;
+    `ray` is the ray executable (default: this Python's)."""
     names = [
         "port", "dashboard-port", "ray-client-server-port", "node-manager-port",
         "object-manager-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
@@ -75,9 +76,8 @@ def ray_start_command(temp_dir: Path) -> tuple[list[str], str]:
     ports = free_ports(len(names) + WORKER_PORTS)
     named = dict(zip(names, ports))
     worker_ports = ",".join(str(p) for p in ports[len(names):])
-    ray = str(Path(sys.executable).with_name("ray"))
     command = [
-        ray, "start", "--head", "--block",
+        str(ray or Path(sys.executable).with_name("ray")), "start", "--head", "--block",
         "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
         "--num-cpus=1", "--disable-usage-stats", f"--temp-dir={temp_dir}",
         f"--worker-port-list={worker_ports}",
@@ -86,11 +86,12 @@ def ray_start_command(temp_dir: Path) -> tuple[list[str], str]:
     return command, f"http://127.0.0.1:{named['dashboard-port']}"
 
 
-def start_head() -> RayHead:
-    """Starts a head in its own process group and returns once its dashboard answers."""
+def start_head(ray: Path | None = None) -> RayHead:
+    """Starts a head (of the given ray executable) in its own process group and returns once its
+    dashboard answers."""
     # Short path: Ray puts unix sockets under the temp dir, and their paths are limited to ~107 bytes.
     temp_dir = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
-    command, url = ray_start_command(temp_dir)
+    command, url = ray_start_command(temp_dir, ray)
     log = open(temp_dir / "ray-start.log", "wb")
     process = subprocess.Popen(
         command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -32,7 +32,7 @@ from verl_gke.stack_outputs import OutputsError
 
 JOB_TIMEOUT_S = 90.0
 REPO = Path(__file__).resolve().parent.parent
-CA = base64.b64encode(b"test cluster CA").decode()
+CA = base64.b64encode(b"-----BEGIN CERTIFICATE-----\ntest cluster CA\n-----END CERTIFICATE-----\n").decode()
 
 # What the job prints: Ray-style noise, a coloured task prefix, and one verl console line per step
 # (aggregate_logger.concat_dict_to_str: `step:N - key:value` with values formatted :.3f).
@@ -539,3 +539,14 @@ def test_wait_exits_3_not_1_when_the_head_stays_unreachable(
     assert code == 3
     assert error_line(err).startswith("verl-gke: error: lost the Ray head for 0m0")
     assert time.monotonic() - started < 15
+
+
+def test_offline_outputs_from_synth_are_named_as_such(capsys: pytest.CaptureFixture[str], synth_stack: Any,
+                                                      tmp_path: Path) -> None:
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps(synth_stack("a4-standard").outputs))
+    code, _, err = run(capsys, "status", "--outputs", str(outputs))
+    assert code == 1
+    assert error_line(err) == (f"verl-gke: error: {outputs} holds offline outputs from `make synth` (no real "
+                               "cluster CA): there is no cluster to reach; use a deployed stack's outputs "
+                               "(`pulumi stack output --json`) or --dashboard-url URL")

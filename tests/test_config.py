@@ -151,7 +151,9 @@ def test_cluster_name_rules(name: str, ok: bool):
 
 @pytest.mark.parametrize("bucket, ok", [
     ("my-bucket_1.data", True), ("My-Bucket", False), ("ab", False), ("goog-bucket", False),
-    ("my-google-bucket", False), ("-bucket", False)])
+    ("my-google-bucket", False), ("-bucket", False), ("192.168.5.4", False), ("a" * 64, False),
+    (".".join(["a" * 63, "b" * 63, "c" * 63]), True), ("a" * 64 + ".b", False), ("a..b", False),
+    ("my-g00gle-bucket", False), ("data.example.com", True)])
 def test_bucket_name_rules(bucket: str, ok: bool):
     if ok:
         assert load_config(config(bucketName=bucket)).bucket_name == bucket
@@ -258,6 +260,42 @@ def test_job_attempt_is_a_whole_number_from_zero():
     assert "greater than or equal to 0" in only_problem(jobAttempt="-1")
 
 
+@pytest.mark.parametrize("key", ["grpoCheckpointDir", "grpoModelPath", "grpoTrainFiles", "grpoValFiles"])
+@pytest.mark.parametrize("path", ["/data/../etc", "/data/./x", "/data//x", "/data/x/", "data/x", "/tmp/x", "/data"])
+def test_run_paths_stay_plainly_under_the_bucket_mount(key: str, path: str):
+    assert only_problem(**{key: path}).startswith(f'verl-gke:{key} = "{path}": an absolute path under the bucket mount')
+
+
+@pytest.mark.parametrize("model", ["Qwen/../etc", "Qwen/Qwen 2.5 32B", "Qwen2.5-32B-Instruct", "Qwen/a--b",
+                                   "Qwen/x.git", "-Qwen/x", "a/" + "b" * 97])
+def test_model_and_dataset_are_hub_repo_ids_as_the_staging_job_requires(model: str):
+    from workloads import stage_data
+
+    assert only_problem(model=model, grpoModelPath="/data/m").startswith(
+        f'verl-gke:model = "{model}": a Hugging Face repo id')
+    assert only_problem(dataset=model).startswith(f'verl-gke:dataset = "{model}": a Hugging Face repo id')
+    with pytest.raises(stage_data.StagingError, match="is not a Hub repo id"):
+        stage_data.parse_args([f"--model-repo={model}", "--model-dir", "m"])
+
+
+def test_good_repo_ids_pass_both_checks():
+    from workloads import stage_data
+
+    for repo in ("Qwen/Qwen2.5-32B-Instruct", "openai/gsm8k", "my-org/model_v1.5"):
+        assert stage_data.is_repo_id(repo)
+    load_config(config(model="my-org/model_v1.5"))
+
+
+def test_the_x86_image_on_a4x_and_the_arm_image_on_a4_are_rejected():
+    x86 = "verlai/verl:vllm011.dev7"
+    arm = "verlai/verl:vllm023.aarch64.dev1"
+    assert only_problem(platform="a4x", gpuNodes="4", verlImage=x86) == (
+        f'verl-gke:verlImage = "{x86}": is built for amd64 only; A4X (4x NVIDIA GB200, arm64) nodes are arm64: '
+        f"use {arm} or an image built for arm64.")
+    assert "is built for arm64 only" in only_problem(verlImage=arm)
+    load_config(config(platform="a4x", gpuNodes="4", verlImage="me/verl-arm:1.0"))
+
+
 def test_checkpoint_dir_on_the_bucket():
     load_config(config(grpoCheckpointDir="/data/runs/ckpt"))
     assert "under the bucket mount /data/" in only_problem(grpoCheckpointDir="/tmp/ckpt")
@@ -298,5 +336,12 @@ def test_ulysses_needs_remove_padding():
 
 def test_placeholders_listed():
     raw = config(gcp__project="replace-me-project", reservation="replace-me-reservation")
-    assert placeholders(raw) == ["gcp:project", "verl-gke:reservation", "verl-gke:hfToken"]
-    assert placeholders({**config(), "verl-gke:hfToken": "[encrypted]"}) == []
+    assert placeholders(raw, load_config(raw)) == ["gcp:project", "verl-gke:reservation", "verl-gke:hfToken"]
+    done = {**config(), "verl-gke:hfToken": "[encrypted]"}
+    assert placeholders(done, load_config(done)) == []
+
+
+@pytest.mark.parametrize("unused", [{"clusterMode": "autopilot"}, {"existingCluster": "true"}])
+def test_a_reservation_placeholder_the_stack_never_reads_blocks_nothing(unused: dict[str, str]):
+    raw = config(reservation="replace-me-reservation", **unused)
+    assert placeholders(raw, load_config(raw)) == ["verl-gke:hfToken"]

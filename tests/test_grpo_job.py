@@ -499,3 +499,25 @@ def test_wait_for_completion_fails_once_the_head_is_lost_for_longer_than_its_win
         link.close()
     assert time.monotonic() - started < 30
     JobSubmissionClient(ray_head).stop_job(_JobSpec.from_props(job_props).submission_id)
+
+
+def test_create_refuses_to_start_a_second_live_run_of_the_same_stack(
+        ray_head: str, props: Callable[..., dict[str, Any]]) -> None:
+    first = GrpoJobProvider().create(props(_py("import time; time.sleep(600)"), startup_grace_s=0.0))
+    second_props = props(_py("import time; time.sleep(601)"), startup_grace_s=0.0)
+    try:
+        with pytest.raises(RuntimeError) as raised:
+            GrpoJobProvider().create(second_props)
+        assert f"another run of stack {second_props['stack']} is live on {ray_head}: {first.id}." in str(raised.value)
+        assert _JobSpec.from_props(second_props).submission_id not in {
+            j.submission_id for j in JobSubmissionClient(ray_head).list_jobs()}
+    finally:
+        GrpoJobProvider().delete(first.id, _outs_of(first))
+
+
+def test_a_create_that_gives_up_on_a_pending_run_stops_it(ray_head: str, props: Callable[..., dict[str, Any]]) -> None:
+    job_props = props(_py("import time; time.sleep(600)"), ready_timeout_s=0.3)
+    with pytest.raises(TimeoutError, match=r"still PENDING after ready_timeout_s=0.3 s on .*; it was stopped"):
+        GrpoJobProvider().create(job_props)
+    status = JobSubmissionClient(ray_head).get_job_status(_JobSpec.from_props(job_props).submission_id)
+    assert str(status.value) == "STOPPED"

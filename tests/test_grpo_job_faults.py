@@ -1,11 +1,12 @@
 """GrpoJob against a head that misbehaves: a loopback stand-in for the Ray dashboard (a real head
 cannot be made to stall on demand) that answers GET /api/version as Ray 2.60 does and then stalls
-or resets on the job API."""
+or resets on the job API; and a real head behind a link that is cut at random."""
 
 from __future__ import annotations
 
 import json
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -79,3 +80,59 @@ def test_delete_against_a_head_that_stops_answering_raises_and_stops_nothing(bad
     assert time.monotonic() - started < 5
     assert "cannot tell whether it still runs, so nothing was stopped" in str(raised.value)
     assert f"Ray head at {bad_head}: GET /api/jobs/ got no answer" in str(raised.value)
+
+
+def _engine_up(provider: GrpoJobProvider, state: dict[str, object] | None,
+               news: dict[str, object]) -> dict[str, object] | None:
+    """One `pulumi up` of the job as Pulumi's engine runs it: diff, then (replace) delete the old
+    run before creating the new one; the first error ends the update with the state it reached."""
+    try:
+        if state is not None:
+            diff = provider.diff(str(state["submission_id"]), state, news)
+            if not diff.replaces:
+                return state
+            provider.delete(str(state["submission_id"]), state)
+            state = None
+        created = provider.create(news)
+        assert created.outs is not None
+        return created.outs
+    except Exception:  # noqa: BLE001 - the engine reports it and keeps the state
+        return state
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+def test_no_sequence_of_updates_under_faults_leaves_two_runs_of_one_stack(ray_head: str) -> None:
+    import random
+
+    from ray.job_submission import JobSubmissionClient
+
+    from tests.ray_head import FlakyLink
+
+    client = JobSubmissionClient(ray_head)
+    link = FlakyLink(int(ray_head.rsplit(":", 1)[1]))
+    stack = "invariant"
+    rng = random.Random(7)
+    provider = GrpoJobProvider()
+    state: dict[str, object] | None = None
+    # (link up, spec): a spec change while the head cannot be asked, then again once it can; then random.
+    steps = [(True, 0), (False, 1), (True, 1), (False, 2), (False, 0), (True, 2)]
+    steps += [(rng.random() < 0.6, rng.randrange(3)) for _ in range(6)]
+    try:
+        for step, (up, spec) in enumerate(steps):
+            link.up.set() if up else link.up.clear()
+            news = {"dashboard_url": f"http://127.0.0.1:{link.port}", "stack": stack,
+                    "entrypoint": f"{sys.executable} -c 'import time; time.sleep(600)' {spec}",
+                    "runtime_env": {}, "ready_timeout_s": 2.0, "startup_grace_s": 0.0}
+            state = _engine_up(provider, state, news)
+            live = [j.submission_id for j in client.list_jobs()
+                    if j.submission_id and j.submission_id.startswith(f"verl-grpo-{stack}-")
+                    and str(j.status.value) in ("PENDING", "RUNNING")]
+            assert len(live) <= 1, f"step {step}: {live}"
+            if live and state is not None:
+                assert live == [state["submission_id"]], f"step {step}: the state lost track of {live}"
+    finally:
+        link.close()
+        for job in client.list_jobs():
+            if job.submission_id and job.submission_id.startswith(f"verl-grpo-{stack}-"):
+                client.stop_job(job.submission_id)

@@ -214,6 +214,10 @@ def _head(args: argparse.Namespace, outputs: StackOutputs | None, timeout_s: flo
                             cluster_name=None, namespace="", head_service=None)
     else:
         assert outputs is not None, "_target loads the outputs whenever --dashboard-url is absent"
+        if outputs.offline:
+            raise CliError(f"{outputs.source} holds offline outputs from `make synth` (no real cluster CA): "
+                           "there is no cluster to reach; use a deployed stack's outputs "
+                           "(`pulumi stack output --json`) or --dashboard-url URL")
         missing = [key for key, value in (("clusterEndpoint", outputs.cluster_endpoint),
                                           ("clusterCaCertificate", outputs.cluster_ca_certificate)) if not value]
         if missing:

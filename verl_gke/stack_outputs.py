@@ -8,6 +8,8 @@ secret shows up here as the string "[secret]".
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import shutil
 import subprocess
@@ -64,6 +66,17 @@ class StackOutputs:
     gpus_per_node: int
     cluster_endpoint: str | None
     cluster_ca_certificate: str | None
+
+    @property
+    def offline(self) -> bool:
+        """From `make synth`: its cluster CA is a stand-in, not the PEM certificate of a real cluster."""
+        if self.cluster_ca_certificate is None:
+            return False
+        try:
+            pem = base64.b64decode(self.cluster_ca_certificate, validate=True)
+        except (binascii.Error, ValueError):
+            return True
+        return not pem.lstrip().startswith(b"-----BEGIN CERTIFICATE-----")
 
 
 def load(outputs_file: Path | None, stack: str | None = None) -> StackOutputs:

@@ -250,14 +250,14 @@ def run_in_mocks(program: Callable[[], Any], *, stack: str = "test", config: dic
 def run(stack: str, project_dir: Path = PROJECT_DIR, overrides: dict[str, Any] | None = None,
         preview: bool = False, monitor: RecordingMonitor | None = None) -> SynthResult:
     """Run __main__.py of `project_dir` for `stack` under mocks and return what it registered."""
-    from components.config import placeholders
+    from components.config import load_config, placeholders
 
     raw, secret_keys = raw_config(stack, project_dir, overrides)
     log: list[str] = []
     registrations, outputs = run_in_mocks(
         lambda: runpy.run_path(str(project_dir / "__main__.py"), run_name="__main__"),
         stack=stack, config=raw, secret_keys=secret_keys, preview=preview, monitor=monitor, log=log)
-    return SynthResult(stack, registrations, outputs, placeholders(raw), log)
+    return SynthResult(stack, registrations, outputs, placeholders(raw, load_config(raw)), log)
 
 
 def render(result: SynthResult) -> dict[str, str]:

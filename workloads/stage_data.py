@@ -71,6 +71,7 @@ EXIT_PERMANENT = 2
 
 _SHA_RE = re.compile(r"[0-9a-f]{40}")
 _REPO_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+_MAX_REPO_NAME = 96
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 # As verl's extract_solution: the number after "####", sign and decimals kept, commas dropped.
@@ -168,6 +169,13 @@ def split_files(repo_files: Iterable[str], config: str, split: str) -> list[str]
     """The parquet shards of one split of one config, e.g. main/train-00000-of-00001.parquet."""
     pattern = re.compile(rf"{re.escape(config)}/{re.escape(split)}-\d{{5}}-of-\d{{5}}\.parquet")
     return sorted(f for f in repo_files if pattern.fullmatch(f))
+
+
+def is_repo_id(value: str) -> bool:
+    """A Hugging Face repo id `owner/name` as the Hub accepts it: letters, digits, '.', '_', '-',
+    no '--' or '..', a name of at most 96 characters, not ending in '.' or '.git'."""
+    return (bool(_REPO_RE.fullmatch(value)) and "--" not in value and ".." not in value
+            and len(value.split("/")[1]) <= _MAX_REPO_NAME and not value.endswith((".", ".git")))
 
 
 def model_dir_for(repo: str) -> str:
@@ -562,7 +570,7 @@ def parse_args(argv: Sequence[str]) -> Settings:
     model_dir = a.model_dir if a.model_dir is not None else model_dir_for(a.model_repo)
     problems = []
     for flag, value in (("--model-repo", a.model_repo), ("--dataset-repo", a.dataset_repo)):
-        if not _REPO_RE.fullmatch(value):
+        if not is_repo_id(value):
             problems.append(f"{flag} {value!r} is not a Hub repo id like owner/name")
     for flag, value in (("--model-revision", a.model_revision), ("--dataset-revision", a.dataset_revision)):
         if not _SHA_RE.fullmatch(value):
