@@ -11,7 +11,7 @@ import ipaddress
 import json
 import posixpath
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -267,12 +267,14 @@ def _pydantic_problems(error: ValidationError, raw: Mapping[str, Any]) -> list[s
         key = _key_of_loc(loc)
         value = raw.get(key, e.get("input"))
         if e["type"] == "extra_forbidden":
-            out.append(problem_line(key, value, "unknown key; see Pulumi.yaml for the keys verl-gke reads"))
+            # No value: a misspelt secret key would print the secret.
+            out.append(f"{key}: unknown key; see Pulumi.yaml for the keys verl-gke reads")
         elif e["type"] == "literal_error":
             allowed = e.get("ctx", {}).get("expected", "")
             out.append(problem_line(key, value, f"must be one of {allowed}"))
         elif e["type"] == "missing":
-            out.append(f"{key} is not set: run `pulumi config set {key} <value>`")
+            if key not in ("gcp:project", "gcp:region", "gcp:zone"):  # reported by load_config
+                out.append(f"{key} is not set: run `pulumi config set {key} <value>`")
         else:
             out.append(problem_line(key, value, _FRIENDLY.get(e["type"], e["msg"].lower())))
     return out
@@ -327,21 +329,82 @@ def _decode(value: Any) -> Any:
     return value
 
 
-def load_config(raw: Mapping[str, Any], source: str = "The stack config") -> StackConfig:
-    """Validate raw config (`{"verl-gke:gpuNodes": "2", "gcp:project": ...}`) into a StackConfig."""
+def load_config(raw: Mapping[str, Any], source: str = "The stack config",
+                secret_keys: Iterable[str] = ()) -> StackConfig:
+    """Validate raw config (`{"verl-gke:gpuNodes": "2", "gcp:project": ...}`) into a StackConfig.
+
+    One pass: key names, types and every cross-field rule are all reported together. The values
+    of `secret_keys` (and the token) never appear in a message.
+    """
+    problems = _key_problems(raw)
     data = _as_field_values(raw)
-    problems = [f"gcp:{k} is not set: run `pulumi config set gcp:{k} <value>`"
-                for k in ("project", "region", "zone") if not data.get(k)]
-    if problems:
-        raise ConfigError(problems, source)
+    problems += [f"gcp:{k} is not set: run `pulumi config set gcp:{k} <value>`"
+                 for k in ("project", "region", "zone") if not data.get(k)]
+    for k in ("project", "region", "zone"):
+        data.setdefault(k, "")
+    cfg = None
     try:
         cfg = StackConfig.model_validate(data)
     except ValidationError as error:
-        raise ConfigError(_pydantic_problems(error, raw), source) from None
-    problems = semantic_problems(cfg)
+        problems += _pydantic_problems(error, raw)
+        # Check the rest against defaults for what is invalid, so one run names every problem.
+        cfg = _validate_without(data, error)
+    if cfg is not None:
+        reported = {_key_of_line(line) for line in problems}
+        problems += [line for line in semantic_problems(cfg) if _key_of_line(line) not in reported]
     if problems:
-        raise ConfigError(problems, source)
+        secrets = [str(raw[k]) for k in {*secret_keys, HF_TOKEN_KEY} if raw.get(k)]
+        raise ConfigError([_redacted(line, secrets) for line in problems], source)
+    assert cfg is not None
     return cfg
+
+
+def _validate_without(data: dict[str, Any], error: ValidationError) -> StackConfig | None:
+    trimmed = {**data, "grpo": dict(data.get("grpo", {}))}
+    for e in error.errors():
+        loc = [str(part) for part in e["loc"] if not isinstance(part, int)]
+        if len(loc) > 1 and loc[0] == "grpo":
+            trimmed["grpo"].pop(loc[1], None)
+        elif loc:
+            trimmed.pop(loc[0], None)
+    try:
+        return StackConfig.model_validate(trimmed)
+    except ValidationError:
+        return None
+
+
+def _key_of_line(line: str) -> str:
+    return line.split(" ", 1)[0].rstrip(":")
+
+
+def _redacted(line: str, secrets: list[str]) -> str:
+    for secret in secrets:
+        if len(secret) >= 4:
+            line = line.replace(secret, "[secret]")
+    return line
+
+
+# Namespaces Pulumi passes to providers and the engine: not ours to judge, beyond a warning for gcp.
+_PASSED_ON = ("kubernetes", "pulumi")
+
+
+def _key_problems(raw: Mapping[str, Any]) -> list[str]:
+    """Keys no one reads: no namespace, or a namespace that is not verl-gke's or a provider's."""
+    out = []
+    for key in raw:
+        ns, colon, name = key.partition(":")
+        if not colon:
+            out.append(f"{key}: a config key needs its namespace; write {NAMESPACE}:{key}")
+        elif ns not in (NAMESPACE, "gcp", *_PASSED_ON):
+            out.append(f"{key}: unknown namespace {ns!r}; verl-gke reads {NAMESPACE}:<key> and gcp:project, "
+                       "gcp:region, gcp:zone")
+    return out
+
+
+def config_warnings(raw: Mapping[str, Any]) -> list[str]:
+    """gcp: keys verl-gke does not read: Pulumi passes them to the gcp provider, which may."""
+    return [f"{key} is not read by verl-gke; Pulumi passes it on to the gcp provider"
+            for key in sorted(raw) if key.startswith("gcp:") and key not in ("gcp:project", "gcp:region", "gcp:zone")]
 
 
 def semantic_problems(cfg: StackConfig) -> list[str]:
@@ -418,7 +481,8 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
     # KubeRay derives "<name>-head-svc" and pod names from it; keep room under 63.
     if not _DNS_LABEL.match(cfg.ray_cluster_name) or len(cfg.ray_cluster_name) > 47:
         add("ray_cluster_name", cfg.ray_cluster_name, "at most 47 lowercase letters, digits or hyphens.")
-    if not _bucket_name_ok(cfg.bucket_name):
+    # Without a project (reported on its own) there is no default bucket name to judge.
+    if cfg.project and not _bucket_name_ok(cfg.bucket_name):
         add("bucket_name", cfg.bucket_name, "a GCS bucket name: 3-63 lowercase letters, digits, '-', '_' or '.' "
             "(up to 222 with dots, 63 between dots), starting and ending with a letter or digit, not an "
             "IP address, not starting with 'goog' or containing 'google'.")
@@ -538,10 +602,14 @@ def from_pulumi(allow_placeholders: bool | None = None) -> tuple[StackConfig, An
 
     source = f"Pulumi.{pulumi.get_stack()}.yaml"
     raw = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
+    secret_keys = [key for key in raw if runtime_config.is_config_secret(key)]
+    secret_keys += runtime_config.get_config_secret_keys_env()
     try:
-        cfg = load_config(raw, source)
+        cfg = load_config(raw, source, secret_keys)
     except ConfigError as error:
         raise pulumi.RunError(str(error)) from None
+    for warning in config_warnings(raw):
+        pulumi.log.warn(warning)
     problems, plan = verl_run_check(cfg, raw)
     if problems:
         raise pulumi.RunError(str(ConfigError(problems, source)))

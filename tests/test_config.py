@@ -69,13 +69,50 @@ def test_message_names_the_file_and_count():
     ("gpuSpot", "maybe", "must be true or false"),
     ("clusterMode", "serverless", "must be one of 'autopilot' or 'standard'"),
     ("gpuNodes", "0", "greater than or equal to 1"),
-    ("colour", "blue", "unknown key"),
-    ("grpoColour", "blue", "unknown key"),
 ])
 def test_malformed_values_name_key_and_value(key: str, value: str, fragment: str):
     message = only_problem(**{key: value})
     assert message.startswith(f'verl-gke:{key} = "{value}": ')
     assert fragment in message
+
+
+@pytest.mark.parametrize("key", ["colour", "grpoColour", "hftoken"])
+def test_an_unknown_key_is_named_without_its_value_which_may_be_a_secret(key: str):
+    assert only_problem(**{key: "hf_abcdefgh1234"}) == (
+        f"verl-gke:{key}: unknown key; see Pulumi.yaml for the keys verl-gke reads")
+
+
+def test_every_problem_is_reported_in_one_pass():
+    found = problems(gcp__zone="", gpuNodes="two", bucketName="UPPER")
+    assert [line.split(" ", 1)[0] for line in found] == ["gcp:zone", "verl-gke:gpuNodes", "verl-gke:bucketName"]
+    assert found[0] == "gcp:zone is not set: run `pulumi config set gcp:zone <value>`"
+
+
+def test_keys_without_a_namespace_or_with_an_unknown_one_are_errors_not_ignored():
+    raw = {**config(), "gpuNodes": "4", "verlgke:gpuNodes": "4", "kubernetes:context": "x"}
+    with pytest.raises(ConfigError) as caught:
+        load_config(raw)
+    assert caught.value.problems == [
+        "gpuNodes: a config key needs its namespace; write verl-gke:gpuNodes",
+        "verlgke:gpuNodes: unknown namespace 'verlgke'; verl-gke reads verl-gke:<key> and gcp:project, "
+        "gcp:region, gcp:zone",
+    ]
+
+
+def test_gcp_keys_verl_gke_does_not_read_are_a_warning():
+    from components.config import config_warnings
+
+    raw = {**config(), "gcp:credentials": "/k.json"}
+    load_config(raw)
+    assert config_warnings(raw) == ["gcp:credentials is not read by verl-gke; Pulumi passes it on to the gcp provider"]
+
+
+def test_secret_values_never_appear_in_problems():
+    raw = {**config(), "verl-gke:bucketName": "Secret-Bucket-Name"}
+    with pytest.raises(ConfigError) as caught:
+        load_config(raw, secret_keys=["verl-gke:bucketName"])
+    assert "Secret-Bucket-Name" not in str(caught.value)
+    assert 'verl-gke:bucketName = "[secret]": a GCS bucket name' in str(caught.value)
 
 
 def test_missing_project_says_how_to_set_it():

@@ -95,3 +95,4 @@ def test_a_marker_listing_paths_outside_the_folder_is_refused(tmp_path: Path, sy
 def test_every_stack_writes_to_a_new_folder(stack: str, synth_stack, tmp_path: Path) -> None:
     synth.write(synth_stack(stack), tmp_path / stack)
     assert (tmp_path / stack / output_dir.MARKER).is_file()
+

@@ -37,6 +37,37 @@ def stack_names(project_dir: Path = PROJECT_DIR) -> list[str]:
     return sorted(p.name[len("Pulumi."):-len(".yaml")] for p in project_dir.glob("Pulumi.*.yaml"))
 
 
+# What else Pulumi keeps at the top of a stack file.
+_STACK_FILE_KEYS = ("config", "secretsprovider", "encryptedkey", "encryptionsalt", "environment")
+
+
+def read_stack_file(path: Path) -> dict[str, Any]:
+    """The `config:` mapping of a stack file; ConfigError naming the file (and line and column)
+    for anything Pulumi would not read as config."""
+    from components.config import ConfigError
+
+    try:
+        values = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
+        reason = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ConfigError([f"{path.name}: not valid YAML at {where}: {reason}"], path.name) from None
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise ConfigError([f"{path.name}: the top level must be a mapping with a `config:` key, "
+                           f"not a {type(values).__name__}"], path.name)
+    problems = [f"{key}: not under `config:`, so Pulumi ignores it; indent it under `config:`"
+                for key in values if key not in _STACK_FILE_KEYS]
+    config = values.get("config") or {}
+    if not isinstance(config, dict):
+        problems.append(f"config: must map keys to values, not a {type(config).__name__}")
+    if problems:
+        raise ConfigError(problems, path.name)
+    return config
+
+
 def raw_config(stack: str, project_dir: Path = PROJECT_DIR,
                overrides: dict[str, Any] | None = None) -> tuple[dict[str, str], list[str]]:
     """(config as the engine passes it, keys whose values are encrypted secrets).
@@ -48,8 +79,8 @@ def raw_config(stack: str, project_dir: Path = PROJECT_DIR,
     if not path.exists():
         known = ", ".join(stack_names(project_dir))
         raise FileNotFoundError(f"no stack file {path.name}; stacks: {known}")
-    values = yaml.safe_load(path.read_text()) or {}
-    merged: dict[str, Any] = {**project_defaults(project_dir), **(values.get("config") or {}), **(overrides or {})}
+    config = read_stack_file(path)
+    merged: dict[str, Any] = {**project_defaults(project_dir), **config, **(overrides or {})}
     secret_keys = [k for k, v in merged.items() if isinstance(v, dict) and "secure" in v]
     raw = {k: ("[encrypted]" if k in secret_keys else engine_string(v)) for k, v in merged.items()}
     return raw, secret_keys

@@ -1,0 +1,61 @@
+"""Stack files as a user writes them: anything Pulumi would not read as config is one clear
+problem naming the file (and line and column), never a traceback."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from components.config import ConfigError
+from verl_gke import stack_config, synth
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    shutil.copy(REPO / "Pulumi.yaml", tmp_path / "Pulumi.yaml")
+    return tmp_path
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("config:\n  verl-gke:gpuNodes: [1\n", "Pulumi.bad.yaml: not valid YAML at line 3, column 1: "),
+    ("config:\n\tverl-gke:gpuNodes: 2\n", "Pulumi.bad.yaml: not valid YAML at line 2, column 1: "),
+    ("- a\n- b\n", "Pulumi.bad.yaml: the top level must be a mapping with a `config:` key, not a list"),
+    ("just text\n", "Pulumi.bad.yaml: the top level must be a mapping with a `config:` key, not a str"),
+    ("config:\n  - verl-gke:gpuNodes\n", "config: must map keys to values, not a list"),
+    ("verl-gke:gpuNodes: 4\n", "verl-gke:gpuNodes: not under `config:`, so Pulumi ignores it; indent it under `config:`"),
+])
+def test_a_broken_stack_file_is_named_with_where_and_why(project: Path, text: str, problem: str) -> None:
+    (project / "Pulumi.bad.yaml").write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        stack_config.raw_config("bad", project)
+    assert str(caught.value).startswith("Pulumi.bad.yaml has 1 problem:\n  ")
+    assert caught.value.problems[0].startswith(problem)
+
+
+def test_pulumis_own_stack_file_keys_are_left_alone(project: Path) -> None:
+    (project / "Pulumi.ok.yaml").write_text("secretsprovider: passphrase\nencryptionsalt: v1:abc\n"
+                                            "config:\n  gcp:project: my-project-123\n")
+    raw, _ = stack_config.raw_config("ok", project)
+    assert raw["gcp:project"] == "my-project-123"
+
+
+def test_synth_of_a_broken_stack_file_exits_2_with_one_line_and_clears_its_old_output(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bad = REPO / "Pulumi.broken-by-test.yaml"
+    out = tmp_path / "out"
+    assert synth.main(["a4", "--out", str(out)]) == 0
+    bad.write_text("config:\n  verl-gke:gpuNodes: [1\n")
+    try:
+        capsys.readouterr()
+        assert synth.main(["broken-by-test", "--out", str(out)]) == 2
+    finally:
+        bad.unlink()
+    err = capsys.readouterr().err
+    assert err.startswith("synth failed: Pulumi.broken-by-test.yaml has 1 problem:\n"
+                          "  Pulumi.broken-by-test.yaml: not valid YAML at line 3, column 1: ")
+    assert "Traceback" not in err
+    assert not (out / "resources.json").exists()
