@@ -42,6 +42,7 @@ cluster = GkeCluster("gke", {
     "ray_operator": cfg.ray_operator == "addon", "cpu_machine_type": cfg.cpu_machine_type,
     "cpu_min_nodes": cfg.cpu_min_nodes, "cpu_max_nodes": cfg.cpu_max_nodes,
     "existing": cfg.existing_cluster, "master_authorized_cidrs": cfg.master_authorized_cidrs,
+    "upgrade_exclusion_start": cfg.upgrade_exclusion_start or None,
     # The NVIDIA DRA driver 25.3 still speaks resource.k8s.io/v1beta1 (Cluster Toolkit gke-a4x).
     "k8s_beta_apis": DRA_V1BETA1_APIS if a4x else [],
 }, pulumi.ResourceOptions(depends_on=[rdma] if rdma else []))
@@ -97,6 +98,7 @@ ray = RayTrainingCluster("ray", {
     "worker_spot": cfg.gpu_spot and cfg.autopilot, "nic_claims": a4x and networks is None,
     "verl_dir": cfg.verl_dir,
     "install_kuberay": cfg.ray_operator == "helm",
+    "network_policy": cfg.ray_network_policy, "dashboard_cidrs": list(cfg.ray_dashboard_cidrs),
 }, k8s.merge(pulumi.ResourceOptions(depends_on=ray_waits_for)))
 
 job = GrpoJob("grpo", {

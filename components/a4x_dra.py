@@ -15,6 +15,7 @@ import pulumi_kubernetes as k8s
 
 from components.children import child_options, custom_resource
 from components.helm_release import pinned_release
+from components.platforms import PLATFORMS
 from manifests import dra
 
 
@@ -43,8 +44,10 @@ class A4xDra(pulumi.ComponentResource):
         quota = k8s.core.v1.ResourceQuota(
             f"{name}-quota", metadata=quota_obj["metadata"], spec=quota_obj["spec"], opts=after(namespace)
         )
+        facts = PLATFORMS["a4x"]
         driver = pinned_release(f"{name}-driver", dra.CHART, namespace=dra.NAMESPACE,
-                                values=dra.helm_values(), opts=after(quota))
+                                values=dra.helm_values(accelerator=facts.accelerator, arch=facts.arch),
+                                opts=after(quota))
         if args.get("nic_claims", True):
             template = dra.rdma_claim_template(namespace=args["namespace"])
             k8s.resource.v1.ResourceClaimTemplate(

@@ -50,6 +50,8 @@ _ZONE = re.compile(r"^([a-z]+-[a-z]+[0-9]+)-[a-z]$")
 _QUANTITY = re.compile(r"^[0-9]+(Ki|Mi|Gi|Ti|Pi)$")
 _K8S_VERSION = re.compile(r"^1\.([0-9]+)(?:\.([0-9]+)(?:-gke\.([0-9]+))?)?$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
+# GKE returns times in UTC "Zulu" form; any other form is a permanent diff (pulumi-gcp docs).
+_RFC3339_UTC = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$")
 
 # GKE's max cluster name length; GCE resource names are at most 63 characters.
 _MAX_CLUSTER_NAME = 40
@@ -95,6 +97,7 @@ class StackConfig(BaseModel):
     kubernetes_version: str = "1.34"
     deletion_protection: bool = False
     master_authorized_cidrs: tuple[str, ...] = ()
+    upgrade_exclusion_start: str = "2026-12-01T00:00:00Z"
     ray_operator: Literal["addon", "helm"] = "addon"
     cpu_machine_type: str = "c2-standard-16"
     cpu_min_nodes: int = Field(1, ge=0)
@@ -130,6 +133,8 @@ class StackConfig(BaseModel):
     verl_image: str = ""
     verl_source_install: bool = False
     verl_in_image: bool = False
+    ray_network_policy: bool = True
+    ray_dashboard_cidrs: tuple[str, ...] = ()
     nccl_installer_url: str = ""
 
     job_ready_timeout_seconds: int = Field(1800, ge=1)
@@ -440,6 +445,9 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
           and tuple(int(g or 0) for g in minor.groups()) < _DRANET_MIN):
         # A bare minor such as 1.34 makes GKE pick that minor's newest patch, which is newer.
         add("kubernetes_version", cfg.kubernetes_version, f"DRANET needs {_DRANET_MIN_TEXT} or newer.")
+    if cfg.upgrade_exclusion_start and not _RFC3339_UTC.match(cfg.upgrade_exclusion_start):
+        add("upgrade_exclusion_start", cfg.upgrade_exclusion_start,
+            "an RFC3339 UTC time such as 2026-12-01T00:00:00Z, or empty for no exclusion.")
     if cfg.cpu_min_nodes > cfg.cpu_max_nodes:
         add("cpu_min_nodes", cfg.cpu_min_nodes, f"must be <= cpuMaxNodes ({cfg.cpu_max_nodes}).")
     if p.max_placement_nodes and cfg.gpu_max_nodes > p.max_placement_nodes:
@@ -534,13 +542,14 @@ def _cidr_problems(cfg: StackConfig) -> list[str]:
     fields += [("rdma_subnet_cidrs", c) for c in cfg.rdma_subnet_cidrs]
     fields.append(("internal_source_range", cfg.internal_source_range))
     fields += [("master_authorized_cidrs", c) for c in cfg.master_authorized_cidrs]
+    fields += [("ray_dashboard_cidrs", c) for c in cfg.ray_dashboard_cidrs]
     for field, text in fields:
         try:
             net = ipaddress.IPv4Network(text)
         except ValueError:
             out.append(problem_line(config_key(field), text, "an IPv4 CIDR such as 192.168.1.0/24."))
             continue
-        if field not in ("internal_source_range", "master_authorized_cidrs"):
+        if field not in ("internal_source_range", "master_authorized_cidrs", "ray_dashboard_cidrs"):
             for other_field, other in nets:
                 if net.overlaps(other):
                     out.append(problem_line(config_key(field), text, f"overlaps {other} ({config_key(other_field)})."))

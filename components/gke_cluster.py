@@ -25,6 +25,11 @@ DRA_V1BETA1_APIS = (
 """The DRA beta APIs Cluster Toolkit's gke-a4x blueprints turn on for the NVIDIA DRA driver."""
 
 
+MAINTENANCE_WINDOW_START = "03:00"
+UPGRADE_EXCLUSION_NAME = "verl-gke-no-minor-or-node-upgrades"
+"""Cluster Toolkit's gke-a4, gke-a3-ultragpu and gke-a4x blueprints set this exclusion scope."""
+
+
 class GkeClusterArgs(TypedDict):
     project: str
     """Project of the cluster; also names the Workload Identity pool `<project>.svc.id.goog`."""
@@ -45,17 +50,20 @@ class GkeClusterArgs(TypedDict):
     """Enable GKE's Ray operator add-on. Turn it off where KubeRay comes from its Helm chart instead
     (the A4X path): both would own the same CRDs."""
     cpu_machine_type: str
-    """Standard: machine type of default-pool, which hosts the Ray head (tutorial: c2-standard-16)."""
+    """Standard: machine type of the CPU pool, which hosts the Ray head (tutorial: c2-standard-16)."""
     cpu_min_nodes: int
-    """Standard: default-pool autoscaling floor per zone, like gcloud's --min-nodes (tutorial: 1)."""
+    """Standard: CPU pool autoscaling floor per zone, like gcloud's --min-nodes (tutorial: 1)."""
     cpu_max_nodes: int
-    """Standard: default-pool autoscaling ceiling per zone, like gcloud's --max-nodes (tutorial: 5)."""
+    """Standard: CPU pool autoscaling ceiling per zone, like gcloud's --max-nodes (tutorial: 5)."""
     existing: NotRequired[bool]
     """Bring your own cluster: look `name` up in `location` and create nothing."""
     master_authorized_cidrs: NotRequired[Sequence[str]]
     """When set, only these CIDRs (plus Google's own ranges) reach the control plane."""
     k8s_beta_apis: NotRequired[Sequence[str]]
     """Kubernetes beta APIs to enable (e.g. DRA_V1BETA1_APIS for the NVIDIA DRA driver)."""
+    upgrade_exclusion_start: NotRequired[str | None]
+    """When set (RFC3339), no minor or node auto-upgrades from then until the version's end of
+    support: an auto-upgrade drains GPU nodes in mid-run. Control-plane patches still apply."""
 
 
 class GkeCluster(pulumi.ComponentResource):
@@ -69,12 +77,12 @@ class GkeCluster(pulumi.ComponentResource):
     """Secret. Authenticates through gke-gcloud-auth-plugin; holds no credential itself."""
     provider: k8s.Provider
     """The one Kubernetes provider; pass it to every Kubernetes child."""
-    default_pool: container.NodePool | None
+    cpu_pool: container.NodePool | None
     """Standard clusters: the CPU pool that hosts the Ray head and system pods."""
 
     def __init__(self, name: str, args: GkeClusterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("verl-gke:index:GkeCluster", name, {}, opts)
-        self.default_pool = None
+        self.cpu_pool = None
         if args.get("existing", False):
             self._look_up(args)
         else:
@@ -87,7 +95,7 @@ class GkeCluster(pulumi.ComponentResource):
         self.provider = k8s.Provider(
             f"{name}-k8s",
             kubeconfig=self.kubeconfig,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.default_pool] if self.default_pool else []),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.cpu_pool] if self.cpu_pool else []),
         )
         self.register_outputs({
             "name": self.name,
@@ -116,6 +124,7 @@ class GkeCluster(pulumi.ComponentResource):
             addons["ray_operator_configs"] = [{"enabled": True}]
         authorized = args.get("master_authorized_cidrs")
         beta_apis = args.get("k8s_beta_apis")
+        exclusion_start = args.get("upgrade_exclusion_start")
         cluster = container.Cluster(
             f"{name}-cluster",
             name=args["name"],
@@ -128,6 +137,16 @@ class GkeCluster(pulumi.ComponentResource):
             initial_node_count=1 if standard else None,
             enable_shielded_nodes=True if standard else None,
             release_channel={"channel": args["release_channel"]},
+            maintenance_policy={
+                # GKE wants a window beside an exclusion; patches land at 03:00 UTC.
+                "daily_maintenance_window": {"start_time": MAINTENANCE_WINDOW_START},
+                "maintenance_exclusions": [{
+                    "exclusion_name": UPGRADE_EXCLUSION_NAME,
+                    "start_time": exclusion_start,
+                    "exclusion_options": {"scope": "NO_MINOR_OR_NODE_UPGRADES",
+                                          "end_time_behavior": "UNTIL_END_OF_SUPPORT"},
+                }],
+            } if exclusion_start else None,
             deletion_protection=args["deletion_protection"],
             min_master_version=args["min_master_version"],
             # Dataplane V2 + multi-networking carry the extra gVNIC/RDMA NICs.
@@ -147,8 +166,8 @@ class GkeCluster(pulumi.ComponentResource):
             opts=cluster_opts,
         )
         if standard:
-            self.default_pool = container.NodePool(
-                f"{name}-default-pool",
+            self.cpu_pool = container.NodePool(
+                f"{name}-cpu-pool",
                 name=HEAD_NODE_POOL,
                 project=project,
                 cluster=cluster.name,

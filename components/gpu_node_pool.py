@@ -97,6 +97,7 @@ class GpuNodePool(pulumi.ComponentResource):
             )
             placement = {"type": "COMPACT", "policy_name": policy.name}
 
+        fixed = args.get("accelerator_topology") is not None
         network_config: container.NodePoolNetworkConfigArgsDict | None = None
         if networks is not None:
             network_config = {"additional_node_network_configs": networks}
@@ -110,8 +111,12 @@ class GpuNodePool(pulumi.ComponentResource):
             cluster=args["cluster"],
             location=location,
             node_locations=[args["zone"]],
-            initial_node_count=args["nodes"],
-            autoscaling={"total_min_node_count": 0, "total_max_node_count": args["max_nodes"]},
+            # A4X: a fixed size. A 1x72 pool holds a whole NVLink sub-block; scaling it down gives
+            # the machines back, and they may not come back (Cluster Toolkit's gke-a4x does the same).
+            **({"node_count": args["nodes"]} if fixed else {
+                "initial_node_count": args["nodes"],
+                "autoscaling": {"total_min_node_count": 0, "total_max_node_count": args["max_nodes"]},
+            }),
             placement_policy=placement,
             network_config=network_config,
             # A reservation has no spare machine for a surge node: upgrade one node at a time in place
@@ -140,7 +145,7 @@ class GpuNodePool(pulumi.ComponentResource):
             # After creation the autoscaler owns the size, and the Local SSD count is the machine type's
             # (Cluster Toolkit's gke-node-pool ignores both the same way).
             opts=child.merge(pulumi.ResourceOptions(
-                ignore_changes=["initialNodeCount", "nodeConfig.ephemeralStorageLocalSsdConfig"],
+                ignore_changes=[*([] if fixed else ["initialNodeCount"]), "nodeConfig.ephemeralStorageLocalSsdConfig"],
             )),
         )
         self.register_outputs({})

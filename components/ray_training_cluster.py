@@ -11,11 +11,13 @@ from __future__ import annotations
 from typing import NotRequired, TypedDict, cast
 
 import pulumi
+import pulumi_kubernetes as k8s
 
 from components.children import child_options, custom_resource
 from components.helm_release import pinned_release
 from components.platforms import PLATFORMS, Platform, PlatformName
 from manifests import kuberay
+from manifests.network_policy import ray_ingress_policy
 from manifests.ray_cluster import (
     HEAD_NODE_POOL,
     Mode,
@@ -56,13 +58,17 @@ class RayTrainingClusterArgs(TypedDict):
     nic_claims: NotRequired[bool]
     """A4X: NICs as DRA claims (DRANET), not multi-network interfaces. Default True on A4X."""
     head_node_pool: NotRequired[str]
-    """Standard (A4/A3 Ultra): the on-demand CPU pool of the head. Default default-pool."""
+    """Standard (A4/A3 Ultra): the on-demand CPU pool of the head. Default verl-cpu."""
     verl_dir: NotRequired[str | None]
     """A verl tree on the bucket first on every Ray process's path; None (default) when the image has verl."""
     install_kuberay: NotRequired[bool]
     """Install the namespace-scoped KubeRay operator Helm chart (only without the Ray add-on)."""
     ready_timeout_minutes: NotRequired[int]
     """How long `pulumi up` waits for the head and every worker to run."""
+    network_policy: NotRequired[bool]
+    """Let only the cluster's own pods reach its pods (default True); see manifests.network_policy."""
+    dashboard_cidrs: NotRequired[list[str]]
+    """With the network policy: CIDRs that may also reach the dashboard and Job API (port 8265)."""
 
 
 def cluster_spec(args: RayTrainingClusterArgs) -> RayClusterSpec:
@@ -152,6 +158,11 @@ class RayTrainingCluster(pulumi.ComponentResource):
                 delete_before_replace=True,
             )),
         )
+        if args.get("network_policy", True):
+            policy = ray_ingress_policy(cluster=spec.name, namespace=spec.namespace,
+                                        dashboard_cidrs=args.get("dashboard_cidrs", []))
+            k8s.networking.v1.NetworkPolicy(f"{name}-ingress-policy", metadata=policy["metadata"],
+                                            spec=policy["spec"], opts=child)
         self.name = cluster.metadata["name"]
         self.head_service = self.name.apply(head_service_name)
         self.namespace = cluster.metadata["namespace"]

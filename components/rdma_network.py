@@ -12,8 +12,9 @@ from components.children import child_options
 from components.gpu_node_pool import NodeNetwork
 from manifests.network_mapping import NetworkNames
 
-# Cluster Toolkit's gpu-rdma-vpc MTU: the largest GCP allows.
-RDMA_MTU = 8896
+# The largest MTU GCP allows; Cluster Toolkit's gke-a4/a3-ultragpu blueprints set it on every VPC,
+# the gVNIC one included (the default 1460 fragments the host network's bulk traffic).
+VPC_MTU = 8896
 
 
 class RdmaNetworkArgs(TypedDict):
@@ -59,7 +60,8 @@ class RdmaNetwork(pulumi.ComponentResource):
             )
 
         gvnic_net = compute.Network(
-            f"{name}-gvnic-net", name=names.gvnic_network, project=project, auto_create_subnetworks=False, opts=child,
+            f"{name}-gvnic-net", name=names.gvnic_network, project=project, auto_create_subnetworks=False,
+            mtu=VPC_MTU, opts=child,
         )
         gvnic_sub = subnet("gvnic-sub", names.gvnic_subnet, gvnic_net, args["gvnic_cidr"])
         compute.Firewall(
@@ -82,7 +84,7 @@ class RdmaNetwork(pulumi.ComponentResource):
             name=names.rdma_network,
             project=project,
             auto_create_subnetworks=False,
-            mtu=RDMA_MTU,
+            mtu=VPC_MTU,
             network_profile=f"projects/{project}/global/networkProfiles/{args['zone']}-vpc-roce",
             opts=child,
         )

@@ -59,17 +59,37 @@ def resource_quota(*, gpu_nodes: int, namespace: str = NAMESPACE) -> dict[str, A
     }
 
 
-def helm_values() -> dict[str, Any]:
-    """The tutorial's `--set` values: GKE's driver root, ComputeDomains only (GPUs stay with
-    GKE's device plugin), and a kubelet plugin that tolerates the GPU and arm64 taints."""
+# GKE's node labels: the accelerator type on GPU nodes, the CPU architecture on every node.
+ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"
+ARCH_LABEL = "kubernetes.io/arch"
+
+
+def node_affinity(*expressions: dict[str, Any]) -> dict[str, Any]:
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": list(expressions)}]}}}
+
+
+def helm_values(*, accelerator: str, arch: str) -> dict[str, Any]:
+    """The tutorial's `--set` values (GKE's driver root, ComputeDomains only: GPUs stay with GKE's
+    device plugin, a kubelet plugin that tolerates the GPU and arm64 taints), and affinities that
+    match GKE nodes. The chart's defaults want a control-plane node (GKE shows none) and NFD or
+    `nvidia.com/gpu.present` labels (GKE sets neither), so both would stay Pending: as GKE's A4X
+    guide does, the controller runs off the GPU nodes and the kubelet plugin on the `accelerator`
+    nodes of `arch`."""
     return {
         "nvidiaDriverRoot": NVIDIA_DRIVER_ROOT,
         "resources": {"gpus": {"enabled": False}},
+        "controller": {
+            "tolerations": [],
+            "affinity": node_affinity({"key": ACCELERATOR_LABEL, "operator": "DoesNotExist"}),
+        },
         "kubeletPlugin": {
             "tolerations": [
                 {"key": "nvidia.com/gpu", "operator": "Exists"},
                 {"key": "kubernetes.io/arch", "operator": "Exists"},
-            ]
+            ],
+            "affinity": node_affinity({"key": ACCELERATOR_LABEL, "operator": "In", "values": [accelerator]},
+                                  {"key": ARCH_LABEL, "operator": "In", "values": [arch]}),
         },
     }
 

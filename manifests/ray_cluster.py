@@ -20,8 +20,9 @@ from manifests.storage import GCSFUSE_POD_ANNOTATION, bucket_mount, claim_volume
 Mode = Literal["autopilot", "standard"]
 
 WORKER_GROUP = "gpu-group"
-HEAD_NODE_POOL = "default-pool"
-"""Standard (A4, A3 Ultra): the on-demand CPU pool the head runs on, the tutorial's c2-standard-16 pool."""
+HEAD_NODE_POOL = "verl-cpu"
+"""Standard (A4, A3 Ultra): the on-demand CPU pool the head runs on, the tutorial's c2-standard-16 pool.
+Not `default-pool`: the provider deletes a pool of that name whenever remove_default_node_pool flips."""
 GCS_PORT = 6379
 DASHBOARD_PORT = 8265
 CLIENT_PORT = 10001

@@ -382,3 +382,10 @@ def test_placeholders_listed():
 def test_a_reservation_placeholder_the_stack_never_reads_blocks_nothing(unused: dict[str, str]):
     raw = config(reservation="replace-me-reservation", **unused)
     assert placeholders(raw, load_config(raw)) == ["verl-gke:hfToken"]
+
+
+def test_upgrade_exclusion_start_is_utc_rfc3339_or_empty():
+    assert load_config(config(upgradeExclusionStart="")).upgrade_exclusion_start == ""
+    assert only_problem(upgradeExclusionStart="2026-12-01 00:00") == (
+        'verl-gke:upgradeExclusionStart = "2026-12-01 00:00": an RFC3339 UTC time such as 2026-12-01T00:00:00Z, '
+        "or empty for no exclusion.")

@@ -49,9 +49,12 @@ def test_compute_domain_validates_against_its_crd() -> None:
     validate_custom(dra.compute_domain(namespace="verl", gpu_nodes=4))
 
 
-def test_dra_helm_values_are_the_tutorials_set_flags() -> None:
+def test_dra_helm_values_are_the_tutorials_set_flags_plus_gke_affinities() -> None:
     install = tutorial_helm_install("nvidia-dra-driver-gpu", ENV)
-    assert dra.helm_values() == install["values"]
+    values = dra.helm_values(accelerator="nvidia-gb200", arch="arm64")
+    assert {k: v for k, v in values.items() if k != "controller"} == {
+        **install["values"], "kubeletPlugin": {**install["values"]["kubeletPlugin"],
+                                               "affinity": values["kubeletPlugin"]["affinity"]}}
     assert install["namespace"] == dra.NAMESPACE
     alias, chart = install["chart"].split("/")
     assert chart == dra.CHART.name

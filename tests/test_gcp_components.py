@@ -97,7 +97,7 @@ def a4x_dranet() -> MockRun:
 
 def test_gvnic_vpc_subnet_and_firewall_match_the_gcloud_commands(a4_standard: MockRun):
     assert a4_standard.inputs("net-gvnic-net") == {
-        "name": "verl-gvnic-net", "project": PROJECT, "autoCreateSubnetworks": False}
+        "name": "verl-gvnic-net", "project": PROJECT, "autoCreateSubnetworks": False, "mtu": 8896}
     sub = a4_standard.inputs("net-gvnic-sub")
     assert (sub["name"], sub["region"], sub["ipCidrRange"]) == ("verl-gvnic-sub", REGION, "192.168.0.0/24")
     fw = a4_standard.inputs("net-gvnic-internal")
@@ -180,20 +180,21 @@ def test_standard_cluster_replaces_its_builtin_pool_and_is_locked_down(a4_standa
     assert "masterAuthorizedNetworksConfig" not in c
 
 
-def test_default_pool_is_c2_standard_16_autoscaling_1_to_5(a4_standard: MockRun):
-    pool = a4_standard.inputs("gke-default-pool")
-    assert pool["name"] == "default-pool"  # the Ray head's nodeSelector
+def test_cpu_pool_is_c2_standard_16_autoscaling_1_to_5(a4_standard: MockRun):
+    pool = a4_standard.inputs("gke-cpu-pool")
+    # The Ray head's nodeSelector; not `default-pool`, which remove_default_node_pool deletes.
+    assert pool["name"] == "verl-cpu"
     assert pool["cluster"] == CLUSTER
     assert pool["location"] == REGION
     assert pool["initialNodeCount"] == 1
     assert pool["autoscaling"] == {"minNodeCount": 1, "maxNodeCount": 5}
     assert pool["nodeConfig"] == {"machineType": "c2-standard-16", "workloadMetadataConfig": {"mode": "GKE_METADATA"}}
-    assert a4_standard.urn("gke-cluster") in a4_standard.deps("gke-default-pool")
+    assert a4_standard.urn("gke-cluster") in a4_standard.deps("gke-cpu-pool")
 
 
-def test_default_pool_takes_machine_type_and_bounds_from_config():
+def test_cpu_pool_takes_machine_type_and_bounds_from_config():
     pool = MockRun(lambda: GkeCluster("gke", cluster_args(cpu_machine_type="n2-standard-8", cpu_min_nodes=0,
-                                                          cpu_max_nodes=3))).inputs("gke-default-pool")
+                                                          cpu_max_nodes=3))).inputs("gke-cpu-pool")
     assert pool["nodeConfig"]["machineType"] == "n2-standard-8"
     assert pool["autoscaling"] == {"minNodeCount": 0, "maxNodeCount": 3}
     assert pool["initialNodeCount"] == 1  # the Ray head needs a node from the start
@@ -204,7 +205,7 @@ def test_one_kubernetes_provider_from_a_secret_kubeconfig(a4_standard: MockRun):
     assert [p.name for p in providers] == ["gke-k8s"]
     assert providers[0].inputs["kubeconfig"] == "[secret]"
     # Kubernetes objects wait for the CPU pool; destroy removes them before it.
-    assert a4_standard.urn("gke-default-pool") in providers[0].dependencies
+    assert a4_standard.urn("gke-cpu-pool") in providers[0].dependencies
     assert a4_standard.urn("gke-cluster") in providers[0].dependencies
 
 
@@ -339,6 +340,9 @@ def test_a4x_pool_is_gb200_with_compact_1x72_placement_and_dranet(a4x_dranet: Mo
     assert pool["networkConfig"] == {"acceleratorNetworkProfile": "auto"}
     # Without this label GKE's DRANET driver skips the nodes and no mrdma.google.com NIC is claimable.
     assert node["labels"] == {"cloud.google.com/gke-networking-dra-driver": "true"}
+    # A fixed size: scaling a 1x72 pool down gives its NVLink sub-block back.
+    assert "autoscaling" not in pool and "initialNodeCount" not in pool
+    assert pool["nodeCount"] == 2  # the fixture's gpuNodes
     policy = a4x_dranet.of_type("gcp:compute/resourcePolicy:ResourcePolicy")
     assert [p.name for p in policy] == ["gpu-workload-policy"]
     assert policy[0].inputs["workloadPolicy"] == {"type": "HIGH_THROUGHPUT", "acceleratorTopology": "1x72"}
@@ -471,3 +475,25 @@ def test_children_are_parented_to_their_component(a4_standard: MockRun):
     assert parents["net-rdma-sub-0"] == a4_standard.urn("net")
     assert parents["gpu-pool"] == a4_standard.urn("gpu")
     assert parents["mapping-nccl-rdma-installer"] == a4_standard.urn("mapping")
+
+
+def test_no_minor_or_node_auto_upgrade_drains_the_gpu_nodes_of_a_stack(synth_stack: Any) -> None:
+    for stack in ("a4", "a4-standard", "a3u-standard", "a4x"):
+        cluster = next(r.inputs for r in synth_stack(stack).registrations if r.type == "gcp:container/cluster:Cluster")
+        assert cluster["maintenancePolicy"] == {
+            "dailyMaintenanceWindow": {"startTime": "03:00"},
+            "maintenanceExclusions": [{
+                "exclusionName": "verl-gke-no-minor-or-node-upgrades", "startTime": "2026-12-01T00:00:00Z",
+                "exclusionOptions": {"scope": "NO_MINOR_OR_NODE_UPGRADES", "endTimeBehavior": "UNTIL_END_OF_SUPPORT"},
+            }],
+        }, stack
+
+
+def test_an_empty_exclusion_start_leaves_gkes_upgrade_policy_alone() -> None:
+    run = MockRun(lambda: GkeCluster("gke", cluster_args(upgrade_exclusion_start=None)))
+    assert "maintenancePolicy" not in run.inputs("gke-cluster")
+
+
+def test_every_vpc_has_the_jumbo_mtu(synth_stack: Any) -> None:
+    networks = [r.inputs for r in synth_stack("a4-standard").registrations if r.type == "gcp:compute/network:Network"]
+    assert len(networks) == 2 and {n["mtu"] for n in networks} == {8896}  # the gVNIC VPC and the RDMA one

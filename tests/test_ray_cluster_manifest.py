@@ -98,6 +98,9 @@ def _corrected(tutorial: dict[str, Any], namespace: str) -> dict[str, Any]:
                        "annotations": {"pulumi.com/waitFor": WAIT_FOR_READY}}
     head_selector = _head_pod(out)["nodeSelector"]
     head_selector.pop("cloud.google.com/gke-spot", None)  # bug 6: never a Spot head
+    if head_selector.get("cloud.google.com/gke-nodepool") == "default-pool":
+        # A CPU pool of its own name: the provider deletes a `default-pool` when remove_default_node_pool flips.
+        head_selector["cloud.google.com/gke-nodepool"] = "verl-cpu"
     worker = _worker_pod(out)
     worker.pop("initContainers", None)  # opt-in (verl_dir), see its own test
     if "cloud.google.com/gke-accelerator-count" in worker["nodeSelector"]:

@@ -71,7 +71,7 @@ def test_every_child_uses_the_one_provider_and_waits_for_the_prerequisites() -> 
     run = deploy(ray_args("a4x", install_kuberay=True), {"namespace": "verl", "gpu_nodes": 2})
     provider = run.by_name["k8s"].urn
     children = [r for r in run.registrations if r.custom and r.name not in ("k8s", "prerequisite")]
-    assert len(children) == 7
+    assert len(children) == 8  # the DRA objects, the operator, the RayCluster and its NetworkPolicy
     assert {r.provider for r in children} == {provider}
     prerequisite = run.by_name["prerequisite"].urn
     assert all(prerequisite in r.dependencies for r in children)
@@ -148,7 +148,7 @@ def test_a4x_dra_registers_the_tutorials_objects_in_order() -> None:
     assert driver.inputs["version"] == "25.3.2"
     assert driver.inputs["repositoryOpts"] == {"repo": "https://helm.ngc.nvidia.com/nvidia"}
     assert driver.inputs["namespace"] == "nvidia-dra-driver-gpu"
-    assert driver.inputs["values"] == dra.helm_values()
+    assert driver.inputs["values"] == dra.helm_values(accelerator="nvidia-gb200", arch="arm64")
     assert run.manifest(template) == dra.rdma_claim_template(namespace="verl")
     assert run.manifest(domain) == dra.compute_domain(namespace="verl", gpu_nodes=4)
     # Namespace, then its quota, then the driver (whose pods the quota admits), then the domain.
