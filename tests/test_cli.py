@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -506,8 +507,6 @@ def test_bad_output_values_are_named(change: dict[str, Any], message: str) -> No
 @pytest.mark.ray
 def test_wait_rides_out_a_head_outage_shorter_than_its_window(
         capsys: pytest.CaptureFixture[str], ray_head: str, tmp_path: Path) -> None:
-    import threading
-
     submission_id = submit(ray_head, entrypoint="python -c 'import time; time.sleep(10)'")
     link = FlakyLink(int(ray_head.rsplit(":", 1)[1]))
     link.up.set()
@@ -550,3 +549,28 @@ def test_offline_outputs_from_synth_are_named_as_such(capsys: pytest.CaptureFixt
     assert error_line(err) == (f"verl-gke: error: {outputs} holds offline outputs from `make synth` (no real "
                                "cluster CA): there is no cluster to reach; use a deployed stack's outputs "
                                "(`pulumi stack output --json`) or --dashboard-url URL")
+
+
+@pytest.mark.ray
+def test_logs_follow_ends_with_one_line_when_the_head_stops_answering(
+        capsys: pytest.CaptureFixture[str], ray_head: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from verl_gke import head_access
+
+    monkeypatch.setattr(cli, "FOLLOW_CHECK_S", 1.0)
+    monkeypatch.setattr(head_access, "REQUEST_TIMEOUT_S", 2.0)
+    submission_id = submit(ray_head, entrypoint="python -c 'import time; print(\"started\", flush=True); time.sleep(60)'")
+    link = FlakyLink(int(ray_head.rsplit(":", 1)[1]))
+    link.up.set()
+    threading.Timer(6.0, link.up.clear).start()  # the open log stream stays, new requests fail
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc(submission_id))
+    started = time.monotonic()
+    try:
+        code, out, err = run(capsys, "logs", "--follow", "--outputs", str(outputs), "--dashboard-url",
+                             f"http://127.0.0.1:{link.port}")
+    finally:
+        link.close()
+        JobSubmissionClient(ray_head).stop_job(submission_id)
+    assert code == 1
+    assert "started" in out
+    assert error_line(err).startswith(f"verl-gke: error: Ray head at http://127.0.0.1:{link.port}: GET /api/jobs/")
+    assert time.monotonic() - started < 30

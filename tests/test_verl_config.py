@@ -207,3 +207,16 @@ def test_synth_prints_the_plan_and_fails_on_a_managed_override(tmp_path: Path, c
     err = capsys.readouterr().err
     assert code == 2
     assert f'{EXTRA} = "trainer.nnodes=1": sets trainer.nnodes' in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("override", "reason"), [
+    ("trainer.nnodez=3", "verl 0.6.1 rejects it: Could not override 'trainer.nnodez'."),
+    ("trainer.nnodes=1", "sets trainer.nnodes, which verl-gke sets from verl-gke:gpuNodes: set that key instead"),
+    ("trainer.logger=[console", "Hydra cannot parse it: "),
+])
+def test_synth_exits_2_naming_the_key_for_a_misspelt_managed_or_malformed_override(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], override: str, reason: str) -> None:
+    code = synth.main(["a4", "--out", str(tmp_path), "--set", f"{EXTRA}={json.dumps([override])}"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"  {EXTRA} = {json.dumps(override)}: {reason}" in err and "Traceback" not in err

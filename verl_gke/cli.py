@@ -51,6 +51,8 @@ DEFAULT_HEAD_TIMEOUT_S = 30.0
 DEFAULT_POLL_S = 30.0
 DEFAULT_OUTAGE_WINDOW_S = OUTAGE_WINDOW_S
 RECONNECT_PAUSE_S = 5.0
+FOLLOW_CHECK_S = 30.0
+"""`logs --follow`: after this long without a line, check that the head still answers."""
 # A head that answers within this needs no progress message.
 _QUICK_PROBE_S = 1.0
 # `wait` reports every status change, and the unchanged status this often.
@@ -345,9 +347,28 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 async def _tail(client: JobSubmissionClient, submission_id: str, out: TextIO) -> None:
-    async for chunk in client.tail_job_logs(submission_id):
-        out.write(chunk)
-        out.flush()
+    """Stream the job's log. A run may print nothing for minutes, so a quiet stream is not an
+    error; but every FOLLOW_CHECK_S of quiet the head is asked (with a deadline) for the job's
+    status, so a head that stopped answering ends the command instead of hanging it."""
+    stream = client.tail_job_logs(submission_id).__aiter__()
+    pending: asyncio.Future[str] | None = None
+    try:
+        while True:
+            pending = pending or asyncio.ensure_future(stream.__anext__())
+            done, _ = await asyncio.wait({pending}, timeout=FOLLOW_CHECK_S)
+            if not done:
+                await asyncio.to_thread(client.get_job_status, submission_id)
+                continue
+            try:
+                chunk = pending.result()
+            except StopAsyncIteration:
+                return
+            pending = None
+            out.write(chunk)
+            out.flush()
+    finally:
+        if pending is not None:
+            pending.cancel()
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
