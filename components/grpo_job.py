@@ -292,12 +292,12 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
         with _client(spec, spec.ready_timeout_s) as client:
             jobs = client.list_jobs()
             job = next((j for j in jobs if j.submission_id == submission_id), None)
+            if job is not None:
+                _check_adoptable(job, spec)
             _refuse_a_second_run(jobs, spec, submission_id)
             if job is None:
                 client.submit_job(entrypoint=spec.entrypoint, submission_id=submission_id,
                                   runtime_env=spec.runtime_env, metadata=spec.metadata or None)
-            else:
-                _check_adoptable(job, spec)
             try:
                 status = _await_start(client, spec, submission_id, started + spec.ready_timeout_s)
             except TimeoutError:
