@@ -61,6 +61,8 @@ class GkeClusterArgs(TypedDict):
     """When set, only these CIDRs (plus Google's own ranges) reach the control plane."""
     k8s_beta_apis: NotRequired[Sequence[str]]
     """Kubernetes beta APIs to enable (e.g. DRA_V1BETA1_APIS for the NVIDIA DRA driver)."""
+    gpu_metrics: NotRequired[bool]
+    """DCGM GPU metrics in Managed Service for Prometheus (default True), as Cluster Toolkit's GPU blueprints."""
     upgrade_exclusion_start: NotRequired[str | None]
     """When set (RFC3339), no minor or node auto-upgrades from then until the version's end of
     support: an auto-upgrade drains GPU nodes in mid-run. Control-plane patches still apply."""
@@ -147,6 +149,10 @@ class GkeCluster(pulumi.ComponentResource):
                                           "end_time_behavior": "UNTIL_END_OF_SUPPORT"},
                 }],
             } if exclusion_start else None,
+            monitoring_config={
+                "enable_components": ["SYSTEM_COMPONENTS", "DCGM"],
+                "managed_prometheus": {"enabled": True},
+            } if args.get("gpu_metrics", True) else None,
             deletion_protection=args["deletion_protection"],
             min_master_version=args["min_master_version"],
             # Dataplane V2 + multi-networking carry the extra gVNIC/RDMA NICs.

@@ -497,3 +497,12 @@ def test_an_empty_exclusion_start_leaves_gkes_upgrade_policy_alone() -> None:
 def test_every_vpc_has_the_jumbo_mtu(synth_stack: Any) -> None:
     networks = [r.inputs for r in synth_stack("a4-standard").registrations if r.type == "gcp:compute/network:Network"]
     assert len(networks) == 2 and {n["mtu"] for n in networks} == {8896}  # the gVNIC VPC and the RDMA one
+
+
+def test_gpu_metrics_go_to_managed_prometheus_on_every_stack(synth_stack: Any) -> None:
+    for stack in ("a4", "a4-standard", "a3u-standard", "a4x"):
+        cluster = next(r.inputs for r in synth_stack(stack).registrations if r.type == "gcp:container/cluster:Cluster")
+        assert cluster["monitoringConfig"] == {"enableComponents": ["SYSTEM_COMPONENTS", "DCGM"],
+                                               "managedPrometheus": {"enabled": True}}, stack
+    off = MockRun(lambda: GkeCluster("gke", cluster_args(gpu_metrics=False)))
+    assert "monitoringConfig" not in off.inputs("gke-cluster")
