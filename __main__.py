@@ -43,6 +43,7 @@ cluster = GkeCluster("gke", {
     "cpu_min_nodes": cfg.cpu_min_nodes, "cpu_max_nodes": cfg.cpu_max_nodes,
     "existing": cfg.existing_cluster, "master_authorized_cidrs": cfg.master_authorized_cidrs,
     "upgrade_exclusion_start": cfg.upgrade_exclusion_start or None, "gpu_metrics": cfg.gpu_metrics,
+    "dedicated_node_service_account": cfg.dedicated_node_service_account,
     # The NVIDIA DRA driver 25.3 still speaks resource.k8s.io/v1beta1 (Cluster Toolkit gke-a4x).
     "k8s_beta_apis": DRA_V1BETA1_APIS if a4x else [],
 }, pulumi.ResourceOptions(depends_on=[rdma] if rdma else []))
@@ -58,7 +59,8 @@ if not cfg.autopilot and builds_infra:
         # DRANET: GKE attaches the A4X NICs itself; otherwise the gVNIC + RDMA subnets.
         "additional_node_networks": rdma.node_networks if rdma else None,
         "accelerator_network_profile": "auto" if a4x and not rdma else None,
-    })
+        "service_account": cluster.node_service_account,
+    }, pulumi.ResourceOptions(depends_on=cluster.node_identity))
 gpu_ready = [r for r in (gpu_pool, rdma) if r is not None]
 
 project_number = gcp.organizations.get_project_output(project_id=cfg.project).number

@@ -98,6 +98,7 @@ class StackConfig(BaseModel):
     deletion_protection: bool = False
     master_authorized_cidrs: tuple[str, ...] = ()
     gpu_metrics: bool = True
+    dedicated_node_service_account: bool = True
     upgrade_exclusion_start: str = "2026-12-01T00:00:00Z"
     ray_operator: Literal["addon", "helm"] = "addon"
     cpu_machine_type: str = "c2-standard-16"

@@ -8,7 +8,7 @@ from typing import Literal, NotRequired, TypedDict, cast
 
 import pulumi
 import pulumi_kubernetes as k8s
-from pulumi_gcp import container
+from pulumi_gcp import container, projects, serviceaccount
 
 from components.children import child_options
 from manifests.ray_cluster import HEAD_NODE_POOL, Mode
@@ -23,6 +23,18 @@ DRA_V1BETA1_APIS = (
     "resource.k8s.io/v1beta1/resourceslices",
 )
 """The DRA beta APIs Cluster Toolkit's gke-a4x blueprints turn on for the NVIDIA DRA driver."""
+
+
+NODE_ROLE = "roles/container.defaultNodeServiceAccount"
+"""GKE's least-privilege role for a node service account: logs, metrics, no project-wide access."""
+NODE_SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
+"""With a dedicated service account the role limits access; GKE's guidance is the broad scope."""
+_MAX_ACCOUNT_ID = 30
+
+
+def node_account_id(cluster_name: str) -> str:
+    """`<cluster>-nodes`, cut to the 30 characters a service account id may have."""
+    return f"{cluster_name[:_MAX_ACCOUNT_ID - len('-nodes')].rstrip('-')}-nodes"
 
 
 MAINTENANCE_WINDOW_START = "03:00"
@@ -61,6 +73,9 @@ class GkeClusterArgs(TypedDict):
     """When set, only these CIDRs (plus Google's own ranges) reach the control plane."""
     k8s_beta_apis: NotRequired[Sequence[str]]
     """Kubernetes beta APIs to enable (e.g. DRA_V1BETA1_APIS for the NVIDIA DRA driver)."""
+    dedicated_node_service_account: NotRequired[bool]
+    """Nodes run as `<cluster>-nodes` with only GKE's node role (default True), not as the project's
+    Compute Engine default service account (Editor on most projects)."""
     gpu_metrics: NotRequired[bool]
     """DCGM GPU metrics in Managed Service for Prometheus (default True), as Cluster Toolkit's GPU blueprints."""
     upgrade_exclusion_start: NotRequired[str | None]
@@ -81,10 +96,16 @@ class GkeCluster(pulumi.ComponentResource):
     """The one Kubernetes provider; pass it to every Kubernetes child."""
     cpu_pool: container.NodePool | None
     """Standard clusters: the CPU pool that hosts the Ray head and system pods."""
+    node_service_account: pulumi.Output[str] | None
+    """The nodes' dedicated service account (email), for node pools made outside this component."""
+    node_identity: list[pulumi.Resource]
+    """What node pools wait for: the account's role binding (nodes without it cannot write logs)."""
 
     def __init__(self, name: str, args: GkeClusterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("verl-gke:index:GkeCluster", name, {}, opts)
         self.cpu_pool = None
+        self.node_service_account = None
+        self.node_identity = []
         if args.get("existing", False):
             self._look_up(args)
         else:
@@ -127,6 +148,16 @@ class GkeCluster(pulumi.ComponentResource):
         authorized = args.get("master_authorized_cidrs")
         beta_apis = args.get("k8s_beta_apis")
         exclusion_start = args.get("upgrade_exclusion_start")
+        node_identity: dict[str, object] = {}
+        if args.get("dedicated_node_service_account", True):
+            account = serviceaccount.Account(
+                f"{name}-nodes", account_id=node_account_id(args["name"]), project=project,
+                display_name=f"GKE nodes of {args['name']} (verl-gke)", opts=cluster_opts)
+            self.node_identity = [projects.IAMMember(
+                f"{name}-nodes-role", project=project, role=NODE_ROLE,
+                member=account.email.apply(lambda email: f"serviceAccount:{email}"), opts=cluster_opts)]
+            self.node_service_account = account.email
+            node_identity = {"service_account": account.email, "oauth_scopes": NODE_SCOPES}
         cluster = container.Cluster(
             f"{name}-cluster",
             name=args["name"],
@@ -169,7 +200,11 @@ class GkeCluster(pulumi.ComponentResource):
                 if authorized else None
             ),
             enable_k8s_beta_apis={"enabled_apis": list(beta_apis)} if beta_apis else None,
-            opts=cluster_opts,
+            # Standard: the built-in pool (removed) and the node pools take the account themselves;
+            # Autopilot: it goes to every node GKE provisions.
+            node_config=node_identity or None if standard else None,
+            cluster_autoscaling={"auto_provisioning_defaults": node_identity} if node_identity and not standard else None,
+            opts=cluster_opts.merge(pulumi.ResourceOptions(depends_on=self.node_identity)),
         )
         if standard:
             self.cpu_pool = container.NodePool(
@@ -184,10 +219,12 @@ class GkeCluster(pulumi.ComponentResource):
                 node_config={
                     "machine_type": args["cpu_machine_type"],
                     "workload_metadata_config": {"mode": "GKE_METADATA"},
+                    **node_identity,
                 },
                 # Its name is fixed (the Ray head selects it), so a replacement must delete first;
                 # after creation the autoscaler owns the size.
-                opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True, ignore_changes=["initialNodeCount"]),
+                opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True, ignore_changes=["initialNodeCount"],
+                                            depends_on=self.node_identity),
             )
         self.name = cluster.name
         self.location = cluster.location

@@ -10,6 +10,7 @@ import pulumi
 from pulumi_gcp import compute, container
 
 from components.children import child_options
+from components.gke_cluster import NODE_SCOPES
 from components.platforms import PLATFORMS, PlatformName
 
 GPU_POOL_NAME = "gpu-pool"
@@ -50,6 +51,8 @@ class GpuNodePoolArgs(TypedDict):
     """`auto`: GKE creates and attaches the accelerator networks itself (A4X DRANET)."""
     accelerator_topology: NotRequired[str | None]
     """NVLink domain for a COMPACT placement under a HIGH_THROUGHPUT workload policy (A4X: `1x72`)."""
+    service_account: NotRequired[pulumi.Input[str] | None]
+    """The nodes' service account (GkeCluster.node_service_account); None: Compute Engine's default."""
 
 
 class GpuNodePool(pulumi.ComponentResource):
@@ -137,6 +140,8 @@ class GpuNodePool(pulumi.ComponentResource):
                 "taints": [GPU_TAINT],
                 **({"labels": {DRANET_NODE_LABEL: "true"}} if profile is not None else {}),
                 "workload_metadata_config": {"mode": "GKE_METADATA"},
+                **({"service_account": args["service_account"], "oauth_scopes": NODE_SCOPES}
+                   if args.get("service_account") else {}),
                 # 0 = every Local SSD bundled with the machine type, for machine series that fix their
                 # count (GKE API, EphemeralStorageLocalSsdConfig.local_ssd_count): the workers' 500-1000Gi
                 # of ephemeral storage would not fit on the boot disk.

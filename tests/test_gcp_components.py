@@ -188,7 +188,8 @@ def test_cpu_pool_is_c2_standard_16_autoscaling_1_to_5(a4_standard: MockRun):
     assert pool["location"] == REGION
     assert pool["initialNodeCount"] == 1
     assert pool["autoscaling"] == {"minNodeCount": 1, "maxNodeCount": 5}
-    assert pool["nodeConfig"] == {"machineType": "c2-standard-16", "workloadMetadataConfig": {"mode": "GKE_METADATA"}}
+    assert pool["nodeConfig"] == {"machineType": "c2-standard-16", "workloadMetadataConfig": {"mode": "GKE_METADATA"},
+                                  "serviceAccount": NODE_SA, "oauthScopes": ["https://www.googleapis.com/auth/cloud-platform"]}
     assert a4_standard.urn("gke-cluster") in a4_standard.deps("gke-cpu-pool")
 
 
@@ -256,7 +257,7 @@ def test_autopilot_cluster_is_create_auto_with_multi_networking_and_ray():
     for standard_only in ("removeDefaultNodePool", "initialNodeCount", "enableShieldedNodes"):
         assert standard_only not in c
     assert run.counts() == Counter({"verl-gke:index:GkeCluster": 1, "gcp:container/cluster:Cluster": 1,
-                                    "pulumi:providers:kubernetes": 1})
+                                    "pulumi:providers:kubernetes": 1, **NODE_IDENTITY})
 
 
 def test_existing_cluster_is_looked_up_and_nothing_is_created():
@@ -447,10 +448,13 @@ def test_autopilot_applies_the_mapping_and_the_autopilot_installer():
 
 # --- Whole Standard stacks: resources per type ---------------------------------------------------
 
+NODE_IDENTITY = {"gcp:serviceaccount/account:Account": 1, "gcp:projects/iAMMember:IAMMember": 1}
+
+
 def test_a4_standard_resource_counts(a4_standard: MockRun):
     assert a4_standard.counts() == Counter({
         "verl-gke:index:GkeCluster": 1, "gcp:container/cluster:Cluster": 1, "gcp:container/nodePool:NodePool": 2,
-        "pulumi:providers:kubernetes": 1,
+        "pulumi:providers:kubernetes": 1, **NODE_IDENTITY,
         "verl-gke:index:RdmaNetwork": 1, "gcp:compute/network:Network": 2, "gcp:compute/subnetwork:Subnetwork": 9,
         "gcp:compute/firewall:Firewall": 1,
         "verl-gke:index:GpuNodePool": 1,
@@ -462,7 +466,7 @@ def test_a4_standard_resource_counts(a4_standard: MockRun):
 def test_a4x_dranet_resource_counts(a4x_dranet: MockRun):
     assert a4x_dranet.counts() == Counter({
         "verl-gke:index:GkeCluster": 1, "gcp:container/cluster:Cluster": 1, "gcp:container/nodePool:NodePool": 2,
-        "pulumi:providers:kubernetes": 1,
+        "pulumi:providers:kubernetes": 1, **NODE_IDENTITY,
         "verl-gke:index:GpuNodePool": 1, "gcp:compute/resourcePolicy:ResourcePolicy": 1,
         "verl-gke:index:NetworkMapping": 1, "kubernetes:yaml/v2:ConfigFile": 1,
     })
@@ -506,3 +510,38 @@ def test_gpu_metrics_go_to_managed_prometheus_on_every_stack(synth_stack: Any) -
                                                "managedPrometheus": {"enabled": True}}, stack
     off = MockRun(lambda: GkeCluster("gke", cluster_args(gpu_metrics=False)))
     assert "monitoringConfig" not in off.inputs("gke-cluster")
+
+
+NODE_SA = f"{CLUSTER}-nodes@{PROJECT}.iam.gserviceaccount.com"
+
+
+def test_nodes_run_as_a_dedicated_least_privilege_service_account(synth_stack: Any) -> None:
+    for stack in ("a4", "a4-standard", "a3u-standard", "a4x"):
+        regs = synth_stack(stack).registrations
+        [account] = [r for r in regs if r.type == "gcp:serviceaccount/account:Account"]
+        [binding] = [r for r in regs if r.type == "gcp:projects/iAMMember:IAMMember"
+                     and r.inputs["role"] == "roles/container.defaultNodeServiceAccount"]
+        email = f"{account.inputs['accountId']}@{account.inputs['project']}.iam.gserviceaccount.com"
+        assert binding.inputs["member"] == f"serviceAccount:{email}", stack
+        cluster = next(r for r in regs if r.type == "gcp:container/cluster:Cluster")
+        pools = [r for r in regs if r.type == "gcp:container/nodePool:NodePool"]
+        if stack == "a4":  # Autopilot: every node GKE provisions
+            assert cluster.inputs["clusterAutoscaling"]["autoProvisioningDefaults"]["serviceAccount"] == email
+            assert pools == []
+        else:
+            assert {p.inputs["nodeConfig"]["serviceAccount"] for p in pools} == {email}, stack
+            assert all(binding.urn in p.dependencies for p in pools), stack
+
+
+def test_the_service_account_id_fits_gcps_30_characters() -> None:
+    from components.gke_cluster import node_account_id
+
+    assert node_account_id("verl-gke") == "verl-gke-nodes"
+    assert node_account_id("a" * 23 + "-" + "b" * 16) == "a" * 23 + "-nodes"
+    assert len(node_account_id("c" * 40)) == 30
+
+
+def test_the_dedicated_service_account_can_be_turned_off() -> None:
+    run = MockRun(lambda: GkeCluster("gke", cluster_args(dedicated_node_service_account=False)))
+    assert "serviceAccount" not in run.inputs("gke-cpu-pool")["nodeConfig"]
+    assert not [r for r in run.registrations if r.type == "gcp:serviceaccount/account:Account"]

@@ -114,6 +114,8 @@ class SynthMocks(pulumi.runtime.Mocks):
         name = state.get("name") or args.name
         if args.typ == "gcp:container/cluster:Cluster":
             state.update(endpoint=MOCK_ENDPOINT, masterAuth={"clusterCaCertificate": MOCK_CA})
+        elif args.typ == "gcp:serviceaccount/account:Account":
+            state["email"] = f"{state['accountId']}@{state['project']}.iam.gserviceaccount.com"
         elif args.typ == "gcp:storage/bucket:Bucket":
             state["url"] = f"gs://{name}"
         elif args.typ.startswith("gcp:compute/"):
