@@ -34,6 +34,7 @@ from verl_gke.head_access import (
     HeadAccessSetupError,
     HeadGoneError,
     HeadRequestError,
+    OutageClock,
     dashboard,
     dashboard_command,
     job_client,
@@ -484,7 +485,7 @@ def _await_completion(spec: _JobSpec, submission_id: str) -> str:
     Each poll opens its own connection: one port-forward held for hours would break.
     """
     deadline = time.monotonic() + spec.completion_timeout_s
-    lost_since: float | None = None
+    outage = OutageClock(spec.outage_window_s)
     status = "RUNNING"
     while True:
         try:
@@ -495,15 +496,13 @@ def _await_completion(spec: _JobSpec, submission_id: str) -> str:
                     return status
                 if status in _TERMINAL:
                     raise RuntimeError(_ended_message(client, submission_id, status, "after it started"))
-            lost_since = None
+            outage.reached()
         except HeadGoneError:
             raise
         except (HeadAccessError, HeadRequestError) as error:
             # A head pod restart or a dropped port-forward must not fail a wait of many hours.
-            now = time.monotonic()
-            lost_since = lost_since or now
-            if now - lost_since >= spec.outage_window_s:
-                raise RuntimeError(f"GRPO job {submission_id}: lost the Ray head for {now - lost_since:.0f} s "
+            if (lost := outage.lost()) >= spec.outage_window_s:
+                raise RuntimeError(f"GRPO job {submission_id}: lost the Ray head for {lost:.0f} s "
                                    f"(outage_window_s={spec.outage_window_s:g}): {error}") from None
             pulumi.log.warn(f"GRPO job {submission_id}: head unreachable, retrying: {error}")
         if time.monotonic() >= deadline:

@@ -35,6 +35,7 @@ from verl_gke.head_access import (
     OUTAGE_WINDOW_S,
     HeadAccessError,
     HeadRequestError,
+    OutageClock,
     dashboard,
     job_client,
     wait_for_dashboard,
@@ -375,15 +376,15 @@ def cmd_wait(args: argparse.Namespace) -> int:
     target = _target(args, need_outputs=False)
     started = time.monotonic()
     reported: tuple[str, float] | None = None
-    lost_since: float | None = None
+    outage = OutageClock(args.outage_window)
     while True:
-        left = None if lost_since is None else max(1.0, args.outage_window - (time.monotonic() - lost_since))
+        left = outage.left()
         try:
-            with _head(args, target.outputs, None if left is None else min(args.head_timeout, left)) as url:
+            with _head(args, target.outputs, None if left is None else min(args.head_timeout, max(1.0, left))) as url:
                 client = _job_client(url)
                 while True:
                     status, message = _job_info(client, url, target.submission_id)
-                    lost_since = None
+                    outage.reached()
                     elapsed = time.monotonic() - started
                     if reported is None or reported[0] != status or elapsed - reported[1] >= _REPORT_EVERY_S:
                         _progress(f"job {target.submission_id}: {status} after {_duration(elapsed)}")
@@ -397,13 +398,11 @@ def cmd_wait(args: argparse.Namespace) -> int:
             break
         except (HeadAccessError, HeadRequestError) as error:
             # A head restart or a dropped port-forward must not fail a wait that may last a day.
-            now = time.monotonic()
-            lost_since = lost_since or now
-            if now - lost_since >= args.outage_window:
-                raise HeadUnreachable(f"lost the Ray head for {_duration(now - lost_since)} "
+            if (lost := outage.lost()) >= args.outage_window:
+                raise HeadUnreachable(f"lost the Ray head for {_duration(lost)} "
                                       f"(--outage-window {args.outage_window:g} s): {_one_line(error)}") from None
             _progress(f"head unreachable ({_one_line(error)}); reconnecting for up to "
-                      f"{_duration(args.outage_window - (now - lost_since))}")
+                      f"{_duration(args.outage_window - lost)}")
             time.sleep(min(args.poll, RECONNECT_PAUSE_S))
     if status != "SUCCEEDED":
         raise CliError(f"job {target.submission_id} ended {status}"

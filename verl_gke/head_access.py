@@ -81,6 +81,27 @@ OUTAGE_WINDOW_S = 600.0
 restart or a dropped port-forward takes a minute or two."""
 
 
+class OutageClock:
+    """How long the head has been out of reach, for a long wait that rides out short outages."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._since: float | None = None
+
+    def reached(self) -> None:
+        self._since = None
+
+    def lost(self) -> float:
+        """Seconds out of reach so far (the clock starts at the first loss)."""
+        now = time.monotonic()
+        self._since = self._since or now
+        return now - self._since
+
+    def left(self) -> float | None:
+        """Seconds of the window left, or None while the head is in reach."""
+        return None if self._since is None else self.window_s - (time.monotonic() - self._since)
+
+
 def job_client(url: str, address: str) -> JobSubmissionClient:
     """Ray's JobSubmissionClient on `url` with a deadline on every request; a stall or a broken
     connection raises HeadRequestError naming `address` and the request."""
