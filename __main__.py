@@ -16,7 +16,6 @@ from components.rdma_network import RdmaNetwork
 from components.ray_training_cluster import RayTrainingCluster
 from manifests import nccl
 from manifests.network_mapping import NetworkNames
-from manifests.staging import WheelStaging
 from manifests.storage import MOUNT_PATH
 from workloads.stage_data import model_dir_for
 
@@ -73,13 +72,12 @@ storage = GcsFuseStorage("storage", {
 })
 
 # Staging runs on a CPU node while the GPU pool is still being created.
-release = cfg.staged_verl
 staging = DataStaging("staging", {
     "namespace": cfg.namespace, "service_account": cfg.service_account, "model_repo": cfg.model,
     "model_revision": cfg.model_revision, "model_dir": model_dir_for(cfg.model),
     "dataset_repo": cfg.dataset, "dataset_revision": cfg.dataset_revision,
     "timeout_minutes": cfg.staging_timeout_minutes,
-    "verl": WheelStaging(release.wheel_url, release.sha256, release.dir_name) if release else None,
+    "verl": cfg.staged_verl,
 }, k8s.merge(pulumi.ResourceOptions(depends_on=[storage])))
 
 installer_url = cfg.nccl_installer_url or nccl.installer_url(facts.nccl_installer[cfg.cluster_mode])

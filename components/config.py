@@ -17,8 +17,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from components.grpo_spec import GRPO_DEFAULTS, GrpoSpec, verl_problems
-from components.platforms import PINNED_IMAGE_ARCH, PLATFORMS, Platform, PlatformName, VerlRelease
+from components.platforms import PINNED_IMAGE_ARCH, PLATFORMS, Platform, PlatformName
 from manifests.ray_cluster import Mode, is_pinned_image
+from manifests.staging import VerlRelease
 from manifests.storage import DEFAULT_CAPACITY, MOUNT_PATH
 from workloads.stage_data import (
     DEFAULT_DATASET_REPO,
@@ -33,6 +34,9 @@ NAMESPACE = "verl-gke"
 PLACEHOLDER_MARK = "replace-me"
 HF_TOKEN_KEY = f"{NAMESPACE}:hfToken"
 GRPO_PREFIX = "grpo"
+GCP_FIELDS = ("project", "region", "zone")
+"""The StackConfig fields read from the `gcp:` namespace."""
+GCP_KEYS = tuple(f"gcp:{field}" for field in GCP_FIELDS)
 USER_VERL_DIR = "verl"
 """verlSourceInstall: the user's own verl tree, at gs://<bucket>/verl."""
 
@@ -246,7 +250,7 @@ def problem_line(key: str, value: Any, message: str) -> str:
 
 def config_key(field: str) -> str:
     """The full config key of a StackConfig field name or a `grpo.<field>` path."""
-    if field in ("project", "region", "zone"):
+    if field in GCP_FIELDS:
         return f"gcp:{field}"
     if field.startswith("grpo."):
         grpo_field = camel(field.split(".", 1)[1])
@@ -280,7 +284,7 @@ def _pydantic_problems(error: ValidationError, raw: Mapping[str, Any]) -> list[s
             allowed = e.get("ctx", {}).get("expected", "")
             out.append(problem_line(key, value, f"must be one of {allowed}"))
         elif e["type"] == "missing":
-            if key not in ("gcp:project", "gcp:region", "gcp:zone"):  # reported by load_config
+            if key not in GCP_KEYS:  # reported by load_config
                 out.append(f"{key} is not set: run `pulumi config set {key} <value>`")
         else:
             out.append(problem_line(key, value, _FRIENDLY.get(e["type"], e["msg"].lower())))
@@ -290,7 +294,7 @@ def _pydantic_problems(error: ValidationError, raw: Mapping[str, Any]) -> list[s
 def _key_of_loc(loc: list[str]) -> str:
     if loc[0] == "grpo" and len(loc) > 1:
         return config_key("grpo." + loc[1])
-    if loc[0] in ("project", "region", "zone"):
+    if loc[0] in GCP_FIELDS:
         return config_key(loc[0])
     # pydantic reports aliased fields by their alias already.
     return f"{NAMESPACE}:{loc[0]}"
@@ -302,7 +306,7 @@ def _as_field_values(raw: Mapping[str, Any]) -> dict[str, Any]:
     grpo: dict[str, Any] = {}
     for full_key, value in raw.items():
         ns, _, key = full_key.partition(":")
-        if ns == "gcp" and key in ("project", "region", "zone"):
+        if ns == "gcp" and key in GCP_FIELDS:
             data[key] = value
         elif ns != NAMESPACE or full_key == HF_TOKEN_KEY:
             continue
@@ -346,8 +350,8 @@ def load_config(raw: Mapping[str, Any], source: str = "The stack config",
     problems = _key_problems(raw)
     data = _as_field_values(raw)
     problems += [f"gcp:{k} is not set: run `pulumi config set gcp:{k} <value>`"
-                 for k in ("project", "region", "zone") if not data.get(k)]
-    for k in ("project", "region", "zone"):
+                 for k in GCP_FIELDS if not data.get(k)]
+    for k in GCP_FIELDS:
         data.setdefault(k, "")
     cfg = None
     try:
@@ -399,19 +403,19 @@ def _key_problems(raw: Mapping[str, Any]) -> list[str]:
     """Keys no one reads: no namespace, or a namespace that is not verl-gke's or a provider's."""
     out = []
     for key in raw:
-        ns, colon, name = key.partition(":")
+        ns, colon, _ = key.partition(":")
         if not colon:
             out.append(f"{key}: a config key needs its namespace; write {NAMESPACE}:{key}")
         elif ns not in (NAMESPACE, "gcp", *_PASSED_ON):
-            out.append(f"{key}: unknown namespace {ns!r}; verl-gke reads {NAMESPACE}:<key> and gcp:project, "
-                       "gcp:region, gcp:zone")
+            out.append(f"{key}: unknown namespace {ns!r}; verl-gke reads {NAMESPACE}:<key> and "
+                       f"{', '.join(GCP_KEYS)}")
     return out
 
 
 def config_warnings(raw: Mapping[str, Any]) -> list[str]:
     """gcp: keys verl-gke does not read: Pulumi passes them to the gcp provider, which may."""
     return [f"{key} is not read by verl-gke; Pulumi passes it on to the gcp provider"
-            for key in sorted(raw) if key.startswith("gcp:") and key not in ("gcp:project", "gcp:region", "gcp:zone")]
+            for key in sorted(raw) if key.startswith("gcp:") and key not in GCP_KEYS]
 
 
 def semantic_problems(cfg: StackConfig) -> list[str]:

@@ -40,7 +40,7 @@ class DataStagingArgs(TypedDict):
     """How long `pulumi up` waits for the Job; Kubernetes also stops the Job then."""
     dataset_config: NotRequired[str]
     """The dataset's config (default `main`, as verl's preprocessing)."""
-    verl: NotRequired[staging.WheelStaging | None]
+    verl: NotRequired[staging.VerlRelease | None]
     """The pinned verl wheel to unpack on the bucket; None when the image or the user's tree has verl."""
 
 

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 SUBMISSION_ID_PREFIX = "verl-grpo"
 REACH_TIMEOUT_S = 30.0
 """Deadline to reach a head that already took the job (refresh, delete, completion polls), capped
-by ready_timeout_s; past it, `delete` takes the head for gone."""
+by ready_timeout_s; past it, `delete` fails (only the Kubernetes API can say the head is gone)."""
 START_GRACE_S = 60.0
 """How long `create` watches a RUNNING job before calling it started: verl fails on a bad config,
 a missing module or an unreachable model within its first minute."""
@@ -62,7 +62,9 @@ _OUTPUT_KEYS = ("submission_id", "status", "dashboard_command")
 # What the run is, and where it runs: a new cluster or head needs a new submission on it.
 _REPLACE_KEYS = ("entrypoint", "runtime_env", "attempt", "dashboard_url", "cluster_endpoint", "cluster_name",
                  "namespace", "head_service")
-_SECONDS_KEYS = ("completion_timeout_s", "poll_interval_s", "ready_timeout_s", "outage_window_s")
+_POSITIVE_SECONDS_KEYS = ("completion_timeout_s", "poll_interval_s", "ready_timeout_s", "outage_window_s")
+# A start-up grace of 0 means none.
+_SECONDS_KEYS = (*_POSITIVE_SECONDS_KEYS, "startup_grace_s")
 _ACCESS_KEYS = ("dashboard_url", "cluster_endpoint", "cluster_ca_certificate", "cluster_name", "head_service")
 _NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -138,7 +140,7 @@ class _JobSpec:
             raise ValueError("GrpoJob: " + "; ".join(f"{key}: {reason}" for key, reason in problems))
         given = {key: props[key] for key in _SPEC_KEYS if props.get(key) is not None}
         given["runtime_env"] = whole_numbers(given["runtime_env"])
-        for key in (*_SECONDS_KEYS, "startup_grace_s"):
+        for key in _SECONDS_KEYS:
             if key in given:
                 given[key] = float(given[key])
         if "metadata" in given:
@@ -241,13 +243,11 @@ def _problems(props: Mapping[str, Any]) -> list[tuple[str, str]]:
             problems.append((key, f"{value!r} must be letters, digits, '.', '_' or '-'"))
     for key in _SECONDS_KEYS:
         value = known.get(key)
+        positive = key in _POSITIVE_SECONDS_KEYS
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
-                                  or not math.isfinite(value) or value <= 0):
-            problems.append((key, f"{value!r} must be a positive number of seconds"))
-    grace = known.get("startup_grace_s")
-    if grace is not None and (isinstance(grace, bool) or not isinstance(grace, int | float)
-                              or not math.isfinite(grace) or grace < 0):
-        problems.append(("startup_grace_s", f"{grace!r} must be a number of seconds >= 0"))
+                                  or not math.isfinite(value) or value < 0 or (positive and value == 0)):
+            allowed = "a positive number of seconds" if positive else "a number of seconds >= 0"
+            problems.append((key, f"{value!r} must be {allowed}"))
     waiting = known.get("wait_for_completion")
     if waiting is not None and not isinstance(waiting, bool):
         problems.append(("wait_for_completion", f"{waiting!r} must be true or false"))
@@ -292,7 +292,7 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
         started = time.monotonic()
         with _client(spec, spec.ready_timeout_s) as client:
             jobs = client.list_jobs()
-            job = next((j for j in jobs if j.submission_id == submission_id), None)
+            job = _find_job(jobs, submission_id)
             if job is not None:
                 _check_adoptable(job, spec)
             _refuse_a_second_run(jobs, spec, submission_id)
@@ -312,7 +312,7 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
     def read(self, id_: str, props: dict[str, Any]) -> pulumi.dynamic.ReadResult:
         spec = _JobSpec.from_props(_spec_props(props))
         with _client(spec, spec.reach_timeout_s) as client:
-            job = _find_job(client, id_)
+            job = _find_job(client.list_jobs(), id_)
         if job is None:
             # An empty id tells the engine the job is gone (e.g. the head was restarted).
             return pulumi.dynamic.ReadResult("", {})
@@ -377,9 +377,9 @@ def _client(spec: _JobSpec, timeout_s: float) -> Iterator[JobSubmissionClient]:
         yield job_client(url, spec.address)
 
 
-def _find_job(client: JobSubmissionClient, submission_id: str) -> JobDetails | None:
-    # list_jobs, not get_job_info: the latter does not tell "no such job" from other failures.
-    return next((job for job in client.list_jobs() if job.submission_id == submission_id), None)
+def _find_job(jobs: list[JobDetails], submission_id: str) -> JobDetails | None:
+    # From list_jobs, not get_job_info: the latter does not tell "no such job" from other failures.
+    return next((job for job in jobs if job.submission_id == submission_id), None)
 
 
 def _refuse_a_second_run(jobs: list[JobDetails], spec: _JobSpec, submission_id: str) -> None:
@@ -468,7 +468,7 @@ def _value(status: Any) -> str:
 
 def _stop(client: JobSubmissionClient, submission_id: str) -> None:
     """Stops the job unless it already ended, and waits until Ray reports it ended."""
-    job = _find_job(client, submission_id)
+    job = _find_job(client.list_jobs(), submission_id)
     if job is None or _value(job.status) in _TERMINAL:
         return
     client.stop_job(submission_id)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from components.platforms import Platform
-from manifests.ray_cluster import PYCACHE_DIR
+from manifests.ray_cluster import verl_path_env
 from manifests.storage import MOUNT_PATH
 
 VERL_ENTRY_MODULE = "verl.trainer.main_ppo"
@@ -148,6 +148,11 @@ class Override:
     """The StackConfig field that sets it (`grpo.<field>`, `gpu_nodes`, `platform`), `managed` for a
     value verl-gke must own, or "" for verl-gke's fixed choice that an extra override may change."""
 
+    @property
+    def arg(self) -> str:
+        """`key=value` as Hydra reads it on the command line."""
+        return f"{self.key}={_render(self.value)}"
+
 
 def overrides(spec: GrpoSpec, gpus_per_node: int, nnodes: int) -> list[Override]:
     """The run's overrides in command-line order, unset (None) ones left out."""
@@ -160,53 +165,51 @@ def override_sources(spec: GrpoSpec, gpus_per_node: int, nnodes: int) -> dict[st
 
 
 def _all_overrides(spec: GrpoSpec, gpus_per_node: int, nnodes: int) -> list[Override]:
-    rows: list[tuple[str, object | None, str]] = [
-        ("algorithm.adv_estimator", "grpo", ""),
-        ("data.train_files", spec.train_files, "grpo.train_files"),
-        ("data.val_files", spec.val_files, "grpo.val_files"),
-        ("data.train_batch_size", spec.train_batch_size, "grpo.train_batch_size"),
-        ("data.max_prompt_length", spec.max_prompt_length, "grpo.max_prompt_length"),
-        ("data.max_response_length", spec.max_response_length, "grpo.max_response_length"),
-        ("actor_rollout_ref.model.path", spec.model_path, "grpo.model_path"),
-        ("actor_rollout_ref.model.use_remove_padding", spec.use_remove_padding, "grpo.use_remove_padding"),
-        ("actor_rollout_ref.actor.optim.lr", spec.learning_rate, "grpo.learning_rate"),
-        ("actor_rollout_ref.actor.ppo_mini_batch_size", spec.ppo_mini_batch_size, "grpo.ppo_mini_batch_size"),
-        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", spec.ppo_micro_batch_size_per_gpu,
-         "grpo.ppo_micro_batch_size_per_gpu"),
-        ("actor_rollout_ref.actor.use_kl_loss", spec.use_kl_loss, "grpo.use_kl_loss"),
-        ("actor_rollout_ref.actor.strategy", "fsdp2", ""),
-        ("actor_rollout_ref.actor.ulysses_sequence_parallel_size",
-         spec.ulysses_sequence_parallel_size if spec.ulysses_sequence_parallel_size > 1 else None,
-         "grpo.ulysses_sequence_parallel_size"),
-        ("actor_rollout_ref.rollout.name", "vllm", ""),
-        ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-         spec.rollout_log_prob_micro_batch_size_per_gpu, "grpo.rollout_log_prob_micro_batch_size_per_gpu"),
-        ("actor_rollout_ref.rollout.tensor_model_parallel_size", spec.rollout_tensor_parallel_size,
-         "grpo.rollout_tensor_parallel_size"),
-        ("actor_rollout_ref.rollout.gpu_memory_utilization", spec.gpu_memory_utilization,
-         "grpo.gpu_memory_utilization"),
-        ("actor_rollout_ref.rollout.n", spec.rollout_n, "grpo.rollout_n"),
-        ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", spec.ref_log_prob_micro_batch_size_per_gpu,
-         "grpo.ref_log_prob_micro_batch_size_per_gpu"),
-        ("algorithm.kl_ctrl.kl_coef", spec.kl_coef, "grpo.kl_coef"),
-        ("trainer.logger", spec.logger, "grpo.logger"),
-        ("trainer.val_before_train", spec.val_before_train, "grpo.val_before_train"),
-        ("trainer.n_gpus_per_node", gpus_per_node, "platform"),
-        ("trainer.nnodes", nnodes, "gpu_nodes"),
-        ("trainer.save_freq", spec.save_freq, "grpo.save_freq"),
-        ("trainer.test_freq", spec.test_freq, "grpo.test_freq"),
-        ("trainer.total_epochs", spec.total_epochs, "grpo.total_epochs"),
-        ("trainer.default_local_dir", spec.checkpoint_dir, "grpo.checkpoint_dir"),
+    def grpo(key: str, field: str) -> Override:
+        return Override(key, getattr(spec, field), f"grpo.{field}")
+
+    sp = spec.ulysses_sequence_parallel_size
+    return [
+        Override("algorithm.adv_estimator", "grpo", ""),
+        grpo("data.train_files", "train_files"),
+        grpo("data.val_files", "val_files"),
+        grpo("data.train_batch_size", "train_batch_size"),
+        grpo("data.max_prompt_length", "max_prompt_length"),
+        grpo("data.max_response_length", "max_response_length"),
+        grpo("actor_rollout_ref.model.path", "model_path"),
+        grpo("actor_rollout_ref.model.use_remove_padding", "use_remove_padding"),
+        grpo("actor_rollout_ref.actor.optim.lr", "learning_rate"),
+        grpo("actor_rollout_ref.actor.ppo_mini_batch_size", "ppo_mini_batch_size"),
+        grpo("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size_per_gpu"),
+        grpo("actor_rollout_ref.actor.use_kl_loss", "use_kl_loss"),
+        Override("actor_rollout_ref.actor.strategy", "fsdp2", ""),
+        Override("actor_rollout_ref.actor.ulysses_sequence_parallel_size", sp if sp > 1 else None,
+                 "grpo.ulysses_sequence_parallel_size"),
+        Override("actor_rollout_ref.rollout.name", "vllm", ""),
+        grpo("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+             "rollout_log_prob_micro_batch_size_per_gpu"),
+        grpo("actor_rollout_ref.rollout.tensor_model_parallel_size", "rollout_tensor_parallel_size"),
+        grpo("actor_rollout_ref.rollout.gpu_memory_utilization", "gpu_memory_utilization"),
+        grpo("actor_rollout_ref.rollout.n", "rollout_n"),
+        grpo("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "ref_log_prob_micro_batch_size_per_gpu"),
+        grpo("algorithm.kl_ctrl.kl_coef", "kl_coef"),
+        grpo("trainer.logger", "logger"),
+        grpo("trainer.val_before_train", "val_before_train"),
+        Override("trainer.n_gpus_per_node", gpus_per_node, "platform"),
+        Override("trainer.nnodes", nnodes, "gpu_nodes"),
+        grpo("trainer.save_freq", "save_freq"),
+        grpo("trainer.test_freq", "test_freq"),
+        grpo("trainer.total_epochs", "total_epochs"),
+        grpo("trainer.default_local_dir", "checkpoint_dir"),
         # verl keeps every checkpoint unless told (~390 GB each for a 32B model with optimizer state).
-        ("trainer.max_actor_ckpt_to_keep", spec.max_checkpoints, "grpo.max_checkpoints"),
-        ("trainer.max_critic_ckpt_to_keep", spec.max_checkpoints, "grpo.max_checkpoints"),
+        grpo("trainer.max_actor_ckpt_to_keep", "max_checkpoints"),
+        grpo("trainer.max_critic_ckpt_to_keep", "max_checkpoints"),
         # A resubmitted run (after a preemption) resumes from the latest checkpoint.
-        ("trainer.resume_mode", "auto", "managed"),
+        Override("trainer.resume_mode", "auto", "managed"),
     ]
-    return [Override(key, value, source) for key, value, source in rows]
 
 
-def render(value: object) -> str:
+def _render(value: object) -> str:
     """A value as Hydra reads it on the command line."""
     if isinstance(value, bool):
         return "True" if value else "False"
@@ -215,7 +218,7 @@ def render(value: object) -> str:
 
 def entrypoint(spec: GrpoSpec, gpus_per_node: int, nnodes: int) -> str:
     """The shell command Ray runs: `python3 -m verl.trainer.main_ppo` with quoted overrides."""
-    args = [f"{o.key}={render(o.value)}" for o in overrides(spec, gpus_per_node, nnodes)]
+    args = [o.arg for o in overrides(spec, gpus_per_node, nnodes)]
     args.extend(spec.extra_overrides)
     return " ".join(["python3", "-m", VERL_ENTRY_MODULE, *(shlex.quote(a) for a in args)])
 
@@ -237,7 +240,5 @@ def runtime_env(platform: Platform, *, nnodes: int, worker_cpus: int,
         "GPUS_PER_WORKER": str(platform.gpus_per_node),
     }
     if verl_dir:
-        # As `pip install --no-deps`: verl itself, the image's dependencies untouched.
-        env["PYTHONPATH"] = verl_dir
-        env["PYTHONPYCACHEPREFIX"] = PYCACHE_DIR
+        env.update(verl_path_env(verl_dir))
     return {"env_vars": env}

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from manifests.ray_cluster import A4X_HEAD_CPUS, A4X_HEAD_MEMORY_GI
+from manifests.staging import VerlRelease
 
 PlatformName = Literal["a4", "a3u", "a4x"]
 
@@ -41,21 +42,6 @@ X86_VERL_IMAGE = "verlai/verl:vllm011.dev7"
 ARM_VERL_IMAGE = "verlai/verl:vllm023.aarch64.dev1"
 PINNED_IMAGE_ARCH = {X86_VERL_IMAGE: "amd64", ARM_VERL_IMAGE: "arm64"}
 """Each pinned image is built for one CPU architecture only."""
-
-
-@dataclass(frozen=True)
-class VerlRelease:
-    """A verl wheel from PyPI, pinned by content. verl's images carry verl's dependencies but not
-    verl (their Dockerfiles `pip uninstall -y verl`), so staging puts this wheel on the bucket."""
-
-    version: str
-    wheel_url: str
-    sha256: str
-
-    @property
-    def dir_name(self) -> str:
-        """Where it is unpacked under the bucket mount, one directory per version."""
-        return f"verl-{self.version}"
 
 
 # The release verl's CI runs in verlai/verl:vllm011.dev7 (every workflow at tag v0.6.1).

@@ -19,7 +19,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig
 
 from components.config import StackConfig, config_key, problem_line
-from components.grpo_spec import Override, override_sources, overrides, render
+from components.grpo_spec import Override, override_sources, overrides
 from workloads.stage_data import DEFAULT_DATASET_REPO, DEFAULT_DATASET_REVISION, DEFAULT_DATASET_TRAIN_ROWS
 
 CONFIG_NAME = "ppo_trainer"
@@ -121,7 +121,7 @@ def check_run(cfg: StackConfig, config_dir: Path, verl_version: str,
     extras = list(cfg.grpo.extra_overrides)
     problems = parse_problems(extras, override_sources(cfg.grpo, gpus, nodes))
     program = overrides(cfg.grpo, gpus, nodes)
-    base = [f"{o.key}={render(o.value)}" for o in program]
+    base = [o.arg for o in program]
     valid_extras = [] if problems else extras
     try:
         composed = compose_run(config_dir, base + valid_extras)

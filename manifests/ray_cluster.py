@@ -319,10 +319,15 @@ def _transfer_queue_hook() -> dict[str, Any]:
     return {"postStart": {"exec": {"command": command}}}
 
 
+def verl_path_env(verl_dir: str) -> dict[str, str]:
+    """A verl tree first on the path: verl is pure Python, so this acts as `pip install --no-deps`
+    would, the image's dependencies untouched. (The tutorial's init container ran `pip install -e`
+    in its own root filesystem, which the Ray containers never see.)"""
+    return {"PYTHONPATH": verl_dir, "PYTHONPYCACHEPREFIX": PYCACHE_DIR}
+
+
 def _verl_path_env(spec: RayClusterSpec) -> list[dict[str, str]]:
-    # verl is pure Python: first on the path, it acts as `pip install --no-deps` would, for the
-    # job and for anything else run on the cluster. (The tutorial's init container ran `pip install
-    # -e` in its own root filesystem, which the Ray containers never see.)
+    # In the pod env too, for anything else run on the cluster (a `ray job submit` by hand).
     if spec.verl_dir is None:
         return []
-    return [{"name": "PYTHONPATH", "value": spec.verl_dir}, {"name": "PYTHONPYCACHEPREFIX", "value": PYCACHE_DIR}]
+    return [{"name": name, "value": value} for name, value in verl_path_env(spec.verl_dir).items()]

@@ -64,12 +64,18 @@ GCSFUSE_SIDECAR_ANNOTATIONS = {"gke-gcsfuse/cpu-limit": "2", "gke-gcsfuse/memory
 
 
 @dataclass(frozen=True)
-class WheelStaging:
-    """A pinned wheel to unpack under the bucket mount (verl, which verl's images lack)."""
+class VerlRelease:
+    """A verl wheel from PyPI, pinned by content. verl's images carry verl's dependencies but not
+    verl (their Dockerfiles `pip uninstall -y verl`), so staging puts this wheel on the bucket."""
 
-    url: str
+    version: str
+    wheel_url: str
     sha256: str
-    dir_name: str
+
+    @property
+    def dir_name(self) -> str:
+        """Where it is unpacked under the bucket mount, one directory per version."""
+        return f"verl-{self.version}"
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,7 @@ class StagingSpec:
     """Kubernetes stops the Job after this long, so it never outlives Pulumi's wait for it."""
     workers: int = stage_data.DEFAULT_WORKERS
     """Files downloaded in parallel."""
-    verl: WheelStaging | None = None
+    verl: VerlRelease | None = None
     """None when the image or the user's own tree on the bucket provides verl."""
 
 
@@ -124,7 +130,7 @@ def script_args(spec: StagingSpec) -> list[str]:
         "--workers", str(spec.workers),
     ]
     if spec.verl is not None:
-        args += ["--verl-wheel-url", spec.verl.url, "--verl-wheel-sha256", spec.verl.sha256,
+        args += ["--verl-wheel-url", spec.verl.wheel_url, "--verl-wheel-sha256", spec.verl.sha256,
                  "--verl-dir", spec.verl.dir_name]
     return args
 

@@ -22,10 +22,12 @@ import kubernetes_validate
 import yaml
 from kubernetes_validate.utils import VersionNotSupportedError
 
+from verl_gke.cache import cache_root
+
 CRD_DIR_ENV = "VERL_GKE_CRD_DIR"
 """A folder holding the CRD files below (offline machines); unset, they are downloaded and cached."""
 
-CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "verl-gke" / "crds"
+CACHE_DIR = cache_root() / "crds"
 DOWNLOAD_TIMEOUT_S = 60
 
 

@@ -2,12 +2,11 @@
 
 The pinned verl images run Ray 2.47 (A4, A3 Ultra, per the tutorial's rayVersion) and 2.49 (A4X).
 Each gets its own venv, built once by this module (ray[default] at that version, the rest of the
-tree from constraints.txt) and cached in ~/.cache/verl-gke/ray-venvs.
+tree from constraints.txt) and cached in verl-gke's cache (verl_gke.cache).
 """
 
 from __future__ import annotations
 
-import os
 import shlex
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from ray.job_submission import JobSubmissionClient
 
 from components.grpo_job import GrpoJobProvider, log_tail
 from tests.ray_head import start_head, stop_head
+from verl_gke.cache import cache_root
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -30,7 +30,7 @@ INSTALL_TIMEOUT_S = 480
 
 def ray_venv(version: str) -> Path:
     """A venv with ray[default]==`version`, built on first use; its marker is written last."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "verl-gke" / "ray-venvs"
+    cache = cache_root() / "ray-venvs"
     venv = cache / f"ray-{version}-py{sys.version_info.major}{sys.version_info.minor}"
     marker = venv / ".installed"
     if marker.exists():

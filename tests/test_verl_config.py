@@ -15,8 +15,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from components.config import ConfigError, StackConfig, _as_field_values, load_config
-from components.grpo_spec import overrides, override_sources, render, verl_problems
-from components.platforms import PLATFORMS, VerlRelease
+from components.grpo_spec import overrides, override_sources, verl_problems
+from components.platforms import PLATFORMS
+from manifests.staging import VerlRelease
 from components.verl_config import check_run, compose_run, parse_problems
 from tests.conftest import BASE_CONFIG, STACKS
 from verl_gke import synth
@@ -57,7 +58,7 @@ def unchecked(**config: str) -> StackConfig:
 
 
 def args_of(cfg: StackConfig) -> list[str]:
-    return [f"{o.key}={render(o.value)}" for o in overrides(cfg.grpo, cfg.facts.gpus_per_node, cfg.gpu_nodes)]
+    return [o.arg for o in overrides(cfg.grpo, cfg.facts.gpus_per_node, cfg.gpu_nodes)]
 
 
 @pytest.mark.timeout(600)

@@ -50,7 +50,6 @@ PROG = "verl-gke"
 TERMINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 DEFAULT_HEAD_TIMEOUT_S = 30.0
 DEFAULT_POLL_S = 30.0
-DEFAULT_OUTAGE_WINDOW_S = OUTAGE_WINDOW_S
 RECONNECT_PAUSE_S = 5.0
 FOLLOW_CHECK_S = 30.0
 """`logs --follow`: after this long without a line, check that the head still answers."""
@@ -120,9 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     wait.add_argument("--timeout", type=_positive_float, metavar="S", help="give up after S seconds (default: never)")
     wait.add_argument("--poll", type=_positive_float, default=DEFAULT_POLL_S, metavar="S",
                       help=f"seconds between status checks (default {DEFAULT_POLL_S:g})")
-    wait.add_argument("--outage-window", type=_positive_float, default=DEFAULT_OUTAGE_WINDOW_S, metavar="S",
+    wait.add_argument("--outage-window", type=_positive_float, default=OUTAGE_WINDOW_S, metavar="S",
                       help="keep reconnecting while the head is unreachable for up to S seconds "
-                           f"(default {DEFAULT_OUTAGE_WINDOW_S:g})")
+                           f"(default {OUTAGE_WINDOW_S:g})")
     wait.set_defaults(handler=cmd_wait)
 
     dash = commands.add_parser("dashboard", parents=[common], help="open the Ray dashboard locally until Ctrl-C",

@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from components.platforms import VerlRelease
+from manifests.staging import VerlRelease
+from verl_gke.cache import cache_root
 from workloads.stage_data import StagingError, stage_wheel
 
 CACHE_ENV = "VERL_GKE_CACHE_DIR"
@@ -21,11 +22,10 @@ class VerlUnavailable(Exception):
 
 
 def cache_dir() -> Path:
-    """$VERL_GKE_CACHE_DIR, else verl-gke/verl under $XDG_CACHE_HOME or ~/.cache."""
+    """$VERL_GKE_CACHE_DIR, else verl/ in verl-gke's cache."""
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "verl-gke" / "verl"
+    return cache_root() / "verl"
 
 
 def unpacked(release: VerlRelease) -> Path:

@@ -15,8 +15,9 @@ file sizes); a later run whose marker matches and whose files are all there does
 Exit status: 0 done, 1 transient failure (the Job retries), 2 permanent failure (bad argument,
 missing repo or revision, token refused: retrying cannot help). A failure prints one line.
 
-Standard library, huggingface_hub and pyarrow only (verl's wheel needs only the standard library); the third-party ones are imported where they
-are used so that the pure parts import anywhere (tests, the Pulumi program).
+Standard library, huggingface_hub and pyarrow only (verl's wheel needs only the standard library);
+the third-party ones are imported where they are used so that the pure parts import anywhere (tests,
+the Pulumi program).
 """
 
 from __future__ import annotations
