@@ -162,7 +162,8 @@ def _warnings(composed: DictConfig, user_set: set[str], extras: list[str]) -> li
     """Keys the user set that the composed run never reads (verl 0.6.1-0.9.x semantics)."""
     in_reward = bool(composed.algorithm.use_kl_in_reward)
     kl_loss = bool(composed.actor_rollout_ref.actor.use_kl_loss)
-    extra_keys = {text: text.split("=", 1)[0].lstrip("+~") for text in extras}
+    parser = OverridesParser.create()  # the extras parsed already in parse_problems
+    extra_keys = {text: parser.parse_overrides([text])[0].key_or_group for text in extras}
     out = []
     if not in_reward:
         why = "verl reads algorithm.kl_ctrl only with algorithm.use_kl_in_reward=True"

@@ -221,3 +221,14 @@ def test_synth_exits_2_naming_the_key_for_a_misspelt_managed_or_malformed_overri
     err = capsys.readouterr().err
     assert code == 2
     assert f"  {EXTRA} = {json.dumps(override)}: {reason}" in err and "Traceback" not in err
+
+
+def test_extra_overrides_that_verl_never_reads_are_warnings() -> None:
+    problems, plan = _check(**{EXTRA: '["algorithm.kl_ctrl.horizon=5000", "actor_rollout_ref.actor.kl_loss_coef=0.01"]'})
+    assert problems == []
+    assert plan.warnings == [
+        f"{EXTRA} item 'algorithm.kl_ctrl.horizon=5000' has no effect: verl reads algorithm.kl_ctrl only with "
+        "algorithm.use_kl_in_reward=True",
+        f"{EXTRA} item 'actor_rollout_ref.actor.kl_loss_coef=0.01' has no effect: "
+        "actor_rollout_ref.actor.use_kl_loss is false",
+    ]
