@@ -142,13 +142,13 @@ class GpuNodePool(pulumi.ComponentResource):
                 "workload_metadata_config": {"mode": "GKE_METADATA"},
                 **({"service_account": args["service_account"], "oauth_scopes": NODE_SCOPES}
                    if args.get("service_account") else {}),
-                # 0 = every Local SSD bundled with the machine type, for machine series that fix their
-                # count (GKE API, EphemeralStorageLocalSsdConfig.local_ssd_count): the workers' 500-1000Gi
-                # of ephemeral storage would not fit on the boot disk.
-                "ephemeral_storage_local_ssd_config": {"local_ssd_count": 0},
+                # Ephemeral storage on the machine's Local SSDs: the workers' 500-1000Gi would not fit
+                # on the boot disk. 0 = the machine type's bundled count (GKE API,
+                # EphemeralStorageLocalSsdConfig.local_ssd_count), where the table has none.
+                "ephemeral_storage_local_ssd_config": {"local_ssd_count": platform.local_ssd_count or 0},
             },
-            # After creation the autoscaler owns the size, and the Local SSD count is the machine type's
-            # (Cluster Toolkit's gke-node-pool ignores both the same way).
+            # After creation the autoscaler owns the size; GKE reports the machine's own Local SSD count
+            # back where 0 was sent (Cluster Toolkit's gke-node-pool ignores both the same way).
             opts=child.merge(pulumi.ResourceOptions(
                 ignore_changes=[*([] if fixed else ["initialNodeCount"]), "nodeConfig.ephemeralStorageLocalSsdConfig"],
             )),

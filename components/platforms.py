@@ -93,6 +93,10 @@ class Platform:
     """NCCL RDMA installer manifest per cluster mode (path under gpudirect-rdma/)."""
     head_on_gpu_node: bool = False
     """The Ray head shares a GPU node with a worker (A4X: its arm64-only image runs on no CPU node)."""
+    local_ssd_count: int | None = None
+    """Local SSDs bundled with the machine type, all backing ephemeral storage (Cluster Toolkit's
+    gke-a4 and gke-a3-ultragpu: 32). None: not in our sources; the node pool then sends 0, which
+    GKE reads as "the machine type's own count" for series that bundle a fixed count."""
 
     @property
     def allocatable_cpu(self) -> float:
@@ -190,6 +194,7 @@ PLATFORMS: dict[str, Platform] = {
         ray_cluster_name="b200-ray-cluster",
         nccl_env={**_GIB_NCCL_ENV, "NCCL_TUNER_CONFIG_PATH": "/usr/local/gib/configs/tuner_config_a4.txtpb"},
         nccl_installer=_GIB_NCCL_INSTALLERS,
+        local_ssd_count=32,
     ),
     "a3u": Platform(
         name="a3u",
@@ -209,6 +214,7 @@ PLATFORMS: dict[str, Platform] = {
         # H200 needs the a3u tuner file, not the tutorial's a4 one.
         nccl_env={**_GIB_NCCL_ENV, "NCCL_TUNER_CONFIG_PATH": "/usr/local/gib/configs/tuner_config_a3u.txtpb"},
         nccl_installer=_GIB_NCCL_INSTALLERS,
+        local_ssd_count=32,
     ),
     "a4x": Platform(
         name="a4x",

@@ -15,7 +15,7 @@ from typing import Any, Literal, get_args
 
 from manifests import dra
 from manifests.network_mapping import GVNIC_NETWORK, rdma_network_name
-from manifests.storage import GCSFUSE_POD_ANNOTATION, bucket_mount, claim_volume
+from manifests.storage import bucket_mount, bucket_volumes, sidecar_annotations
 
 Mode = Literal["autopilot", "standard"]
 
@@ -191,6 +191,8 @@ def _head_group(spec: RayClusterSpec) -> dict[str, Any]:
         container["env"] = env
     pod: dict[str, Any] = {
         "serviceAccountName": spec.service_account,
+        # Ray never calls the Kubernetes API; Workload Identity and the FUSE driver need no token file.
+        "automountServiceAccountToken": False,
         "nodeSelector": _head_node_selector(spec),
     }
     if spec.a4x:
@@ -202,10 +204,10 @@ def _head_group(spec: RayClusterSpec) -> dict[str, Any]:
     if spec.arm64:
         pod.setdefault("tolerations", []).append(dict(ARM_TOLERATION))
     pod["containers"] = [container]
-    pod["volumes"] = [{"name": "ray-logs", "emptyDir": {}}, claim_volume(spec.claim_name)]
+    pod["volumes"] = [{"name": "ray-logs", "emptyDir": {}}, *bucket_volumes(spec.claim_name)]
     return {
         "rayStartParams": start_params,
-        "template": {"metadata": {"annotations": dict(GCSFUSE_POD_ANNOTATION)}, "spec": pod},
+        "template": {"metadata": {"annotations": sidecar_annotations(spec.mode == "autopilot")}, "spec": pod},
     }
 
 
@@ -222,7 +224,7 @@ def _head_node_selector(spec: RayClusterSpec) -> dict[str, str]:
 
 
 def _worker_group(spec: RayClusterSpec) -> dict[str, Any]:
-    annotations = dict(GCSFUSE_POD_ANNOTATION)
+    annotations = sidecar_annotations(spec.mode == "autopilot")
     if not spec.dra_nics and spec.rdma_nics:
         annotations["networking.gke.io/default-interface"] = "eth0"
         annotations["networking.gke.io/interfaces"] = json.dumps(interfaces(spec.rdma_nics))
@@ -247,6 +249,7 @@ def _worker_group(spec: RayClusterSpec) -> dict[str, Any]:
     }
     pod: dict[str, Any] = {
         "serviceAccountName": spec.service_account,
+        "automountServiceAccountToken": False,
         "nodeSelector": _worker_node_selector(spec),
         "tolerations": [dict(GPU_TOLERATION)],
     }
@@ -276,7 +279,7 @@ def _worker_group(spec: RayClusterSpec) -> dict[str, Any]:
         {"name": "nvidia", "hostPath": {"path": dra.NVIDIA_DRIVER_ROOT}},
         {"name": "shared-memory", "emptyDir": {"medium": "Memory", "sizeLimit": f"{spec.shm_gi}Gi"}},
         {"name": "ray-tmp-storage", "emptyDir": {}},
-        claim_volume(spec.claim_name),
+        *bucket_volumes(spec.claim_name),
     ]
     return {
         "groupName": WORKER_GROUP,

@@ -60,7 +60,9 @@ RESOURCES = {
 }
 # gcsfuse's sidecar does the uploading: its default 250m CPU / 256Mi would throttle a 66 GB
 # upload and leave no room for the streaming-write buffers of parallel shard uploads.
-GCSFUSE_SIDECAR_ANNOTATIONS = {"gke-gcsfuse/cpu-limit": "2", "gke-gcsfuse/memory-limit": "2Gi"}
+# Its file cache lives in the pod's cache volume, so its own ephemeral storage stays small.
+GCSFUSE_SIDECAR_ANNOTATIONS = {"gke-gcsfuse/cpu-limit": "2", "gke-gcsfuse/memory-limit": "2Gi",
+                               "gke-gcsfuse/ephemeral-storage-limit": "10Gi"}
 
 
 @dataclass(frozen=True)
@@ -183,6 +185,8 @@ def staging_job(spec: StagingSpec) -> dict[str, Any]:
     }
     pod_spec = {
         "serviceAccountName": spec.service_account,
+        # It reaches only the Hub and the bucket (through the sidecar): no Kubernetes API token.
+        "automountServiceAccountToken": False,
         "restartPolicy": "Never",
         # Downloading needs no GPU: keep the Job off GPU nodes, which may still be coming up
         # while it runs and cost far more per hour.
@@ -208,7 +212,7 @@ def staging_job(spec: StagingSpec) -> dict[str, Any]:
         "containers": [container],
         "volumes": [
             {"name": _SCRIPT_VOLUME, "configMap": {"name": CONFIG_MAP_NAME, "defaultMode": 0o444}},
-            storage.claim_volume(),
+            *storage.bucket_volumes(),
             {"name": _TMP_VOLUME, "emptyDir": {"sizeLimit": RESOURCES["limits"]["ephemeral-storage"]}},
         ],
     }

@@ -23,15 +23,24 @@ BUCKET_VOLUME = "training-bucket-vol"
 GCSFUSE_POD_ANNOTATION = {"gke-gcsfuse/volumes": "true"}
 """Asks GKE to inject the gcsfuse sidecar into a pod that mounts the volume."""
 
-# gcsfuse-storage.yaml, in the tutorial's order: unbounded metadata and file caches with parallel
-# downloads for reading the 66 GB model on every node, streaming writes for checkpoints.
+CACHE_VOLUME = "gke-gcsfuse-cache"
+"""The pod volume GKE's sidecar keeps its file cache in, instead of its own ephemeral storage
+(where the tutorial's unbounded cache would get the pod evicted while reading the 66 GB model)."""
+FILE_CACHE_GI = 200
+"""File cache bound: the model (66 GB) and the dataset with room to spare, well inside the workers'
+500-1000Gi of Local SSD ephemeral storage. The head and staging read only small files."""
+_CACHE_VOLUME_GI = FILE_CACHE_GI * 11 // 10  # gcsfuse's own files beside the cached data
+
+# gcsfuse-storage.yaml, in the tutorial's order: metadata caches and a file cache (bounded here, on
+# its own volume) with parallel downloads for reading the model on every node, streaming writes for
+# checkpoints.
 GCSFUSE_MOUNT_OPTIONS: tuple[str, ...] = (
     "implicit-dirs",
     "metadata-cache:negative-ttl-secs:0",
     "metadata-cache:ttl-secs:0",
     "metadata-cache:stat-cache-max-size-mb:-1",
     "metadata-cache:type-cache-max-size-mb:-1",
-    "file-cache:max-size-mb:-1",
+    f"file-cache:max-size-mb:{FILE_CACHE_GI * 1024}",
     "file-cache:cache-file-for-range-read:true",
     "file-cache:enable-parallel-downloads:true",
     "read_ahead_kb=1024",
@@ -115,6 +124,33 @@ def hf_token_secret(*, namespace: str, token: Any) -> dict[str, Any]:
 def claim_volume(claim_name: str = PVC_NAME) -> dict[str, Any]:
     """The pod volume of the training claim."""
     return {"name": BUCKET_VOLUME, "persistentVolumeClaim": {"claimName": claim_name}}
+
+
+def cache_volume() -> dict[str, Any]:
+    """The sidecar's file cache volume, on the node's ephemeral storage (Local SSD on GPU nodes)."""
+    return {"name": CACHE_VOLUME, "emptyDir": {"sizeLimit": f"{_CACHE_VOLUME_GI}Gi"}}
+
+
+def bucket_volumes(claim_name: str = PVC_NAME) -> list[dict[str, Any]]:
+    """What a pod that mounts the bucket needs: the claim and the sidecar's cache volume."""
+    return [claim_volume(claim_name), cache_volume()]
+
+
+def sidecar_annotations(autopilot: bool) -> dict[str, str]:
+    """Inject the gcsfuse sidecar, sized per GKE's guidance for training: requests reserve its room on
+    the node; on Standard "0" lifts the limits (a memory limit would kill it mid-checkpoint, with
+    streaming writes buffered in memory); Autopilot has no "0" and sets limits equal to requests."""
+    if autopilot:
+        sizes = {"cpu": "2", "memory": "16Gi", "ephemeral-storage": "100Gi"}
+        limits = sizes
+    else:
+        sizes = {"cpu": "1", "memory": "4Gi", "ephemeral-storage": "10Gi"}
+        limits = {name: "0" for name in sizes}
+    return {
+        **GCSFUSE_POD_ANNOTATION,
+        **{f"gke-gcsfuse/{name}-request": value for name, value in sizes.items()},
+        **{f"gke-gcsfuse/{name}-limit": value for name, value in limits.items()},
+    }
 
 
 def bucket_mount() -> dict[str, str]:

@@ -300,7 +300,7 @@ def test_gpu_pool_is_the_tutorials_node_pools_create(platform: str, machine: str
                                            "values": ["my-reservation"]}
     assert node["spot"] is False
     assert node["workloadMetadataConfig"] == {"mode": "GKE_METADATA"}
-    assert node["ephemeralStorageLocalSsdConfig"] == {"localSsdCount": 0}
+    assert node["ephemeralStorageLocalSsdConfig"] == {"localSsdCount": 32}  # Cluster Toolkit gke-a4, gke-a3-ultragpu
     assert node["taints"] == [{"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}]
     assert "labels" not in node  # no DRANET: the NICs come from the multi-network objects
     assert pool["networkConfig"]["additionalNodeNetworkConfigs"] == [
@@ -337,6 +337,8 @@ def test_a4x_pool_is_gb200_with_compact_1x72_placement_and_dranet(a4x_dranet: Mo
         {"type": "nvidia-gb200", "count": 4, "gpuDriverInstallationConfig": {"gpuDriverVersion": "DEFAULT"}}]
     assert node["taints"] == [{"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}]
     assert node["workloadMetadataConfig"] == {"mode": "GKE_METADATA"}
+    # 0: the machine type's own Local SSD count (GKE API), checked against the zone's at preview.
+    assert node["ephemeralStorageLocalSsdConfig"] == {"localSsdCount": 0}
     assert node["reservationAffinity"]["consumeReservationType"] == "SPECIFIC_RESERVATION"
     assert pool["networkConfig"] == {"acceleratorNetworkProfile": "auto"}
     # Without this label GKE's DRANET driver skips the nodes and no mrdma.google.com NIC is claimable.

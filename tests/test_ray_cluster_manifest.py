@@ -11,6 +11,7 @@ import pytest
 
 from components.platforms import PLATFORMS, Platform
 from manifests import dra
+from manifests.storage import cache_volume, sidecar_annotations
 from manifests.ray_cluster import (
     ARM_TOLERATION,
     WAIT_FOR_READY,
@@ -90,9 +91,15 @@ def _worker_pod(obj: dict[str, Any]) -> dict[str, Any]:
     return pod
 
 
-def _corrected(tutorial: dict[str, Any], namespace: str) -> dict[str, Any]:
+def _corrected(tutorial: dict[str, Any], namespace: str, autopilot: bool = False) -> dict[str, Any]:
     """The tutorial's RayCluster with every intended difference applied, each with its reason."""
     out = copy.deepcopy(tutorial)
+    for group in (out["spec"]["headGroupSpec"], *out["spec"]["workerGroupSpecs"]):
+        # The gcsfuse sidecar sized per GKE's guidance, its file cache on a volume of its own,
+        # and no Kubernetes API token in pods that never call the API.
+        group["template"]["metadata"]["annotations"].update(sidecar_annotations(autopilot))
+        group["template"]["spec"]["volumes"].append(cache_volume())
+        group["template"]["spec"]["automountServiceAccountToken"] = False
     # Namespaced explicitly, and awaited by pulumi-kubernetes until ready.
     out["metadata"] = {"name": out["metadata"]["name"], "namespace": namespace,
                        "annotations": {"pulumi.com/waitFor": WAIT_FOR_READY}}
@@ -125,7 +132,7 @@ def _parse_interfaces(obj: dict[str, Any]) -> dict[str, Any]:
 def test_x86_matches_the_tutorial_except_the_listed_corrections(mode: str) -> None:
     spec = replace(TUTORIAL_X86, mode=mode, worker_spot=mode == "autopilot")
     ours = ray_cluster(spec)
-    expected = _corrected(_tutorial_x86(mode), "default")
+    expected = _corrected(_tutorial_x86(mode), "default", autopilot=mode == "autopilot")
     assert _parse_interfaces(ours) == _parse_interfaces(expected)
 
 
@@ -183,7 +190,7 @@ def test_a4x_worker_claims_every_nic_and_the_imex_channel() -> None:
     claims = pod["containers"][0]["resources"]["claims"]
     assert [c["name"] for c in claims] == [c["name"] for c in pod["resourceClaims"]]
     annotations = _worker(ray_cluster(TUTORIAL_A4X))["template"]["metadata"]["annotations"]
-    assert annotations == {"gke-gcsfuse/volumes": "true"}
+    assert annotations == sidecar_annotations(autopilot=False)
 
 
 def test_a4x_on_multi_network_names_its_nics_and_claims_only_the_channel() -> None:

@@ -138,3 +138,28 @@ def test_a_new_job_attempt_is_a_new_submission_and_cidrs_reach_the_control_plane
         "cidrBlocks": [{"cidrBlock": "203.0.113.0/24", "displayName": "authorized-0"}]}
     (default_cluster,) = _by_type(base, "gcp:container/cluster:Cluster")
     assert "masterAuthorizedNetworksConfig" not in default_cluster.inputs
+
+
+def _pod_templates(obj: dict) -> list[dict]:
+    """Every pod template of a manifest (Job, RayCluster head and workers)."""
+    spec = obj.get("spec", {})
+    if obj["kind"] == "RayCluster":
+        return [spec["headGroupSpec"]["template"], *(g["template"] for g in spec["workerGroupSpecs"])]
+    return [spec["template"]] if "template" in spec else []
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_bucket_pods_have_a_bounded_sidecar_cache_and_no_api_token(stack: str, synth_stack):
+    result = synth_stack(stack)
+    autopilot = load_config(raw_config(stack)[0]).autopilot
+    pods = [t for obj in result.manifests() for t in _pod_templates(obj)
+            if any("persistentVolumeClaim" in v for v in t["spec"].get("volumes", []))]
+    assert len(pods) == 3  # staging, Ray head, Ray workers
+    for template in pods:
+        annotations, spec = template["metadata"]["annotations"], template["spec"]
+        assert {"name": "gke-gcsfuse-cache", "emptyDir": {"sizeLimit": "220Gi"}} in spec["volumes"]
+        assert annotations["gke-gcsfuse/ephemeral-storage-limit"] in ("0", "10Gi", "100Gi")
+        assert ("gke-gcsfuse/memory-limit" in annotations and "gke-gcsfuse/cpu-limit" in annotations)
+        assert spec["automountServiceAccountToken"] is False
+        if autopilot:
+            assert "0" not in {v for k, v in annotations.items() if k.endswith("-limit")}

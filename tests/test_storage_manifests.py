@@ -23,6 +23,9 @@ TUTORIAL_MOUNT_OPTIONS = [
     "write:enable-streaming-writes:true",
     "write:global-max-blocks:200000",
 ]
+# The one change: the tutorial's unbounded file cache, bounded to what the sidecar's cache volume holds.
+OUR_MOUNT_OPTIONS = [o if o != "file-cache:max-size-mb:-1" else "file-cache:max-size-mb:204800"
+                     for o in TUTORIAL_MOUNT_OPTIONS]
 
 
 def test_volume_matches_the_tutorial() -> None:
@@ -37,7 +40,7 @@ def test_volume_matches_the_tutorial() -> None:
             "persistentVolumeReclaimPolicy": "Retain",
             "storageClassName": "gcsfuse-sc",
             "claimRef": {"namespace": "default", "name": "training-bucket-pvc"},
-            "mountOptions": TUTORIAL_MOUNT_OPTIONS,
+            "mountOptions": OUR_MOUNT_OPTIONS,
             "csi": {
                 "driver": "gcsfuse.csi.storage.gke.io",
                 "volumeHandle": BUCKET,
@@ -48,6 +51,27 @@ def test_volume_matches_the_tutorial() -> None:
             },
         },
     }
+
+
+def test_file_cache_fits_its_volume() -> None:
+    # 200 GiB of cache on a 220Gi volume: gcsfuse evicts its own files before kubelet evicts the pod.
+    assert storage.cache_volume() == {"name": "gke-gcsfuse-cache", "emptyDir": {"sizeLimit": "220Gi"}}
+
+
+def test_sidecar_on_standard_reserves_room_and_lifts_limits() -> None:
+    assert storage.sidecar_annotations(autopilot=False) == {
+        "gke-gcsfuse/volumes": "true",
+        "gke-gcsfuse/cpu-request": "1", "gke-gcsfuse/memory-request": "4Gi",
+        "gke-gcsfuse/ephemeral-storage-request": "10Gi",
+        "gke-gcsfuse/cpu-limit": "0", "gke-gcsfuse/memory-limit": "0", "gke-gcsfuse/ephemeral-storage-limit": "0",
+    }
+
+
+def test_sidecar_on_autopilot_has_limits_equal_to_requests() -> None:
+    # Autopilot takes no "0" (no limit).
+    annotations = storage.sidecar_annotations(autopilot=True)
+    for resource in ("cpu", "memory", "ephemeral-storage"):
+        assert annotations[f"gke-gcsfuse/{resource}-limit"] == annotations[f"gke-gcsfuse/{resource}-request"] != "0"
 
 
 def test_volume_has_all_eleven_mount_options() -> None:
@@ -71,7 +95,7 @@ def test_builders_return_fresh_objects() -> None:
     pv["spec"]["mountOptions"].append("ro")
     pv["spec"]["csi"]["volumeAttributes"]["x"] = "y"
     again = storage.persistent_volume(bucket=BUCKET, namespace="ns")
-    assert again["spec"]["mountOptions"] == TUTORIAL_MOUNT_OPTIONS
+    assert again["spec"]["mountOptions"] == OUR_MOUNT_OPTIONS
     assert "x" not in again["spec"]["csi"]["volumeAttributes"]
 
 
