@@ -4,6 +4,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from components.a4x_dra import A4xDra
+from components.cloud_nat import CloudNat
 from components.config import from_pulumi
 from components.data_staging import DataStaging
 from components.gcs_fuse_storage import GcsFuseStorage, label_value
@@ -33,6 +34,11 @@ if networks and builds_infra:
         "internal_source_range": cfg.internal_source_range,
     })
 
+# Private nodes pull images and the model through it.
+nat = None
+if cfg.private_nodes and cfg.cloud_nat and builds_infra:
+    nat = CloudNat("nat", {"project": cfg.project, "region": cfg.region, "name": cfg.cluster_name})
+
 # GKE-created GPU nodes hold NICs in the RDMA subnets: the cluster goes before them on destroy.
 cluster = GkeCluster("gke", {
     "project": cfg.project, "name": cfg.cluster_name, "location": cfg.cluster_location,
@@ -42,10 +48,10 @@ cluster = GkeCluster("gke", {
     "cpu_min_nodes": cfg.cpu_min_nodes, "cpu_max_nodes": cfg.cpu_max_nodes,
     "existing": cfg.existing_cluster, "master_authorized_cidrs": cfg.master_authorized_cidrs,
     "upgrade_exclusion_start": cfg.upgrade_exclusion_start or None, "gpu_metrics": cfg.gpu_metrics,
-    "dedicated_node_service_account": cfg.dedicated_node_service_account,
+    "dedicated_node_service_account": cfg.dedicated_node_service_account, "private_nodes": cfg.private_nodes,
     # The NVIDIA DRA driver 25.3 still speaks resource.k8s.io/v1beta1 (Cluster Toolkit gke-a4x).
     "k8s_beta_apis": DRA_V1BETA1_APIS if a4x else [],
-}, pulumi.ResourceOptions(depends_on=[rdma] if rdma else []))
+}, pulumi.ResourceOptions(depends_on=[r for r in (rdma, nat) if r is not None]))
 k8s = pulumi.ResourceOptions(providers=[cluster.provider])
 
 gpu_pool = None
@@ -58,7 +64,7 @@ if not cfg.autopilot and builds_infra:
         # DRANET: GKE attaches the A4X NICs itself; otherwise the gVNIC + RDMA subnets.
         "additional_node_networks": rdma.node_networks if rdma else None,
         "accelerator_network_profile": "auto" if a4x and not rdma else None,
-        "service_account": cluster.node_service_account,
+        "service_account": cluster.node_service_account, "image_streaming": cfg.image_streaming,
     }, pulumi.ResourceOptions(depends_on=cluster.node_identity))
 gpu_ready = [r for r in (gpu_pool, rdma) if r is not None]
 

@@ -78,6 +78,9 @@ class GkeClusterArgs(TypedDict):
     Compute Engine default service account (Editor on most projects)."""
     gpu_metrics: NotRequired[bool]
     """DCGM GPU metrics in Managed Service for Prometheus (default True), as Cluster Toolkit's GPU blueprints."""
+    private_nodes: NotRequired[bool]
+    """Nodes get internal addresses only (default True); they reach the internet through Cloud NAT.
+    The control plane keeps its public endpoint (behind Google auth and master_authorized_cidrs)."""
     upgrade_exclusion_start: NotRequired[str | None]
     """When set (RFC3339), no minor or node auto-upgrades from then until the version's end of
     support: an auto-upgrade drains GPU nodes in mid-run. Control-plane patches still apply."""
@@ -200,6 +203,10 @@ class GkeCluster(pulumi.ComponentResource):
                 if authorized else None
             ),
             enable_k8s_beta_apis={"enabled_apis": list(beta_apis)} if beta_apis else None,
+            private_cluster_config=(
+                {"enable_private_nodes": True, "enable_private_endpoint": False}
+                if args.get("private_nodes", True) else None
+            ),
             # Standard: the built-in pool (removed) and the node pools take the account themselves;
             # Autopilot: it goes to every node GKE provisions.
             node_config=node_identity or None if standard else None,

@@ -51,6 +51,9 @@ class GpuNodePoolArgs(TypedDict):
     """`auto`: GKE creates and attaches the accelerator networks itself (A4X DRANET)."""
     accelerator_topology: NotRequired[str | None]
     """NVLink domain for a COMPACT placement under a HIGH_THROUGHPUT workload policy (A4X: `1x72`)."""
+    image_streaming: NotRequired[bool]
+    """GKE image streaming (default True): containers start while the image is still being read,
+    for images in Artifact Registry; other registries are pulled as usual."""
     service_account: NotRequired[pulumi.Input[str] | None]
     """The nodes' service account (GkeCluster.node_service_account); None: Compute Engine's default."""
 
@@ -140,6 +143,7 @@ class GpuNodePool(pulumi.ComponentResource):
                 "taints": [GPU_TAINT],
                 **({"labels": {DRANET_NODE_LABEL: "true"}} if profile is not None else {}),
                 "workload_metadata_config": {"mode": "GKE_METADATA"},
+                "gcfs_config": {"enabled": args.get("image_streaming", True)},
                 **({"service_account": args["service_account"], "oauth_scopes": NODE_SCOPES}
                    if args.get("service_account") else {}),
                 # Ephemeral storage on the machine's Local SSDs: the workers' 500-1000Gi would not fit

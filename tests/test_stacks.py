@@ -163,3 +163,39 @@ def test_bucket_pods_have_a_bounded_sidecar_cache_and_no_api_token(stack: str, s
         assert spec["automountServiceAccountToken"] is False
         if autopilot:
             assert "0" not in {v for k, v in annotations.items() if k.endswith("-limit")}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_nodes_are_private_behind_the_stacks_cloud_nat(stack: str, synth_stack):
+    result = synth_stack(stack)
+    cfg = load_config(raw_config(stack)[0])
+    (cluster,) = _by_type(result, "gcp:container/cluster:Cluster")
+    assert cluster.inputs["privateClusterConfig"] == {"enablePrivateNodes": True, "enablePrivateEndpoint": False}
+    (router,) = _by_type(result, "gcp:compute/router:Router")
+    (nat,) = _by_type(result, "gcp:compute/routerNat:RouterNat")
+    assert (router.inputs["network"], router.inputs["region"]) == ("default", cfg.region)
+    assert nat.inputs["router"] == f"{cfg.cluster_name}-router"
+    assert nat.inputs["natIpAllocateOption"] == "AUTO_ONLY"
+    assert nat.inputs["sourceSubnetworkIpRangesToNat"] == "ALL_SUBNETWORKS_ALL_IP_RANGES"
+    # Nodes boot only once their way out exists.
+    assert nat.urn in cluster.dependencies
+
+
+def test_private_nodes_and_nat_can_be_turned_off_each():
+    public = synth.run("a4-standard", overrides={"verl-gke:privateNodes": "false"})
+    (cluster,) = _by_type(public, "gcp:container/cluster:Cluster")
+    assert "privateClusterConfig" not in cluster.inputs
+    assert not _by_type(public, "gcp:compute/routerNat:RouterNat")
+    own_nat = synth.run("a4-standard", overrides={"verl-gke:cloudNat": "false"})
+    (cluster,) = _by_type(own_nat, "gcp:container/cluster:Cluster")
+    assert cluster.inputs["privateClusterConfig"]["enablePrivateNodes"] is True
+    assert not _by_type(own_nat, "gcp:compute/router:Router")
+
+
+@pytest.mark.parametrize("stack", ["a4-standard", "a3u-standard", "a4x"])
+def test_gpu_pool_streams_images_unless_turned_off(stack: str, synth_stack):
+    (pool,) = [r for r in _by_type(synth_stack(stack), "gcp:container/nodePool:NodePool") if r.name == "gpu-pool"]
+    assert pool.inputs["nodeConfig"]["gcfsConfig"] == {"enabled": True}
+    off = synth.run(stack, overrides={"verl-gke:imageStreaming": "false"})
+    (pool,) = [r for r in _by_type(off, "gcp:container/nodePool:NodePool") if r.name == "gpu-pool"]
+    assert pool.inputs["nodeConfig"]["gcfsConfig"] == {"enabled": False}
