@@ -112,6 +112,28 @@ def test_a_real_run_stops_at_once_on_placeholders():
     assert monitor.registrations == []
 
 
+def _real_run(stack: str, raw: dict, preview: bool, log: list[str]) -> list:
+    from components.config import from_pulumi
+
+    monitor = synth.RecordingMonitor(synth.SynthMocks())
+    synth.run_in_mocks(lambda: from_pulumi(allow_placeholders=False), stack=stack, config=raw, preview=preview,
+                       monitor=monitor, log=log)
+    return monitor.registrations
+
+
+def test_a_preview_may_lack_only_the_token():
+    raw = {**synth.raw_config("a4-standard")[0], "gcp:project": "my-project-123", "verl-gke:reservation": "r"}
+    log: list[str] = []
+    _real_run("a4-standard", raw, preview=True, log=log)
+    assert "warning: verl-gke:hfToken is not set: fine for a preview; `pulumi up` stops without it" in log
+    with pytest.raises(pulumi.RunError) as caught:
+        _real_run("a4-standard", raw, preview=False, log=[])
+    assert str(caught.value).endswith("before `pulumi up`:\n  verl-gke:hfToken")
+    # Other placeholders stop a preview too.
+    with pytest.raises(pulumi.RunError):
+        _real_run("a4-standard", {**raw, "verl-gke:reservation": "replace-me"}, preview=True, log=[])
+
+
 def test_preview_synthesizes_with_unknowns():
     result = synth.run("a4x", preview=True)
     assert any(r.type == "pulumi-python:dynamic:GrpoJob" for r in result.registrations)

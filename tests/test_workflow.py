@@ -191,7 +191,7 @@ def test_every_action_is_pinned_to_a_full_commit_sha_with_its_release_noted() ->
         ("pulumi/actions", "8e5e406f4007fca908480587cb9893c07090f58d", "v7.0.0"),
         ("actions/upload-artifact", "bbbca2ddaa5d8feaa63e36b76fdaad77386f024f", "v7.0.0"),
     }
-    assert len(uses) == 13
+    assert len(uses) == 18  # test 2, preview 5, up 5, follow 6
 
 
 def test_pulumi_up_runs_only_for_pushes_and_manual_runs_on_main() -> None:
@@ -225,10 +225,27 @@ def test_gcp_auth_is_workload_identity_federation_only() -> None:
     workflow = load()
     auths = [step for job in workflow["jobs"].values() for step in job["steps"]
              if step.get("uses", "").startswith("google-github-actions/auth@")]
-    assert len(auths) == 2
+    assert len(auths) == 3
     for step in auths:
         assert set(step["with"]) == {"workload_identity_provider", "service_account", "project_id"}
         assert step["with"]["workload_identity_provider"] == "${{ vars.GCP_WORKLOAD_IDENTITY_PROVIDER }}"
+
+
+def test_previews_run_read_only_without_the_token_and_deploys_in_their_environment() -> None:
+    jobs = load()["jobs"]
+    (preview_job, _), = steps_running(load(), "pulumi preview")
+    (up_job, _), = steps_running(load(), "pulumi up")
+    assert preview_job != up_job
+
+    def identity(job: dict[str, Any]) -> str:
+        (auth,) = [s for s in job["steps"] if s.get("uses", "").startswith("google-github-actions/auth@")]
+        return auth["with"]["service_account"]
+
+    assert identity(jobs[preview_job]) == "${{ vars.GCP_PREVIEW_SERVICE_ACCOUNT }}"
+    assert "HF_TOKEN" not in yaml.safe_dump(jobs[preview_job]) and "environment" not in jobs[preview_job]
+    for job_id in (up_job, "follow"):
+        assert identity(jobs[job_id]) == "${{ vars.GCP_SERVICE_ACCOUNT }}"
+        assert jobs[job_id]["environment"] == "deploy"
 
 
 def test_hf_token_reaches_pulumi_config_as_a_secret_through_stdin_only() -> None:
@@ -245,7 +262,7 @@ def test_hf_token_reaches_pulumi_config_as_a_secret_through_stdin_only() -> None
 def test_after_up_the_job_is_awaited_with_the_cli_and_the_plot_uploaded() -> None:
     workflow = load()
     follow = workflow["jobs"]["follow"]
-    assert follow["needs"] == "pulumi"
+    assert follow["needs"] == "up"
     assert {name: runs(follow, None, context) for name, context in EVENTS.items()} == {
         "same-repo PR": False, "fork PR": False, "push to main": True,
         "dispatch on main": True, "dispatch on a branch": False,
