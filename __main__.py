@@ -13,6 +13,8 @@ from components.gpu_node_pool import GpuNodePool
 from components.grpo_job import GrpoJob
 from components.grpo_spec import entrypoint, runtime_env
 from components.network_mapping import NetworkMapping
+from components.preflight import REQUIRED_APIS, check_live_project
+from components.project_apis import ProjectApis
 from components.rdma_network import RdmaNetwork
 from components.ray_training_cluster import RayTrainingCluster
 from manifests import nccl
@@ -21,10 +23,14 @@ from manifests.storage import MOUNT_PATH
 from workloads.stage_data import model_dir_for
 
 cfg, hf_token = from_pulumi()
+live = check_live_project(cfg)
 facts = cfg.facts
 a4x = cfg.platform == "a4x"
 builds_infra = not cfg.existing_cluster
 networks = NetworkNames(cfg.gvnic_network_prefix, cfg.rdma_network_prefix, cfg.rdma_nics) if cfg.rdma_nics else None
+
+apis = ProjectApis("apis", {"project": cfg.project, "services": REQUIRED_APIS}) if cfg.enable_apis else None
+gcp_ready = pulumi.ResourceOptions(depends_on=apis.services if apis else [])
 
 rdma = None
 if networks and builds_infra:
@@ -32,18 +38,18 @@ if networks and builds_infra:
         "project": cfg.project, "region": cfg.region, "zone": cfg.zone, "names": networks,
         "gvnic_cidr": cfg.gvnic_subnet_cidr, "rdma_cidrs": cfg.rdma_subnet_cidrs,
         "internal_source_range": cfg.internal_source_range,
-    })
+    }, gcp_ready)
 
 # Private nodes pull images and the model through it.
 nat = None
 if cfg.private_nodes and cfg.cloud_nat and builds_infra:
-    nat = CloudNat("nat", {"project": cfg.project, "region": cfg.region, "name": cfg.cluster_name})
+    nat = CloudNat("nat", {"project": cfg.project, "region": cfg.region, "name": cfg.cluster_name}, gcp_ready)
 
 # GKE-created GPU nodes hold NICs in the RDMA subnets: the cluster goes before them on destroy.
 cluster = GkeCluster("gke", {
     "project": cfg.project, "name": cfg.cluster_name, "location": cfg.cluster_location,
     "mode": cfg.cluster_mode, "release_channel": cfg.release_channel,
-    "deletion_protection": cfg.deletion_protection, "min_master_version": cfg.kubernetes_version,
+    "deletion_protection": cfg.deletion_protection, "min_master_version": live.gke_version,
     "ray_operator": cfg.ray_operator == "addon", "cpu_machine_type": cfg.cpu_machine_type,
     "cpu_min_nodes": cfg.cpu_min_nodes, "cpu_max_nodes": cfg.cpu_max_nodes,
     "existing": cfg.existing_cluster, "master_authorized_cidrs": cfg.master_authorized_cidrs,
@@ -51,7 +57,7 @@ cluster = GkeCluster("gke", {
     "dedicated_node_service_account": cfg.dedicated_node_service_account, "private_nodes": cfg.private_nodes,
     # The NVIDIA DRA driver 25.3 still speaks resource.k8s.io/v1beta1 (Cluster Toolkit gke-a4x).
     "k8s_beta_apis": DRA_V1BETA1_APIS if a4x else [],
-}, pulumi.ResourceOptions(depends_on=[r for r in (rdma, nat) if r is not None]))
+}, gcp_ready.merge(pulumi.ResourceOptions(depends_on=[r for r in (rdma, nat) if r is not None])))
 k8s = pulumi.ResourceOptions(providers=[cluster.provider])
 
 gpu_pool = None
@@ -75,7 +81,7 @@ storage = GcsFuseStorage("storage", {
     "namespace": cfg.namespace, "service_account": cfg.service_account, "hf_token": hf_token,
     "capacity": cfg.volume_capacity, "labels": {"stack": label_value(pulumi.get_stack())},
     "k8s_provider": cluster.provider,
-})
+}, gcp_ready)
 
 # Staging runs on a CPU node while the GPU pool is still being created.
 staging = DataStaging("staging", {

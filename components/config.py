@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from components import gke_versions
 from components.grpo_spec import GRPO_DEFAULTS, GrpoSpec, verl_problems
 from components.platforms import PINNED_IMAGE_ARCH, PLATFORMS, Platform, PlatformName
 from manifests.ray_cluster import Mode, is_pinned_image
@@ -52,7 +53,6 @@ _PROJECT_ID = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
 _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 _ZONE = re.compile(r"^([a-z]+-[a-z]+[0-9]+)-[a-z]$")
 _QUANTITY = re.compile(r"^[0-9]+(Ki|Mi|Gi|Ti|Pi)$")
-_K8S_VERSION = re.compile(r"^1\.([0-9]+)(?:\.([0-9]+)(?:-gke\.([0-9]+))?)?$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 # GKE returns times in UTC "Zulu" form; any other form is a permanent diff (pulumi-gcp docs).
 _RFC3339_UTC = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$")
@@ -60,10 +60,8 @@ _RFC3339_UTC = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{
 # GKE's max cluster name length; GCE resource names are at most 63 characters.
 _MAX_CLUSTER_NAME = 40
 _MAX_GCE_NAME = 63
-# DRA (resource.k8s.io/v1) needs GKE 1.34+, DRANET 1.34.1-gke.1829001+.
-_A4X_MIN_MINOR = 34
-_DRANET_MIN = (34, 1, 1829001)
-_DRANET_MIN_TEXT = "1.34.1-gke.1829001"
+SCHEMA_MINOR = "1.34"
+"""The Kubernetes schemas manifests are checked against offline when no minor is configured."""
 
 
 def camel(snake: str) -> str:
@@ -98,8 +96,9 @@ class StackConfig(BaseModel):
     existing_cluster: bool = False
     cluster_location: str = ""
     release_channel: Literal["RAPID", "REGULAR", "STABLE"] = "REGULAR"
-    kubernetes_version: str = "1.34"
+    kubernetes_version: str = ""
     deletion_protection: bool = False
+    enable_apis: bool = True
     master_authorized_cidrs: tuple[str, ...] = ()
     gpu_metrics: bool = True
     dedicated_node_service_account: bool = True
@@ -207,8 +206,16 @@ class StackConfig(BaseModel):
 
     @property
     def kubernetes_minor(self) -> str:
-        """`1.34` of `1.34.1-gke.1829001`: the API schema version manifests are checked against."""
+        """`1.34` of `1.34.1-gke.1829001` (SCHEMA_MINOR when the channel picks): the API schema version
+        manifests are checked against."""
+        if not self.kubernetes_version:
+            return SCHEMA_MINOR
         return ".".join(self.kubernetes_version.split("-")[0].split(".")[:2])
+
+    @property
+    def gke_floors(self) -> list[tuple[str, str]]:
+        """(feature, lowest GKE version) for each feature of this stack that needs one."""
+        return gke_versions.floors(self.facts, self.platform == "a4x" and self.a4x_networking == "dranet")
 
 
 def _rdma_nics(platform: Platform, a4x_networking: str) -> int:
@@ -444,16 +451,14 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
     if not _GCE_NAME.match(cfg.cluster_name) or len(cfg.cluster_name) > _MAX_CLUSTER_NAME:
         add("cluster_name", cfg.cluster_name,
             f"1-{_MAX_CLUSTER_NAME} lowercase letters, digits or hyphens, starting with a letter.")
-    minor = _K8S_VERSION.match(cfg.kubernetes_version)
-    if not minor:
-        add("kubernetes_version", cfg.kubernetes_version, "a GKE version such as 1.34 or 1.34.1-gke.1829001.")
-    elif cfg.platform == "a4x" and int(minor.group(1)) < _A4X_MIN_MINOR:
+    if cfg.kubernetes_version and not gke_versions.is_version(cfg.kubernetes_version):
         add("kubernetes_version", cfg.kubernetes_version,
-            f"A4X needs 1.{_A4X_MIN_MINOR} or newer (DRA resource.k8s.io/v1 and DRANET).")
-    elif (cfg.platform == "a4x" and cfg.a4x_networking == "dranet" and minor.group(2) is not None
-          and tuple(int(g or 0) for g in minor.groups()) < _DRANET_MIN):
-        # A bare minor such as 1.34 makes GKE pick that minor's newest patch, which is newer.
-        add("kubernetes_version", cfg.kubernetes_version, f"DRANET needs {_DRANET_MIN_TEXT} or newer.")
+            "empty (the channel's choice), a minor such as 1.35, or a GKE version such as 1.34.1-gke.1829001.")
+    elif cfg.kubernetes_version:
+        for feature, floor in cfg.gke_floors:
+            if gke_versions.below_floor(cfg.kubernetes_version, floor):
+                add("kubernetes_version", cfg.kubernetes_version, f"{feature} needs {floor} or newer.")
+                break
     if cfg.upgrade_exclusion_start and not _RFC3339_UTC.match(cfg.upgrade_exclusion_start):
         add("upgrade_exclusion_start", cfg.upgrade_exclusion_start,
             "an RFC3339 UTC time such as 2026-12-01T00:00:00Z, or empty for no exclusion.")

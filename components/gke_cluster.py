@@ -57,7 +57,8 @@ class GkeClusterArgs(TypedDict):
     """When true, GKE refuses to delete the cluster, so `pulumi destroy` stops at it until this is
     set to false and applied."""
     min_master_version: str | None
-    """Lowest control-plane version, e.g. 1.34 (A4X with DRANET needs 1.34.1-gke.1829001 or later)."""
+    """Control-plane version to create the cluster at (the preflight picks it from the channel); after
+    that the channel upgrades it, so a newer pick never upgrades a running cluster."""
     ray_operator: bool
     """Enable GKE's Ray operator add-on. Turn it off where KubeRay comes from its Helm chart instead
     (the A4X path): both would own the same CRDs."""
@@ -102,7 +103,8 @@ class GkeCluster(pulumi.ComponentResource):
     node_service_account: pulumi.Output[str] | None
     """The nodes' dedicated service account (email), for node pools made outside this component."""
     node_identity: list[pulumi.Resource]
-    """What node pools wait for: the account's role binding (nodes without it cannot write logs)."""
+    """What node pools wait for: the cluster, and the account's role binding (nodes without it
+    cannot write logs)."""
 
     def __init__(self, name: str, args: GkeClusterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("verl-gke:index:GkeCluster", name, {}, opts)
@@ -211,7 +213,8 @@ class GkeCluster(pulumi.ComponentResource):
             # Autopilot: it goes to every node GKE provisions.
             node_config=node_identity or None if standard else None,
             cluster_autoscaling={"auto_provisioning_defaults": node_identity} if node_identity and not standard else None,
-            opts=cluster_opts.merge(pulumi.ResourceOptions(depends_on=self.node_identity)),
+            opts=cluster_opts.merge(pulumi.ResourceOptions(depends_on=self.node_identity,
+                                                           ignore_changes=["minMasterVersion"])),
         )
         if standard:
             self.cpu_pool = container.NodePool(
@@ -233,6 +236,7 @@ class GkeCluster(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True, ignore_changes=["initialNodeCount"],
                                             depends_on=self.node_identity),
             )
+        self.node_identity = [cluster, *self.node_identity]
         self.name = cluster.name
         self.location = cluster.location
         self.endpoint = cluster.endpoint

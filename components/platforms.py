@@ -62,6 +62,10 @@ VERL_0_9_0 = VerlRelease(
 )
 
 
+DRANET_MIN_GKE = "1.34.1-gke.1829001"
+"""GKE managed DRANET (the A4X NICs as DRA devices) starts here (GKE's DRANET guide)."""
+
+
 @dataclass(frozen=True)
 class Platform:
     """Everything that differs between A4, A3 Ultra and A4X."""
@@ -93,6 +97,8 @@ class Platform:
     """NCCL RDMA installer manifest per cluster mode (path under gpudirect-rdma/)."""
     head_on_gpu_node: bool = False
     """The Ray head shares a GPU node with a worker (A4X: its arm64-only image runs on no CPU node)."""
+    min_gke_version: str | None = None
+    """Lowest GKE version the platform's own features need (A4X: DRA resource.k8s.io/v1, GKE 1.34)."""
     local_ssd_count: int | None = None
     """Local SSDs bundled with the machine type, all backing ephemeral storage (Cluster Toolkit's
     gke-a4 and gke-a3-ultragpu: 32). None: not in our sources; the node pool then sends 0, which
@@ -239,6 +245,7 @@ PLATFORMS: dict[str, Platform] = {
         accelerator_topology="1x72",
         # The tutorial's A4X head runs on a GB200 node beside a worker (120 + 12 vCPUs there).
         head_on_gpu_node=True,
+        min_gke_version="1.34",
         nccl_installer={"standard": "gpudirect-rdma/nccl-rdma-installer-a4x.yaml"},
     ),
 }

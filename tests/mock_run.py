@@ -27,6 +27,7 @@ class SentRequest:
     delete_before_replace: bool
     replace_on_changes: list[str]
     retain_on_delete: bool
+    ignore_changes: list[str]
 
 
 class OptionsMonitor(synth.RecordingMonitor):
@@ -44,6 +45,7 @@ class OptionsMonitor(synth.RecordingMonitor):
             delete_before_replace=request.deleteBeforeReplace,
             replace_on_changes=list(request.replaceOnChanges),
             retain_on_delete=request.retainOnDelete,
+            ignore_changes=list(request.ignoreChanges),
         )
         return response
 

@@ -260,7 +260,9 @@ def test_a4x_needs_kubernetes_134():
     load_config(config(platform="a4x", gpuNodes="4", kubernetesVersion="1.34.1-gke.1829001"))
     load_config(config(platform="a4x", gpuNodes="4", kubernetesVersion="1.35"))
     load_config(config(platform="a4x", gpuNodes="4", kubernetesVersion="1.34"))
-    assert "A4X needs 1.34" in only_problem(platform="a4x", gpuNodes="4", kubernetesVersion="1.33")
+    load_config(config(platform="a4x", gpuNodes="4"))  # empty: the channel picks, at preview, above the floors
+    assert ("A4X (4x NVIDIA GB200, arm64) (DRA resource.k8s.io/v1) needs 1.34 or newer"
+            in only_problem(platform="a4x", gpuNodes="4", kubernetesVersion="1.33"))
     assert "DRANET needs 1.34.1-gke.1829001" in only_problem(platform="a4x", gpuNodes="4",
                                                              kubernetesVersion="1.34.1-gke.1800000")
     load_config(config(platform="a4x", gpuNodes="4", kubernetesVersion="1.34.0", a4xNetworking="multi-network"))

@@ -16,7 +16,7 @@ import runpy
 import signal
 import sys
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +30,7 @@ from pulumi.runtime.config import set_all_config
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
 
+from components import preflight
 from components.grpo_job import planned_outs, whole_numbers
 from verl_gke import output_dir
 from verl_gke.stack_config import PROJECT_DIR, raw_config
@@ -107,7 +108,19 @@ class _InlineExecutor(ThreadPoolExecutor):
 
 
 class SynthMocks(pulumi.runtime.Mocks):
-    """Plausible provider answers: inputs echoed back plus the computed fields the program reads."""
+    """Plausible provider answers: inputs echoed back plus the computed fields the program reads.
+
+    The preflight's invokes are answered from `cloud` (token -> the provider's answer, or a list of
+    answers picked by the call's arguments, or `{"error": message}` for a failing invoke); the others
+    by `healthy`, and recorded in `unchecked`: live checks this run could not make.
+    """
+
+    def __init__(self, cloud: Mapping[str, Any] | None = None,
+                 healthy: Callable[[str, dict[str, Any]], dict[str, Any] | None] | None = None) -> None:
+        super().__init__()
+        self.cloud = dict(cloud or {})
+        self.healthy = healthy
+        self.unchecked: list[str] = []
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
         state = dict(args.inputs)
@@ -129,13 +142,35 @@ class SynthMocks(pulumi.runtime.Mocks):
         return f"{args.name}-id", state
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list[tuple[str, str]]]:
-        """The invoke's result and no check failures."""
+        """The invoke's result, and the provider's failure if the answer is one."""
+        if args.token in preflight.CHECKS:
+            answer = _pick(self.cloud[args.token], args.args) if args.token in self.cloud else None
+            if args.token not in self.cloud:
+                if args.token not in self.unchecked:
+                    self.unchecked.append(args.token)
+                answer = self.healthy(args.token, dict(args.args)) if self.healthy else None
+            if isinstance(answer, dict) and set(answer) == {"error"}:
+                return {}, [("", str(answer["error"]))]
+            return dict(answer or {}), []
         if args.token == "gcp:organizations/getProject:getProject":
             return {"number": MOCK_PROJECT_NUMBER, "projectId": args.args.get("projectId", "mock")}, []
         if args.token == "gcp:container/getCluster:getCluster":
             return {"name": args.args.get("name"), "location": args.args.get("location"),
                     "endpoint": MOCK_ENDPOINT, "masterAuths": [{"clusterCaCertificate": MOCK_CA}]}, []
         return {}, []
+
+
+def _pick(answer: Any, args: Mapping[str, Any]) -> Any:
+    """One answer for every call, or from a list the first whose fields agree with the call's args
+    (a field may be the resource's URL: `.../zones/us-central1-b` agrees with `us-central1-b`)."""
+    if not isinstance(answer, list):
+        return answer
+
+    def agrees(candidate: Mapping[str, Any]) -> bool:
+        return all(k not in candidate or candidate[k] == v or str(candidate[k]).endswith(f"/{v}")
+                   for k, v in args.items())
+
+    return next((c for c in answer if isinstance(c, dict) and agrees(c)), None)
 
 
 class RecordingMonitor(mocks.MockMonitor):
@@ -168,6 +203,8 @@ class SynthResult:
     placeholders: list[str] = field(default_factory=list)
     log: list[str] = field(default_factory=list)
     """What the program logged (the GRPO run's plan, warnings)."""
+    unchecked: list[str] = field(default_factory=list)
+    """Invoke tokens of live checks answered by the healthy stand-in, not by `--cloud`."""
 
     def manifests(self) -> list[dict[str, Any]]:
         """Kubernetes objects the program defines, in registration order, as they would be applied."""
@@ -250,16 +287,24 @@ def run_in_mocks(program: Callable[[], Any], *, stack: str = "test", config: dic
 
 
 def run(stack: str, project_dir: Path = PROJECT_DIR, overrides: dict[str, Any] | None = None,
-        preview: bool = False, monitor: RecordingMonitor | None = None) -> SynthResult:
-    """Run __main__.py of `project_dir` for `stack` under mocks and return what it registered."""
-    from components.config import load_config, placeholders
+        preview: bool = False, monitor: RecordingMonitor | None = None,
+        cloud: Mapping[str, Any] | None = None) -> SynthResult:
+    """Run __main__.py of `project_dir` for `stack` under mocks and return what it registered.
+    `cloud` answers the live checks' invokes (see SynthMocks); the rest get healthy answers."""
+    from components.config import ConfigError, load_config, placeholders
 
     raw, secret_keys = raw_config(stack, project_dir, overrides)
+    try:
+        healthy = preflight.healthy_answers(load_config(raw))
+    except ConfigError:
+        healthy = None  # the program reports the config's problems itself
+    monitor = monitor or RecordingMonitor(SynthMocks(cloud, healthy))
     log: list[str] = []
     registrations, outputs = run_in_mocks(
         lambda: runpy.run_path(str(project_dir / "__main__.py"), run_name="__main__"),
         stack=stack, config=raw, secret_keys=secret_keys, preview=preview, monitor=monitor, log=log)
-    return SynthResult(stack, registrations, outputs, placeholders(raw, load_config(raw)), log)
+    unchecked = list(getattr(monitor.mocks, "unchecked", []))
+    return SynthResult(stack, registrations, outputs, placeholders(raw, load_config(raw)), log, unchecked)
 
 
 def render(result: SynthResult) -> dict[str, str]:
@@ -285,6 +330,9 @@ def summary(result: SynthResult, out_dir: Path) -> str:
     lines += [f"  {n:3d}  {t}" for t, n in sorted(counts.items())]
     lines.append(f"  {len(result.manifests())} Kubernetes manifests, {len(result.outputs)} stack outputs")
     lines += result.log
+    if result.unchecked:
+        lines.append("Live checks not made (no --cloud answer; `pulumi preview` makes them):")
+        lines += [f"  {preflight.CHECKS[token]} ({token})" for token in result.unchecked]
     if result.placeholders:
         lines.append("Set these before `pulumi up` (they still hold placeholders):")
         lines += [f"  {key}" for key in result.placeholders]
@@ -293,12 +341,29 @@ def summary(result: SynthResult, out_dir: Path) -> str:
     return "\n".join(lines)
 
 
+def read_cloud_answers(path: Path) -> dict[str, Any]:
+    """`--cloud FILE`: a JSON object of invoke token -> answer; ValueError names what is wrong."""
+    try:
+        answers = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"--cloud {path}: {error}") from None
+    if not isinstance(answers, dict):
+        raise ValueError(f"--cloud {path}: must be a JSON object of invoke token -> answer")
+    unknown = sorted(set(answers) - set(preflight.CHECKS))
+    if unknown:
+        raise ValueError(f"--cloud {path}: no live check makes {', '.join(unknown)}; "
+                         f"known: {', '.join(preflight.CHECKS)}")
+    return answers
+
+
 def main(argv: list[str] | None = None) -> int:
     from components.config import ConfigError
 
     parser = argparse.ArgumentParser(prog="synth", description=__doc__.split("\n\n")[0])
     parser.add_argument("stack", help="stack name, e.g. a4-standard (reads Pulumi.<stack>.yaml)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default dist/<stack>)")
+    parser.add_argument("--cloud", type=Path, default=None, metavar="FILE",
+                        help="JSON object: invoke token -> the provider's answer, for the live checks")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value for this synth only, e.g. verl-gke:gpuNodes=4")
     args = parser.parse_args(argv)
@@ -313,7 +378,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"synth failed: {error}", file=sys.stderr)
         return 2
     try:
-        result = run(args.stack, overrides=overrides)
+        cloud = read_cloud_answers(args.cloud) if args.cloud else None
+    except ValueError as error:
+        print(f"synth failed: {error}", file=sys.stderr)
+        return 2
+    try:
+        result = run(args.stack, overrides=overrides, cloud=cloud)
     except (ConfigError, pulumi.RunError, FileNotFoundError) as error:
         output_dir.clear(out_dir)
         print(f"synth failed: {error}", file=sys.stderr)

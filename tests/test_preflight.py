@@ -1,0 +1,260 @@
+"""Preview-time checks of the live project: each check's good and bad provider answers, given to the
+real program through synth's `--cloud` answers (the same invokes `pulumi preview` makes through the
+gcp provider), and the version pick on its own."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components import gke_versions
+from components.preflight import ENGINE_VERSIONS, MACHINE_TYPES, PROJECT_SERVICE, REQUIRED_APIS, RESERVATION
+from verl_gke import synth
+from verl_gke.stack_config import PROJECT_DIR
+
+STACK = "a4-standard"
+REAL = {"gcp:project": "my-project-123", "verl-gke:reservation": "my-reservation"}
+VERSIONS = {
+    "releaseChannelDefaultVersion": {"RAPID": "1.34.1-gke.1829001", "REGULAR": "1.34.1-gke.1829001",
+                                     "STABLE": "1.33.5-gke.1201000"},
+    "releaseChannelLatestVersion": {"RAPID": "1.35.0-gke.1500000", "REGULAR": "1.35.0-gke.1500000",
+                                    "STABLE": "1.34.0-gke.1000000"},
+    "validMasterVersions": ["1.35.0-gke.1500000", "1.34.1-gke.1829001", "1.34.0-gke.1000000",
+                            "1.33.5-gke.1201000"],
+}
+
+
+def reservation(**specific: Any) -> dict[str, Any]:
+    base = {"count": 4, "inUseCount": 0,
+            "instanceProperties": [{"machineType": "a4-highgpu-8g", "guestAccelerators": []}]}
+    return {"name": "my-reservation", "zone": "projects/my-project-123/zones/us-central1-b", "status": "READY",
+            "specificReservations": [{**base, **specific}]}
+
+
+MACHINE = {"machineTypes": [{"name": "a4-highgpu-8g", "guestCpus": 224, "memoryMb": 3784704,
+                             "bundledLocalSsds": [{"partitionCount": 32, "defaultInterface": "NVME"}]}]}
+GOOD = {ENGINE_VERSIONS: VERSIONS, MACHINE_TYPES: MACHINE, RESERVATION: reservation()}
+
+
+def synth_with(cloud: dict[str, Any], stack: str = STACK, **config: str) -> synth.SynthResult:
+    return synth.run(stack, overrides={**REAL, **config}, cloud=cloud)
+
+
+def problems_of(cloud: dict[str, Any], stack: str = STACK, **config: str) -> str:
+    import pulumi
+
+    with pytest.raises(pulumi.RunError) as caught:
+        synth_with(cloud, stack, **config)
+    return str(caught.value)
+
+
+def cluster_version(result: synth.SynthResult) -> str:
+    (cluster,) = [r for r in result.registrations if r.type == "gcp:container/cluster:Cluster"]
+    return cluster.inputs["minMasterVersion"]
+
+
+def test_matching_answers_pass_and_the_cluster_gets_the_channels_default():
+    result = synth_with(GOOD)
+    assert result.unchecked == []
+    assert cluster_version(result) == "1.34.1-gke.1829001"
+    assert "preflight: reservation my-reservation: 4 of 4 a4-highgpu-8g free" in result.log
+
+
+def test_offline_without_answers_lists_every_check_it_could_not_make():
+    result = synth.run(STACK)
+    assert result.unchecked == [ENGINE_VERSIONS, MACHINE_TYPES, RESERVATION]
+    summary = synth.summary(result, Path("dist"))
+    assert "Live checks not made (no --cloud answer; `pulumi preview` makes them):" in summary
+    assert "gcp:compute/getReservation:getReservation" in summary
+
+
+# --- reservation ------------------------------------------------------------------------------
+
+def test_reservation_for_another_machine_type():
+    bad = reservation(instanceProperties=[{"machineType": "a3-ultragpu-8g"}])
+    assert ('verl-gke:reservation = "my-reservation": reserves a3-ultragpu-8g machines; A4 (8x NVIDIA B200) '
+            'needs a4-highgpu-8g.') in problems_of({**GOOD, RESERVATION: bad})
+
+
+def test_reservation_in_another_zone():
+    bad = {**reservation(), "zone": "us-central1-c"}
+    assert ('verl-gke:reservation = "my-reservation": is in zone us-central1-c; the GPU nodes are in gcp:zone '
+            'us-central1-b.') in problems_of({**GOOD, RESERVATION: bad})
+
+
+def test_reservation_with_too_few_free_machines_names_gpu_nodes():
+    text = problems_of({**GOOD, RESERVATION: reservation(count=4, inUseCount=3)})
+    assert ('verl-gke:gpuNodes = 2: reservation my-reservation has 1 of its 4 machines free; lower gpuNodes or '
+            'free machines.') in text
+
+
+def test_reservation_with_other_accelerators():
+    bad = reservation(instanceProperties=[{"machineType": "a4-highgpu-8g",
+                                           "guestAccelerators": [{"acceleratorType": "nvidia-h200-141gb",
+                                                                  "acceleratorCount": 8}]}])
+    assert "reserves 8 x nvidia-h200-141gb per machine; A4 (8x NVIDIA B200) needs 8 x nvidia-b200." in problems_of(
+        {**GOOD, RESERVATION: bad})
+
+
+def test_missing_reservation_is_the_providers_error_under_the_key():
+    text = problems_of({**GOOD, RESERVATION: {"error": "googleapi: Error 404: The resource 'my-reservation' was not found"}})
+    assert "reservation my-reservation: the provider said: invoke of gcp:compute/getReservation:getReservation failed: " \
+           "googleapi: Error 404: The resource 'my-reservation' was not found" in text
+    assert 'verl-gke:reservation = "my-reservation": no such reservation in zone us-central1-b.' in problems_of(
+        {**GOOD, RESERVATION: {}})
+
+
+def test_a_shared_reservation_is_looked_up_in_its_owners_project():
+    # Answers for two projects: only the owner's has free machines.
+    answers = {**GOOD, RESERVATION: [{**reservation(inUseCount=4), "project": "my-project-123"},
+                                     {**reservation(), "project": "owner-project"}]}
+    synth_with(answers, **{"verl-gke:reservation": "projects/owner-project/reservations/my-reservation"})
+    assert "has 0 of its 4 machines free" in problems_of(answers)
+
+
+def test_spot_and_autopilot_stacks_check_no_reservation():
+    assert RESERVATION in synth.run(STACK).unchecked
+    assert RESERVATION not in synth.run(STACK, overrides={"verl-gke:gpuSpot": "true", "verl-gke:reservation": ""}).unchecked
+    assert RESERVATION not in synth.run("a4").unchecked
+
+
+# --- GKE version ------------------------------------------------------------------------------
+
+A4X = {MACHINE_TYPES: {"machineTypes": [{"name": "a4x-highgpu-4g", "guestCpus": 140, "memoryMb": 843055}]},
+       RESERVATION: {**reservation(instanceProperties=[{"machineType": "a4x-highgpu-4g"}], count=18),
+                     "zone": "us-central1-a"},
+       ENGINE_VERSIONS: VERSIONS}
+
+
+def test_a4x_dranet_takes_the_lowest_version_above_its_floor():
+    versions = {**VERSIONS, "releaseChannelDefaultVersion": {"RAPID": "1.34.0-gke.1000000"}}
+    assert cluster_version(synth_with({**A4X, ENGINE_VERSIONS: versions}, "a4x")) == "1.34.1-gke.1829001"
+
+
+def test_a_channel_without_a_fitting_version_names_the_key_and_the_floor():
+    text = problems_of(A4X, "a4x", **{"verl-gke:releaseChannel": "STABLE"})
+    assert ('verl-gke:kubernetesVersion = "": the STABLE channel in us-central1 offers 1.33.5-gke.1201000 (default) '
+            'to 1.34.0-gke.1000000 (latest), nothing that matches any version; A4X (4x NVIDIA GB200, arm64) '
+            '(DRA resource.k8s.io/v1) needs 1.34 or newer; DRANET needs 1.34.1-gke.1829001 or newer.') in text
+
+
+def test_a_requested_minor_is_taken_from_the_channel():
+    assert cluster_version(synth_with(GOOD, **{"verl-gke:kubernetesVersion": "1.35"})) == "1.35.0-gke.1500000"
+    assert "nothing that matches 1.36" in problems_of(GOOD, **{"verl-gke:kubernetesVersion": "1.36"})
+
+
+@pytest.mark.parametrize(("wanted", "floors", "expected"), [
+    ("", [], "1.34.1-gke.1829001"),                                   # the channel's default
+    ("", [("f", "1.35")], "1.35.0-gke.1500000"),                       # lowest above the default
+    ("1.33", [], "1.33.5-gke.1201000"),                                # below the default, still offered
+    ("1.34.0-gke.1000000", [], "1.34.0-gke.1000000"),                  # exact
+    ("1.36", [], None),
+    ("", [("f", "1.36")], None),
+])
+def test_version_pick(wanted: str, floors: list[tuple[str, str]], expected: str | None):
+    assert gke_versions.choose(wanted, "REGULAR", floors, VERSIONS) == expected
+
+
+def test_the_pick_never_upgrades_a_running_cluster():
+    from tests.mock_run import OptionsMonitor
+
+    monitor = OptionsMonitor(synth.SynthMocks(GOOD))
+    synth.run(STACK, overrides=REAL, monitor=monitor)
+    assert monitor.sent["gke-cluster"].ignore_changes == ["minMasterVersion"]
+
+
+# --- machine type -----------------------------------------------------------------------------
+
+def test_a_zone_without_the_machine_type():
+    assert 'gcp:zone = "us-central1-b": offers no a4-highgpu-8g machines (A4 (8x NVIDIA B200)).' in problems_of(
+        {**GOOD, MACHINE_TYPES: {"machineTypes": []}})
+
+
+def test_a_smaller_machine_than_the_table_names_the_worker_keys():
+    small = {"machineTypes": [{"name": "a4-highgpu-8g", "guestCpus": 208, "memoryMb": 3000000}]}
+    text = problems_of({**GOOD, MACHINE_TYPES: small})
+    # 208 vCPUs keep 207.2 allocatable; 3,145 GB keep 2,863Gi (GKE's reserved shares).
+    assert "verl-gke:workerCpus = 220: a4-highgpu-8g in us-central1-b has 208 vCPUs; at most 207 fit a worker." in text
+    assert ("verl-gke:workerMemoryGi = 3433: a4-highgpu-8g in us-central1-b has 3145 GB; at most 2863Gi fit a "
+            "worker.") in text
+
+
+def test_local_ssd_count_is_the_machines():
+    other = {"machineTypes": [{**MACHINE["machineTypes"][0], "bundledLocalSsds": [{"partitionCount": 16}]}]}
+    assert ('verl-gke:platform = "a4": a4-highgpu-8g bundles 16 Local SSDs in us-central1-b; the platform table '
+            'sets 32 for ephemeral storage.') in problems_of({**GOOD, MACHINE_TYPES: other})
+
+
+# --- APIs -------------------------------------------------------------------------------------
+
+def test_apis_are_enabled_by_the_stack_and_never_disabled(synth_stack):
+    result = synth_stack(STACK)
+    services = [r for r in result.registrations if r.type == "gcp:projects/service:Service"]
+    assert sorted(r.inputs["service"] for r in services) == sorted(REQUIRED_APIS)
+    assert all(r.inputs["disableOnDestroy"] is False for r in services)
+    (cluster,) = [r for r in result.registrations if r.type == "gcp:container/cluster:Cluster"]
+    assert {r.urn for r in services} <= set(cluster.dependencies)
+
+
+def test_an_api_still_off_defers_a_check_while_the_update_enables_it():
+    off = {"error": "googleapi: Error 403: Compute Engine API has not been used in project 1 before or it is disabled"}
+    result = synth_with({**GOOD, MACHINE_TYPES: off})
+    assert any("not checked yet (machine type a4-highgpu-8g): an API is still off" in line for line in result.log)
+
+
+def test_without_enable_apis_each_api_must_be_on():
+    enabled = [{"service": s, "id": f"my-project-123/{s}"} for s in REQUIRED_APIS if s != "container.googleapis.com"]
+    answers = {**GOOD, PROJECT_SERVICE: [*enabled, {"service": "container.googleapis.com", "id": ""}]}
+    text = problems_of(answers, **{"verl-gke:enableApis": "false"})
+    assert ("verl-gke:enableApis = false: container.googleapis.com is not enabled; enable it (gcloud services "
+            "enable container.googleapis.com) or set enableApis to true.") in text
+    assert text.count("is not enabled") == 1
+    result = synth_with({**GOOD, PROJECT_SERVICE: enabled + [{"service": "container.googleapis.com",
+                                                               "id": "p/container"}]},
+                        **{"verl-gke:enableApis": "false"})
+    assert not [r for r in result.registrations if r.type == "gcp:projects/service:Service"]
+
+
+def test_problems_of_every_check_come_together():
+    text = problems_of({ENGINE_VERSIONS: VERSIONS, MACHINE_TYPES: {"machineTypes": []},
+                        RESERVATION: reservation(inUseCount=4)})
+    assert text.startswith("Pulumi.a4-standard.yaml, checked against project my-project-123, has 2 problems:")
+
+
+# --- the command line -------------------------------------------------------------------------
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "verl_gke.synth", *args], cwd=PROJECT_DIR,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_synth_cloud_file_that_disagrees_exits_2_naming_the_key(tmp_path: Path):
+    answers = tmp_path / "cloud.json"
+    answers.write_text(json.dumps({**GOOD, RESERVATION: reservation(inUseCount=4)}))
+    run = _cli(STACK, "--out", str(tmp_path / "out"), "--cloud", str(answers),
+               "--set", "gcp:project=my-project-123", "--set", "verl-gke:reservation=my-reservation")
+    assert run.returncode == 2
+    assert "verl-gke:gpuNodes = 2: reservation my-reservation has 0 of its 4 machines free" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_synth_cloud_file_that_matches_passes_with_no_check_left(tmp_path: Path):
+    answers = tmp_path / "cloud.json"
+    answers.write_text(json.dumps(GOOD))
+    run = _cli(STACK, "--out", str(tmp_path / "out"), "--cloud", str(answers),
+               "--set", "gcp:project=my-project-123", "--set", "verl-gke:reservation=my-reservation")
+    assert run.returncode == 0, run.stderr
+    assert "Live checks not made" not in run.stdout
+
+
+def test_synth_cloud_file_with_an_unknown_token_is_refused(tmp_path: Path):
+    answers = tmp_path / "cloud.json"
+    answers.write_text(json.dumps({"gcp:compute/getNetwork:getNetwork": {}}))
+    run = _cli(STACK, "--out", str(tmp_path / "out"), "--cloud", str(answers))
+    assert run.returncode == 2
+    assert "no live check makes gcp:compute/getNetwork:getNetwork" in run.stderr
