@@ -123,6 +123,7 @@ job = GrpoJob("grpo", {
     "stack": pulumi.get_stack(), "ready_timeout_s": cfg.job_ready_timeout_seconds,
     "wait_for_completion": cfg.job_wait_for_completion, "attempt": cfg.job_attempt,
     "startup_grace_s": cfg.job_startup_grace_seconds, "outage_window_s": cfg.job_outage_window_seconds,
+    "expected_workers": cfg.gpu_nodes, "expected_gpus": cfg.gpu_nodes * facts.gpus_per_node,
 }, pulumi.ResourceOptions(depends_on=[ray, staging]))
 
 checkpoint_path = cfg.grpo.checkpoint_dir.removeprefix(f"{MOUNT_PATH}/")

@@ -28,6 +28,7 @@ from pulumi.output import Unknown
 from pulumi.runtime import rpc
 
 from verl_gke import head_access
+from verl_gke.cluster_readiness import await_capacity
 from verl_gke.head_access import (
     PORT_FORWARD_START_TIMEOUT_S,
     HeadAccessError,
@@ -65,6 +66,7 @@ _REPLACE_KEYS = ("entrypoint", "runtime_env", "attempt", "dashboard_url", "clust
 _POSITIVE_SECONDS_KEYS = ("completion_timeout_s", "poll_interval_s", "ready_timeout_s", "outage_window_s")
 # A start-up grace of 0 means none.
 _SECONDS_KEYS = (*_POSITIVE_SECONDS_KEYS, "startup_grace_s")
+_COUNT_KEYS = ("attempt", "expected_workers", "expected_gpus")
 _ACCESS_KEYS = ("dashboard_url", "cluster_endpoint", "cluster_ca_certificate", "cluster_name", "head_service")
 _NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -106,6 +108,10 @@ class GrpoJobArgs(TypedDict, total=False):
     """Bump to run an unchanged spec again under a new submission id (default 0)."""
     startup_grace_s: NotRequired[pulumi.Input[float]]
     """`create` returns once the job has been RUNNING this long (0: as soon as it runs)."""
+    expected_workers: NotRequired[pulumi.Input[int]]
+    """GPU workers that must be alive in the Ray cluster before the job is submitted (0: no gate)."""
+    expected_gpus: NotRequired[pulumi.Input[int]]
+    """GPUs Ray must see among them (gpuNodes x gpusPerNode), within ready_timeout_s."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +137,8 @@ class _JobSpec:
     # Bumped to run the same spec again: Ray never reuses a submission id, so a new attempt is a new id.
     attempt: int = 0
     startup_grace_s: float = START_GRACE_S
+    expected_workers: int = 0
+    expected_gpus: int = 0
 
     @classmethod
     def from_props(cls, props: Mapping[str, Any]) -> _JobSpec:
@@ -145,8 +153,9 @@ class _JobSpec:
                 given[key] = float(given[key])
         if "metadata" in given:
             given["metadata"] = dict(given["metadata"])
-        if "attempt" in given:
-            given["attempt"] = int(given["attempt"])  # the engine sends numbers as floats
+        for key in _COUNT_KEYS:
+            if key in given:
+                given[key] = int(given[key])  # the engine sends numbers as floats
         return cls(**given)
 
     @property
@@ -251,10 +260,11 @@ def _problems(props: Mapping[str, Any]) -> list[tuple[str, str]]:
     waiting = known.get("wait_for_completion")
     if waiting is not None and not isinstance(waiting, bool):
         problems.append(("wait_for_completion", f"{waiting!r} must be true or false"))
-    attempt = known.get("attempt")
-    if attempt is not None and (isinstance(attempt, bool) or not isinstance(attempt, int | float)
-                                or attempt < 0 or attempt != int(attempt)):
-        problems.append(("attempt", f"{attempt!r} must be a whole number >= 0"))
+    for key in _COUNT_KEYS:
+        count = known.get(key)
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int | float)
+                                  or not math.isfinite(count) or count < 0 or count != int(count)):
+            problems.append((key, f"{count!r} must be a whole number >= 0"))
     metadata = known.get("metadata")
     if metadata is not None and not (isinstance(metadata, Mapping) and all(
             isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):
@@ -296,6 +306,12 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
             if job is not None:
                 _check_adoptable(job, spec)
             _refuse_a_second_run(jobs, spec, submission_id)
+            if job is None and spec.expected_workers:
+                # A head that answers is not a whole cluster: a missing worker fails the run at start.
+                await_capacity(client.get_address(), workers=spec.expected_workers, gpus=spec.expected_gpus,
+                               deadline=started + spec.ready_timeout_s, address=spec.address,
+                               what=f"GrpoJob {submission_id} not submitted within ready_timeout_s="
+                                    f"{spec.ready_timeout_s:g} s")
             if job is None:
                 client.submit_job(entrypoint=spec.entrypoint, submission_id=submission_id,
                                   runtime_env=spec.runtime_env, metadata=spec.metadata or None)

@@ -49,6 +49,8 @@ class RayHead:
     process: subprocess.Popen[bytes]
     dashboard_url: str
     temp_dir: Path
+    gcs_address: str = ""
+    """host:port a second node joins with `ray start --address`."""
 
 
 def free_ports(count: int) -> list[int]:
@@ -67,7 +69,7 @@ def free_ports(count: int) -> list[int]:
 
 def ray_start_command(temp_dir: Path, ray: Path | None = None) -> tuple[list[str], str]:
     """The `ray start --head --block` command line with every port free, and its dashboard URL;
-    `ray` is the ray executable (default: this Python's)."""
+    `ray` is the ray executable (default: this Python's). The GCS port is `--port`."""
     names = [
         "port", "dashboard-port", "ray-client-server-port", "node-manager-port",
         "object-manager-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
@@ -86,7 +88,11 @@ def ray_start_command(temp_dir: Path, ray: Path | None = None) -> tuple[list[str
     return command, f"http://127.0.0.1:{named['dashboard-port']}"
 
 
-def start_head(ray: Path | None = None) -> RayHead:
+MULTI_NODE_ENV = {**HEAD_ENV, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}
+"""For a head that other nodes join: every node still names 127.0.0.1 as its address."""
+
+
+def start_head(ray: Path | None = None, env: dict[str, str] | None = None) -> RayHead:
     """Starts a head (of the given ray executable) in its own process group and returns once its
     dashboard answers."""
     # Short path: Ray puts unix sockets under the temp dir, and their paths are limited to ~107 bytes.
@@ -95,10 +101,11 @@ def start_head(ray: Path | None = None) -> RayHead:
     log = open(temp_dir / "ray-start.log", "wb")
     process = subprocess.Popen(
         command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        start_new_session=True, env={**os.environ, **HEAD_ENV},
+        start_new_session=True, env={**os.environ, **(env or HEAD_ENV)},
     )
     log.close()
-    head = RayHead(process=process, dashboard_url=url, temp_dir=temp_dir)
+    gcs_port = next(arg.split("=", 1)[1] for arg in command if arg.startswith("--port="))
+    head = RayHead(process=process, dashboard_url=url, temp_dir=temp_dir, gcs_address=f"127.0.0.1:{gcs_port}")
     try:
         wait_for_dashboard(url, HEAD_START_TIMEOUT_S)
     except BaseException:
@@ -107,12 +114,75 @@ def start_head(ray: Path | None = None) -> RayHead:
     return head
 
 
-def stop_head(head: RayHead) -> None:
+def start_node(head: RayHead, *, cpus: int = 2, gpus: int = 0, resources: str = "") -> subprocess.Popen[bytes]:
+    """A second Ray node joined to `head` with `ray start --address`, in its own process group.
+    `gpus` are logical GPU resources: Ray schedules by them, no device is needed. Returns once
+    the head lists the node as ALIVE; end it with `stop_node` (a stand-in for a lost GPU node)."""
+    names = ["node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
+             "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port"]
+    ports = free_ports(len(names) + WORKER_PORTS)
+    command = [
+        str(Path(sys.executable).with_name("ray")), "start", f"--address={head.gcs_address}", "--block",
+        "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}", f"--num-gpus={gpus}", "--disable-usage-stats",
+        f"--worker-port-list={','.join(str(p) for p in ports[len(names):])}",
+        *(f"--{name}={port}" for name, port in zip(names, ports)),
+        *([f"--resources={resources}"] if resources else []),
+    ]
+    deadline = time.monotonic() + HEAD_START_TIMEOUT_S
+    while not (before := _alive_nodes(head.dashboard_url)):  # the head lists itself first
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the head at {head.dashboard_url} lists no nodes")
+        time.sleep(0.3)
+    log = open(head.temp_dir / f"ray-node-{ports[0]}.log", "wb")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                               start_new_session=True, env={**os.environ, **MULTI_NODE_ENV})
+    log.close()
+    deadline = time.monotonic() + HEAD_START_TIMEOUT_S
+    while (_alive_nodes(head.dashboard_url) or 0) <= before:
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop_node(process)
+            raise RuntimeError(f"second Ray node did not join {head.gcs_address}; see {log.name}")
+        time.sleep(0.3)
+    return process
+
+
+NODE_DEATH_TIMEOUT_S = 60.0
+"""The head marks a killed node DEAD after its health checks fail (about 15 s here)."""
+
+
+def stop_node(process: subprocess.Popen[bytes], head: RayHead | None = None) -> None:
+    """Kills a node's whole session at once, as a preempted VM disappears; with `head`, returns
+    only once the head no longer counts the node ALIVE."""
+    before = _alive_nodes(head.dashboard_url) if head else None
+    for pid in [process.pid, *_session_members(process.pid)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    process.wait()
+    deadline = time.monotonic() + NODE_DEATH_TIMEOUT_S
+    while head and before and (_alive_nodes(head.dashboard_url) or before) >= before:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the head still counts a killed node ALIVE after {NODE_DEATH_TIMEOUT_S:g} s")
+        time.sleep(0.5)
+
+
+def _alive_nodes(dashboard_url: str) -> int | None:
+    """ALIVE nodes the head lists; None while its state API does not answer yet."""
+    from ray.util.state import list_nodes
+
+    try:
+        return sum(1 for n in list_nodes(address=dashboard_url, timeout=10) if n.state == "ALIVE")
+    except Exception:  # noqa: BLE001 a head still starting answers nothing useful yet
+        return None
+
+
+def stop_head(head: RayHead, grace_s: float = HEAD_STOP_GRACE_S) -> None:
     """Ends the head through its process group: SIGTERM, then SIGKILL for whatever is left of its
     session after the grace period (Ray workers take process groups of their own)."""
     leader = head.process.pid
     _signal_group(leader, signal.SIGTERM)
-    deadline = time.monotonic() + HEAD_STOP_GRACE_S
+    deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         head.process.poll()  # reap the leader so it does not count as alive
         if not _session_members(leader):
@@ -152,6 +222,18 @@ def _session_members(session: int) -> list[int]:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "ray: starts or uses a real local Ray head")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[RayHead]:
+    """A head of the test module's own (0 GPUs) that nodes join and leave with `start_node`; each
+    test stops the nodes it started."""
+    head = start_head(env=MULTI_NODE_ENV)
+    try:
+        yield head
+    finally:
+        # Its state is thrown away: no need to let it shut down cleanly.
+        stop_head(head, grace_s=5.0)
 
 
 @pytest.fixture(scope="session")

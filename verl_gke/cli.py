@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO, TypeVar
 
 from verl_gke import metrics, stack_outputs
+from verl_gke.cluster_readiness import read_capacity
 from verl_gke.head_access import (
     OUTAGE_WINDOW_S,
     HeadAccessError,
@@ -44,7 +45,6 @@ from verl_gke.stack_outputs import OutputsError, StackOutputs
 
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
-    from ray.util.state.common import NodeState
 
 PROG = "verl-gke"
 TERMINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
@@ -283,23 +283,20 @@ def cmd_status(args: argparse.Namespace) -> int:
     expected_gpus = outputs.gpu_nodes * outputs.gpus_per_node
     with _head(args, outputs) as url:
         version = _ray_call(url, "reading the Ray version", lambda: _ray_version(url))
-        nodes = _ray_call(url, "listing Ray nodes", lambda: _list_nodes(url, args.head_timeout))
+        capacity = _ray_call(url, "listing Ray nodes", lambda: read_capacity(url, args.head_timeout))
         client = _job_client(url)
         try:
             status, message = _job_info(client, url, target.submission_id)
         except CliError as error:  # e.g. a restarted head forgot the job: still show the rest
             status, message = "UNREADABLE", str(error)
-    alive = [n for n in nodes if n.state == "ALIVE"]
-    workers = [n for n in alive if not n.is_head_node]
-    gpus = sum(n.resources_total.get("GPU", 0.0) for n in alive)
-    dead = len(nodes) - len(alive)
+    gpus, dead = capacity.gpus, capacity.dead
     shortfall = "" if gpus >= expected_gpus else f"  <- {expected_gpus - gpus:g} GPUs not joined yet"
     rows = [
         ("Stack outputs", outputs.source),
         ("Cluster", f"{outputs.cluster_name} in {outputs.cluster_location}, platform {outputs.gpu_platform}, "
                     f"{outputs.gpu_nodes} GPU nodes x {outputs.gpus_per_node} GPUs"),
         ("Ray head", f"{url}  Ray {version}, svc/{outputs.ray_head_service} in namespace {outputs.namespace}"),
-        ("Workers", f"{len(workers)} of {outputs.gpu_nodes} joined"
+        ("Workers", f"{capacity.workers} of {outputs.gpu_nodes} joined"
                     + (f" ({dead} dead node{'s' if dead != 1 else ''})" if dead else "")),
         ("GPUs visible", f"{gpus:g} of {expected_gpus}{shortfall}"),
         ("GRPO job", f"{target.submission_id}  {status}"
@@ -318,12 +315,6 @@ def cmd_status(args: argparse.Namespace) -> int:
 def _ray_version(url: str) -> str:
     with urllib.request.urlopen(f"{url}/api/version", timeout=10) as response:
         return str(json.load(response)["ray_version"])
-
-
-def _list_nodes(url: str, timeout_s: float) -> list[NodeState]:
-    from ray.util.state import list_nodes
-
-    return list(list_nodes(address=url, limit=10_000, timeout=max(1, int(timeout_s))))
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
