@@ -20,6 +20,7 @@ from components.ray_training_cluster import RayTrainingCluster
 from manifests import nccl
 from manifests.network_mapping import NetworkNames
 from manifests.storage import MOUNT_PATH
+from verl_gke.fabric import fabric_runtime_env
 from workloads.stage_data import model_dir_for
 
 cfg, hf_token = from_pulumi()
@@ -124,6 +125,8 @@ job = GrpoJob("grpo", {
     "wait_for_completion": cfg.job_wait_for_completion, "attempt": cfg.job_attempt,
     "startup_grace_s": cfg.job_startup_grace_seconds, "outage_window_s": cfg.job_outage_window_seconds,
     "expected_workers": cfg.gpu_nodes, "expected_gpus": cfg.gpu_nodes * facts.gpus_per_node,
+    "fabric_check": cfg.fabric_check, "fabric_min_busbw_gbps": cfg.fabric_floor_gbps,
+    "fabric_runtime_env": fabric_runtime_env(facts),
 }, pulumi.ResourceOptions(depends_on=[ray, staging]))
 
 checkpoint_path = cfg.grpo.checkpoint_dir.removeprefix(f"{MOUNT_PATH}/")
@@ -144,3 +147,5 @@ pulumi.export("checkpointUri", storage.bucket_name.apply(lambda b: f"gs://{b}/{c
 pulumi.export("gpuPlatform", cfg.platform)
 pulumi.export("gpuNodes", cfg.gpu_nodes)
 pulumi.export("gpusPerNode", facts.gpus_per_node)
+pulumi.export("fabricBusBandwidthGbps", job.fabric_busbw_gbps)
+pulumi.export("preflightChecks", live.notes)

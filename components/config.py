@@ -151,6 +151,8 @@ class StackConfig(BaseModel):
     job_outage_window_seconds: int = Field(600, ge=1)
     job_attempt: int = Field(0, ge=0)
     job_dashboard_url: str = ""
+    fabric_check: bool = True
+    fabric_min_bus_bandwidth_gbps: int = Field(0, ge=0)
 
     grpo: GrpoSpec
 
@@ -211,6 +213,11 @@ class StackConfig(BaseModel):
         if not self.kubernetes_version:
             return SCHEMA_MINOR
         return ".".join(self.kubernetes_version.split("-")[0].split(".")[:2])
+
+    @property
+    def fabric_floor_gbps(self) -> float:
+        """The fabric check's floor: the config's, or the platform table's when 0."""
+        return self.fabric_min_bus_bandwidth_gbps or self.facts.fabric_min_busbw_gbps
 
     @property
     def gke_floors(self) -> list[tuple[str, str]]:

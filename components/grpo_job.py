@@ -28,6 +28,7 @@ from pulumi.output import Unknown
 from pulumi.runtime import rpc
 
 from verl_gke import head_access
+from verl_gke import fabric
 from verl_gke.cluster_readiness import await_capacity
 from verl_gke.head_access import (
     PORT_FORWARD_START_TIMEOUT_S,
@@ -59,7 +60,7 @@ STOP_TIMEOUT_S = 60.0
 LOG_TAIL_LINES = 20
 
 _TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
-_OUTPUT_KEYS = ("submission_id", "status", "dashboard_command")
+_OUTPUT_KEYS = ("submission_id", "status", "dashboard_command", "fabric_busbw_gbps")
 # What the run is, and where it runs: a new cluster or head needs a new submission on it.
 _REPLACE_KEYS = ("entrypoint", "runtime_env", "attempt", "dashboard_url", "cluster_endpoint", "cluster_name",
                  "namespace", "head_service")
@@ -112,6 +113,17 @@ class GrpoJobArgs(TypedDict, total=False):
     """GPU workers that must be alive in the Ray cluster before the job is submitted (0: no gate)."""
     expected_gpus: NotRequired[pulumi.Input[int]]
     """GPUs Ray must see among them (gpuNodes x gpusPerNode), within ready_timeout_s."""
+    fabric_check: NotRequired[pulumi.Input[bool]]
+    """Before submitting, all-reduce across the expected workers' GPUs (verl_gke.fabric) and fail
+    below fabric_min_busbw_gbps; the figure becomes the `fabric_busbw_gbps` output."""
+    fabric_min_busbw_gbps: NotRequired[pulumi.Input[float]]
+    """The bus bandwidth floor in GB/s (0: measure and report only)."""
+    fabric_backend: NotRequired[pulumi.Input[str]]
+    """`nccl` on GPUs; `gloo` runs the same check on CPUs."""
+    fabric_python: NotRequired[pulumi.Input[str]]
+    """The Python that runs the check on the head (the image's python3)."""
+    fabric_runtime_env: NotRequired[pulumi.Input[Mapping[str, Any]]]
+    """The check's Ray runtime env (verl_gke.fabric.fabric_runtime_env: the platform's NCCL settings)."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +151,11 @@ class _JobSpec:
     startup_grace_s: float = START_GRACE_S
     expected_workers: int = 0
     expected_gpus: int = 0
+    fabric_check: bool = False
+    fabric_min_busbw_gbps: float = 0.0
+    fabric_backend: str = "nccl"
+    fabric_python: str = "python3"
+    fabric_runtime_env: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_props(cls, props: Mapping[str, Any]) -> _JobSpec:
@@ -148,6 +165,10 @@ class _JobSpec:
             raise ValueError("GrpoJob: " + "; ".join(f"{key}: {reason}" for key, reason in problems))
         given = {key: props[key] for key in _SPEC_KEYS if props.get(key) is not None}
         given["runtime_env"] = whole_numbers(given["runtime_env"])
+        if "fabric_runtime_env" in given:
+            given["fabric_runtime_env"] = whole_numbers(given["fabric_runtime_env"])
+        if "fabric_min_busbw_gbps" in given:
+            given["fabric_min_busbw_gbps"] = float(given["fabric_min_busbw_gbps"])
         for key in _SECONDS_KEYS:
             if key in given:
                 given[key] = float(given[key])
@@ -179,11 +200,18 @@ class _JobSpec:
     def reach_timeout_s(self) -> float:
         return min(REACH_TIMEOUT_S, self.ready_timeout_s)
 
-    def outs(self, submission_id: str, status: str) -> dict[str, Any]:
+    def outs(self, submission_id: str, status: str, fabric_busbw_gbps: float | None = None) -> dict[str, Any]:
         """Outputs: the props later calls need (read and delete get only these) and the job's state."""
         command = dashboard_command(self.namespace, self.head_service) if self.head_service else None
         return {**asdict(self), "submission_id": submission_id, "status": status,
-                "dashboard_command": command}
+                "dashboard_command": command, "fabric_busbw_gbps": fabric_busbw_gbps}
+
+    @property
+    def fabric(self) -> fabric.FabricCheck:
+        return fabric.FabricCheck(
+            nodes=self.expected_workers, gpus_per_node=self.expected_gpus // max(1, self.expected_workers),
+            min_busbw_gbps=self.fabric_min_busbw_gbps, backend=self.fabric_backend, python=self.fabric_python,
+            runtime_env=self.fabric_runtime_env)
 
 
 _SPEC_KEYS = tuple(f.name for f in fields(_JobSpec))
@@ -194,10 +222,11 @@ _DEFAULTS: dict[str, Any] = {
 }
 
 
-def planned_outs(props: Mapping[str, Any], status: str) -> dict[str, Any]:
-    """The outputs a create with these props would return, for an offline synth (no head)."""
+def planned_outs(props: Mapping[str, Any], unknown: str) -> dict[str, Any]:
+    """The outputs a create with these props would return, for an offline synth (no head): the
+    run's status and the fabric figure are `unknown`."""
     spec = _JobSpec.from_props(_spec_props(props))
-    return spec.outs(spec.submission_id, status)
+    return spec.outs(spec.submission_id, unknown, unknown if spec.fabric_check else None)
 
 
 def whole_numbers(value: Any) -> Any:
@@ -257,9 +286,18 @@ def _problems(props: Mapping[str, Any]) -> list[tuple[str, str]]:
                                   or not math.isfinite(value) or value < 0 or (positive and value == 0)):
             allowed = "a positive number of seconds" if positive else "a number of seconds >= 0"
             problems.append((key, f"{value!r} must be {allowed}"))
-    waiting = known.get("wait_for_completion")
-    if waiting is not None and not isinstance(waiting, bool):
-        problems.append(("wait_for_completion", f"{waiting!r} must be true or false"))
+    for key in ("wait_for_completion", "fabric_check"):
+        flag = known.get(key)
+        if flag is not None and not isinstance(flag, bool):
+            problems.append((key, f"{flag!r} must be true or false"))
+    floor = known.get("fabric_min_busbw_gbps")
+    if floor is not None and (isinstance(floor, bool) or not isinstance(floor, int | float)
+                              or not math.isfinite(floor) or floor < 0):
+        problems.append(("fabric_min_busbw_gbps", f"{floor!r} must be a number of GB/s >= 0"))
+    if known.get("fabric_backend") not in (None, "nccl", "gloo"):
+        problems.append(("fabric_backend", f"{known['fabric_backend']!r} must be 'nccl' or 'gloo'"))
+    if known.get("fabric_check") and not known.get("expected_workers", 1):
+        problems.append(("fabric_check", "needs expected_workers: the nodes to measure across"))
     for key in _COUNT_KEYS:
         count = known.get(key)
         if count is not None and (isinstance(count, bool) or not isinstance(count, int | float)
@@ -300,6 +338,7 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
         spec = _JobSpec.from_props(props)
         submission_id = spec.submission_id
         started = time.monotonic()
+        busbw: float | None = None
         with _client(spec, spec.ready_timeout_s) as client:
             jobs = client.list_jobs()
             job = _find_job(jobs, submission_id)
@@ -312,6 +351,8 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
                                deadline=started + spec.ready_timeout_s, address=spec.address,
                                what=f"GrpoJob {submission_id} not submitted within ready_timeout_s="
                                     f"{spec.ready_timeout_s:g} s")
+            if job is None and spec.fabric_check:
+                busbw = _check_fabric(client, spec)
             if job is None:
                 client.submit_job(entrypoint=spec.entrypoint, submission_id=submission_id,
                                   runtime_env=spec.runtime_env, metadata=spec.metadata or None)
@@ -323,7 +364,7 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
                 raise
         if spec.wait_for_completion:
             status = _await_completion(spec, submission_id)
-        return pulumi.dynamic.CreateResult(submission_id, spec.outs(submission_id, status))
+        return pulumi.dynamic.CreateResult(submission_id, spec.outs(submission_id, status, busbw))
 
     def read(self, id_: str, props: dict[str, Any]) -> pulumi.dynamic.ReadResult:
         spec = _JobSpec.from_props(_spec_props(props))
@@ -332,12 +373,13 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
         if job is None:
             # An empty id tells the engine the job is gone (e.g. the head was restarted).
             return pulumi.dynamic.ReadResult("", {})
-        return pulumi.dynamic.ReadResult(id_, spec.outs(id_, _value(job.status)))
+        return pulumi.dynamic.ReadResult(id_, spec.outs(id_, _value(job.status), props.get("fabric_busbw_gbps")))
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.UpdateResult:
         # diff replaces on every prop that touches the run, so the job and its state stay.
         spec = _JobSpec.from_props(_spec_props(news))
-        return pulumi.dynamic.UpdateResult(spec.outs(olds["submission_id"], olds["status"]))
+        return pulumi.dynamic.UpdateResult(spec.outs(olds["submission_id"], olds["status"],
+                                                     olds.get("fabric_busbw_gbps")))
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
         spec = _JobSpec.from_props(_spec_props(props))
@@ -391,6 +433,17 @@ def _client(spec: _JobSpec, timeout_s: float) -> Iterator[JobSubmissionClient]:
             time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
     with stack:
         yield job_client(url, spec.address)
+
+
+def _check_fabric(client: JobSubmissionClient, spec: _JobSpec) -> float:
+    """The fabric check's bus bandwidth; raises (nothing submitted) below the floor."""
+    check = spec.fabric
+    result = fabric.run_fabric_check(client, check, spec.stack)
+    pulumi.log.info(f"fabric check: all-reduce bus bandwidth {result['busbw_gbps']:g} GB/s over "
+                    f"{result['nodes']} nodes x {check.gpus_per_node} GPUs ({result['backend']})")
+    if message := fabric.verdict(result, check):
+        raise fabric.FabricError(message)
+    return float(result["busbw_gbps"])
 
 
 def _find_job(jobs: list[JobDetails], submission_id: str) -> JobDetails | None:
@@ -535,6 +588,8 @@ class GrpoJob(pulumi.dynamic.Resource, name="GrpoJob"):
     submission_id: pulumi.Output[str]
     status: pulumi.Output[str]
     dashboard_command: pulumi.Output[str]
+    fabric_busbw_gbps: pulumi.Output[float | None]
+    """The fabric check's all-reduce bus bandwidth in GB/s, measured before the run was submitted."""
 
     def __init__(self, name: str, args: GrpoJobArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         props: dict[str, Any] = {**args, **{key: None for key in _OUTPUT_KEYS}}

@@ -99,6 +99,10 @@ class Platform:
     """The Ray head shares a GPU node with a worker (A4X: its arm64-only image runs on no CPU node)."""
     min_gke_version: str | None = None
     """Lowest GKE version the platform's own features need (A4X: DRA resource.k8s.io/v1, GKE 1.34)."""
+    fabric_min_busbw_gbps: float = 100.0
+    """All-reduce bus bandwidth (GB/s, nccl-tests' busbw) below which the fabric check fails the deploy:
+    NCCL over TCP manages a few to ~20 GB/s; RDMA (8 x 400 Gb/s NICs on A4/A3 Ultra, 4 on A4X) and
+    NVLink are many times above it."""
     local_ssd_count: int | None = None
     """Local SSDs bundled with the machine type, all backing ephemeral storage (Cluster Toolkit's
     gke-a4 and gke-a3-ultragpu: 32). None: not in our sources; the node pool then sends 0, which

@@ -97,6 +97,9 @@ def outputs_doc(submission_id: str, **changes: Any) -> dict[str, Any]:
         "namespace": "default",
         "rayClusterName": "b200-ray-cluster",
         "rayHeadService": "b200-ray-cluster-head-svc",
+        "fabricBusBandwidthGbps": 361.5,
+        "preflightChecks": ["GKE 1.34.1-gke.1829001 from the REGULAR channel",
+                            "reservation my-reservation: 2 of 2 a4-highgpu-8g free"],
     }
     doc.update(changes)
     return {key: value for key, value in doc.items() if value is not None}
@@ -159,6 +162,9 @@ def test_status_shows_cluster_head_workers_gpus_and_job_on_one_screen(
         "GPUs visible   0 of 16  <- 16 GPUs not joined yet",
         f"GRPO job       {finished_job}  SUCCEEDED (Pulumi last saw RUNNING)",
         "Job message    Job finished successfully.",
+        "Fabric         361.5 GB/s all-reduce bus bandwidth when the job was created",
+        "Preflight      GKE 1.34.1-gke.1829001 from the REGULAR channel",
+        "Preflight      reservation my-reservation: 2 of 2 a4-highgpu-8g free",
         "Checkpoints    gs://verl-data-my-project-123/verl/checkpoints",
         "Dashboard      kubectl port-forward svc/b200-ray-cluster-head-svc 8265:8265 -n default --address 127.0.0.1",
     ]

@@ -199,3 +199,26 @@ def test_gpu_pool_streams_images_unless_turned_off(stack: str, synth_stack):
     off = synth.run(stack, overrides={"verl-gke:imageStreaming": "false"})
     (pool,) = [r for r in _by_type(off, "gcp:container/nodePool:NodePool") if r.name == "gpu-pool"]
     assert pool.inputs["nodeConfig"]["gcfsConfig"] == {"enabled": False}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_job_waits_for_the_whole_cluster_and_measures_its_fabric_first(stack: str, synth_stack):
+    cfg = load_config(raw_config(stack)[0])
+    (job,) = _by_type(synth_stack(stack), "pulumi-python:dynamic:GrpoJob")
+    assert (job.inputs["expected_workers"], job.inputs["expected_gpus"]) == (
+        cfg.gpu_nodes, cfg.gpu_nodes * cfg.facts.gpus_per_node)
+    assert (job.inputs["fabric_check"], job.inputs["fabric_min_busbw_gbps"]) == (True, 100)
+    assert job.inputs["fabric_runtime_env"]["env_vars"]["NCCL_DEBUG"] == "INFO"
+    outputs = synth_stack(stack).outputs
+    assert outputs["fabricBusBandwidthGbps"] == "[unknown]"
+    assert outputs["preflightChecks"][0].startswith("GKE 1.")
+
+
+def test_fabric_floor_from_config_or_off():
+    result = synth.run("a4-standard", overrides={"verl-gke:fabricMinBusBandwidthGbps": "250"})
+    (job,) = _by_type(result, "pulumi-python:dynamic:GrpoJob")
+    assert job.inputs["fabric_min_busbw_gbps"] == 250
+    off = synth.run("a4-standard", overrides={"verl-gke:fabricCheck": "false"})
+    (job,) = _by_type(off, "pulumi-python:dynamic:GrpoJob")
+    assert job.inputs["fabric_check"] is False
+    assert off.outputs["fabricBusBandwidthGbps"] is None

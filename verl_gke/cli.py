@@ -5,6 +5,7 @@
     verl-gke wait        block until the job ends; exit 0 only if it SUCCEEDED
     verl-gke dashboard   open the port-forward and print the local URL until Ctrl-C
     verl-gke metrics     verl's per-step metrics as a table, a reward plot and a verdict
+    verl-gke fabric      all-reduce across every GPU worker: the fabric's bus bandwidth, on demand
 
 The stack outputs come from `pulumi stack output --json` or `--outputs FILE`; the head is
 reached the way the GrpoJob provider reaches it (verl_gke.head_access): a port-forward through
@@ -30,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO, TypeVar
 
-from verl_gke import metrics, stack_outputs
-from verl_gke.cluster_readiness import read_capacity
+from verl_gke import fabric, metrics, stack_outputs
+from verl_gke.cluster_readiness import ClusterNotReadyError, await_capacity, read_capacity
 from verl_gke.head_access import (
     OUTAGE_WINDOW_S,
     HeadAccessError,
@@ -138,6 +139,21 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"more metric keys to show, comma-separated (always shown: {', '.join(metrics.DEFAULT_KEYS)})")
     met.add_argument("--plot", type=Path, metavar="PNG", help=f"write a PNG plot of {metrics.REWARD_KEY} over the steps")
     met.set_defaults(handler=cmd_metrics)
+
+    fab = commands.add_parser(
+        "fabric", parents=[common], help="measure the GPU fabric: all-reduce bus bandwidth across the workers",
+        description="Run the fabric check the deploy runs before the GRPO run: an all-reduce across every GPU "
+                    "worker as a Ray job, its bus bandwidth printed. Exit 1 below the floor. The GPUs must be "
+                    "free: while the run trains, the check waits for them until its timeout.")
+    fab.add_argument("--min-busbw", type=float, metavar="GBPS",
+                     help="floor in GB/s (default: the platform's; 0 only reports)")
+    fab.add_argument("--backend", choices=["nccl", "gloo"], default="nccl",
+                     help="nccl on GPUs (default); gloo runs the same check on CPUs")
+    fab.add_argument("--python", default="python3", help="Python on the head that runs the check (default python3)")
+    fab.add_argument("--size-mb", type=int, default=256, metavar="MB", help="all-reduce size (default 256)")
+    fab.add_argument("--timeout", type=_positive_float, default=fabric.TIMEOUT_S, metavar="S",
+                     help=f"stop the check after S seconds (default {fabric.TIMEOUT_S:g})")
+    fab.set_defaults(handler=cmd_fabric)
     return parser
 
 
@@ -305,6 +321,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     ]
     if message:
         rows.append(("Job message", message))
+    rows.append(("Fabric", f"{outputs.fabric_busbw_gbps:g} GB/s all-reduce bus bandwidth when the job was created"
+                 if outputs.fabric_busbw_gbps is not None else "not measured (fabricCheck off, or not deployed)"))
+    rows += [("Preflight", line) for line in outputs.preflight_checks]
     rows += [("Checkpoints", outputs.checkpoint_uri), ("Dashboard", outputs.dashboard_command)]
     width = max(len(label) for label, _ in rows)
     for label, value in rows:
@@ -459,4 +478,34 @@ def cmd_metrics(args: argparse.Namespace) -> int:
         except OSError as error:
             raise CliError(f"cannot write plot {args.plot}: {error.strerror or error}") from None
         print(f"plot: {args.plot}")
+    return 0
+
+
+def cmd_fabric(args: argparse.Namespace) -> int:
+    from components.platforms import PLATFORMS
+
+    outputs = _target(args, need_outputs=True).outputs
+    assert outputs is not None
+    platform = PLATFORMS.get(outputs.gpu_platform)
+    if platform is None:
+        raise CliError(f"{outputs.source}: gpuPlatform {outputs.gpu_platform!r} is not one of {', '.join(PLATFORMS)}")
+    floor = platform.fabric_min_busbw_gbps if args.min_busbw is None else args.min_busbw
+    check = fabric.FabricCheck(nodes=outputs.gpu_nodes, gpus_per_node=outputs.gpus_per_node, min_busbw_gbps=floor,
+                               backend=args.backend, python=args.python, size_mb=args.size_mb,
+                               runtime_env=fabric.fabric_runtime_env(platform), timeout_s=args.timeout)
+    with _head(args, outputs) as url:
+        try:
+            await_capacity(url, workers=check.nodes, gpus=check.nodes * check.gpus_per_node,
+                           deadline=time.monotonic() + args.head_timeout, address=url, what="fabric check")
+        except ClusterNotReadyError as error:
+            raise CliError(str(error)) from None
+        client = _job_client(url)
+        _progress(f"all-reduce of {check.size_mb} MB across {check.nodes} nodes x {check.gpus_per_node} GPUs "
+                  f"({check.backend})")
+        result = _ray_call(url, "running the fabric check",
+                           lambda: fabric.run_fabric_check(client, check, outputs.gpu_platform))
+    print(f"bus bandwidth {result['busbw_gbps']:g} GB/s (algorithm bandwidth {result['algbw_gbps']:g} GB/s) over "
+          f"{result['nodes']} nodes x {check.gpus_per_node} GPUs, {result['backend']}, job {result['submission_id']}")
+    if message := fabric.verdict(result, check):
+        raise CliError(message)
     return 0

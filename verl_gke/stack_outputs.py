@@ -66,6 +66,10 @@ class StackOutputs:
     gpus_per_node: int
     cluster_endpoint: str | None
     cluster_ca_certificate: str | None
+    fabric_busbw_gbps: float | None = None
+    """The fabric check's figure when the job was created (None: not measured, or not deployed)."""
+    preflight_checks: tuple[str, ...] = ()
+    """What the preview checked against the live project."""
 
     @property
     def offline(self) -> bool:
@@ -156,7 +160,14 @@ def from_mapping(data: Any, source: str) -> StackOutputs:
         gpus_per_node=values["gpusPerNode"],
         cluster_endpoint=values["clusterEndpoint"],
         cluster_ca_certificate=values["clusterCaCertificate"],
+        fabric_busbw_gbps=_figure(data.get("fabricBusBandwidthGbps")),
+        preflight_checks=tuple(str(line) for line in data.get("preflightChecks") or [] if isinstance(line, str)),
     )
+
+
+def _figure(value: Any) -> float | None:
+    """An informational number: absent, null or "[unknown]" (a synth) is None."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _str(value: Any, key: str, source: str) -> str:
