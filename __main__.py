@@ -10,14 +10,16 @@ from components.data_staging import DataStaging
 from components.gcs_fuse_storage import GcsFuseStorage, label_value
 from components.gke_cluster import DRA_V1BETA1_APIS, GkeCluster
 from components.gpu_node_pool import GpuNodePool
-from components.grpo_job import GrpoJob
+from components.grpo_job import GrpoJob, submission_ids
 from components.grpo_spec import entrypoint, runtime_env
 from components.network_mapping import NetworkMapping
 from components.preflight import REQUIRED_APIS, check_live_project
 from components.project_apis import ProjectApis
 from components.rdma_network import RdmaNetwork
+from components.run_supervisor import RunSupervisor
 from components.ray_training_cluster import RayTrainingCluster
-from manifests import nccl
+from manifests import nccl, supervisor
+from manifests.ray_cluster import WORKER_GROUP
 from manifests.network_mapping import NetworkNames
 from manifests.storage import MOUNT_PATH
 from verl_gke.fabric import fabric_runtime_env
@@ -112,12 +114,28 @@ ray = RayTrainingCluster("ray", {
     "verl_dir": cfg.verl_dir,
     "install_kuberay": cfg.ray_operator == "helm",
     "network_policy": cfg.ray_network_policy, "dashboard_cidrs": list(cfg.ray_dashboard_cidrs),
+    "job_api_clients": supervisor.LABELS if cfg.run_supervisor else None,
 }, k8s.merge(pulumi.ResourceOptions(depends_on=ray_waits_for)))
 
+entry = entrypoint(cfg.grpo, facts.gpus_per_node, cfg.gpu_nodes)
+job_env = runtime_env(facts, nnodes=cfg.gpu_nodes, worker_cpus=cfg.worker_cpus, verl_dir=cfg.verl_dir)
+supervised = cfg.run_max_retries + cfg.run_max_preemptions if cfg.run_supervisor else 0
+job_waits_for: list[pulumi.Resource] = [ray, staging]
+if cfg.run_supervisor:
+    # Restarted with a new run's spec before the job provider submits it.
+    job_waits_for.append(RunSupervisor("supervisor", {
+        "namespace": cfg.namespace, "ray_cluster": cfg.ray_cluster_name, "worker_group": WORKER_GROUP,
+        "config": {
+            "submission_ids": submission_ids(pulumi.get_stack(), entry, job_env, cfg.job_attempt, supervised + 1),
+            "entrypoint": entry, "runtime_env": job_env, "expected_workers": cfg.gpu_nodes,
+            "expected_gpus": cfg.gpu_nodes * facts.gpus_per_node, "max_retries": cfg.run_max_retries,
+            "max_preemptions": cfg.run_max_preemptions, "backoff_s": cfg.run_retry_backoff_seconds,
+            "budget_s": cfg.run_budget_hours * 3600, "release_workers": cfg.release_workers_when_done,
+        },
+    }, k8s.merge(pulumi.ResourceOptions(depends_on=[ray]))))
+
 job = GrpoJob("grpo", {
-    "entrypoint": entrypoint(cfg.grpo, facts.gpus_per_node, cfg.gpu_nodes),
-    "runtime_env": runtime_env(facts, nnodes=cfg.gpu_nodes, worker_cpus=cfg.worker_cpus,
-                               verl_dir=cfg.verl_dir),
+    "entrypoint": entry, "runtime_env": job_env,
     "dashboard_url": cfg.job_dashboard_url or None,
     "cluster_endpoint": cluster.endpoint, "cluster_ca_certificate": cluster.ca_certificate,
     "cluster_name": cluster.name, "namespace": cfg.namespace, "head_service": ray.head_service,
@@ -127,7 +145,8 @@ job = GrpoJob("grpo", {
     "expected_workers": cfg.gpu_nodes, "expected_gpus": cfg.gpu_nodes * facts.gpus_per_node,
     "fabric_check": cfg.fabric_check, "fabric_min_busbw_gbps": cfg.fabric_floor_gbps,
     "fabric_runtime_env": fabric_runtime_env(facts),
-}, pulumi.ResourceOptions(depends_on=[ray, staging]))
+    "budget_s": cfg.run_budget_hours * 3600, "supervised_attempts": supervised,
+}, pulumi.ResourceOptions(depends_on=job_waits_for))
 
 checkpoint_path = cfg.grpo.checkpoint_dir.removeprefix(f"{MOUNT_PATH}/")
 pulumi.export("clusterName", cluster.name)

@@ -152,6 +152,12 @@ class StackConfig(BaseModel):
     job_attempt: int = Field(0, ge=0)
     job_dashboard_url: str = ""
     fabric_check: bool = True
+    run_supervisor: bool = True
+    run_max_retries: int = Field(2, ge=0)
+    run_retry_backoff_seconds: int = Field(120, ge=0)
+    run_max_preemptions: int = Field(10, ge=0)
+    run_budget_hours: int = Field(0, ge=0)
+    release_workers_when_done: bool = True
     fabric_min_bus_bandwidth_gbps: int = Field(0, ge=0)
 
     grpo: GrpoSpec

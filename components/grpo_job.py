@@ -30,6 +30,7 @@ from pulumi.runtime import rpc
 from verl_gke import head_access
 from verl_gke import fabric
 from verl_gke.cluster_readiness import await_capacity
+from workloads.run_supervisor import DEADLINE_ENV, META_PREFIX
 from verl_gke.head_access import (
     PORT_FORWARD_START_TIMEOUT_S,
     HeadAccessError,
@@ -60,14 +61,15 @@ STOP_TIMEOUT_S = 60.0
 LOG_TAIL_LINES = 20
 
 _TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+_LIVE = ("PENDING", "RUNNING")
 _OUTPUT_KEYS = ("submission_id", "status", "dashboard_command", "fabric_busbw_gbps")
 # What the run is, and where it runs: a new cluster or head needs a new submission on it.
 _REPLACE_KEYS = ("entrypoint", "runtime_env", "attempt", "dashboard_url", "cluster_endpoint", "cluster_name",
                  "namespace", "head_service")
 _POSITIVE_SECONDS_KEYS = ("completion_timeout_s", "poll_interval_s", "ready_timeout_s", "outage_window_s")
-# A start-up grace of 0 means none.
-_SECONDS_KEYS = (*_POSITIVE_SECONDS_KEYS, "startup_grace_s")
-_COUNT_KEYS = ("attempt", "expected_workers", "expected_gpus")
+# A start-up grace or a budget of 0 means none.
+_SECONDS_KEYS = (*_POSITIVE_SECONDS_KEYS, "startup_grace_s", "budget_s")
+_COUNT_KEYS = ("attempt", "expected_workers", "expected_gpus", "supervised_attempts")
 _ACCESS_KEYS = ("dashboard_url", "cluster_endpoint", "cluster_ca_certificate", "cluster_name", "head_service")
 _NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -124,6 +126,12 @@ class GrpoJobArgs(TypedDict, total=False):
     """The Python that runs the check on the head (the image's python3)."""
     fabric_runtime_env: NotRequired[pulumi.Input[Mapping[str, Any]]]
     """The check's Ray runtime env (verl_gke.fabric.fabric_runtime_env: the platform's NCCL settings)."""
+    budget_s: NotRequired[pulumi.Input[float]]
+    """The run's budget from its submission (0: none): the deadline goes into the job's metadata and
+    into verl's MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP, so verl checkpoints before it;
+    the run supervisor stops the run there."""
+    supervised_attempts: NotRequired[pulumi.Input[int]]
+    """Attempts the run supervisor may submit after this one: a live one of them is adopted."""
 
 
 @dataclass(frozen=True)
@@ -156,6 +164,8 @@ class _JobSpec:
     fabric_backend: str = "nccl"
     fabric_python: str = "python3"
     fabric_runtime_env: dict[str, Any] = field(default_factory=dict)
+    budget_s: float = 0.0
+    supervised_attempts: int = 0
 
     @classmethod
     def from_props(cls, props: Mapping[str, Any]) -> _JobSpec:
@@ -182,11 +192,13 @@ class _JobSpec:
     @property
     def submission_id(self) -> str:
         """`verl-grpo-<stack>-<12 hex>`: the same job spec on the same stack gives the same id."""
-        job: dict[str, Any] = {"entrypoint": self.entrypoint, "runtime_env": self.runtime_env}
-        if self.attempt:
-            job["attempt"] = self.attempt
-        canonical = json.dumps(job, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-        return f"{SUBMISSION_ID_PREFIX}-{self.stack}-{hashlib.sha256(canonical.encode()).hexdigest()[:12]}"
+        return submission_id(self.stack, self.entrypoint, self.runtime_env, self.attempt)
+
+    @property
+    def supervised_ids(self) -> list[str]:
+        """The ids the run supervisor submits later attempts under, in order."""
+        return submission_ids(self.stack, self.entrypoint, self.runtime_env, self.attempt,
+                              self.supervised_attempts + 1)[1:]
 
     @property
     def address(self) -> str:
@@ -220,6 +232,23 @@ _DEFAULTS: dict[str, Any] = {
     else None if f.default is MISSING else f.default
     for f in fields(_JobSpec)
 }
+
+
+def submission_id(stack: str, entrypoint: str, runtime_env: Mapping[str, Any], attempt: int) -> str:
+    """`verl-grpo-<stack>-<12 hex>` of the run's spec and attempt; the run supervisor gets its ids
+    from here too (attempt, attempt + 1, ...), so the provider and it agree on them."""
+    job: dict[str, Any] = {"entrypoint": entrypoint, "runtime_env": whole_numbers(dict(runtime_env))}
+    if attempt:
+        job["attempt"] = attempt
+    canonical = json.dumps(job, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return f"{SUBMISSION_ID_PREFIX}-{stack}-{hashlib.sha256(canonical.encode()).hexdigest()[:12]}"
+
+
+def submission_ids(stack: str, entrypoint: str, runtime_env: Mapping[str, Any], first_attempt: int,
+                   count: int) -> list[str]:
+    """The ids of attempts first_attempt, first_attempt + 1, ...: `pulumi up` submits the first, the
+    run supervisor the others."""
+    return [submission_id(stack, entrypoint, runtime_env, first_attempt + k) for k in range(count)]
 
 
 def planned_outs(props: Mapping[str, Any], unknown: str) -> dict[str, Any]:
@@ -342,6 +371,11 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
         with _client(spec, spec.ready_timeout_s) as client:
             jobs = client.list_jobs()
             job = _find_job(jobs, submission_id)
+            # The run supervisor may have resubmitted this spec already: adopt its live attempt.
+            supervised = [j for j in jobs if j.submission_id in spec.supervised_ids and _value(j.status) in _LIVE]
+            if supervised and (job is None or _value(job.status) in _TERMINAL):
+                job = supervised[-1]
+                submission_id = str(job.submission_id)
             if job is not None:
                 _check_adoptable(job, spec)
             _refuse_a_second_run(jobs, spec, submission_id)
@@ -354,8 +388,9 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
             if job is None and spec.fabric_check:
                 busbw = _check_fabric(client, spec)
             if job is None:
+                runtime_env, metadata = _submission(spec)
                 client.submit_job(entrypoint=spec.entrypoint, submission_id=submission_id,
-                                  runtime_env=spec.runtime_env, metadata=spec.metadata or None)
+                                  runtime_env=runtime_env, metadata=metadata)
             try:
                 status = _await_start(client, spec, submission_id, started + spec.ready_timeout_s)
             except TimeoutError:
@@ -435,6 +470,18 @@ def _client(spec: _JobSpec, timeout_s: float) -> Iterator[JobSubmissionClient]:
         yield job_client(url, spec.address)
 
 
+def _submission(spec: _JobSpec) -> tuple[dict[str, Any], dict[str, str]]:
+    """The runtime env and metadata attempt `spec.attempt` is submitted with: the budget's deadline
+    in both (verl checkpoints before it; the supervisor stops the run at it)."""
+    runtime_env = json.loads(json.dumps(spec.runtime_env))
+    metadata = {**spec.metadata, f"{META_PREFIX}attempt": str(spec.attempt), f"{META_PREFIX}cause": "pulumi-up"}
+    if spec.budget_s:
+        deadline = str(int(time.time() + spec.budget_s))
+        runtime_env.setdefault("env_vars", {})[DEADLINE_ENV] = deadline
+        metadata[f"{META_PREFIX}budget_deadline"] = deadline
+    return runtime_env, metadata
+
+
 def _check_fabric(client: JobSubmissionClient, spec: _JobSpec) -> float:
     """The fabric check's bus bandwidth; raises (nothing submitted) below the floor."""
     check = spec.fabric
@@ -456,7 +503,7 @@ def _refuse_a_second_run(jobs: list[JobDetails], spec: _JobSpec, submission_id: 
     say) holds the GPUs and writes the same checkpoints."""
     prefix = f"{SUBMISSION_ID_PREFIX}-{spec.stack}-"
     live = sorted(j.submission_id for j in jobs if j.submission_id and j.submission_id.startswith(prefix)
-                  and j.submission_id != submission_id and _value(j.status) in ("PENDING", "RUNNING"))
+                  and j.submission_id != submission_id and _value(j.status) in _LIVE)
     if live:
         raise RuntimeError(
             f"GrpoJob {submission_id}: another run of stack {spec.stack} is live on {spec.address}: "
@@ -468,6 +515,10 @@ def _refuse_a_second_run(jobs: list[JobDetails], spec: _JobSpec, submission_id: 
 def _check_adoptable(job: JobDetails, spec: _JobSpec) -> None:
     """A job under our id is ours only if it runs our spec: Ray ids say nothing about the job."""
     theirs = {"entrypoint": job.entrypoint, "runtime_env": whole_numbers(job.runtime_env or {})}
+    # The budget's deadline is set at submission, not part of the spec.
+    theirs["runtime_env"].get("env_vars", {}).pop(DEADLINE_ENV, None)
+    if not theirs["runtime_env"].get("env_vars") and "env_vars" not in spec.runtime_env:
+        theirs["runtime_env"].pop("env_vars", None)
     ours = {"entrypoint": spec.entrypoint, "runtime_env": spec.runtime_env}
     # Ray stores runtime_env.config with its own defaults filled in (eager_install, log_files).
     their_config = theirs["runtime_env"].get("config") or {}

@@ -67,6 +67,8 @@ class RayTrainingClusterArgs(TypedDict):
     """How long `pulumi up` waits for the head and every worker to run."""
     network_policy: NotRequired[bool]
     """Let only the cluster's own pods reach its pods (default True); see manifests.network_policy."""
+    job_api_clients: NotRequired[dict[str, str] | None]
+    """Labels of pods that may also reach the head's Job API (the run supervisor)."""
     dashboard_cidrs: NotRequired[list[str]]
     """With the network policy: CIDRs that may also reach the dashboard and Job API (port 8265)."""
 
@@ -160,7 +162,8 @@ class RayTrainingCluster(pulumi.ComponentResource):
         )
         if args.get("network_policy", True):
             policy = ray_ingress_policy(cluster=spec.name, namespace=spec.namespace,
-                                        dashboard_cidrs=args.get("dashboard_cidrs", []))
+                                        dashboard_cidrs=args.get("dashboard_cidrs", []),
+                                        job_api_clients=args.get("job_api_clients"))
             k8s.networking.v1.NetworkPolicy(f"{name}-ingress-policy", metadata=policy["metadata"],
                                             spec=policy["spec"], opts=child)
         self.name = cluster.metadata["name"]

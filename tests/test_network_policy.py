@@ -28,14 +28,18 @@ def test_every_stack_lets_only_its_ray_pods_reach_its_ray_pods(synth_stack: Any,
     [policy] = _policies(result)
     own = {"ray.io/cluster": ray["metadata"]["name"]}
     assert policy["metadata"] == {"name": f"{ray['metadata']['name']}-ingress", "namespace": ray["metadata"]["namespace"]}
+    supervisor = {"app.kubernetes.io/name": "verl-gke", "app.kubernetes.io/component": "run-supervisor"}
     assert policy["spec"] == {"podSelector": {"matchLabels": own}, "policyTypes": ["Ingress"],
-                              "ingress": [{"from": [{"podSelector": {"matchLabels": own}}]}]}
+                              "ingress": [{"from": [{"podSelector": {"matchLabels": own}}]},
+                                          # the run supervisor, on the Job API's port only
+                                          {"from": [{"podSelector": {"matchLabels": supervisor}}],
+                                           "ports": [{"protocol": "TCP", "port": 8265}]}]}
 
 
 def test_a_private_dashboard_path_is_let_in_on_8265_only() -> None:
     result = synth.run("a4-standard", overrides={"verl-gke:rayDashboardCidrs": '["10.8.0.0/16"]'})
     [policy] = _policies(result)
-    assert policy["spec"]["ingress"][1] == {"from": [{"ipBlock": {"cidr": "10.8.0.0/16"}}],
+    assert policy["spec"]["ingress"][2] == {"from": [{"ipBlock": {"cidr": "10.8.0.0/16"}}],
                                             "ports": [{"protocol": "TCP", "port": 8265}]}
 
 

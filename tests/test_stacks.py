@@ -222,3 +222,46 @@ def test_fabric_floor_from_config_or_off():
     (job,) = _by_type(off, "pulumi-python:dynamic:GrpoJob")
     assert job.inputs["fabric_check"] is False
     assert off.outputs["fabricBusBandwidthGbps"] is None
+
+
+def _manifest(result: synth.SynthResult, kind: str, name: str) -> dict:
+    (found,) = [m for m in result.manifests() if m["kind"] == kind and m["metadata"]["name"] == name]
+    return found
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_run_supervisor_gets_the_runs_ids_and_only_its_own_rights(stack: str, synth_stack):
+    result = synth_stack(stack)
+    cfg = load_config(raw_config(stack)[0])
+    name = f"{cfg.ray_cluster_name}-supervisor"
+    config = json.loads(_manifest(result, "ConfigMap", name)["data"]["config.json"])
+    assert config["submission_ids"][0] == result.outputs["grpoSubmissionId"]
+    assert len(set(config["submission_ids"])) == 1 + 2 + 10  # attempt 0, runMaxRetries, runMaxPreemptions
+    assert config["head_url"] == f"http://{cfg.ray_cluster_name}-head-svc.{cfg.namespace}.svc.cluster.local:8265"
+    assert (config["expected_workers"], config["expected_gpus"]) == (cfg.gpu_nodes, cfg.gpu_nodes * cfg.facts.gpus_per_node)
+    assert _manifest(result, "Role", name)["rules"] == [
+        {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "resourceNames": [cfg.ray_cluster_name],
+         "verbs": ["get", "patch"]},
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [f"{name}-state"], "verbs": ["get", "patch"]},
+    ]
+    pod = _manifest(result, "Deployment", name)["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == name and pod["automountServiceAccountToken"] is True
+    assert pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
+        {"matchExpressions": [{"key": "cloud.google.com/gke-accelerator", "operator": "DoesNotExist"}]}]
+    policy = _manifest(result, "NetworkPolicy", f"{cfg.ray_cluster_name}-ingress")
+    assert {"from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "verl-gke",
+                                                        "app.kubernetes.io/component": "run-supervisor"}}}],
+            "ports": [{"protocol": "TCP", "port": 8265}]} in policy["spec"]["ingress"]
+    (job,) = _by_type(result, "pulumi-python:dynamic:GrpoJob")
+    deployment = [r for r in result.registrations if r.type == "kubernetes:apps/v1:Deployment"]
+    assert deployment[0].urn in job.dependencies
+    assert job.inputs["supervised_attempts"] == 12 and job.inputs["budget_s"] == 0
+
+
+def test_without_the_supervisor_nothing_of_it_is_created():
+    result = synth.run("a4-standard", overrides={"verl-gke:runSupervisor": "false", "verl-gke:runBudgetHours": "6"})
+    assert not [m for m in result.manifests() if m["metadata"]["name"].endswith("-supervisor")]
+    (job,) = _by_type(result, "pulumi-python:dynamic:GrpoJob")
+    assert (job.inputs["supervised_attempts"], job.inputs["budget_s"]) == (0, 6 * 3600)
+    policy = [m for m in result.manifests() if m["kind"] == "NetworkPolicy"][0]
+    assert len(policy["spec"]["ingress"]) == 1

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from verl_gke import fabric, metrics, stack_outputs
 from verl_gke.cluster_readiness import ClusterNotReadyError, await_capacity, read_capacity
@@ -305,6 +305,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             status, message = _job_info(client, url, target.submission_id)
         except CliError as error:  # e.g. a restarted head forgot the job: still show the rest
             status, message = "UNREADABLE", str(error)
+        attempts = _ray_call(url, "listing the run's attempts", lambda: _attempts(client, target.submission_id))
     gpus, dead = capacity.gpus, capacity.dead
     shortfall = "" if gpus >= expected_gpus else f"  <- {expected_gpus - gpus:g} GPUs not joined yet"
     rows = [
@@ -321,6 +322,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     ]
     if message:
         rows.append(("Job message", message))
+    rows += _attempt_rows(attempts)
     rows.append(("Fabric", f"{outputs.fabric_busbw_gbps:g} GB/s all-reduce bus bandwidth when the job was created"
                  if outputs.fabric_busbw_gbps is not None else "not measured (fabricCheck off, or not deployed)"))
     rows += [("Preflight", line) for line in outputs.preflight_checks]
@@ -329,6 +331,34 @@ def cmd_status(args: argparse.Namespace) -> int:
     for label, value in rows:
         print(f"{label.ljust(width)}  {value}")
     return 1 if status == "UNREADABLE" else 0
+
+
+def _attempts(client: JobSubmissionClient, submission_id: str) -> list[Any]:
+    """Every attempt of the stack's run on the head (`pulumi up`'s and the run supervisor's), oldest first."""
+    from components.grpo_job import SUBMISSION_ID_PREFIX
+
+    if not submission_id.startswith(f"{SUBMISSION_ID_PREFIX}-"):
+        return []  # not a verl-gke run's id (--submission-id): no attempts to tell apart
+    prefix = submission_id.rsplit("-", 1)[0] + "-"
+    jobs = [j for j in client.list_jobs() if (j.submission_id or "").startswith(prefix)]
+    return sorted(jobs, key=lambda j: j.start_time or 0)
+
+
+def _attempt_rows(attempts: list[Any]) -> list[tuple[str, str]]:
+    """What the run supervisor decided, as it recorded it in each attempt's metadata."""
+    from workloads.run_supervisor import meta
+
+    rows = []
+    for job in attempts:
+        info = {"metadata": job.metadata or {}}
+        cause, reason = meta(info, "cause") or "submitted", meta(info, "reason")
+        rows.append((f"Attempt {meta(info, 'attempt') or '?'}",
+                     f"{job.submission_id}  {job.status}  ({cause}{': ' + reason if reason else ''})"))
+    deadline = next((meta({"metadata": j.metadata or {}}, "budget_deadline") for j in attempts), "")
+    if deadline:
+        left = float(deadline) - time.time()
+        rows.append(("Budget", f"{_duration(left)} left" if left > 0 else "spent"))
+    return rows
 
 
 def _ray_version(url: str) -> str:
