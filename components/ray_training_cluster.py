@@ -67,10 +67,17 @@ class RayTrainingClusterArgs(TypedDict):
     """How long `pulumi up` waits for the head and every worker to run."""
     network_policy: NotRequired[bool]
     """Let only the cluster's own pods reach its pods (default True); see manifests.network_policy."""
+    supervised_workers: NotRequired[bool]
+    """The run supervisor sets the worker replicas after creation (zero when the run is over):
+    Pulumi leaves them alone instead of fighting it."""
     job_api_clients: NotRequired[dict[str, str] | None]
     """Labels of pods that may also reach the head's Job API (the run supervisor)."""
     dashboard_cidrs: NotRequired[list[str]]
     """With the network policy: CIDRs that may also reach the dashboard and Job API (port 8265)."""
+
+
+SUPERVISED_PATHS = ["spec.workerGroupSpecs[0].replicas", "spec.workerGroupSpecs[0].minReplicas"]
+"""What the run supervisor changes on the RayCluster (its one worker group)."""
 
 
 def cluster_spec(args: RayTrainingClusterArgs) -> RayClusterSpec:
@@ -158,6 +165,7 @@ class RayTrainingCluster(pulumi.ComponentResource):
                 custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout),
                 # A fixed name: a replacement must delete the old cluster first.
                 delete_before_replace=True,
+                ignore_changes=SUPERVISED_PATHS if args.get("supervised_workers", False) else None,
             )),
         )
         if args.get("network_policy", True):

@@ -258,6 +258,16 @@ def test_run_supervisor_gets_the_runs_ids_and_only_its_own_rights(stack: str, sy
     assert job.inputs["supervised_attempts"] == 12 and job.inputs["budget_s"] == 0
 
 
+def test_pulumi_leaves_the_worker_replicas_to_the_supervisor():
+    from tests.mock_run import OptionsMonitor
+
+    for supervised, expected in (("true", ["spec.workerGroupSpecs[0].replicas", "spec.workerGroupSpecs[0].minReplicas"]),
+                                 ("false", [])):
+        monitor = OptionsMonitor(synth.SynthMocks())
+        synth.run("a4-standard", overrides={"verl-gke:runSupervisor": supervised}, monitor=monitor)
+        assert monitor.sent["ray-ray-cluster"].ignore_changes == expected
+
+
 def test_without_the_supervisor_nothing_of_it_is_created():
     result = synth.run("a4-standard", overrides={"verl-gke:runSupervisor": "false", "verl-gke:runBudgetHours": "6"})
     assert not [m for m in result.manifests() if m["metadata"]["name"].endswith("-supervisor")]

@@ -299,6 +299,8 @@ def run(stack: str, project_dir: Path = PROJECT_DIR, overrides: dict[str, Any] |
     except ConfigError:
         healthy = None  # the program reports the config's problems itself
     monitor = monitor or RecordingMonitor(SynthMocks(cloud, healthy))
+    if isinstance(monitor.mocks, SynthMocks) and monitor.mocks.healthy is None:
+        monitor.mocks.healthy = healthy  # a caller's own monitor gets the stand-in too
     log: list[str] = []
     registrations, outputs = run_in_mocks(
         lambda: runpy.run_path(str(project_dir / "__main__.py"), run_name="__main__"),
