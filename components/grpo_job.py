@@ -485,6 +485,8 @@ def _submission(spec: _JobSpec) -> tuple[dict[str, Any], dict[str, str]]:
 def _check_fabric(client: JobSubmissionClient, spec: _JobSpec) -> float:
     """The fabric check's bus bandwidth; raises (nothing submitted) below the floor."""
     check = spec.fabric
+    pulumi.log.info(f"fabric check: all-reduce across {check.nodes} nodes x {check.gpus_per_node} GPUs, "
+                    f"up to {check.timeout_s:g} s")
     result = fabric.run_fabric_check(client, check, spec.stack)
     pulumi.log.info(f"fabric check: all-reduce bus bandwidth {result['busbw_gbps']:g} GB/s over "
                     f"{result['nodes']} nodes x {check.gpus_per_node} GPUs ({result['backend']})")
