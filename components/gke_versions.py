@@ -50,7 +50,8 @@ def below_floor(version: str, floor: str) -> bool:
 
 def choose(wanted: str, channel: str, needs: Sequence[tuple[str, str]], answer: Mapping[str, Any]) -> str | None:
     """The channel's default when it matches `wanted` (empty: anything) and every floor; else the
-    lowest offered version above the default that does; else the newest below it; else None."""
+    lowest version between the default and the channel's latest that does; else None (a version
+    below the default may no longer be in the channel)."""
     default = (answer.get("releaseChannelDefaultVersion") or {}).get(channel, "")
     latest = (answer.get("releaseChannelLatestVersion") or {}).get(channel, "")
 
@@ -65,4 +66,4 @@ def choose(wanted: str, channel: str, needs: Sequence[tuple[str, str]], answer: 
     if default in fitting:
         return default
     above = [v for v in fitting if version_key(v) > version_key(default)]
-    return above[0] if above else (fitting[-1] if fitting else None)
+    return above[0] if above else None

@@ -234,21 +234,23 @@ _DEFAULTS: dict[str, Any] = {
 }
 
 
-def submission_id(stack: str, entrypoint: str, runtime_env: Mapping[str, Any], attempt: int) -> str:
-    """`verl-grpo-<stack>-<12 hex>` of the run's spec and attempt; the run supervisor gets its ids
-    from here too (attempt, attempt + 1, ...), so the provider and it agree on them."""
+def submission_id(stack: str, entrypoint: str, runtime_env: Mapping[str, Any], attempt: int, retry: int = 0) -> str:
+    """`verl-grpo-<stack>-<12 hex>` of the run's spec, its attempt (jobAttempt) and the run
+    supervisor's retry of that attempt; a new jobAttempt never meets an earlier attempt's retries."""
     job: dict[str, Any] = {"entrypoint": entrypoint, "runtime_env": whole_numbers(dict(runtime_env))}
     if attempt:
         job["attempt"] = attempt
+    if retry:
+        job["retry"] = retry
     canonical = json.dumps(job, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return f"{SUBMISSION_ID_PREFIX}-{stack}-{hashlib.sha256(canonical.encode()).hexdigest()[:12]}"
 
 
-def submission_ids(stack: str, entrypoint: str, runtime_env: Mapping[str, Any], first_attempt: int,
+def submission_ids(stack: str, entrypoint: str, runtime_env: Mapping[str, Any], attempt: int,
                    count: int) -> list[str]:
-    """The ids of attempts first_attempt, first_attempt + 1, ...: `pulumi up` submits the first, the
-    run supervisor the others."""
-    return [submission_id(stack, entrypoint, runtime_env, first_attempt + k) for k in range(count)]
+    """The ids of `attempt` and its first count - 1 retries: `pulumi up` submits the first, the run
+    supervisor the others."""
+    return [submission_id(stack, entrypoint, runtime_env, attempt, retry) for retry in range(count)]
 
 
 def planned_outs(props: Mapping[str, Any], unknown: str) -> dict[str, Any]:
@@ -371,10 +373,10 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
         with _client(spec, spec.ready_timeout_s) as client:
             jobs = client.list_jobs()
             job = _find_job(jobs, submission_id)
-            # The run supervisor may have resubmitted this spec already: adopt its live attempt.
-            supervised = [j for j in jobs if j.submission_id in spec.supervised_ids and _value(j.status) in _LIVE]
-            if supervised and (job is None or _value(job.status) in _TERMINAL):
-                job = supervised[-1]
+            # The run supervisor may have resubmitted this run already: adopt its newest attempt.
+            retries = [found for sid in spec.supervised_ids if (found := _find_job(jobs, sid)) is not None]
+            if retries:
+                job = retries[-1]
                 submission_id = str(job.submission_id)
             if job is not None:
                 _check_adoptable(job, spec)
@@ -387,12 +389,15 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
                                     f"{spec.ready_timeout_s:g} s")
             if job is None and spec.fabric_check:
                 busbw = _check_fabric(client, spec)
+            start_by = started + spec.ready_timeout_s
             if job is None:
                 runtime_env, metadata = _submission(spec)
                 client.submit_job(entrypoint=spec.entrypoint, submission_id=submission_id,
                                   runtime_env=runtime_env, metadata=metadata)
+                # The gates above used their own time: the run gets the whole timeout to start.
+                start_by = time.monotonic() + spec.ready_timeout_s
             try:
-                status = _await_start(client, spec, submission_id, started + spec.ready_timeout_s)
+                status = _await_start(client, spec, submission_id, start_by)
             except TimeoutError:
                 # A failed create leaves no resource behind in Pulumi's state: nor may it leave a run.
                 _stop(client, submission_id)
@@ -420,7 +425,9 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
         spec = _JobSpec.from_props(_spec_props(props))
         try:
             with _client(spec, spec.reach_timeout_s) as client:
-                _stop(client, id_)
+                # The run supervisor's retries of this run too: none may outlive it.
+                for submission in dict.fromkeys([id_, spec.submission_id, *spec.supervised_ids]):
+                    _stop(client, submission)
         except HeadGoneError as error:
             # The Kubernetes API says the head's service is gone, and its jobs with it.
             pulumi.log.warn(f"GrpoJob {id_}: nothing to stop; {error}")

@@ -23,6 +23,7 @@ RESERVATION = "gcp:compute/getReservation:getReservation"
 ENGINE_VERSIONS = "gcp:container/getEngineVersions:getEngineVersions"
 MACHINE_TYPES = "gcp:compute/getMachineTypes:getMachineTypes"
 PROJECT_SERVICE = "gcp:projects/getProjectService:getProjectService"
+CLUSTER = "gcp:container/getCluster:getCluster"
 
 REQUIRED_APIS = (
     "compute.googleapis.com", "container.googleapis.com", "storage.googleapis.com", "iam.googleapis.com",
@@ -36,6 +37,7 @@ CHECKS = {
     ENGINE_VERSIONS: "the release channel offers a GKE version at or above every feature's floor",
     MACHINE_TYPES: "the zone offers the machine type, at the size the worker requests assume",
     PROJECT_SERVICE: "the APIs verl-gke needs are enabled",
+    CLUSTER: "whether the stack's cluster exists already (its GPU pool's own nodes count as free)",
 }
 """Each live check by the invoke it makes, as synth lists the ones it could not make."""
 
@@ -75,7 +77,15 @@ def reservation_target(cfg: StackConfig) -> tuple[str, str]:
     return cfg.project, parts[0]
 
 
-def reservation_problems(cfg: StackConfig, answer: Mapping[str, Any]) -> list[str]:
+def own_gpu_nodes(answer: Mapping[str, Any] | None) -> int:
+    """Nodes of this stack's GPU pool in a cluster lookup: they hold reserved machines themselves."""
+    from components.gpu_node_pool import GPU_POOL_NAME
+
+    pools = [p for p in (answer or {}).get("nodePools") or [] if p.get("name") == GPU_POOL_NAME]
+    return sum(int(p.get("nodeCount") or p.get("initialNodeCount") or 0) for p in pools)
+
+
+def reservation_problems(cfg: StackConfig, answer: Mapping[str, Any], own_nodes: int = 0) -> list[str]:
     p, key, value = cfg.facts, config_key("reservation"), cfg.reservation
     specific = (answer.get("specificReservations") or [{}])[0]
     if not answer.get("name") and not specific:
@@ -98,10 +108,12 @@ def reservation_problems(cfg: StackConfig, answer: Mapping[str, Any]) -> list[st
             out.append(problem_line(key, value, f"reserves {count} x {kind} per "
                                     f"machine; {p.title} needs {p.gpus_per_node} x {p.accelerator}."))
     count, in_use = int(specific.get("count", 0)), int(specific.get("inUseCount", 0))
-    if count - in_use < cfg.gpu_nodes:
+    free = count - max(0, in_use - own_nodes)
+    if free < cfg.gpu_nodes:
         out.append(problem_line(config_key("gpu_nodes"), cfg.gpu_nodes,
-                                f"reservation {value} has {count - in_use} of its {count} machines free; "
-                                f"lower gpuNodes or free machines."))
+                                f"reservation {value} has {free} of its {count} machines free"
+                                + (f" (counting this stack's {own_nodes} GPU nodes as free)" if own_nodes else "")
+                                + "; lower gpuNodes or free machines."))
     return out
 
 
@@ -181,15 +193,22 @@ def run_preflight(cfg: StackConfig, invoke: Invoke) -> PreflightResult:
     if machines is not None:
         result.problems += machine_type_problems(cfg, machines)
     if uses_reservation(cfg):
+        try:  # a first deploy has no cluster yet: the lookup fails, and no machine is ours
+            own = own_gpu_nodes(invoke(CLUSTER, {"name": cfg.cluster_name, "location": cfg.cluster_location,
+                                                 "project": cfg.project}))
+        except Exception:  # noqa: BLE001 not found, or not readable: count none as ours
+            own = 0
         project, name = reservation_target(cfg)
         answer = ask(RESERVATION, {"name": name, "project": project, "zone": cfg.zone}, f"reservation {name}")
         if answer is not None:
-            found = reservation_problems(cfg, answer)
+            found = reservation_problems(cfg, answer, own)
             result.problems += found
             if not found:
                 specific = answer["specificReservations"][0]
                 count, in_use = int(specific["count"]), int(specific.get("inUseCount", 0))
-                result.notes.append(f"reservation {name}: {count - in_use} of {count} {cfg.facts.machine_type} free")
+                free = count - max(0, in_use - own)
+                result.notes.append(f"reservation {name}: {free} of {count} {cfg.facts.machine_type} free"
+                                    + (f" ({own} of them this stack's GPU nodes)" if own else ""))
     return result
 
 
@@ -216,6 +235,16 @@ def check_live_project(cfg: StackConfig) -> PreflightResult:
     return result
 
 
+MOCK_ENDPOINT = "10.0.0.2"
+MOCK_CA = "bW9jayBjbHVzdGVyIENBIGNlcnRpZmljYXRl"  # base64 of "mock cluster CA certificate"
+
+
+def existing_cluster_answer(args: Mapping[str, Any]) -> dict[str, Any]:
+    """A cluster lookup's answer offline: the cluster, reachable, with no GPU pool yet."""
+    return {"name": args.get("name"), "location": args.get("location"), "endpoint": MOCK_ENDPOINT,
+            "masterAuths": [{"clusterCaCertificate": MOCK_CA}], "nodePools": []}
+
+
 def healthy_answers(cfg: StackConfig) -> Callable[[str, dict[str, Any]], dict[str, Any] | None]:
     """What a healthy project answers for this stack: the stand-in for offline runs."""
     p = cfg.facts
@@ -237,6 +266,8 @@ def healthy_answers(cfg: StackConfig) -> Callable[[str, dict[str, Any]], dict[st
                                       "bundledLocalSsds": [{"partitionCount": p.local_ssd_count or 0}]}]}
         if token == PROJECT_SERVICE:
             return {"id": f"{args['project']}/{args['service']}", "service": args["service"]}
+        if token == CLUSTER:
+            return existing_cluster_answer(args)
         return None
 
     return answer

@@ -76,6 +76,7 @@ class RayTrainingClusterArgs(TypedDict):
     """With the network policy: CIDRs that may also reach the dashboard and Job API (port 8265)."""
 
 
+PATCH_FORCE = "pulumi.com/patchForce"
 SUPERVISED_PATHS = ["spec.workerGroupSpecs[0].replicas", "spec.workerGroupSpecs[0].minReplicas"]
 """What the run supervisor changes on the RayCluster (its one worker group)."""
 
@@ -158,9 +159,14 @@ class RayTrainingCluster(pulumi.ComponentResource):
             # The chart brings the ray.io CRDs and the operator that acts on the RayCluster.
             cluster_opts = child.merge(pulumi.ResourceOptions(depends_on=[operator]))
         timeout = f"{args.get('ready_timeout_minutes', DEFAULT_READY_TIMEOUT_MINUTES)}m"
+        manifest = ray_cluster(spec)
+        if args.get("supervised_workers", False):
+            # The supervisor's replica patch owns those fields: Pulumi's own updates take them back
+            # (the supervisor applies its release again) instead of failing on the field conflict.
+            manifest["metadata"]["annotations"][PATCH_FORCE] = "true"
         cluster = custom_resource(
             f"{name}-ray-cluster",
-            ray_cluster(spec),
+            manifest,
             opts=cluster_opts.merge(pulumi.ResourceOptions(
                 custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout),
                 # A fixed name: a replacement must delete the old cluster first.

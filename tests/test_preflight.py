@@ -13,7 +13,14 @@ from typing import Any
 import pytest
 
 from components import gke_versions
-from components.preflight import ENGINE_VERSIONS, MACHINE_TYPES, PROJECT_SERVICE, REQUIRED_APIS, RESERVATION
+from components.preflight import (
+    CLUSTER,
+    ENGINE_VERSIONS,
+    MACHINE_TYPES,
+    PROJECT_SERVICE,
+    REQUIRED_APIS,
+    RESERVATION,
+)
 from verl_gke import synth
 from verl_gke.stack_config import PROJECT_DIR
 
@@ -38,7 +45,9 @@ def reservation(**specific: Any) -> dict[str, Any]:
 
 MACHINE = {"machineTypes": [{"name": "a4-highgpu-8g", "guestCpus": 224, "memoryMb": 3784704,
                              "bundledLocalSsds": [{"partitionCount": 32, "defaultInterface": "NVME"}]}]}
-GOOD = {ENGINE_VERSIONS: VERSIONS, MACHINE_TYPES: MACHINE, RESERVATION: reservation()}
+# A first deploy: the stack's cluster does not exist yet.
+NO_CLUSTER = {"error": "googleapi: Error 404: Not found: projects/my-project-123/locations/us-central1/clusters/verl-a4"}
+GOOD = {ENGINE_VERSIONS: VERSIONS, MACHINE_TYPES: MACHINE, RESERVATION: reservation(), CLUSTER: NO_CLUSTER}
 
 
 def synth_with(cloud: dict[str, Any], stack: str = STACK, **config: str) -> synth.SynthResult:
@@ -67,7 +76,7 @@ def test_matching_answers_pass_and_the_cluster_gets_the_channels_default():
 
 def test_offline_without_answers_lists_every_check_it_could_not_make():
     result = synth.run(STACK)
-    assert result.unchecked == [ENGINE_VERSIONS, MACHINE_TYPES, RESERVATION]
+    assert result.unchecked == [ENGINE_VERSIONS, MACHINE_TYPES, CLUSTER, RESERVATION]
     summary = synth.summary(result, Path("dist"))
     assert "Live checks not made (no --cloud answer; `pulumi preview` makes them):" in summary
     assert "gcp:compute/getReservation:getReservation" in summary
@@ -91,6 +100,18 @@ def test_reservation_with_too_few_free_machines_names_gpu_nodes():
     text = problems_of({**GOOD, RESERVATION: reservation(count=4, inUseCount=3)})
     assert ('verl-gke:gpuNodes = 2: reservation my-reservation has 1 of its 4 machines free; lower gpuNodes or '
             'free machines.') in text
+
+
+def test_the_stacks_own_gpu_nodes_count_as_free_on_a_later_up():
+    # The pool of an earlier `pulumi up` holds 2 of the 2 reserved machines: not a shortage.
+    ours = {"name": "verl-a4", "nodePools": [{"name": "verl-cpu", "nodeCount": 1}, {"name": "gpu-pool", "nodeCount": 2}]}
+    result = synth_with({**GOOD, RESERVATION: reservation(count=2, inUseCount=2), CLUSTER: ours})
+    assert "preflight: reservation my-reservation: 2 of 2 a4-highgpu-8g free (2 of them this stack's GPU nodes)" in result.log
+    # Only our own nodes count as free: another user's machine in use does not.
+    text = problems_of({**GOOD, RESERVATION: reservation(count=3, inUseCount=3),
+                        CLUSTER: {**ours, "nodePools": [{"name": "gpu-pool", "nodeCount": 1}]}})
+    assert ("verl-gke:gpuNodes = 2: reservation my-reservation has 1 of its 3 machines free (counting this "
+            "stack's 1 GPU nodes as free); lower gpuNodes or free machines.") in text
 
 
 def test_reservation_with_other_accelerators():
@@ -151,8 +172,9 @@ def test_a_requested_minor_is_taken_from_the_channel():
 @pytest.mark.parametrize(("wanted", "floors", "expected"), [
     ("", [], "1.34.1-gke.1829001"),                                   # the channel's default
     ("", [("f", "1.35")], "1.35.0-gke.1500000"),                       # lowest above the default
-    ("1.33", [], "1.33.5-gke.1201000"),                                # below the default, still offered
-    ("1.34.0-gke.1000000", [], "1.34.0-gke.1000000"),                  # exact
+    ("1.33", [], None),                                                # below the default: maybe not in the channel
+    ("1.35.0-gke.1500000", [], "1.35.0-gke.1500000"),                  # exact
+    ("1.34.0-gke.1000000", [], None),                                  # exact, below the default
     ("1.36", [], None),
     ("", [("f", "1.36")], None),
 ])

@@ -123,7 +123,8 @@ def test_a_run_that_loses_its_node_is_resubmitted_and_resumes_from_its_checkpoin
 def test_a_run_that_fails_by_itself_is_retried_only_up_to_the_bound(ray_cluster: RayHead, tmp_path):
     node = start_node(ray_cluster, gpus=1)
     try:
-        crash = f"{shlex.quote(sys.executable)} -c 'import sys; sys.exit(3)'"
+        # Fails a few seconds in, after `pulumi up` (start-up grace 0) has seen it run.
+        crash = f"{shlex.quote(sys.executable)} -c 'import sys, time; time.sleep(3); sys.exit(3)'"
         props_spec, first = start_run(ray_cluster, crash, startup_grace_s=0)
         control = RecordingControl()
         supervisor = supervise(ray_cluster, props_spec, control, until=120, settle_s=0.5)
@@ -233,13 +234,14 @@ def test_kubernetes_control_sends_exactly_these_requests():
         server.shutdown()
     (get, patch, record) = _ApiServer.requests
     assert get[:2] == ("GET", "/apis/ray.io/v1/namespaces/ray/rayclusters/b200-ray-cluster")
-    assert patch[:2] == ("PATCH", get[1])
+    assert patch[:2] == ("PATCH", get[1] + "?fieldManager=verl-gke-run-supervisor")
     assert patch[2]["Content-Type"] == "application/merge-patch+json"
     assert patch[2]["Authorization"] == "Bearer tok"
     assert patch[3] == {"spec": {"workerGroupSpecs": [
         {"groupName": "other", "replicas": 1},
         {"groupName": "gpu-group", "replicas": 0, "minReplicas": 0, "maxReplicas": 2}]}}
-    assert record[:2] == ("PATCH", "/api/v1/namespaces/ray/configmaps/b200-ray-cluster-supervisor")
+    assert record[:2] == ("PATCH", "/api/v1/namespaces/ray/configmaps/b200-ray-cluster-supervisor"
+                                   "?fieldManager=verl-gke-run-supervisor")
     assert record[3] == {"data": {"state.json": '{"done": "succeeded"}'}}
 
 
@@ -252,3 +254,32 @@ def test_before_a_new_runs_first_attempt_released_workers_come_back(ray_cluster:
     supervisor.step()
     supervisor.step()
     assert control.calls == [("set_workers", 2)]  # once, so the job provider's readiness gate can pass
+
+
+def test_a_release_that_fails_is_tried_again():
+    class Flaky(RecordingControl):
+        def set_workers(self, replicas: int) -> None:
+            if not self.calls:
+                self.calls.append(("failed", replicas))
+                raise OSError("API server unreachable")
+            super().set_workers(replicas)
+
+    control = Flaky()
+    supervisor = Supervisor(SupervisorConfig(head_url="http://x", submission_ids=["a"], entrypoint="e", runtime_env={},
+                                             expected_workers=1, expected_gpus=8), RayJobs("http://x"), control)
+    with pytest.raises(OSError):
+        supervisor._finish("succeeded", [])
+    assert supervisor.done == ""  # so the next step finishes again
+    supervisor._finish("succeeded", [])
+    assert supervisor.done == "succeeded" and ("set_workers", 0) in control.calls
+
+
+def test_a_head_that_forgot_its_jobs_gets_the_next_attempt(ray_cluster: RayHead):
+    ids = [f"verl-grpo-gone-{uuid.uuid4().hex[:12]}" for _ in range(2)]
+    supervisor = Supervisor(SupervisorConfig(
+        head_url=ray_cluster.dashboard_url, submission_ids=ids, entrypoint="true", runtime_env={},
+        expected_workers=0, expected_gpus=0, poll_s=0.2), RayJobs(ray_cluster.dashboard_url), RecordingControl())
+    supervisor.last_index = 0  # it saw attempt 0 before the head restarted
+    supervisor.step()
+    job = JobSubmissionClient(ray_cluster.dashboard_url).get_job_info(ids[1])
+    assert (meta(job.__dict__, "attempt"), meta(job.__dict__, "cause")) == ("1", "node-lost")

@@ -9,7 +9,6 @@ No Pulumi CLI, no plugins, no credentials and no network are involved.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import logging
 import runpy
@@ -39,8 +38,8 @@ PROJECT = "verl-gke"
 SECRET = "[secret]"
 UNKNOWN = "[unknown]"
 MOCK_PROJECT_NUMBER = "123456789012"
-MOCK_CA = base64.b64encode(b"mock cluster CA certificate").decode()
-MOCK_ENDPOINT = "10.0.0.2"
+MOCK_CA = preflight.MOCK_CA
+MOCK_ENDPOINT = preflight.MOCK_ENDPOINT
 
 GRPO_JOB_TYPE = "pulumi-python:dynamic:GrpoJob"
 # Top-level fields of a Kubernetes object, in the order kubectl shows them.
@@ -149,14 +148,13 @@ class SynthMocks(pulumi.runtime.Mocks):
                 if args.token not in self.unchecked:
                     self.unchecked.append(args.token)
                 answer = self.healthy(args.token, dict(args.args)) if self.healthy else None
+                if answer is None and args.token == preflight.CLUSTER:
+                    answer = preflight.existing_cluster_answer(args.args)
             if isinstance(answer, dict) and set(answer) == {"error"}:
                 return {}, [("", str(answer["error"]))]
             return dict(answer or {}), []
         if args.token == "gcp:organizations/getProject:getProject":
             return {"number": MOCK_PROJECT_NUMBER, "projectId": args.args.get("projectId", "mock")}, []
-        if args.token == "gcp:container/getCluster:getCluster":
-            return {"name": args.args.get("name"), "location": args.args.get("location"),
-                    "endpoint": MOCK_ENDPOINT, "masterAuths": [{"clusterCaCertificate": MOCK_CA}]}, []
         return {}, []
 
 

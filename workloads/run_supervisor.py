@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import ssl
 import sys
 import time
@@ -41,9 +40,9 @@ META_PREFIX = "verl-gke."
 REQUEST_TIMEOUT_S = 30.0
 _LIVE = ("PENDING", "RUNNING")
 _ENDED = ("SUCCEEDED", "FAILED", "STOPPED")
-# What Ray and verl say when a worker's process or node is gone (ray.exceptions).
-_NODE_LOST = re.compile(r"ActorDiedError|NodeDiedError|OwnerDiedError|ActorUnavailableError|"
-                        r"node .*(died|dead|terminated|was removed)|worker died unexpectedly", re.I)
+RELEASE_EVERY_S = 600.0
+"""After the run, the release is applied again this often: an update of the RayCluster by Pulumi
+(which owns it) may bring the workers back."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +90,7 @@ class KubernetesControl:
     patches of one RayCluster's worker group and of one ConfigMap, nothing else (its Role allows
     no more)."""
 
-    def __init__(self, api_url: str, token: str, namespace: str, ray_cluster: str, worker_group: str,
+    def __init__(self, api_url: str, token: str | Path, namespace: str, ray_cluster: str, worker_group: str,
                  state_config_map: str, ca_file: str | None = None) -> None:
         self.api_url, self.token, self.namespace = api_url.rstrip("/"), token, namespace
         self.ray_cluster, self.worker_group, self.state_config_map = ray_cluster, worker_group, state_config_map
@@ -100,7 +99,8 @@ class KubernetesControl:
     @classmethod
     def in_cluster(cls, namespace: str, ray_cluster: str, worker_group: str, state_config_map: str) -> KubernetesControl:
         account = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-        return cls("https://kubernetes.default.svc", (account / "token").read_text().strip(), namespace,
+        # The token file, read at every request: kubelet rotates the token.
+        return cls("https://kubernetes.default.svc", account / "token", namespace,
                    ray_cluster, worker_group, state_config_map, str(account / "ca.crt"))
 
     def set_workers(self, replicas: int) -> None:
@@ -118,9 +118,11 @@ class KubernetesControl:
 
     def _request(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
         data = None if body is None else json.dumps(body).encode()
-        headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
+        token = self.token.read_text().strip() if isinstance(self.token, Path) else self.token
+        headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = "application/merge-patch+json"
+            path += "?fieldManager=verl-gke-run-supervisor"
         request = urllib.request.Request(self.api_url + path, data=data, method=method, headers=headers)
         with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S, context=self.context) as response:
             return json.load(response)
@@ -169,11 +171,24 @@ class Supervisor:
     """Why the run ended, once it has; the supervisor then only keeps the workers released."""
     decisions: list[str] = field(default_factory=list)
     workers_restored: bool = False
+    released_at: float = 0.0
+    known_deadline: float | None = None
+    last_index: int | None = None
+    """The newest attempt seen: a head that comes back without it lost its job table (a restart)."""
 
     def step(self) -> None:
         """One look at the run, and what it calls for."""
         jobs = self.ray.jobs()
         attempts = [(i, jobs[sid]) for i, sid in enumerate(self.config.submission_ids) if sid in jobs]
+        if not attempts and self.last_index is not None and not self.done:
+            # The head restarted and forgot its jobs (no GCS fault tolerance): the run is gone.
+            self._decide(f"the head no longer knows attempt {self.last_index}: it restarted; resubmitting")
+            if self.last_index + 1 >= len(self.config.submission_ids):
+                return self._finish("no submission id left after a head restart", [])
+            if self._await_whole():
+                self._submit(self.last_index + 1, "node-lost", "the Ray head restarted and lost the run",
+                             self.known_deadline)
+            return
         if not attempts:
             # A new run is coming (`pulumi up` submits attempt 0 once the workers joined): bring
             # back workers an earlier run's end released.
@@ -182,8 +197,9 @@ class Supervisor:
                 self.workers_restored = True
             return
         index, job = attempts[-1]
+        self.last_index = index
         status = job["status"]
-        deadline = self._deadline(attempts[0][1])
+        deadline = self.known_deadline = self._deadline(attempts[0][1])
         if status in _LIVE:
             self.done = ""
             if deadline and self.clock() >= deadline + self.config.budget_grace_s:
@@ -192,6 +208,9 @@ class Supervisor:
                 self._finish("budget spent", attempts)
             return
         if self.done:
+            if self.config.release_workers and self.clock() - self.released_at >= RELEASE_EVERY_S:
+                self.control.set_workers(0)
+                self.released_at = self.clock()
             return
         if status == "SUCCEEDED":
             return self._finish("succeeded", attempts)
@@ -202,10 +221,13 @@ class Supervisor:
     def _after_failure(self, index: int, job: dict[str, Any], attempts: list[tuple[int, dict[str, Any]]],
                        deadline: float | None) -> None:
         time.sleep(self.config.settle_s)
-        workers, gpus, _dead = self.ray.capacity()
+        workers, gpus, dead = self.ray.capacity()
         whole = workers >= self.config.expected_workers and gpus >= self.config.expected_gpus
         message = (job.get("message") or "").splitlines()[0] if job.get("message") else ""
-        lost = not whole or bool(_NODE_LOST.search(job.get("message") or ""))
+        # A node went away: the cluster is short of workers, or the head lost a node since the
+        # attempt started (an error text alone also fits a worker whose own code raised).
+        dead_before = meta(job, "dead_nodes")
+        lost = not whole or (dead_before != "" and dead > int(dead_before))
         causes = [meta(j, "cause") for _, j in attempts[1:]]
         if index + 1 >= len(self.config.submission_ids):
             return self._finish(f"no submission id left after {index + 1} attempts", attempts)
@@ -238,7 +260,9 @@ class Supervisor:
         if deadline:
             runtime_env.setdefault("env_vars", {})[DEADLINE_ENV] = str(int(deadline))
             metadata[f"{META_PREFIX}budget_deadline"] = str(int(deadline))
+        metadata[f"{META_PREFIX}dead_nodes"] = str(self.ray.capacity()[2])
         self.ray.submit(submission_id, self.config.entrypoint, runtime_env, metadata)
+        self.last_index = index
         self._decide(f"submitted {submission_id} (attempt {index}, {cause})")
 
     def _await_whole(self) -> bool:
@@ -263,12 +287,14 @@ class Supervisor:
         return first["start_time"] / 1000 + self.config.budget_s
 
     def _finish(self, why: str, attempts: list[tuple[int, dict[str, Any]]]) -> None:
-        self.done = why
+        # `done` only once the release went through: a failed patch is tried again next step.
         if self.config.release_workers:
             self.control.set_workers(0)
+            self.released_at = self.clock()
             self._decide(f"run ended ({why}): GPU workers released")
         else:
             self._decide(f"run ended ({why}): GPU workers kept (releaseWorkers off)")
+        self.done = why
         self.control.record({"done": why, "attempts": [j["submission_id"] for _, j in attempts],
                              "decisions": self.decisions[-20:]})
 
