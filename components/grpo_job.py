@@ -66,7 +66,8 @@ _OUTPUT_KEYS = ("submission_id", "status", "dashboard_command", "fabric_busbw_gb
 # What the run is, and where it runs: a new cluster or head needs a new submission on it.
 _REPLACE_KEYS = ("entrypoint", "runtime_env", "attempt", "dashboard_url", "cluster_endpoint", "cluster_name",
                  "namespace", "head_service")
-_POSITIVE_SECONDS_KEYS = ("completion_timeout_s", "poll_interval_s", "ready_timeout_s", "outage_window_s")
+_POSITIVE_SECONDS_KEYS = ("completion_timeout_s", "poll_interval_s", "ready_timeout_s", "outage_window_s",
+                          "fabric_timeout_s")
 # A start-up grace or a budget of 0 means none.
 _SECONDS_KEYS = (*_POSITIVE_SECONDS_KEYS, "startup_grace_s", "budget_s")
 _COUNT_KEYS = ("attempt", "expected_workers", "expected_gpus", "supervised_attempts")
@@ -126,6 +127,8 @@ class GrpoJobArgs(TypedDict, total=False):
     """The Python that runs the check on the head (the image's python3)."""
     fabric_runtime_env: NotRequired[pulumi.Input[Mapping[str, Any]]]
     """The check's Ray runtime env (verl_gke.fabric.fabric_runtime_env: the platform's NCCL settings)."""
+    fabric_timeout_s: NotRequired[pulumi.Input[float]]
+    """How long the check may take (placement, NCCL set-up, the all-reduces) before it is stopped."""
     budget_s: NotRequired[pulumi.Input[float]]
     """The run's budget from its submission (0: none): the deadline goes into the job's metadata and
     into verl's MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP, so verl checkpoints before it;
@@ -164,6 +167,7 @@ class _JobSpec:
     fabric_backend: str = "nccl"
     fabric_python: str = "python3"
     fabric_runtime_env: dict[str, Any] = field(default_factory=dict)
+    fabric_timeout_s: float = fabric.TIMEOUT_S
     budget_s: float = 0.0
     supervised_attempts: int = 0
 
@@ -223,7 +227,7 @@ class _JobSpec:
         return fabric.FabricCheck(
             nodes=self.expected_workers, gpus_per_node=self.expected_gpus // max(1, self.expected_workers),
             min_busbw_gbps=self.fabric_min_busbw_gbps, backend=self.fabric_backend, python=self.fabric_python,
-            runtime_env=self.fabric_runtime_env)
+            runtime_env=self.fabric_runtime_env, timeout_s=self.fabric_timeout_s)
 
 
 _SPEC_KEYS = tuple(f.name for f in fields(_JobSpec))

@@ -66,7 +66,7 @@ def _props(head: RayHead, **extra) -> dict:
     return {"dashboard_url": head.dashboard_url, "stack": f"t{uuid.uuid4().hex[:8]}", "runtime_env": {},
             "entrypoint": f"{sys.executable} -c 'print(1)'", "startup_grace_s": 0, "expected_workers": 2,
             "expected_gpus": 4, "fabric_check": True, "fabric_backend": "gloo", "fabric_python": sys.executable,
-            "ready_timeout_s": 240, **extra}
+            "ready_timeout_s": 240, "fabric_timeout_s": 240, **extra}
 
 
 def test_create_measures_the_fabric_then_submits_and_reports_the_figure(two_gpu_nodes: RayHead):
