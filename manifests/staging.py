@@ -46,7 +46,8 @@ PIP_REQUIREMENTS: tuple[str, ...] = (
     "typing_extensions==4.16.0",
 )
 
-_RUN_AS = 1000
+RUN_AS = 1000
+"""uid and gid of the programs verl-gke ships (staging, the run supervisor): never root."""
 _DEPS_DIR = "/tmp/pydeps"
 _TMP_VOLUME = "tmp"
 _SCRIPT_VOLUME = "script"
@@ -148,6 +149,17 @@ def _shell() -> str:
     )
 
 
+def restricted_container() -> dict[str, Any]:
+    """A container of a program verl-gke ships: no privilege escalation, read-only root, no capabilities."""
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
+
+
+def off_gpu_nodes() -> dict[str, Any]:
+    """Pod affinity for nodes without GPUs: CPU work never holds (or waits for) a GPU node."""
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "cloud.google.com/gke-accelerator", "operator": "DoesNotExist"}]}]}}}
+
+
 def staging_job(spec: StagingSpec) -> dict[str, Any]:
     """A Job on a CPU node that runs stage_data.py against the bucket mounted at /data."""
     env = [
@@ -172,11 +184,7 @@ def staging_job(spec: StagingSpec) -> dict[str, Any]:
         "command": ["/bin/sh", "-c", _shell(), JOB_NAME, *script_args(spec)],
         "env": env,
         "resources": {kind: dict(values) for kind, values in RESOURCES.items()},
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": restricted_container(),
         "volumeMounts": [
             {"name": _SCRIPT_VOLUME, "mountPath": SCRIPT_DIR, "readOnly": True},
             storage.bucket_mount(),
@@ -190,22 +198,14 @@ def staging_job(spec: StagingSpec) -> dict[str, Any]:
         "restartPolicy": "Never",
         # Downloading needs no GPU: keep the Job off GPU nodes, which may still be coming up
         # while it runs and cost far more per hour.
-        "affinity": {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [
-                        {"matchExpressions": [{"key": "cloud.google.com/gke-accelerator", "operator": "DoesNotExist"}]}
-                    ]
-                }
-            }
-        },
+        "affinity": off_gpu_nodes(),
         # Non-root: the GCS FUSE CSI driver turns fsGroup into gid=1000 with group-writable modes
         # on the mount, so the bucket stays writable without root.
         "securityContext": {
             "runAsNonRoot": True,
-            "runAsUser": _RUN_AS,
-            "runAsGroup": _RUN_AS,
-            "fsGroup": _RUN_AS,
+            "runAsUser": RUN_AS,
+            "runAsGroup": RUN_AS,
+            "fsGroup": RUN_AS,
             "fsGroupChangePolicy": "OnRootMismatch",
             "seccompProfile": {"type": "RuntimeDefault"},
         },

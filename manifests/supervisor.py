@@ -10,17 +10,15 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from manifests.staging import IMAGE
+from manifests.staging import IMAGE, RUN_AS, SCRIPT_DIR, off_gpu_nodes, restricted_container
 
 NAME_SUFFIX = "-supervisor"
 SCRIPT_FILE = "run_supervisor.py"
 CONFIG_FILE = "config.json"
-SCRIPT_DIR = "/opt/verl-gke"
 DIGEST_ANNOTATION = "verl-gke/supervisor-sha256"
 LABELS = {"app.kubernetes.io/name": "verl-gke", "app.kubernetes.io/component": "run-supervisor"}
 """Also the labels the Ray NetworkPolicy admits to the head's job API."""
 RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}}
-_RUN_AS = 1000
 
 
 @dataclass(frozen=True)
@@ -96,9 +94,8 @@ def deployment(spec: SupervisorSpec) -> dict[str, Any]:
         "serviceAccountName": spec.name,
         # The one pod of the stack that calls the Kubernetes API: its token is mounted.
         "automountServiceAccountToken": True,
-        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchExpressions": [{"key": "cloud.google.com/gke-accelerator", "operator": "DoesNotExist"}]}]}}},
-        "securityContext": {"runAsNonRoot": True, "runAsUser": _RUN_AS, "runAsGroup": _RUN_AS,
+        "affinity": off_gpu_nodes(),
+        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS,
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [{
             "name": "supervisor",
@@ -106,8 +103,7 @@ def deployment(spec: SupervisorSpec) -> dict[str, Any]:
             "command": ["python", f"{SCRIPT_DIR}/{SCRIPT_FILE}", *args],
             "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
             "resources": {kind: dict(values) for kind, values in RESOURCES.items()},
-            "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                                "capabilities": {"drop": ["ALL"]}},
+            "securityContext": restricted_container(),
             "volumeMounts": [{"name": "program", "mountPath": SCRIPT_DIR, "readOnly": True}],
         }],
         "volumes": [{"name": "program", "configMap": {"name": spec.name, "defaultMode": 0o444}}],
