@@ -30,7 +30,7 @@ from pulumi.runtime import rpc
 from verl_gke import head_access
 from verl_gke import fabric
 from verl_gke.cluster_readiness import await_capacity
-from workloads.run_supervisor import DEADLINE_ENV, META_PREFIX
+from workloads.run_supervisor import DEADLINE_ENV, LIVE, attempt_submission
 from verl_gke.head_access import (
     PORT_FORWARD_START_TIMEOUT_S,
     HeadAccessError,
@@ -61,7 +61,6 @@ STOP_TIMEOUT_S = 60.0
 LOG_TAIL_LINES = 20
 
 _TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
-_LIVE = ("PENDING", "RUNNING")
 _OUTPUT_KEYS = ("submission_id", "status", "dashboard_command", "fabric_busbw_gbps")
 # What the run is, and where it runs: a new cluster or head needs a new submission on it.
 _REPLACE_KEYS = ("entrypoint", "runtime_env", "attempt", "dashboard_url", "cluster_endpoint", "cluster_name",
@@ -430,8 +429,7 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
         try:
             with _client(spec, spec.reach_timeout_s) as client:
                 # The run supervisor's retries of this run too: none may outlive it.
-                for submission in dict.fromkeys([id_, spec.submission_id, *spec.supervised_ids]):
-                    _stop(client, submission)
+                _stop(client, id_, spec.submission_id, *spec.supervised_ids)
         except HeadGoneError as error:
             # The Kubernetes API says the head's service is gone, and its jobs with it.
             pulumi.log.warn(f"GrpoJob {id_}: nothing to stop; {error}")
@@ -482,15 +480,11 @@ def _client(spec: _JobSpec, timeout_s: float) -> Iterator[JobSubmissionClient]:
 
 
 def _submission(spec: _JobSpec) -> tuple[dict[str, Any], dict[str, str]]:
-    """The runtime env and metadata attempt `spec.attempt` is submitted with: the budget's deadline
-    in both (verl checkpoints before it; the supervisor stops the run at it)."""
-    runtime_env = json.loads(json.dumps(spec.runtime_env))
-    metadata = {**spec.metadata, f"{META_PREFIX}attempt": str(spec.attempt), f"{META_PREFIX}cause": "pulumi-up"}
-    if spec.budget_s:
-        deadline = str(int(time.time() + spec.budget_s))
-        runtime_env.setdefault("env_vars", {})[DEADLINE_ENV] = deadline
-        metadata[f"{META_PREFIX}budget_deadline"] = deadline
-    return runtime_env, metadata
+    """The runtime env and metadata attempt `spec.attempt` is submitted with; its budget starts now."""
+    deadline = time.time() + spec.budget_s if spec.budget_s else None
+    runtime_env, metadata = attempt_submission(
+        spec.runtime_env, {"attempt": str(spec.attempt), "cause": "pulumi-up"}, deadline)
+    return runtime_env, {**spec.metadata, **metadata}
 
 
 def _check_fabric(client: JobSubmissionClient, spec: _JobSpec) -> float:
@@ -516,7 +510,7 @@ def _refuse_a_second_run(jobs: list[JobDetails], spec: _JobSpec, submission_id: 
     say) holds the GPUs and writes the same checkpoints."""
     prefix = f"{SUBMISSION_ID_PREFIX}-{spec.stack}-"
     live = sorted(j.submission_id for j in jobs if j.submission_id and j.submission_id.startswith(prefix)
-                  and j.submission_id != submission_id and _value(j.status) in _LIVE)
+                  and j.submission_id != submission_id and _value(j.status) in LIVE)
     if live:
         raise RuntimeError(
             f"GrpoJob {submission_id}: another run of stack {spec.stack} is live on {spec.address}: "
@@ -599,17 +593,20 @@ def _value(status: Any) -> str:
     return str(getattr(status, "value", status))
 
 
-def _stop(client: JobSubmissionClient, submission_id: str) -> None:
-    """Stops the job unless it already ended, and waits until Ray reports it ended."""
-    job = _find_job(client.list_jobs(), submission_id)
-    if job is None or _value(job.status) in _TERMINAL:
-        return
-    client.stop_job(submission_id)
+def _stop(client: JobSubmissionClient, *submission_ids: str) -> None:
+    """Stops those of the jobs that have not ended (one listing for all), and waits until Ray
+    reports each ended."""
+    jobs = client.list_jobs()
+    live = [sid for sid in dict.fromkeys(submission_ids)
+            if (job := _find_job(jobs, sid)) is not None and _value(job.status) not in _TERMINAL]
+    for submission_id in live:
+        client.stop_job(submission_id)
     deadline = time.monotonic() + STOP_TIMEOUT_S
-    while (status := _value(client.get_job_status(submission_id))) not in _TERMINAL:
-        if time.monotonic() >= deadline:
-            raise RuntimeError(f"GrpoJob {submission_id} still {status} {STOP_TIMEOUT_S:g} s after stop_job")
-        time.sleep(0.5)
+    for submission_id in live:
+        while (status := _value(client.get_job_status(submission_id))) not in _TERMINAL:
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"GrpoJob {submission_id} still {status} {STOP_TIMEOUT_S:g} s after stop_job")
+            time.sleep(0.5)
 
 
 def _await_completion(spec: _JobSpec, submission_id: str) -> str:

@@ -3,16 +3,18 @@
 A head that answers is not a cluster that can train: a worker still pulling its image, or one on a
 node that never came up, leaves the run to fail at start or to wait for GPUs forever. The GrpoJob
 provider submits only once the cluster is whole, `verl-gke status` shows the same count, and the
-fabric check and the run supervisor wait for it too.
+fabric check and the run supervisor wait for it too. The count itself is the run supervisor's
+(workloads/run_supervisor.Capacity: it runs in the cluster with the standard library only).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+
+from workloads.run_supervisor import Capacity, RayJobs
 
 NODE_LIST_TIMEOUT_S = 30
-"""Deadline of one node listing (the head's state API); Ray passes it to the HTTP request."""
+"""Deadline of one node listing (the head's state API), for the HTTP request and the head's own."""
 POLL_S = 2.0
 
 
@@ -20,30 +22,9 @@ class ClusterNotReadyError(TimeoutError):
     """The cluster did not become whole in time; the message says what was missing."""
 
 
-@dataclass(frozen=True)
-class Capacity:
-    """What the head sees: GPU workers alive, GPUs among them, and nodes it lost."""
-
-    workers: int
-    gpus: float
-    dead: int
-
-    def short_of(self, workers: int, gpus: float) -> str:
-        """'' when whole, else what is missing, e.g. '1 of 2 GPU workers, 8 of 16 GPUs'."""
-        if self.workers >= workers and self.gpus >= gpus:
-            return ""
-        return f"{self.workers} of {workers} GPU workers, {self.gpus:g} of {gpus:g} GPUs"
-
-
 def read_capacity(url: str, timeout_s: float = NODE_LIST_TIMEOUT_S) -> Capacity:
     """The head's view of its nodes; raises whatever the state API raises (it may not answer yet)."""
-    from ray.util.state import list_nodes
-
-    nodes = list_nodes(address=url, limit=10_000, timeout=max(1, int(timeout_s)), raise_on_missing_output=False)
-    alive = [n for n in nodes if n.state == "ALIVE"]
-    gpus = [n.resources_total.get("GPU", 0.0) for n in alive if not n.is_head_node]
-    return Capacity(workers=sum(1 for g in gpus if g > 0), gpus=float(sum(gpus)),
-                    dead=len(nodes) - len(alive))
+    return RayJobs(url, timeout_s).capacity()
 
 
 def await_capacity(url: str, *, workers: int, gpus: float, deadline: float, address: str,

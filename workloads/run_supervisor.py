@@ -38,11 +38,27 @@ DEADLINE_ENV = "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"
 """verl's trainer saves a checkpoint when this epoch time is within one step (+60 s) of now."""
 META_PREFIX = "verl-gke."
 REQUEST_TIMEOUT_S = 30.0
-_LIVE = ("PENDING", "RUNNING")
-_ENDED = ("SUCCEEDED", "FAILED", "STOPPED")
+LIVE = ("PENDING", "RUNNING")
+"""Ray job states of a run that holds, or is about to hold, the GPUs."""
 RELEASE_EVERY_S = 600.0
 """After the run, the release is applied again this often: an update of the RayCluster by Pulumi
 (which owns it) may bring the workers back."""
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What the head sees: GPU workers alive, GPUs among them, and nodes it lost. The one count
+    the job provider's readiness gate, `verl-gke status` and the supervisor share."""
+
+    workers: int
+    gpus: float
+    dead: int
+
+    def short_of(self, workers: int, gpus: float) -> str:
+        """'' when whole, else what is missing, e.g. '1 of 2 GPU workers, 8 of 16 GPUs'."""
+        if self.workers >= workers and self.gpus >= gpus:
+            return ""
+        return f"{self.workers} of {workers} GPU workers, {self.gpus:g} of {gpus:g} GPUs"
 
 
 @dataclass(frozen=True)
@@ -131,14 +147,15 @@ class KubernetesControl:
 class RayJobs:
     """The head's job and state REST API (what ray.job_submission wraps), each call bounded."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
         self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
 
     def _call(self, method: str, path: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self.url + path, data=data, method=method,
                                          headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
+        with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
             return json.load(response)
 
     def jobs(self) -> dict[str, dict[str, Any]]:
@@ -151,13 +168,14 @@ class RayJobs:
     def stop(self, submission_id: str) -> None:
         self._call("POST", f"/api/jobs/{urllib.parse.quote(submission_id)}/stop")
 
-    def capacity(self) -> tuple[int, float, int]:
-        """(GPU workers alive, their GPUs, dead nodes), as verl_gke.cluster_readiness counts them."""
-        reply = self._call("GET", f"/api/v0/nodes?limit=10000&timeout={int(REQUEST_TIMEOUT_S)}")
+    def capacity(self) -> Capacity:
+        """The head's nodes: GPU workers are alive non-head nodes with GPUs (the head's own resources
+        are not a worker's)."""
+        reply = self._call("GET", f"/api/v0/nodes?limit=10000&timeout={max(1, int(self.timeout_s))}")
         nodes = reply["data"]["result"]["result"]
         alive = [n for n in nodes if n.get("state") == "ALIVE"]
         gpus = [float((n.get("resources_total") or {}).get("GPU", 0)) for n in alive if not n.get("is_head_node")]
-        return sum(1 for g in gpus if g > 0), sum(gpus), len(nodes) - len(alive)
+        return Capacity(workers=sum(1 for g in gpus if g > 0), gpus=float(sum(gpus)), dead=len(nodes) - len(alive))
 
 
 @dataclass
@@ -200,7 +218,7 @@ class Supervisor:
         self.last_index = index
         status = job["status"]
         deadline = self.known_deadline = self._deadline(attempts[0][1])
-        if status in _LIVE:
+        if status in LIVE:
             self.done = ""
             if deadline and self.clock() >= deadline + self.config.budget_grace_s:
                 self._decide(f"budget of {self.config.budget_s:g} s spent: stopping {job['submission_id']}")
@@ -221,13 +239,13 @@ class Supervisor:
     def _after_failure(self, index: int, job: dict[str, Any], attempts: list[tuple[int, dict[str, Any]]],
                        deadline: float | None) -> None:
         time.sleep(self.config.settle_s)
-        workers, gpus, dead = self.ray.capacity()
-        whole = workers >= self.config.expected_workers and gpus >= self.config.expected_gpus
+        capacity = self.ray.capacity()
+        whole = not self._short_of(capacity)
         message = (job.get("message") or "").splitlines()[0] if job.get("message") else ""
         # A node went away: the cluster is short of workers, or the head lost a node since the
         # attempt started (an error text alone also fits a worker whose own code raised).
         dead_before = meta(job, "dead_nodes")
-        lost = not whole or (dead_before != "" and dead > int(dead_before))
+        lost = not whole or (dead_before != "" and capacity.dead > int(dead_before))
         causes = [meta(j, "cause") for _, j in attempts[1:]]
         if index + 1 >= len(self.config.submission_ids):
             return self._finish(f"no submission id left after {index + 1} attempts", attempts)
@@ -236,7 +254,7 @@ class Supervisor:
         if lost:
             if causes.count("node-lost") >= self.config.max_preemptions:
                 return self._finish(f"lost nodes {self.config.max_preemptions} times", attempts)
-            self._decide(f"{job['submission_id']} failed with a GPU worker gone ({workers} of "
+            self._decide(f"{job['submission_id']} failed with a GPU worker gone ({capacity.workers} of "
                          f"{self.config.expected_workers} workers alive): waiting for the cluster to be whole")
             if not self._await_whole():
                 return self._finish("the cluster did not become whole again", attempts)
@@ -254,13 +272,9 @@ class Supervisor:
 
     def _submit(self, index: int, cause: str, reason: str, deadline: float | None) -> None:
         submission_id = self.config.submission_ids[index]
-        runtime_env = json.loads(json.dumps(self.config.runtime_env))
-        metadata = {f"{META_PREFIX}attempt": str(index), f"{META_PREFIX}cause": cause,
-                    f"{META_PREFIX}reason": reason}
-        if deadline:
-            runtime_env.setdefault("env_vars", {})[DEADLINE_ENV] = str(int(deadline))
-            metadata[f"{META_PREFIX}budget_deadline"] = str(int(deadline))
-        metadata[f"{META_PREFIX}dead_nodes"] = str(self.ray.capacity()[2])
+        runtime_env, metadata = attempt_submission(
+            self.config.runtime_env, {"attempt": str(index), "cause": cause, "reason": reason,
+                                      "dead_nodes": str(self.ray.capacity().dead)}, deadline)
         self.ray.submit(submission_id, self.config.entrypoint, runtime_env, metadata)
         self.last_index = index
         self._decide(f"submitted {submission_id} (attempt {index}, {cause})")
@@ -269,13 +283,15 @@ class Supervisor:
         give_up = self.clock() + self.config.capacity_timeout_s
         while self.clock() < give_up:
             try:
-                workers, gpus, _ = self.ray.capacity()
-                if workers >= self.config.expected_workers and gpus >= self.config.expected_gpus:
+                if not self._short_of(self.ray.capacity()):
                     return True
             except (OSError, urllib.error.URLError, KeyError, ValueError):
                 pass  # a head that is itself restarting
             time.sleep(self.config.poll_s)
         return False
+
+    def _short_of(self, capacity: Capacity) -> str:
+        return capacity.short_of(self.config.expected_workers, self.config.expected_gpus)
 
     def _deadline(self, first: dict[str, Any]) -> float | None:
         """The budget's end: from the first attempt's metadata, else its start plus the budget."""
@@ -301,6 +317,19 @@ class Supervisor:
     def _decide(self, decision: str) -> None:
         self.decisions.append(decision)
         self.log(f"run supervisor: {decision}")
+
+
+def attempt_submission(runtime_env: Mapping[str, Any], record: Mapping[str, str],
+                       deadline: float | None) -> tuple[dict[str, Any], dict[str, str]]:
+    """The runtime env and Ray job metadata an attempt is submitted with (by `pulumi up` or by the
+    supervisor): `record` under META_PREFIX, and the budget's deadline in both (verl checkpoints
+    before it; the supervisor stops the run at it)."""
+    env = json.loads(json.dumps(dict(runtime_env)))
+    metadata = {f"{META_PREFIX}{key}": value for key, value in record.items()}
+    if deadline:
+        env.setdefault("env_vars", {})[DEADLINE_ENV] = str(int(deadline))
+        metadata[f"{META_PREFIX}budget_deadline"] = str(int(deadline))
+    return env, metadata
 
 
 def meta(job: Mapping[str, Any], key: str) -> str:
