@@ -5,15 +5,17 @@ import pulumi_gcp as gcp
 
 from components.a4x_dra import A4xDra
 from components.cloud_nat import CloudNat
-from components.config import from_pulumi
+from components.stack_config import from_pulumi
 from components.data_staging import DataStaging
 from components.gcs_fuse_storage import GcsFuseStorage, label_value
 from components.gke_cluster import DRA_V1BETA1_APIS, GkeCluster
 from components.gpu_node_pool import GpuNodePool
-from components.grpo_job import GrpoJob, submission_ids
-from components.grpo_spec import entrypoint, runtime_env
+from components.grpo_job import GrpoJob
+from domain.run_identity import submission_ids
+from domain.grpo_spec import entrypoint, runtime_env
 from components.network_mapping import NetworkMapping
-from components.preflight import REQUIRED_APIS, check_live_project
+from domain.preflight import REQUIRED_APIS
+from components.preflight import check_live_project
 from components.project_apis import ProjectApis
 from components.rdma_network import RdmaNetwork
 from components.run_supervisor import RunSupervisor
@@ -21,7 +23,7 @@ from components.ray_training_cluster import RayTrainingCluster
 from manifests import nccl, supervisor
 from manifests.ray_cluster import WORKER_GROUP
 from manifests.network_mapping import NetworkNames
-from manifests.storage import MOUNT_PATH
+from domain.bucket import MOUNT_PATH
 from verl_gke.fabric import fabric_runtime_env
 from workloads.stage_data import model_dir_for
 

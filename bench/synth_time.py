@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 
-from verl_gke.stack_config import PROJECT_DIR, stack_names
+from domain.stack_files import PROJECT_DIR, stack_names
 
 RUNS = 3
 TARGET_RATIO = 2.0

@@ -15,7 +15,7 @@ import pulumi_kubernetes as k8s
 
 from components.children import child_options, custom_resource
 from components.helm_release import pinned_release
-from components.platforms import PLATFORMS
+from domain.platforms import PLATFORMS
 from manifests import dra
 
 

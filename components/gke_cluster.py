@@ -11,7 +11,8 @@ import pulumi_kubernetes as k8s
 from pulumi_gcp import container, projects, serviceaccount
 
 from components.children import child_options
-from manifests.ray_cluster import HEAD_NODE_POOL, Mode
+from manifests.ray_cluster import HEAD_NODE_POOL
+from domain.platforms import Mode
 from verl_gke.kubeconfig import gke_kubeconfig
 
 ReleaseChannel = Literal["RAPID", "REGULAR", "STABLE", "EXTENDED"]

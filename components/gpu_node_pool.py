@@ -11,9 +11,8 @@ from pulumi_gcp import compute, container
 
 from components.children import child_options
 from components.gke_cluster import NODE_SCOPES
-from components.platforms import PLATFORMS, PlatformName
+from domain.platforms import GPU_POOL_NAME, PLATFORMS, PlatformName
 
-GPU_POOL_NAME = "gpu-pool"
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
 # GKE runs its managed DRANET driver (which publishes the NICs as mrdma.google.com devices) only on
 # nodes with this label; the accelerator network profile alone attaches the NICs but exposes none
@@ -36,7 +35,7 @@ class GpuNodePoolArgs(TypedDict):
     zone: str
     """The one zone of the GPU nodes (the tutorial's NODE_ZONE, where the reservation is)."""
     platform: PlatformName
-    """Key of components.platforms.PLATFORMS: machine type, accelerator and GPU count come from there."""
+    """Key of domain.platforms.PLATFORMS: machine type, accelerator and GPU count come from there."""
     reservation: str | None
     """Specific reservation the nodes consume (the tutorial's RESERVATION); None consumes none."""
     nodes: int

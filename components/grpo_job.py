@@ -11,7 +11,6 @@ floats; unknowns arrive in check/diff during preview; the default `update` would
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
@@ -27,6 +26,7 @@ import pulumi.dynamic
 from pulumi.output import Unknown
 from pulumi.runtime import rpc
 
+from domain.run_identity import SUBMISSION_ID_PREFIX, submission_id, submission_ids, whole_numbers
 from verl_gke import head_access
 from verl_gke import fabric
 from verl_gke.cluster_readiness import await_capacity
@@ -47,7 +47,6 @@ from verl_gke.head_access import (
 if TYPE_CHECKING:
     from ray.job_submission import JobDetails, JobSubmissionClient
 
-SUBMISSION_ID_PREFIX = "verl-grpo"
 REACH_TIMEOUT_S = 30.0
 """Deadline to reach a head that already took the job (refresh, delete, completion polls), capped
 by ready_timeout_s; past it, `delete` fails (only the Kubernetes API can say the head is gone)."""
@@ -237,41 +236,11 @@ _DEFAULTS: dict[str, Any] = {
 }
 
 
-def submission_id(stack: str, entrypoint: str, runtime_env: Mapping[str, Any], attempt: int, retry: int = 0) -> str:
-    """`verl-grpo-<stack>-<12 hex>` of the run's spec, its attempt (jobAttempt) and the run
-    supervisor's retry of that attempt; a new jobAttempt never meets an earlier attempt's retries."""
-    job: dict[str, Any] = {"entrypoint": entrypoint, "runtime_env": whole_numbers(dict(runtime_env))}
-    if attempt:
-        job["attempt"] = attempt
-    if retry:
-        job["retry"] = retry
-    canonical = json.dumps(job, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return f"{SUBMISSION_ID_PREFIX}-{stack}-{hashlib.sha256(canonical.encode()).hexdigest()[:12]}"
-
-
-def submission_ids(stack: str, entrypoint: str, runtime_env: Mapping[str, Any], attempt: int,
-                   count: int) -> list[str]:
-    """The ids of `attempt` and its first count - 1 retries: `pulumi up` submits the first, the run
-    supervisor the others."""
-    return [submission_id(stack, entrypoint, runtime_env, attempt, retry) for retry in range(count)]
-
-
 def planned_outs(props: Mapping[str, Any], unknown: str) -> dict[str, Any]:
     """The outputs a create with these props would return, for an offline synth (no head): the
     run's status and the fabric figure are `unknown`."""
     spec = _JobSpec.from_props(_spec_props(props))
     return spec.outs(spec.submission_id, unknown, unknown if spec.fabric_check else None)
-
-
-def whole_numbers(value: Any) -> Any:
-    """Integral floats become ints, recursively: the engine sends every number as a float."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, Mapping):
-        return {key: whole_numbers(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [whole_numbers(item) for item in value]
-    return value
 
 
 def _is_unknown(value: Any) -> bool:
@@ -599,13 +568,13 @@ def _stop(client: JobSubmissionClient, *submission_ids: str) -> None:
     jobs = client.list_jobs()
     live = [sid for sid in dict.fromkeys(submission_ids)
             if (job := _find_job(jobs, sid)) is not None and _value(job.status) not in _TERMINAL]
-    for submission_id in live:
-        client.stop_job(submission_id)
+    for sid in live:
+        client.stop_job(sid)
     deadline = time.monotonic() + STOP_TIMEOUT_S
-    for submission_id in live:
-        while (status := _value(client.get_job_status(submission_id))) not in _TERMINAL:
+    for sid in live:
+        while (status := _value(client.get_job_status(sid))) not in _TERMINAL:
             if time.monotonic() >= deadline:
-                raise RuntimeError(f"GrpoJob {submission_id} still {status} {STOP_TIMEOUT_S:g} s after stop_job")
+                raise RuntimeError(f"GrpoJob {sid} still {status} {STOP_TIMEOUT_S:g} s after stop_job")
             time.sleep(0.5)
 
 

@@ -15,16 +15,11 @@ import pulumi_kubernetes as k8s
 
 from components.children import child_options, custom_resource
 from components.helm_release import pinned_release
-from components.platforms import PLATFORMS, Platform, PlatformName
+from domain.platforms import PLATFORMS, Platform, PlatformName
 from manifests import kuberay
 from manifests.network_policy import ray_ingress_policy
-from manifests.ray_cluster import (
-    HEAD_NODE_POOL,
-    Mode,
-    RayClusterSpec,
-    head_service_name,
-    ray_cluster,
-)
+from manifests.ray_cluster import HEAD_NODE_POOL, RayClusterSpec, head_service_name, ray_cluster
+from domain.platforms import Mode
 
 # GPU nodes appearing, a ~20 GB image pulled on each, Ray started: well past pulumi-kubernetes'
 # default of 10 minutes.

@@ -30,7 +30,7 @@ class RdmaNetworkArgs(TypedDict):
     """Range of the gVNIC subnet (tutorial: 192.168.0.0/24)."""
     rdma_cidrs: Sequence[str]
     """One subnet range per RDMA NIC, in NIC order (tutorial: 192.168.1.0/24 ... 192.168.8.0/24).
-    components.config checks they are valid and disjoint."""
+    domain.config checks they are valid and disjoint."""
     internal_source_range: str
     """Sources the gVNIC VPC's firewall rule admits (tutorial: 192.168.0.0/16)."""
 

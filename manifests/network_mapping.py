@@ -19,7 +19,7 @@ DeviceMode = Literal["NetDevice", "RDMA"]
 @dataclass(frozen=True)
 class NetworkNames:
     """GCP names of the gVNIC VPC and the RDMA VPC, derived from prefixes as the tutorial does.
-    (components.config checks the prefixes and the NIC count.)"""
+    (domain.config checks the prefixes and the NIC count.)"""
 
     gvnic_prefix: str
     rdma_prefix: str

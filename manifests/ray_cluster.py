@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
+from domain.grpo_spec import verl_path_env
+from domain.platforms import A4X_HEAD_CPUS, A4X_HEAD_MEMORY_GI, Mode, is_pinned_image
 from manifests import dra
 from manifests.network_mapping import GVNIC_NETWORK, rdma_network_name
 from manifests.storage import bucket_mount, bucket_volumes, sidecar_annotations
 
-Mode = Literal["autopilot", "standard"]
 
 WORKER_GROUP = "gpu-group"
 HEAD_NODE_POOL = "verl-cpu"
@@ -34,8 +35,6 @@ WAIT_FOR_READY = "jsonpath={.status.state}=ready"
 
 # Head sizes of the tutorial: the x86 manifests use 32G / 9Gi, the A4X one 32Gi / 20Gi.
 # The A4X head shares a GB200 node with a worker, so the platform table sizes workers around it.
-A4X_HEAD_CPUS = 12
-A4X_HEAD_MEMORY_GI = 32
 HEAD_RESOURCES_X86 = {"cpu": "12", "memory": "32G", "ephemeral-storage": "9Gi"}
 HEAD_RESOURCES_A4X = {"cpu": str(A4X_HEAD_CPUS), "memory": f"{A4X_HEAD_MEMORY_GI}Gi", "ephemeral-storage": "20Gi"}
 
@@ -49,9 +48,6 @@ ARM_TOLERATION = {"key": "kubernetes.io/arch", "operator": "Exists", "effect": "
 _MAX_NAME = 53
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
-
-PYCACHE_DIR = "/tmp/pycache"
-"""Bytecode of a verl tree on the bucket goes to local disk, not back into the bucket from every node."""
 
 @dataclass(frozen=True)
 class RayClusterSpec:
@@ -136,14 +132,6 @@ class RayClusterSpec:
         if self.verl_dir is not None and not self.verl_dir.startswith("/"):
             out.append(f"verl_dir = {self.verl_dir!r}: must be an absolute path (e.g. /data/verl)")
         return out
-
-
-def is_pinned_image(image: str) -> bool:
-    """A fixed tag (not `latest`) or a digest; a registry port (`host:5000/x`) is not a tag."""
-    if "@sha256:" in image:
-        return True
-    name, _, tag = image.rpartition(":")
-    return bool(name) and "/" not in tag and tag not in ("", "latest")
 
 
 def head_service_name(cluster_name: str) -> str:
@@ -320,13 +308,6 @@ def a4x_claims(nic_claims: int) -> list[dict[str, str]]:
 def _transfer_queue_hook() -> dict[str, Any]:
     command = ["/bin/bash", "-c", f"pip3 install --quiet {TRANSFER_QUEUE_REQUIREMENT}"]
     return {"postStart": {"exec": {"command": command}}}
-
-
-def verl_path_env(verl_dir: str) -> dict[str, str]:
-    """A verl tree first on the path: verl is pure Python, so this acts as `pip install --no-deps`
-    would, the image's dependencies untouched. (The tutorial's init container ran `pip install -e`
-    in its own root filesystem, which the Ray containers never see.)"""
-    return {"PYTHONPATH": verl_dir, "PYTHONPYCACHEPREFIX": PYCACHE_DIR}
 
 
 def _verl_path_env(spec: RayClusterSpec) -> list[dict[str, str]]:

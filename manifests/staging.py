@@ -12,6 +12,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+from domain.platforms import VerlRelease
 from manifests import storage
 from workloads import stage_data
 
@@ -64,21 +65,6 @@ RESOURCES = {
 # Its file cache lives in the pod's cache volume, so its own ephemeral storage stays small.
 GCSFUSE_SIDECAR_ANNOTATIONS = {"gke-gcsfuse/cpu-limit": "2", "gke-gcsfuse/memory-limit": "2Gi",
                                "gke-gcsfuse/ephemeral-storage-limit": "10Gi"}
-
-
-@dataclass(frozen=True)
-class VerlRelease:
-    """A verl wheel from PyPI, pinned by content. verl's images carry verl's dependencies but not
-    verl (their Dockerfiles `pip uninstall -y verl`), so staging puts this wheel on the bucket."""
-
-    version: str
-    wheel_url: str
-    sha256: str
-
-    @property
-    def dir_name(self) -> str:
-        """Where it is unpacked under the bucket mount, one directory per version."""
-        return f"verl-{self.version}"
 
 
 @dataclass(frozen=True)

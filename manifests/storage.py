@@ -9,15 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from domain.bucket import DEFAULT_CAPACITY, MOUNT_PATH
 PV_NAME = "training-bucket-pv"
 PVC_NAME = "training-bucket-pvc"
 HF_SECRET_NAME = "hf-secret"
 HF_SECRET_KEY = "hf_api_token"
 STORAGE_CLASS = "gcsfuse-sc"
 CSI_DRIVER = "gcsfuse.csi.storage.gke.io"
-DEFAULT_CAPACITY = "768Gi"
-MOUNT_PATH = "/data"
-"""Where every pod mounts the bucket (the tutorial's paths all start with /data)."""
 BUCKET_VOLUME = "training-bucket-vol"
 """The pod volume that mounts the training claim, in every pod that reads or writes the bucket."""
 GCSFUSE_POD_ANNOTATION = {"gke-gcsfuse/volumes": "true"}

@@ -22,7 +22,7 @@ import kubernetes_validate
 import yaml
 from kubernetes_validate.utils import VersionNotSupportedError
 
-from verl_gke.cache import cache_root
+from domain.cache import cache_root
 
 CRD_DIR_ENV = "VERL_GKE_CRD_DIR"
 """A folder holding the CRD files below (offline machines); unset, they are downloaded and cached."""

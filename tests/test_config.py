@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from components.config import ConfigError, load_config, placeholders
+from domain.config import ConfigError, load_config, placeholders
 from tests.conftest import BASE_CONFIG
 
 
@@ -100,7 +100,7 @@ def test_keys_without_a_namespace_or_with_an_unknown_one_are_errors_not_ignored(
 
 
 def test_gcp_keys_verl_gke_does_not_read_are_a_warning():
-    from components.config import config_warnings
+    from domain.config import config_warnings
 
     raw = {**config(), "gcp:credentials": "/k.json"}
     load_config(raw)

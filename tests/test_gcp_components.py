@@ -16,7 +16,7 @@ import yaml
 from components.gke_cluster import DRA_V1BETA1_APIS, GkeCluster, GkeClusterArgs
 from components.gpu_node_pool import GpuNodePool, GpuNodePoolArgs
 from components.network_mapping import NetworkMapping
-from components.platforms import PLATFORMS
+from domain.platforms import PLATFORMS
 from components.rdma_network import RdmaNetwork
 from manifests import nccl
 from manifests.network_mapping import NetworkNames

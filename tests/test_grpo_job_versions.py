@@ -2,7 +2,7 @@
 
 The pinned verl images run Ray 2.47 (A4, A3 Ultra, per the tutorial's rayVersion) and 2.49 (A4X).
 Each gets its own venv, built once by this module (ray[default] at that version, the rest of the
-tree from constraints.txt) and cached in verl-gke's cache (verl_gke.cache).
+tree from constraints.txt) and cached in verl-gke's cache (domain.cache).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ray.job_submission import JobSubmissionClient
 
 from components.grpo_job import GrpoJobProvider, log_tail
 from tests.ray_head import start_head, stop_head
-from verl_gke.cache import cache_root
+from domain.cache import cache_root
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import shlex
 
-from components.config import load_config
-from components.grpo_spec import entrypoint, runtime_env
-from components.platforms import PLATFORMS
+from domain.config import load_config
+from domain.grpo_spec import entrypoint, runtime_env
+from domain.platforms import PLATFORMS
 from tests.conftest import BASE_CONFIG
 
 # The tutorial's A4/A3 Ultra `ray job submit` overrides, plus resume_mode=auto and keeping two checkpoints.

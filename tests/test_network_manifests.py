@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from components.platforms import PLATFORMS
+from domain.platforms import PLATFORMS
 from manifests import nccl
 from manifests.network_mapping import NetworkNames, network_mapping
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from components import gke_versions
-from components.preflight import (
+from domain import gke_versions
+from domain.preflight import (
     CLUSTER,
     ENGINE_VERSIONS,
     MACHINE_TYPES,
@@ -22,7 +22,7 @@ from components.preflight import (
     RESERVATION,
 )
 from verl_gke import synth
-from verl_gke.stack_config import PROJECT_DIR
+from domain.stack_files import PROJECT_DIR
 
 STACK = "a4-standard"
 REAL = {"gcp:project": "my-project-123", "verl-gke:reservation": "my-reservation"}

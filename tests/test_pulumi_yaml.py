@@ -7,11 +7,11 @@ import re
 
 import yaml
 
-from components.config import NAMESPACE, StackConfig, config_key, load_config
-from components.grpo_spec import GrpoSpec
-from components.platforms import PLATFORMS
+from domain.config import NAMESPACE, StackConfig, config_key, load_config
+from domain.grpo_spec import GrpoSpec
+from domain.platforms import PLATFORMS
 from tests.conftest import BASE_CONFIG
-from verl_gke.stack_config import PROJECT_DIR, engine_string, project_defaults, stack_names
+from domain.stack_files import PROJECT_DIR, engine_string, project_defaults, stack_names
 
 DECLARED = yaml.safe_load((PROJECT_DIR / "Pulumi.yaml").read_text())
 README = (PROJECT_DIR / "README.md").read_text()

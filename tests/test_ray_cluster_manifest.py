@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from components.platforms import PLATFORMS, Platform
+from domain.platforms import PLATFORMS, Platform
 from manifests import dra
 from manifests.storage import cache_volume, sidecar_annotations
 from manifests.ray_cluster import (

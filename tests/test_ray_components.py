@@ -11,7 +11,7 @@ import pulumi_kubernetes as k8s
 import pytest
 
 from components.a4x_dra import A4xDra, A4xDraArgs
-from components.platforms import PLATFORMS, WORKER_CPU_HEADROOM, WORKER_MEMORY_FRACTION
+from domain.platforms import PLATFORMS, WORKER_CPU_HEADROOM, WORKER_MEMORY_FRACTION
 from components.ray_training_cluster import RayTrainingCluster, RayTrainingClusterArgs, cluster_spec
 from manifests import dra, kuberay
 from manifests.ray_cluster import WAIT_FOR_READY, ray_cluster

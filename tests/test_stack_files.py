@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from components.config import ConfigError
-from verl_gke import stack_config, synth
+from domain.config import ConfigError
+from domain import stack_files
+from verl_gke import synth
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -31,7 +32,7 @@ def project(tmp_path: Path) -> Path:
 def test_a_broken_stack_file_is_named_with_where_and_why(project: Path, text: str, problem: str) -> None:
     (project / "Pulumi.bad.yaml").write_text(text)
     with pytest.raises(ConfigError) as caught:
-        stack_config.raw_config("bad", project)
+        stack_files.raw_config("bad", project)
     assert str(caught.value).startswith("Pulumi.bad.yaml has 1 problem:\n  ")
     assert caught.value.problems[0].startswith(problem)
 
@@ -39,7 +40,7 @@ def test_a_broken_stack_file_is_named_with_where_and_why(project: Path, text: st
 def test_pulumis_own_stack_file_keys_are_left_alone(project: Path) -> None:
     (project / "Pulumi.ok.yaml").write_text("secretsprovider: passphrase\nencryptionsalt: v1:abc\n"
                                             "config:\n  gcp:project: my-project-123\n")
-    raw, _ = stack_config.raw_config("ok", project)
+    raw, _ = stack_files.raw_config("ok", project)
     assert raw["gcp:project"] == "my-project-123"
 
 

@@ -9,11 +9,11 @@ from collections import Counter
 
 import pytest
 
-from components.config import load_config
+from domain.config import load_config
 from tests.conftest import STACKS
 from tests.k8s_schema import validate_core, validate_custom
 from verl_gke import synth
-from verl_gke.stack_config import raw_config
+from domain.stack_files import raw_config
 
 CUSTOM_KINDS = {"RayCluster", "ComputeDomain"}
 # GKE's own CRDs: no schema ships with this repo or kubernetes-validate.

@@ -14,7 +14,7 @@ import yaml
 
 from tests.conftest import STACKS
 from verl_gke import synth
-from verl_gke.stack_config import PROJECT_DIR
+from domain.stack_files import PROJECT_DIR
 
 RESOURCE_KEYS = {"urn", "type", "name", "parent", "custom", "provider", "dependencies", "inputs"}
 
@@ -100,7 +100,7 @@ def test_unknown_stack_lists_the_stacks():
 
 
 def test_a_real_run_stops_at_once_on_placeholders():
-    from components.config import from_pulumi
+    from components.stack_config import from_pulumi
 
     raw, secret_keys = synth.raw_config("a4-standard")
     monitor = synth.RecordingMonitor(synth.SynthMocks())
@@ -113,7 +113,7 @@ def test_a_real_run_stops_at_once_on_placeholders():
 
 
 def _real_run(stack: str, raw: dict, preview: bool, log: list[str]) -> list:
-    from components.config import from_pulumi
+    from components.stack_config import from_pulumi
 
     monitor = synth.RecordingMonitor(synth.SynthMocks())
     synth.run_in_mocks(lambda: from_pulumi(allow_placeholders=False), stack=stack, config=raw, preview=preview,

@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from components.config import ConfigError, StackConfig, _as_field_values, load_config
-from components.grpo_spec import overrides, override_sources, verl_problems
-from components.platforms import PLATFORMS
-from manifests.staging import VerlRelease
-from components.verl_config import check_run, compose_run, parse_problems
+from domain.config import ConfigError, StackConfig, _as_field_values, load_config
+from domain.grpo_spec import overrides, override_sources, verl_problems
+from domain.platforms import PLATFORMS
+from domain.platforms import VerlRelease
+from domain.verl_config import check_run, compose_run, parse_problems
 from tests.conftest import BASE_CONFIG, STACKS
 from verl_gke import synth
-from verl_gke.verl_wheel import config_dir, unpacked
+from domain.verl_wheel import config_dir, unpacked
 
 VALIDATE = Path(__file__).with_name("verl_validate.py")
 EXTRA = "verl-gke:grpoExtraOverrides"

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from ray.job_submission import JobSubmissionClient
 
-from components.grpo_spec import VERL_ENTRY_MODULE
-from components.platforms import PLATFORMS
+from domain.grpo_spec import VERL_ENTRY_MODULE
+from domain.platforms import PLATFORMS
 from manifests import staging
-from manifests.storage import MOUNT_PATH
+from domain.bucket import MOUNT_PATH
 from workloads import stage_data
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
@@ -140,7 +140,7 @@ def test_a_users_own_tree_on_the_bucket_is_used_instead_of_the_release() -> None
 
 
 def test_bringing_verl_twice_is_a_config_error() -> None:
-    from components.config import ConfigError, load_config
+    from domain.config import ConfigError, load_config
     from tests.conftest import BASE_CONFIG
 
     with pytest.raises(ConfigError, match="verl-gke:verlInImage = true: verlInImage and verlSourceInstall"):

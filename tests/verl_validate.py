@@ -1,6 +1,6 @@
 """Runs verl's own validate_config on composed runs; a child process of tests/test_verl_config.py.
 
-Run with PYTHONPATH set to an unpacked verl wheel (verl_gke.verl_wheel.unpacked): importing verl
+Run with PYTHONPATH set to an unpacked verl wheel (domain.verl_wheel.unpacked): importing verl
 needs torch, which the program itself never loads. Reads {"config_dir": ..., "runs": [[override,
 ...], ...]} on stdin; prints a JSON list with, per run, null when verl accepts it or verl's error.
 """

@@ -335,7 +335,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _attempts(client: JobSubmissionClient, submission_id: str) -> list[Any]:
     """Every attempt of the stack's run on the head (`pulumi up`'s and the run supervisor's), oldest first."""
-    from components.grpo_job import SUBMISSION_ID_PREFIX
+    from domain.run_identity import SUBMISSION_ID_PREFIX
 
     if not submission_id.startswith(f"{SUBMISSION_ID_PREFIX}-"):
         return []  # not a verl-gke run's id (--submission-id): no attempts to tell apart
@@ -512,7 +512,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
 
 def cmd_fabric(args: argparse.Namespace) -> int:
-    from components.platforms import PLATFORMS
+    from domain.platforms import PLATFORMS
 
     outputs = _target(args, need_outputs=True).outputs
     assert outputs is not None

@@ -19,7 +19,7 @@ from workloads.fabric_check import RESULT_PREFIX
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
 
-    from components.platforms import Platform
+    from domain.platforms import Platform
 
 CHECK_SOURCE = Path(__file__).resolve().parent.parent / "workloads" / "fabric_check.py"
 SUBMISSION_ID_PREFIX = "verl-fabric"

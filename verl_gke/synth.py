@@ -29,10 +29,11 @@ from pulumi.runtime.config import set_all_config
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
 
-from components import preflight
-from components.grpo_job import planned_outs, whole_numbers
+from domain import preflight
+from components.grpo_job import planned_outs
+from domain.run_identity import whole_numbers
 from verl_gke import output_dir
-from verl_gke.stack_config import PROJECT_DIR, raw_config
+from domain.stack_files import PROJECT_DIR, raw_config
 
 PROJECT = "verl-gke"
 SECRET = "[secret]"
@@ -289,7 +290,7 @@ def run(stack: str, project_dir: Path = PROJECT_DIR, overrides: dict[str, Any] |
         cloud: Mapping[str, Any] | None = None) -> SynthResult:
     """Run __main__.py of `project_dir` for `stack` under mocks and return what it registered.
     `cloud` answers the live checks' invokes (see SynthMocks); the rest get healthy answers."""
-    from components.config import ConfigError, load_config, placeholders
+    from domain.config import ConfigError, load_config, placeholders
 
     raw, secret_keys = raw_config(stack, project_dir, overrides)
     try:
@@ -357,7 +358,7 @@ def read_cloud_answers(path: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from components.config import ConfigError
+    from domain.config import ConfigError
 
     parser = argparse.ArgumentParser(prog="synth", description=__doc__.split("\n\n")[0])
     parser.add_argument("stack", help="stack name, e.g. a4-standard (reads Pulumi.<stack>.yaml)")

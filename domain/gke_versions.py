@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from components.platforms import DRANET_MIN_GKE, Platform
+from domain.platforms import DRANET_MIN_GKE, Platform
 
 _VERSION = re.compile(r"^1\.(\d+)(?:\.(\d+)(?:-gke\.(\d+))?)?$")
 

@@ -9,17 +9,20 @@ program's batch rules live in grpo_spec.verl_problems.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import DictConfig
 
-from components.config import StackConfig, config_key, problem_line
-from components.grpo_spec import Override, override_sources, overrides
+from domain.config import StackConfig, config_key, grpo_field_of, problem_line
+from domain.grpo_spec import Override, override_sources, overrides
+from domain.stack_files import engine_string, project_defaults
+from domain.verl_wheel import VerlUnavailable, config_dir
 from workloads.stage_data import DEFAULT_DATASET_REPO, DEFAULT_DATASET_REVISION, DEFAULT_DATASET_TRAIN_ROWS
 
 CONFIG_NAME = "ppo_trainer"
@@ -202,3 +205,17 @@ def _plan(cfg: StackConfig, composed: DictConfig, verl_version: str, warnings: l
 def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
 
+
+def verl_run_check(cfg: StackConfig, raw: Mapping[str, Any]) -> tuple[list[str], Any]:
+    """The run composed with its pinned verl's own config: (problems, RunPlan or None)."""
+
+    release = cfg.facts.verl
+    try:
+        folder = config_dir(release)
+    except VerlUnavailable as e:
+        return [f"cannot check the GRPO run against verl's own config: {e}"], None
+    # The engine hands over Pulumi.yaml's defaults too: "set" means changed from the default.
+    defaults = {key: engine_string(value) for key, value in project_defaults().items()}
+    user_set = {f for key, value in raw.items()
+                if (f := grpo_field_of(key)) and str(value) != defaults.get(key)}
+    return check_run(cfg, folder, release.version, user_set)

@@ -16,12 +16,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from components import gke_versions
-from components.grpo_spec import GRPO_DEFAULTS, GrpoSpec, verl_problems
-from components.platforms import PINNED_IMAGE_ARCH, PLATFORMS, Platform, PlatformName
-from manifests.ray_cluster import Mode, is_pinned_image
-from manifests.staging import VerlRelease
-from manifests.storage import DEFAULT_CAPACITY, MOUNT_PATH
+from domain import gke_versions
+from domain.grpo_spec import GRPO_DEFAULTS, GrpoSpec, verl_problems
+from domain.bucket import DEFAULT_CAPACITY, MOUNT_PATH
+from domain.platforms import PINNED_IMAGE_ARCH, PLATFORMS, Mode, Platform, PlatformName, VerlRelease, is_pinned_image
 from workloads.stage_data import (
     DEFAULT_DATASET_REPO,
     DEFAULT_DATASET_REVISION,
@@ -604,65 +602,3 @@ def placeholders(raw: Mapping[str, Any], cfg: StackConfig) -> list[str]:
     if not raw.get(HF_TOKEN_KEY):
         found.append(HF_TOKEN_KEY)
     return found
-
-
-def verl_run_check(cfg: StackConfig, raw: Mapping[str, Any]) -> tuple[list[str], Any]:
-    """The run composed with its pinned verl's own config: (problems, RunPlan or None)."""
-    # Imported here: Hydra and the wheel cache are needed only once the config itself is valid.
-    from components.verl_config import check_run
-    from verl_gke.stack_config import engine_string, project_defaults
-    from verl_gke.verl_wheel import VerlUnavailable, config_dir
-
-    release = cfg.facts.verl
-    try:
-        folder = config_dir(release)
-    except VerlUnavailable as e:
-        return [f"cannot check the GRPO run against verl's own config: {e}"], None
-    # The engine hands over Pulumi.yaml's defaults too: "set" means changed from the default.
-    defaults = {key: engine_string(value) for key, value in project_defaults().items()}
-    user_set = {f for key, value in raw.items()
-                if (f := grpo_field_of(key)) and str(value) != defaults.get(key)}
-    return check_run(cfg, folder, release.version, user_set)
-
-
-def from_pulumi(allow_placeholders: bool | None = None) -> tuple[StackConfig, Any]:
-    """The running stack's config and its Hugging Face token (a secret Output).
-
-    Stops the program without a traceback on any problem. Placeholders are allowed only
-    under the offline mock engine (synth, tests) unless said otherwise; a real `pulumi up`
-    (or preview) stops at once with their list.
-    """
-    import pulumi
-    from pulumi.runtime import config as runtime_config
-    from pulumi.runtime import mocks, settings
-
-    source = f"Pulumi.{pulumi.get_stack()}.yaml"
-    raw = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
-    secret_keys = [key for key in raw if runtime_config.is_config_secret(key)]
-    secret_keys += runtime_config.get_config_secret_keys_env()
-    try:
-        cfg = load_config(raw, source, secret_keys)
-    except ConfigError as error:
-        raise pulumi.RunError(str(error)) from None
-    for warning in config_warnings(raw):
-        pulumi.log.warn(warning)
-    problems, plan = verl_run_check(cfg, raw)
-    if problems:
-        raise pulumi.RunError(str(ConfigError(problems, source)))
-    if plan is not None:
-        for line in plan.lines():
-            pulumi.log.info(line)
-        for warning in plan.warnings:
-            pulumi.log.warn(warning)
-    missing = placeholders(raw, cfg)
-    if allow_placeholders is None:
-        allow_placeholders = isinstance(settings.get_monitor(), mocks.MockMonitor)
-    if HF_TOKEN_KEY in missing and pulumi.runtime.is_dry_run() and not allow_placeholders:
-        # A pull request's preview runs without the token (and with a read-only identity).
-        missing.remove(HF_TOKEN_KEY)
-        pulumi.log.warn(f"{HF_TOKEN_KEY} is not set: fine for a preview; `pulumi up` stops without it")
-    if missing and not allow_placeholders:
-        raise pulumi.RunError(f"{source} still has placeholders; set them before `pulumi up`:\n"
-                              + "\n".join(f"  {key}" for key in missing))
-    token = pulumi.Config(NAMESPACE).get_secret("hfToken") or pulumi.Output.secret(PLACEHOLDER_MARK)
-    return cfg, token

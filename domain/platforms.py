@@ -11,10 +11,40 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from manifests.ray_cluster import A4X_HEAD_CPUS, A4X_HEAD_MEMORY_GI
-from manifests.staging import VerlRelease
+Mode = Literal["autopilot", "standard"]
+
+# The tutorial's A4X head; it shares a GB200 node with a worker, so workers are sized around it.
+A4X_HEAD_CPUS = 12
+A4X_HEAD_MEMORY_GI = 32
+
+
+@dataclass(frozen=True)
+class VerlRelease:
+    """A verl wheel from PyPI, pinned by content. verl's images carry verl's dependencies but not
+    verl (their Dockerfiles `pip uninstall -y verl`), so staging puts this wheel on the bucket."""
+
+    version: str
+    wheel_url: str
+    sha256: str
+
+    @property
+    def dir_name(self) -> str:
+        """Where it is unpacked under the bucket mount, one directory per version."""
+        return f"verl-{self.version}"
+
+
+def is_pinned_image(image: str) -> bool:
+    """A fixed tag (not `latest`) or a digest; a registry port (`host:5000/x`) is not a tag."""
+    if "@sha256:" in image:
+        return True
+    name, _, tag = image.rpartition(":")
+    return bool(name) and "/" not in tag and tag not in ("", "latest")
+
 
 PlatformName = Literal["a4", "a3u", "a4x"]
+
+GPU_POOL_NAME = "gpu-pool"
+"""The Standard GPU node pool's name, in every stack."""
 
 # NCCL variables the tutorial's runtime-env.yaml sets for A4 and A3 Ultra (gIB plugin).
 _GIB_NCCL_ENV: dict[str, str] = {

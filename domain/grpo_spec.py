@@ -12,11 +12,20 @@ import shlex
 from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
-from components.platforms import Platform
-from manifests.ray_cluster import verl_path_env
-from manifests.storage import MOUNT_PATH
+from domain.platforms import Platform
+from domain.bucket import MOUNT_PATH
 
 VERL_ENTRY_MODULE = "verl.trainer.main_ppo"
+
+PYCACHE_DIR = "/tmp/pycache"
+"""Bytecode of a verl tree on the bucket goes to local disk, not back into the bucket from every node."""
+
+
+def verl_path_env(verl_dir: str) -> dict[str, str]:
+    """A verl tree first on the path: verl is pure Python, so this acts as `pip install --no-deps`
+    would, the image's dependencies untouched. (The tutorial's init container ran `pip install -e`
+    in its own root filesystem, which the Ray containers never see.)"""
+    return {"PYTHONPATH": verl_dir, "PYTHONPYCACHEPREFIX": PYCACHE_DIR}
 
 
 class GrpoSpec(BaseModel):

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from manifests.staging import VerlRelease
-from verl_gke.cache import cache_root
+from domain.platforms import VerlRelease
+from domain.cache import cache_root
 from workloads.stage_data import StagingError, stage_wheel
 
 CACHE_ENV = "VERL_GKE_CACHE_DIR"

@@ -12,6 +12,8 @@ from typing import Any
 
 import yaml
 
+from domain.config import ConfigError
+
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -44,8 +46,6 @@ _STACK_FILE_KEYS = ("config", "secretsprovider", "encryptedkey", "encryptionsalt
 def read_stack_file(path: Path) -> dict[str, Any]:
     """The `config:` mapping of a stack file; ConfigError naming the file (and line and column)
     for anything Pulumi would not read as config."""
-    from components.config import ConfigError
-
     try:
         values = yaml.safe_load(path.read_text())
     except yaml.YAMLError as error:

@@ -1,0 +1,251 @@
+"""Preview-time checks of the live project, through the gcp provider's invokes: they run in
+`pulumi preview` with the user's credentials, before anything is created or paid for.
+
+Each check turns the provider's answer into config problems that name the key, as the offline
+rules do. The program stops on any of them. Offline (synth), `--cloud FILE` answers the invokes;
+without it `healthy_answers` stands in and synth lists the checks it could not make.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from domain import gke_versions
+from domain.config import SCHEMA_MINOR, StackConfig, config_key, problem_line
+from domain.platforms import GPU_POOL_NAME, Platform
+
+RESERVATION = "gcp:compute/getReservation:getReservation"
+ENGINE_VERSIONS = "gcp:container/getEngineVersions:getEngineVersions"
+MACHINE_TYPES = "gcp:compute/getMachineTypes:getMachineTypes"
+PROJECT_SERVICE = "gcp:projects/getProjectService:getProjectService"
+CLUSTER = "gcp:container/getCluster:getCluster"
+
+REQUIRED_APIS = (
+    "compute.googleapis.com", "container.googleapis.com", "storage.googleapis.com", "iam.googleapis.com",
+    "iamcredentials.googleapis.com", "cloudresourcemanager.googleapis.com", "logging.googleapis.com",
+    "monitoring.googleapis.com",
+)
+"""What the program's resources and invokes call (Cluster Toolkit's GKE blueprints enable the same)."""
+
+CHECKS = {
+    RESERVATION: "the reservation exists in the zone, for the platform's machines, with gpuNodes free",
+    ENGINE_VERSIONS: "the release channel offers a GKE version at or above every feature's floor",
+    MACHINE_TYPES: "the zone offers the machine type, at the size the worker requests assume",
+    PROJECT_SERVICE: "the APIs verl-gke needs are enabled",
+    CLUSTER: "whether the stack's cluster exists already (its GPU pool's own nodes count as free)",
+}
+"""Each live check by the invoke it makes, as synth lists the ones it could not make."""
+
+# An API that is off answers with one of these; with enableApis the update turns it on first.
+_API_DISABLED = re.compile(r"SERVICE_DISABLED|has not been used in project|is disabled", re.I)
+
+Invoke = Callable[[str, dict[str, Any]], dict[str, Any]]
+"""Token and args -> the provider's answer (camelCase keys); raises when the invoke fails."""
+
+
+@dataclass
+class PreflightResult:
+    gke_version: str | None = None
+    """The control-plane version chosen from the channel (None: an existing cluster, or no answer)."""
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """What was checked, for `pulumi preview`'s log and `verl-gke status`."""
+
+
+def version_problem(cfg: StackConfig, answer: Mapping[str, Any]) -> str:
+    channel = cfg.release_channel
+    default = (answer.get("releaseChannelDefaultVersion") or {}).get(channel) or "nothing"
+    latest = (answer.get("releaseChannelLatestVersion") or {}).get(channel) or "nothing"
+    needs = "".join(f"; {feature} needs {floor} or newer" for feature, floor in cfg.gke_floors)
+    return problem_line(
+        config_key("kubernetes_version"), cfg.kubernetes_version,
+        f"the {channel} channel in {cfg.cluster_location} offers {default} (default) to {latest} (latest), "
+        f"nothing that matches {cfg.kubernetes_version or 'any version'}{needs}.")
+
+
+def reservation_target(cfg: StackConfig) -> tuple[str, str]:
+    """(project, name) of the reservation: a shared one is `projects/<owner>/reservations/<name>`,
+    and a block of it `<name>/reservationBlocks/<block>`."""
+    parts = cfg.reservation.split("/")
+    if len(parts) >= 4 and parts[0] == "projects" and parts[2] == "reservations":
+        return parts[1], parts[3]
+    return cfg.project, parts[0]
+
+
+def own_gpu_nodes(answer: Mapping[str, Any] | None) -> int:
+    """Nodes of this stack's GPU pool in a cluster lookup: they hold reserved machines themselves."""
+    pools = [p for p in (answer or {}).get("nodePools") or [] if p.get("name") == GPU_POOL_NAME]
+    return sum(int(p.get("nodeCount") or p.get("initialNodeCount") or 0) for p in pools)
+
+
+def reservation_problems(cfg: StackConfig, answer: Mapping[str, Any], own_nodes: int = 0) -> list[str]:
+    p, key, value = cfg.facts, config_key("reservation"), cfg.reservation
+    specific = (answer.get("specificReservations") or [{}])[0]
+    if not answer.get("name") and not specific:
+        return [problem_line(key, value, f"no such reservation in zone {cfg.zone}.")]
+    out = []
+    zone = str(answer.get("zone", cfg.zone)).rsplit("/", 1)[-1]
+    if zone != cfg.zone:
+        out.append(problem_line(key, value, f"is in zone {zone}; the GPU nodes are in gcp:zone {cfg.zone}."))
+    status = answer.get("status")
+    if status and status != "READY":
+        out.append(problem_line(key, value, f"is {status}, not READY."))
+    props = (specific.get("instanceProperties") or [{}])[0]
+    machine = str(props.get("machineType", "")).rsplit("/", 1)[-1]
+    if machine != p.machine_type:
+        out.append(problem_line(key, value, f"reserves {machine or 'no'} machines; {p.title} needs {p.machine_type}."))
+    for accelerator in props.get("guestAccelerators") or []:
+        kind = str(accelerator.get("acceleratorType", "")).rsplit("/", 1)[-1]
+        count = int(accelerator.get("acceleratorCount", 0))
+        if kind != p.accelerator or count != p.gpus_per_node:
+            out.append(problem_line(key, value, f"reserves {count} x {kind} per "
+                                    f"machine; {p.title} needs {p.gpus_per_node} x {p.accelerator}."))
+    count, in_use = int(specific.get("count", 0)), int(specific.get("inUseCount", 0))
+    free = count - max(0, in_use - own_nodes)
+    if free < cfg.gpu_nodes:
+        out.append(problem_line(config_key("gpu_nodes"), cfg.gpu_nodes,
+                                f"reservation {value} has {free} of its {count} machines free"
+                                + (f" (counting this stack's {own_nodes} GPU nodes as free)" if own_nodes else "")
+                                + "; lower gpuNodes or free machines."))
+    return out
+
+
+def machine_type_problems(cfg: StackConfig, answer: Mapping[str, Any]) -> list[str]:
+    p = cfg.facts
+    found = [m for m in answer.get("machineTypes") or [] if m.get("name") == p.machine_type]
+    if not found:
+        return [problem_line(config_key("zone"), cfg.zone, f"offers no {p.machine_type} machines ({p.title}).")]
+    machine, out = found[0], []
+    live = replace(p, machine_vcpus=int(machine.get("guestCpus", p.machine_vcpus)),
+                   machine_memory_gb=int(machine.get("memoryMb", p.machine_memory_gb * 1000)) * 2**20 // 10**9)
+    out += _size_problems(cfg, live)
+    ssds = [int(s.get("partitionCount", 0)) for s in machine.get("bundledLocalSsds") or []]
+    if p.local_ssd_count and ssds and ssds[0] != p.local_ssd_count:
+        out.append(problem_line(config_key("platform"), cfg.platform,
+                                f"{p.machine_type} bundles {ssds[0]} Local SSDs in {cfg.zone}; the platform table "
+                                f"sets {p.local_ssd_count} for ephemeral storage."))
+    return out
+
+
+def _size_problems(cfg: StackConfig, live: Platform) -> list[str]:
+    """Worker requests that the zone's real machine cannot hold (the table's sizes are GCP's docs)."""
+    if cfg.autopilot:
+        return []
+    out = []
+    if cfg.worker_cpus > live.max_worker_cpus:
+        out.append(problem_line(config_key("worker_cpus"), cfg.worker_cpus,
+                                f"{live.machine_type} in {cfg.zone} has {live.machine_vcpus} vCPUs; at most "
+                                f"{live.max_worker_cpus} fit a worker."))
+    if cfg.worker_memory_gi > live.max_worker_memory_gi:
+        out.append(problem_line(config_key("worker_memory_gi"), cfg.worker_memory_gi,
+                                f"{live.machine_type} in {cfg.zone} has {live.machine_memory_gb} GB; at most "
+                                f"{live.max_worker_memory_gi}Gi fit a worker."))
+    return out
+
+
+def api_problems(service: str, answer: Mapping[str, Any]) -> list[str]:
+    if answer.get("id"):
+        return []
+    return [problem_line(config_key("enable_apis"), False, f"{service} is not enabled; enable it "
+                         f"(gcloud services enable {service}) or set enableApis to true.")]
+
+
+def run_preflight(cfg: StackConfig, invoke: Invoke) -> PreflightResult:
+    """Every live check this stack needs; the problems of all of them together."""
+    result = PreflightResult()
+    if cfg.existing_cluster:
+        return result
+
+    def ask(token: str, args: dict[str, Any], what: str) -> dict[str, Any] | None:
+        try:
+            return invoke(token, args)
+        except Exception as error:  # noqa: BLE001 the provider's own message is the user's clue
+            message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            if cfg.enable_apis and _API_DISABLED.search(message):
+                result.notes.append(f"not checked yet ({what}): an API is still off; this update enables it")
+                return None
+            result.problems.append(f"{what}: the provider said: {message}")
+            return None
+
+    if not cfg.enable_apis:
+        for service in REQUIRED_APIS:
+            answer = ask(PROJECT_SERVICE, {"project": cfg.project, "service": service}, f"API {service}")
+            if answer is not None:
+                result.problems += api_problems(service, answer)
+    versions = ask(ENGINE_VERSIONS, {"location": cfg.cluster_location, "project": cfg.project},
+                   "GKE versions of the release channel")
+    if versions is not None:
+        result.gke_version = gke_versions.choose(cfg.kubernetes_version, cfg.release_channel, cfg.gke_floors,
+                                                 versions)
+        if result.gke_version is None:
+            result.problems.append(version_problem(cfg, versions))
+        else:
+            result.notes.append(f"GKE {result.gke_version} from the {cfg.release_channel} channel")
+    machines = ask(MACHINE_TYPES, {"filter": f"name = {cfg.facts.machine_type}", "project": cfg.project,
+                                   "zone": cfg.zone}, f"machine type {cfg.facts.machine_type}")
+    if machines is not None:
+        result.problems += machine_type_problems(cfg, machines)
+    if uses_reservation(cfg):
+        try:  # a first deploy has no cluster yet: the lookup fails, and no machine is ours
+            own = own_gpu_nodes(invoke(CLUSTER, {"name": cfg.cluster_name, "location": cfg.cluster_location,
+                                                 "project": cfg.project}))
+        except Exception:  # noqa: BLE001 not found, or not readable: count none as ours
+            own = 0
+        project, name = reservation_target(cfg)
+        answer = ask(RESERVATION, {"name": name, "project": project, "zone": cfg.zone}, f"reservation {name}")
+        if answer is not None:
+            found = reservation_problems(cfg, answer, own)
+            result.problems += found
+            if not found:
+                specific = answer["specificReservations"][0]
+                count, in_use = int(specific["count"]), int(specific.get("inUseCount", 0))
+                free = count - max(0, in_use - own)
+                result.notes.append(f"reservation {name}: {free} of {count} {cfg.facts.machine_type} free"
+                                    + (f" ({own} of them this stack's GPU nodes)" if own else ""))
+    return result
+
+
+def uses_reservation(cfg: StackConfig) -> bool:
+    """Standard GPU pools that verl-gke creates consume the reservation; Spot and Autopilot do not."""
+    return not (cfg.autopilot or cfg.existing_cluster or cfg.gpu_spot)
+
+
+MOCK_ENDPOINT = "10.0.0.2"
+MOCK_CA = "bW9jayBjbHVzdGVyIENBIGNlcnRpZmljYXRl"  # base64 of "mock cluster CA certificate"
+
+
+def existing_cluster_answer(args: Mapping[str, Any]) -> dict[str, Any]:
+    """A cluster lookup's answer offline: the cluster, reachable, with no GPU pool yet."""
+    return {"name": args.get("name"), "location": args.get("location"), "endpoint": MOCK_ENDPOINT,
+            "masterAuths": [{"clusterCaCertificate": MOCK_CA}], "nodePools": []}
+
+
+def healthy_answers(cfg: StackConfig) -> Callable[[str, dict[str, Any]], dict[str, Any] | None]:
+    """What a healthy project answers for this stack: the stand-in for offline runs."""
+    p = cfg.facts
+    wanted = cfg.kubernetes_version
+    version = wanted if gke_versions.is_exact(wanted) else f"{wanted or SCHEMA_MINOR}.1-gke.1829001"
+    version = max([version, *(f for _, f in cfg.gke_floors if gke_versions.is_exact(f))], key=gke_versions.version_key)
+
+    def answer(token: str, args: dict[str, Any]) -> dict[str, Any] | None:
+        if token == RESERVATION:
+            return {"name": args["name"], "zone": args["zone"], "status": "READY", "specificReservations": [{
+                "count": cfg.gpu_max_nodes, "inUseCount": 0,
+                "instanceProperties": [{"machineType": p.machine_type, "guestAccelerators": []}]}]}
+        if token == ENGINE_VERSIONS:
+            return {"releaseChannelDefaultVersion": {cfg.release_channel: version},
+                    "releaseChannelLatestVersion": {cfg.release_channel: version}, "validMasterVersions": [version]}
+        if token == MACHINE_TYPES:
+            return {"machineTypes": [{"name": p.machine_type, "guestCpus": p.machine_vcpus,
+                                      "memoryMb": -(-p.machine_memory_gb * 10**9 // 2**20),
+                                      "bundledLocalSsds": [{"partitionCount": p.local_ssd_count or 0}]}]}
+        if token == PROJECT_SERVICE:
+            return {"id": f"{args['project']}/{args['service']}", "service": args["service"]}
+        if token == CLUSTER:
+            return existing_cluster_answer(args)
+        return None
+
+    return answer
