@@ -119,3 +119,11 @@ def test_the_workloads_import_only_the_standard_library_at_load():
                 offenders += [f"{name}: {t}" for t in top
                               if t and t not in sys.stdlib_module_names and t not in ("workloads", "__future__")]
     assert offenders == []
+
+
+def test_every_package_is_installed():
+    """The verl-gke command and Pulumi's provider host import the project from its install."""
+    import tomllib
+
+    installed = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    assert sorted(installed) == sorted(PACKAGES)
