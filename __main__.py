@@ -24,11 +24,16 @@ from manifests import nccl, supervisor
 from manifests.ray_cluster import WORKER_GROUP
 from manifests.network_mapping import NetworkNames
 from domain.bucket import MOUNT_PATH
+from domain.pricing import run_cost, run_estimate_line
 from verl_gke.fabric import fabric_runtime_env
 from workloads.stage_data import model_dir_for
 
 cfg, hf_token = from_pulumi()
 live = check_live_project(cfg)
+# Before anything is created: what the stack costs per hour, by capacity kind, and the run's estimate.
+for cost in cfg.hourly_costs:
+    pulumi.log.info(f"price per hour, GPU nodes on {cost.line()}")
+pulumi.log.info(f"run estimate: {run_estimate_line(cfg.hourly_usd, cfg.run_budget_h)}")
 facts = cfg.facts
 a4x = cfg.platform == "a4x"
 builds_infra = not cfg.existing_cluster
@@ -133,7 +138,7 @@ if cfg.run_supervisor:
             "entrypoint": entry, "runtime_env": job_env, "expected_workers": cfg.gpu_nodes,
             "expected_gpus": cfg.gpu_nodes * facts.gpus_per_node, "max_retries": cfg.run_max_retries,
             "max_preemptions": cfg.run_max_preemptions, "backoff_s": cfg.run_retry_backoff_seconds,
-            "budget_s": cfg.run_budget_hours * 3600, "release_workers": cfg.release_workers_when_done,
+            "budget_s": cfg.run_budget_s, "release_workers": cfg.release_workers_when_done,
         },
     }, k8s.merge(pulumi.ResourceOptions(depends_on=[ray]))))
 
@@ -148,7 +153,7 @@ job = GrpoJob("grpo", {
     "expected_workers": cfg.gpu_nodes, "expected_gpus": cfg.gpu_nodes * facts.gpus_per_node,
     "fabric_check": cfg.fabric_check, "fabric_min_busbw_gbps": cfg.fabric_floor_gbps,
     "fabric_runtime_env": fabric_runtime_env(facts),
-    "budget_s": cfg.run_budget_hours * 3600, "supervised_attempts": supervised,
+    "budget_s": cfg.run_budget_s, "supervised_attempts": supervised,
 }, pulumi.ResourceOptions(depends_on=job_waits_for))
 
 checkpoint_path = cfg.grpo.checkpoint_dir.removeprefix(f"{MOUNT_PATH}/")
@@ -166,6 +171,8 @@ pulumi.export("dashboardCommand", job.dashboard_command)
 pulumi.export("grpoSubmissionId", job.submission_id)
 pulumi.export("grpoJobStatus", job.status)
 pulumi.export("checkpointUri", storage.bucket_name.apply(lambda b: f"gs://{b}/{checkpoint_path}"))
+pulumi.export("hourlyCostUsd", cfg.hourly_usd)
+pulumi.export("estimatedRunCostUsd", run_cost(cfg.run_budget_h, cfg.hourly_usd))
 pulumi.export("gpuPlatform", cfg.platform)
 pulumi.export("gpuNodes", cfg.gpu_nodes)
 pulumi.export("gpusPerNode", facts.gpus_per_node)

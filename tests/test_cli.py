@@ -98,6 +98,7 @@ def outputs_doc(submission_id: str, **changes: Any) -> dict[str, Any]:
         "rayClusterName": "b200-ray-cluster",
         "rayHeadService": "b200-ray-cluster-head-svc",
         "fabricBusBandwidthGbps": 361.5,
+        "hourlyCostUsd": 184.94,
         "preflightChecks": ["GKE 1.34.1-gke.1829001 from the REGULAR channel",
                             "reservation my-reservation: 2 of 2 a4-highgpu-8g free"],
     }
@@ -152,6 +153,9 @@ def error_line(err: str) -> str:
 def test_status_shows_cluster_head_workers_gpus_and_job_on_one_screen(
         capsys: pytest.CaptureFixture[str], ray_head: str, finished_job: str, outputs_file: Path) -> None:
     code, out, _ = run(capsys, "status", "--outputs", str(outputs_file), "--dashboard-url", ray_head)
+    job = JobSubmissionClient(ray_head).get_job_info(finished_job)
+    # The spend: the job's own start and end times in Ray's job info, at hourlyCostUsd.
+    spend = round((job.end_time - job.start_time) / 1000 / 3600 * 184.94, 2)
     assert code == 0
     assert out.splitlines() == [
         f"Stack outputs  {outputs_file}",
@@ -162,6 +166,7 @@ def test_status_shows_cluster_head_workers_gpus_and_job_on_one_screen(
         "GPUs visible   0 of 16  <- 16 GPUs not joined yet",
         f"GRPO job       {finished_job}  SUCCEEDED (Pulumi last saw RUNNING)",
         "Job message    Job finished successfully.",
+        f"Spend          ${spend:.2f} since the first attempt started, at $184.94/h (run ended)",
         "Fabric         361.5 GB/s all-reduce bus bandwidth when the job was created",
         "Preflight      GKE 1.34.1-gke.1829001 from the REGULAR channel",
         "Preflight      reservation my-reservation: 2 of 2 a4-highgpu-8g free",

@@ -306,6 +306,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         except CliError as error:  # e.g. a restarted head forgot the job: still show the rest
             status, message = "UNREADABLE", str(error)
         attempts = _ray_call(url, "listing the run's attempts", lambda: _attempts(client, target.submission_id))
+        timed = attempts or _own_times(client, url, target.submission_id)
     gpus, dead = capacity.gpus, capacity.dead
     shortfall = "" if gpus >= expected_gpus else f"  <- {expected_gpus - gpus:g} GPUs not joined yet"
     rows = [
@@ -323,6 +324,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if message:
         rows.append(("Job message", message))
     rows += _attempt_rows(attempts)
+    rows.append(("Spend", _spend(timed, outputs.hourly_cost_usd, time.time())))
     rows.append(("Fabric", f"{outputs.fabric_busbw_gbps:g} GB/s all-reduce bus bandwidth when the job was created"
                  if outputs.fabric_busbw_gbps is not None else "not measured (fabricCheck off, or not deployed)"))
     rows += [("Preflight", line) for line in outputs.preflight_checks]
@@ -359,6 +361,31 @@ def _attempt_rows(attempts: list[Any]) -> list[tuple[str, str]]:
         left = float(deadline) - time.time()
         rows.append(("Budget", f"{_duration(left)} left" if left > 0 else "spent"))
     return rows
+
+
+def _own_times(client: JobSubmissionClient, url: str, submission_id: str) -> list[Any]:
+    """The job alone (an id that is not a verl-gke run's), for its times; none when the head forgot it."""
+    try:
+        return [_ray_call(url, f"reading job {submission_id}", lambda: client.get_job_info(submission_id))]
+    except CliError:
+        return []
+
+
+def _spend(attempts: list[Any], usd_per_hour: float | None, now_s: float) -> str:
+    """The run's cost so far: from its first attempt's start (Ray's job info) to its last attempt's end, or
+    now, at the stack's hourly price (hourlyCostUsd)."""
+    from domain.pricing import spend_so_far
+
+    if usd_per_hour is None:
+        return "unknown (no hourlyCostUsd: the price table lacks this stack's price)"
+    started = [j.start_time for j in attempts if j.start_time]
+    if not started:
+        return f"nothing yet (${usd_per_hour:.2f}/h once the run starts)"
+    ends = [j.end_time for j in attempts if j.end_time]
+    live = any(not j.end_time for j in attempts if j.start_time)
+    until = now_s if live or not ends else max(ends) / 1000
+    usd = spend_so_far(min(started) / 1000, until, usd_per_hour)
+    return f"${usd:.2f} since the first attempt started, at ${usd_per_hour:.2f}/h" + ("" if live else " (run ended)")
 
 
 def _ray_version(url: str) -> str:
