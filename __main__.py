@@ -26,6 +26,7 @@ from manifests.network_mapping import NetworkNames
 from domain.bucket import MOUNT_PATH
 from domain.pricing import run_cost, run_estimate_line
 from verl_gke.fabric import fabric_runtime_env
+from workloads.export_model import model_path
 from workloads.stage_data import model_dir_for
 
 cfg, hf_token = from_pulumi()
@@ -171,6 +172,9 @@ pulumi.export("dashboardCommand", job.dashboard_command)
 pulumi.export("grpoSubmissionId", job.submission_id)
 pulumi.export("grpoJobStatus", job.status)
 pulumi.export("checkpointUri", storage.bucket_name.apply(lambda b: f"gs://{b}/{checkpoint_path}"))
+# verl's merger writes it when the run succeeds (workloads/export_model.py); empty until then.
+pulumi.export("modelUri", pulumi.Output.all(storage.bucket_name, job.submission_id, job.status).apply(
+    lambda a: f"gs://{a[0]}/{model_path(a[1])}" if a[2] == "SUCCEEDED" else ""))
 pulumi.export("hourlyCostUsd", cfg.hourly_usd)
 pulumi.export("estimatedRunCostUsd", run_cost(cfg.run_budget_h, cfg.hourly_usd))
 pulumi.export("gpuPlatform", cfg.platform)

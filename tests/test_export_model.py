@@ -84,3 +84,65 @@ def test_a_missing_step_or_an_incomplete_checkpoint_is_one_line(tmp_path: Path) 
         export_model.export(tmp_path, tmp_path / "model", step=3)
     with pytest.raises(ExportError, match=r"no FSDP checkpoint at step 4 \(have: global_step_3\)"):
         export_model.export(tmp_path, tmp_path / "model", step=4)
+
+
+@pytest.mark.ray
+def test_cli_export_runs_the_merger_as_a_ray_job_and_prints_the_models_uri(
+        ray_head: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from verl_gke import cli
+
+    # The bucket as the nodes mount it: here a folder the loopback head reads.
+    bucket = tmp_path / "bucket"
+    run_id = "verl-grpo-a4-0123456789ab"
+    model = tiny_checkpoint(bucket / "verl" / "checkpoints" / run_id, step=7, seed=2)
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps({
+        "clusterName": "verl-a4", "clusterLocation": "us-central1", "namespace": "default",
+        "rayHeadService": "b200-ray-cluster-head-svc", "grpoSubmissionId": run_id, "grpoJobStatus": "SUCCEEDED",
+        "dashboardCommand": "kubectl port-forward ...", "gpuPlatform": "a4", "gpuNodes": 2, "gpusPerNode": 8,
+        "checkpointUri": f"gs://verl-data-p/verl/checkpoints/{run_id}"}))
+    code = cli.main(["export", "--outputs", str(outputs), "--dashboard-url", ray_head, "--step", "7",
+                     "--bucket-mount", str(bucket), "--verl-dir", str(unpacked(VERL_0_9_0)), "--poll", "1",
+                     # The loopback head's own venv has Ray only; the test venv has verl's dependencies.
+                     "--python", sys.executable,
+                     "--timeout", "600"])
+    out, err = capsys.readouterr()
+    assert (code, out) == (0, f"gs://verl-data-p/{run_id}/model-step-7\n"), err
+    loaded = AutoModelForCausalLM.from_pretrained(bucket / run_id / "model-step-7", torch_dtype="auto")
+    for key, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], tensor.to(torch.bfloat16)), key
+
+
+def test_the_export_job_runs_on_the_head_unless_it_asks_for_memory() -> None:
+    plain = export_model.submission(run_id="r", checkpoint_dir="/data/ck/r", step=None, working_dir="/w")
+    assert plain == {
+        "entrypoint": "python export_model.py --checkpoint-dir /data/ck/r --target-dir /data/r/model",
+        "submission_id": "verl-export-r-final", "runtime_env": {"working_dir": "/w"},
+        "metadata": {"verl_gke_export": "/data/r/model"},
+    }
+    big = export_model.submission(run_id="r", checkpoint_dir="/data/ck/r", step=3, working_dir="/w",
+                                  memory_bytes=260 * 10**9)
+    assert big["entrypoint"].endswith("--target-dir /data/r/model-step-3 --step 3")
+    assert (big["entrypoint_memory"], big["entrypoint_num_cpus"]) == (260 * 10**9, 1)
+
+
+def test_model_uri_is_empty_until_the_run_succeeds() -> None:
+    from verl_gke import synth
+
+    class Succeeded(synth.SynthMocks):
+        """The provider's answer once the run has SUCCEEDED."""
+
+        def new_resource(self, args):
+            id_, state = super().new_resource(args)
+            if args.typ == synth.GRPO_JOB_TYPE:
+                state["status"] = "SUCCEEDED"
+            return id_, state
+
+    running = synth.run("a4-standard")
+    assert running.outputs["modelUri"] == ""
+    done = synth.run("a4-standard", monitor=synth.RecordingMonitor(Succeeded()))
+    run_id = done.outputs["grpoSubmissionId"]
+    assert done.outputs["modelUri"] == f"gs://verl-data-replace-me-project/{run_id}/model"

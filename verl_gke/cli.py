@@ -6,6 +6,7 @@
     verl-gke dashboard   open the port-forward and print the local URL until Ctrl-C
     verl-gke metrics     verl's per-step metrics as a table, a reward plot and a verdict
     verl-gke fabric      all-reduce across every GPU worker: the fabric's bus bandwidth, on demand
+    verl-gke export      a checkpoint as a Hugging Face model in the bucket (verl's own merger, as a Ray job)
 
 The stack outputs come from `pulumi stack output --json` or `--outputs FILE`; the head is
 reached the way the GrpoJob provider reaches it (verl_gke.head_access): a port-forward through
@@ -154,6 +155,25 @@ def build_parser() -> argparse.ArgumentParser:
     fab.add_argument("--timeout", type=_positive_float, default=fabric.TIMEOUT_S, metavar="S",
                      help=f"stop the check after S seconds (default {fabric.TIMEOUT_S:g})")
     fab.set_defaults(handler=cmd_fabric)
+
+    exp = commands.add_parser(
+        "export", parents=[common], help="merge a checkpoint into a Hugging Face model in the bucket",
+        description="Run verl's model merger on the head as a Ray job: the checkpoint at --step (default: the "
+                    "newest) becomes safetensors at gs://<bucket>/<run>/model (or model-step-N), which "
+                    "transformers and vLLM load. Waits for the job and prints the model's gs:// URI.")
+    exp.add_argument("--step", type=int, metavar="N", help="checkpoint step (default: the newest)")
+    exp.add_argument("--memory-gb", type=_positive_float, metavar="GB",
+                     help="memory the merge needs (about 8 bytes per parameter); Ray then runs it on a node with "
+                          "that much free instead of the head")
+    exp.add_argument("--timeout", type=_positive_float, default=4 * 3600.0, metavar="S",
+                     help="give up waiting after S seconds (default 14400)")
+    exp.add_argument("--bucket-mount", default="/data", metavar="PATH",
+                     help="where the Ray nodes mount the bucket (default /data)")
+    exp.add_argument("--verl-dir", metavar="PATH", help="a verl on the nodes to merge with (default: the head's)")
+    exp.add_argument("--python", default="python", help="Python on the node with verl's dependencies (default python)")
+    exp.add_argument("--poll", type=_positive_float, default=DEFAULT_POLL_S, metavar="S",
+                     help=f"seconds between status checks (default {DEFAULT_POLL_S:g})")
+    exp.set_defaults(handler=cmd_export)
     return parser
 
 
@@ -565,4 +585,40 @@ def cmd_fabric(args: argparse.Namespace) -> int:
           f"{result['nodes']} nodes x {check.gpus_per_node} GPUs, {result['backend']}, job {result['submission_id']}")
     if message := fabric.verdict(result, check):
         raise CliError(message)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from workloads import export_model
+
+    target = _target(args, need_outputs=True)
+    outputs = target.outputs
+    assert outputs is not None
+    bucket, _, folder = outputs.checkpoint_uri.removeprefix("gs://").partition("/")
+    if not outputs.checkpoint_uri.startswith("gs://") or not folder:
+        raise CliError(f"{outputs.source}: checkpointUri {outputs.checkpoint_uri!r} is not gs://<bucket>/<path>")
+    kwargs = export_model.submission(
+        run_id=target.submission_id, checkpoint_dir=f"{args.bucket_mount}/{folder}", step=args.step,
+        working_dir=str(Path(export_model.__file__).parent),
+        memory_bytes=int(args.memory_gb * 1e9) if args.memory_gb else None, mount=args.bucket_mount,
+        verl_dir=args.verl_dir, python=args.python)
+    uri = f"gs://{bucket}/{export_model.model_path(target.submission_id, args.step)}"
+    with _head(args, outputs) as url:
+        client = _job_client(url)
+        known = _ray_call(url, "listing jobs", lambda: [j.submission_id for j in client.list_jobs()])
+        if kwargs["submission_id"] not in known:
+            _ray_call(url, "submitting the export", lambda: client.submit_job(**kwargs))
+        _progress(f"export {kwargs['submission_id']}: verl's merger into {uri}")
+        deadline = time.monotonic() + args.timeout
+        while (status := str(_ray_call(url, "reading the export",
+                                       lambda: client.get_job_status(kwargs["submission_id"])))) \
+                not in TERMINAL_STATUSES:
+            if time.monotonic() > deadline:
+                raise CliError(f"export {kwargs['submission_id']} still {status} after {args.timeout:g} s")
+            time.sleep(args.poll)
+        if status != "SUCCEEDED":
+            logs = _ray_call(url, "reading the export's logs", lambda: client.get_job_logs(kwargs["submission_id"]))
+            tail = " | ".join(logs.strip().splitlines()[-3:])
+            raise CliError(f"export {kwargs['submission_id']} {status}: {tail}")
+    print(uri)
     return 0

@@ -94,6 +94,45 @@ def export(checkpoint_dir: Path, target_dir: Path, step: int | None = None, *, p
     return target_dir
 
 
+MOUNT_PREFIX = "/data"
+"""Where every Ray pod mounts the bucket (domain.bucket.MOUNT_PATH; workloads import no domain)."""
+
+
+def model_path(run_id: str, step: int | None = None) -> str:
+    """The model's folder under the bucket: `<run>/model` for the run's final model, `<run>/model-step-<N>` for
+    an export of step N, so an older step never replaces the final model."""
+    return f"{run_id}/model" if step is None else f"{run_id}/model-step-{step}"
+
+
+def submission(*, run_id: str, checkpoint_dir: str, step: int | None, working_dir: str,
+               memory_bytes: int | None = None, mount: str = MOUNT_PREFIX, verl_dir: str | None = None,
+               python: str = "python") -> dict:
+    """Keyword arguments of Ray's `JobSubmissionClient.submit_job` for the export of `run_id`'s checkpoint.
+
+    The job's driver runs on the head (no entrypoint resources: Ray starts drivers there), a CPU node on
+    A4 and A3 Ultra; with `memory_bytes`, Ray places it on a node with that much memory free instead (a GPU
+    worker while they are up: a 32B model's merge needs some 260 GB). `working_dir` holds this file; `mount` is
+    where the nodes mount the bucket; `verl_dir` a verl to put first on the merger's path (default: the head's,
+    which the RayCluster's environment already puts there); `python` the interpreter with verl's dependencies
+    (the image's)."""
+    target = f"{mount}/{model_path(run_id, step)}"
+    args = [python, "export_model.py", "--checkpoint-dir", checkpoint_dir, "--target-dir", target]
+    if step is not None:
+        args += ["--step", str(step)]
+    if verl_dir:
+        args += ["--verl-dir", verl_dir]
+    kwargs: dict = {
+        "entrypoint": " ".join(args),
+        "submission_id": f"verl-export-{run_id}-{'final' if step is None else f'step-{step}'}",
+        "runtime_env": {"working_dir": working_dir},
+        "metadata": {"verl_gke_export": target},
+    }
+    if memory_bytes:
+        kwargs["entrypoint_memory"] = memory_bytes
+        kwargs["entrypoint_num_cpus"] = 1
+    return kwargs
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="export_model", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint-dir", type=Path, required=True, help="the run's checkpoint folder")
@@ -102,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verl-dir", type=Path, default=None, help="the run's verl, first on the merger's path")
     args = parser.parse_args(argv)
     try:
-        target = export(args.checkpoint_dir, args.target_dir, args.step, verl_dir=args.verl_dir)
+        target = export(args.checkpoint_dir, args.target_dir, args.step, verl_dir=args.verl_dir)  # this python
     except ExportError as error:
         print(f"export_model: {error}", file=sys.stderr)
         return 1
