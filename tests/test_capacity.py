@@ -82,3 +82,43 @@ def test_one_kind_keeps_the_stacks_as_they_were(stack: str, synth_stack):
     result = synth_stack(stack)
     assert _manifest(result, "ComputeClass") == []
     assert "verl-gpu" not in str(_workers(result))
+
+
+def _quota(value: str, family: str = "NVIDIA_B200", region: str = "us-central1") -> dict:
+    return {"quotaId": "GPUS-PER-GPU-FAMILY-per-project-region", "dimensionsInfos": [
+        {"dimensions": {}, "details": [{"value": "0"}], "applicableLocations": ["global"]},
+        {"dimensions": {"gpu_family": family, "region": region}, "details": [{"value": value}],
+         "applicableLocations": [region]}]}
+
+
+def test_on_demand_checks_the_gpu_quota_of_the_family_in_the_region():
+    from domain import preflight
+    from domain.config import load_config
+    from tests.conftest import BASE_CONFIG
+
+    cfg = load_config({**BASE_CONFIG, "verl-gke:capacity": '["on-demand"]', "verl-gke:reservation": ""})
+    assert preflight.gpu_quota(cfg, _quota("16")) == 16
+    assert preflight.quota_problems(cfg, _quota("16")) == []
+    assert preflight.quota_problems(cfg, _quota("8")) == [
+        "verl-gke:gpuNodes = 2: 16 NVIDIA_B200 GPUs on demand, but the project's "
+        "GPUS-PER-GPU-FAMILY-per-project-region quota in us-central1 is 8; request more quota or lower gpuNodes."]
+    # Another family's or region's grant is not ours: the default (0) applies.
+    assert preflight.gpu_quota(cfg, _quota("64", family="NVIDIA_H100")) == 0
+    assert preflight.gpu_quota(cfg, _quota("64", region="europe-west4")) == 0
+
+
+def test_the_preview_stops_on_too_little_quota_and_asks_for_none_without_on_demand():
+    import pulumi
+
+    from domain import preflight
+
+    on_demand = {"verl-gke:capacity": '["spot","on-demand"]', "verl-gke:reservation": ""}
+    with pytest.raises(pulumi.RunError, match="16 NVIDIA_B200 GPUs on demand, but the project's "
+                                              "GPUS-PER-GPU-FAMILY-per-project-region quota in us-central1 is 8"):
+        synth.run("a4-standard", overrides=on_demand, cloud={preflight.QUOTA: _quota("8")})
+    enough = synth.run("a4-standard", overrides=on_demand, cloud={preflight.QUOTA: _quota("16")})
+    assert preflight.QUOTA not in enough.unchecked
+    assert "preflight: GPU quota in us-central1: 16 NVIDIA_B200" in enough.log
+    spot = synth.run("a4-standard", overrides={"verl-gke:capacity": '["spot"]', "verl-gke:reservation": ""})
+    assert preflight.QUOTA not in spot.unchecked
+    assert not any("GPU quota" in line for line in spot.log)
