@@ -122,3 +122,12 @@ def test_the_preview_stops_on_too_little_quota_and_asks_for_none_without_on_dema
     spot = synth.run("a4-standard", overrides={"verl-gke:capacity": '["spot"]', "verl-gke:reservation": ""})
     assert preflight.QUOTA not in spot.unchecked
     assert not any("GPU quota" in line for line in spot.log)
+
+
+def test_an_unreadable_quota_is_a_note_not_a_stop():
+    from domain import preflight
+
+    result = synth.run("a4-standard", overrides={"verl-gke:capacity": '["on-demand"]', "verl-gke:reservation": ""},
+                       cloud={preflight.QUOTA: {"error": "cloudquotas.googleapis.com SERVICE_DISABLED"}})
+    assert any(line.startswith("preflight: GPU quota not checked:") and "SERVICE_DISABLED" in line
+               for line in result.log)
