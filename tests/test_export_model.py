@@ -146,3 +146,13 @@ def test_model_uri_is_empty_until_the_run_succeeds() -> None:
     done = synth.run("a4-standard", monitor=synth.RecordingMonitor(Succeeded()))
     run_id = done.outputs["grpoSubmissionId"]
     assert done.outputs["modelUri"] == f"gs://verl-data-replace-me-project/{run_id}/model"
+
+
+def test_a_merge_that_would_not_fit_in_memory_is_refused_before_it_starts(tmp_path: Path) -> None:
+    tiny_checkpoint(tmp_path, step=1, seed=0)
+    shards = (tmp_path / "global_step_1" / "actor" / "model_world_size_1_rank_0.pt").stat().st_size
+    assert export_model.memory_needed(tmp_path / "global_step_1" / "actor") == 2 * shards
+    with pytest.raises(ExportError, match=r"needs about 0\.0 GB of memory \(twice its model shards\); this node "
+                                          r"allows 0\.0 GB: export with --memory-gb 0 so Ray runs it"):
+        export_model.export(tmp_path, tmp_path / "model", memory_bytes=shards)
+    assert not (tmp_path / "model.partial").exists()

@@ -62,6 +62,23 @@ def actor_dir(checkpoint_dir: Path, step: int) -> Path:
     return actor
 
 
+def memory_needed(actor: Path) -> int:
+    """Bytes the merge holds at once: every model shard loaded, and the merged copy beside them."""
+    return 2 * sum(p.stat().st_size for p in actor.glob("model_world_size_*_rank_*.pt"))
+
+
+def memory_limit() -> int:
+    """What this process may use: the container's cgroup limit, else the machine's memory."""
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:
+            return int(text)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def merge_command(python: str, actor: Path, target: Path) -> list[str]:
     """verl's merger as its docs give it, for FSDP checkpoints."""
     return [python, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
@@ -69,12 +86,20 @@ def merge_command(python: str, actor: Path, target: Path) -> list[str]:
 
 
 def export(checkpoint_dir: Path, target_dir: Path, step: int | None = None, *, python: str = sys.executable,
-           verl_dir: Path | None = None, timeout_s: float = MERGE_TIMEOUT_S) -> Path:
+           verl_dir: Path | None = None, timeout_s: float = MERGE_TIMEOUT_S,
+           memory_bytes: int | None = None) -> Path:
     """Merge the checkpoint at `step` (default: the newest) into `target_dir`; return it.
 
-    `verl_dir` goes first on the merger's path: the run's own verl (the staged wheel), whatever the image has."""
+    `verl_dir` goes first on the merger's path: the run's own verl (the staged wheel), whatever the image has.
+    A merge that would not fit `memory_bytes` (default: this container's limit) is refused before it starts,
+    rather than killed halfway by the kernel."""
     step = latest_step(checkpoint_dir) if step is None else step
     actor = actor_dir(checkpoint_dir, step)
+    need, have = memory_needed(actor), memory_limit() if memory_bytes is None else memory_bytes
+    if need > have:
+        raise ExportError(f"merging {actor} needs about {need / 1e9:.1f} GB of memory (twice its model shards); "
+                          f"this node allows {have / 1e9:.1f} GB: export with --memory-gb {-(-need // 10**9)} so Ray "
+                          "runs it on a node with room")
     partial = target_dir.with_name(target_dir.name + PARTIAL_SUFFIX)
     shutil.rmtree(partial, ignore_errors=True)  # a killed export's leftovers, never the published model
     env = dict(os.environ)
