@@ -153,6 +153,6 @@ def test_a_merge_that_would_not_fit_in_memory_is_refused_before_it_starts(tmp_pa
     shards = (tmp_path / "global_step_1" / "actor" / "model_world_size_1_rank_0.pt").stat().st_size
     assert export_model.memory_needed(tmp_path / "global_step_1" / "actor") == 2 * shards
     with pytest.raises(ExportError, match=r"needs about 0\.0 GB of memory \(twice its model shards\); this node "
-                                          r"allows 0\.0 GB: export with --memory-gb 0 so Ray runs it"):
+                                          r"allows 0\.0 GB: export with --memory-gb 1 so Ray runs it"):
         export_model.export(tmp_path, tmp_path / "model", memory_bytes=shards)
     assert not (tmp_path / "model.partial").exists()
