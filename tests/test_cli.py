@@ -585,3 +585,16 @@ def test_logs_follow_ends_with_one_line_when_the_head_stops_answering(
     assert "started" in out
     assert error_line(err).startswith(f"verl-gke: error: Ray head at http://127.0.0.1:{link.port}: GET /api/jobs/")
     assert time.monotonic() - started < 30
+
+
+def test_spend_runs_from_the_first_attempts_start_to_now_or_the_last_end() -> None:
+    from types import SimpleNamespace as Job
+
+    first = Job(start_time=1_000_000, end_time=4_600_000)  # ms, as Ray's job info gives them
+    retry = Job(start_time=5_000_000, end_time=None)
+    assert cli._spend([first, retry], 100.0, now_s=8_200.0) == "$200.00 since the first attempt started, at $100.00/h"
+    retry.end_time = 8_200_000
+    assert cli._spend([first, retry], 100.0, now_s=99_999.0) == \
+        "$200.00 since the first attempt started, at $100.00/h (run ended)"
+    assert cli._spend([], 100.0, now_s=0.0) == "nothing yet ($100.00/h once the run starts)"
+    assert cli._spend([first], None, now_s=0.0) == "unknown (no hourlyCostUsd: the price table lacks this stack's price)"
