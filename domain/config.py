@@ -620,6 +620,10 @@ def capacity_problems(cfg: StackConfig) -> list[str]:
         if refused:
             out.append(problem_line(key, list(kinds), f"{p.title} takes only {', '.join(offered)} in verl-gke "
                                     f"(not {', '.join(refused)})."))
+        if p.accelerator_topology and len(kinds) > 1:
+            # Its pool has a fixed size (a whole rack): a pool per kind would hold every kind's nodes at once.
+            out.append(problem_line(key, list(kinds), f"{p.title} nodes come from one kind at a time (a fixed-size "
+                                    f"{p.accelerator_topology} placement); name one."))
         if cfg.gpu_spot and kinds != ("spot",):
             out.append(problem_line(config_key("gpu_spot"), True, f"gpuSpot means capacity [\"spot\"]; with "
                                     f"capacity {json.dumps(list(kinds))} set, drop gpuSpot."))

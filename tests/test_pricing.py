@@ -112,6 +112,9 @@ def test_capacity_defaults_to_what_gpu_spot_and_reservation_meant(changes: dict[
     ({"capacity": '["flex-start"]', "reservation": "", "platform": "a4x"},
      'verl-gke:capacity = ["flex-start"]: A4X (4x NVIDIA GB200, arm64) takes only reservation, spot in verl-gke '
      '(not flex-start).'),
+    ({"capacity": '["reservation","spot"]', "platform": "a4x"},
+     'verl-gke:capacity = ["reservation", "spot"]: A4X (4x NVIDIA GB200, arm64) nodes come from one kind at a time '
+     '(a fixed-size 1x72 placement); name one.'),
     ({"capacity": '["flex-start"]', "reservation": "", "gpuSpot": "true"},
      'verl-gke:gpuSpot = true: gpuSpot means capacity ["spot"]; with capacity ["flex-start"] set, drop gpuSpot.'),
     ({"capacity": '["reservation","spot"]', "reservation": ""},
