@@ -15,7 +15,7 @@ from typing import Any
 
 from domain import gke_versions
 from domain.config import SCHEMA_MINOR, StackConfig, config_key, problem_line
-from domain.platforms import GPU_POOL_NAME, Platform
+from domain.platforms import GPU_POOL_NAME, Platform, gpu_pool_name
 
 RESERVATION = "gcp:compute/getReservation:getReservation"
 ENGINE_VERSIONS = "gcp:container/getEngineVersions:getEngineVersions"
@@ -84,8 +84,10 @@ def reservation_target(cfg: StackConfig) -> tuple[str, str]:
 
 
 def own_gpu_nodes(answer: Mapping[str, Any] | None) -> int:
-    """Nodes of this stack's GPU pool in a cluster lookup: they hold reserved machines themselves."""
-    pools = [p for p in (answer or {}).get("nodePools") or [] if p.get("name") == GPU_POOL_NAME]
+    """Nodes of this stack's reservation pool in a cluster lookup (`gpu-pool`, or `gpu-reservation` when a
+    ComputeClass orders several kinds): they hold reserved machines themselves."""
+    names = (GPU_POOL_NAME, gpu_pool_name("reservation"))
+    pools = [p for p in (answer or {}).get("nodePools") or [] if p.get("name") in names]
     return sum(int(p.get("nodeCount") or p.get("initialNodeCount") or 0) for p in pools)
 
 

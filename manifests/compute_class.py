@@ -12,14 +12,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from domain.platforms import gpu_pool_name
+
 COMPUTE_CLASS_LABEL = "cloud.google.com/compute-class"
 """The node label (and, on Standard pools, the taint key) a class's nodes carry; pods select it."""
 GPU_CLASS_NAME = "verl-gpu"
 
 
-def pool_name(kind: str) -> str:
-    """The Standard node pool of one capacity kind when a class orders several: `gpu-flex-start`."""
-    return f"gpu-{kind}"
+pool_name = gpu_pool_name
+"""The Standard node pool of one capacity kind when a class orders several (domain.platforms)."""
 
 
 def toleration(name: str = GPU_CLASS_NAME) -> dict[str, str]:

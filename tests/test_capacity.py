@@ -131,3 +131,11 @@ def test_an_unreadable_quota_is_a_note_not_a_stop():
                        cloud={preflight.QUOTA: {"error": "cloudquotas.googleapis.com SERVICE_DISABLED"}})
     assert any(line.startswith("preflight: GPU quota not checked:") and "SERVICE_DISABLED" in line
                for line in result.log)
+
+
+def test_a_reservation_pools_own_nodes_count_as_free_under_either_name():
+    from domain import preflight
+
+    answer = {"nodePools": [{"name": "gpu-reservation", "nodeCount": 2}, {"name": "gpu-spot", "nodeCount": 3},
+                            {"name": "gpu-pool", "nodeCount": 1}]}
+    assert preflight.own_gpu_nodes(answer) == 3
