@@ -9,6 +9,7 @@ from components.stack_config import from_pulumi
 from components.data_staging import DataStaging
 from components.gcs_fuse_storage import GcsFuseStorage, label_value
 from components.gke_cluster import DRA_V1BETA1_APIS, GkeCluster
+from components.gpu_compute_class import GpuComputeClass
 from components.gpu_node_pool import GpuNodePool
 from components.grpo_job import GrpoJob
 from domain.run_identity import submission_ids
@@ -20,15 +21,21 @@ from components.project_apis import ProjectApis
 from components.rdma_network import RdmaNetwork
 from components.run_supervisor import RunSupervisor
 from components.ray_training_cluster import RayTrainingCluster
-from manifests import nccl, supervisor
+from manifests import compute_class, nccl, supervisor
 from manifests.ray_cluster import WORKER_GROUP
 from manifests.network_mapping import NetworkNames
 from domain.bucket import MOUNT_PATH
+from domain.pricing import run_cost, run_estimate_line
 from verl_gke.fabric import fabric_runtime_env
+from workloads.export_model import model_path
 from workloads.stage_data import model_dir_for
 
 cfg, hf_token = from_pulumi()
 live = check_live_project(cfg)
+# Before anything is created: what the stack costs per hour, by capacity kind, and the run's estimate.
+for cost in cfg.hourly_costs:
+    pulumi.log.info(f"price per hour, GPU nodes on {cost.line()}")
+pulumi.log.info(f"run estimate: {run_estimate_line(cfg.hourly_usd, cfg.run_budget_h)}")
 facts = cfg.facts
 a4x = cfg.platform == "a4x"
 builds_infra = not cfg.existing_cluster
@@ -65,19 +72,33 @@ cluster = GkeCluster("gke", {
 }, gcp_ready.merge(pulumi.ResourceOptions(depends_on=[r for r in (rdma, nat) if r is not None])))
 k8s = pulumi.ResourceOptions(providers=[cluster.provider])
 
-gpu_pool = None
+# One capacity kind: one pool (Autopilot: GKE's Performance class). Several, or a reservation or flex-start
+# on Autopilot: a custom ComputeClass tries them in order (Standard: one pool per kind, named by the class).
+kinds = list(cfg.capacity_kinds)
+ordered = len(kinds) > 1 or (cfg.autopilot and kinds[0] in ("reservation", "flex-start"))
+gpu_class = compute_class.GPU_CLASS_NAME if ordered and builds_infra else None
+gpu_pools: list[GpuNodePool] = []
 if not cfg.autopilot and builds_infra:
-    gpu_pool = GpuNodePool("gpu", {
-        "project": cfg.project, "cluster": cluster.name, "location": cfg.cluster_location,
-        "zone": cfg.zone, "platform": cfg.platform, "reservation": cfg.reservation or None,
-        "nodes": cfg.gpu_nodes, "max_nodes": cfg.gpu_max_nodes, "spot": cfg.gpu_spot,
-        "accelerator_topology": facts.accelerator_topology,
-        # DRANET: GKE attaches the A4X NICs itself; otherwise the gVNIC + RDMA subnets.
-        "additional_node_networks": rdma.node_networks if rdma else None,
-        "accelerator_network_profile": "auto" if a4x and not rdma else None,
-        "service_account": cluster.node_service_account, "image_streaming": cfg.image_streaming,
-    }, pulumi.ResourceOptions(depends_on=cluster.node_identity))
-gpu_ready = [r for r in (gpu_pool, rdma) if r is not None]
+    for kind in kinds:
+        gpu_pools.append(GpuNodePool("gpu" if not gpu_class else f"gpu-{kind}", {
+            "project": cfg.project, "cluster": cluster.name, "location": cfg.cluster_location,
+            "zone": cfg.zone, "platform": cfg.platform,
+            "reservation": cfg.reservation if kind == "reservation" else None,
+            "nodes": cfg.gpu_nodes, "max_nodes": cfg.gpu_max_nodes, "spot": kind == "spot", "capacity": kind,
+            "compute_class": gpu_class, **({"pool_name": compute_class.pool_name(kind)} if gpu_class else {}),
+            "accelerator_topology": facts.accelerator_topology,
+            # DRANET: GKE attaches the A4X NICs itself; otherwise the gVNIC + RDMA subnets.
+            "additional_node_networks": rdma.node_networks if rdma else None,
+            "accelerator_network_profile": "auto" if a4x and not rdma else None,
+            "service_account": cluster.node_service_account, "image_streaming": cfg.image_streaming,
+        }, pulumi.ResourceOptions(depends_on=cluster.node_identity)))
+gpu_ready: list[pulumi.Resource] = [*gpu_pools, *([rdma] if rdma else [])]
+if gpu_class:
+    class_manifest = compute_class.compute_class(
+        kinds=kinds, autopilot=cfg.autopilot, machine_type=facts.machine_type, accelerator=facts.accelerator,
+        gpus_per_node=facts.gpus_per_node, reservation=cfg.reservation, project=cfg.project)
+    gpu_ready.append(GpuComputeClass("gpu-capacity", {"manifest": class_manifest},
+                                     k8s.merge(pulumi.ResourceOptions(depends_on=gpu_pools))))
 
 project_number = gcp.organizations.get_project_output(project_id=cfg.project).number
 storage = GcsFuseStorage("storage", {
@@ -112,7 +133,7 @@ ray = RayTrainingCluster("ray", {
     "namespace": cfg.namespace, "service_account": cfg.service_account,
     "claim_name": storage.claim_name, "name": cfg.ray_cluster_name, "image": cfg.verl_image,
     "worker_cpus": cfg.worker_cpus, "worker_memory_gi": cfg.worker_memory_gi,
-    "worker_spot": cfg.gpu_spot and cfg.autopilot, "nic_claims": a4x and networks is None,
+    "worker_spot": cfg.gpu_spot and cfg.autopilot, "compute_class": gpu_class, "nic_claims": a4x and networks is None,
     "verl_dir": cfg.verl_dir,
     "install_kuberay": cfg.ray_operator == "helm",
     "network_policy": cfg.ray_network_policy, "dashboard_cidrs": list(cfg.ray_dashboard_cidrs),
@@ -133,7 +154,7 @@ if cfg.run_supervisor:
             "entrypoint": entry, "runtime_env": job_env, "expected_workers": cfg.gpu_nodes,
             "expected_gpus": cfg.gpu_nodes * facts.gpus_per_node, "max_retries": cfg.run_max_retries,
             "max_preemptions": cfg.run_max_preemptions, "backoff_s": cfg.run_retry_backoff_seconds,
-            "budget_s": cfg.run_budget_hours * 3600, "release_workers": cfg.release_workers_when_done,
+            "budget_s": cfg.run_budget_s, "release_workers": cfg.release_workers_when_done,
         },
     }, k8s.merge(pulumi.ResourceOptions(depends_on=[ray]))))
 
@@ -148,7 +169,7 @@ job = GrpoJob("grpo", {
     "expected_workers": cfg.gpu_nodes, "expected_gpus": cfg.gpu_nodes * facts.gpus_per_node,
     "fabric_check": cfg.fabric_check, "fabric_min_busbw_gbps": cfg.fabric_floor_gbps,
     "fabric_runtime_env": fabric_runtime_env(facts),
-    "budget_s": cfg.run_budget_hours * 3600, "supervised_attempts": supervised,
+    "budget_s": cfg.run_budget_s, "supervised_attempts": supervised,
 }, pulumi.ResourceOptions(depends_on=job_waits_for))
 
 checkpoint_path = cfg.grpo.checkpoint_dir.removeprefix(f"{MOUNT_PATH}/")
@@ -166,6 +187,11 @@ pulumi.export("dashboardCommand", job.dashboard_command)
 pulumi.export("grpoSubmissionId", job.submission_id)
 pulumi.export("grpoJobStatus", job.status)
 pulumi.export("checkpointUri", storage.bucket_name.apply(lambda b: f"gs://{b}/{checkpoint_path}"))
+# verl's merger writes it when the run succeeds (workloads/export_model.py); empty until then.
+pulumi.export("modelUri", pulumi.Output.all(storage.bucket_name, job.submission_id, job.status).apply(
+    lambda a: f"gs://{a[0]}/{model_path(a[1])}" if a[2] == "SUCCEEDED" else ""))
+pulumi.export("hourlyCostUsd", cfg.hourly_usd)
+pulumi.export("estimatedRunCostUsd", run_cost(cfg.run_budget_h, cfg.hourly_usd))
 pulumi.export("gpuPlatform", cfg.platform)
 pulumi.export("gpuNodes", cfg.gpu_nodes)
 pulumi.export("gpusPerNode", facts.gpus_per_node)

@@ -12,6 +12,8 @@ from pulumi_gcp import compute, container
 from components.children import child_options
 from components.gke_cluster import NODE_SCOPES
 from domain.platforms import GPU_POOL_NAME, PLATFORMS, PlatformName
+from domain.pricing import CapacityKind
+from manifests import compute_class as cc
 
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
 # GKE runs its managed DRANET driver (which publishes the NICs as mrdma.google.com devices) only on
@@ -55,6 +57,12 @@ class GpuNodePoolArgs(TypedDict):
     for images in Artifact Registry; other registries are pulled as usual."""
     service_account: NotRequired[pulumi.Input[str] | None]
     """The nodes' service account (GkeCluster.node_service_account); None: Compute Engine's default."""
+    capacity: NotRequired[CapacityKind | None]
+    """Where the nodes come from; None: the reservation if named, else Spot if `spot`, else on-demand."""
+    compute_class: NotRequired[str | None]
+    """A custom ComputeClass whose priorities name this pool: its label and taint go on the nodes."""
+    pool_name: NotRequired[str]
+    """The pool's name (default GPU_POOL_NAME); one per capacity kind when a ComputeClass orders several."""
 
 
 class GpuNodePool(pulumi.ComponentResource):
@@ -83,6 +91,16 @@ class GpuNodePool(pulumi.ComponentResource):
                 f"GpuNodePool: spot = True with reservation = {reservation!r}: Spot VMs cannot consume a "
                 "reservation; set reservation to None for Spot, or spot to False"
             )
+        kind = args.get("capacity") or ("reservation" if reservation else "spot" if args["spot"] else "on-demand")
+        if (kind == "reservation") != bool(reservation) or (args["spot"] and kind != "spot"):
+            raise ValueError(f"GpuNodePool: capacity = {kind!r} with reservation = {reservation!r}, spot = "
+                             f"{args['spot']}: a reservation is consumed by capacity 'reservation' only, Spot is 'spot'")
+        flex = kind == "flex-start"
+        if flex and args.get("accelerator_topology"):
+            raise ValueError("GpuNodePool: capacity = 'flex-start' with an accelerator_topology: a fixed-size "
+                             "COMPACT pool cannot start at zero nodes")
+        name_in_gke = args.get("pool_name") or GPU_POOL_NAME
+        klass = args.get("compute_class")
         project, location = args["project"], args["location"]
         # Both have fixed names, so a replacement must delete first.
         child = child_options(self, opts).merge(pulumi.ResourceOptions(delete_before_replace=True))
@@ -93,7 +111,7 @@ class GpuNodePool(pulumi.ComponentResource):
             policy = compute.ResourcePolicy(
                 f"{name}-workload-policy",
                 # Unique per project and region, like the cluster name it starts with.
-                name=pulumi.Output.from_input(args["cluster"]).apply(lambda c: f"{c}-{GPU_POOL_NAME}-placement"),
+                name=pulumi.Output.from_input(args["cluster"]).apply(lambda c: f"{c}-{name_in_gke}-placement"),
                 project=project,
                 # The policy lives in the nodes' region, also when the cluster is zonal.
                 region=args["zone"].rsplit("-", 1)[0],
@@ -109,9 +127,15 @@ class GpuNodePool(pulumi.ComponentResource):
         elif profile is not None:
             network_config = {"accelerator_network_profile": profile}
 
+        # Flex-start nodes come when pods wait for them and go after seven days at most: the pool starts
+        # empty, scales from zero in any zone of its list, and is not auto-repaired (GKE "Run a small batch
+        # workload with flex-start provisioning mode": --flex-start --num-nodes=0 --location-policy=ANY
+        # --reservation-affinity=none --no-enable-autorepair).
+        flex_settings: dict = ({"management": {"auto_repair": False, "auto_upgrade": True}} if flex else {})
         container.NodePool(
             f"{name}-pool",
-            name=GPU_POOL_NAME,
+            name=name_in_gke,
+            **flex_settings,
             project=project,
             cluster=args["cluster"],
             location=location,
@@ -119,8 +143,9 @@ class GpuNodePool(pulumi.ComponentResource):
             # A4X: a fixed size. A 1x72 pool holds a whole NVLink sub-block; scaling it down gives
             # the machines back, and they may not come back (Cluster Toolkit's gke-a4x does the same).
             **({"node_count": args["nodes"]} if fixed else {
-                "initial_node_count": args["nodes"],
-                "autoscaling": {"total_min_node_count": 0, "total_max_node_count": args["max_nodes"]},
+                "initial_node_count": 0 if flex else args["nodes"],
+                "autoscaling": {"total_min_node_count": 0, "total_max_node_count": args["max_nodes"],
+                                **({"location_policy": "ANY"} if flex else {})},
             }),
             placement_policy=placement,
             network_config=network_config,
@@ -138,9 +163,13 @@ class GpuNodePool(pulumi.ComponentResource):
                     {"consume_reservation_type": "SPECIFIC_RESERVATION", "key": RESERVATION_KEY, "values": [reservation]}
                     if reservation else {"consume_reservation_type": "NO_RESERVATION"}
                 ),
-                "spot": args["spot"],
-                "taints": [GPU_TAINT],
-                **({"labels": {DRANET_NODE_LABEL: "true"}} if profile is not None else {}),
+                "spot": kind == "spot",
+                **({"flex_start": True} if flex else {}),
+                "taints": [GPU_TAINT, *([{"key": cc.COMPUTE_CLASS_LABEL, "value": klass, "effect": "NO_SCHEDULE"}]
+                                        if klass else [])],
+                **({"labels": {**({DRANET_NODE_LABEL: "true"} if profile is not None else {}),
+                               **({cc.COMPUTE_CLASS_LABEL: klass} if klass else {})}}
+                   if profile is not None or klass else {}),
                 "workload_metadata_config": {"mode": "GKE_METADATA"},
                 "gcfs_config": {"enabled": args.get("image_streaming", True)},
                 **({"service_account": args["service_account"], "oauth_scopes": NODE_SCOPES}

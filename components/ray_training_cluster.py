@@ -50,6 +50,8 @@ class RayTrainingClusterArgs(TypedDict):
     """Default: from the machine's allocatable memory (Platform.worker_memory_gi)."""
     worker_spot: NotRequired[bool]
     """Autopilot: GPU workers on Spot capacity. Default False; the head is never on Spot."""
+    compute_class: NotRequired[str | None]
+    """A custom ComputeClass the GPU workers select (it orders their capacity kinds). Default None."""
     nic_claims: NotRequired[bool]
     """A4X: NICs as DRA claims (DRANET), not multi-network interfaces. Default True on A4X."""
     head_node_pool: NotRequired[str]
@@ -108,6 +110,7 @@ def cluster_spec(args: RayTrainingClusterArgs) -> RayClusterSpec:
         a4x=a4x,
         dra_nics=a4x and args.get("nic_claims", True),
         worker_spot=args.get("worker_spot", False),
+        compute_class=args.get("compute_class"),
         head_node_pool=args.get("head_node_pool") or HEAD_NODE_POOL,
         verl_dir=args.get("verl_dir"),
     )

@@ -20,6 +20,8 @@ from domain import gke_versions
 from domain.grpo_spec import GRPO_DEFAULTS, GrpoSpec, verl_problems
 from domain.bucket import DEFAULT_CAPACITY, MOUNT_PATH
 from domain.platforms import PINNED_IMAGE_ARCH, PLATFORMS, Mode, Platform, PlatformName, VerlRelease, is_pinned_image
+from domain import pricing
+from domain.pricing import CAPACITY_KINDS, CapacityKind
 from workloads.stage_data import (
     DEFAULT_DATASET_REPO,
     DEFAULT_DATASET_REVISION,
@@ -120,6 +122,8 @@ class StackConfig(BaseModel):
     gpu_max_nodes: int = Field(10, ge=1)
     gpu_spot: bool = False
     reservation: str = ""
+    capacity: tuple[CapacityKind, ...] = ()
+    """Where GPU nodes come from, in order of preference; empty: from gpuSpot and reservation."""
     worker_cpus: int = Field(0, ge=0)
     worker_memory_gi: int = Field(0, ge=0)
 
@@ -155,6 +159,7 @@ class StackConfig(BaseModel):
     run_retry_backoff_seconds: int = Field(120, ge=0)
     run_max_preemptions: int = Field(10, ge=0)
     run_budget_hours: int = Field(0, ge=0)
+    run_budget_usd: int = Field(0, ge=0)
     release_workers_when_done: bool = True
     fabric_min_bus_bandwidth_gbps: int = Field(0, ge=0)
 
@@ -192,6 +197,43 @@ class StackConfig(BaseModel):
         return self.cluster_mode == "autopilot"
 
     @property
+    def capacity_kinds(self) -> tuple[CapacityKind, ...]:
+        """The capacity kinds GPU nodes come from, in order; unset, what gpuSpot and reservation always
+        meant: Spot, else the reservation on Standard, on-demand on Autopilot."""
+        if self.capacity:
+            return self.capacity
+        if self.gpu_spot:
+            return ("spot",)
+        return ("on-demand",) if self.autopilot else ("reservation",)
+
+    @property
+    def hourly_costs(self) -> list[pricing.HourlyCost]:
+        """The stack's price per hour on each of its capacity kinds (domain.pricing's table)."""
+        shape = pricing.StackShape(
+            machine_type=self.facts.machine_type, cpu_machine_type=self.cpu_machine_type, region=self.region,
+            gpu_nodes=self.gpu_nodes, cpu_nodes=0 if self.autopilot else self.cpu_min_nodes,
+            nat=self.private_nodes and self.cloud_nat and not self.existing_cluster,
+            bucket_gb=_gigabytes(self.volume_capacity), autopilot=self.autopilot)
+        return [pricing.hourly_cost(shape, kind) for kind in self.capacity_kinds]
+
+    @property
+    def hourly_usd(self) -> float | None:
+        """What the stack may cost per hour: the dearest of its capacity kinds; None when one is unknown."""
+        return pricing.worst_case(self.hourly_costs)
+
+    @property
+    def run_budget_h(self) -> float | None:
+        """The run's budget in hours: the earliest of runBudgetHours, runBudgetUsd at the hourly price and
+        flex-start's seven days; None for no bound."""
+        return pricing.run_hours(self.run_budget_hours, self.run_budget_usd, self.hourly_usd,
+                                 "flex-start" in self.capacity_kinds)
+
+    @property
+    def run_budget_s(self) -> float:
+        """The run's budget in seconds, as the supervisor and the job provider take it (0: none)."""
+        return round(self.run_budget_h * 3600) if self.run_budget_h is not None else 0
+
+    @property
     def rdma_nics(self) -> int:
         """RDMA subnets this stack creates, one per RDMA NIC (8 on A4/A3 Ultra, 4 on A4X with multi-network),
         none on A4X with DRANET."""
@@ -227,6 +269,15 @@ class StackConfig(BaseModel):
     def gke_floors(self) -> list[tuple[str, str]]:
         """(feature, lowest GKE version) for each feature of this stack that needs one."""
         return gke_versions.floors(self.facts, self.platform == "a4x" and self.a4x_networking == "dranet")
+
+
+_QUANTITY_BYTES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
+
+
+def _gigabytes(quantity: str) -> float:
+    """`768Gi` -> 824.6 (GB of 10^9 bytes, as storage is priced); 0 for a malformed one (reported apart)."""
+    match = _QUANTITY.match(quantity)
+    return int(quantity[:-2]) * _QUANTITY_BYTES[match.group(1)] / 1e9 if match else 0.0
 
 
 def _rdma_nics(platform: Platform, a4x_networking: str) -> int:
@@ -480,12 +531,8 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
             f"{p.title} nodes share one {p.accelerator_topology} NVLink domain: at most {p.max_placement_nodes}.")
     if cfg.gpu_nodes > cfg.gpu_max_nodes:
         add("gpu_nodes", cfg.gpu_nodes, f"must be <= gpuMaxNodes ({cfg.gpu_max_nodes}).")
-    if not cfg.autopilot and not cfg.existing_cluster:
-        if cfg.gpu_spot and cfg.reservation:
-            add("reservation", cfg.reservation, "Spot VMs cannot consume a reservation; leave it empty with gpuSpot.")
-        elif not cfg.gpu_spot and not cfg.reservation:
-            add("reservation", cfg.reservation,
-                "Standard GPU node pools consume a reservation; set its name (or use gpuSpot).")
+    if not cfg.existing_cluster:
+        out.extend(capacity_problems(cfg))
 
     for field, suffix in (("gvnic_network_prefix", "-internal"), ("rdma_network_prefix", "-sub-7")):
         value = getattr(cfg, field)
@@ -553,6 +600,54 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
     return out
 
 
+# What verl-gke offers per platform: A4X's pool holds a whole NVLink rack under one COMPACT placement
+# (fixed size, Cluster Toolkit's gke-a4x), which flex-start's autoscaled, queued nodes do not give.
+PLATFORM_CAPACITY: dict[str, tuple[CapacityKind, ...]] = {
+    "a4": CAPACITY_KINDS, "a3u": CAPACITY_KINDS, "a4x": ("reservation", "spot"),
+}
+
+
+def capacity_problems(cfg: StackConfig) -> list[str]:
+    """verl-gke:capacity against the platform, the legacy gpuSpot/reservation keys and the budget."""
+    out: list[str] = []
+    kinds, p = cfg.capacity_kinds, cfg.facts
+    key = config_key("capacity")
+    if cfg.capacity:
+        if len(set(kinds)) != len(kinds):
+            out.append(problem_line(key, list(kinds), "name each kind at most once, in order of preference."))
+        offered = PLATFORM_CAPACITY[cfg.platform]
+        refused = [k for k in kinds if k not in offered]
+        if refused:
+            out.append(problem_line(key, list(kinds), f"{p.title} takes only {', '.join(offered)} in verl-gke "
+                                    f"(not {', '.join(refused)})."))
+        if p.accelerator_topology and len(kinds) > 1:
+            # Its pool has a fixed size (a whole rack): a pool per kind would hold every kind's nodes at once.
+            out.append(problem_line(key, list(kinds), f"{p.title} nodes come from one kind at a time (a fixed-size "
+                                    f"{p.accelerator_topology} placement); name one."))
+        if cfg.gpu_spot and kinds != ("spot",):
+            out.append(problem_line(config_key("gpu_spot"), True, f"gpuSpot means capacity [\"spot\"]; with "
+                                    f"capacity {json.dumps(list(kinds))} set, drop gpuSpot."))
+    reserve = "reservation" in kinds
+    if reserve and not cfg.reservation:
+        if cfg.capacity:
+            out.append(problem_line(config_key("reservation"), cfg.reservation,
+                                    "capacity lists \"reservation\": set the reservation's name."))
+        else:
+            out.append(problem_line(config_key("reservation"), cfg.reservation,
+                                    "Standard GPU node pools consume a reservation; set its name (or use gpuSpot)."))
+    elif cfg.reservation and not reserve and (cfg.capacity or not cfg.autopilot):
+        message = ("Spot VMs cannot consume a reservation; leave it empty with gpuSpot." if not cfg.capacity
+                   else f"capacity {json.dumps(list(kinds))} takes no reservation; add \"reservation\" or leave "
+                   "this empty.")
+        out.append(problem_line(config_key("reservation"), cfg.reservation, message))
+    if cfg.run_budget_usd and cfg.hourly_usd is None:
+        unknown = "; ".join(c.line() for c in cfg.hourly_costs if c.usd is None)
+        out.append(problem_line(config_key("run_budget_usd"), cfg.run_budget_usd,
+                                f"needs the stack's hourly price, which the price table lacks ({unknown}); "
+                                "set runBudgetHours instead."))
+    return out
+
+
 def _bucket_name_ok(name: str) -> bool:
     parts = name.split(".")
     return (bool(_BUCKET.match(name)) and (len(name) <= _MAX_BUCKET_PART or "." in name)
@@ -588,8 +683,8 @@ def _cidr_problems(cfg: StackConfig) -> list[str]:
 def unused_keys(cfg: StackConfig) -> set[str]:
     """Keys this stack never reads, so their placeholders block nothing."""
     unused = set()
-    if cfg.autopilot or cfg.existing_cluster or cfg.gpu_spot:
-        unused.add(config_key("reservation"))  # only Standard GPU pools verl-gke creates consume it
+    if cfg.existing_cluster or "reservation" not in cfg.capacity_kinds:
+        unused.add(config_key("reservation"))  # only GPU nodes verl-gke provisions from it consume it
     return unused
 
 

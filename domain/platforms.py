@@ -44,7 +44,12 @@ def is_pinned_image(image: str) -> bool:
 PlatformName = Literal["a4", "a3u", "a4x"]
 
 GPU_POOL_NAME = "gpu-pool"
-"""The Standard GPU node pool's name, in every stack."""
+"""The Standard GPU node pool's name, in every stack with one capacity kind."""
+
+
+def gpu_pool_name(kind: str) -> str:
+    """The Standard GPU node pool of one capacity kind when a ComputeClass orders several: `gpu-flex-start`."""
+    return f"gpu-{kind}"
 
 # NCCL variables the tutorial's runtime-env.yaml sets for A4 and A3 Ultra (gIB plugin).
 _GIB_NCCL_ENV: dict[str, str] = {

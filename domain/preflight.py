@@ -15,13 +15,20 @@ from typing import Any
 
 from domain import gke_versions
 from domain.config import SCHEMA_MINOR, StackConfig, config_key, problem_line
-from domain.platforms import GPU_POOL_NAME, Platform
+from domain.platforms import GPU_POOL_NAME, Platform, gpu_pool_name
 
 RESERVATION = "gcp:compute/getReservation:getReservation"
 ENGINE_VERSIONS = "gcp:container/getEngineVersions:getEngineVersions"
 MACHINE_TYPES = "gcp:compute/getMachineTypes:getMachineTypes"
 PROJECT_SERVICE = "gcp:projects/getProjectService:getProjectService"
 CLUSTER = "gcp:container/getCluster:getCluster"
+QUOTA = "gcp:cloudquota/getSQuotaInfo:getSQuotaInfo"
+GPU_QUOTA_ID = "GPUS-PER-GPU-FAMILY-per-project-region"
+"""Compute Engine's quota on GPUs per GPU family and region (Cloud Quotas), which governs the newest
+families (B200, H200, GB200) instead of a per-model NVIDIA-<model>-GPUS quota."""
+GPU_FAMILY = {"a4": "NVIDIA_B200", "a3u": "NVIDIA_H200", "a4x": "NVIDIA_GB200"}
+"""The quota's `gpu_family` dimension per platform (H200 and GB200 spelt after B200's and H100's, which
+third-party Cloud Quotas readers show; not in GKE's docs we read)."""
 
 REQUIRED_APIS = (
     "compute.googleapis.com", "container.googleapis.com", "storage.googleapis.com", "iam.googleapis.com",
@@ -36,6 +43,7 @@ CHECKS = {
     MACHINE_TYPES: "the zone offers the machine type, at the size the worker requests assume",
     PROJECT_SERVICE: "the APIs verl-gke needs are enabled",
     CLUSTER: "whether the stack's cluster exists already (its GPU pool's own nodes count as free)",
+    QUOTA: "the project's GPU quota in the region covers gpuNodes x GPUs (on-demand capacity)",
 }
 """Each live check by the invoke it makes, as synth lists the ones it could not make."""
 
@@ -76,8 +84,10 @@ def reservation_target(cfg: StackConfig) -> tuple[str, str]:
 
 
 def own_gpu_nodes(answer: Mapping[str, Any] | None) -> int:
-    """Nodes of this stack's GPU pool in a cluster lookup: they hold reserved machines themselves."""
-    pools = [p for p in (answer or {}).get("nodePools") or [] if p.get("name") == GPU_POOL_NAME]
+    """Nodes of this stack's reservation pool in a cluster lookup (`gpu-pool`, or `gpu-reservation` when a
+    ComputeClass orders several kinds): they hold reserved machines themselves."""
+    names = (GPU_POOL_NAME, gpu_pool_name("reservation"))
+    pools = [p for p in (answer or {}).get("nodePools") or [] if p.get("name") in names]
     return sum(int(p.get("nodeCount") or p.get("initialNodeCount") or 0) for p in pools)
 
 
@@ -146,6 +156,38 @@ def _size_problems(cfg: StackConfig, live: Platform) -> list[str]:
     return out
 
 
+def gpu_quota(cfg: StackConfig, answer: Mapping[str, Any]) -> int | None:
+    """The GPU quota's limit for the platform's family in the stack's region; None when the answer has none.
+    A dimensions entry naming the family wins over the quota's default (one without gpu_family)."""
+    family, best = GPU_FAMILY[cfg.platform], None
+    for info in answer.get("dimensionsInfos") or []:
+        dims = info.get("dimensions") or {}
+        locations = info.get("applicableLocations") or []
+        if dims.get("region", cfg.region) != cfg.region or (locations and cfg.region not in locations
+                                                              and "global" not in locations):
+            continue
+        if dims.get("gpu_family", family) != family:
+            continue
+        details = info.get("details") or [{}]
+        value = (details[0] if isinstance(details, list) else details).get("value")
+        if value is None:
+            continue
+        rank = "gpu_family" in dims
+        if best is None or rank > best[0]:
+            best = (rank, int(value))
+    return None if best is None else best[1]
+
+
+def quota_problems(cfg: StackConfig, answer: Mapping[str, Any]) -> list[str]:
+    """On-demand GPU nodes need the GPU quota; its limit, not what other VMs use of it, is all Cloud Quotas tells."""
+    limit, need = gpu_quota(cfg, answer), cfg.gpu_nodes * cfg.facts.gpus_per_node
+    if limit is None or limit >= need:
+        return []
+    return [problem_line(config_key("gpu_nodes"), cfg.gpu_nodes,
+                         f"{need} {GPU_FAMILY[cfg.platform]} GPUs on demand, but the project's {GPU_QUOTA_ID} quota in "
+                         f"{cfg.region} is {limit}; request more quota or lower gpuNodes.")]
+
+
 def api_problems(service: str, answer: Mapping[str, Any]) -> list[str]:
     if answer.get("id"):
         return []
@@ -188,6 +230,19 @@ def run_preflight(cfg: StackConfig, invoke: Invoke) -> PreflightResult:
                                    "zone": cfg.zone}, f"machine type {cfg.facts.machine_type}")
     if machines is not None:
         result.problems += machine_type_problems(cfg, machines)
+    if "on-demand" in cfg.capacity_kinds:
+        try:  # Cloud Quotas' own API (cloudquotas.googleapis.com) may be off: then the quota goes unchecked
+            quota = invoke(QUOTA, {"parent": f"projects/{cfg.project}", "service": "compute.googleapis.com",
+                                   "quotaId": GPU_QUOTA_ID})
+        except Exception as error:  # noqa: BLE001 the provider's message is the user's clue
+            quota = None
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            result.notes.append(f"GPU quota not checked: {first}")
+        if quota is not None:
+            result.problems += quota_problems(cfg, quota)
+            limit = gpu_quota(cfg, quota)
+            if limit is not None:
+                result.notes.append(f"GPU quota in {cfg.region}: {limit} {GPU_FAMILY[cfg.platform]}")
     if uses_reservation(cfg):
         try:  # a first deploy has no cluster yet: the lookup fails, and no machine is ours
             own = own_gpu_nodes(invoke(CLUSTER, {"name": cfg.cluster_name, "location": cfg.cluster_location,
@@ -209,8 +264,8 @@ def run_preflight(cfg: StackConfig, invoke: Invoke) -> PreflightResult:
 
 
 def uses_reservation(cfg: StackConfig) -> bool:
-    """Standard GPU pools that verl-gke creates consume the reservation; Spot and Autopilot do not."""
-    return not (cfg.autopilot or cfg.existing_cluster or cfg.gpu_spot)
+    """GPU nodes verl-gke provisions consume the reservation when the capacity lists it."""
+    return not cfg.existing_cluster and "reservation" in cfg.capacity_kinds
 
 
 MOCK_ENDPOINT = "10.0.0.2"
@@ -246,6 +301,11 @@ def healthy_answers(cfg: StackConfig) -> Callable[[str, dict[str, Any]], dict[st
             return {"id": f"{args['project']}/{args['service']}", "service": args["service"]}
         if token == CLUSTER:
             return existing_cluster_answer(args)
+        if token == QUOTA:
+            return {"quotaId": GPU_QUOTA_ID, "dimensionsInfos": [{
+                "dimensions": {"gpu_family": GPU_FAMILY[cfg.platform], "region": cfg.region},
+                "details": [{"value": str(cfg.gpu_max_nodes * p.gpus_per_node)}],
+                "applicableLocations": [cfg.region]}]}
         return None
 
     return answer

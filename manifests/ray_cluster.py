@@ -15,7 +15,7 @@ from typing import Any, get_args
 
 from domain.grpo_spec import verl_path_env
 from domain.platforms import A4X_HEAD_CPUS, A4X_HEAD_MEMORY_GI, Mode, is_pinned_image
-from manifests import dra
+from manifests import compute_class, dra
 from manifests.network_mapping import GVNIC_NETWORK, rdma_network_name
 from manifests.storage import bucket_mount, bucket_volumes, sidecar_annotations
 
@@ -88,6 +88,9 @@ class RayClusterSpec:
     """NICs come as DRA claims (A4X with DRANET, the tutorial's path) instead of multi-network
     interfaces named in the `networking.gke.io/interfaces` annotation."""
     worker_spot: bool = False
+    compute_class: str | None = None
+    """A custom ComputeClass the workers select (it orders their capacity kinds); Autopilot: instead of
+    Performance and gke-spot."""
     """Autopilot only: run GPU workers on Spot capacity. On Standard the node pool decides."""
     head_node_pool: str = HEAD_NODE_POOL
     """Standard: the on-demand CPU pool the head runs on."""
@@ -241,6 +244,8 @@ def _worker_group(spec: RayClusterSpec) -> dict[str, Any]:
         "nodeSelector": _worker_node_selector(spec),
         "tolerations": [dict(GPU_TOLERATION)],
     }
+    if spec.compute_class and spec.mode != "autopilot":
+        pod["tolerations"].append(compute_class.toleration(spec.compute_class))
     if spec.a4x:
         container["lifecycle"] = _transfer_queue_hook()
         claims = a4x_claims(spec.rdma_nics if spec.dra_nics else 0)
@@ -284,9 +289,11 @@ def _worker_node_selector(spec: RayClusterSpec) -> dict[str, str]:
     if spec.mode == "autopilot":
         # Autopilot provisions nodes from these; the count must be a string (bug 3).
         selector["cloud.google.com/gke-accelerator-count"] = str(spec.gpus_per_node)
-        if spec.worker_spot:
+        if spec.worker_spot and not spec.compute_class:
             selector["cloud.google.com/gke-spot"] = "true"
-        selector["cloud.google.com/compute-class"] = "Performance"
+        selector["cloud.google.com/compute-class"] = spec.compute_class or "Performance"
+    elif spec.compute_class:
+        selector["cloud.google.com/compute-class"] = spec.compute_class
     return selector
 
 

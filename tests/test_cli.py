@@ -98,6 +98,7 @@ def outputs_doc(submission_id: str, **changes: Any) -> dict[str, Any]:
         "rayClusterName": "b200-ray-cluster",
         "rayHeadService": "b200-ray-cluster-head-svc",
         "fabricBusBandwidthGbps": 361.5,
+        "hourlyCostUsd": 184.94,
         "preflightChecks": ["GKE 1.34.1-gke.1829001 from the REGULAR channel",
                             "reservation my-reservation: 2 of 2 a4-highgpu-8g free"],
     }
@@ -152,6 +153,9 @@ def error_line(err: str) -> str:
 def test_status_shows_cluster_head_workers_gpus_and_job_on_one_screen(
         capsys: pytest.CaptureFixture[str], ray_head: str, finished_job: str, outputs_file: Path) -> None:
     code, out, _ = run(capsys, "status", "--outputs", str(outputs_file), "--dashboard-url", ray_head)
+    job = JobSubmissionClient(ray_head).get_job_info(finished_job)
+    # The spend: the job's own start and end times in Ray's job info, at hourlyCostUsd.
+    spend = round((job.end_time - job.start_time) / 1000 / 3600 * 184.94, 2)
     assert code == 0
     assert out.splitlines() == [
         f"Stack outputs  {outputs_file}",
@@ -162,6 +166,7 @@ def test_status_shows_cluster_head_workers_gpus_and_job_on_one_screen(
         "GPUs visible   0 of 16  <- 16 GPUs not joined yet",
         f"GRPO job       {finished_job}  SUCCEEDED (Pulumi last saw RUNNING)",
         "Job message    Job finished successfully.",
+        f"Spend          ${spend:.2f} since the first attempt started, at $184.94/h (run ended)",
         "Fabric         361.5 GB/s all-reduce bus bandwidth when the job was created",
         "Preflight      GKE 1.34.1-gke.1829001 from the REGULAR channel",
         "Preflight      reservation my-reservation: 2 of 2 a4-highgpu-8g free",
@@ -580,3 +585,16 @@ def test_logs_follow_ends_with_one_line_when_the_head_stops_answering(
     assert "started" in out
     assert error_line(err).startswith(f"verl-gke: error: Ray head at http://127.0.0.1:{link.port}: GET /api/jobs/")
     assert time.monotonic() - started < 30
+
+
+def test_spend_runs_from_the_first_attempts_start_to_now_or_the_last_end() -> None:
+    from types import SimpleNamespace as Job
+
+    first = Job(start_time=1_000_000, end_time=4_600_000)  # ms, as Ray's job info gives them
+    retry = Job(start_time=5_000_000, end_time=None)
+    assert cli._spend([first, retry], 100.0, now_s=8_200.0) == "$200.00 since the first attempt started, at $100.00/h"
+    retry.end_time = 8_200_000
+    assert cli._spend([first, retry], 100.0, now_s=99_999.0) == \
+        "$200.00 since the first attempt started, at $100.00/h (run ended)"
+    assert cli._spend([], 100.0, now_s=0.0) == "nothing yet ($100.00/h once the run starts)"
+    assert cli._spend([first], None, now_s=0.0) == "unknown (no hourlyCostUsd: the price table lacks this stack's price)"

@@ -6,6 +6,7 @@
     verl-gke dashboard   open the port-forward and print the local URL until Ctrl-C
     verl-gke metrics     verl's per-step metrics as a table, a reward plot and a verdict
     verl-gke fabric      all-reduce across every GPU worker: the fabric's bus bandwidth, on demand
+    verl-gke export      a checkpoint as a Hugging Face model in the bucket (verl's own merger, as a Ray job)
 
 The stack outputs come from `pulumi stack output --json` or `--outputs FILE`; the head is
 reached the way the GrpoJob provider reaches it (verl_gke.head_access): a port-forward through
@@ -154,6 +155,25 @@ def build_parser() -> argparse.ArgumentParser:
     fab.add_argument("--timeout", type=_positive_float, default=fabric.TIMEOUT_S, metavar="S",
                      help=f"stop the check after S seconds (default {fabric.TIMEOUT_S:g})")
     fab.set_defaults(handler=cmd_fabric)
+
+    exp = commands.add_parser(
+        "export", parents=[common], help="merge a checkpoint into a Hugging Face model in the bucket",
+        description="Run verl's model merger on the head as a Ray job: the checkpoint at --step (default: the "
+                    "newest) becomes safetensors at gs://<bucket>/<run>/model (or model-step-N), which "
+                    "transformers and vLLM load. Waits for the job and prints the model's gs:// URI.")
+    exp.add_argument("--step", type=int, metavar="N", help="checkpoint step (default: the newest)")
+    exp.add_argument("--memory-gb", type=_positive_float, metavar="GB",
+                     help="memory the merge needs (about 8 bytes per parameter); Ray then runs it on a node with "
+                          "that much free instead of the head")
+    exp.add_argument("--timeout", type=_positive_float, default=4 * 3600.0, metavar="S",
+                     help="give up waiting after S seconds (default 14400)")
+    exp.add_argument("--bucket-mount", default="/data", metavar="PATH",
+                     help="where the Ray nodes mount the bucket (default /data)")
+    exp.add_argument("--verl-dir", metavar="PATH", help="a verl on the nodes to merge with (default: the head's)")
+    exp.add_argument("--python", default="python", help="Python on the node with verl's dependencies (default python)")
+    exp.add_argument("--poll", type=_positive_float, default=DEFAULT_POLL_S, metavar="S",
+                     help=f"seconds between status checks (default {DEFAULT_POLL_S:g})")
+    exp.set_defaults(handler=cmd_export)
     return parser
 
 
@@ -306,6 +326,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         except CliError as error:  # e.g. a restarted head forgot the job: still show the rest
             status, message = "UNREADABLE", str(error)
         attempts = _ray_call(url, "listing the run's attempts", lambda: _attempts(client, target.submission_id))
+        timed = attempts or _own_times(client, url, target.submission_id)
     gpus, dead = capacity.gpus, capacity.dead
     shortfall = "" if gpus >= expected_gpus else f"  <- {expected_gpus - gpus:g} GPUs not joined yet"
     rows = [
@@ -323,6 +344,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if message:
         rows.append(("Job message", message))
     rows += _attempt_rows(attempts)
+    rows.append(("Spend", _spend(timed, outputs.hourly_cost_usd, time.time())))
     rows.append(("Fabric", f"{outputs.fabric_busbw_gbps:g} GB/s all-reduce bus bandwidth when the job was created"
                  if outputs.fabric_busbw_gbps is not None else "not measured (fabricCheck off, or not deployed)"))
     rows += [("Preflight", line) for line in outputs.preflight_checks]
@@ -359,6 +381,31 @@ def _attempt_rows(attempts: list[Any]) -> list[tuple[str, str]]:
         left = float(deadline) - time.time()
         rows.append(("Budget", f"{_duration(left)} left" if left > 0 else "spent"))
     return rows
+
+
+def _own_times(client: JobSubmissionClient, url: str, submission_id: str) -> list[Any]:
+    """The job alone (an id that is not a verl-gke run's), for its times; none when the head forgot it."""
+    try:
+        return [_ray_call(url, f"reading job {submission_id}", lambda: client.get_job_info(submission_id))]
+    except CliError:
+        return []
+
+
+def _spend(attempts: list[Any], usd_per_hour: float | None, now_s: float) -> str:
+    """The run's cost so far: from its first attempt's start (Ray's job info) to its last attempt's end, or
+    now, at the stack's hourly price (hourlyCostUsd)."""
+    from domain.pricing import spend_so_far
+
+    if usd_per_hour is None:
+        return "unknown (no hourlyCostUsd: the price table lacks this stack's price)"
+    started = [j.start_time for j in attempts if j.start_time]
+    if not started:
+        return f"nothing yet (${usd_per_hour:.2f}/h once the run starts)"
+    ends = [j.end_time for j in attempts if j.end_time]
+    live = any(not j.end_time for j in attempts if j.start_time)
+    until = now_s if live or not ends else max(ends) / 1000
+    usd = spend_so_far(min(started) / 1000, until, usd_per_hour)
+    return f"${usd:.2f} since the first attempt started, at ${usd_per_hour:.2f}/h" + ("" if live else " (run ended)")
 
 
 def _ray_version(url: str) -> str:
@@ -538,4 +585,40 @@ def cmd_fabric(args: argparse.Namespace) -> int:
           f"{result['nodes']} nodes x {check.gpus_per_node} GPUs, {result['backend']}, job {result['submission_id']}")
     if message := fabric.verdict(result, check):
         raise CliError(message)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from workloads import export_model
+
+    target = _target(args, need_outputs=True)
+    outputs = target.outputs
+    assert outputs is not None
+    bucket, _, folder = outputs.checkpoint_uri.removeprefix("gs://").partition("/")
+    if not outputs.checkpoint_uri.startswith("gs://") or not folder:
+        raise CliError(f"{outputs.source}: checkpointUri {outputs.checkpoint_uri!r} is not gs://<bucket>/<path>")
+    kwargs = export_model.submission(
+        run_id=target.submission_id, checkpoint_dir=f"{args.bucket_mount}/{folder}", step=args.step,
+        working_dir=str(Path(export_model.__file__).parent),
+        memory_bytes=int(args.memory_gb * 1e9) if args.memory_gb else None, mount=args.bucket_mount,
+        verl_dir=args.verl_dir, python=args.python)
+    uri = f"gs://{bucket}/{export_model.model_path(target.submission_id, args.step)}"
+    with _head(args, outputs) as url:
+        client = _job_client(url)
+        known = _ray_call(url, "listing jobs", lambda: [j.submission_id for j in client.list_jobs()])
+        if kwargs["submission_id"] not in known:
+            _ray_call(url, "submitting the export", lambda: client.submit_job(**kwargs))
+        _progress(f"export {kwargs['submission_id']}: verl's merger into {uri}")
+        deadline = time.monotonic() + args.timeout
+        while (status := str(_ray_call(url, "reading the export",
+                                       lambda: client.get_job_status(kwargs["submission_id"])))) \
+                not in TERMINAL_STATUSES:
+            if time.monotonic() > deadline:
+                raise CliError(f"export {kwargs['submission_id']} still {status} after {args.timeout:g} s")
+            time.sleep(args.poll)
+        if status != "SUCCEEDED":
+            logs = _ray_call(url, "reading the export's logs", lambda: client.get_job_logs(kwargs["submission_id"]))
+            tail = " | ".join(logs.strip().splitlines()[-3:])
+            raise CliError(f"export {kwargs['submission_id']} {status}: {tail}")
+    print(uri)
     return 0

@@ -70,6 +70,8 @@ class StackOutputs:
     """The fabric check's figure when the job was created (None: not measured, or not deployed)."""
     preflight_checks: tuple[str, ...] = ()
     """What the preview checked against the live project."""
+    hourly_cost_usd: float | None = None
+    """The stack's price per hour from the pinned price table (None: unknown, or an older stack)."""
 
     @property
     def offline(self) -> bool:
@@ -162,6 +164,7 @@ def from_mapping(data: Any, source: str) -> StackOutputs:
         cluster_ca_certificate=values["clusterCaCertificate"],
         fabric_busbw_gbps=_figure(data.get("fabricBusBandwidthGbps")),
         preflight_checks=tuple(str(line) for line in data.get("preflightChecks") or [] if isinstance(line, str)),
+        hourly_cost_usd=_figure(data.get("hourlyCostUsd")),
     )
 
 

@@ -1,0 +1,158 @@
+"""Model delivery: verl's own merger (from the pinned wheels) turns an FSDP checkpoint into a model that
+transformers loads with the original's weights. The checkpoint is a tiny Qwen2 laid out as verl's
+FSDPCheckpointManager lays it out for world size 1 (verl/utils/checkpoint/fsdp_checkpoint_manager.py):
+`model_world_size_1_rank_0.pt` (the model's state dict), `fsdp_config.json` and `huggingface/`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from domain.platforms import VERL_0_6_1, VERL_0_9_0
+from domain.verl_wheel import unpacked
+from workloads import export_model
+from workloads.export_model import ExportError
+
+
+def save_tiny_tokenizer(folder: Path, scratch: Path) -> None:
+    """A byte-level BPE tokenizer of 64 tokens: verl's manager saves the run's tokenizer beside the config."""
+    from transformers import Qwen2Tokenizer
+
+    vocab = scratch / "vocab.json"
+    merges = scratch / "merges.txt"
+    vocab.write_text(json.dumps({chr(ord("a") + i % 26) * (1 + i // 26): i for i in range(64)}))
+    merges.write_text("#version: 0.2\n")
+    Qwen2Tokenizer(vocab_file=str(vocab), merges_file=str(merges), unk_token=None, bos_token=None,
+                   eos_token="a", pad_token="a").save_pretrained(folder)
+
+
+def tiny_checkpoint(root: Path, step: int, seed: int):
+    """A 2-layer Qwen2 (hidden 64) saved as verl's step `step` of a world-size-1 run; returns the model."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         tie_word_embeddings=False, torch_dtype="float32")
+    model = Qwen2ForCausalLM(config)
+    # As a pretrained model's config, which verl's manager saves, names its class.
+    model.config.architectures = ["Qwen2ForCausalLM"]
+    actor = root / f"global_step_{step}" / "actor"
+    (actor / "huggingface").mkdir(parents=True)
+    torch.save(model.state_dict(), actor / "model_world_size_1_rank_0.pt")
+    (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 1, "world_size": 1}))
+    model.config.save_pretrained(actor / "huggingface")
+    save_tiny_tokenizer(actor / "huggingface", root)
+    (root / export_model.TRACKER).write_text(str(step))
+    return model
+
+
+@pytest.mark.parametrize("release", [VERL_0_6_1, VERL_0_9_0], ids=lambda r: r.version)
+def test_verls_merger_delivers_a_model_transformers_loads_with_the_same_weights(tmp_path: Path, release) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    checkpoints = tmp_path / "checkpoints" / "run-1"
+    tiny_checkpoint(checkpoints, step=5, seed=0)
+    newest = tiny_checkpoint(checkpoints, step=10, seed=1)
+    target = export_model.export(checkpoints, tmp_path / "run-1" / "model", verl_dir=unpacked(release),
+                                 python=sys.executable, timeout_s=600)
+    assert target == tmp_path / "run-1" / "model"
+    assert not (tmp_path / "run-1" / "model.partial").exists()
+    assert any(target.glob("*.safetensors"))
+    # verl's merger saves bfloat16: the original's weights, rounded to it.
+    loaded = AutoModelForCausalLM.from_pretrained(target, torch_dtype="auto")
+    got, expected = loaded.state_dict(), newest.state_dict()
+    assert sorted(got) == sorted(expected)
+    assert {t.dtype for t in got.values()} == {torch.bfloat16}
+    for key, tensor in expected.items():
+        assert torch.equal(got[key], tensor.to(torch.bfloat16)), key
+
+
+def test_a_missing_step_or_an_incomplete_checkpoint_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ExportError, match=r"latest_checkpointed_iteration.txt: no checkpoint yet"):
+        export_model.export(tmp_path, tmp_path / "model")
+    actor = tmp_path / "global_step_3" / "actor"
+    actor.mkdir(parents=True)
+    (actor / "fsdp_config.json").write_text(json.dumps({"world_size": 2}))
+    with pytest.raises(ExportError, match=r"incomplete checkpoint \(world size 2, missing "
+                                          r"model_world_size_2_rank_0.pt, model_world_size_2_rank_1.pt\)"):
+        export_model.export(tmp_path, tmp_path / "model", step=3)
+    with pytest.raises(ExportError, match=r"no FSDP checkpoint at step 4 \(have: global_step_3\)"):
+        export_model.export(tmp_path, tmp_path / "model", step=4)
+
+
+@pytest.mark.ray
+def test_cli_export_runs_the_merger_as_a_ray_job_and_prints_the_models_uri(
+        ray_head: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from verl_gke import cli
+
+    # The bucket as the nodes mount it: here a folder the loopback head reads.
+    bucket = tmp_path / "bucket"
+    run_id = "verl-grpo-a4-0123456789ab"
+    model = tiny_checkpoint(bucket / "verl" / "checkpoints" / run_id, step=7, seed=2)
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps({
+        "clusterName": "verl-a4", "clusterLocation": "us-central1", "namespace": "default",
+        "rayHeadService": "b200-ray-cluster-head-svc", "grpoSubmissionId": run_id, "grpoJobStatus": "SUCCEEDED",
+        "dashboardCommand": "kubectl port-forward ...", "gpuPlatform": "a4", "gpuNodes": 2, "gpusPerNode": 8,
+        "checkpointUri": f"gs://verl-data-p/verl/checkpoints/{run_id}"}))
+    code = cli.main(["export", "--outputs", str(outputs), "--dashboard-url", ray_head, "--step", "7",
+                     "--bucket-mount", str(bucket), "--verl-dir", str(unpacked(VERL_0_9_0)), "--poll", "1",
+                     # The loopback head's own venv has Ray only; the test venv has verl's dependencies.
+                     "--python", sys.executable,
+                     "--timeout", "600"])
+    out, err = capsys.readouterr()
+    assert (code, out) == (0, f"gs://verl-data-p/{run_id}/model-step-7\n"), err
+    loaded = AutoModelForCausalLM.from_pretrained(bucket / run_id / "model-step-7", torch_dtype="auto")
+    for key, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], tensor.to(torch.bfloat16)), key
+
+
+def test_the_export_job_runs_on_the_head_unless_it_asks_for_memory() -> None:
+    plain = export_model.submission(run_id="r", checkpoint_dir="/data/ck/r", step=None, working_dir="/w")
+    assert plain == {
+        "entrypoint": "python export_model.py --checkpoint-dir /data/ck/r --target-dir /data/r/model",
+        "submission_id": "verl-export-r-final", "runtime_env": {"working_dir": "/w"},
+        "metadata": {"verl_gke_export": "/data/r/model"},
+    }
+    big = export_model.submission(run_id="r", checkpoint_dir="/data/ck/r", step=3, working_dir="/w",
+                                  memory_bytes=260 * 10**9)
+    assert big["entrypoint"].endswith("--target-dir /data/r/model-step-3 --step 3")
+    assert (big["entrypoint_memory"], big["entrypoint_num_cpus"]) == (260 * 10**9, 1)
+
+
+def test_model_uri_is_empty_until_the_run_succeeds() -> None:
+    from verl_gke import synth
+
+    class Succeeded(synth.SynthMocks):
+        """The provider's answer once the run has SUCCEEDED."""
+
+        def new_resource(self, args):
+            id_, state = super().new_resource(args)
+            if args.typ == synth.GRPO_JOB_TYPE:
+                state["status"] = "SUCCEEDED"
+            return id_, state
+
+    running = synth.run("a4-standard")
+    assert running.outputs["modelUri"] == ""
+    done = synth.run("a4-standard", monitor=synth.RecordingMonitor(Succeeded()))
+    run_id = done.outputs["grpoSubmissionId"]
+    assert done.outputs["modelUri"] == f"gs://verl-data-replace-me-project/{run_id}/model"
+
+
+def test_a_merge_that_would_not_fit_in_memory_is_refused_before_it_starts(tmp_path: Path) -> None:
+    tiny_checkpoint(tmp_path, step=1, seed=0)
+    shards = (tmp_path / "global_step_1" / "actor" / "model_world_size_1_rank_0.pt").stat().st_size
+    assert export_model.memory_needed(tmp_path / "global_step_1" / "actor") == 2 * shards
+    with pytest.raises(ExportError, match=r"needs about 0\.0 GB of memory \(twice its model shards\); this node "
+                                          r"allows 0\.0 GB: export with --memory-gb 1 so Ray runs it"):
+        export_model.export(tmp_path, tmp_path / "model", memory_bytes=shards)
+    assert not (tmp_path / "model.partial").exists()

@@ -1,0 +1,144 @@
+"""The stack's price per hour, the run's estimate and budget, and the capacity config rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from domain import pricing
+from domain.config import ConfigError, load_config
+from tests.conftest import BASE_CONFIG
+
+A3U = {"verl-gke:platform": "a3u"}
+
+
+def config(**changes: str) -> dict[str, str]:
+    raw = {**BASE_CONFIG, **A3U}
+    raw.update({f"verl-gke:{k}": v for k, v in changes.items()})
+    return raw
+
+
+def problems(**changes: str) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        load_config(config(**changes))
+    return caught.value.problems
+
+
+def test_hourly_cost_adds_the_gpu_nodes_cpu_nodes_gke_nat_and_bucket():
+    shape = pricing.StackShape("a3-ultragpu-8g", "c2-standard-16", "us-central1", gpu_nodes=2, cpu_nodes=1,
+                               nat=True, bucket_gb=768 * 2**30 / 1e9)
+    cost = pricing.hourly_cost(shape, "spot")
+    assert cost.parts == pytest.approx({"gpu nodes": 2 * 50.0856, "cpu nodes": 0.835232, "gke": 0.10,
+                                        "nat": 3 * 0.0014 + 0.005, "bucket": 824.633720832 * 0.020 / 730})
+    assert cost.usd == 101.14
+    assert cost.unknown == ("NAT data processing ($0.045/GiB)",)
+
+
+def test_a_reservation_bills_at_the_on_demand_rate():
+    shape = pricing.StackShape("a3-ultragpu-8g", "c2-standard-16", "us-central1", 1, 0, False, 0.0)
+    assert pricing.hourly_cost(shape, "reservation").parts["gpu nodes"] == 83.492
+    assert pricing.hourly_cost(shape, "on-demand").parts["gpu nodes"] == 83.492
+
+
+def test_an_unknown_gpu_price_makes_the_whole_price_unknown_and_says_why():
+    shape = pricing.StackShape("a4-highgpu-8g", "c2-standard-16", "us-central1", 2, 1, True, 0.0)
+    cost = pricing.hourly_cost(shape, "reservation")
+    assert cost.usd is None
+    assert cost.line().startswith("reservation: unknown (a4-highgpu-8g reservation in us-central1")
+    flex = pricing.hourly_cost(pricing.StackShape("a3-ultragpu-8g", "c2-standard-16", "us-central1", 2, 1, True, 0.0),
+                               "flex-start")
+    assert flex.usd is None
+
+
+def test_every_known_price_names_its_source():
+    for prices in pricing.MACHINE_PRICES.values():
+        for price in prices.values():
+            assert price.source.strip()
+    assert all(p.source.startswith("https://") for p in pricing.CPU_MACHINE_PRICES.values())
+
+
+def test_run_hours_is_the_earliest_bound():
+    assert pricing.run_hours(0, 0, 100.0, flex_start=False) is None
+    assert pricing.run_hours(10, 0, 100.0, flex_start=False) == 10
+    assert pricing.run_hours(10, 500, 100.0, flex_start=False) == 5
+    assert pricing.run_hours(0, 0, None, flex_start=True) == 168
+    assert pricing.run_hours(200, 0, 100.0, flex_start=True) == 168
+    assert pricing.run_cost(5, 101.14) == 505.7
+    assert pricing.run_cost(None, 101.14) is None
+
+
+def test_spend_so_far_from_the_first_attempts_start():
+    assert pricing.spend_so_far(1_000.0, 1_000.0 + 5400, 184.94) == 277.41
+    assert pricing.spend_so_far(2_000.0, 1_000.0, 184.94) == 0.0
+
+
+def test_config_prices_its_capacity_and_converts_a_dollar_budget():
+    cfg = load_config(config(runBudgetUsd="1000"))
+    assert cfg.capacity_kinds == ("reservation",)
+    assert cfg.hourly_usd == 167.95  # 2 x 83.492 + c2-standard-16 + GKE + NAT + 768Gi bucket
+    assert cfg.run_budget_h == pytest.approx(1000 / 167.95)
+    assert cfg.run_budget_s == 21435  # 5.95 h
+    both = load_config(config(runBudgetUsd="1000", runBudgetHours="2"))
+    assert both.run_budget_s == 7200
+
+
+def test_several_kinds_cost_what_the_dearest_costs_and_flex_start_bounds_the_run():
+    cfg = load_config(config(capacity='["spot","on-demand"]', reservation=""))
+    assert [c.kind for c in cfg.hourly_costs] == ["spot", "on-demand"]
+    assert cfg.hourly_usd == 167.95  # on-demand, the dearer
+    flex = load_config(config(capacity='["flex-start"]', reservation=""))
+    assert flex.hourly_usd is None and flex.run_budget_h == 168
+
+
+def test_a_dollar_budget_without_a_price_is_refused_in_one_line():
+    [line] = problems(platform="a4", runBudgetUsd="500")
+    assert line.startswith("verl-gke:runBudgetUsd = 500: needs the stack's hourly price, which the price table lacks "
+                           "(reservation: unknown (a4-highgpu-8g reservation in us-central1")
+    assert line.endswith("set runBudgetHours instead.")
+
+
+@pytest.mark.parametrize(("changes", "kinds"), [
+    ({}, ("reservation",)),
+    ({"gpuSpot": "true", "reservation": ""}, ("spot",)),
+    ({"clusterMode": "autopilot", "reservation": "", "platform": "a4"}, ("on-demand",)),
+    ({"capacity": '["reservation","flex-start","spot"]'}, ("reservation", "flex-start", "spot")),
+])
+def test_capacity_defaults_to_what_gpu_spot_and_reservation_meant(changes: dict[str, str], kinds: tuple[str, ...]):
+    assert load_config(config(**changes)).capacity_kinds == kinds
+
+
+@pytest.mark.parametrize(("changes", "expected"), [
+    ({"capacity": '["spot","spot"]', "reservation": ""},
+     'verl-gke:capacity = ["spot", "spot"]: name each kind at most once, in order of preference.'),
+    ({"capacity": '["flex-start"]', "reservation": "", "platform": "a4x"},
+     'verl-gke:capacity = ["flex-start"]: A4X (4x NVIDIA GB200, arm64) takes only reservation, spot in verl-gke '
+     '(not flex-start).'),
+    ({"capacity": '["reservation","spot"]', "platform": "a4x"},
+     'verl-gke:capacity = ["reservation", "spot"]: A4X (4x NVIDIA GB200, arm64) nodes come from one kind at a time '
+     '(a fixed-size 1x72 placement); name one.'),
+    ({"capacity": '["flex-start"]', "reservation": "", "gpuSpot": "true"},
+     'verl-gke:gpuSpot = true: gpuSpot means capacity ["spot"]; with capacity ["flex-start"] set, drop gpuSpot.'),
+    ({"capacity": '["reservation","spot"]', "reservation": ""},
+     'verl-gke:reservation = "": capacity lists "reservation": set the reservation\'s name.'),
+    ({"capacity": '["flex-start","spot"]'},
+     'verl-gke:reservation = "my-reservation": capacity ["flex-start", "spot"] takes no reservation; add '
+     '"reservation" or leave this empty.'),
+    ({"capacity": '["cheap"]'},
+     'verl-gke:capacity = "[\\"cheap\\"]": must be one of \'reservation\', \'flex-start\', \'spot\' or \'on-demand\''),
+])
+def test_capacity_rules_name_the_key_in_one_line(changes: dict[str, str], expected: str):
+    assert problems(**changes) == [expected]
+
+
+def test_synth_prints_the_price_and_exports_the_estimate_and_the_budget_in_seconds(tmp_path):
+    from verl_gke import synth
+
+    result = synth.run("a3u-standard", overrides={"verl-gke:runBudgetUsd": "1000"})
+    text = synth.summary(result, tmp_path)
+    # europe-west1: 2 x 91.9472 + c2-standard-16 0.9188 + GKE 0.10 + NAT 0.0092 + bucket 0.0226.
+    assert ("price per hour, GPU nodes on reservation: $184.94/h (gpu nodes $183.89, cpu nodes $0.92, gke $0.10, "
+            "nat $0.01, bucket $0.02; not included: NAT data processing ($0.045/GiB))") in text
+    assert "run estimate: $1000.00 for at most 5.4 h at $184.94/h" in text
+    assert result.outputs["hourlyCostUsd"] == 184.94
+    assert result.outputs["estimatedRunCostUsd"] == 1000.0
+    [job] = [r for r in result.registrations if r.type == synth.GRPO_JOB_TYPE]
+    assert job.inputs["budget_s"] == round(1000 / 184.94 * 3600)

@@ -1,0 +1,178 @@
+"""The trained model in Hugging Face format: verl's own merger over one FSDP checkpoint.
+
+verl writes FSDP shards per world size (`<checkpoint dir>/global_step_<N>/actor/model_world_size_<W>_rank_<r>.pt`
+with `fsdp_config.json` and the model's config in `huggingface/`), which neither transformers nor vLLM loads.
+`python -m verl.model_merger merge --backend fsdp --local_dir <actor> --target_dir <dir>` (the same command in
+verl 0.6.1 and 0.9.0) gathers them into safetensors. This module picks the step, runs that command with the run's
+own verl, and publishes the result only once it is complete: the merger writes into `<target>.partial`, which is
+renamed to `<target>` at the end, so a reader of the bucket never sees half a model.
+
+Runs on CPU: merging needs the model's full fp32 weights in memory (about 4 bytes per parameter, twice while
+saving), not a GPU. Stdlib only at import time: it is shipped into the cluster.
+
+    python -m workloads.export_model --checkpoint-dir /data/verl/checkpoints/<run> --target-dir /data/<run>/model
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+TRACKER = "latest_checkpointed_iteration.txt"
+"""verl's record of its newest complete checkpoint, in the checkpoint folder (verl/utils/checkpoint)."""
+MERGE_TIMEOUT_S = 4 * 3600.0
+"""A 32B model's shards are ~130 GB of fp32 read from the bucket and ~65 GB written back."""
+PARTIAL_SUFFIX = ".partial"
+
+
+class ExportError(Exception):
+    """An export that cannot be made; `str()` says why on one line."""
+
+
+def latest_step(checkpoint_dir: Path) -> int:
+    """The step of verl's newest complete checkpoint in `checkpoint_dir`."""
+    tracker = checkpoint_dir / TRACKER
+    try:
+        return int(tracker.read_text().strip())
+    except FileNotFoundError:
+        raise ExportError(f"{tracker}: no checkpoint yet (verl writes it after its first save)") from None
+    except ValueError:
+        raise ExportError(f"{tracker}: not a step number") from None
+
+
+def actor_dir(checkpoint_dir: Path, step: int) -> Path:
+    """The FSDP shards of the actor (the policy being trained) at `step`, checked for what the merger reads."""
+    actor = checkpoint_dir / f"global_step_{step}" / "actor"
+    config = actor / "fsdp_config.json"
+    if not config.is_file():
+        steps = sorted(p.name for p in checkpoint_dir.glob("global_step_*"))
+        raise ExportError(f"{actor}: no FSDP checkpoint at step {step} (have: {', '.join(steps) or 'none'})")
+    world_size = json.loads(config.read_text()).get("world_size")
+    missing = [f"model_world_size_{world_size}_rank_{r}.pt" for r in range(int(world_size or 0))
+               if not (actor / f"model_world_size_{world_size}_rank_{r}.pt").is_file()]
+    if not world_size or missing:
+        raise ExportError(f"{actor}: incomplete checkpoint (world size {world_size}, missing {', '.join(missing)})")
+    if not (actor / "huggingface" / "config.json").is_file():
+        raise ExportError(f"{actor}/huggingface/config.json: missing; the merger needs the model's config")
+    return actor
+
+
+def memory_needed(actor: Path) -> int:
+    """Bytes the merge holds at once: every model shard loaded, and the merged copy beside them."""
+    return 2 * sum(p.stat().st_size for p in actor.glob("model_world_size_*_rank_*.pt"))
+
+
+def memory_limit() -> int:
+    """What this process may use: the container's cgroup limit, else the machine's memory."""
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:
+            return int(text)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def merge_command(python: str, actor: Path, target: Path) -> list[str]:
+    """verl's merger as its docs give it, for FSDP checkpoints."""
+    return [python, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
+            "--local_dir", str(actor), "--target_dir", str(target)]
+
+
+def export(checkpoint_dir: Path, target_dir: Path, step: int | None = None, *, python: str = sys.executable,
+           verl_dir: Path | None = None, timeout_s: float = MERGE_TIMEOUT_S,
+           memory_bytes: int | None = None) -> Path:
+    """Merge the checkpoint at `step` (default: the newest) into `target_dir`; return it.
+
+    `verl_dir` goes first on the merger's path: the run's own verl (the staged wheel), whatever the image has.
+    A merge that would not fit `memory_bytes` (default: this container's limit) is refused before it starts,
+    rather than killed halfway by the kernel."""
+    step = latest_step(checkpoint_dir) if step is None else step
+    actor = actor_dir(checkpoint_dir, step)
+    need, have = memory_needed(actor), memory_limit() if memory_bytes is None else memory_bytes
+    if need > have:
+        raise ExportError(f"merging {actor} needs about {need / 1e9:.1f} GB of memory (twice its model shards); "
+                          f"this node allows {have / 1e9:.1f} GB: export with --memory-gb {-(-need // 10**9)} so Ray "
+                          "runs it on a node with room")
+    partial = target_dir.with_name(target_dir.name + PARTIAL_SUFFIX)
+    shutil.rmtree(partial, ignore_errors=True)  # a killed export's leftovers, never the published model
+    env = dict(os.environ)
+    if verl_dir is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(verl_dir), *filter(None, [env.get("PYTHONPATH")])])
+    try:
+        done = subprocess.run(merge_command(python, actor, partial), env=env, capture_output=True, text=True,
+                              timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        raise ExportError(f"verl's merger did not finish within {timeout_s:g} s on {actor}") from None
+    if done.returncode != 0:
+        tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
+        raise ExportError(f"verl's merger failed on {actor} (exit {done.returncode}): {tail}")
+    if target_dir.exists():
+        shutil.rmtree(target_dir)  # an earlier export of this run, replaced by the newer one
+    partial.rename(target_dir)
+    return target_dir
+
+
+MOUNT_PREFIX = "/data"
+"""Where every Ray pod mounts the bucket (domain.bucket.MOUNT_PATH; workloads import no domain)."""
+
+
+def model_path(run_id: str, step: int | None = None) -> str:
+    """The model's folder under the bucket: `<run>/model` for the run's final model, `<run>/model-step-<N>` for
+    an export of step N, so an older step never replaces the final model."""
+    return f"{run_id}/model" if step is None else f"{run_id}/model-step-{step}"
+
+
+def submission(*, run_id: str, checkpoint_dir: str, step: int | None, working_dir: str,
+               memory_bytes: int | None = None, mount: str = MOUNT_PREFIX, verl_dir: str | None = None,
+               python: str = "python") -> dict:
+    """Keyword arguments of Ray's `JobSubmissionClient.submit_job` for the export of `run_id`'s checkpoint.
+
+    The job's driver runs on the head (no entrypoint resources: Ray starts drivers there), a CPU node on
+    A4 and A3 Ultra; with `memory_bytes`, Ray places it on a node with that much memory free instead (a GPU
+    worker while they are up: a 32B model's merge needs some 260 GB). `working_dir` holds this file; `mount` is
+    where the nodes mount the bucket; `verl_dir` a verl to put first on the merger's path (default: the head's,
+    which the RayCluster's environment already puts there); `python` the interpreter with verl's dependencies
+    (the image's)."""
+    target = f"{mount}/{model_path(run_id, step)}"
+    args = [python, "export_model.py", "--checkpoint-dir", checkpoint_dir, "--target-dir", target]
+    if step is not None:
+        args += ["--step", str(step)]
+    if verl_dir:
+        args += ["--verl-dir", verl_dir]
+    kwargs: dict = {
+        "entrypoint": " ".join(args),
+        "submission_id": f"verl-export-{run_id}-{'final' if step is None else f'step-{step}'}",
+        "runtime_env": {"working_dir": working_dir},
+        "metadata": {"verl_gke_export": target},
+    }
+    if memory_bytes:
+        kwargs["entrypoint_memory"] = memory_bytes
+        kwargs["entrypoint_num_cpus"] = 1
+    return kwargs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="export_model", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint-dir", type=Path, required=True, help="the run's checkpoint folder")
+    parser.add_argument("--target-dir", type=Path, required=True, help="where the Hugging Face model goes")
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
+    parser.add_argument("--verl-dir", type=Path, default=None, help="the run's verl, first on the merger's path")
+    args = parser.parse_args(argv)
+    try:
+        target = export(args.checkpoint_dir, args.target_dir, args.step, verl_dir=args.verl_dir)  # this python
+    except ExportError as error:
+        print(f"export_model: {error}", file=sys.stderr)
+        return 1
+    print(f"export_model: {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
