@@ -47,7 +47,10 @@ def read_stack_file(path: Path) -> dict[str, Any]:
     """The `config:` mapping of a stack file; ConfigError naming the file (and line and column)
     for anything Pulumi would not read as config."""
     try:
-        values = yaml.safe_load(path.read_text())
+        values = yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise ConfigError([f"{path.name}: not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset "
+                           f"{error.start}); save it as UTF-8"], path.name) from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
