@@ -140,8 +140,10 @@ class GkeCluster(pulumi.ComponentResource):
         )
         self.name = pulumi.Output.from_input(args["name"])
         self.location = pulumi.Output.from_input(args["location"])
-        self.endpoint = found.endpoint
-        self.ca_certificate = found.master_auths.apply(lambda auths: auths[0].cluster_ca_certificate)
+        # Any secret leaf (the client key) makes the whole lookup secret; endpoint and CA are not.
+        self.endpoint = pulumi.Output.unsecret(found.endpoint)
+        self.ca_certificate = pulumi.Output.unsecret(
+            found.master_auths.apply(lambda auths: auths[0].cluster_ca_certificate))
 
     def _create(self, name: str, args: GkeClusterArgs, cluster_opts: pulumi.ResourceOptions) -> None:
         project, mode = args["project"], args["mode"]
@@ -241,5 +243,7 @@ class GkeCluster(pulumi.ComponentResource):
         self.name = cluster.name
         self.location = cluster.location
         self.endpoint = cluster.endpoint
-        # GKE issues every cluster a CA; the provider types the field optional.
-        self.ca_certificate = cluster.master_auth.apply(lambda auth: cast(str, auth.cluster_ca_certificate))
+        # GKE issues every cluster a CA; the provider types the field optional. pulumi-gcp's secret
+        # client key makes the whole masterAuth secret; the CA is public data (clients verify with it).
+        self.ca_certificate = pulumi.Output.unsecret(
+            cluster.master_auth.apply(lambda auth: cast(str, auth.cluster_ca_certificate)))
