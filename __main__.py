@@ -1,10 +1,10 @@
 """verl-gke: stack config -> components -> stack outputs. Wiring only."""
 
 import pulumi
-import pulumi_gcp as gcp
 
 from components.a4x_dra import A4xDra
 from components.cloud_nat import CloudNat
+from components.cluster_network import PODS_RANGE, SERVICES_RANGE, ClusterNetwork
 from components.stack_config import from_pulumi
 from components.data_staging import DataStaging
 from components.gcs_fuse_storage import GcsFuseStorage, label_value
@@ -24,6 +24,7 @@ from manifests import nccl, supervisor
 from manifests.ray_cluster import WORKER_GROUP
 from manifests.network_mapping import NetworkNames
 from domain.bucket import MOUNT_PATH
+from domain.names import stack_names
 from verl_gke.fabric import fabric_runtime_env
 from workloads.stage_data import model_dir_for
 
@@ -32,7 +33,8 @@ live = check_live_project(cfg)
 facts = cfg.facts
 a4x = cfg.platform == "a4x"
 builds_infra = not cfg.existing_cluster
-networks = NetworkNames(cfg.gvnic_network_prefix, cfg.rdma_network_prefix, cfg.rdma_nics) if cfg.rdma_nics else None
+names = stack_names(cfg, pulumi.get_stack())
+networks = NetworkNames(names.gvnic_prefix, names.rdma_prefix, cfg.rdma_nics) if cfg.rdma_nics else None
 
 apis = ProjectApis("apis", {"project": cfg.project, "services": REQUIRED_APIS}) if cfg.enable_apis else None
 gcp_ready = pulumi.ResourceOptions(depends_on=apis.services if apis else [])
@@ -45,10 +47,18 @@ if networks and builds_infra:
         "internal_source_range": cfg.internal_source_range,
     }, gcp_ready)
 
+vpc = None
+if builds_infra:
+    vpc = ClusterNetwork("vpc", {
+        "project": cfg.project, "region": cfg.region, "network": names.network, "subnet": names.subnet,
+        "node_cidr": cfg.node_subnet_cidr, "pod_cidr": cfg.pod_cidr, "service_cidr": cfg.service_cidr,
+    }, gcp_ready)
+
 # Private nodes pull images and the model through it.
 nat = None
-if cfg.private_nodes and cfg.cloud_nat and builds_infra:
-    nat = CloudNat("nat", {"project": cfg.project, "region": cfg.region, "name": cfg.cluster_name}, gcp_ready)
+if vpc and cfg.private_nodes and cfg.cloud_nat:
+    nat = CloudNat("nat", {"project": cfg.project, "region": cfg.region, "network": vpc.network,
+                           "router": names.router, "nat": names.nat}, gcp_ready)
 
 # GKE-created GPU nodes hold NICs in the RDMA subnets: the cluster goes before them on destroy.
 cluster = GkeCluster("gke", {
@@ -62,6 +72,8 @@ cluster = GkeCluster("gke", {
     "dedicated_node_service_account": cfg.dedicated_node_service_account, "private_nodes": cfg.private_nodes,
     # The NVIDIA DRA driver 25.3 still speaks resource.k8s.io/v1beta1 (Cluster Toolkit gke-a4x).
     "k8s_beta_apis": DRA_V1BETA1_APIS if a4x else [],
+    "network": vpc.network if vpc else None, "subnetwork": vpc.subnet if vpc else None,
+    "pods_range": PODS_RANGE, "services_range": SERVICES_RANGE, "node_account_id": names.node_account_id,
 }, gcp_ready.merge(pulumi.ResourceOptions(depends_on=[r for r in (rdma, nat) if r is not None])))
 k8s = pulumi.ResourceOptions(providers=[cluster.provider])
 
@@ -79,10 +91,9 @@ if not cfg.autopilot and builds_infra:
     }, pulumi.ResourceOptions(depends_on=cluster.node_identity))
 gpu_ready = [r for r in (gpu_pool, rdma) if r is not None]
 
-project_number = gcp.organizations.get_project_output(project_id=cfg.project).number
 storage = GcsFuseStorage("storage", {
-    "project": cfg.project, "project_number": project_number, "region": cfg.region,
-    "bucket_name": cfg.bucket_name, "force_destroy": cfg.bucket_force_destroy,
+    "project": cfg.project, "region": cfg.region,
+    "bucket_name": names.bucket, "force_destroy": cfg.bucket_force_destroy,
     "namespace": cfg.namespace, "service_account": cfg.service_account, "hf_token": hf_token,
     "capacity": cfg.volume_capacity, "labels": {"stack": label_value(pulumi.get_stack())},
     "k8s_provider": cluster.provider,

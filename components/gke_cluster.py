@@ -83,6 +83,14 @@ class GkeClusterArgs(TypedDict):
     private_nodes: NotRequired[bool]
     """Nodes get internal addresses only (default True); they reach the internet through Cloud NAT.
     The control plane keeps its public endpoint (behind Google auth and master_authorized_cidrs)."""
+    network: NotRequired[pulumi.Input[str] | None]
+    """The cluster's own VPC (ClusterNetwork.network); None: GKE's choice, the project's `default`."""
+    subnetwork: NotRequired[pulumi.Input[str] | None]
+    """Its subnet, with the secondary ranges `pods_range` and `services_range` name."""
+    pods_range: NotRequired[str]
+    services_range: NotRequired[str]
+    node_account_id: NotRequired[str]
+    """Id of the nodes' dedicated service account; default `<name>-nodes` (node_account_id())."""
     upgrade_exclusion_start: NotRequired[str | None]
     """When set (RFC3339), no minor or node auto-upgrades from then until the version's end of
     support: an auto-upgrade drains GPU nodes in mid-run. Control-plane patches still apply."""
@@ -159,7 +167,8 @@ class GkeCluster(pulumi.ComponentResource):
         node_identity: dict[str, object] = {}
         if args.get("dedicated_node_service_account", True):
             account = serviceaccount.Account(
-                f"{name}-nodes", account_id=node_account_id(args["name"]), project=project,
+                f"{name}-nodes", account_id=args.get("node_account_id") or node_account_id(args["name"]),
+                project=project,
                 display_name=f"GKE nodes of {args['name']} (verl-gke)", opts=cluster_opts)
             self.node_identity = [projects.IAMMember(
                 f"{name}-nodes-role", project=project, role=NODE_ROLE,
@@ -198,7 +207,13 @@ class GkeCluster(pulumi.ComponentResource):
             datapath_provider="ADVANCED_DATAPATH",
             enable_multi_networking=True,
             networking_mode="VPC_NATIVE",
-            ip_allocation_policy={"stack_type": "IPV4"},
+            network=args.get("network"),
+            subnetwork=args.get("subnetwork"),
+            ip_allocation_policy={
+                "stack_type": "IPV4",
+                **({"cluster_secondary_range_name": args.get("pods_range"),
+                    "services_secondary_range_name": args.get("services_range")} if args.get("subnetwork") else {}),
+            },
             # GCS FUSE authenticates pods through Workload Identity.
             workload_identity_config={"workload_pool": f"{project}.svc.id.goog"},
             addons_config=addons,

@@ -109,12 +109,15 @@ class StackConfig(BaseModel):
     cpu_min_nodes: int = Field(1, ge=0)
     cpu_max_nodes: int = Field(5, ge=1)
 
-    gvnic_network_prefix: str = "verl-gvnic"
-    rdma_network_prefix: str = "verl-rdma"
+    gvnic_network_prefix: str = ""
+    rdma_network_prefix: str = ""
     gvnic_subnet_cidr: str = "192.168.0.0/24"
     rdma_subnet_cidrs: tuple[str, ...] = ()
     internal_source_range: str = "192.168.0.0/16"
     a4x_networking: Literal["dranet", "multi-network"] = "dranet"
+    node_subnet_cidr: str = "10.0.0.0/20"
+    pod_cidr: str = "10.4.0.0/14"
+    service_cidr: str = "10.0.32.0/20"
 
     gpu_nodes: int = Field(2, ge=1)
     gpu_max_nodes: int = Field(10, ge=1)
@@ -169,8 +172,6 @@ class StackConfig(BaseModel):
         data = dict(data)
         # An unknown platform is reported by its own field; derive the rest as for a4 meanwhile.
         platform = PLATFORMS.get(str(data.get("platform", "a4")), PLATFORMS["a4"])
-        if not data.get("bucketName") and data.get("project"):
-            data["bucketName"] = f"verl-data-{data['project']}"
         if not data.get("clusterLocation") and data.get("region"):
             data["clusterLocation"] = data["region"]
         nics = _rdma_nics(platform, str(data.get("a4xNetworking", "dranet")))
@@ -489,7 +490,7 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
 
     for field, suffix in (("gvnic_network_prefix", "-internal"), ("rdma_network_prefix", "-sub-7")):
         value = getattr(cfg, field)
-        if not _GCE_NAME.match(value) or len(value + suffix) > _MAX_GCE_NAME:
+        if value and (not _GCE_NAME.match(value) or len(value + suffix) > _MAX_GCE_NAME):
             add(field, value, f"lowercase letters, digits or hyphens starting with a letter, at most "
                 f"{_MAX_GCE_NAME - len(suffix)} characters.")
     out.extend(_cidr_problems(cfg))
@@ -514,8 +515,8 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
     # KubeRay derives "<name>-head-svc" and pod names from it; keep room under 63.
     if not _DNS_LABEL.match(cfg.ray_cluster_name) or len(cfg.ray_cluster_name) > 47:
         add("ray_cluster_name", cfg.ray_cluster_name, "at most 47 lowercase letters, digits or hyphens.")
-    # Without a project (reported on its own) there is no default bucket name to judge.
-    if cfg.project and not _bucket_name_ok(cfg.bucket_name):
+    # Empty: derived from the stack and the project (domain.names).
+    if cfg.bucket_name and not _bucket_name_ok(cfg.bucket_name):
         add("bucket_name", cfg.bucket_name, "a GCS bucket name: 3-63 lowercase letters, digits, '-', '_' or '.' "
             "(up to 222 with dots, 63 between dots), starting and ending with a letter or digit, not an "
             "IP address, not starting with 'goog' or containing 'google'.")
@@ -563,7 +564,8 @@ def _bucket_name_ok(name: str) -> bool:
 def _cidr_problems(cfg: StackConfig) -> list[str]:
     out = []
     nets: list[tuple[str, ipaddress.IPv4Network]] = []
-    fields = [("gvnic_subnet_cidr", cfg.gvnic_subnet_cidr)]
+    fields = [("node_subnet_cidr", cfg.node_subnet_cidr), ("pod_cidr", cfg.pod_cidr),
+              ("service_cidr", cfg.service_cidr), ("gvnic_subnet_cidr", cfg.gvnic_subnet_cidr)]
     fields += [("rdma_subnet_cidrs", c) for c in cfg.rdma_subnet_cidrs]
     fields.append(("internal_source_range", cfg.internal_source_range))
     fields += [("master_authorized_cidrs", c) for c in cfg.master_authorized_cidrs]

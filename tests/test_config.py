@@ -31,7 +31,7 @@ def only_problem(**changes: str) -> str:
 def test_base_config_is_valid_with_the_tutorials_defaults():
     cfg = load_config(config())
     assert (cfg.platform, cfg.cluster_mode, cfg.gpu_nodes, cfg.gpu_max_nodes) == ("a4", "standard", 2, 10)
-    assert cfg.bucket_name == "verl-data-my-project-123"
+    assert cfg.bucket_name == ""  # derived from the stack: domain.names
     assert cfg.cluster_location == "us-central1"
     assert cfg.rdma_subnet_cidrs == tuple(f"192.168.{i}.0/24" for i in range(1, 9))
     assert cfg.grpo.train_batch_size == 256 and cfg.grpo.ppo_mini_batch_size == 256
@@ -225,9 +225,9 @@ def test_overlapping_cidrs_are_rejected():
 
 
 def test_overlapping_rdma_cidrs_each_reported():
-    cidrs = '["10.0.0.0/24","10.0.0.0/24","10.0.2.0/24","10.0.3.0/24","10.0.4.0/24","10.0.5.0/24","10.0.6.0/24","10.0.7.0/24"]'
+    cidrs = '["10.9.0.0/24","10.9.0.0/24","10.9.2.0/24","10.9.3.0/24","10.9.4.0/24","10.9.5.0/24","10.9.6.0/24","10.9.7.0/24"]'
     assert only_problem(rdmaSubnetCidrs=cidrs) == \
-        'verl-gke:rdmaSubnetCidrs = "10.0.0.0/24": overlaps 10.0.0.0/24 (verl-gke:rdmaSubnetCidrs).'
+        'verl-gke:rdmaSubnetCidrs = "10.9.0.0/24": overlaps 10.9.0.0/24 (verl-gke:rdmaSubnetCidrs).'
 
 
 def test_cidr_syntax_and_count():
@@ -391,3 +391,9 @@ def test_upgrade_exclusion_start_is_utc_rfc3339_or_empty():
     assert only_problem(upgradeExclusionStart="2026-12-01 00:00") == (
         'verl-gke:upgradeExclusionStart = "2026-12-01 00:00": an RFC3339 UTC time such as 2026-12-01T00:00:00Z, '
         "or empty for no exclusion.")
+
+
+def test_the_cluster_subnets_ranges_may_not_overlap_the_gpu_subnets():
+    assert only_problem(podCidr="192.168.0.0/24") == (
+        'verl-gke:gvnicSubnetCidr = "192.168.0.0/24": overlaps 192.168.0.0/24 (verl-gke:podCidr).')
+    assert "an IPv4 CIDR" in only_problem(serviceCidr="10.0.32.0/33")

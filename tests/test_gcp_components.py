@@ -502,7 +502,8 @@ def test_an_empty_exclusion_start_leaves_gkes_upgrade_policy_alone() -> None:
 
 def test_every_vpc_has_the_jumbo_mtu(synth_stack: Any) -> None:
     networks = [r.inputs for r in synth_stack("a4-standard").registrations if r.type == "gcp:compute/network:Network"]
-    assert len(networks) == 2 and {n["mtu"] for n in networks} == {8896}  # the gVNIC VPC and the RDMA one
+    # the cluster's own VPC, the gVNIC VPC and the RDMA one
+    assert len(networks) == 3 and {n["mtu"] for n in networks} == {8896}
 
 
 def test_gpu_metrics_go_to_managed_prometheus_on_every_stack(synth_stack: Any) -> None:

@@ -20,11 +20,12 @@ CUSTOM_KINDS = {"RayCluster", "ComputeDomain"}
 UNCHECKED_KINDS = {"GKENetworkParamSet", "Network"}
 
 EXPECTED_COUNTS = {
-    # stack: (networks, subnets, node pools, GKENetworkParamSets, helm releases, ComputeDomains)
-    "a4": (2, 9, 0, 9, 0, 0),
-    "a4-standard": (2, 9, 2, 9, 0, 0),
-    "a3u-standard": (2, 9, 2, 9, 0, 0),
-    "a4x": (0, 0, 2, 0, 2, 1),
+    # stack: (networks, subnets, node pools, GKENetworkParamSets, helm releases, ComputeDomains);
+    # the cluster's own VPC and subnet count in each.
+    "a4": (3, 10, 0, 9, 0, 0),
+    "a4-standard": (3, 10, 2, 9, 0, 0),
+    "a3u-standard": (3, 10, 2, 9, 0, 0),
+    "a4x": (1, 1, 2, 0, 2, 1),
 }
 
 
@@ -117,7 +118,7 @@ def test_autopilot_cluster_goes_before_the_rdma_subnets_on_destroy(synth_stack):
     result = synth_stack("a4")
     (cluster,) = _by_type(result, "gcp:container/cluster:Cluster")
     subnets = {r.urn for r in _by_type(result, "gcp:compute/subnetwork:Subnetwork")}
-    assert len(subnets) == 9 and subnets <= set(cluster.dependencies)
+    assert len(subnets) == 10 and subnets <= set(cluster.dependencies)
 
 
 def test_standard_spot_pool_without_reservation():
@@ -173,10 +174,16 @@ def test_nodes_are_private_behind_the_stacks_cloud_nat(stack: str, synth_stack):
     assert cluster.inputs["privateClusterConfig"] == {"enablePrivateNodes": True, "enablePrivateEndpoint": False}
     (router,) = _by_type(result, "gcp:compute/router:Router")
     (nat,) = _by_type(result, "gcp:compute/routerNat:RouterNat")
-    assert (router.inputs["network"], router.inputs["region"]) == ("default", cfg.region)
-    assert nat.inputs["router"] == f"{cfg.cluster_name}-router"
+    (vpc,) = [r for r in _by_type(result, "gcp:compute/network:Network") if r.inputs["name"] == f"verl-{stack}-net"]
+    # On the stack's own VPC, never the project's `default` network.
+    assert router.inputs["region"] == cfg.region and vpc.urn in router.dependencies
+    assert router.inputs["network"] != "default" and cluster.inputs["network"] == router.inputs["network"]
+    assert nat.inputs["router"] == f"verl-{stack}-router"
     assert nat.inputs["natIpAllocateOption"] == "AUTO_ONLY"
     assert nat.inputs["sourceSubnetworkIpRangesToNat"] == "ALL_SUBNETWORKS_ALL_IP_RANGES"
+    # Sized for image and model pulls: Cloud NAT's dynamic port allocation from 4096 ports per VM.
+    assert (nat.inputs["enableDynamicPortAllocation"], nat.inputs["enableEndpointIndependentMapping"],
+            nat.inputs["minPortsPerVm"], nat.inputs["maxPortsPerVm"]) == (True, False, 4096, 65536)
     # Nodes boot only once their way out exists.
     assert nat.urn in cluster.dependencies
 
@@ -275,3 +282,19 @@ def test_without_the_supervisor_nothing_of_it_is_created():
     assert (job.inputs["supervised_attempts"], job.inputs["budget_s"]) == (0, 6 * 3600)
     policy = [m for m in result.manifests() if m["kind"] == "NetworkPolicy"][0]
     assert len(policy["spec"]["ingress"]) == 1
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_cluster_has_a_network_of_its_own_with_jumbo_mtu_and_planned_ranges(stack: str, synth_stack):
+    result = synth_stack(stack)
+    (cluster,) = _by_type(result, "gcp:container/cluster:Cluster")
+    (vpc,) = [r for r in _by_type(result, "gcp:compute/network:Network") if r.inputs["name"] == f"verl-{stack}-net"]
+    (subnet,) = [r for r in _by_type(result, "gcp:compute/subnetwork:Subnetwork")
+                 if r.inputs["name"] == f"verl-{stack}-nodes"]
+    assert (vpc.inputs["mtu"], vpc.inputs["autoCreateSubnetworks"]) == (8896, False)
+    assert (subnet.inputs["ipCidrRange"], subnet.inputs["privateIpGoogleAccess"]) == ("10.0.0.0/20", True)
+    assert subnet.inputs["secondaryIpRanges"] == [{"rangeName": "pods", "ipCidrRange": "10.4.0.0/14"},
+                                                  {"rangeName": "services", "ipCidrRange": "10.0.32.0/20"}]
+    assert {vpc.urn, subnet.urn} <= set(cluster.dependencies)
+    assert cluster.inputs["ipAllocationPolicy"] == {
+        "stackType": "IPV4", "clusterSecondaryRangeName": "pods", "servicesSecondaryRangeName": "services"}
