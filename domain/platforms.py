@@ -137,6 +137,11 @@ class Platform:
     """Local SSDs bundled with the machine type, all backing ephemeral storage (Cluster Toolkit's
     gke-a4 and gke-a3-ultragpu: 32). None: not in our sources; the node pool then sends 0, which
     GKE reads as "the machine type's own count" for series that bundle a fixed count."""
+    boot_disk_type: str = "hyperdisk-balanced"
+    """Boot disk of the GPU nodes. A4, A3 Ultra and A4X boot from Hyperdisk only (Compute Engine's
+    disk support per machine series); Cluster Toolkit's gke-a4x sets hyperdisk-balanced explicitly."""
+    boot_disk_gb: int = 100
+    """Cluster Toolkit's gke-a4, gke-a3-ultragpu and gke-a4x GPU pools (a4/a3ultra/a4x_node_pool_disk_size_gb)."""
 
     @property
     def allocatable_cpu(self) -> float:

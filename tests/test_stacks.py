@@ -298,3 +298,9 @@ def test_the_cluster_has_a_network_of_its_own_with_jumbo_mtu_and_planned_ranges(
     assert {vpc.urn, subnet.urn} <= set(cluster.dependencies)
     assert cluster.inputs["ipAllocationPolicy"] == {
         "stackType": "IPV4", "clusterSecondaryRangeName": "pods", "servicesSecondaryRangeName": "services"}
+
+
+@pytest.mark.parametrize("stack", ["a4-standard", "a3u-standard", "a4x"])
+def test_gpu_nodes_boot_from_the_platform_tables_disk(stack: str, synth_stack):
+    (pool,) = [r for r in _by_type(synth_stack(stack), "gcp:container/nodePool:NodePool") if r.name == "gpu-pool"]
+    assert (pool.inputs["nodeConfig"]["diskType"], pool.inputs["nodeConfig"]["diskSizeGb"]) == ("hyperdisk-balanced", 100)
