@@ -14,7 +14,7 @@ from components.grpo_job import GrpoJob
 from domain.run_identity import submission_ids
 from domain.grpo_spec import entrypoint, runtime_env
 from components.network_mapping import NetworkMapping
-from domain.preflight import REQUIRED_APIS
+from domain.preflight import REQUIRED_APIS, STACK_LABEL
 from components.preflight import check_live_project
 from components.project_apis import ProjectApis
 from components.rdma_network import RdmaNetwork
@@ -24,7 +24,7 @@ from manifests import nccl, supervisor
 from manifests.ray_cluster import WORKER_GROUP
 from manifests.network_mapping import NetworkNames
 from domain.bucket import MOUNT_PATH
-from domain.names import stack_names
+from domain.names import stack_names, stack_slug
 from verl_gke.fabric import fabric_runtime_env
 from workloads.stage_data import model_dir_for
 
@@ -73,7 +73,7 @@ cluster = GkeCluster("gke", {
     # The NVIDIA DRA driver 25.3 still speaks resource.k8s.io/v1beta1 (Cluster Toolkit gke-a4x).
     "k8s_beta_apis": DRA_V1BETA1_APIS if a4x else [],
     "network": vpc.network if vpc else None, "subnetwork": vpc.subnet if vpc else None,
-    "pods_range": PODS_RANGE, "services_range": SERVICES_RANGE, "node_account_id": names.node_account_id,
+    "resource_labels": {STACK_LABEL: stack_slug(pulumi.get_stack())}, "pods_range": PODS_RANGE, "services_range": SERVICES_RANGE, "node_account_id": names.node_account_id,
 }, gcp_ready.merge(pulumi.ResourceOptions(depends_on=[r for r in (rdma, nat) if r is not None])))
 k8s = pulumi.ResourceOptions(providers=[cluster.provider])
 

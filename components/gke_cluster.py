@@ -38,6 +38,12 @@ def node_account_id(cluster_name: str) -> str:
     return f"{cluster_name[:_MAX_ACCOUNT_ID - len('-nodes')].rstrip('-')}-nodes"
 
 
+MONITORING_COMPONENTS = ("SYSTEM_COMPONENTS", "POD", "DAEMONSET", "DEPLOYMENT", "STATEFULSET", "STORAGE", "HPA",
+                         "CADVISOR", "KUBELET")
+"""Cluster Toolkit's gke-cluster default list (modules/scheduler/gke-cluster, monitoring_components) but
+JOBSET, which this program does not run: the list replaces GKE's, so what it leaves out (kubelet and
+cAdvisor above all) is not collected."""
+
 MAINTENANCE_WINDOW_START = "03:00"
 UPGRADE_EXCLUSION_NAME = "verl-gke-no-minor-or-node-upgrades"
 """Cluster Toolkit's gke-a4, gke-a3-ultragpu and gke-a4x blueprints set this exclusion scope."""
@@ -91,6 +97,8 @@ class GkeClusterArgs(TypedDict):
     services_range: NotRequired[str]
     node_account_id: NotRequired[str]
     """Id of the nodes' dedicated service account; default `<name>-nodes` (node_account_id())."""
+    resource_labels: NotRequired[dict[str, str]]
+    """GCP labels on the cluster (the owning stack: domain.preflight.STACK_LABEL)."""
     upgrade_exclusion_start: NotRequired[str | None]
     """When set (RFC3339), no minor or node auto-upgrades from then until the version's end of
     support: an auto-upgrade drains GPU nodes in mid-run. Control-plane patches still apply."""
@@ -132,6 +140,10 @@ class GkeCluster(pulumi.ComponentResource):
         self.provider = k8s.Provider(
             f"{name}-k8s",
             kubeconfig=self.kubeconfig,
+            # A cluster deleted out of band takes its objects with it: destroy (and refresh) then
+            # forget them instead of failing on each; with server-side apply a later up adopts any
+            # that still exist.
+            delete_unreachable=True,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.cpu_pool] if self.cpu_pool else []),
         )
         self.register_outputs({
@@ -198,10 +210,11 @@ class GkeCluster(pulumi.ComponentResource):
                 }],
             } if exclusion_start else None,
             monitoring_config={
-                "enable_components": ["SYSTEM_COMPONENTS", "DCGM"],
+                "enable_components": [*MONITORING_COMPONENTS, "DCGM"],
                 "managed_prometheus": {"enabled": True},
             } if args.get("gpu_metrics", True) else None,
             deletion_protection=args["deletion_protection"],
+            resource_labels=args.get("resource_labels"),
             min_master_version=args["min_master_version"],
             # Dataplane V2 + multi-networking carry the extra gVNIC/RDMA NICs.
             datapath_provider="ADVANCED_DATAPATH",
