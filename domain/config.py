@@ -12,6 +12,7 @@ import json
 import posixpath
 import re
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -42,6 +43,7 @@ USER_VERL_DIR = "verl"
 # GCP and Kubernetes naming rules.
 _GCE_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _BUCKET = re.compile(r"^[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9]$")
 _IPV4_LIKE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$")
@@ -54,6 +56,19 @@ _QUANTITY = re.compile(r"^[0-9]+(Ki|Mi|Gi|Ti|Pi)$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 # GKE returns times in UTC "Zulu" form; any other form is a permanent diff (pulumi-gcp docs).
 _RFC3339_UTC = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$")
+
+# An image reference as container registries parse it (github.com/distribution/reference,
+# regexp.go and normalize.go): [domain[:port]/]path[:tag][@digest]. The first component is a domain
+# only with a '.' or ':' or as localhost; the path is lowercase; a sha256 digest has 64 hex digits.
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_DOMAIN_PART = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
+_DOMAIN = rf"(?:localhost(?::[0-9]+)?|{_DOMAIN_PART}(?:\.{_DOMAIN_PART})+(?::[0-9]+)?|{_DOMAIN_PART}:[0-9]+)"
+_IMAGE_REFERENCE = re.compile(
+    rf"^(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*(?::[\w][\w.-]{{0,127}})?(?:@sha256:[0-9a-f]{{64}})?$")
+_MAX_IMAGE_NAME = 255
+# Pulumi's engine parses custom timeouts as Go durations (int64 nanoseconds); Python's threading
+# waits (the job provider) stop at the same bound on 64-bit Linux (threading.TIMEOUT_MAX).
+_MAX_DURATION_S = (2**63 - 1) // 10**9
 
 # GKE's max cluster name length; GCE resource names are at most 63 characters.
 _MAX_CLUSTER_NAME = 40
@@ -287,6 +302,7 @@ _FRIENDLY = {
     "bool_parsing": "must be true or false",
     "string_type": "must be a string",
     "tuple_type": "must be a list",
+    "finite_number": "must be a finite number",
 }
 
 
@@ -471,7 +487,7 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
             if gke_versions.below_floor(cfg.kubernetes_version, floor):
                 add("kubernetes_version", cfg.kubernetes_version, f"{feature} needs {floor} or newer.")
                 break
-    if cfg.upgrade_exclusion_start and not _RFC3339_UTC.match(cfg.upgrade_exclusion_start):
+    if cfg.upgrade_exclusion_start and not _is_utc_time(cfg.upgrade_exclusion_start):
         add("upgrade_exclusion_start", cfg.upgrade_exclusion_start,
             "an RFC3339 UTC time such as 2026-12-01T00:00:00Z, or empty for no exclusion.")
     if cfg.cpu_min_nodes > cfg.cpu_max_nodes:
@@ -513,8 +529,9 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
     if not _DNS_SUBDOMAIN.match(cfg.service_account) or len(cfg.service_account) > 253:
         add("service_account", cfg.service_account, "a Kubernetes name: lowercase letters, digits, '-' or '.'.")
     # KubeRay derives "<name>-head-svc" and pod names from it; keep room under 63.
-    if not _DNS_LABEL.match(cfg.ray_cluster_name) or len(cfg.ray_cluster_name) > 47:
-        add("ray_cluster_name", cfg.ray_cluster_name, "at most 47 lowercase letters, digits or hyphens.")
+    if not _DNS_1035.match(cfg.ray_cluster_name) or len(cfg.ray_cluster_name) > 47:
+        add("ray_cluster_name", cfg.ray_cluster_name, "at most 47 lowercase letters, digits or hyphens, starting with "
+            "a letter and ending with a letter or digit (KubeRay wants a DNS-1035 label).")
     # Empty: derived from the stack and the project (domain.names).
     if cfg.bucket_name and not _bucket_name_ok(cfg.bucket_name):
         add("bucket_name", cfg.bucket_name, "a GCS bucket name: 3-63 lowercase letters, digits, '-', '_' or '.' "
@@ -529,12 +546,36 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
     if cfg.verl_in_image and cfg.verl_source_install:
         add("verl_in_image", cfg.verl_in_image,
             "verlInImage and verlSourceInstall each bring verl; set at most one of them.")
-    if not is_pinned_image(cfg.verl_image):
+    if not _is_image_reference(cfg.verl_image):
+        add("verl_image", cfg.verl_image, "an image reference such as verlai/verl:vllm011.dev7 or "
+            "registry.example.com/team/verl@sha256:<64 hex>: lowercase path, tag of letters, digits, '_', '.', '-'.")
+    elif not is_pinned_image(cfg.verl_image):
         add("verl_image", cfg.verl_image, "an image with a fixed tag (not latest) or an @sha256 digest.")
     if cfg.nccl_installer_url and not cfg.nccl_installer_url.startswith("https://"):
         add("nccl_installer_url", cfg.nccl_installer_url, "an https:// URL pinned to a commit.")
     if cfg.job_dashboard_url and not re.match(r"^https?://[^\s/]+", cfg.job_dashboard_url):
         add("job_dashboard_url", cfg.job_dashboard_url, "an http(s) URL of a privately reachable Ray dashboard.")
+    elif cfg.job_dashboard_url and cfg.ray_network_policy and not cfg.ray_dashboard_cidrs:
+        add("job_dashboard_url", cfg.job_dashboard_url, "the stack's NetworkPolicy admits only the Ray pods to port "
+            "8265; add the caller's range to rayDashboardCidrs, or set rayNetworkPolicy to false.")
+    if cfg.verl_in_image and cfg.verl_image in PINNED_IMAGE_ARCH:
+        add("verl_in_image", cfg.verl_in_image, f"{cfg.verl_image} ships verl's dependencies without verl; set "
+            "verlImage to an image you built with verl, or leave verlInImage false (staging installs it).")
+    for field, default_repo, default_revision in (("model", DEFAULT_MODEL_REPO, DEFAULT_MODEL_REVISION),
+                                                  ("dataset", DEFAULT_DATASET_REPO, DEFAULT_DATASET_REVISION)):
+        repo, revision = getattr(cfg, field), getattr(cfg, f"{field}_revision")
+        if repo != default_repo and revision == default_revision and is_repo_id(repo):
+            add(f"{field}_revision", revision, f"is the commit of the default {field} {default_repo}; set the "
+                f"commit of {repo} to stage.")
+    if cfg.region and cfg.cluster_location not in (cfg.region, *_zones_of(cfg.cluster_location, cfg.region)):
+        add("cluster_location", cfg.cluster_location, f"the region {cfg.region} (gcp:region) or one of its zones such "
+            f"as {cfg.region}-b: the subnets, NAT and GPU nodes are there.")
+    for field, unit in (("staging_timeout_minutes", 60), ("job_ready_timeout_seconds", 1),
+                        ("job_startup_grace_seconds", 1), ("job_outage_window_seconds", 1),
+                        ("run_retry_backoff_seconds", 1), ("run_budget_hours", 3600)):
+        if getattr(cfg, field) * unit > _MAX_DURATION_S:
+            add(field, getattr(cfg, field),
+                f"at most {_MAX_DURATION_S // unit}: the Pulumi engine's longest duration (about 292 years).")
 
     for field in ("checkpoint_dir", "model_path", "train_files", "val_files"):
         value = getattr(cfg.grpo, field)
@@ -552,6 +593,27 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
     for problem in verl_problems(cfg.grpo, p.gpus_per_node, cfg.gpu_nodes):
         add(f"grpo.{problem.field}", getattr(cfg.grpo, problem.field), problem.message)
     return out
+
+
+def _is_image_reference(image: str) -> bool:
+    name = re.split(r"[@]", image, maxsplit=1)[0]
+    return bool(_IMAGE_REFERENCE.match(image)) and len(name) <= _MAX_IMAGE_NAME
+
+
+def _is_utc_time(text: str) -> bool:
+    """RFC3339 in UTC "Zulu" form and a real instant (2026-02-30 is not)."""
+    if not _RFC3339_UTC.match(text):
+        return False
+    try:
+        datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ")
+    except ValueError:
+        return False
+    return True
+
+
+def _zones_of(location: str, region: str) -> tuple[str, ...]:
+    zone = _ZONE.match(location)
+    return (location,) if zone and zone.group(1) == region else ()
 
 
 def _bucket_name_ok(name: str) -> bool:
@@ -581,6 +643,14 @@ def _cidr_problems(cfg: StackConfig) -> list[str]:
                 if net.overlaps(other):
                     out.append(problem_line(config_key(field), text, f"overlaps {other} ({config_key(other_field)})."))
             nets.append((field, net))
+    try:
+        if cfg.rdma_nics and not ipaddress.IPv4Network(cfg.gvnic_subnet_cidr).subnet_of(
+                ipaddress.IPv4Network(cfg.internal_source_range)):
+            out.append(problem_line(config_key("gvnic_subnet_cidr"), cfg.gvnic_subnet_cidr,
+                                    f"lies outside internalSourceRange {cfg.internal_source_range}, so the firewall "
+                                    "drops node-to-node traffic on it."))
+    except ValueError:
+        pass  # an invalid CIDR is reported above
     if len(cfg.rdma_subnet_cidrs) != cfg.rdma_nics:
         out.append(problem_line(config_key("rdma_subnet_cidrs"), list(cfg.rdma_subnet_cidrs),
                             f"{cfg.facts.title} needs exactly {cfg.rdma_nics} RDMA subnets, one per NIC."))

@@ -9,7 +9,8 @@ without it `healthy_answers` stands in and synth lists the checks it could not m
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -177,7 +178,8 @@ def run_preflight(cfg: StackConfig, invoke: Invoke, stack: str | None = None) ->
         for service in REQUIRED_APIS:
             answer = ask(PROJECT_SERVICE, {"project": cfg.project, "service": service}, f"API {service}")
             if answer is not None:
-                result.problems += api_problems(service, answer)
+                with _unexpected_shape(result, f"API {service}"):
+                    result.problems += api_problems(service, answer)
     versions = ask(ENGINE_VERSIONS, {"location": cfg.cluster_location, "project": cfg.project},
                    "GKE versions of the release channel")
     if versions is None and not result.problems:
@@ -189,16 +191,18 @@ def run_preflight(cfg: StackConfig, invoke: Invoke, stack: str | None = None) ->
             result.notes.append(f"GKE versions not checked yet (an API is still off): the cluster is created at "
                                 f"{result.gke_version}, the highest floor of this stack")
     if versions is not None:
-        result.gke_version = gke_versions.choose(cfg.kubernetes_version, cfg.release_channel, cfg.gke_floors,
-                                                 versions)
-        if result.gke_version is None:
-            result.problems.append(version_problem(cfg, versions))
-        else:
-            result.notes.append(f"GKE {result.gke_version} from the {cfg.release_channel} channel")
+        with _unexpected_shape(result, "GKE versions of the release channel"):
+            result.gke_version = gke_versions.choose(cfg.kubernetes_version, cfg.release_channel, cfg.gke_floors,
+                                                     versions)
+            if result.gke_version is None:
+                result.problems.append(version_problem(cfg, versions))
+            else:
+                result.notes.append(f"GKE {result.gke_version} from the {cfg.release_channel} channel")
     machines = ask(MACHINE_TYPES, {"filter": f"name = {cfg.facts.machine_type}", "project": cfg.project,
                                    "zone": cfg.zone}, f"machine type {cfg.facts.machine_type}")
     if machines is not None:
-        result.problems += machine_type_problems(cfg, machines)
+        with _unexpected_shape(result, f"machine type {cfg.facts.machine_type}"):
+            result.problems += machine_type_problems(cfg, machines)
     if uses_reservation(cfg):
         try:  # a first deploy has no cluster yet: the lookup fails, and no machine is ours
             own = own_gpu_nodes(invoke(CLUSTER, {"name": cfg.cluster_name, "location": cfg.cluster_location,
@@ -208,15 +212,25 @@ def run_preflight(cfg: StackConfig, invoke: Invoke, stack: str | None = None) ->
         project, name = reservation_target(cfg)
         answer = ask(RESERVATION, {"name": name, "project": project, "zone": cfg.zone}, f"reservation {name}")
         if answer is not None:
-            found = reservation_problems(cfg, answer, own)
-            result.problems += found
-            if not found:
-                specific = answer["specificReservations"][0]
-                count, in_use = int(specific["count"]), int(specific.get("inUseCount", 0))
-                free = count - max(0, in_use - own)
-                result.notes.append(f"reservation {name}: {free} of {count} {cfg.facts.machine_type} free"
-                                    + (f" ({own} of them this stack's GPU nodes)" if own else ""))
+            with _unexpected_shape(result, f"reservation {name}"):
+                found = reservation_problems(cfg, answer, own)
+                result.problems += found
+                if not found:
+                    specific = answer["specificReservations"][0]
+                    count, in_use = int(specific["count"]), int(specific.get("inUseCount", 0))
+                    free = count - max(0, in_use - own)
+                    result.notes.append(f"reservation {name}: {free} of {count} {cfg.facts.machine_type} free"
+                                        + (f" ({own} of them this stack's GPU nodes)" if own else ""))
     return result
+
+
+@contextmanager
+def _unexpected_shape(result: PreflightResult, what: str) -> Iterator[None]:
+    """An answer the checks cannot read (a hand-written `--cloud` file) is one problem, not a traceback."""
+    try:
+        yield
+    except (AttributeError, TypeError, ValueError, KeyError, IndexError) as error:
+        result.problems.append(f"{what}: the answer has an unexpected shape ({type(error).__name__}: {error})")
 
 
 STACK_LABEL = "verl-gke-stack"

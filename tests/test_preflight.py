@@ -326,3 +326,22 @@ def test_existing_cluster_on_the_stacks_own_cluster_is_refused():
 def test_the_cluster_carries_its_stacks_label(synth_stack):
     (cluster,) = [r for r in synth_stack("a4x").registrations if r.type == "gcp:container/cluster:Cluster"]
     assert cluster.inputs["resourceLabels"] == {"verl-gke-stack": "a4x"}
+
+
+@pytest.mark.parametrize(("token", "answer", "message"), [
+    (RESERVATION, "x", 'the answer to gcp:compute/getReservation:getReservation must be a JSON object'),
+    (MACHINE_TYPES, [1, 2], 'the answer to gcp:compute/getMachineTypes:getMachineTypes must be a JSON object'),
+    (RESERVATION, {"name": "r", "specificReservations": "x"}, "reservation my-reservation: the answer has an "
+                                                               "unexpected shape (AttributeError"),
+    (MACHINE_TYPES, {"machineTypes": [{"name": "a4-highgpu-8g", "guestCpus": "many"}]},
+     "machine type a4-highgpu-8g: the answer has an unexpected shape (ValueError"),
+    (ENGINE_VERSIONS, {"releaseChannelDefaultVersion": "x"},
+     "GKE versions of the release channel: the answer has an unexpected shape (AttributeError"),
+])
+def test_cloud_answers_of_the_wrong_shape_are_one_line_each(tmp_path: Path, token: str, answer: Any, message: str):
+    answers = tmp_path / "cloud.json"
+    answers.write_text(json.dumps({**GOOD, token: answer}))
+    run = _cli(STACK, "--out", str(tmp_path / "out"), "--cloud", str(answers),
+               "--set", "gcp:project=my-project-123", "--set", "verl-gke:reservation=my-reservation")
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert message in run.stderr

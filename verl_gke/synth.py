@@ -393,6 +393,11 @@ def read_cloud_answers(path: Path) -> dict[str, Any]:
         raise ValueError(f"--cloud {path}: {error}") from None
     if not isinstance(answers, dict):
         raise ValueError(f"--cloud {path}: must be a JSON object of invoke token -> answer")
+    for token, answer in answers.items():
+        # The provider answers an invoke with an object; a list picks one per call; {"error": ...} fails it.
+        if not (isinstance(answer, dict) or (isinstance(answer, list) and all(isinstance(a, dict) for a in answer))):
+            raise ValueError(f"--cloud {path}: the answer to {token} must be a JSON object (the provider's "
+                             f"answer) or a list of them, not {json.dumps(answer)[:60]}")
     unknown = sorted(set(answers) - set(preflight.CHECKS))
     if unknown:
         raise ValueError(f"--cloud {path}: no live check makes {', '.join(unknown)}; "
