@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from domain import gke_versions
 from domain.grpo_spec import GRPO_DEFAULTS, GrpoSpec, verl_problems
 from domain.bucket import DEFAULT_CAPACITY, MOUNT_PATH
-from domain.platforms import PINNED_IMAGE_ARCH, PLATFORMS, Mode, Platform, PlatformName, VerlRelease, is_pinned_image
+from domain.platforms import AUTOPILOT_SIDECAR, PINNED_IMAGE_ARCH, PLATFORMS, Mode, Platform, PlatformName, VerlRelease, is_pinned_image
 from workloads.stage_data import (
     DEFAULT_DATASET_REPO,
     DEFAULT_DATASET_REVISION,
@@ -192,8 +192,11 @@ class StackConfig(BaseModel):
         nics = _rdma_nics(platform, str(data.get("a4xNetworking", "dranet")))
         if _unset(data.get("rdmaSubnetCidrs")):
             data["rdmaSubnetCidrs"] = [f"192.168.{i + 1}.0/24" for i in range(nics)]
+        # Autopilot: sized to its per-accelerator maximum with the sidecar; Standard: to the machine.
+        worker = platform.autopilot_worker if data.get("clusterMode") == "autopilot" else None
         for key, default in (("rayClusterName", platform.ray_cluster_name), ("verlImage", platform.image),
-                             ("workerCpus", platform.worker_cpus), ("workerMemoryGi", platform.worker_memory_gi)):
+                             ("workerCpus", worker.cpu if worker else platform.worker_cpus),
+                             ("workerMemoryGi", worker.memory_gi if worker else platform.worker_memory_gi)):
             if _unset(data.get(key)):
                 data[key] = default
         data["grpo"] = _grpo_values(data.get("grpo", {}), platform, str(data.get("model", DEFAULT_MODEL_REPO)))
@@ -523,6 +526,14 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
     elif cfg.worker_memory_gi <= p.shm_size_gi:
         add("worker_memory_gi", cfg.worker_memory_gi,
             f"must exceed the {p.shm_size_gi}Gi /dev/shm that counts against it.")
+    if cfg.autopilot and p.autopilot_max_pod:
+        top, car = p.autopilot_max_pod, AUTOPILOT_SIDECAR
+        for field, value, most, unit in (("worker_cpus", cfg.worker_cpus, top.cpu - car.cpu, " vCPUs"),
+                                         ("worker_memory_gi", cfg.worker_memory_gi, top.memory_gi - car.memory_gi, "Gi")):
+            if value > most:
+                add(field, value, f"Autopilot admits a {p.accelerator} worker pod of at most {top.cpu} vCPUs / "
+                    f"{top.memory_gi}Gi, the GCS FUSE sidecar's {car.cpu} vCPUs / {car.memory_gi}Gi included: "
+                    f"at most {most}{unit}.")
 
     if not _DNS_LABEL.match(cfg.namespace) or len(cfg.namespace) > 63:
         add("namespace", cfg.namespace, "a Kubernetes namespace: at most 63 lowercase letters, digits or hyphens.")

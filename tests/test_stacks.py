@@ -304,3 +304,40 @@ def test_the_cluster_has_a_network_of_its_own_with_jumbo_mtu_and_planned_ranges(
 def test_gpu_nodes_boot_from_the_platform_tables_disk(stack: str, synth_stack):
     (pool,) = [r for r in _by_type(synth_stack(stack), "gcp:container/nodePool:NodePool") if r.name == "gpu-pool"]
     assert (pool.inputs["nodeConfig"]["diskType"], pool.inputs["nodeConfig"]["diskSizeGb"]) == ("hyperdisk-balanced", 100)
+
+
+def test_autopilot_a4_workers_fit_autopilots_pod_ceiling_with_the_sidecar(synth_stack):
+    """Requests of every container of a worker pod, the GCS FUSE sidecar's (from its annotations)
+    included, stay within the Autopilot A4 ceiling of the platform table."""
+    from domain.platforms import PLATFORMS
+
+    top = PLATFORMS["a4"].autopilot_max_pod
+    (ray,) = [m for m in synth_stack("a4").manifests() if m["kind"] == "RayCluster"]
+    (group,) = ray["spec"]["workerGroupSpecs"]
+    pod = group["template"]
+    notes = pod["metadata"]["annotations"]
+
+    def gi(text: str) -> int:
+        assert text.endswith("Gi"), text
+        return int(text[:-2])
+
+    requests = [c["resources"]["requests"] for c in pod["spec"]["containers"]]
+    cpu = sum(int(r["cpu"]) for r in requests) + int(notes["gke-gcsfuse/cpu-request"])
+    memory = sum(gi(r["memory"]) for r in requests) + gi(notes["gke-gcsfuse/memory-request"])
+    disk = sum(gi(r["ephemeral-storage"]) for r in requests) + gi(notes["gke-gcsfuse/ephemeral-storage-request"])
+    assert (cpu, memory, disk) == (top.cpu, top.memory_gi, top.ephemeral_gi) == (220, 2800, 1000)
+
+
+def test_autopilot_worker_sizes_above_the_ceiling_are_refused():
+    from domain.config import ConfigError, load_config
+    from tests.conftest import BASE_CONFIG
+
+    auto = {**BASE_CONFIG, "verl-gke:clusterMode": "autopilot", "verl-gke:gpuSpot": "true", "verl-gke:reservation": ""}
+    assert (load_config(auto).worker_cpus, load_config(auto).worker_memory_gi) == (218, 2784)
+    with pytest.raises(ConfigError) as caught:
+        load_config({**auto, "verl-gke:workerCpus": "220", "verl-gke:workerMemoryGi": "3433"})
+    assert caught.value.problems == [
+        "verl-gke:workerCpus = 220: Autopilot admits a nvidia-b200 worker pod of at most 220 vCPUs / 2800Gi, the GCS "
+        "FUSE sidecar's 2 vCPUs / 16Gi included: at most 218 vCPUs.",
+        "verl-gke:workerMemoryGi = 3433: Autopilot admits a nvidia-b200 worker pod of at most 220 vCPUs / 2800Gi, the "
+        "GCS FUSE sidecar's 2 vCPUs / 16Gi included: at most 2784Gi."]
