@@ -67,3 +67,11 @@ def test_a_stack_file_that_is_not_utf8_is_one_problem(project: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         stack_files.raw_config("bad", project)
     assert caught.value.problems == ["Pulumi.bad.yaml: not UTF-8 text (byte 0xe9 at offset 26); save it as UTF-8"]
+
+
+def test_a_project_file_that_is_not_utf8_is_one_problem(project: Path) -> None:
+    (project / "Pulumi.yaml").write_bytes(b"name: verl-gke\ndescription: caf\xe9\n")
+    (project / "Pulumi.ok.yaml").write_text("config:\n  gcp:project: my-project-123\n")
+    with pytest.raises(ConfigError) as caught:
+        stack_files.raw_config("ok", project)
+    assert caught.value.problems == ["Pulumi.yaml: not UTF-8 text (byte 0xe9 at offset 31); save it as UTF-8"]
