@@ -607,7 +607,9 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
 
 
 def _is_image_reference(image: str) -> bool:
-    name = re.split(r"[@]", image, maxsplit=1)[0]
+    name = image.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    name = name[:len(name) - len(last)] + last.split(":", 1)[0]  # without the tag
     return bool(_IMAGE_REFERENCE.match(image)) and len(name) <= _MAX_IMAGE_NAME
 
 

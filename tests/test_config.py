@@ -483,3 +483,9 @@ def test_a_ray_cluster_name_must_start_with_a_letter(name: str):
     assert only_problem(rayClusterName=name) == (
         f'verl-gke:rayClusterName = "{name}": at most 47 lowercase letters, digits or hyphens, starting with a letter '
         'and ending with a letter or digit (KubeRay wants a DNS-1035 label).')
+
+
+def test_an_image_name_longer_than_registries_take_is_refused():
+    name = "verlai/" + "v" * 248  # 255 characters without the tag
+    assert load_config(config(verlImage=f"{name}:1.0")).verl_image == f"{name}:1.0"
+    assert "an image reference" in only_problem(verlImage=f"{name}v:1.0")
