@@ -73,7 +73,8 @@ cluster = GkeCluster("gke", {
     # The NVIDIA DRA driver 25.3 still speaks resource.k8s.io/v1beta1 (Cluster Toolkit gke-a4x).
     "k8s_beta_apis": DRA_V1BETA1_APIS if a4x else [],
     "network": vpc.network if vpc else None, "subnetwork": vpc.subnet if vpc else None,
-    "resource_labels": {STACK_LABEL: stack_slug(pulumi.get_stack())}, "pods_range": PODS_RANGE, "services_range": SERVICES_RANGE, "node_account_id": names.node_account_id,
+    "resource_labels": {STACK_LABEL: stack_slug(pulumi.get_stack())}, "node_account_id": names.node_account_id,
+    "pods_range": PODS_RANGE, "services_range": SERVICES_RANGE,
 }, gcp_ready.merge(pulumi.ResourceOptions(depends_on=[r for r in (rdma, nat) if r is not None])))
 k8s = pulumi.ResourceOptions(providers=[cluster.provider])
 

@@ -16,7 +16,6 @@ from domain.config import StackConfig
 MAX_SLUG = 16
 """Keeps `verl-<slug>-nodes` within a service account id's 30 characters and `verl-<slug>-<project>`
 within a bucket name's 63."""
-_SERVICE_ACCOUNT_ID = 30
 
 
 def stack_slug(stack: str) -> str:
@@ -56,5 +55,5 @@ def stack_names(cfg: StackConfig, stack: str) -> StackNames:
         subnet=f"{base}-nodes",
         router=f"{base}-router",
         nat=f"{base}-nat",
-        node_account_id=f"{base}-nodes"[:_SERVICE_ACCOUNT_ID],
+        node_account_id=f"{base}-nodes",
     )
