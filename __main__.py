@@ -48,16 +48,17 @@ if networks and builds_infra:
     }, gcp_ready)
 
 vpc = None
-if builds_infra:
+if builds_infra and not cfg.cluster_network:
     vpc = ClusterNetwork("vpc", {
         "project": cfg.project, "region": cfg.region, "network": names.network, "subnet": names.subnet,
         "node_cidr": cfg.node_subnet_cidr, "pod_cidr": cfg.pod_cidr, "service_cidr": cfg.service_cidr,
     }, gcp_ready)
 
 # Private nodes pull images and the model through it.
+network = vpc.network if vpc else cfg.cluster_network or None
 nat = None
-if vpc and cfg.private_nodes and cfg.cloud_nat:
-    nat = CloudNat("nat", {"project": cfg.project, "region": cfg.region, "network": vpc.network,
+if builds_infra and cfg.private_nodes and cfg.cloud_nat:
+    nat = CloudNat("nat", {"project": cfg.project, "region": cfg.region, "network": network,
                            "router": names.router, "nat": names.nat}, gcp_ready)
 
 # GKE-created GPU nodes hold NICs in the RDMA subnets: the cluster goes before them on destroy.
@@ -72,7 +73,7 @@ cluster = GkeCluster("gke", {
     "dedicated_node_service_account": cfg.dedicated_node_service_account, "private_nodes": cfg.private_nodes,
     # The NVIDIA DRA driver 25.3 still speaks resource.k8s.io/v1beta1 (Cluster Toolkit gke-a4x).
     "k8s_beta_apis": DRA_V1BETA1_APIS if a4x else [],
-    "network": vpc.network if vpc else None, "subnetwork": vpc.subnet if vpc else None,
+    "network": network, "subnetwork": vpc.subnet if vpc else None,
     "resource_labels": {STACK_LABEL: stack_slug(pulumi.get_stack())}, "node_account_id": names.node_account_id,
     "pods_range": PODS_RANGE, "services_range": SERVICES_RANGE,
 }, gcp_ready.merge(pulumi.ResourceOptions(depends_on=[r for r in (rdma, nat) if r is not None])))

@@ -25,7 +25,7 @@ class CloudNatArgs(TypedDict):
     region: str
     """The nodes' region: a router and its NAT serve one region."""
     network: pulumi.Input[str]
-    """The cluster's VPC (ClusterNetwork.network)."""
+    """The cluster's VPC (ClusterNetwork.network), or the name of an existing one (clusterNetwork)."""
     router: str
     """Router name, unique per project and region (domain.names)."""
     nat: str

@@ -130,6 +130,7 @@ class StackConfig(BaseModel):
     rdma_subnet_cidrs: tuple[str, ...] = ()
     internal_source_range: str = "192.168.0.0/16"
     a4x_networking: Literal["dranet", "multi-network"] = "dranet"
+    cluster_network: str = ""
     node_subnet_cidr: str = "10.0.0.0/20"
     pod_cidr: str = "10.4.0.0/14"
     service_cidr: str = "10.0.32.0/20"
@@ -507,6 +508,9 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
             add("reservation", cfg.reservation,
                 "Standard GPU node pools consume a reservation; set its name (or use gpuSpot).")
 
+    if cfg.cluster_network and (not _GCE_NAME.match(cfg.cluster_network) or len(cfg.cluster_network) > _MAX_GCE_NAME):
+        add("cluster_network", cfg.cluster_network, "empty (a VPC of the stack's own) or the name of an existing "
+            "VPC of the project, such as default.")
     for field, suffix in (("gvnic_network_prefix", "-internal"), ("rdma_network_prefix", "-sub-7")):
         value = getattr(cfg, field)
         if value and (not _GCE_NAME.match(value) or len(value + suffix) > _MAX_GCE_NAME):

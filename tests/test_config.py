@@ -489,3 +489,8 @@ def test_an_image_name_longer_than_registries_take_is_refused():
     name = "verlai/" + "v" * 248  # 255 characters without the tag
     assert load_config(config(verlImage=f"{name}:1.0")).verl_image == f"{name}:1.0"
     assert "an image reference" in only_problem(verlImage=f"{name}v:1.0")
+
+
+def test_the_cluster_network_is_empty_or_a_vpc_name():
+    assert load_config(config(clusterNetwork="default")).cluster_network == "default"
+    assert "the name of an existing VPC" in only_problem(clusterNetwork="Default Net")

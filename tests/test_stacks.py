@@ -341,3 +341,13 @@ def test_autopilot_worker_sizes_above_the_ceiling_are_refused():
         "FUSE sidecar's 2 vCPUs / 16Gi included: at most 218 vCPUs.",
         "verl-gke:workerMemoryGi = 3433: Autopilot admits a nvidia-b200 worker pod of at most 220 vCPUs / 2800Gi, the "
         "GCS FUSE sidecar's 2 vCPUs / 16Gi included: at most 2784Gi."]
+
+
+def test_a_stack_of_an_earlier_version_keeps_its_cluster_on_the_default_network():
+    result = synth.run("a4-standard", overrides={"verl-gke:clusterNetwork": "default"})
+    (cluster,) = _by_type(result, "gcp:container/cluster:Cluster")
+    (router,) = _by_type(result, "gcp:compute/router:Router")
+    assert (cluster.inputs["network"], router.inputs["network"]) == ("default", "default")
+    assert "subnetwork" not in cluster.inputs and cluster.inputs["ipAllocationPolicy"] == {"stackType": "IPV4"}
+    assert not [r for r in _by_type(result, "gcp:compute/network:Network") if r.inputs["name"].endswith("-net")
+                and "gvnic" not in r.inputs["name"] and "rdma" not in r.inputs["name"]]
