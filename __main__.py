@@ -1,10 +1,10 @@
 """verl-gke: stack config -> components -> stack outputs. Wiring only."""
 
 import pulumi
-import pulumi_gcp as gcp
 
 from components.a4x_dra import A4xDra
 from components.cloud_nat import CloudNat
+from components.cluster_network import PODS_RANGE, SERVICES_RANGE, ClusterNetwork
 from components.stack_config import from_pulumi
 from components.data_staging import DataStaging
 from components.gcs_fuse_storage import GcsFuseStorage, label_value
@@ -15,7 +15,7 @@ from components.grpo_job import GrpoJob
 from domain.run_identity import submission_ids
 from domain.grpo_spec import entrypoint, runtime_env
 from components.network_mapping import NetworkMapping
-from domain.preflight import REQUIRED_APIS
+from domain.preflight import REQUIRED_APIS, STACK_LABEL
 from components.preflight import check_live_project
 from components.project_apis import ProjectApis
 from components.rdma_network import RdmaNetwork
@@ -26,6 +26,7 @@ from manifests.ray_cluster import WORKER_GROUP
 from manifests.network_mapping import NetworkNames
 from domain.bucket import MOUNT_PATH
 from domain.pricing import run_cost, run_estimate_line
+from domain.names import stack_names, stack_slug
 from verl_gke.fabric import fabric_runtime_env
 from workloads.export_model import model_path
 from workloads.stage_data import model_dir_for
@@ -39,7 +40,8 @@ pulumi.log.info(f"run estimate: {run_estimate_line(cfg.hourly_usd, cfg.run_budge
 facts = cfg.facts
 a4x = cfg.platform == "a4x"
 builds_infra = not cfg.existing_cluster
-networks = NetworkNames(cfg.gvnic_network_prefix, cfg.rdma_network_prefix, cfg.rdma_nics) if cfg.rdma_nics else None
+names = stack_names(cfg, pulumi.get_stack())
+networks = NetworkNames(names.gvnic_prefix, names.rdma_prefix, cfg.rdma_nics) if cfg.rdma_nics else None
 
 apis = ProjectApis("apis", {"project": cfg.project, "services": REQUIRED_APIS}) if cfg.enable_apis else None
 gcp_ready = pulumi.ResourceOptions(depends_on=apis.services if apis else [])
@@ -52,10 +54,19 @@ if networks and builds_infra:
         "internal_source_range": cfg.internal_source_range,
     }, gcp_ready)
 
+vpc = None
+if builds_infra and not cfg.cluster_network:
+    vpc = ClusterNetwork("vpc", {
+        "project": cfg.project, "region": cfg.region, "network": names.network, "subnet": names.subnet,
+        "node_cidr": cfg.node_subnet_cidr, "pod_cidr": cfg.pod_cidr, "service_cidr": cfg.service_cidr,
+    }, gcp_ready)
+
 # Private nodes pull images and the model through it.
+network = vpc.network if vpc else cfg.cluster_network or None
 nat = None
-if cfg.private_nodes and cfg.cloud_nat and builds_infra:
-    nat = CloudNat("nat", {"project": cfg.project, "region": cfg.region, "name": cfg.cluster_name}, gcp_ready)
+if builds_infra and cfg.private_nodes and cfg.cloud_nat:
+    nat = CloudNat("nat", {"project": cfg.project, "region": cfg.region, "network": network,
+                           "router": names.router, "nat": names.nat}, gcp_ready)
 
 # GKE-created GPU nodes hold NICs in the RDMA subnets: the cluster goes before them on destroy.
 cluster = GkeCluster("gke", {
@@ -69,6 +80,9 @@ cluster = GkeCluster("gke", {
     "dedicated_node_service_account": cfg.dedicated_node_service_account, "private_nodes": cfg.private_nodes,
     # The NVIDIA DRA driver 25.3 still speaks resource.k8s.io/v1beta1 (Cluster Toolkit gke-a4x).
     "k8s_beta_apis": DRA_V1BETA1_APIS if a4x else [],
+    "network": network, "subnetwork": vpc.subnet if vpc else None,
+    "resource_labels": {STACK_LABEL: stack_slug(pulumi.get_stack())}, "node_account_id": names.node_account_id,
+    "pods_range": PODS_RANGE, "services_range": SERVICES_RANGE,
 }, gcp_ready.merge(pulumi.ResourceOptions(depends_on=[r for r in (rdma, nat) if r is not None])))
 k8s = pulumi.ResourceOptions(providers=[cluster.provider])
 
@@ -100,10 +114,9 @@ if gpu_class:
     gpu_ready.append(GpuComputeClass("gpu-capacity", {"manifest": class_manifest},
                                      k8s.merge(pulumi.ResourceOptions(depends_on=gpu_pools))))
 
-project_number = gcp.organizations.get_project_output(project_id=cfg.project).number
 storage = GcsFuseStorage("storage", {
-    "project": cfg.project, "project_number": project_number, "region": cfg.region,
-    "bucket_name": cfg.bucket_name, "force_destroy": cfg.bucket_force_destroy,
+    "project": cfg.project, "region": cfg.region,
+    "bucket_name": names.bucket, "force_destroy": cfg.bucket_force_destroy,
     "namespace": cfg.namespace, "service_account": cfg.service_account, "hf_token": hf_token,
     "capacity": cfg.volume_capacity, "labels": {"stack": label_value(pulumi.get_stack())},
     "k8s_provider": cluster.provider,

@@ -10,33 +10,47 @@ from pulumi_gcp import compute
 
 from components.children import child_options
 
-CLUSTER_NETWORK = "default"
-"""The VPC of the cluster's primary NICs: the cluster names no network, so GKE uses `default`."""
+# Every GPU node pulls ~20 GB of images and the model over many parallel connections. Google's Cloud
+# NAT guidance for such VMs (cloud.google.com/nat/docs/ports-and-addresses, "Dynamic port
+# allocation"; and nat/docs/tune-nat-configuration): let each VM grow its
+# ports as it needs them, from a higher floor than the default 64 static ports (which caps a node at
+# 64 concurrent connections to one destination). Dynamic allocation needs endpoint-independent
+# mapping off; min and max must be powers of two, max above min and at most 65536.
+MIN_PORTS_PER_VM = 4096
+MAX_PORTS_PER_VM = 65536
 
 
 class CloudNatArgs(TypedDict):
     project: str
     region: str
     """The nodes' region: a router and its NAT serve one region."""
-    name: str
-    """Prefix of the router and NAT names (the cluster name), unique per project and region."""
+    network: pulumi.Input[str]
+    """The cluster's VPC (ClusterNetwork.network), or the name of an existing one (clusterNetwork)."""
+    router: str
+    """Router name, unique per project and region (domain.names)."""
+    nat: str
 
 
 class CloudNat(pulumi.ComponentResource):
     """A Cloud Router and a NAT gateway with Google-allocated addresses for every subnet range of the
-    cluster's network in the region, logging translation errors only."""
+    cluster's network in the region, with dynamic port allocation, logging translation errors only."""
 
     def __init__(self, name: str, args: CloudNatArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("verl-gke:index:CloudNat", name, {}, opts)
         child = child_options(self, opts)
         router = compute.Router(
-            f"{name}-router", name=f"{args['name']}-router", project=args["project"], region=args["region"],
-            network=CLUSTER_NETWORK, opts=child)
+            f"{name}-router", name=args["router"], project=args["project"], region=args["region"],
+            network=args["network"], opts=child)
         compute.RouterNat(
-            f"{name}-nat", name=f"{args['name']}-nat", project=args["project"], region=args["region"],
+            f"{name}-nat", name=args["nat"], project=args["project"], region=args["region"],
             router=router.name,
+            # AUTO_ONLY: GCP adds addresses as the VMs' port demand grows.
             nat_ip_allocate_option="AUTO_ONLY",
             source_subnetwork_ip_ranges_to_nat="ALL_SUBNETWORKS_ALL_IP_RANGES",
+            enable_dynamic_port_allocation=True,
+            enable_endpoint_independent_mapping=False,
+            min_ports_per_vm=MIN_PORTS_PER_VM,
+            max_ports_per_vm=MAX_PORTS_PER_VM,
             log_config={"enable": True, "filter": "ERRORS_ONLY"},
             opts=child)
         self.register_outputs({})

@@ -28,8 +28,9 @@ DEFAULT_LABELS = {"app": "verl-gke"}
 class GcsFuseStorageArgs(TypedDict):
     project: str
     """Project that owns the bucket; its Workload Identity pool is `<project>.svc.id.goog`."""
-    project_number: pulumi.Input[str]
-    """The project's number (`gcp.organizations.get_project().number`): the principal names it."""
+    project_number: NotRequired[pulumi.Input[str]]
+    """The project's number, which the principal names; default: the bucket's own `project_number`
+    output (no invoke that a project whose APIs are still off would fail)."""
     region: str
     """Bucket location: the cluster's region, as the tutorial's `--location=${REGION}`."""
     bucket_name: str
@@ -114,7 +115,7 @@ class GcsFuseStorage(pulumi.ComponentResource):
             # which would keep billing).
             opts=child.merge(pulumi.ResourceOptions(retain_on_delete=not args["force_destroy"])),
         )
-        member = pulumi.Output.from_input(args["project_number"]).apply(
+        member = pulumi.Output.from_input(args.get("project_number") or bucket.project_number).apply(
             lambda number: workload_identity_principal(
                 project_number=str(number),
                 project=args["project"],

@@ -38,6 +38,12 @@ def node_account_id(cluster_name: str) -> str:
     return f"{cluster_name[:_MAX_ACCOUNT_ID - len('-nodes')].rstrip('-')}-nodes"
 
 
+MONITORING_COMPONENTS = ("SYSTEM_COMPONENTS", "POD", "DAEMONSET", "DEPLOYMENT", "STATEFULSET", "STORAGE", "HPA",
+                         "CADVISOR", "KUBELET")
+"""Cluster Toolkit's gke-cluster default list (modules/scheduler/gke-cluster, monitoring_components) but
+JOBSET, which this program does not run: the list replaces GKE's, so what it leaves out (kubelet and
+cAdvisor above all) is not collected."""
+
 MAINTENANCE_WINDOW_START = "03:00"
 UPGRADE_EXCLUSION_NAME = "verl-gke-no-minor-or-node-upgrades"
 """Cluster Toolkit's gke-a4, gke-a3-ultragpu and gke-a4x blueprints set this exclusion scope."""
@@ -83,6 +89,16 @@ class GkeClusterArgs(TypedDict):
     private_nodes: NotRequired[bool]
     """Nodes get internal addresses only (default True); they reach the internet through Cloud NAT.
     The control plane keeps its public endpoint (behind Google auth and master_authorized_cidrs)."""
+    network: NotRequired[pulumi.Input[str] | None]
+    """The cluster's own VPC (ClusterNetwork.network); None: GKE's choice, the project's `default`."""
+    subnetwork: NotRequired[pulumi.Input[str] | None]
+    """Its subnet, with the secondary ranges `pods_range` and `services_range` name."""
+    pods_range: NotRequired[str]
+    services_range: NotRequired[str]
+    node_account_id: NotRequired[str]
+    """Id of the nodes' dedicated service account; default `<name>-nodes` (node_account_id())."""
+    resource_labels: NotRequired[dict[str, str]]
+    """GCP labels on the cluster (the owning stack: domain.preflight.STACK_LABEL)."""
     upgrade_exclusion_start: NotRequired[str | None]
     """When set (RFC3339), no minor or node auto-upgrades from then until the version's end of
     support: an auto-upgrade drains GPU nodes in mid-run. Control-plane patches still apply."""
@@ -124,6 +140,10 @@ class GkeCluster(pulumi.ComponentResource):
         self.provider = k8s.Provider(
             f"{name}-k8s",
             kubeconfig=self.kubeconfig,
+            # A cluster deleted out of band takes its objects with it: destroy (and refresh) then
+            # forget them instead of failing on each; with server-side apply a later up adopts any
+            # that still exist.
+            delete_unreachable=True,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.cpu_pool] if self.cpu_pool else []),
         )
         self.register_outputs({
@@ -140,8 +160,10 @@ class GkeCluster(pulumi.ComponentResource):
         )
         self.name = pulumi.Output.from_input(args["name"])
         self.location = pulumi.Output.from_input(args["location"])
-        self.endpoint = found.endpoint
-        self.ca_certificate = found.master_auths.apply(lambda auths: auths[0].cluster_ca_certificate)
+        # Any secret leaf (the client key) makes the whole lookup secret; endpoint and CA are not.
+        self.endpoint = pulumi.Output.unsecret(found.endpoint)
+        self.ca_certificate = pulumi.Output.unsecret(
+            found.master_auths.apply(lambda auths: auths[0].cluster_ca_certificate))
 
     def _create(self, name: str, args: GkeClusterArgs, cluster_opts: pulumi.ResourceOptions) -> None:
         project, mode = args["project"], args["mode"]
@@ -157,7 +179,8 @@ class GkeCluster(pulumi.ComponentResource):
         node_identity: dict[str, object] = {}
         if args.get("dedicated_node_service_account", True):
             account = serviceaccount.Account(
-                f"{name}-nodes", account_id=node_account_id(args["name"]), project=project,
+                f"{name}-nodes", account_id=args.get("node_account_id") or node_account_id(args["name"]),
+                project=project,
                 display_name=f"GKE nodes of {args['name']} (verl-gke)", opts=cluster_opts)
             self.node_identity = [projects.IAMMember(
                 f"{name}-nodes-role", project=project, role=NODE_ROLE,
@@ -187,16 +210,23 @@ class GkeCluster(pulumi.ComponentResource):
                 }],
             } if exclusion_start else None,
             monitoring_config={
-                "enable_components": ["SYSTEM_COMPONENTS", "DCGM"],
+                "enable_components": [*MONITORING_COMPONENTS, "DCGM"],
                 "managed_prometheus": {"enabled": True},
             } if args.get("gpu_metrics", True) else None,
             deletion_protection=args["deletion_protection"],
+            resource_labels=args.get("resource_labels"),
             min_master_version=args["min_master_version"],
             # Dataplane V2 + multi-networking carry the extra gVNIC/RDMA NICs.
             datapath_provider="ADVANCED_DATAPATH",
             enable_multi_networking=True,
             networking_mode="VPC_NATIVE",
-            ip_allocation_policy={"stack_type": "IPV4"},
+            network=args.get("network"),
+            subnetwork=args.get("subnetwork"),
+            ip_allocation_policy={
+                "stack_type": "IPV4",
+                **({"cluster_secondary_range_name": args.get("pods_range"),
+                    "services_secondary_range_name": args.get("services_range")} if args.get("subnetwork") else {}),
+            },
             # GCS FUSE authenticates pods through Workload Identity.
             workload_identity_config={"workload_pool": f"{project}.svc.id.goog"},
             addons_config=addons,
@@ -241,5 +271,7 @@ class GkeCluster(pulumi.ComponentResource):
         self.name = cluster.name
         self.location = cluster.location
         self.endpoint = cluster.endpoint
-        # GKE issues every cluster a CA; the provider types the field optional.
-        self.ca_certificate = cluster.master_auth.apply(lambda auth: cast(str, auth.cluster_ca_certificate))
+        # GKE issues every cluster a CA; the provider types the field optional. pulumi-gcp's secret
+        # client key makes the whole masterAuth secret; the CA is public data (clients verify with it).
+        self.ca_certificate = pulumi.Output.unsecret(
+            cluster.master_auth.apply(lambda auth: cast(str, auth.cluster_ca_certificate)))

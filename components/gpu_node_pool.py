@@ -154,6 +154,9 @@ class GpuNodePool(pulumi.ComponentResource):
             upgrade_settings={"strategy": "SURGE", "max_surge": 0, "max_unavailable": 1},
             node_config={
                 "machine_type": platform.machine_type,
+                # From the platform table, not GKE's default for the machine.
+                "disk_type": platform.boot_disk_type,
+                "disk_size_gb": platform.boot_disk_gb,
                 "guest_accelerators": [{
                     "type": platform.accelerator,
                     "count": platform.gpus_per_node,

@@ -19,7 +19,7 @@ def engine_invoke(token: str, args: dict[str, Any]) -> dict[str, Any]:
 
 def check_live_project(cfg: StackConfig) -> PreflightResult:
     """Run the preflight through the engine; stop the program on any problem, log what was checked."""
-    result = run_preflight(cfg, engine_invoke)
+    result = run_preflight(cfg, engine_invoke, pulumi.get_stack())
     if result.problems:
         source = f"Pulumi.{pulumi.get_stack()}.yaml, checked against project {cfg.project},"
         raise pulumi.RunError(str(ConfigError(result.problems, source)))

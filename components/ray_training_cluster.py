@@ -102,7 +102,7 @@ def cluster_spec(args: RayTrainingClusterArgs) -> RayClusterSpec:
         worker_replicas=args["gpu_nodes"],
         worker_cpus=args.get("worker_cpus") or platform.worker_cpus,
         worker_memory_gi=args.get("worker_memory_gi") or platform.worker_memory_gi,
-        worker_ephemeral_gi=platform.worker_ephemeral_storage_gi,
+        worker_ephemeral_gi=platform.worker_ephemeral_gi(args["mode"]),
         shm_gi=platform.shm_size_gi,
         ld_library_path=platform.ld_library_path,
         rdma_nics=platform.rdma_nics,

@@ -12,6 +12,7 @@ import json
 import posixpath
 import re
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -19,7 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from domain import gke_versions
 from domain.grpo_spec import GRPO_DEFAULTS, GrpoSpec, verl_problems
 from domain.bucket import DEFAULT_CAPACITY, MOUNT_PATH
-from domain.platforms import PINNED_IMAGE_ARCH, PLATFORMS, Mode, Platform, PlatformName, VerlRelease, is_pinned_image
+from domain.platforms import (
+    AUTOPILOT_SIDECAR, PINNED_IMAGE_ARCH, PLATFORMS, Mode, Platform, PlatformName, VerlRelease, is_pinned_image,
+)
 from domain import pricing
 from domain.pricing import CAPACITY_KINDS, CapacityKind
 from workloads.stage_data import (
@@ -44,6 +47,7 @@ USER_VERL_DIR = "verl"
 # GCP and Kubernetes naming rules.
 _GCE_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _BUCKET = re.compile(r"^[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9]$")
 _IPV4_LIKE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$")
@@ -56,6 +60,19 @@ _QUANTITY = re.compile(r"^[0-9]+(Ki|Mi|Gi|Ti|Pi)$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 # GKE returns times in UTC "Zulu" form; any other form is a permanent diff (pulumi-gcp docs).
 _RFC3339_UTC = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$")
+
+# An image reference as container registries parse it (github.com/distribution/reference,
+# regexp.go and normalize.go): [domain[:port]/]path[:tag][@digest]. The first component is a domain
+# only with a '.' or ':' or as localhost; the path is lowercase; a sha256 digest has 64 hex digits.
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_DOMAIN_PART = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
+_DOMAIN = rf"(?:localhost(?::[0-9]+)?|{_DOMAIN_PART}(?:\.{_DOMAIN_PART})+(?::[0-9]+)?|{_DOMAIN_PART}:[0-9]+)"
+_IMAGE_REFERENCE = re.compile(
+    rf"^(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*(?::[\w][\w.-]{{0,127}})?(?:@sha256:[0-9a-f]{{64}})?$")
+_MAX_IMAGE_NAME = 255
+# Pulumi's engine parses custom timeouts as Go durations (int64 nanoseconds); Python's threading
+# waits (the job provider) stop at the same bound on 64-bit Linux (threading.TIMEOUT_MAX).
+_MAX_DURATION_S = (2**63 - 1) // 10**9
 
 # GKE's max cluster name length; GCE resource names are at most 63 characters.
 _MAX_CLUSTER_NAME = 40
@@ -111,12 +128,16 @@ class StackConfig(BaseModel):
     cpu_min_nodes: int = Field(1, ge=0)
     cpu_max_nodes: int = Field(5, ge=1)
 
-    gvnic_network_prefix: str = "verl-gvnic"
-    rdma_network_prefix: str = "verl-rdma"
+    gvnic_network_prefix: str = ""
+    rdma_network_prefix: str = ""
     gvnic_subnet_cidr: str = "192.168.0.0/24"
     rdma_subnet_cidrs: tuple[str, ...] = ()
     internal_source_range: str = "192.168.0.0/16"
     a4x_networking: Literal["dranet", "multi-network"] = "dranet"
+    cluster_network: str = ""
+    node_subnet_cidr: str = "10.0.0.0/20"
+    pod_cidr: str = "10.4.0.0/14"
+    service_cidr: str = "10.0.32.0/20"
 
     gpu_nodes: int = Field(2, ge=1)
     gpu_max_nodes: int = Field(10, ge=1)
@@ -174,15 +195,16 @@ class StackConfig(BaseModel):
         data = dict(data)
         # An unknown platform is reported by its own field; derive the rest as for a4 meanwhile.
         platform = PLATFORMS.get(str(data.get("platform", "a4")), PLATFORMS["a4"])
-        if not data.get("bucketName") and data.get("project"):
-            data["bucketName"] = f"verl-data-{data['project']}"
         if not data.get("clusterLocation") and data.get("region"):
             data["clusterLocation"] = data["region"]
         nics = _rdma_nics(platform, str(data.get("a4xNetworking", "dranet")))
         if _unset(data.get("rdmaSubnetCidrs")):
             data["rdmaSubnetCidrs"] = [f"192.168.{i + 1}.0/24" for i in range(nics)]
+        # Autopilot: sized to its per-accelerator maximum with the sidecar; Standard: to the machine.
+        worker = platform.autopilot_worker if data.get("clusterMode") == "autopilot" else None
         for key, default in (("rayClusterName", platform.ray_cluster_name), ("verlImage", platform.image),
-                             ("workerCpus", platform.worker_cpus), ("workerMemoryGi", platform.worker_memory_gi)):
+                             ("workerCpus", worker.cpu if worker else platform.worker_cpus),
+                             ("workerMemoryGi", worker.memory_gi if worker else platform.worker_memory_gi)):
             if _unset(data.get(key)):
                 data[key] = default
         data["grpo"] = _grpo_values(data.get("grpo", {}), platform, str(data.get("model", DEFAULT_MODEL_REPO)))
@@ -337,6 +359,7 @@ _FRIENDLY = {
     "bool_parsing": "must be true or false",
     "string_type": "must be a string",
     "tuple_type": "must be a list",
+    "finite_number": "must be a finite number",
 }
 
 
@@ -521,7 +544,7 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
             if gke_versions.below_floor(cfg.kubernetes_version, floor):
                 add("kubernetes_version", cfg.kubernetes_version, f"{feature} needs {floor} or newer.")
                 break
-    if cfg.upgrade_exclusion_start and not _RFC3339_UTC.match(cfg.upgrade_exclusion_start):
+    if cfg.upgrade_exclusion_start and not _is_utc_time(cfg.upgrade_exclusion_start):
         add("upgrade_exclusion_start", cfg.upgrade_exclusion_start,
             "an RFC3339 UTC time such as 2026-12-01T00:00:00Z, or empty for no exclusion.")
     if cfg.cpu_min_nodes > cfg.cpu_max_nodes:
@@ -534,9 +557,12 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
     if not cfg.existing_cluster:
         out.extend(capacity_problems(cfg))
 
+    if cfg.cluster_network and (not _GCE_NAME.match(cfg.cluster_network) or len(cfg.cluster_network) > _MAX_GCE_NAME):
+        add("cluster_network", cfg.cluster_network, "empty (a VPC of the stack's own) or the name of an existing "
+            "VPC of the project, such as default.")
     for field, suffix in (("gvnic_network_prefix", "-internal"), ("rdma_network_prefix", "-sub-7")):
         value = getattr(cfg, field)
-        if not _GCE_NAME.match(value) or len(value + suffix) > _MAX_GCE_NAME:
+        if value and (not _GCE_NAME.match(value) or len(value + suffix) > _MAX_GCE_NAME):
             add(field, value, f"lowercase letters, digits or hyphens starting with a letter, at most "
                 f"{_MAX_GCE_NAME - len(suffix)} characters.")
     out.extend(_cidr_problems(cfg))
@@ -553,16 +579,25 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
     elif cfg.worker_memory_gi <= p.shm_size_gi:
         add("worker_memory_gi", cfg.worker_memory_gi,
             f"must exceed the {p.shm_size_gi}Gi /dev/shm that counts against it.")
+    if cfg.autopilot and p.autopilot_max_pod:
+        top, car = p.autopilot_max_pod, AUTOPILOT_SIDECAR
+        for field, value, most, unit in (("worker_cpus", cfg.worker_cpus, top.cpu - car.cpu, " vCPUs"),
+                                         ("worker_memory_gi", cfg.worker_memory_gi, top.memory_gi - car.memory_gi, "Gi")):
+            if value > most:
+                add(field, value, f"Autopilot admits a {p.accelerator} worker pod of at most {top.cpu} vCPUs / "
+                    f"{top.memory_gi}Gi, the GCS FUSE sidecar's {car.cpu} vCPUs / {car.memory_gi}Gi included: "
+                    f"at most {most}{unit}.")
 
     if not _DNS_LABEL.match(cfg.namespace) or len(cfg.namespace) > 63:
         add("namespace", cfg.namespace, "a Kubernetes namespace: at most 63 lowercase letters, digits or hyphens.")
     if not _DNS_SUBDOMAIN.match(cfg.service_account) or len(cfg.service_account) > 253:
         add("service_account", cfg.service_account, "a Kubernetes name: lowercase letters, digits, '-' or '.'.")
     # KubeRay derives "<name>-head-svc" and pod names from it; keep room under 63.
-    if not _DNS_LABEL.match(cfg.ray_cluster_name) or len(cfg.ray_cluster_name) > 47:
-        add("ray_cluster_name", cfg.ray_cluster_name, "at most 47 lowercase letters, digits or hyphens.")
-    # Without a project (reported on its own) there is no default bucket name to judge.
-    if cfg.project and not _bucket_name_ok(cfg.bucket_name):
+    if not _DNS_1035.match(cfg.ray_cluster_name) or len(cfg.ray_cluster_name) > 47:
+        add("ray_cluster_name", cfg.ray_cluster_name, "at most 47 lowercase letters, digits or hyphens, starting with "
+            "a letter and ending with a letter or digit (KubeRay wants a DNS-1035 label).")
+    # Empty: derived from the stack and the project (domain.names).
+    if cfg.bucket_name and not _bucket_name_ok(cfg.bucket_name):
         add("bucket_name", cfg.bucket_name, "a GCS bucket name: 3-63 lowercase letters, digits, '-', '_' or '.' "
             "(up to 222 with dots, 63 between dots), starting and ending with a letter or digit, not an "
             "IP address, not starting with 'goog' or containing 'google'.")
@@ -575,12 +610,36 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
     if cfg.verl_in_image and cfg.verl_source_install:
         add("verl_in_image", cfg.verl_in_image,
             "verlInImage and verlSourceInstall each bring verl; set at most one of them.")
-    if not is_pinned_image(cfg.verl_image):
+    if not _is_image_reference(cfg.verl_image):
+        add("verl_image", cfg.verl_image, "an image reference such as verlai/verl:vllm011.dev7 or "
+            "registry.example.com/team/verl@sha256:<64 hex>: lowercase path, tag of letters, digits, '_', '.', '-'.")
+    elif not is_pinned_image(cfg.verl_image):
         add("verl_image", cfg.verl_image, "an image with a fixed tag (not latest) or an @sha256 digest.")
     if cfg.nccl_installer_url and not cfg.nccl_installer_url.startswith("https://"):
         add("nccl_installer_url", cfg.nccl_installer_url, "an https:// URL pinned to a commit.")
     if cfg.job_dashboard_url and not re.match(r"^https?://[^\s/]+", cfg.job_dashboard_url):
         add("job_dashboard_url", cfg.job_dashboard_url, "an http(s) URL of a privately reachable Ray dashboard.")
+    elif cfg.job_dashboard_url and cfg.ray_network_policy and not cfg.ray_dashboard_cidrs:
+        add("job_dashboard_url", cfg.job_dashboard_url, "the stack's NetworkPolicy admits only the Ray pods to port "
+            "8265; add the caller's range to rayDashboardCidrs, or set rayNetworkPolicy to false.")
+    if cfg.verl_in_image and cfg.verl_image in PINNED_IMAGE_ARCH:
+        add("verl_in_image", cfg.verl_in_image, f"{cfg.verl_image} ships verl's dependencies without verl; set "
+            "verlImage to an image you built with verl, or leave verlInImage false (staging installs it).")
+    for field, default_repo, default_revision in (("model", DEFAULT_MODEL_REPO, DEFAULT_MODEL_REVISION),
+                                                  ("dataset", DEFAULT_DATASET_REPO, DEFAULT_DATASET_REVISION)):
+        repo, revision = getattr(cfg, field), getattr(cfg, f"{field}_revision")
+        if repo != default_repo and revision == default_revision and is_repo_id(repo):
+            add(f"{field}_revision", revision, f"is the commit of the default {field} {default_repo}; set the "
+                f"commit of {repo} to stage.")
+    if cfg.region and cfg.cluster_location not in (cfg.region, *_zones_of(cfg.cluster_location, cfg.region)):
+        add("cluster_location", cfg.cluster_location, f"the region {cfg.region} (gcp:region) or one of its zones such "
+            f"as {cfg.region}-b: the subnets, NAT and GPU nodes are there.")
+    for field, unit in (("staging_timeout_minutes", 60), ("job_ready_timeout_seconds", 1),
+                        ("job_startup_grace_seconds", 1), ("job_outage_window_seconds", 1),
+                        ("run_retry_backoff_seconds", 1), ("run_budget_hours", 3600)):
+        if getattr(cfg, field) * unit > _MAX_DURATION_S:
+            add(field, getattr(cfg, field),
+                f"at most {_MAX_DURATION_S // unit}: the Pulumi engine's longest duration (about 292 years).")
 
     for field in ("checkpoint_dir", "model_path", "train_files", "val_files"):
         value = getattr(cfg.grpo, field)
@@ -648,6 +707,29 @@ def capacity_problems(cfg: StackConfig) -> list[str]:
     return out
 
 
+def _is_image_reference(image: str) -> bool:
+    name = image.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    name = name[:len(name) - len(last)] + last.split(":", 1)[0]  # without the tag
+    return bool(_IMAGE_REFERENCE.match(image)) and len(name) <= _MAX_IMAGE_NAME
+
+
+def _is_utc_time(text: str) -> bool:
+    """RFC3339 in UTC "Zulu" form and a real instant (2026-02-30 is not)."""
+    if not _RFC3339_UTC.match(text):
+        return False
+    try:
+        datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ")
+    except ValueError:
+        return False
+    return True
+
+
+def _zones_of(location: str, region: str) -> tuple[str, ...]:
+    zone = _ZONE.match(location)
+    return (location,) if zone and zone.group(1) == region else ()
+
+
 def _bucket_name_ok(name: str) -> bool:
     parts = name.split(".")
     return (bool(_BUCKET.match(name)) and (len(name) <= _MAX_BUCKET_PART or "." in name)
@@ -658,7 +740,8 @@ def _bucket_name_ok(name: str) -> bool:
 def _cidr_problems(cfg: StackConfig) -> list[str]:
     out = []
     nets: list[tuple[str, ipaddress.IPv4Network]] = []
-    fields = [("gvnic_subnet_cidr", cfg.gvnic_subnet_cidr)]
+    fields = [("node_subnet_cidr", cfg.node_subnet_cidr), ("pod_cidr", cfg.pod_cidr),
+              ("service_cidr", cfg.service_cidr), ("gvnic_subnet_cidr", cfg.gvnic_subnet_cidr)]
     fields += [("rdma_subnet_cidrs", c) for c in cfg.rdma_subnet_cidrs]
     fields.append(("internal_source_range", cfg.internal_source_range))
     fields += [("master_authorized_cidrs", c) for c in cfg.master_authorized_cidrs]
@@ -674,6 +757,14 @@ def _cidr_problems(cfg: StackConfig) -> list[str]:
                 if net.overlaps(other):
                     out.append(problem_line(config_key(field), text, f"overlaps {other} ({config_key(other_field)})."))
             nets.append((field, net))
+    try:
+        if cfg.rdma_nics and not ipaddress.IPv4Network(cfg.gvnic_subnet_cidr).subnet_of(
+                ipaddress.IPv4Network(cfg.internal_source_range)):
+            out.append(problem_line(config_key("gvnic_subnet_cidr"), cfg.gvnic_subnet_cidr,
+                                    f"lies outside internalSourceRange {cfg.internal_source_range}, so the firewall "
+                                    "drops node-to-node traffic on it."))
+    except ValueError:
+        pass  # an invalid CIDR is reported above
     if len(cfg.rdma_subnet_cidrs) != cfg.rdma_nics:
         out.append(problem_line(config_key("rdma_subnet_cidrs"), list(cfg.rdma_subnet_cidrs),
                             f"{cfg.facts.title} needs exactly {cfg.rdma_nics} RDMA subnets, one per NIC."))

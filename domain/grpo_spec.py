@@ -31,7 +31,7 @@ def verl_path_env(verl_dir: str) -> dict[str, str]:
 class GrpoSpec(BaseModel):
     """Every override of the tutorial's job commands, plus resume and free extra overrides."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     train_batch_size: int = Field(256, ge=1)
     max_prompt_length: int = Field(512, ge=1)

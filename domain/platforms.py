@@ -43,6 +43,20 @@ def is_pinned_image(image: str) -> bool:
 
 PlatformName = Literal["a4", "a3u", "a4x"]
 
+
+@dataclass(frozen=True)
+class PodSize:
+    """A pod's requests: vCPUs, memory and ephemeral storage in Gi."""
+
+    cpu: int
+    memory_gi: int
+    ephemeral_gi: int
+
+
+AUTOPILOT_SIDECAR = PodSize(cpu=2, memory_gi=16, ephemeral_gi=100)
+"""The GCS FUSE sidecar on Autopilot (requests = limits, GKE's guidance for training); its requests
+count toward the pod's against Autopilot's per-accelerator maxima."""
+
 GPU_POOL_NAME = "gpu-pool"
 """The Standard GPU node pool's name, in every stack with one capacity kind."""
 
@@ -142,6 +156,15 @@ class Platform:
     """Local SSDs bundled with the machine type, all backing ephemeral storage (Cluster Toolkit's
     gke-a4 and gke-a3-ultragpu: 32). None: not in our sources; the node pool then sends 0, which
     GKE reads as "the machine type's own count" for series that bundle a fixed count."""
+    autopilot_max_pod: PodSize | None = None
+    """The largest GPU worker pod (sidecar included) the stack asks Autopilot for. Autopilot rejects a
+    pod above its per-accelerator maxima (GKE "Resource requests in Autopilot"); A4's is the tutorial's
+    Autopilot worker (220 vCPU, 2800Gi, 1000Gi ephemeral), which Autopilot admits."""
+    boot_disk_type: str = "hyperdisk-balanced"
+    """Boot disk of the GPU nodes. A4, A3 Ultra and A4X boot from Hyperdisk only (Compute Engine's
+    disk support per machine series); Cluster Toolkit's gke-a4x sets hyperdisk-balanced explicitly."""
+    boot_disk_gb: int = 100
+    """Cluster Toolkit's gke-a4, gke-a3-ultragpu and gke-a4x GPU pools (a4/a3ultra/a4x_node_pool_disk_size_gb)."""
 
     @property
     def allocatable_cpu(self) -> float:
@@ -153,6 +176,18 @@ class Platform:
         """Memory left to pods after GKE's kube-reserved share and the 100 MiB eviction threshold."""
         memory_gib = self.machine_memory_gb * 1e9 / 2**30
         return memory_gib - _reserved_memory_gib(memory_gib) - 100 / 1024
+
+    @property
+    def autopilot_worker(self) -> PodSize | None:
+        """The Autopilot worker container's requests: the pod ceiling less the GCS FUSE sidecar."""
+        if self.autopilot_max_pod is None:
+            return None
+        top, car = self.autopilot_max_pod, AUTOPILOT_SIDECAR
+        return PodSize(top.cpu - car.cpu, top.memory_gi - car.memory_gi, top.ephemeral_gi - car.ephemeral_gi)
+
+    def worker_ephemeral_gi(self, mode: Mode) -> int:
+        worker = self.autopilot_worker if mode == "autopilot" else None
+        return worker.ephemeral_gi if worker else self.worker_ephemeral_storage_gi
 
     @property
     def max_placement_nodes(self) -> int | None:
@@ -240,6 +275,7 @@ PLATFORMS: dict[str, Platform] = {
         nccl_env={**_GIB_NCCL_ENV, "NCCL_TUNER_CONFIG_PATH": "/usr/local/gib/configs/tuner_config_a4.txtpb"},
         nccl_installer=_GIB_NCCL_INSTALLERS,
         local_ssd_count=32,
+        autopilot_max_pod=PodSize(cpu=220, memory_gi=2800, ephemeral_gi=1000),
     ),
     "a3u": Platform(
         name="a3u",

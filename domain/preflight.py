@@ -9,12 +9,14 @@ without it `healthy_answers` stands in and synth lists the checks it could not m
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from domain import gke_versions
 from domain.config import SCHEMA_MINOR, StackConfig, config_key, problem_line
+from domain.names import stack_slug
 from domain.platforms import GPU_POOL_NAME, Platform, gpu_pool_name
 
 RESERVATION = "gcp:compute/getReservation:getReservation"
@@ -195,10 +197,12 @@ def api_problems(service: str, answer: Mapping[str, Any]) -> list[str]:
                          f"(gcloud services enable {service}) or set enableApis to true.")]
 
 
-def run_preflight(cfg: StackConfig, invoke: Invoke) -> PreflightResult:
+def run_preflight(cfg: StackConfig, invoke: Invoke, stack: str | None = None) -> PreflightResult:
     """Every live check this stack needs; the problems of all of them together."""
     result = PreflightResult()
     if cfg.existing_cluster:
+        if stack is not None:
+            result.problems += own_cluster_problems(cfg, stack, invoke)
         return result
 
     def ask(token: str, args: dict[str, Any], what: str) -> dict[str, Any] | None:
@@ -216,20 +220,31 @@ def run_preflight(cfg: StackConfig, invoke: Invoke) -> PreflightResult:
         for service in REQUIRED_APIS:
             answer = ask(PROJECT_SERVICE, {"project": cfg.project, "service": service}, f"API {service}")
             if answer is not None:
-                result.problems += api_problems(service, answer)
+                with _unexpected_shape(result, f"API {service}"):
+                    result.problems += api_problems(service, answer)
     versions = ask(ENGINE_VERSIONS, {"location": cfg.cluster_location, "project": cfg.project},
                    "GKE versions of the release channel")
+    if versions is None and not result.problems:
+        # A new project's first `up`: the container API is being enabled by this very update, so the
+        # channel could not be asked. Never create below a feature's floor (ignore_changes on the
+        # version means a later pick would not correct it): take the floor, or the version asked for.
+        result.gke_version = fallback_version(cfg)
+        if result.gke_version:
+            result.notes.append(f"GKE versions not checked yet (an API is still off): the cluster is created at "
+                                f"{result.gke_version}, the highest floor of this stack")
     if versions is not None:
-        result.gke_version = gke_versions.choose(cfg.kubernetes_version, cfg.release_channel, cfg.gke_floors,
-                                                 versions)
-        if result.gke_version is None:
-            result.problems.append(version_problem(cfg, versions))
-        else:
-            result.notes.append(f"GKE {result.gke_version} from the {cfg.release_channel} channel")
+        with _unexpected_shape(result, "GKE versions of the release channel"):
+            result.gke_version = gke_versions.choose(cfg.kubernetes_version, cfg.release_channel, cfg.gke_floors,
+                                                     versions)
+            if result.gke_version is None:
+                result.problems.append(version_problem(cfg, versions))
+            else:
+                result.notes.append(f"GKE {result.gke_version} from the {cfg.release_channel} channel")
     machines = ask(MACHINE_TYPES, {"filter": f"name = {cfg.facts.machine_type}", "project": cfg.project,
                                    "zone": cfg.zone}, f"machine type {cfg.facts.machine_type}")
     if machines is not None:
-        result.problems += machine_type_problems(cfg, machines)
+        with _unexpected_shape(result, f"machine type {cfg.facts.machine_type}"):
+            result.problems += machine_type_problems(cfg, machines)
     if "on-demand" in cfg.capacity_kinds:
         try:  # Cloud Quotas' own API (cloudquotas.googleapis.com) may be off: then the quota goes unchecked
             quota = invoke(QUOTA, {"parent": f"projects/{cfg.project}", "service": "compute.googleapis.com",
@@ -239,10 +254,11 @@ def run_preflight(cfg: StackConfig, invoke: Invoke) -> PreflightResult:
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             result.notes.append(f"GPU quota not checked: {first}")
         if quota is not None:
-            result.problems += quota_problems(cfg, quota)
-            limit = gpu_quota(cfg, quota)
-            if limit is not None:
-                result.notes.append(f"GPU quota in {cfg.region}: {limit} {GPU_FAMILY[cfg.platform]}")
+            with _unexpected_shape(result, "GPU quota"):
+                result.problems += quota_problems(cfg, quota)
+                limit = gpu_quota(cfg, quota)
+                if limit is not None:
+                    result.notes.append(f"GPU quota in {cfg.region}: {limit} {GPU_FAMILY[cfg.platform]}")
     if uses_reservation(cfg):
         try:  # a first deploy has no cluster yet: the lookup fails, and no machine is ours
             own = own_gpu_nodes(invoke(CLUSTER, {"name": cfg.cluster_name, "location": cfg.cluster_location,
@@ -252,15 +268,64 @@ def run_preflight(cfg: StackConfig, invoke: Invoke) -> PreflightResult:
         project, name = reservation_target(cfg)
         answer = ask(RESERVATION, {"name": name, "project": project, "zone": cfg.zone}, f"reservation {name}")
         if answer is not None:
-            found = reservation_problems(cfg, answer, own)
-            result.problems += found
-            if not found:
-                specific = answer["specificReservations"][0]
-                count, in_use = int(specific["count"]), int(specific.get("inUseCount", 0))
-                free = count - max(0, in_use - own)
-                result.notes.append(f"reservation {name}: {free} of {count} {cfg.facts.machine_type} free"
-                                    + (f" ({own} of them this stack's GPU nodes)" if own else ""))
+            with _unexpected_shape(result, f"reservation {name}"):
+                found = reservation_problems(cfg, answer, own)
+                result.problems += found
+                if not found:
+                    specific = answer["specificReservations"][0]
+                    count, in_use = int(specific["count"]), int(specific.get("inUseCount", 0))
+                    free = count - max(0, in_use - own)
+                    result.notes.append(f"reservation {name}: {free} of {count} {cfg.facts.machine_type} free"
+                                        + (f" ({own} of them this stack's GPU nodes)" if own else ""))
     return result
+
+
+@contextmanager
+def _unexpected_shape(result: PreflightResult, what: str) -> Iterator[None]:
+    """An answer the checks cannot read (a hand-written `--cloud` file) is one problem, not a traceback."""
+    try:
+        yield
+    except (AttributeError, TypeError, ValueError, KeyError, IndexError) as error:
+        result.problems.append(f"{what}: the answer has an unexpected shape ({type(error).__name__}: {error})")
+
+
+STACK_LABEL = "verl-gke-stack"
+"""Label on the clusters verl-gke creates: the stack (domain.names.stack_slug) that owns it."""
+
+
+def own_cluster_problems(cfg: StackConfig, stack: str, invoke: Invoke) -> list[str]:
+    """existingCluster on a stack whose own cluster it is: the update would delete that cluster."""
+    try:
+        answer = invoke(CLUSTER, {"name": cfg.cluster_name, "location": cfg.cluster_location, "project": cfg.project})
+    except Exception:  # noqa: BLE001 not found or not readable: the lookup in the program says so
+        return []
+    if (answer.get("resourceLabels") or {}).get(STACK_LABEL) != stack_slug(stack):
+        return []
+    return [problem_line(config_key("existing_cluster"), True, f"cluster {cfg.cluster_name} was created by this "
+                         f"stack, and `pulumi up` with existingCluster would delete it; to keep it and manage only "
+                         f"what runs on it, `pulumi state delete` its cluster and node pool resources and remove its "
+                         f"{STACK_LABEL} label first, or set existingCluster back to false.")]
+
+
+def fallback_version(cfg: StackConfig) -> str | None:
+    """The control-plane version when the channel cannot be asked: the configured one, else the highest
+    floor of the stack's features (None when it has none: the channel's default is then fine)."""
+    if cfg.kubernetes_version:
+        return cfg.kubernetes_version
+    floors = [floor for _, floor in cfg.gke_floors]
+    return max(floors, key=gke_versions.version_key) if floors else None
+
+
+API_OFF = "googleapi: Error 403: SERVICE_DISABLED: {api} has not been used in project {project} before or it is disabled."
+"""What every invoke of a new project answers until its API is on (the stand-in of a first `up`)."""
+
+
+def new_project_answers(project: str) -> dict[str, dict[str, str]]:
+    """`--cloud` answers of a project whose APIs are all still off."""
+    apis = {RESERVATION: "compute.googleapis.com", MACHINE_TYPES: "compute.googleapis.com",
+            ENGINE_VERSIONS: "container.googleapis.com", CLUSTER: "container.googleapis.com",
+            PROJECT_SERVICE: "serviceusage.googleapis.com"}
+    return {token: {"error": API_OFF.format(api=api, project=project)} for token, api in apis.items()}
 
 
 def uses_reservation(cfg: StackConfig) -> bool:

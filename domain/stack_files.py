@@ -27,7 +27,10 @@ def engine_string(value: Any) -> str:
 
 def project_defaults(project_dir: Path = PROJECT_DIR) -> dict[str, Any]:
     """The declared defaults of Pulumi.yaml, as raw YAML values."""
-    project = yaml.safe_load((project_dir / "Pulumi.yaml").read_text())
+    project = _load_yaml(project_dir / "Pulumi.yaml") or {}
+    if not isinstance(project, dict) or not isinstance(project.get("config") or {}, dict):
+        raise ConfigError(["Pulumi.yaml: the top level must be a mapping whose `config:` maps keys to declarations"],
+                          "Pulumi.yaml")
     return {key: decl["default"] for key, decl in project.get("config", {}).items() if "default" in decl}
 
 
@@ -43,16 +46,25 @@ def stack_names(project_dir: Path = PROJECT_DIR) -> list[str]:
 _STACK_FILE_KEYS = ("config", "secretsprovider", "encryptedkey", "encryptionsalt", "environment")
 
 
-def read_stack_file(path: Path) -> dict[str, Any]:
-    """The `config:` mapping of a stack file; ConfigError naming the file (and line and column)
-    for anything Pulumi would not read as config."""
+def _load_yaml(path: Path) -> Any:
+    """A YAML file's content; ConfigError naming the file (and line and column) when it is not UTF-8
+    or not YAML."""
     try:
-        values = yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise ConfigError([f"{path.name}: not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset "
+                           f"{error.start}); save it as UTF-8"], path.name) from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
         reason = getattr(error, "problem", None) or str(error).splitlines()[0]
         raise ConfigError([f"{path.name}: not valid YAML at {where}: {reason}"], path.name) from None
+
+
+def read_stack_file(path: Path) -> dict[str, Any]:
+    """The `config:` mapping of a stack file; ConfigError naming the file (and line and column)
+    for anything Pulumi would not read as config."""
+    values = _load_yaml(path)
     if values is None:
         return {}
     if not isinstance(values, dict):

@@ -28,10 +28,12 @@ GCS_PORT = 6379
 DASHBOARD_PORT = 8265
 CLIENT_PORT = 10001
 
-# pulumi-kubernetes does not wait for custom resources by itself; KubeRay sets
-# `.status.state` to "ready" once the head and every worker pod run, so the GRPO job that
-# depends on the cluster is only submitted to a complete cluster.
-WAIT_FOR_READY = "jsonpath={.status.state}=ready"
+# pulumi-kubernetes does not wait for custom resources by itself. KubeRay (1.6.2, status
+# conditions on by default) sets `RayClusterProvisioned` once every Ray pod has been ready and
+# `HeadPodReady` while the head is; `.status.state` is deprecated in their favour. Waiting for both
+# (a JSON list: all must hold) submits the GRPO job only to a complete cluster with a live head.
+WAIT_CONDITIONS = ("RayClusterProvisioned", "HeadPodReady")
+WAIT_FOR_READY = json.dumps([f"condition={condition}" for condition in WAIT_CONDITIONS])
 
 # Head sizes of the tutorial: the x86 manifests use 32G / 9Gi, the A4X one 32Gi / 20Gi.
 # The A4X head shares a GB200 node with a worker, so the platform table sizes workers around it.

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from domain.bucket import DEFAULT_CAPACITY, MOUNT_PATH
+from domain.platforms import AUTOPILOT_SIDECAR
 PV_NAME = "training-bucket-pv"
 PVC_NAME = "training-bucket-pvc"
 HF_SECRET_NAME = "hf-secret"
@@ -139,7 +140,8 @@ def sidecar_annotations(autopilot: bool) -> dict[str, str]:
     the node; on Standard "0" lifts the limits (a memory limit would kill it mid-checkpoint, with
     streaming writes buffered in memory); Autopilot has no "0" and sets limits equal to requests."""
     if autopilot:
-        sizes = {"cpu": "2", "memory": "16Gi", "ephemeral-storage": "100Gi"}
+        car = AUTOPILOT_SIDECAR
+        sizes = {"cpu": str(car.cpu), "memory": f"{car.memory_gi}Gi", "ephemeral-storage": f"{car.ephemeral_gi}Gi"}
         limits = sizes
     else:
         sizes = {"cpu": "1", "memory": "4Gi", "ephemeral-storage": "10Gi"}

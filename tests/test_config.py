@@ -31,7 +31,7 @@ def only_problem(**changes: str) -> str:
 def test_base_config_is_valid_with_the_tutorials_defaults():
     cfg = load_config(config())
     assert (cfg.platform, cfg.cluster_mode, cfg.gpu_nodes, cfg.gpu_max_nodes) == ("a4", "standard", 2, 10)
-    assert cfg.bucket_name == "verl-data-my-project-123"
+    assert cfg.bucket_name == ""  # derived from the stack: domain.names
     assert cfg.cluster_location == "us-central1"
     assert cfg.rdma_subnet_cidrs == tuple(f"192.168.{i}.0/24" for i in range(1, 9))
     assert cfg.grpo.train_batch_size == 256 and cfg.grpo.ppo_mini_batch_size == 256
@@ -225,9 +225,9 @@ def test_overlapping_cidrs_are_rejected():
 
 
 def test_overlapping_rdma_cidrs_each_reported():
-    cidrs = '["10.0.0.0/24","10.0.0.0/24","10.0.2.0/24","10.0.3.0/24","10.0.4.0/24","10.0.5.0/24","10.0.6.0/24","10.0.7.0/24"]'
+    cidrs = '["10.9.0.0/24","10.9.0.0/24","10.9.2.0/24","10.9.3.0/24","10.9.4.0/24","10.9.5.0/24","10.9.6.0/24","10.9.7.0/24"]'
     assert only_problem(rdmaSubnetCidrs=cidrs) == \
-        'verl-gke:rdmaSubnetCidrs = "10.0.0.0/24": overlaps 10.0.0.0/24 (verl-gke:rdmaSubnetCidrs).'
+        'verl-gke:rdmaSubnetCidrs = "10.9.0.0/24": overlaps 10.9.0.0/24 (verl-gke:rdmaSubnetCidrs).'
 
 
 def test_cidr_syntax_and_count():
@@ -283,7 +283,7 @@ def test_revisions_and_images_are_pinned():
 def test_urls_and_quantities():
     assert "https:// URL" in only_problem(ncclInstallerUrl="http://example.com/x.yaml")
     assert "http(s) URL" in only_problem(jobDashboardUrl="ray-head:8265")
-    load_config(config(jobDashboardUrl="http://10.0.0.5:8265", volumeCapacity="1Ti"))
+    load_config(config(jobDashboardUrl="http://10.0.0.5:8265", rayDashboardCidrs='["10.0.0.0/8"]', volumeCapacity="1Ti"))
     assert "a Kubernetes quantity" in only_problem(volumeCapacity="768GB")
 
 
@@ -322,7 +322,7 @@ def test_good_repo_ids_pass_both_checks():
 
     for repo in ("Qwen/Qwen2.5-32B-Instruct", "openai/gsm8k", "my-org/model_v1.5"):
         assert stage_data.is_repo_id(repo)
-    load_config(config(model="my-org/model_v1.5"))
+    load_config(config(model="my-org/model_v1.5", modelRevision="1" * 40))
 
 
 def test_the_x86_image_on_a4x_and_the_arm_image_on_a4_are_rejected():
@@ -391,3 +391,106 @@ def test_upgrade_exclusion_start_is_utc_rfc3339_or_empty():
     assert only_problem(upgradeExclusionStart="2026-12-01 00:00") == (
         'verl-gke:upgradeExclusionStart = "2026-12-01 00:00": an RFC3339 UTC time such as 2026-12-01T00:00:00Z, '
         "or empty for no exclusion.")
+
+
+def test_the_cluster_subnets_ranges_may_not_overlap_the_gpu_subnets():
+    assert only_problem(podCidr="192.168.0.0/24") == (
+        'verl-gke:gvnicSubnetCidr = "192.168.0.0/24": overlaps 192.168.0.0/24 (verl-gke:podCidr).')
+    assert "an IPv4 CIDR" in only_problem(serviceCidr="10.0.32.0/33")
+
+
+# --- accepted here, refused later on GCP or on the nodes (issue: a new user's inputs) -----------
+
+@pytest.mark.parametrize("location", ["us-central1", "us-central1-b"])
+def test_the_cluster_location_is_the_region_or_one_of_its_zones(location: str):
+    assert load_config(config(clusterLocation=location)).cluster_location == location
+
+
+@pytest.mark.parametrize("location", ["europe-west4", "europe-west4-a", "garbage"])
+def test_a_cluster_location_outside_the_region_is_refused(location: str):
+    assert only_problem(clusterLocation=location) == (
+        f'verl-gke:clusterLocation = "{location}": the region us-central1 (gcp:region) or one of its zones such as '
+        'us-central1-b: the subnets, NAT and GPU nodes are there.')
+
+
+def test_another_model_with_the_default_models_commit_is_refused():
+    from workloads.stage_data import DEFAULT_DATASET_REVISION, DEFAULT_MODEL_REVISION
+
+    assert only_problem(model="Qwen/Qwen2.5-7B-Instruct") == (
+        f'verl-gke:modelRevision = "{DEFAULT_MODEL_REVISION}": is the commit of the default model '
+        'Qwen/Qwen2.5-32B-Instruct; set the commit of Qwen/Qwen2.5-7B-Instruct to stage.')
+    assert "is the commit of the default dataset" in only_problem(dataset="openai/gsm8k-copy")
+    other = "0" * 40
+    assert load_config(config(model="Qwen/Qwen2.5-7B-Instruct", modelRevision=other)).model_revision == other
+    assert DEFAULT_DATASET_REVISION  # the default pair stays valid (test_base_config_is_valid...)
+
+
+def test_verl_in_image_with_an_image_without_verl_is_refused():
+    assert only_problem(verlInImage="true") == (
+        'verl-gke:verlInImage = true: verlai/verl:vllm011.dev7 ships verl\'s dependencies without verl; '
+        'set verlImage to an image you built with verl, or leave verlInImage false (staging installs it).')
+    assert load_config(config(verlInImage="true", verlImage="example.com/me/verl:0.6.1")).verl_in_image
+
+
+def test_a_dashboard_url_the_stacks_network_policy_blocks_is_refused():
+    assert only_problem(jobDashboardUrl="http://10.0.0.5:8265") == (
+        'verl-gke:jobDashboardUrl = "http://10.0.0.5:8265": the stack\'s NetworkPolicy admits only the Ray pods '
+        'to port 8265; add the caller\'s range to rayDashboardCidrs, or set rayNetworkPolicy to false.')
+    load_config(config(jobDashboardUrl="http://10.0.0.5:8265", rayDashboardCidrs='["10.0.0.0/8"]'))
+    load_config(config(jobDashboardUrl="http://10.0.0.5:8265", rayNetworkPolicy="false"))
+
+
+def test_a_gvnic_subnet_outside_the_firewalls_source_range_is_refused():
+    assert only_problem(gvnicSubnetCidr="172.16.0.0/24") == (
+        'verl-gke:gvnicSubnetCidr = "172.16.0.0/24": lies outside internalSourceRange 192.168.0.0/16, so the '
+        'firewall drops node-to-node traffic on it.')
+
+
+@pytest.mark.parametrize("start", ["2026-02-30T00:00:00Z", "2026-13-01T00:00:00Z", "2026-12-01T24:00:00Z"])
+def test_an_exclusion_start_that_is_no_date_is_refused(start: str):
+    assert "an RFC3339 UTC time" in only_problem(upgradeExclusionStart=start)
+
+
+@pytest.mark.parametrize("image", ["verlai/verl@sha256:abc", "VerlAI/verl:1.0", "verlai/verl:", "verlai//verl:1",
+                                   "verlai/verl:-bad", "verlai/verl:" + "x" * 129])
+def test_an_image_outside_the_oci_reference_grammar_is_refused(image: str):
+    assert "an image reference" in only_problem(verlImage=image)
+
+
+@pytest.mark.parametrize("image", ["verlai/verl:vllm011.dev7", "us-docker.pkg.dev/p/r/verl:1.0",
+                                   "localhost:5000/verl:1", "verlai/verl@sha256:" + "a" * 64,
+                                   "verlai/verl:1.0@sha256:" + "0" * 64])
+def test_images_inside_the_grammar_pass(image: str):
+    assert load_config(config(verlImage=image)).verl_image == image
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e999"])
+def test_a_number_that_is_not_finite_is_refused(value: str):
+    assert only_problem(grpoLearningRate=value).startswith("verl-gke:grpoLearningRate = ")
+    assert "a finite number" in only_problem(grpoLearningRate=value)
+
+
+@pytest.mark.parametrize(("key", "limit"), [("stagingTimeoutMinutes", 153722867), ("jobReadyTimeoutSeconds", 9223372036),
+                                            ("runBudgetHours", 2562047)])
+def test_durations_beyond_what_the_engine_accepts_are_refused(key: str, limit: int):
+    load_config(config(**{key: str(limit)}))
+    assert only_problem(**{key: str(limit + 1)}) == (
+        f"verl-gke:{key} = {limit + 1}: at most {limit}: the Pulumi engine's longest duration (about 292 years).")
+
+
+@pytest.mark.parametrize("name", ["1ray", "-ray", "ray-"])
+def test_a_ray_cluster_name_must_start_with_a_letter(name: str):
+    assert only_problem(rayClusterName=name) == (
+        f'verl-gke:rayClusterName = "{name}": at most 47 lowercase letters, digits or hyphens, starting with a letter '
+        'and ending with a letter or digit (KubeRay wants a DNS-1035 label).')
+
+
+def test_an_image_name_longer_than_registries_take_is_refused():
+    name = "verlai/" + "v" * 248  # 255 characters without the tag
+    assert load_config(config(verlImage=f"{name}:1.0")).verl_image == f"{name}:1.0"
+    assert "an image reference" in only_problem(verlImage=f"{name}v:1.0")
+
+
+def test_the_cluster_network_is_empty_or_a_vpc_name():
+    assert load_config(config(clusterNetwork="default")).cluster_network == "default"
+    assert "the name of an existing VPC" in only_problem(clusterNetwork="Default Net")

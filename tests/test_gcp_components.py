@@ -205,6 +205,8 @@ def test_one_kubernetes_provider_from_a_secret_kubeconfig(a4_standard: MockRun):
     providers = a4_standard.of_type("pulumi:providers:kubernetes")
     assert [p.name for p in providers] == ["gke-k8s"]
     assert providers[0].inputs["kubeconfig"] == "[secret]"
+    # `pulumi destroy` after the cluster was deleted out of band forgets its objects instead of failing.
+    assert providers[0].inputs["deleteUnreachable"] == "true"
     # Kubernetes objects wait for the CPU pool; destroy removes them before it.
     assert a4_standard.urn("gke-cpu-pool") in providers[0].dependencies
     assert a4_standard.urn("gke-cluster") in providers[0].dependencies
@@ -502,14 +504,16 @@ def test_an_empty_exclusion_start_leaves_gkes_upgrade_policy_alone() -> None:
 
 def test_every_vpc_has_the_jumbo_mtu(synth_stack: Any) -> None:
     networks = [r.inputs for r in synth_stack("a4-standard").registrations if r.type == "gcp:compute/network:Network"]
-    assert len(networks) == 2 and {n["mtu"] for n in networks} == {8896}  # the gVNIC VPC and the RDMA one
+    # the cluster's own VPC, the gVNIC VPC and the RDMA one
+    assert len(networks) == 3 and {n["mtu"] for n in networks} == {8896}
 
 
 def test_gpu_metrics_go_to_managed_prometheus_on_every_stack(synth_stack: Any) -> None:
     for stack in ("a4", "a4-standard", "a3u-standard", "a4x"):
         cluster = next(r.inputs for r in synth_stack(stack).registrations if r.type == "gcp:container/cluster:Cluster")
-        assert cluster["monitoringConfig"] == {"enableComponents": ["SYSTEM_COMPONENTS", "DCGM"],
-                                               "managedPrometheus": {"enabled": True}}, stack
+        assert cluster["monitoringConfig"] == {"enableComponents": [
+            "SYSTEM_COMPONENTS", "POD", "DAEMONSET", "DEPLOYMENT", "STATEFULSET", "STORAGE", "HPA", "CADVISOR", "KUBELET",
+            "DCGM"], "managedPrometheus": {"enabled": True}}, stack
     off = MockRun(lambda: GkeCluster("gke", cluster_args(gpu_metrics=False)))
     assert "monitoringConfig" not in off.inputs("gke-cluster")
 

@@ -280,3 +280,68 @@ def test_synth_cloud_file_with_an_unknown_token_is_refused(tmp_path: Path):
     run = _cli(STACK, "--out", str(tmp_path / "out"), "--cloud", str(answers))
     assert run.returncode == 2
     assert "no live check makes gcp:compute/getNetwork:getNetwork" in run.stderr
+
+
+# --- a new project's first `up` -----------------------------------------------------------------
+
+def test_a_first_up_on_a_new_project_creates_the_cluster_at_the_stacks_floor():
+    """Every invoke answers SERVICE_DISABLED until this update enables the APIs: the checks become
+    notes, and the cluster is still never created below A4X's DRA and DRANET floors."""
+    from domain.platforms import DRANET_MIN_GKE
+    from domain.preflight import new_project_answers
+
+    result = synth.run("a4x", overrides={**REAL}, cloud=new_project_answers("my-project-123"))
+    assert cluster_version(result) == DRANET_MIN_GKE
+    assert (f"preflight: GKE versions not checked yet (an API is still off): the cluster is created at "
+            f"{DRANET_MIN_GKE}, the highest floor of this stack") in result.log
+    assert any("not checked yet (reservation my-reservation)" in line for line in result.log)
+    # Without floors the channel's default stands; a configured version wins over the floor.
+    plain = synth.run(STACK, overrides={**REAL}, cloud=new_project_answers("my-project-123"))
+    assert "minMasterVersion" not in [r for r in plain.registrations if r.type == "gcp:container/cluster:Cluster"][0].inputs
+    pinned = synth.run("a4x", overrides={**REAL, "verl-gke:kubernetesVersion": "1.35"},
+                       cloud=new_project_answers("my-project-123"))
+    assert cluster_version(pinned) == "1.35"
+
+
+def test_a_new_project_without_enable_apis_is_one_problem_per_check():
+    from domain.preflight import new_project_answers
+
+    text = problems_of(new_project_answers("my-project-123"), **{"verl-gke:enableApis": "false"})
+    assert "SERVICE_DISABLED" in text and "Traceback" not in text
+
+
+# --- existingCluster on a stack that created its cluster -----------------------------------------
+
+def test_existing_cluster_on_the_stacks_own_cluster_is_refused():
+    own = {CLUSTER: {"name": "verl-a4", "location": "us-central1", "endpoint": "10.0.0.2",
+                     "masterAuths": [{"clusterCaCertificate": synth.MOCK_CA}],
+                     "resourceLabels": {"verl-gke-stack": STACK}}}
+    text = problems_of(own, **{"verl-gke:existingCluster": "true"})
+    assert ("verl-gke:existingCluster = true: cluster verl-a4 was created by this stack, and `pulumi up` with "
+            "existingCluster would delete it;") in text
+    other = {CLUSTER: {**own[CLUSTER], "resourceLabels": {"verl-gke-stack": "a4x"}}}
+    assert synth_with(other, **{"verl-gke:existingCluster": "true"}).outputs["clusterName"] == "verl-a4"
+
+
+def test_the_cluster_carries_its_stacks_label(synth_stack):
+    (cluster,) = [r for r in synth_stack("a4x").registrations if r.type == "gcp:container/cluster:Cluster"]
+    assert cluster.inputs["resourceLabels"] == {"verl-gke-stack": "a4x"}
+
+
+@pytest.mark.parametrize(("token", "answer", "message"), [
+    (RESERVATION, "x", 'the answer to gcp:compute/getReservation:getReservation must be a JSON object'),
+    (MACHINE_TYPES, [1, 2], 'the answer to gcp:compute/getMachineTypes:getMachineTypes must be a JSON object'),
+    (RESERVATION, {"name": "r", "specificReservations": "x"}, "reservation my-reservation: the answer has an "
+                                                               "unexpected shape (AttributeError"),
+    (MACHINE_TYPES, {"machineTypes": [{"name": "a4-highgpu-8g", "guestCpus": "many"}]},
+     "machine type a4-highgpu-8g: the answer has an unexpected shape (ValueError"),
+    (ENGINE_VERSIONS, {"releaseChannelDefaultVersion": "x"},
+     "GKE versions of the release channel: the answer has an unexpected shape (AttributeError"),
+])
+def test_cloud_answers_of_the_wrong_shape_are_one_line_each(tmp_path: Path, token: str, answer: Any, message: str):
+    answers = tmp_path / "cloud.json"
+    answers.write_text(json.dumps({**GOOD, token: answer}))
+    run = _cli(STACK, "--out", str(tmp_path / "out"), "--cloud", str(answers),
+               "--set", "gcp:project=my-project-123", "--set", "verl-gke:reservation=my-reservation")
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert message in run.stderr

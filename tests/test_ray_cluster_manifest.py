@@ -339,3 +339,14 @@ def test_arm64_nodes_are_tolerated_only_on_arm64() -> None:
     assert ARM_TOLERATION in head["tolerations"] and ARM_TOLERATION in worker["tolerations"]
     x86 = ray_cluster(TUTORIAL_X86)
     assert ARM_TOLERATION not in x86["spec"]["workerGroupSpecs"][0]["template"]["spec"]["tolerations"]
+
+
+def test_the_wait_is_on_kuberays_conditions_not_the_deprecated_state():
+    assert json.loads(WAIT_FOR_READY) == ["condition=RayClusterProvisioned", "condition=HeadPodReady"]
+    from tests.k8s_schema import _crds
+
+    (v1,) = [v for v in _crds()[("ray.io", "RayCluster")]["spec"]["versions"] if v["name"] == "v1"]
+    status = v1["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    # The pinned CRD keeps conditions as a list keyed by type, which `condition=<type>` reads.
+    assert (status["conditions"]["x-kubernetes-list-type"], status["conditions"]["x-kubernetes-list-map-keys"]) == (
+        "map", ["type"])

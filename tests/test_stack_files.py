@@ -60,3 +60,18 @@ def test_synth_of_a_broken_stack_file_exits_2_with_one_line_and_clears_its_old_o
                           "  Pulumi.broken-by-test.yaml: not valid YAML at line 3, column 1: ")
     assert "Traceback" not in err
     assert not (out / "resources.json").exists()
+
+
+def test_a_stack_file_that_is_not_utf8_is_one_problem(project: Path) -> None:
+    (project / "Pulumi.bad.yaml").write_bytes(b"config:\n  gcp:project: caf\xe9\n")
+    with pytest.raises(ConfigError) as caught:
+        stack_files.raw_config("bad", project)
+    assert caught.value.problems == ["Pulumi.bad.yaml: not UTF-8 text (byte 0xe9 at offset 26); save it as UTF-8"]
+
+
+def test_a_project_file_that_is_not_utf8_is_one_problem(project: Path) -> None:
+    (project / "Pulumi.yaml").write_bytes(b"name: verl-gke\ndescription: caf\xe9\n")
+    (project / "Pulumi.ok.yaml").write_text("config:\n  gcp:project: my-project-123\n")
+    with pytest.raises(ConfigError) as caught:
+        stack_files.raw_config("ok", project)
+    assert caught.value.problems == ["Pulumi.yaml: not UTF-8 text (byte 0xe9 at offset 31); save it as UTF-8"]

@@ -20,11 +20,12 @@ CUSTOM_KINDS = {"RayCluster", "ComputeDomain"}
 UNCHECKED_KINDS = {"GKENetworkParamSet", "Network"}
 
 EXPECTED_COUNTS = {
-    # stack: (networks, subnets, node pools, GKENetworkParamSets, helm releases, ComputeDomains)
-    "a4": (2, 9, 0, 9, 0, 0),
-    "a4-standard": (2, 9, 2, 9, 0, 0),
-    "a3u-standard": (2, 9, 2, 9, 0, 0),
-    "a4x": (0, 0, 2, 0, 2, 1),
+    # stack: (networks, subnets, node pools, GKENetworkParamSets, helm releases, ComputeDomains);
+    # the cluster's own VPC and subnet count in each.
+    "a4": (3, 10, 0, 9, 0, 0),
+    "a4-standard": (3, 10, 2, 9, 0, 0),
+    "a3u-standard": (3, 10, 2, 9, 0, 0),
+    "a4x": (1, 1, 2, 0, 2, 1),
 }
 
 
@@ -117,7 +118,7 @@ def test_autopilot_cluster_goes_before_the_rdma_subnets_on_destroy(synth_stack):
     result = synth_stack("a4")
     (cluster,) = _by_type(result, "gcp:container/cluster:Cluster")
     subnets = {r.urn for r in _by_type(result, "gcp:compute/subnetwork:Subnetwork")}
-    assert len(subnets) == 9 and subnets <= set(cluster.dependencies)
+    assert len(subnets) == 10 and subnets <= set(cluster.dependencies)
 
 
 def test_standard_spot_pool_without_reservation():
@@ -173,10 +174,16 @@ def test_nodes_are_private_behind_the_stacks_cloud_nat(stack: str, synth_stack):
     assert cluster.inputs["privateClusterConfig"] == {"enablePrivateNodes": True, "enablePrivateEndpoint": False}
     (router,) = _by_type(result, "gcp:compute/router:Router")
     (nat,) = _by_type(result, "gcp:compute/routerNat:RouterNat")
-    assert (router.inputs["network"], router.inputs["region"]) == ("default", cfg.region)
-    assert nat.inputs["router"] == f"{cfg.cluster_name}-router"
+    (vpc,) = [r for r in _by_type(result, "gcp:compute/network:Network") if r.inputs["name"] == f"verl-{stack}-net"]
+    # On the stack's own VPC, never the project's `default` network.
+    assert router.inputs["region"] == cfg.region and vpc.urn in router.dependencies
+    assert router.inputs["network"] != "default" and cluster.inputs["network"] == router.inputs["network"]
+    assert nat.inputs["router"] == f"verl-{stack}-router"
     assert nat.inputs["natIpAllocateOption"] == "AUTO_ONLY"
     assert nat.inputs["sourceSubnetworkIpRangesToNat"] == "ALL_SUBNETWORKS_ALL_IP_RANGES"
+    # Sized for image and model pulls: Cloud NAT's dynamic port allocation from 4096 ports per VM.
+    assert (nat.inputs["enableDynamicPortAllocation"], nat.inputs["enableEndpointIndependentMapping"],
+            nat.inputs["minPortsPerVm"], nat.inputs["maxPortsPerVm"]) == (True, False, 4096, 65536)
     # Nodes boot only once their way out exists.
     assert nat.urn in cluster.dependencies
 
@@ -275,3 +282,72 @@ def test_without_the_supervisor_nothing_of_it_is_created():
     assert (job.inputs["supervised_attempts"], job.inputs["budget_s"]) == (0, 6 * 3600)
     policy = [m for m in result.manifests() if m["kind"] == "NetworkPolicy"][0]
     assert len(policy["spec"]["ingress"]) == 1
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_cluster_has_a_network_of_its_own_with_jumbo_mtu_and_planned_ranges(stack: str, synth_stack):
+    result = synth_stack(stack)
+    (cluster,) = _by_type(result, "gcp:container/cluster:Cluster")
+    (vpc,) = [r for r in _by_type(result, "gcp:compute/network:Network") if r.inputs["name"] == f"verl-{stack}-net"]
+    (subnet,) = [r for r in _by_type(result, "gcp:compute/subnetwork:Subnetwork")
+                 if r.inputs["name"] == f"verl-{stack}-nodes"]
+    assert (vpc.inputs["mtu"], vpc.inputs["autoCreateSubnetworks"]) == (8896, False)
+    assert (subnet.inputs["ipCidrRange"], subnet.inputs["privateIpGoogleAccess"]) == ("10.0.0.0/20", True)
+    assert subnet.inputs["secondaryIpRanges"] == [{"rangeName": "pods", "ipCidrRange": "10.4.0.0/14"},
+                                                  {"rangeName": "services", "ipCidrRange": "10.0.32.0/20"}]
+    assert {vpc.urn, subnet.urn} <= set(cluster.dependencies)
+    assert cluster.inputs["ipAllocationPolicy"] == {
+        "stackType": "IPV4", "clusterSecondaryRangeName": "pods", "servicesSecondaryRangeName": "services"}
+
+
+@pytest.mark.parametrize("stack", ["a4-standard", "a3u-standard", "a4x"])
+def test_gpu_nodes_boot_from_the_platform_tables_disk(stack: str, synth_stack):
+    (pool,) = [r for r in _by_type(synth_stack(stack), "gcp:container/nodePool:NodePool") if r.name == "gpu-pool"]
+    assert (pool.inputs["nodeConfig"]["diskType"], pool.inputs["nodeConfig"]["diskSizeGb"]) == ("hyperdisk-balanced", 100)
+
+
+def test_autopilot_a4_workers_fit_autopilots_pod_ceiling_with_the_sidecar(synth_stack):
+    """Requests of every container of a worker pod, the GCS FUSE sidecar's (from its annotations)
+    included, stay within the Autopilot A4 ceiling of the platform table."""
+    from domain.platforms import PLATFORMS
+
+    top = PLATFORMS["a4"].autopilot_max_pod
+    (ray,) = [m for m in synth_stack("a4").manifests() if m["kind"] == "RayCluster"]
+    (group,) = ray["spec"]["workerGroupSpecs"]
+    pod = group["template"]
+    notes = pod["metadata"]["annotations"]
+
+    def gi(text: str) -> int:
+        assert text.endswith("Gi"), text
+        return int(text[:-2])
+
+    requests = [c["resources"]["requests"] for c in pod["spec"]["containers"]]
+    cpu = sum(int(r["cpu"]) for r in requests) + int(notes["gke-gcsfuse/cpu-request"])
+    memory = sum(gi(r["memory"]) for r in requests) + gi(notes["gke-gcsfuse/memory-request"])
+    disk = sum(gi(r["ephemeral-storage"]) for r in requests) + gi(notes["gke-gcsfuse/ephemeral-storage-request"])
+    assert (cpu, memory, disk) == (top.cpu, top.memory_gi, top.ephemeral_gi) == (220, 2800, 1000)
+
+
+def test_autopilot_worker_sizes_above_the_ceiling_are_refused():
+    from domain.config import ConfigError, load_config
+    from tests.conftest import BASE_CONFIG
+
+    auto = {**BASE_CONFIG, "verl-gke:clusterMode": "autopilot", "verl-gke:gpuSpot": "true", "verl-gke:reservation": ""}
+    assert (load_config(auto).worker_cpus, load_config(auto).worker_memory_gi) == (218, 2784)
+    with pytest.raises(ConfigError) as caught:
+        load_config({**auto, "verl-gke:workerCpus": "220", "verl-gke:workerMemoryGi": "3433"})
+    assert caught.value.problems == [
+        "verl-gke:workerCpus = 220: Autopilot admits a nvidia-b200 worker pod of at most 220 vCPUs / 2800Gi, the GCS "
+        "FUSE sidecar's 2 vCPUs / 16Gi included: at most 218 vCPUs.",
+        "verl-gke:workerMemoryGi = 3433: Autopilot admits a nvidia-b200 worker pod of at most 220 vCPUs / 2800Gi, the "
+        "GCS FUSE sidecar's 2 vCPUs / 16Gi included: at most 2784Gi."]
+
+
+def test_a_stack_of_an_earlier_version_keeps_its_cluster_on_the_default_network():
+    result = synth.run("a4-standard", overrides={"verl-gke:clusterNetwork": "default"})
+    (cluster,) = _by_type(result, "gcp:container/cluster:Cluster")
+    (router,) = _by_type(result, "gcp:compute/router:Router")
+    assert (cluster.inputs["network"], router.inputs["network"]) == ("default", "default")
+    assert "subnetwork" not in cluster.inputs and cluster.inputs["ipAllocationPolicy"] == {"stackType": "IPV4"}
+    assert not [r for r in _by_type(result, "gcp:compute/network:Network") if r.inputs["name"].endswith("-net")
+                and "gvnic" not in r.inputs["name"] and "rdma" not in r.inputs["name"]]

@@ -134,11 +134,6 @@ def test_a_preview_may_lack_only_the_token():
         _real_run("a4-standard", {**raw, "verl-gke:reservation": "replace-me"}, preview=True, log=[])
 
 
-def test_preview_synthesizes_with_unknowns():
-    result = synth.run("a4x", preview=True)
-    assert any(r.type == "pulumi-python:dynamic:GrpoJob" for r in result.registrations)
-
-
 def test_registration_order_is_the_same_on_every_run(synth_stack):
     first = [r.urn for r in synth_stack("a4x").registrations]
     assert [r.urn for r in synth.run("a4x").registrations] == first
@@ -147,3 +142,45 @@ def test_registration_order_is_the_same_on_every_run(synth_stack):
 def test_manifests_start_with_api_version_kind_metadata(synth_stack):
     for obj in synth_stack("a4").manifests():
         assert list(obj)[:3] == ["apiVersion", "kind", "metadata"]
+
+
+def test_the_cluster_ca_is_public_though_master_auth_is_secret(synth_stack):
+    """pulumi-gcp returns masterAuth with secret leaves (the stand-in too); the CA must stay public:
+    every command that port-forwards reads it from `pulumi stack output --json`."""
+    for stack in STACKS:
+        result = synth_stack(stack)
+        assert result.outputs["clusterCaCertificate"] == synth.MOCK_CA, stack
+        job = next(r for r in result.registrations if r.type == synth.GRPO_JOB_TYPE)
+        assert job.inputs["cluster_ca_certificate"] == synth.MOCK_CA, stack
+        assert result.outputs["kubeconfig"] == "[secret]"
+
+
+def test_the_stand_in_marks_master_auth_secret_as_the_provider_does():
+    def program() -> None:
+        import pulumi_gcp as gcp
+
+        cluster = gcp.container.Cluster("c", name="c", location="us-central1", project="p")
+        pulumi.export("auth", cluster.master_auth)
+        pulumi.export("ca", cluster.master_auth.apply(lambda a: a.cluster_ca_certificate))
+        pulumi.export("public", pulumi.Output.unsecret(cluster.master_auth.apply(lambda a: a.cluster_ca_certificate)))
+
+    _, outputs = synth.run_in_mocks(program)
+    assert outputs == {"auth": "[secret]", "ca": "[secret]", "public": synth.MOCK_CA}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_a_first_preview_leaves_every_computed_output_unknown(stack: str):
+    result = synth.run(stack, preview=True)
+    assert any(r.type == synth.GRPO_JOB_TYPE for r in result.registrations)
+    for key in ("clusterEndpoint", "clusterCaCertificate", "grpoSubmissionId", "grpoJobStatus", "bucketUrl"):
+        assert result.outputs[key] == "[unknown]", key
+    assert result.outputs["gpuPlatform"] == {"a4": "a4", "a4-standard": "a4", "a3u-standard": "a3u", "a4x": "a4x"}[stack]
+
+
+def test_the_job_provider_gets_numbers_as_floats():
+    assert synth.engine_numbers({"a": 1, "b": [2, True], "c": "3"}) == {"a": 1.0, "b": [2.0, True], "c": "3"}
+
+
+def test_an_existing_clusters_ca_is_public_too():
+    result = synth.run("a4-standard", overrides={"verl-gke:existingCluster": "true"})
+    assert result.outputs["clusterCaCertificate"] == synth.MOCK_CA

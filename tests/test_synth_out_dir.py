@@ -96,3 +96,20 @@ def test_every_stack_writes_to_a_new_folder(stack: str, synth_stack, tmp_path: P
     synth.write(synth_stack(stack), tmp_path / stack)
     assert (tmp_path / stack / output_dir.MARKER).is_file()
 
+
+
+@pytest.mark.parametrize("listed", ["keep.txt", {"keep.txt": 1}, [1, "keep.txt"], None])
+def test_a_malformed_marker_deletes_nothing(tmp_path: Path, listed, capsys: pytest.CaptureFixture[str]) -> None:
+    """A string `files` would be read letter by letter: "k", "e", ... files synth never wrote."""
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("keep.txt", "k", "e", "p", ".", "t", "x"):
+        if name != ".":
+            (out / name).write_text("mine")
+    (out / output_dir.MARKER).write_text(json.dumps({"files": listed}))
+    before = sorted(p.name for p in out.iterdir())
+    assert synth.main(["a4", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"synth failed: --out {out}: {output_dir.MARKER} is not synth's file list "
+                   "(`files` must be a list of file names)\n")
+    assert sorted(p.name for p in out.iterdir()) == before

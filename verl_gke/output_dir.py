@@ -31,10 +31,14 @@ def _own_files(out_dir: Path) -> list[Path]:
         listed = json.loads(marker.read_text())["files"]
     except (ValueError, KeyError, TypeError) as error:
         raise OutputDirError(f"--out {out_dir}: {MARKER} is not synth's file list ({error})") from None
+    # A string would be read letter by letter: files synth never wrote.
+    if not isinstance(listed, list) or not all(isinstance(name, str) for name in listed):
+        raise OutputDirError(f"--out {out_dir}: {MARKER} is not synth's file list "
+                             "(`files` must be a list of file names)")
     root = out_dir.resolve()
     files = []
     for name in listed:
-        path = (out_dir / str(name)).resolve()
+        path = (out_dir / name).resolve()
         if not path.is_relative_to(root) or path == root:
             raise OutputDirError(f"--out {out_dir}: {MARKER} lists a path outside it: {name!r}")
         files.append(path)

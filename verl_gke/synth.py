@@ -123,21 +123,34 @@ class SynthMocks(pulumi.runtime.Mocks):
         self.unchecked: list[str] = []
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
+        id_, state = self._created(args)
+        if pulumi.runtime.is_dry_run():
+            # A first preview creates nothing: the provider answers a new resource with its inputs,
+            # every computed output unknown (endpoint, CA, email, the job's id), and no id.
+            return "", _computed_unknown(dict(args.inputs), state)
+        return id_, state
+
+    def _created(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
         state = dict(args.inputs)
         name = state.get("name") or args.name
         if args.typ == "gcp:container/cluster:Cluster":
-            state.update(endpoint=MOCK_ENDPOINT, masterAuth={"clusterCaCertificate": MOCK_CA})
+            # pulumi-gcp marks the client key and certificate secret; the Python SDK then marks the
+            # whole masterAuth object secret (pulumi/runtime/rpc.py), the CA with it.
+            state.update(endpoint=MOCK_ENDPOINT, masterAuth={
+                "clusterCaCertificate": MOCK_CA, "clientKey": _secret(""), "clientCertificate": _secret(""),
+                "clientCertificateConfig": {"issueClientCertificate": False}})
         elif args.typ == "gcp:serviceaccount/account:Account":
             state["email"] = f"{state['accountId']}@{state['project']}.iam.gserviceaccount.com"
         elif args.typ == "gcp:storage/bucket:Bucket":
-            state["url"] = f"gs://{name}"
+            state.update(url=f"gs://{name}", projectNumber=int(MOCK_PROJECT_NUMBER))
         elif args.typ.startswith("gcp:compute/"):
             state["selfLink"] = f"https://www.googleapis.com/compute/v1/projects/mock/{name}"
         elif args.typ.startswith("kubernetes:") and isinstance(state.get("metadata"), dict):
             state["metadata"] = {"name": args.name, **state["metadata"]}
         elif args.typ == GRPO_JOB_TYPE:
-            # The submission id and dashboard command are known offline; the run's status is not.
-            state = planned_outs(state, UNKNOWN)
+            # The provider gets every number as a float (a protobuf Struct has no integers). The
+            # submission id and dashboard command are known offline; the run's status is not.
+            state = planned_outs(engine_numbers(state), UNKNOWN)
             return state["submission_id"], state
         return f"{args.name}-id", state
 
@@ -153,10 +166,40 @@ class SynthMocks(pulumi.runtime.Mocks):
                     answer = preflight.existing_cluster_answer(args.args)
             if isinstance(answer, dict) and set(answer) == {"error"}:
                 return {}, [("", str(answer["error"]))]
+            if args.token == preflight.CLUSTER and isinstance(answer, dict):
+                # The lookup's masterAuths carry the secret client key too (pulumi-gcp's schema).
+                answer = {**answer, "masterAuths": [{**auth, "clientKey": _secret("")} if isinstance(auth, dict)
+                                                    else auth for auth in answer.get("masterAuths") or []]}
             return dict(answer or {}), []
         if args.token == "gcp:organizations/getProject:getProject":
             return {"number": MOCK_PROJECT_NUMBER, "projectId": args.args.get("projectId", "mock")}, []
         return {}, []
+
+
+def _computed_unknown(inputs: Any, state: Any) -> Any:
+    """`state` with every value the provider computed (absent from or unlike `inputs`) unknown."""
+    if isinstance(state, dict) and not _is_secret(state):
+        given = inputs if isinstance(inputs, dict) else {}
+        return {k: _computed_unknown(given.get(k), v) if k in given else rpc.UNKNOWN for k, v in state.items()}
+    return state if state == inputs else rpc.UNKNOWN
+
+
+def _secret(value: Any) -> dict[str, Any]:
+    """A provider output marked secret, as it crosses the wire."""
+    return {rpc._special_sig_key: rpc._special_secret_sig, "value": value}
+
+
+def engine_numbers(value: Any) -> Any:
+    """Every number as the engine hands it to a dynamic provider: a float."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return float(value)
+    if isinstance(value, Mapping):
+        return {key: engine_numbers(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [engine_numbers(item) for item in value]
+    return value
 
 
 def _pick(answer: Any, args: Mapping[str, Any]) -> Any:
@@ -350,6 +393,11 @@ def read_cloud_answers(path: Path) -> dict[str, Any]:
         raise ValueError(f"--cloud {path}: {error}") from None
     if not isinstance(answers, dict):
         raise ValueError(f"--cloud {path}: must be a JSON object of invoke token -> answer")
+    for token, answer in answers.items():
+        # The provider answers an invoke with an object; a list picks one per call; {"error": ...} fails it.
+        if not (isinstance(answer, dict) or (isinstance(answer, list) and all(isinstance(a, dict) for a in answer))):
+            raise ValueError(f"--cloud {path}: the answer to {token} must be a JSON object (the provider's "
+                             f"answer) or a list of them, not {json.dumps(answer)[:60]}")
     unknown = sorted(set(answers) - set(preflight.CHECKS))
     if unknown:
         raise ValueError(f"--cloud {path}: no live check makes {', '.join(unknown)}; "
