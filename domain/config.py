@@ -11,6 +11,7 @@ import ipaddress
 import json
 import posixpath
 import re
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
@@ -52,6 +53,12 @@ _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 _ZONE = re.compile(r"^([a-z]+-[a-z]+[0-9]+)-[a-z]$")
 _QUANTITY = re.compile(r"^[0-9]+(Ki|Mi|Gi|Ti|Pi)$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
+# A URL naming a commit (40 hex) as one path segment; no user info, query or fragment.
+_COMMIT_URL = re.compile(r"^https://[^/@?#\s]+/(?:[^/?#\s]+/)*[0-9a-f]{40}/[^?#\s]+$")
+# Ranges allowed for the CIDR keys that admit traffic: RFC 1918 and RFC 6598 (shared) space only.
+PRIVATE_RANGES = tuple(ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
+                                                          "100.64.0.0/10"))
+_ADMITTING_CIDR_FIELDS = ("internal_source_range", "master_authorized_cidrs", "ray_dashboard_cidrs")
 # GKE returns times in UTC "Zulu" form; any other form is a permanent diff (pulumi-gcp docs).
 _RFC3339_UTC = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$")
 
@@ -530,10 +537,21 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
             "verlInImage and verlSourceInstall each bring verl; set at most one of them.")
     if not is_pinned_image(cfg.verl_image):
         add("verl_image", cfg.verl_image, "an image with a fixed tag (not latest) or an @sha256 digest.")
-    if cfg.nccl_installer_url and not cfg.nccl_installer_url.startswith("https://"):
-        add("nccl_installer_url", cfg.nccl_installer_url, "an https:// URL pinned to a commit.")
-    if cfg.job_dashboard_url and not re.match(r"^https?://[^\s/]+", cfg.job_dashboard_url):
-        add("job_dashboard_url", cfg.job_dashboard_url, "an http(s) URL of a privately reachable Ray dashboard.")
+    if cfg.nccl_installer_url and not _COMMIT_URL.match(cfg.nccl_installer_url):
+        add("nccl_installer_url", _without_credentials(cfg.nccl_installer_url),
+            "an https:// URL pinned to a commit: one path segment is a 40-hex commit (no branch or tag), "
+            "no user info, query or fragment.")
+    if cfg.job_dashboard_url:
+        url = _without_credentials(cfg.job_dashboard_url)
+        if not re.match(r"^https?://[^\s/]+", cfg.job_dashboard_url):
+            add("job_dashboard_url", url, "an http(s) URL of a privately reachable Ray dashboard.")
+        elif url != cfg.job_dashboard_url:
+            add("job_dashboard_url", url, "no credentials in the URL (user info, query or fragment): they would "
+                "be stored in clear in the job's inputs. Reach the dashboard through a private network instead.")
+    resolvers = [o for o in cfg.grpo.extra_overrides if "${" in o]
+    if resolvers:
+        add("grpo.extra_overrides", resolvers, "no Hydra/OmegaConf interpolations (${...}): they are resolved on "
+            "the deployer's machine at preview (${oc.env:...} reads its environment) and printed. Write values.")
 
     for field in ("checkpoint_dir", "model_path", "train_files", "val_files"):
         value = getattr(cfg.grpo, field)
@@ -560,6 +578,19 @@ def _bucket_name_ok(name: str) -> bool:
             and not name.startswith("goog") and "google" not in name and "g00gle" not in name)
 
 
+def _without_credentials(url: str) -> str:
+    """`url` with any user info, query or fragment blanked out, so that a message never prints a credential."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "[unparsable URL]"
+    netloc = parts.netloc.rpartition("@")[2]
+    if "@" in parts.netloc:
+        netloc = f"***@{netloc}"
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "***" if parts.query else "",
+                                    "***" if parts.fragment else ""))
+
+
 def _cidr_problems(cfg: StackConfig) -> list[str]:
     out = []
     nets: list[tuple[str, ipaddress.IPv4Network]] = []
@@ -574,7 +605,11 @@ def _cidr_problems(cfg: StackConfig) -> list[str]:
         except ValueError:
             out.append(problem_line(config_key(field), text, "an IPv4 CIDR such as 192.168.1.0/24."))
             continue
-        if field not in ("internal_source_range", "master_authorized_cidrs", "ray_dashboard_cidrs"):
+        if field in _ADMITTING_CIDR_FIELDS and not any(net.subnet_of(r) for r in PRIVATE_RANGES):
+            out.append(problem_line(config_key(field), text, "a private range (inside 10.0.0.0/8, 172.16.0.0/12, "
+                                    "192.168.0.0/16 or 100.64.0.0/10): this key admits traffic, never from the "
+                                    "internet."))
+        if field not in _ADMITTING_CIDR_FIELDS:
             for other_field, other in nets:
                 if net.overlaps(other):
                     out.append(problem_line(config_key(field), text, f"overlaps {other} ({config_key(other_field)})."))

@@ -131,11 +131,11 @@ def test_standard_spot_pool_without_reservation():
 def test_a_new_job_attempt_is_a_new_submission_and_cidrs_reach_the_control_plane(synth_stack):
     base = synth_stack("a4-standard")
     retry = synth.run("a4-standard", overrides={"verl-gke:jobAttempt": "1",
-                                                "verl-gke:masterAuthorizedCidrs": '["203.0.113.0/24"]'})
+                                                "verl-gke:masterAuthorizedCidrs": '["10.8.0.0/16"]'})
     assert retry.outputs["grpoSubmissionId"] != base.outputs["grpoSubmissionId"]
     (cluster,) = _by_type(retry, "gcp:container/cluster:Cluster")
     assert cluster.inputs["masterAuthorizedNetworksConfig"] == {
-        "cidrBlocks": [{"cidrBlock": "203.0.113.0/24", "displayName": "authorized-0"}]}
+        "cidrBlocks": [{"cidrBlock": "10.8.0.0/16", "displayName": "authorized-0"}]}
     (default_cluster,) = _by_type(base, "gcp:container/cluster:Cluster")
     assert "masterAuthorizedNetworksConfig" not in default_cluster.inputs
 
