@@ -9,6 +9,7 @@ from components.stack_config import from_pulumi
 from components.data_staging import DataStaging
 from components.gcs_fuse_storage import GcsFuseStorage, label_value
 from components.gke_cluster import DRA_V1BETA1_APIS, GkeCluster
+from domain import hf_token
 from components.gpu_node_pool import GpuNodePool
 from components.grpo_job import GrpoJob
 from domain.run_identity import submission_ids
@@ -27,7 +28,7 @@ from domain.bucket import MOUNT_PATH
 from verl_gke.fabric import fabric_runtime_env
 from workloads.stage_data import model_dir_for
 
-cfg, hf_token = from_pulumi()
+cfg = from_pulumi()
 live = check_live_project(cfg)
 facts = cfg.facts
 a4x = cfg.platform == "a4x"
@@ -83,7 +84,8 @@ project_number = gcp.organizations.get_project_output(project_id=cfg.project).nu
 storage = GcsFuseStorage("storage", {
     "project": cfg.project, "project_number": project_number, "region": cfg.region,
     "bucket_name": cfg.bucket_name, "force_destroy": cfg.bucket_force_destroy,
-    "namespace": cfg.namespace, "service_account": cfg.service_account, "hf_token": hf_token,
+    "namespace": cfg.namespace, "service_account": cfg.service_account,
+    "hf_token_secret_id": hf_token.secret_id(pulumi.get_stack()),
     "capacity": cfg.volume_capacity, "labels": {"stack": label_value(pulumi.get_stack())},
     "k8s_provider": cluster.provider,
 }, gcp_ready)
@@ -94,7 +96,7 @@ staging = DataStaging("staging", {
     "model_revision": cfg.model_revision, "model_dir": model_dir_for(cfg.model),
     "dataset_repo": cfg.dataset, "dataset_revision": cfg.dataset_revision,
     "timeout_minutes": cfg.staging_timeout_minutes,
-    "verl": cfg.staged_verl,
+    "verl": cfg.staged_verl, "hf_token_secret": hf_token.secret_name(cfg.project, pulumi.get_stack()),
 }, k8s.merge(pulumi.ResourceOptions(depends_on=[storage])))
 
 installer_url = cfg.nccl_installer_url or nccl.installer_url(facts.nccl_installer[cfg.cluster_mode])
@@ -105,7 +107,7 @@ ray_waits_for: list[pulumi.Resource] = [storage, mapping, *gpu_ready]
 if a4x:
     ray_waits_for.append(A4xDra("dra", {
         "namespace": cfg.namespace, "gpu_nodes": cfg.gpu_nodes, "nic_claims": networks is None,
-    }, k8s.merge(pulumi.ResourceOptions(depends_on=gpu_ready))))
+    }, k8s.merge(pulumi.ResourceOptions(depends_on=[*gpu_ready, storage]))))
 
 ray = RayTrainingCluster("ray", {
     "platform": cfg.platform, "mode": cfg.cluster_mode, "gpu_nodes": cfg.gpu_nodes,
@@ -160,6 +162,7 @@ pulumi.export("kubeconfig", cluster.kubeconfig)
 pulumi.export("namespace", cfg.namespace)
 pulumi.export("bucketName", storage.bucket_name)
 pulumi.export("bucketUrl", storage.bucket_url)
+pulumi.export("hfTokenSecret", storage.hf_token_secret)
 pulumi.export("rayClusterName", ray.name)
 pulumi.export("rayHeadService", ray.head_service)
 pulumi.export("dashboardCommand", job.dashboard_command)

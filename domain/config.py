@@ -130,7 +130,7 @@ class StackConfig(BaseModel):
     worker_cpus: int = Field(0, ge=0)
     worker_memory_gi: int = Field(0, ge=0)
 
-    namespace: str = "default"
+    namespace: str = "verl-gke"
     service_account: str = "verl-ray"
     bucket_name: str = ""
     bucket_force_destroy: bool = False
@@ -376,6 +376,10 @@ def load_config(raw: Mapping[str, Any], source: str = "The stack config",
     of `secret_keys` (and the token) never appear in a message.
     """
     problems = _key_problems(raw)
+    if HF_TOKEN_KEY in raw:  # never its value
+        problems.append(f"{HF_TOKEN_KEY}: no longer read, and a token in Pulumi config ends up in its state: "
+                        f"`pulumi config rm {HF_TOKEN_KEY}`, then store the token in Secret Manager with "
+                        "`gcloud secrets versions add verl-gke-<stack>-hf-token --project <project> --data-file=-`.")
     data = _as_field_values(raw)
     problems += [f"gcp:{k} is not set: run `pulumi config set gcp:{k} <value>`"
                  for k in GCP_FIELDS if not data.get(k)]
@@ -629,11 +633,7 @@ def unused_keys(cfg: StackConfig) -> set[str]:
 
 
 def placeholders(raw: Mapping[str, Any], cfg: StackConfig) -> list[str]:
-    """Keys a user must still set before `pulumi up`: values marked `replace-me` of keys the stack
-    uses, and the token."""
+    """Keys a user must still set before `pulumi up`: values marked `replace-me` of keys the stack uses."""
     unused = unused_keys(cfg)
-    found = sorted(k for k, v in raw.items()
-                   if isinstance(v, str) and PLACEHOLDER_MARK in v.lower() and k not in unused)
-    if not raw.get(HF_TOKEN_KEY):
-        found.append(HF_TOKEN_KEY)
-    return found
+    return sorted(k for k, v in raw.items()
+                  if isinstance(v, str) and PLACEHOLDER_MARK in v.lower() and k not in unused)

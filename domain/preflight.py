@@ -26,7 +26,7 @@ CLUSTER = "gcp:container/getCluster:getCluster"
 REQUIRED_APIS = (
     "compute.googleapis.com", "container.googleapis.com", "storage.googleapis.com", "iam.googleapis.com",
     "iamcredentials.googleapis.com", "cloudresourcemanager.googleapis.com", "logging.googleapis.com",
-    "monitoring.googleapis.com",
+    "monitoring.googleapis.com", "secretmanager.googleapis.com",
 )
 """What the program's resources and invokes call (Cluster Toolkit's GKE blueprints enable the same)."""
 

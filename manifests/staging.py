@@ -90,6 +90,8 @@ class StagingSpec:
     """Files downloaded in parallel."""
     verl: VerlRelease | None = None
     """None when the image or the user's own tree on the bucket provides verl."""
+    hf_token_secret: str | None = None
+    """`projects/P/secrets/S`: where the Job reads the Hugging Face token (Workload Identity); None: no token."""
 
 
 def script_digest(script: str) -> str:
@@ -121,6 +123,8 @@ def script_args(spec: StagingSpec) -> list[str]:
     if spec.verl is not None:
         args += ["--verl-wheel-url", spec.verl.wheel_url, "--verl-wheel-sha256", spec.verl.sha256,
                  "--verl-dir", spec.verl.dir_name]
+    if spec.hf_token_secret is not None:
+        args += ["--hf-token-secret", spec.hf_token_secret]
     return args
 
 
@@ -149,11 +153,6 @@ def off_gpu_nodes() -> dict[str, Any]:
 def staging_job(spec: StagingSpec) -> dict[str, Any]:
     """A Job on a CPU node that runs stage_data.py against the bucket mounted at /data."""
     env = [
-        # Never a literal: the token comes from the Secret the storage component made.
-        {
-            "name": "HF_TOKEN",
-            "valueFrom": {"secretKeyRef": {"name": storage.HF_SECRET_NAME, "key": storage.HF_SECRET_KEY}},
-        },
         {"name": "HOME", "value": "/tmp"},
         {"name": "PYTHONPATH", "value": _DEPS_DIR},
         {"name": "PYTHONUNBUFFERED", "value": "1"},

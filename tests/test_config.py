@@ -443,15 +443,14 @@ def test_ulysses_needs_remove_padding():
 
 def test_placeholders_listed():
     raw = config(gcp__project="replace-me-project", reservation="replace-me-reservation")
-    assert placeholders(raw, load_config(raw)) == ["gcp:project", "verl-gke:reservation", "verl-gke:hfToken"]
-    done = {**config(), "verl-gke:hfToken": "[encrypted]"}
-    assert placeholders(done, load_config(done)) == []
+    assert placeholders(raw, load_config(raw)) == ["gcp:project", "verl-gke:reservation"]
+    assert placeholders(config(), load_config(config())) == []
 
 
 @pytest.mark.parametrize("unused", [{"clusterMode": "autopilot"}, {"existingCluster": "true"}])
 def test_a_reservation_placeholder_the_stack_never_reads_blocks_nothing(unused: dict[str, str]):
     raw = config(reservation="replace-me-reservation", **unused)
-    assert placeholders(raw, load_config(raw)) == ["verl-gke:hfToken"]
+    assert placeholders(raw, load_config(raw)) == []
 
 
 def test_upgrade_exclusion_start_is_utc_rfc3339_or_empty():

@@ -95,15 +95,39 @@ def test_job_outputs_and_checkpoint_uri(stack: str, synth_stack):
                                            f"-n {outputs['namespace']} --address 127.0.0.1")
 
 
-def test_the_token_never_appears_in_clear():
-    token = "hf_NotARealTokenButSecret42"
-    result = synth.run("a4-standard", overrides={"verl-gke:hfToken": token})
-    text = json.dumps([r.__dict__ for r in result.registrations]) + json.dumps(result.outputs)
-    text += json.dumps(result.manifests())
-    assert token not in text
-    (secret,) = [m for m in result.manifests() if m["kind"] == "Secret"]
-    assert secret["stringData"] == {"hf_api_token": "[secret]"}
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_token_has_no_path_through_pulumi(stack: str, synth_stack):
+    """The canary of the token path: no Kubernetes Secret, no token env, only the empty Secret Manager
+    secret that the staging identity alone may read, named to the Job by resource name."""
+    result = synth_stack(stack)
+    assert not [m for m in result.manifests() if m["kind"] == "Secret"]
+    containers = [c for m in result.manifests() for t in _pod_templates(m) for c in t["spec"]["containers"]]
+    assert containers and not [e for c in containers for e in c.get("env", []) if e["name"] == "HF_TOKEN"]
+    assert "[secret]" not in json.dumps(result.manifests())
+    (secret,) = [r for r in result.registrations if r.type == "gcp:secretmanager/secret:Secret"]
+    assert secret.inputs["secretId"] == f"verl-gke-{stack}-hf-token"
+    assert not [r for r in result.registrations if r.type == "gcp:secretmanager/secretVersion:SecretVersion"]
+    (access,) = [r for r in result.registrations if r.type == "gcp:secretmanager/secretIamMember:SecretIamMember"]
+    (bucket_access,) = [r for r in result.registrations if r.type == "gcp:storage/bucketIAMMember:BucketIAMMember"]
+    assert (access.inputs["role"], access.inputs["member"]) == ("roles/secretmanager.secretAccessor",
+                                                                bucket_access.inputs["member"])
+    (job,) = [m for m in result.manifests() if m["kind"] == "Job" and m["metadata"]["name"] == "stage-data"]
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    project = result.outputs["hfTokenSecret"].split("/")[1]
+    assert command[-2:] == ["--hf-token-secret", f"projects/{project}/secrets/verl-gke-{stack}-hf-token"]
+    assert result.outputs["hfTokenSecret"] == command[-1]
     assert "verl-gke:hfToken" not in result.placeholders
+
+
+def test_a_token_left_in_stack_config_is_refused_in_every_form_without_being_printed():
+    token = "hf_NotARealTokenButSecret42"
+    with pytest.raises(Exception) as caught:
+        synth.run("a4-standard", overrides={"verl-gke:hfToken": token})
+    text = str(caught.value)
+    assert "verl-gke:hfToken: no longer read" in text
+    import base64
+    for form in (token, base64.b64encode(token.encode()).decode(), json.dumps(token)[1:-1]):
+        assert form not in text
 
 
 def test_existing_cluster_creates_no_infrastructure():

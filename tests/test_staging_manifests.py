@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import re
 import subprocess
 from pathlib import Path
@@ -149,12 +151,12 @@ def test_shell_passes_arguments_through_untouched(tmp_path: Path) -> None:
     assert not (tmp_path / "pwned").exists()
 
 
-def test_token_comes_from_the_secret(job: dict) -> None:
-    env = {e["name"]: e for e in _container(job)["env"]}
-    assert env["HF_TOKEN"] == {
-        "name": "HF_TOKEN",
-        "valueFrom": {"secretKeyRef": {"name": "hf-secret", "key": "hf_api_token"}},
-    }
+def test_the_token_is_read_from_secret_manager_never_from_the_pod_spec(job: dict) -> None:
+    assert "HF_TOKEN" not in {e["name"] for e in _container(job)["env"]}
+    assert "--hf-token-secret" not in _container(job)["command"]
+    secret = "projects/my-project-123/secrets/verl-gke-a4-hf-token"
+    command = _container(staging.staging_job(dataclasses.replace(SPEC, hf_token_secret=secret)))["command"]
+    assert command[-2:] == ["--hf-token-secret", secret]
 
 
 def test_download_settings(job: dict) -> None:
