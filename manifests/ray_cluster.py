@@ -139,6 +139,22 @@ def head_service_name(cluster_name: str) -> str:
     return f"{cluster_name}-head-svc"
 
 
+WORKER_CAPABILITIES = ("IPC_LOCK",)
+"""The one capability a GPU worker keeps: NCCL's RDMA transport (the gIB plugin, ibverbs) registers
+and pins its buffers with ibv_reg_mr, which needs CAP_IPC_LOCK past the container's RLIMIT_MEMLOCK.
+NCCL over NVLink/TCP, CUDA IPC and Ray need none; the head keeps none."""
+POD_SECURITY_CONTEXT = {"seccompProfile": {"type": "RuntimeDefault"}}
+"""The container runtime's default seccomp filter, for every Ray pod."""
+
+
+def container_security(capabilities: tuple[str, ...] = ()) -> dict[str, Any]:
+    """No privilege escalation, every capability dropped but `capabilities`."""
+    caps: dict[str, list[str]] = {"drop": ["ALL"]}
+    if capabilities:
+        caps["add"] = list(capabilities)
+    return {"allowPrivilegeEscalation": False, "capabilities": caps}
+
+
 def ray_cluster(spec: RayClusterSpec) -> dict[str, Any]:
     """The RayCluster custom resource (ray.io/v1)."""
     return {
@@ -169,6 +185,7 @@ def _head_group(spec: RayClusterSpec) -> dict[str, Any]:
             {"containerPort": CLIENT_PORT, "name": "client"},
         ],
         "resources": {"limits": dict(resources), "requests": dict(resources)},
+        "securityContext": container_security(),
         "volumeMounts": [
             {"mountPath": "/tmp/ray", "name": "ray-logs"},
             bucket_mount(),
@@ -181,6 +198,7 @@ def _head_group(spec: RayClusterSpec) -> dict[str, Any]:
         "serviceAccountName": spec.service_account,
         # Ray never calls the Kubernetes API; Workload Identity and the FUSE driver need no token file.
         "automountServiceAccountToken": False,
+        "securityContext": dict(POD_SECURITY_CONTEXT),
         "nodeSelector": _head_node_selector(spec),
     }
     if spec.a4x:
@@ -227,6 +245,7 @@ def _worker_group(spec: RayClusterSpec) -> dict[str, Any]:
         "image": spec.image,
         "env": [{"name": "LD_LIBRARY_PATH", "value": spec.ld_library_path}, *_verl_path_env(spec)],
         "resources": {"limits": dict(size), "requests": dict(size)},
+        "securityContext": container_security(WORKER_CAPABILITIES),
         "volumeMounts": [
             {"name": "nvidia", "mountPath": "/usr/local/nvidia", "readOnly": True},
             {"name": "gib", "mountPath": "/usr/local/gib", "readOnly": True},
@@ -238,6 +257,7 @@ def _worker_group(spec: RayClusterSpec) -> dict[str, Any]:
     pod: dict[str, Any] = {
         "serviceAccountName": spec.service_account,
         "automountServiceAccountToken": False,
+        "securityContext": dict(POD_SECURITY_CONTEXT),
         "nodeSelector": _worker_node_selector(spec),
         "tolerations": [dict(GPU_TOLERATION)],
     }

@@ -100,6 +100,14 @@ def _corrected(tutorial: dict[str, Any], namespace: str, autopilot: bool = False
         group["template"]["metadata"]["annotations"].update(sidecar_annotations(autopilot))
         group["template"]["spec"]["volumes"].append(cache_volume())
         group["template"]["spec"]["automountServiceAccountToken"] = False
+        # The runtime's default seccomp filter, no privilege escalation, no capabilities but IPC_LOCK
+        # on GPU workers (RDMA memory registration).
+        group["template"]["spec"]["securityContext"] = {"seccompProfile": {"type": "RuntimeDefault"}}
+        caps = {"drop": ["ALL"]}
+        if group is not out["spec"]["headGroupSpec"]:
+            caps["add"] = ["IPC_LOCK"]
+        group["template"]["spec"]["containers"][0]["securityContext"] = {
+            "allowPrivilegeEscalation": False, "capabilities": caps}
     # Namespaced explicitly, and awaited by pulumi-kubernetes until ready.
     out["metadata"] = {"name": out["metadata"]["name"], "namespace": namespace,
                        "annotations": {"pulumi.com/waitFor": WAIT_FOR_READY}}

@@ -299,3 +299,30 @@ def test_without_the_supervisor_nothing_of_it_is_created():
     assert (job.inputs["supervised_attempts"], job.inputs["budget_s"]) == (0, 6 * 3600)
     policy = [m for m in result.manifests() if m["kind"] == "NetworkPolicy"][0]
     assert len(policy["spec"]["ingress"]) == 1
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_pod_has_seccomp_no_escalation_and_only_the_capabilities_rdma_needs(stack: str, synth_stack):
+    pods = [(obj["kind"], t["spec"]) for obj in synth_stack(stack).manifests() for t in _pod_templates(obj)]
+    assert len(pods) >= 3
+    for kind, pod in pods:
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, kind
+        for container in pod["containers"] + pod.get("initContainers", []):
+            ctx = container["securityContext"]
+            assert ctx["allowPrivilegeEscalation"] is False, container["name"]
+            assert ctx["capabilities"]["drop"] == ["ALL"], container["name"]
+            added = ctx["capabilities"].get("add", [])
+            assert added == (["IPC_LOCK"] if container["name"] == "ray-worker" else []), container["name"]
+            assert not ctx.get("privileged"), container["name"]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_stack_runs_in_a_namespace_of_its_own_with_pod_security_labels(stack: str, synth_stack):
+    result = synth_stack(stack)
+    (namespace,) = [m for m in result.manifests() if m["kind"] == "Namespace" and m["metadata"]["name"] == "verl-gke"]
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/warn"] == "baseline"
+    assert result.outputs["namespace"] == "verl-gke"
+    namespaced = [m for m in result.manifests() if m["kind"] in ("RayCluster", "Job", "ServiceAccount",
+                                                                  "PersistentVolumeClaim", "ConfigMap")]
+    assert namespaced and {m["metadata"]["namespace"] for m in namespaced} == {"verl-gke"}
