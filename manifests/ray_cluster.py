@@ -40,6 +40,10 @@ HEAD_RESOURCES_A4X = {"cpu": str(A4X_HEAD_CPUS), "memory": f"{A4X_HEAD_MEMORY_GI
 
 # The A4X image lacks verl's TransferQueue dependency; the tutorial installs this pin at start.
 TRANSFER_QUEUE_REQUIREMENT = "TransferQueue==0.1.8"
+TRANSFER_QUEUE_SHA256 = "078c4a63ba0c222fe684e96844c937dcd97f45ac94340a9c92eb03cfbc48cffd"
+"""Of transferqueue-0.1.8-py3-none-any.whl as PyPI serves it: installed with --require-hashes and
+--no-deps, since its requirements (ray, tensordict, pyzmq, hydra-core, numpy, msgspec, psutil,
+omegaconf, prometheus_client) are verl's and vLLM's own, which the image ships."""
 
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 ARM_TOLERATION = {"key": "kubernetes.io/arch", "operator": "Exists", "effect": "NoSchedule"}
@@ -326,7 +330,9 @@ def a4x_claims(nic_claims: int) -> list[dict[str, str]]:
 
 
 def _transfer_queue_hook() -> dict[str, Any]:
-    command = ["/bin/bash", "-c", f"pip3 install --quiet {TRANSFER_QUEUE_REQUIREMENT}"]
+    requirement = f"{TRANSFER_QUEUE_REQUIREMENT} --hash=sha256:{TRANSFER_QUEUE_SHA256}"
+    command = ["/bin/bash", "-c", "pip3 install --quiet --no-deps --only-binary=:all: --require-hashes "
+               f"-r <(echo '{requirement}')"]
     return {"postStart": {"exec": {"command": command}}}
 
 
