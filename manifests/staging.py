@@ -24,8 +24,11 @@ SCRIPT_FILE = "stage_data.py"
 SCRIPT_DIGEST_ANNOTATION = "verl-gke/script-sha256"
 LABELS = {"app.kubernetes.io/name": "verl-gke", "app.kubernetes.io/component": "data-staging"}
 
-# The official Python image at a fixed patch release; multi-arch, so any CPU node will do.
-IMAGE = "python:3.11.13-slim-bookworm"
+# The official Python image at a fixed patch release, by the digest of its multi-arch index (as
+# public Dockerfiles pin it, e.g. `FROM python:3.11.13-slim-bookworm@sha256:86adf8db...`; check with
+# `docker buildx imagetools inspect python:3.11.13-slim-bookworm`), so any CPU node will do and a
+# re-pushed tag changes nothing.
+IMAGE = "python:3.11.13-slim-bookworm@sha256:86adf8dbadc3d6e82ee5dd2c74bec2e1c2467cdad47886280501df722372d2e1"
 
 # huggingface_hub and pyarrow with their whole dependency closure, installed with --no-deps so the
 # Job runs exactly these versions. hf-xet is left out on purpose: see HF_HUB_DISABLE_XET below.

@@ -282,8 +282,17 @@ def test_revisions_and_images_are_pinned():
     assert "fixed tag" in only_problem(verlImage="verlai/verl:latest")
     assert "fixed tag" in only_problem(verlImage="verlai/verl")
     load_config(config(verlImage="verlai/verl@sha256:" + "a" * 64))
-    load_config(config(verlImage="registry.example:5000/verl:vllm011.dev7"))
+    load_config(config(verlImage="registry.example:5000/verl:vllm011.dev7@sha256:" + "b" * 64))
     assert "fixed tag" in only_problem(verlImage="registry.example:5000/verl")
+
+
+@pytest.mark.parametrize("image", ["registry.example:5000/verl:vllm011.dev7", "me/verl:1.0",
+                                   "me/verl@sha256:" + "a" * 63])
+def test_an_image_of_ones_own_must_be_pinned_by_digest(image: str):
+    assert only_problem(verlImage=image) == (
+        f'verl-gke:verlImage = "{image}": an image of your own must be pinned by digest (name@sha256:<64 hex>): '
+        "a tag can be moved to other code that then runs on every node.")
+    assert load_config(config(verlImage="verlai/verl:vllm011.dev7")).verl_image == "verlai/verl:vllm011.dev7"
 
 
 def test_urls_and_quantities():
@@ -400,7 +409,7 @@ def test_the_x86_image_on_a4x_and_the_arm_image_on_a4_are_rejected():
         f'verl-gke:verlImage = "{x86}": is built for amd64 only; A4X (4x NVIDIA GB200, arm64) nodes are arm64: '
         f"use {arm} or an image built for arm64.")
     assert "is built for arm64 only" in only_problem(verlImage=arm)
-    load_config(config(platform="a4x", gpuNodes="4", verlImage="me/verl-arm:1.0"))
+    load_config(config(platform="a4x", gpuNodes="4", verlImage="me/verl-arm@sha256:" + "c" * 64))
 
 
 def test_checkpoint_dir_on_the_bucket():

@@ -171,8 +171,9 @@ def test_download_settings(job: dict) -> None:
 
 
 def test_image_and_packages_are_pinned(job: dict) -> None:
-    assert _container(job)["image"] == "python:3.11.13-slim-bookworm"
-    assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-[a-z]+", staging.IMAGE)
+    assert _container(job)["image"] == (
+        "python:3.11.13-slim-bookworm@sha256:86adf8dbadc3d6e82ee5dd2c74bec2e1c2467cdad47886280501df722372d2e1")
+    assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-[a-z]+@sha256:[0-9a-f]{64}", staging.IMAGE)
     for req in staging.PIP_REQUIREMENTS:
         assert re.fullmatch(r"[A-Za-z0-9_.-]+==[0-9][A-Za-z0-9.]*", req), req
     names = {req.split("==")[0].lower().replace("_", "-") for req in staging.PIP_REQUIREMENTS}
