@@ -195,3 +195,28 @@ def test_main_redacts_the_token_it_read(standin: tuple[StandIn, str], tmp_path: 
     for form in (TOKEN, base64.b64encode(TOKEN.encode()).decode()):
         assert form not in out.out + out.err
     assert out.err.endswith("RuntimeError: 401 for Authorization: Bearer [redacted]\n")
+
+
+def test_a_gated_model_without_a_token_says_how_to_add_one(
+        standin: tuple[StandIn, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    _, root = standin  # the secret has no version
+    monkeypatch.setattr(sd, "METADATA_ROOT", f"{root}/computeMetadata/v1")
+    monkeypatch.setattr(sd, "SECRET_MANAGER_ROOT", f"{root}/v1")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("GCE_METADATA_HOST", raising=False)
+
+    class GatedRepoError(Exception):
+        """Named as huggingface_hub.errors' class, which is what the classifier reads."""
+
+    class Gated:
+        def list_files(self, repo: str, repo_type: str, revision: str) -> dict[str, int]:
+            raise GatedRepoError("401 Client Error. Cannot access gated repo")
+
+        def download(self, *args: object) -> Path:
+            raise AssertionError("never reached")
+
+    assert sd.main(["--data-root", str(tmp_path), "--hf-token-secret", SECRET], hub=Gated()) == sd.EXIT_PERMANENT
+    assert capsys.readouterr().err.endswith(
+        f"(no Hugging Face token was used: {SECRET} has no version; add one with `gcloud secrets versions add "
+        "verl-gke-a4-hf-token --project my-project-123 --data-file=-` and run `pulumi up` again)\n")

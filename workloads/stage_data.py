@@ -757,13 +757,20 @@ def main(argv: Sequence[str] | None = None, hub: Hub | None = None) -> int:
         format="%(asctime)s stage-data %(levelname)s %(message)s", level=logging.INFO, stream=sys.stdout
     )
     token = os.environ.get("HF_TOKEN") or None  # outside the cluster, e.g. a user's own run
+    secret = None
     try:
         settings = parse_args(sys.argv[1:] if argv is None else argv)
-        if settings.hf_token_secret:
-            token = read_hf_token(settings.hf_token_secret)
+        secret = settings.hf_token_secret
+        if secret:
+            token = read_hf_token(secret)
         run(settings, hub if hub is not None else HfHub(token))
     except StagingError as e:
-        print(f"stage-data: failed: {one_line(str(e), token)}", file=sys.stderr)
+        message = str(e)
+        if e.permanent and secret and token is None:
+            message += (f" (no Hugging Face token was used: {secret} has no version; add one with "
+                        f"`gcloud secrets versions add {secret.rsplit('/', 1)[1]} --project {secret.split('/')[1]} "
+                        "--data-file=-` and run `pulumi up` again)")
+        print(f"stage-data: failed: {one_line(message, token)}", file=sys.stderr)
         return EXIT_PERMANENT if e.permanent else EXIT_TRANSIENT
     except Exception as e:  # noqa: BLE001 - any other failure still ends in one line, and a retry
         print(f"stage-data: failed: {one_line(f'{type(e).__name__}: {e}', token)}", file=sys.stderr)
