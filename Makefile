@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: synth synth-all test lint bench clean
+.PHONY: synth synth-all test lint bench clean deploy-venv
 
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	@echo "verl-gke: installing the pinned requirements into $(VENV) (pulumi, pulumi-gcp, pulumi-kubernetes,"
@@ -15,6 +15,13 @@ $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-dev.txt -c constraints.txt
 	touch $(STAMP)
 	@echo "verl-gke: $(VENV) is ready"
+
+# CI's deploy jobs: only the runtime tree, every file checked against its sha256 in requirements.lock
+# (a changed or swapped package on the index fails the install), then the project itself, built offline.
+deploy-venv:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check --isolated --no-deps --require-hashes --no-build-isolation -r requirements.lock
+	$(BIN)/pip install --quiet --disable-pip-version-check --isolated --no-deps --no-build-isolation -e .
 
 synth: $(STAMP)
 	$(BIN)/python -m verl_gke.synth $(STACK)

@@ -10,6 +10,7 @@ from components.data_staging import DataStaging
 from components.gcs_fuse_storage import GcsFuseStorage, label_value
 from components.gke_cluster import DRA_V1BETA1_APIS, GkeCluster
 from components.gpu_compute_class import GpuComputeClass
+from domain import hf_token
 from components.gpu_node_pool import GpuNodePool
 from components.grpo_job import GrpoJob
 from domain.run_identity import submission_ids
@@ -31,7 +32,7 @@ from verl_gke.fabric import fabric_runtime_env
 from workloads.export_model import model_path
 from workloads.stage_data import model_dir_for
 
-cfg, hf_token = from_pulumi()
+cfg = from_pulumi()
 live = check_live_project(cfg)
 # Before anything is created: what the stack costs per hour, by capacity kind, and the run's estimate.
 for cost in cfg.hourly_costs:
@@ -117,7 +118,8 @@ if gpu_class:
 storage = GcsFuseStorage("storage", {
     "project": cfg.project, "region": cfg.region,
     "bucket_name": names.bucket, "force_destroy": cfg.bucket_force_destroy,
-    "namespace": cfg.namespace, "service_account": cfg.service_account, "hf_token": hf_token,
+    "namespace": cfg.namespace, "service_account": cfg.service_account,
+    "hf_token_secret_id": hf_token.secret_id(pulumi.get_stack()),
     "capacity": cfg.volume_capacity, "labels": {"stack": label_value(pulumi.get_stack())},
     "k8s_provider": cluster.provider,
 }, gcp_ready)
@@ -128,7 +130,7 @@ staging = DataStaging("staging", {
     "model_revision": cfg.model_revision, "model_dir": model_dir_for(cfg.model),
     "dataset_repo": cfg.dataset, "dataset_revision": cfg.dataset_revision,
     "timeout_minutes": cfg.staging_timeout_minutes,
-    "verl": cfg.staged_verl,
+    "verl": cfg.staged_verl, "hf_token_secret": hf_token.secret_name(cfg.project, pulumi.get_stack()),
 }, k8s.merge(pulumi.ResourceOptions(depends_on=[storage])))
 
 installer_url = cfg.nccl_installer_url or nccl.installer_url(facts.nccl_installer[cfg.cluster_mode])
@@ -139,7 +141,7 @@ ray_waits_for: list[pulumi.Resource] = [storage, mapping, *gpu_ready]
 if a4x:
     ray_waits_for.append(A4xDra("dra", {
         "namespace": cfg.namespace, "gpu_nodes": cfg.gpu_nodes, "nic_claims": networks is None,
-    }, k8s.merge(pulumi.ResourceOptions(depends_on=gpu_ready))))
+    }, k8s.merge(pulumi.ResourceOptions(depends_on=[*gpu_ready, storage]))))
 
 ray = RayTrainingCluster("ray", {
     "platform": cfg.platform, "mode": cfg.cluster_mode, "gpu_nodes": cfg.gpu_nodes,
@@ -194,6 +196,7 @@ pulumi.export("kubeconfig", cluster.kubeconfig)
 pulumi.export("namespace", cfg.namespace)
 pulumi.export("bucketName", storage.bucket_name)
 pulumi.export("bucketUrl", storage.bucket_url)
+pulumi.export("hfTokenSecret", storage.hf_token_secret)
 pulumi.export("rayClusterName", ray.name)
 pulumi.export("rayHeadService", ray.head_service)
 pulumi.export("dashboardCommand", job.dashboard_command)

@@ -3,7 +3,7 @@ GSM8K and verl into the bucket, and that `pulumi up` waits for.
 
 Pass the cluster's Kubernetes provider in `opts` (`providers=[cluster.provider]`) and the
 GcsFuseStorage component in `opts.depends_on`: the Job then starts once the bucket, its role
-binding, the claim and the token Secret exist. It needs no GPU, so it runs while the GPU node pool
+binding, the claim and the token secret's access binding exist. It needs no GPU, so it runs while the GPU node pool
 is still being created. Whatever reads the data should take `model_path`, `train_files` or
 `val_files` from here: they resolve only once the Job has succeeded.
 """
@@ -23,7 +23,7 @@ from workloads import stage_data
 
 class DataStagingArgs(TypedDict):
     namespace: str
-    """Namespace of the bucket claim, the token Secret and the service account."""
+    """Namespace of the bucket claim and the service account."""
     service_account: str
     """Kubernetes service account allowed into the bucket."""
     model_repo: str
@@ -42,6 +42,8 @@ class DataStagingArgs(TypedDict):
     """The dataset's config (default `main`, as verl's preprocessing)."""
     verl: NotRequired[staging.VerlRelease | None]
     """The pinned verl wheel to unpack on the bucket; None when the image or the user's tree has verl."""
+    hf_token_secret: NotRequired[str | None]
+    """`projects/P/secrets/S` holding the Hugging Face token (GcsFuseStorage makes it); None: no token."""
 
 
 class DataStaging(pulumi.ComponentResource):
@@ -77,6 +79,7 @@ class DataStaging(pulumi.ComponentResource):
             script_digest=staging.script_digest(script),
             deadline_seconds=args["timeout_minutes"] * 60,
             verl=args.get("verl"),
+            hf_token_secret=args.get("hf_token_secret"),
         )
         manifest = staging.staging_job(spec)
         timeout = f"{args['timeout_minutes']}m"

@@ -1,5 +1,6 @@
 """The tutorial's "Prepare data and storage": the training bucket, the identity allowed into it,
-the GCS FUSE volume every pod mounts at /data, and the Hugging Face token Secret.
+the GCS FUSE volume every pod mounts at /data, and the Secret Manager secret that holds the Hugging
+Face token (the stack creates it empty: the token itself never passes through Pulumi).
 
 Pass the GKE cluster's Kubernetes provider in the args, not in `opts.providers` as the components
 with only Kubernetes children take it: a component registers only once its providers exist, which
@@ -15,6 +16,7 @@ from typing import NotRequired, TypedDict
 
 import pulumi
 import pulumi_kubernetes as k8s
+from pulumi_gcp import secretmanager
 from pulumi_gcp import storage as gcs
 
 from components.children import child_options
@@ -22,6 +24,8 @@ from manifests import storage
 
 BUCKET_ROLE = "roles/storage.objectUser"
 """Read, write and delete objects in this one bucket: what training, checkpoints and staging need."""
+TOKEN_ROLE = "roles/secretmanager.secretAccessor"
+"""Read the secret's versions: what staging needs of the token secret, on that secret only."""
 DEFAULT_LABELS = {"app": "verl-gke"}
 
 
@@ -38,11 +42,11 @@ class GcsFuseStorageArgs(TypedDict):
     force_destroy: bool
     """Let `pulumi destroy` delete the bucket with its checkpoints and model copy."""
     namespace: str
-    """Namespace of the service account, the claim and the Secret; created unless `default`."""
+    """Namespace of the service account and the claim; created (with Pod Security labels) unless `default`."""
     service_account: str
     """Kubernetes service account whose Workload Identity may read and write the bucket."""
-    hf_token: pulumi.Input[str]
-    """Hugging Face token; stored as a secret whatever the caller passes."""
+    hf_token_secret_id: str
+    """Secret Manager secret id for the Hugging Face token; the user adds its value with gcloud."""
     k8s_provider: k8s.Provider
     """The cluster's Kubernetes provider; every Kubernetes child uses it."""
     capacity: NotRequired[str]
@@ -87,7 +91,8 @@ class GcsFuseStorage(pulumi.ComponentResource):
     """The service account's name, known only once it has its role on the bucket."""
     claim_name: pulumi.Output[str]
     """The PersistentVolumeClaim to mount at /data."""
-    hf_secret_name: pulumi.Output[str]
+    hf_token_secret: pulumi.Output[str]
+    """`projects/<project>/secrets/<id>`, known once the staging identity may read it."""
 
     def __init__(self, name: str, args: GcsFuseStorageArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("verl-gke:index:GcsFuseStorage", name, {}, opts)
@@ -131,7 +136,8 @@ class GcsFuseStorage(pulumi.ComponentResource):
         self.namespace = pulumi.Output.from_input(ns)
         in_namespace = k8s_child
         if ns != "default":
-            namespace = k8s.core.v1.Namespace(f"{name}-namespace", metadata={"name": ns}, opts=k8s_child)
+            namespace = k8s.core.v1.Namespace(f"{name}-namespace", metadata=storage.namespace(ns)["metadata"],
+                                              opts=k8s_child)
             in_namespace = k8s_child.merge(pulumi.ResourceOptions(depends_on=[namespace]))
             self.namespace = namespace.metadata["name"]
 
@@ -151,23 +157,24 @@ class GcsFuseStorage(pulumi.ComponentResource):
             f"{name}-pvc",
             metadata=pvc["metadata"],
             spec=pvc["spec"],
-            opts=in_namespace.merge(pulumi.ResourceOptions(depends_on=[volume])),
+            # After the account too: one registration order on every run (both wait for the namespace).
+            opts=in_namespace.merge(pulumi.ResourceOptions(depends_on=[volume, account])),
         )
 
-        secret = storage.hf_token_secret(namespace=ns, token=pulumi.Output.secret(args["hf_token"]))
-        hf_secret = k8s.core.v1.Secret(
-            f"{name}-hf-secret",
-            metadata=secret["metadata"],
-            type=secret["type"],
-            string_data=secret["stringData"],
-            opts=in_namespace,
-        )
+        # No version: `gcloud secrets versions add` puts the token there, outside Pulumi's state.
+        token_secret = secretmanager.Secret(
+            f"{name}-hf-token", project=args["project"], secret_id=args["hf_token_secret_id"],
+            replication={"auto": {}}, labels=labels, opts=child)
+        token_access = secretmanager.SecretIamMember(
+            f"{name}-hf-token-accessor", project=args["project"], secret_id=token_secret.secret_id,
+            role=TOKEN_ROLE, member=member, opts=child)
 
         self.bucket_name = bucket.name
         self.bucket_url = bucket.url
         self.service_account_name = pulumi.Output.all(account.metadata["name"], access.id).apply(lambda v: v[0])
         self.claim_name = claim.metadata["name"]
-        self.hf_secret_name = hf_secret.metadata["name"]
+        self.hf_token_secret = pulumi.Output.all(token_secret.secret_id, token_access.id).apply(
+            lambda v: f"projects/{args['project']}/secrets/{v[0]}")
         self.register_outputs(
             {
                 "bucket_name": self.bucket_name,
@@ -175,6 +182,6 @@ class GcsFuseStorage(pulumi.ComponentResource):
                 "namespace": self.namespace,
                 "service_account_name": self.service_account_name,
                 "claim_name": self.claim_name,
-                "hf_secret_name": self.hf_secret_name,
+                "hf_token_secret": self.hf_token_secret,
             }
         )

@@ -3,6 +3,8 @@ by name, plus the one Kubernetes provider every Kubernetes child of the program 
 
 from __future__ import annotations
 
+import datetime
+
 from collections.abc import Sequence
 from typing import Literal, NotRequired, TypedDict, cast
 
@@ -47,6 +49,16 @@ cAdvisor above all) is not collected."""
 MAINTENANCE_WINDOW_START = "03:00"
 UPGRADE_EXCLUSION_NAME = "verl-gke-no-minor-or-node-upgrades"
 """Cluster Toolkit's gke-a4, gke-a3-ultragpu and gke-a4x blueprints set this exclusion scope."""
+UPGRADE_EXCLUSION_DAYS = 30
+"""The exclusion ends this long after it starts (Cluster Toolkit's runs until end of support, which
+keeps node security patches away for the cluster's life): a run gets a month without node
+upgrades, then nodes take patches again; move upgradeExclusionStart for the next run."""
+
+
+def exclusion_end(start: str) -> str:
+    """`start` (RFC3339 UTC, `...Z`) plus UPGRADE_EXCLUSION_DAYS, in the same form."""
+    begins = datetime.datetime.strptime(start, "%Y-%m-%dT%H:%M:%SZ")
+    return (begins + datetime.timedelta(days=UPGRADE_EXCLUSION_DAYS)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class GkeClusterArgs(TypedDict):
@@ -100,8 +112,8 @@ class GkeClusterArgs(TypedDict):
     resource_labels: NotRequired[dict[str, str]]
     """GCP labels on the cluster (the owning stack: domain.preflight.STACK_LABEL)."""
     upgrade_exclusion_start: NotRequired[str | None]
-    """When set (RFC3339), no minor or node auto-upgrades from then until the version's end of
-    support: an auto-upgrade drains GPU nodes in mid-run. Control-plane patches still apply."""
+    """When set (RFC3339), no minor or node auto-upgrades for UPGRADE_EXCLUSION_DAYS from then: an
+    auto-upgrade drains GPU nodes in mid-run. Control-plane patches still apply."""
 
 
 class GkeCluster(pulumi.ComponentResource):
@@ -205,8 +217,8 @@ class GkeCluster(pulumi.ComponentResource):
                 "maintenance_exclusions": [{
                     "exclusion_name": UPGRADE_EXCLUSION_NAME,
                     "start_time": exclusion_start,
-                    "exclusion_options": {"scope": "NO_MINOR_OR_NODE_UPGRADES",
-                                          "end_time_behavior": "UNTIL_END_OF_SUPPORT"},
+                    "end_time": exclusion_end(exclusion_start),
+                    "exclusion_options": {"scope": "NO_MINOR_OR_NODE_UPGRADES"},
                 }],
             } if exclusion_start else None,
             monitoring_config={

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pulumi
 from pulumi.runtime import config as runtime_config
 from pulumi.runtime import mocks, settings
 
 from domain.config import (
-    HF_TOKEN_KEY, NAMESPACE, PLACEHOLDER_MARK, ConfigError, StackConfig, config_warnings, load_config, placeholders,
+    ConfigError, StackConfig, config_warnings, load_config, placeholders,
 )
 from domain.verl_config import verl_run_check
 
 
-def from_pulumi(allow_placeholders: bool | None = None) -> tuple[StackConfig, Any]:
-    """The running stack's config and its Hugging Face token (a secret Output).
+def from_pulumi(allow_placeholders: bool | None = None) -> StackConfig:
+    """The running stack's config (the Hugging Face token is not config: it is in Secret Manager).
 
     Stops the program without a traceback on any problem. Placeholders are allowed only
     under the offline mock engine (synth, tests) unless said otherwise; a real `pulumi up`
@@ -42,12 +40,7 @@ def from_pulumi(allow_placeholders: bool | None = None) -> tuple[StackConfig, An
     missing = placeholders(raw, cfg)
     if allow_placeholders is None:
         allow_placeholders = isinstance(settings.get_monitor(), mocks.MockMonitor)
-    if HF_TOKEN_KEY in missing and pulumi.runtime.is_dry_run() and not allow_placeholders:
-        # A pull request's preview runs without the token (and with a read-only identity).
-        missing.remove(HF_TOKEN_KEY)
-        pulumi.log.warn(f"{HF_TOKEN_KEY} is not set: fine for a preview; `pulumi up` stops without it")
     if missing and not allow_placeholders:
         raise pulumi.RunError(f"{source} still has placeholders; set them before `pulumi up`:\n"
                               + "\n".join(f"  {key}" for key in missing))
-    token = pulumi.Config(NAMESPACE).get_secret("hfToken") or pulumi.Output.secret(PLACEHOLDER_MARK)
-    return cfg, token
+    return cfg

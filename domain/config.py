@@ -11,6 +11,7 @@ import ipaddress
 import json
 import posixpath
 import re
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, Literal
@@ -58,6 +59,13 @@ _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 _ZONE = re.compile(r"^([a-z]+-[a-z]+[0-9]+)-[a-z]$")
 _QUANTITY = re.compile(r"^[0-9]+(Ki|Mi|Gi|Ti|Pi)$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+# A URL naming a commit (40 hex) as one path segment; no user info, query or fragment.
+_COMMIT_URL = re.compile(r"^https://[^/@?#\s]+/(?:[^/?#\s]+/)*[0-9a-f]{40}/[^?#\s]+$")
+# Ranges allowed for the CIDR keys that admit traffic: RFC 1918 and RFC 6598 (shared) space only.
+PRIVATE_RANGES = tuple(ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
+                                                          "100.64.0.0/10"))
+_ADMITTING_CIDR_FIELDS = ("internal_source_range", "master_authorized_cidrs", "ray_dashboard_cidrs")
 # GKE returns times in UTC "Zulu" form; any other form is a permanent diff (pulumi-gcp docs).
 _RFC3339_UTC = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$")
 
@@ -148,7 +156,7 @@ class StackConfig(BaseModel):
     worker_cpus: int = Field(0, ge=0)
     worker_memory_gi: int = Field(0, ge=0)
 
-    namespace: str = "default"
+    namespace: str = "verl-gke"
     service_account: str = "verl-ray"
     bucket_name: str = ""
     bucket_force_destroy: bool = False
@@ -443,6 +451,10 @@ def load_config(raw: Mapping[str, Any], source: str = "The stack config",
     of `secret_keys` (and the token) never appear in a message.
     """
     problems = _key_problems(raw)
+    if HF_TOKEN_KEY in raw:  # never its value
+        problems.append(f"{HF_TOKEN_KEY}: no longer read, and a token in Pulumi config ends up in its state: "
+                        f"`pulumi config rm {HF_TOKEN_KEY}`, then store the token in Secret Manager with "
+                        "`gcloud secrets versions add verl-gke-<stack>-hf-token --project <project> --data-file=-`.")
     data = _as_field_values(raw)
     problems += [f"gcp:{k} is not set: run `pulumi config set gcp:{k} <value>`"
                  for k in GCP_FIELDS if not data.get(k)]
@@ -615,13 +627,23 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
             "registry.example.com/team/verl@sha256:<64 hex>: lowercase path, tag of letters, digits, '_', '.', '-'.")
     elif not is_pinned_image(cfg.verl_image):
         add("verl_image", cfg.verl_image, "an image with a fixed tag (not latest) or an @sha256 digest.")
-    if cfg.nccl_installer_url and not cfg.nccl_installer_url.startswith("https://"):
-        add("nccl_installer_url", cfg.nccl_installer_url, "an https:// URL pinned to a commit.")
-    if cfg.job_dashboard_url and not re.match(r"^https?://[^\s/]+", cfg.job_dashboard_url):
-        add("job_dashboard_url", cfg.job_dashboard_url, "an http(s) URL of a privately reachable Ray dashboard.")
-    elif cfg.job_dashboard_url and cfg.ray_network_policy and not cfg.ray_dashboard_cidrs:
-        add("job_dashboard_url", cfg.job_dashboard_url, "the stack's NetworkPolicy admits only the Ray pods to port "
-            "8265; add the caller's range to rayDashboardCidrs, or set rayNetworkPolicy to false.")
+    elif cfg.verl_image not in PINNED_IMAGE_ARCH and not _DIGEST.search(cfg.verl_image):
+        add("verl_image", cfg.verl_image, "an image of your own must be pinned by digest "
+            "(name@sha256:<64 hex>): a tag can be moved to other code that then runs on every node.")
+    if cfg.nccl_installer_url and not _COMMIT_URL.match(cfg.nccl_installer_url):
+        add("nccl_installer_url", _without_credentials(cfg.nccl_installer_url),
+            "an https:// URL pinned to a commit: one path segment is a 40-hex commit (no branch or tag), "
+            "no user info, query or fragment.")
+    if cfg.job_dashboard_url:
+        url = _without_credentials(cfg.job_dashboard_url)
+        if not re.match(r"^https?://[^\s/]+", cfg.job_dashboard_url):
+            add("job_dashboard_url", url, "an http(s) URL of a privately reachable Ray dashboard.")
+        elif url != cfg.job_dashboard_url:
+            add("job_dashboard_url", url, "no credentials in the URL (user info, query or fragment): they would "
+                "be stored in clear in the job's inputs. Reach the dashboard through a private network instead.")
+        elif cfg.ray_network_policy and not cfg.ray_dashboard_cidrs:
+            add("job_dashboard_url", url, "the stack's NetworkPolicy admits only the Ray pods to port "
+                "8265; add the caller's range to rayDashboardCidrs, or set rayNetworkPolicy to false.")
     if cfg.verl_in_image and cfg.verl_image in PINNED_IMAGE_ARCH:
         add("verl_in_image", cfg.verl_in_image, f"{cfg.verl_image} ships verl's dependencies without verl; set "
             "verlImage to an image you built with verl, or leave verlInImage false (staging installs it).")
@@ -640,6 +662,10 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
         if getattr(cfg, field) * unit > _MAX_DURATION_S:
             add(field, getattr(cfg, field),
                 f"at most {_MAX_DURATION_S // unit}: the Pulumi engine's longest duration (about 292 years).")
+    resolvers = [o for o in cfg.grpo.extra_overrides if "${" in o]
+    if resolvers:
+        add("grpo.extra_overrides", resolvers, "no Hydra/OmegaConf interpolations (${...}): they are resolved on "
+            "the deployer's machine at preview (${oc.env:...} reads its environment) and printed. Write values.")
 
     for field in ("checkpoint_dir", "model_path", "train_files", "val_files"):
         value = getattr(cfg.grpo, field)
@@ -737,6 +763,19 @@ def _bucket_name_ok(name: str) -> bool:
             and not name.startswith("goog") and "google" not in name and "g00gle" not in name)
 
 
+def _without_credentials(url: str) -> str:
+    """`url` with any user info, query or fragment blanked out, so that a message never prints a credential."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "[unparsable URL]"
+    netloc = parts.netloc.rpartition("@")[2]
+    if "@" in parts.netloc:
+        netloc = f"***@{netloc}"
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "***" if parts.query else "",
+                                    "***" if parts.fragment else ""))
+
+
 def _cidr_problems(cfg: StackConfig) -> list[str]:
     out = []
     nets: list[tuple[str, ipaddress.IPv4Network]] = []
@@ -752,7 +791,11 @@ def _cidr_problems(cfg: StackConfig) -> list[str]:
         except ValueError:
             out.append(problem_line(config_key(field), text, "an IPv4 CIDR such as 192.168.1.0/24."))
             continue
-        if field not in ("internal_source_range", "master_authorized_cidrs", "ray_dashboard_cidrs"):
+        if field in _ADMITTING_CIDR_FIELDS and not any(net.subnet_of(r) for r in PRIVATE_RANGES):
+            out.append(problem_line(config_key(field), text, "a private range (inside 10.0.0.0/8, 172.16.0.0/12, "
+                                    "192.168.0.0/16 or 100.64.0.0/10): this key admits traffic, never from the "
+                                    "internet."))
+        if field not in _ADMITTING_CIDR_FIELDS:
             for other_field, other in nets:
                 if net.overlaps(other):
                     out.append(problem_line(config_key(field), text, f"overlaps {other} ({config_key(other_field)})."))
@@ -780,11 +823,7 @@ def unused_keys(cfg: StackConfig) -> set[str]:
 
 
 def placeholders(raw: Mapping[str, Any], cfg: StackConfig) -> list[str]:
-    """Keys a user must still set before `pulumi up`: values marked `replace-me` of keys the stack
-    uses, and the token."""
+    """Keys a user must still set before `pulumi up`: values marked `replace-me` of keys the stack uses."""
     unused = unused_keys(cfg)
-    found = sorted(k for k, v in raw.items()
-                   if isinstance(v, str) and PLACEHOLDER_MARK in v.lower() and k not in unused)
-    if not raw.get(HF_TOKEN_KEY):
-        found.append(HF_TOKEN_KEY)
-    return found
+    return sorted(k for k, v in raw.items()
+                  if isinstance(v, str) and PLACEHOLDER_MARK in v.lower() and k not in unused)

@@ -35,7 +35,7 @@ third-party Cloud Quotas readers show; not in GKE's docs we read)."""
 REQUIRED_APIS = (
     "compute.googleapis.com", "container.googleapis.com", "storage.googleapis.com", "iam.googleapis.com",
     "iamcredentials.googleapis.com", "cloudresourcemanager.googleapis.com", "logging.googleapis.com",
-    "monitoring.googleapis.com",
+    "monitoring.googleapis.com", "secretmanager.googleapis.com",
 )
 """What the program's resources and invokes call (Cluster Toolkit's GKE blueprints enable the same)."""
 

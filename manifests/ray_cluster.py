@@ -42,6 +42,10 @@ HEAD_RESOURCES_A4X = {"cpu": str(A4X_HEAD_CPUS), "memory": f"{A4X_HEAD_MEMORY_GI
 
 # The A4X image lacks verl's TransferQueue dependency; the tutorial installs this pin at start.
 TRANSFER_QUEUE_REQUIREMENT = "TransferQueue==0.1.8"
+TRANSFER_QUEUE_SHA256 = "078c4a63ba0c222fe684e96844c937dcd97f45ac94340a9c92eb03cfbc48cffd"
+"""Of transferqueue-0.1.8-py3-none-any.whl as PyPI serves it: installed with --require-hashes and
+--no-deps, since its requirements (ray, tensordict, pyzmq, hydra-core, numpy, msgspec, psutil,
+omegaconf, prometheus_client) are verl's and vLLM's own, which the image ships."""
 
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 ARM_TOLERATION = {"key": "kubernetes.io/arch", "operator": "Exists", "effect": "NoSchedule"}
@@ -144,6 +148,22 @@ def head_service_name(cluster_name: str) -> str:
     return f"{cluster_name}-head-svc"
 
 
+WORKER_CAPABILITIES = ("IPC_LOCK",)
+"""The one capability a GPU worker keeps: NCCL's RDMA transport (the gIB plugin, ibverbs) registers
+and pins its buffers with ibv_reg_mr, which needs CAP_IPC_LOCK past the container's RLIMIT_MEMLOCK.
+NCCL over NVLink/TCP, CUDA IPC and Ray need none; the head keeps none."""
+POD_SECURITY_CONTEXT = {"seccompProfile": {"type": "RuntimeDefault"}}
+"""The container runtime's default seccomp filter, for every Ray pod."""
+
+
+def container_security(capabilities: tuple[str, ...] = ()) -> dict[str, Any]:
+    """No privilege escalation, every capability dropped but `capabilities`."""
+    caps: dict[str, list[str]] = {"drop": ["ALL"]}
+    if capabilities:
+        caps["add"] = list(capabilities)
+    return {"allowPrivilegeEscalation": False, "capabilities": caps}
+
+
 def ray_cluster(spec: RayClusterSpec) -> dict[str, Any]:
     """The RayCluster custom resource (ray.io/v1)."""
     return {
@@ -174,6 +194,7 @@ def _head_group(spec: RayClusterSpec) -> dict[str, Any]:
             {"containerPort": CLIENT_PORT, "name": "client"},
         ],
         "resources": {"limits": dict(resources), "requests": dict(resources)},
+        "securityContext": container_security(),
         "volumeMounts": [
             {"mountPath": "/tmp/ray", "name": "ray-logs"},
             bucket_mount(),
@@ -186,6 +207,7 @@ def _head_group(spec: RayClusterSpec) -> dict[str, Any]:
         "serviceAccountName": spec.service_account,
         # Ray never calls the Kubernetes API; Workload Identity and the FUSE driver need no token file.
         "automountServiceAccountToken": False,
+        "securityContext": dict(POD_SECURITY_CONTEXT),
         "nodeSelector": _head_node_selector(spec),
     }
     if spec.a4x:
@@ -232,6 +254,7 @@ def _worker_group(spec: RayClusterSpec) -> dict[str, Any]:
         "image": spec.image,
         "env": [{"name": "LD_LIBRARY_PATH", "value": spec.ld_library_path}, *_verl_path_env(spec)],
         "resources": {"limits": dict(size), "requests": dict(size)},
+        "securityContext": container_security(WORKER_CAPABILITIES),
         "volumeMounts": [
             {"name": "nvidia", "mountPath": "/usr/local/nvidia", "readOnly": True},
             {"name": "gib", "mountPath": "/usr/local/gib", "readOnly": True},
@@ -243,6 +266,7 @@ def _worker_group(spec: RayClusterSpec) -> dict[str, Any]:
     pod: dict[str, Any] = {
         "serviceAccountName": spec.service_account,
         "automountServiceAccountToken": False,
+        "securityContext": dict(POD_SECURITY_CONTEXT),
         "nodeSelector": _worker_node_selector(spec),
         "tolerations": [dict(GPU_TOLERATION)],
     }
@@ -315,7 +339,9 @@ def a4x_claims(nic_claims: int) -> list[dict[str, str]]:
 
 
 def _transfer_queue_hook() -> dict[str, Any]:
-    command = ["/bin/bash", "-c", f"pip3 install --quiet {TRANSFER_QUEUE_REQUIREMENT}"]
+    requirement = f"{TRANSFER_QUEUE_REQUIREMENT} --hash=sha256:{TRANSFER_QUEUE_SHA256}"
+    command = ["/bin/bash", "-c", "pip3 install --quiet --no-deps --only-binary=:all: --require-hashes "
+               f"-r <(echo '{requirement}')"]
     return {"postStart": {"exec": {"command": command}}}
 
 

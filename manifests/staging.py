@@ -24,8 +24,11 @@ SCRIPT_FILE = "stage_data.py"
 SCRIPT_DIGEST_ANNOTATION = "verl-gke/script-sha256"
 LABELS = {"app.kubernetes.io/name": "verl-gke", "app.kubernetes.io/component": "data-staging"}
 
-# The official Python image at a fixed patch release; multi-arch, so any CPU node will do.
-IMAGE = "python:3.11.13-slim-bookworm"
+# The official Python image at a fixed patch release, by the digest of its multi-arch index (as
+# public Dockerfiles pin it, e.g. `FROM python:3.11.13-slim-bookworm@sha256:86adf8db...`; check with
+# `docker buildx imagetools inspect python:3.11.13-slim-bookworm`), so any CPU node will do and a
+# re-pushed tag changes nothing.
+IMAGE = "python:3.11.13-slim-bookworm@sha256:86adf8dbadc3d6e82ee5dd2c74bec2e1c2467cdad47886280501df722372d2e1"
 
 # huggingface_hub and pyarrow with their whole dependency closure, installed with --no-deps so the
 # Job runs exactly these versions. hf-xet is left out on purpose: see HF_HUB_DISABLE_XET below.
@@ -46,6 +49,27 @@ PIP_REQUIREMENTS: tuple[str, ...] = (
     "truststore==0.10.5",
     "typing_extensions==4.16.0",
 )
+PIP_HASHES: dict[str, tuple[str, ...]] = {
+    "anyio==4.16.0": ("c66ae634e0b8228396b801741beb3294326d4b6102f7bba4041c0dfb58c29026",),
+    "click==8.5.1": ("8bb5376d2006950386f8c6427613334a2acadc5f559cb80e638d00b4df957e37",),
+    "filelock==4.3.1": ("79e43df8e9fe509cd83a3899a7c186c8077cbbe4d200a1ed3705c2f3bb6bc487",),
+    "fsspec==2026.9.0": ("8dd6e646e99ea382bd85f97a45e6b526a442d79423a7dc673f1e2756d05fcb5f",),
+    "h11==0.16.0": ("63cf8bbe7522de3bf65932fda1d9c2772064ffb3dae62d55932da54b31cb6c86",),
+    "httpcore2==2.16.2": ("16051ae2a42f776007543f32de9349a317b23d2cbb4e1456b4bac0e88b87419a",),
+    "httpx2==2.16.2": ("f05c13aade4c45dbf1c9060647a1058f0acad62398fad96e741269edb33d46f5",),
+    "huggingface_hub==2.4.0": ("42ecfd93ede47bdd333daebbf66a32d7bfe2e18752754fe4d2d4f98a0179d801",),
+    "idna==3.20": ("ab7ae7122974553370f0bdb919e1a960b2cd1bc1ef0276416d896db81c14582c",),
+    "packaging==26.4": ("81383611a09c1bc0b08b76e0fd5829d7c6824c65b27a6aee339da133f4233ea2",),
+    "pyarrow==26.0.1": ("39cb0f2418282c24bea6ceda77b03e5a8f0a5766b63a8bf194d4e2a2c423548c", "22a96a225de107eb9acd1ad9a818198ca832df2a4c0952412f754a7ed2105a98"),
+    "PyYAML==6.0.4": ("622aa875fa6533f25fedcffe23079357d65a690d462200afed5d8e9d0e01ebee", "71bb5b87465d88d1dfc577115af6d435bff9b26f2512936f610c26aa55966028"),
+    "tqdm==4.70.1": ("c293e525e6fef9c20e8728fd4612df02a0aa31bb5fe91ecd93e123b1b7bffa73",),
+    "truststore==0.10.5": ("9aaaedaefaf06d8b206278cf8b5012bc897f485a874503501e12d776df78951c",),
+    "typing_extensions==4.16.0": ("481caa481374e813c1b176ada14e97f1f67a4539ce9cfeb3f350d78d6370c2e8",),
+}
+"""sha256 of the wheel PyPI serves for each requirement (CPython 3.11, manylinux x86_64 and, for the
+two compiled ones, aarch64): pip installs them with --require-hashes, so a changed file on the index
+fails the Job instead of running beside the bucket's credentials."""
+REQUIREMENTS_FILE = "requirements.txt"
 
 RUN_AS = 1000
 """uid and gid of the programs verl-gke ships (staging, the run supervisor): never root."""
@@ -90,19 +114,28 @@ class StagingSpec:
     """Files downloaded in parallel."""
     verl: VerlRelease | None = None
     """None when the image or the user's own tree on the bucket provides verl."""
+    hf_token_secret: str | None = None
+    """`projects/P/secrets/S`: where the Job reads the Hugging Face token (Workload Identity); None: no token."""
 
 
 def script_digest(script: str) -> str:
-    return hashlib.sha256(script.encode()).hexdigest()
+    """Of the script and its requirements: either changing runs the Job again."""
+    return hashlib.sha256((script + requirements_text()).encode()).hexdigest()
+
+
+def requirements_text() -> str:
+    """PIP_REQUIREMENTS with their hashes, as a pip requirements file."""
+    return "".join(f"{req}" + "".join(f" --hash=sha256:{sha}" for sha in PIP_HASHES[req]) + "\n"
+                   for req in PIP_REQUIREMENTS)
 
 
 def script_config_map(*, namespace: str, script: str) -> dict[str, Any]:
-    """The ConfigMap holding stage_data.py, mounted read-only at /opt/verl-gke."""
+    """The ConfigMap holding stage_data.py and its hashed requirements, mounted read-only at /opt/verl-gke."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": CONFIG_MAP_NAME, "namespace": namespace, "labels": dict(LABELS)},
-        "data": {SCRIPT_FILE: script},
+        "data": {SCRIPT_FILE: script, REQUIREMENTS_FILE: requirements_text()},
     }
 
 
@@ -121,6 +154,8 @@ def script_args(spec: StagingSpec) -> list[str]:
     if spec.verl is not None:
         args += ["--verl-wheel-url", spec.verl.wheel_url, "--verl-wheel-sha256", spec.verl.sha256,
                  "--verl-dir", spec.verl.dir_name]
+    if spec.hf_token_secret is not None:
+        args += ["--hf-token-secret", spec.hf_token_secret]
     return args
 
 
@@ -130,7 +165,7 @@ def _shell() -> str:
     return (
         "set -e\n"
         "pip install --quiet --no-cache-dir --disable-pip-version-check --no-deps --only-binary=:all: "
-        f"--target {_DEPS_DIR} {' '.join(PIP_REQUIREMENTS)}\n"
+        f"--require-hashes --target {_DEPS_DIR} -r {SCRIPT_DIR}/{REQUIREMENTS_FILE}\n"
         f'exec python {SCRIPT_DIR}/{SCRIPT_FILE} "$@"\n'
     )
 
@@ -149,11 +184,6 @@ def off_gpu_nodes() -> dict[str, Any]:
 def staging_job(spec: StagingSpec) -> dict[str, Any]:
     """A Job on a CPU node that runs stage_data.py against the bucket mounted at /data."""
     env = [
-        # Never a literal: the token comes from the Secret the storage component made.
-        {
-            "name": "HF_TOKEN",
-            "valueFrom": {"secretKeyRef": {"name": storage.HF_SECRET_NAME, "key": storage.HF_SECRET_KEY}},
-        },
         {"name": "HOME", "value": "/tmp"},
         {"name": "PYTHONPATH", "value": _DEPS_DIR},
         {"name": "PYTHONUNBUFFERED", "value": "1"},

@@ -13,8 +13,6 @@ from domain.bucket import DEFAULT_CAPACITY, MOUNT_PATH
 from domain.platforms import AUTOPILOT_SIDECAR
 PV_NAME = "training-bucket-pv"
 PVC_NAME = "training-bucket-pvc"
-HF_SECRET_NAME = "hf-secret"
-HF_SECRET_KEY = "hf_api_token"
 STORAGE_CLASS = "gcsfuse-sc"
 CSI_DRIVER = "gcsfuse.csi.storage.gke.io"
 BUCKET_VOLUME = "training-bucket-vol"
@@ -105,19 +103,22 @@ def service_account(*, name: str, namespace: str) -> dict[str, Any]:
     }
 
 
-def hf_token_secret(*, namespace: str, token: Any) -> dict[str, Any]:
-    """`hf-secret` with key `hf_api_token`, as the tutorial's `kubectl create secret` makes it.
+POD_SECURITY_VERSION = "v1.34"
+"""Pod Security Standards version the labels pin, so a GKE upgrade never changes what is admitted."""
+POD_SECURITY = {"enforce": "privileged", "warn": "baseline", "audit": "baseline"}
+"""Pod Security admission levels of the stack's namespace. The GPU workers cannot meet `baseline`:
+they mount the host's NVIDIA driver and gIB plugin (hostPath) and add IPC_LOCK (RDMA memory
+registration), so `enforce` is `privileged`; `warn` and `audit` at `baseline` name every pod that
+goes beyond those two needs."""
 
-    `token` is passed through untouched: the caller may hand in a Pulumi secret Output, which
-    must stay one, so it is never read, formatted or logged here.
-    """
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": HF_SECRET_NAME, "namespace": namespace},
-        "type": "Opaque",
-        "stringData": {HF_SECRET_KEY: token},
-    }
+
+def namespace(name: str) -> dict[str, Any]:
+    """The stack's own namespace, with Pod Security admission labels."""
+    labels = {}
+    for mode, level in POD_SECURITY.items():
+        labels[f"pod-security.kubernetes.io/{mode}"] = level
+        labels[f"pod-security.kubernetes.io/{mode}-version"] = POD_SECURITY_VERSION
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
 
 
 def claim_volume(claim_name: str = PVC_NAME) -> dict[str, Any]:

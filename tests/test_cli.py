@@ -34,6 +34,34 @@ from verl_gke.stack_outputs import OutputsError
 JOB_TIMEOUT_S = 90.0
 REPO = Path(__file__).resolve().parent.parent
 CA = base64.b64encode(b"-----BEGIN CERTIFICATE-----\ntest cluster CA\n-----END CERTIFICATE-----\n").decode()
+GKE_CA = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nthe CA GKE states\n-----END CERTIFICATE-----\n").decode()
+GKE_ENDPOINT = "34.9.9.9"
+
+
+@pytest.fixture
+def fake_gcloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A `gcloud` first on PATH that records its arguments and answers `container clusters describe`
+    with the fields of GKE's Cluster resource the CLI reads (`endpoint`, `masterAuth.clusterCaCertificate`:
+    cloud.google.com/kubernetes-engine/docs/reference/rest/v1/projects.locations.clusters#Cluster), or,
+    with FAKE_GCLOUD_FAIL, exits 1 with that line as gcloud does for a cluster it cannot find."""
+    bin_dir = tmp_path / "gcloud-bin"
+    bin_dir.mkdir()
+    answer = tmp_path / "gcloud-answer.json"
+    answer.write_text(json.dumps({"name": "verl-a4", "endpoint": GKE_ENDPOINT, "status": "RUNNING",
+                                  "masterAuth": {"clusterCaCertificate": GKE_CA}}))
+    script = bin_dir / "gcloud"
+    script.write_text(
+        "#!/bin/bash\n"
+        'printf "%s\\n" "$@" > "$FAKE_GCLOUD_RECORD"\n'
+        'if [[ -n $FAKE_GCLOUD_FAIL ]]; then echo "$FAKE_GCLOUD_FAIL" >&2; exit 1; fi\n'
+        f'cat "{answer}"\n'
+    )
+    script.chmod(0o755)
+    record = tmp_path / "gcloud-args"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_GCLOUD_RECORD", str(record))
+    monkeypatch.delenv("FAKE_GCLOUD_FAIL", raising=False)
+    return record
 
 # What the job prints: Ray-style noise, a coloured task prefix, and one verl console line per step
 # (aggregate_logger.concat_dict_to_str: `step:N - key:value` with values formatted :.3f).
@@ -87,7 +115,7 @@ def outputs_doc(submission_id: str, **changes: Any) -> dict[str, Any]:
         "checkpointUri": "gs://verl-data-my-project-123/verl/checkpoints",
         "clusterLocation": "us-central1",
         "clusterName": "verl-a4",
-        "dashboardCommand": "kubectl port-forward svc/b200-ray-cluster-head-svc 8265:8265 -n default --address 127.0.0.1",
+        "dashboardCommand": "kubectl port-forward svc/b200-ray-cluster-head-svc :8265 -n default --address 127.0.0.1",
         "gpuNodes": 2,
         "gpuPlatform": "a4",
         "gpusPerNode": 8,
@@ -171,7 +199,7 @@ def test_status_shows_cluster_head_workers_gpus_and_job_on_one_screen(
         "Preflight      GKE 1.34.1-gke.1829001 from the REGULAR channel",
         "Preflight      reservation my-reservation: 2 of 2 a4-highgpu-8g free",
         "Checkpoints    gs://verl-data-my-project-123/verl/checkpoints",
-        "Dashboard      kubectl port-forward svc/b200-ray-cluster-head-svc 8265:8265 -n default --address 127.0.0.1",
+        "Dashboard      kubectl port-forward svc/b200-ray-cluster-head-svc :8265 -n default --address 127.0.0.1",
     ]
 
 
@@ -301,7 +329,7 @@ def test_status_never_prints_secrets(
 @pytest.mark.ray
 def test_status_through_a_port_forward_the_way_the_job_provider_reaches_the_head(
         capsys: pytest.CaptureFixture[str], ray_head: str, finished_job: str, tmp_path: Path,
-        fake_kubectl: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        fake_kubectl: Path, fake_gcloud: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The fake kubectl announces a forward to the real head's port, so the whole path is exercised.
     monkeypatch.setenv("FAKE_KUBECTL_PORT", ray_head.rsplit(":", 1)[1])
     outputs = write_outputs(tmp_path / "outputs.json", outputs_doc(
@@ -316,14 +344,19 @@ def test_status_through_a_port_forward_the_way_the_job_provider_reaches_the_head
     assert call["arg"][:7] == ["port-forward", "svc/b200-ray-cluster-head-svc", ":8265", "-n", "default",
                                "--address", "127.0.0.1"]
     kubeconfig = yaml.safe_load(Path(f"{fake_kubectl}.kubeconfig").read_text())
-    assert kubeconfig["clusters"][0]["cluster"] == {"server": "https://34.1.2.3", "certificate-authority-data": CA}
+    # GKE's endpoint and CA, not the file's.
+    assert kubeconfig["clusters"][0]["cluster"] == {"server": f"https://{GKE_ENDPOINT}",
+                                                    "certificate-authority-data": GKE_CA}
+    assert fake_gcloud.read_text().splitlines() == ["container", "clusters", "describe", "verl-a4", "--location",
+                                                    "us-central1", "--format", "json"]
     assert not Path(call["kubeconfig"][0]).exists()  # the throw-away kubeconfig is gone
 
 
 @pytest.mark.ray
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_dashboard_holds_the_port_forward_until_ctrl_c_or_sigterm_and_then_cleans_up(
-        ray_head: str, tmp_path: Path, fake_kubectl: Path, monkeypatch: pytest.MonkeyPatch, sig: signal.Signals) -> None:
+        ray_head: str, tmp_path: Path, fake_kubectl: Path, fake_gcloud: Path, monkeypatch: pytest.MonkeyPatch,
+        sig: signal.Signals) -> None:
     monkeypatch.setenv("FAKE_KUBECTL_PORT", ray_head.rsplit(":", 1)[1])
     outputs = write_outputs(tmp_path / "outputs.json", outputs_doc(
         "raysubmit_1", clusterEndpoint="34.1.2.3", clusterCaCertificate=CA))
@@ -345,6 +378,22 @@ def test_dashboard_holds_the_port_forward_until_ctrl_c_or_sigterm_and_then_clean
     assert "verl-gke: closing the port-forward" in err.splitlines()
     assert not Path(f"/proc/{kubectl_pid}").exists()  # the tunnel closed with the command
     assert not kubeconfig.parent.exists()  # and its temporary kubeconfig folder
+
+
+@pytest.mark.ray
+def test_dashboard_closes_its_port_forward_when_its_time_is_up(
+        ray_head: str, tmp_path: Path, fake_kubectl: Path, fake_gcloud: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_KUBECTL_PORT", ray_head.rsplit(":", 1)[1])
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("raysubmit_1"))
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "verl_gke", "dashboard", "--outputs", str(outputs), "--minutes", "0.02"],
+                          capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - started >= 1.2
+    assert "verl-gke: closing the port-forward after 0.02 min" in done.stderr.splitlines()
+    seen = kubectl_record(fake_kubectl)
+    assert seen["arg"][2] == ":8265"  # kubectl picks a free local port
+    assert not Path(f"/proc/{seen['pid'][0]}").exists()
 
 
 @pytest.mark.ray
@@ -397,12 +446,47 @@ def test_no_outputs_file_and_no_pulumi_cli(capsys: pytest.CaptureFixture[str], n
     assert error_line(err).startswith("verl-gke: error: no stack outputs: the pulumi CLI is not on PATH; pass --outputs FILE")
 
 
-def test_port_forward_needs_the_cluster_endpoint_and_ca(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("x", clusterEndpoint="34.1.2.3"))
+@pytest.mark.ray
+def test_an_outputs_file_never_decides_where_the_users_credentials_go(
+        capsys: pytest.CaptureFixture[str], ray_head: str, finished_job: str, tmp_path: Path,
+        fake_kubectl: Path, fake_gcloud: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file naming an attacker's endpoint and CA: the kubeconfig kubectl gets names GKE's instead."""
+    monkeypatch.setenv("FAKE_KUBECTL_PORT", ray_head.rsplit(":", 1)[1])
+    evil_ca = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nattacker\n-----END CERTIFICATE-----\n").decode()
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc(
+        finished_job, clusterEndpoint="attacker.example", clusterCaCertificate=evil_ca))
+    code, _, err = run(capsys, "status", "--outputs", str(outputs))
+    assert code == 0, err
+    text = Path(f"{fake_kubectl}.kubeconfig").read_text()
+    assert "attacker" not in text and evil_ca not in text and f"https://{GKE_ENDPOINT}" in text
+
+
+def test_a_cluster_gke_does_not_know_stops_before_any_port_forward(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, fake_kubectl: Path, fake_gcloud: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_GCLOUD_FAIL", "ERROR: (gcloud.container.clusters.describe) ResponseError: code=404, "
+                                           "message=Not found: projects/p/locations/us-central1/clusters/verl-a4.")
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("x", clusterEndpoint="34.1.2.3",
+                                                                   clusterCaCertificate=CA))
     code, _, err = run(capsys, "dashboard", "--outputs", str(outputs))
     assert code == 1
-    assert error_line(err) == (f"verl-gke: error: {outputs} lacks clusterCaCertificate, needed to port-forward "
-                               "to the Ray head; pass --dashboard-url URL for a directly reachable head")
+    assert error_line(err) == ("verl-gke: error: `gcloud container clusters describe verl-a4 --location us-central1` "
+                               "failed (exit 1): ERROR: (gcloud.container.clusters.describe) ResponseError: code=404, "
+                               "message=Not found: projects/p/locations/us-central1/clusters/verl-a4.")
+    assert not fake_kubectl.exists()
+
+
+def test_gcloud_answers_are_checked(tmp_path: Path, fake_gcloud: Path) -> None:
+    from verl_gke import gke_facts
+
+    assert gke_facts.describe("verl-a4", "us-central1") == gke_facts.ClusterFacts(GKE_ENDPOINT, GKE_CA)
+    answer = tmp_path / "gcloud-answer.json"
+    answer.write_text(json.dumps({"endpoint": GKE_ENDPOINT, "masterAuth": {"clusterCaCertificate": "bm90IGEgUEVN"}}))
+    with pytest.raises(gke_facts.GkeLookupError, match="a CA that is not a base64 PEM certificate"):
+        gke_facts.describe("verl-a4", "us-central1")
+    answer.write_text("[]")
+    with pytest.raises(gke_facts.GkeLookupError, match="did not answer a cluster with endpoint"):
+        gke_facts.describe("verl-a4", "us-central1")
 
 
 def test_metrics_from_a_log_file_needs_no_stack(

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from domain.config import ConfigError, load_config, placeholders
 from tests.conftest import BASE_CONFIG
+
+
+def json_list(items) -> str:
+    return json.dumps(list(items))
 
 
 def config(**changes: str) -> dict[str, str]:
@@ -276,8 +282,17 @@ def test_revisions_and_images_are_pinned():
     assert "fixed tag" in only_problem(verlImage="verlai/verl:latest")
     assert "fixed tag" in only_problem(verlImage="verlai/verl")
     load_config(config(verlImage="verlai/verl@sha256:" + "a" * 64))
-    load_config(config(verlImage="registry.example:5000/verl:vllm011.dev7"))
+    load_config(config(verlImage="registry.example:5000/verl:vllm011.dev7@sha256:" + "b" * 64))
     assert "fixed tag" in only_problem(verlImage="registry.example:5000/verl")
+
+
+@pytest.mark.parametrize("image", ["registry.example:5000/verl:vllm011.dev7", "me/verl:1.0",
+                                   "me/verl@sha256:" + "a" * 63])
+def test_an_image_of_ones_own_must_be_pinned_by_digest(image: str):
+    assert only_problem(verlImage=image) == (
+        f'verl-gke:verlImage = "{image}": an image of your own must be pinned by digest (name@sha256:<64 hex>): '
+        "a tag can be moved to other code that then runs on every node.")
+    assert load_config(config(verlImage="verlai/verl:vllm011.dev7")).verl_image == "verlai/verl:vllm011.dev7"
 
 
 def test_urls_and_quantities():
@@ -287,11 +302,73 @@ def test_urls_and_quantities():
     assert "a Kubernetes quantity" in only_problem(volumeCapacity="768GB")
 
 
+COMMIT = "07a8e6c9b2208ee865a1fb9b9b246e10adfd7738"
+RAW = "https://raw.githubusercontent.com/GoogleCloudPlatform/container-engine-accelerators"
+
+
+@pytest.mark.parametrize("url, ok", [
+    (f"{RAW}/{COMMIT}/gpudirect-rdma/nccl-rdma-installer.yaml", True),
+    (f"{RAW}/master/gpudirect-rdma/nccl-rdma-installer.yaml", False),
+    (f"{RAW}/07a8e6c/gpudirect-rdma/nccl-rdma-installer.yaml", False),
+    (f"{RAW}/{COMMIT.upper()}/gpudirect-rdma/x.yaml", False),
+    (f"{RAW}/{COMMIT}/x.yaml?token=abc", False),
+    (f"https://{COMMIT}/x.yaml", False),
+])
+def test_nccl_installer_url_must_name_a_commit(url: str, ok: bool):
+    if ok:
+        assert load_config(config(ncclInstallerUrl=url)).nccl_installer_url == url
+    else:
+        assert "pinned to a commit: one path segment is a 40-hex commit" in only_problem(ncclInstallerUrl=url)
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("http://admin:hunter2@10.0.0.5:8265", "http://***@10.0.0.5:8265"),
+    ("http://10.0.0.5:8265/?token=hunter2", "http://10.0.0.5:8265/?***"),
+    ("https://10.0.0.5:8265/#hunter2", "https://10.0.0.5:8265/#***"),
+])
+def test_credentials_in_the_dashboard_url_are_refused_and_never_printed(url: str, shown: str):
+    line = only_problem(jobDashboardUrl=url)
+    assert line.startswith(f'verl-gke:jobDashboardUrl = "{shown}": no credentials in the URL')
+    assert "hunter2" not in line
+
+
+def test_hydra_interpolations_in_extra_overrides_are_refused():
+    line = only_problem(grpoExtraOverrides='["trainer.project_name=${oc.env:HF_TOKEN}", "trainer.total_epochs=2"]')
+    assert line.startswith('verl-gke:grpoExtraOverrides = ["trainer.project_name=${oc.env:HF_TOKEN}"]: '
+                           "no Hydra/OmegaConf interpolations")
+    cfg = load_config(config(grpoExtraOverrides='["trainer.project_name=gsm8k"]'))
+    assert cfg.grpo.extra_overrides == ("trainer.project_name=gsm8k",)
+
+
 def test_master_authorized_cidrs_must_be_cidrs():
-    cfg = load_config(config(masterAuthorizedCidrs='["203.0.113.0/24", "192.168.0.0/16"]'))
-    assert cfg.master_authorized_cidrs == ("203.0.113.0/24", "192.168.0.0/16")  # may overlap the VPCs
+    cfg = load_config(config(masterAuthorizedCidrs='["10.8.0.0/16", "192.168.0.0/16"]'))
+    assert cfg.master_authorized_cidrs == ("10.8.0.0/16", "192.168.0.0/16")  # may overlap the VPCs
     assert only_problem(masterAuthorizedCidrs='["10.0.0.0/33"]') == (
         'verl-gke:masterAuthorizedCidrs = "10.0.0.0/33": an IPv4 CIDR such as 192.168.1.0/24.')
+
+
+PRIVATE = ("a private range (inside 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16 or 100.64.0.0/10): this key admits "
+           "traffic, never from the internet.")
+
+
+@pytest.mark.parametrize("key, value, shown", [
+    ("masterAuthorizedCidrs", '["0.0.0.0/0"]', "0.0.0.0/0"),
+    ("masterAuthorizedCidrs", '["203.0.113.0/24"]', "203.0.113.0/24"),
+    ("rayDashboardCidrs", '["0.0.0.0/0"]', "0.0.0.0/0"),
+    ("rayDashboardCidrs", '["8.8.8.0/24"]', "8.8.8.0/24"),
+    ("rayDashboardCidrs", '["10.0.0.0/7"]', "10.0.0.0/7"),
+    ("internalSourceRange", "0.0.0.0/0", "0.0.0.0/0"),
+    ("internalSourceRange", "100.0.0.0/8", "100.0.0.0/8"),
+])
+def test_cidrs_that_admit_traffic_must_be_private(key: str, value: str, shown: str):
+    assert only_problem(**{key: value}) == f'verl-gke:{key} = "{shown}": {PRIVATE}'
+
+
+def test_private_and_shared_ranges_are_admitted():
+    cfg = load_config(config(rayDashboardCidrs='["100.64.0.0/10", "172.16.4.0/24"]', internalSourceRange="10.0.0.0/8",
+                             gvnicSubnetCidr="10.1.0.0/24",
+                             rdmaSubnetCidrs=json_list(f"10.2.{i}.0/24" for i in range(8))))
+    assert cfg.ray_dashboard_cidrs == ("100.64.0.0/10", "172.16.4.0/24")
 
 
 def test_job_attempt_is_a_whole_number_from_zero():
@@ -332,7 +409,7 @@ def test_the_x86_image_on_a4x_and_the_arm_image_on_a4_are_rejected():
         f'verl-gke:verlImage = "{x86}": is built for amd64 only; A4X (4x NVIDIA GB200, arm64) nodes are arm64: '
         f"use {arm} or an image built for arm64.")
     assert "is built for arm64 only" in only_problem(verlImage=arm)
-    load_config(config(platform="a4x", gpuNodes="4", verlImage="me/verl-arm:1.0"))
+    load_config(config(platform="a4x", gpuNodes="4", verlImage="me/verl-arm@sha256:" + "c" * 64))
 
 
 def test_checkpoint_dir_on_the_bucket():
@@ -375,15 +452,14 @@ def test_ulysses_needs_remove_padding():
 
 def test_placeholders_listed():
     raw = config(gcp__project="replace-me-project", reservation="replace-me-reservation")
-    assert placeholders(raw, load_config(raw)) == ["gcp:project", "verl-gke:reservation", "verl-gke:hfToken"]
-    done = {**config(), "verl-gke:hfToken": "[encrypted]"}
-    assert placeholders(done, load_config(done)) == []
+    assert placeholders(raw, load_config(raw)) == ["gcp:project", "verl-gke:reservation"]
+    assert placeholders(config(), load_config(config())) == []
 
 
 @pytest.mark.parametrize("unused", [{"clusterMode": "autopilot"}, {"existingCluster": "true"}])
 def test_a_reservation_placeholder_the_stack_never_reads_blocks_nothing(unused: dict[str, str]):
     raw = config(reservation="replace-me-reservation", **unused)
-    assert placeholders(raw, load_config(raw)) == ["verl-gke:hfToken"]
+    assert placeholders(raw, load_config(raw)) == []
 
 
 def test_upgrade_exclusion_start_is_utc_rfc3339_or_empty():

@@ -492,9 +492,18 @@ def test_no_minor_or_node_auto_upgrade_drains_the_gpu_nodes_of_a_stack(synth_sta
             "dailyMaintenanceWindow": {"startTime": "03:00"},
             "maintenanceExclusions": [{
                 "exclusionName": "verl-gke-no-minor-or-node-upgrades", "startTime": "2026-12-01T00:00:00Z",
-                "exclusionOptions": {"scope": "NO_MINOR_OR_NODE_UPGRADES", "endTimeBehavior": "UNTIL_END_OF_SUPPORT"},
+                "endTime": "2026-12-31T00:00:00Z", "exclusionOptions": {"scope": "NO_MINOR_OR_NODE_UPGRADES"},
             }],
         }, stack
+
+
+@pytest.mark.parametrize("start, end", [("2026-12-01T00:00:00Z", "2026-12-31T00:00:00Z"),
+                                        ("2027-02-15T06:30:00Z", "2027-03-17T06:30:00Z")])
+def test_the_exclusion_ends_thirty_days_after_it_starts_so_nodes_get_patches_again(start: str, end: str) -> None:
+    run = MockRun(lambda: GkeCluster("gke", cluster_args(upgrade_exclusion_start=start)))
+    (exclusion,) = run.inputs("gke-cluster")["maintenancePolicy"]["maintenanceExclusions"]
+    assert (exclusion["startTime"], exclusion["endTime"]) == (start, end)
+    assert "endTimeBehavior" not in exclusion["exclusionOptions"]
 
 
 def test_an_empty_exclusion_start_leaves_gkes_upgrade_policy_alone() -> None:

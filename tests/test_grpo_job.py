@@ -152,7 +152,7 @@ def test_create_reaches_the_head_through_a_port_forward(
     assert seen["arg"][:7] == ["port-forward", "svc/verl-head-svc", ":8265", "-n", "ray", "--address", "127.0.0.1"]
     assert not Path(seen["kubeconfig"][0]).exists()
     assert _outs_of(created)["dashboard_command"] == (
-        "kubectl port-forward svc/verl-head-svc 8265:8265 -n ray --address 127.0.0.1")
+        "kubectl port-forward svc/verl-head-svc :8265 -n ray --address 127.0.0.1")
     # Endpoint and CA are kept to rebuild the kubeconfig at refresh and destroy; never a kubeconfig.
     assert _outs_of(created)["cluster_endpoint"] == "34.1.2.3" and "kubeconfig" not in _outs_of(created)
 
@@ -275,7 +275,7 @@ def test_update_keeps_the_job_and_its_outputs() -> None:
     outs = _outs_of(GrpoJobProvider().update("verl-grpo-a4-abc", olds, news))
     assert outs["submission_id"] == "verl-grpo-a4-abc" and outs["status"] == "RUNNING"
     assert outs["ready_timeout_s"] == 600.0 and outs["namespace"] == "ray"
-    assert outs["dashboard_command"] == "kubectl port-forward svc/h 8265:8265 -n ray --address 127.0.0.1"
+    assert outs["dashboard_command"] == "kubectl port-forward svc/h :8265 -n ray --address 127.0.0.1"
 
 
 def test_delete_stops_a_running_job(ray_head: str, props: Callable[..., dict[str, Any]]) -> None:

@@ -61,10 +61,10 @@ def test_kubeconfig_keeps_an_https_endpoint_and_rejects_an_empty_one() -> None:
         gke_kubeconfig("c", "", CA)
 
 
-def test_dashboard_command_is_the_tutorials_port_forward_on_loopback() -> None:
+def test_dashboard_command_forwards_to_a_random_local_port_on_loopback_only() -> None:
     assert dashboard_command("ray", "b200-ray-cluster-head-svc") == (
-        "kubectl port-forward svc/b200-ray-cluster-head-svc 8265:8265 -n ray --address 127.0.0.1")
-    assert dashboard_command("ray", "h", 9000) == "kubectl port-forward svc/h 9000:9000 -n ray --address 127.0.0.1"
+        "kubectl port-forward svc/b200-ray-cluster-head-svc :8265 -n ray --address 127.0.0.1")
+    assert dashboard_command("ray", "h", 9000) == "kubectl port-forward svc/h :9000 -n ray --address 127.0.0.1"
 
 
 def test_a_given_dashboard_url_is_yielded_as_is() -> None:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import yaml
 
-from domain.config import NAMESPACE, StackConfig, config_key, load_config
+from domain.config import NAMESPACE, ConfigError, StackConfig, config_key, load_config
 from domain.grpo_spec import GrpoSpec
 from domain.platforms import PLATFORMS
 from tests.conftest import BASE_CONFIG
-from domain.stack_files import PROJECT_DIR, engine_string, project_defaults, stack_names
+from domain.stack_files import PROJECT_DIR, engine_string, project_defaults, read_stack_file, stack_file, stack_names
 
 DECLARED = yaml.safe_load((PROJECT_DIR / "Pulumi.yaml").read_text())
 README = (PROJECT_DIR / "README.md").read_text()
@@ -27,17 +28,74 @@ def test_project_is_verl_gke_on_python_with_the_venv():
 def test_every_key_is_declared_with_type_and_description():
     fields = [f for f in StackConfig.model_fields if f not in ("project", "region", "zone", "grpo")]
     expected = {config_key(f) for f in fields} | {config_key(f"grpo.{f}") for f in GrpoSpec.model_fields}
-    expected.add(f"{NAMESPACE}:hfToken")
     assert set(DECLARED["config"]) == expected
     for key, decl in DECLARED["config"].items():
         assert decl.get("type") in ("string", "integer", "boolean", "array"), key
         assert decl.get("description"), key
 
 
-def test_only_the_token_is_secret_and_has_no_default():
-    secret = [k for k, d in DECLARED["config"].items() if d.get("secret")]
-    assert secret == [f"{NAMESPACE}:hfToken"]
-    assert "default" not in DECLARED["config"][f"{NAMESPACE}:hfToken"]
+_CLI_TYPES = {"string": str, "integer": int, "boolean": bool, "array": list}
+
+
+def cli_stack_config_errors(project: dict, stack: str, stack_config: dict) -> list[str]:
+    """What the Pulumi CLI refuses before the program runs (pulumi/pulumi sdk/go/common/workspace,
+    `ValidateStackConfigAndApplyProjectConfig` / `mergeConfig`, and its tests
+    TestStackConfigErrorsWhenMissingStackValueForConfigTypeWithNoDefault and the secret ones): a key of
+    the project's namespace declared with a type and no default must be set by every stack; a
+    `secret: true` key may have no plaintext default, nor a plaintext stack value; a stack value must
+    have the declared type."""
+    errors = []
+    for key, decl in project.get("config", {}).items():
+        full = key if ":" in key else f"{project['name']}:{key}"
+        value = stack_config.get(full)
+        if decl.get("secret") and "default" in decl:
+            errors.append(f"Configuration key '{full}' is not secret but has a default value that must be "
+                          "encrypted as it's secret")  # any plaintext default
+        if value is None:
+            if "type" in decl and "default" not in decl:
+                errors.append(f"Stack '{stack}' is missing configuration value '{full}'")
+            continue
+        secure = isinstance(value, dict) and set(value) == {"secure"}
+        if decl.get("secret") and not secure:
+            errors.append(f"Stack '{stack}' with configuration key '{full}' must be encrypted as it's secret")
+        if not secure and "type" in decl:
+            expected = _CLI_TYPES[decl["type"]]
+            if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+                errors.append(f"Stack '{stack}' with configuration key '{full}' must be of type '{decl['type']}'")
+    return errors
+
+
+def test_the_cli_rules_refuse_what_they_refuse():
+    project = {"name": "p", "config": {"p:a": {"type": "string"}, "p:b": {"type": "string", "secret": True},
+                                       "p:c": {"type": "string", "secret": True, "default": ""},
+                                       "p:d": {"type": "integer", "default": 1}}}
+    assert cli_stack_config_errors(project, "s", {"p:b": {"secure": "v1:abc"}, "p:d": "x"}) == [
+        "Stack 's' is missing configuration value 'p:a'",
+        "Configuration key 'p:c' is not secret but has a default value that must be encrypted as it's secret",
+        "Stack 's' with configuration key 'p:d' must be of type 'integer'",
+    ]
+    assert cli_stack_config_errors(project, "s", {"p:a": "x", "p:b": "plain"})[0] == (
+        "Stack 's' with configuration key 'p:b' must be encrypted as it's secret")
+
+
+@pytest.mark.parametrize("stack", stack_names())
+def test_the_pulumi_cli_accepts_every_stack_file_as_it_is(stack: str):
+    """A token-less preview (a pull request's, a new user's) gets past the CLI's config checks."""
+    assert cli_stack_config_errors(DECLARED, stack, read_stack_file(stack_file(stack))) == []
+
+
+def test_no_key_is_secret_so_no_secret_ever_needs_a_stack_value():
+    assert [k for k, d in DECLARED["config"].items() if d.get("secret")] == []
+    assert [k for k, d in DECLARED["config"].items() if "default" not in d] == []
+
+
+def test_a_stack_that_still_sets_the_token_is_refused_without_printing_it():
+    with pytest.raises(ConfigError) as caught:
+        load_config({**BASE_CONFIG, f"{NAMESPACE}:hfToken": "hf_CanaryTokenNeverPrinted42"})
+    assert caught.value.problems == [
+        f"{NAMESPACE}:hfToken: no longer read, and a token in Pulumi config ends up in its state: "
+        f"`pulumi config rm {NAMESPACE}:hfToken`, then store the token in Secret Manager with "
+        "`gcloud secrets versions add verl-gke-<stack>-hf-token --project <project> --data-file=-`."]
 
 
 def test_declared_defaults_equal_the_models_defaults():

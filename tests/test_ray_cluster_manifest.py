@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
+import subprocess
 from dataclasses import replace
 from typing import Any
 
@@ -100,6 +102,17 @@ def _corrected(tutorial: dict[str, Any], namespace: str, autopilot: bool = False
         group["template"]["metadata"]["annotations"].update(sidecar_annotations(autopilot))
         group["template"]["spec"]["volumes"].append(cache_volume())
         group["template"]["spec"]["automountServiceAccountToken"] = False
+        # The runtime's default seccomp filter, no privilege escalation, no capabilities but IPC_LOCK
+        # on GPU workers (RDMA memory registration).
+        group["template"]["spec"]["securityContext"] = {"seccompProfile": {"type": "RuntimeDefault"}}
+        caps = {"drop": ["ALL"]}
+        if group is not out["spec"]["headGroupSpec"]:
+            caps["add"] = ["IPC_LOCK"]
+        group["template"]["spec"]["containers"][0]["securityContext"] = {
+            "allowPrivilegeEscalation": False, "capabilities": caps}
+        lifecycle = group["template"]["spec"]["containers"][0].get("lifecycle")
+        if lifecycle:  # A4X: TransferQueue by hash, without pulling anything else
+            lifecycle["postStart"]["exec"]["command"] = HASHED_TRANSFER_QUEUE
     # Namespaced explicitly, and awaited by pulumi-kubernetes until ready.
     out["metadata"] = {"name": out["metadata"]["name"], "namespace": namespace,
                        "annotations": {"pulumi.com/waitFor": WAIT_FOR_READY}}
@@ -204,12 +217,24 @@ def test_a4x_on_multi_network_names_its_nics_and_claims_only_the_channel() -> No
     assert group["template"]["spec"]["containers"][0]["resources"]["claims"] == [{"name": "compute-domain-channel"}]
 
 
-def test_a4x_head_takes_no_ray_cpus_and_installs_the_pinned_transfer_queue() -> None:
+HASHED_TRANSFER_QUEUE = [
+    "/bin/bash", "-c", "pip3 install --quiet --no-deps --only-binary=:all: --require-hashes -r <(echo 'TransferQueue==0.1.8 "
+    "--hash=sha256:078c4a63ba0c222fe684e96844c937dcd97f45ac94340a9c92eb03cfbc48cffd')"]
+
+
+def test_a4x_head_takes_no_ray_cpus_and_installs_the_pinned_transfer_queue_by_hash(tmp_path: Path) -> None:
     obj = ray_cluster(TUTORIAL_A4X)
     assert obj["spec"]["headGroupSpec"]["rayStartParams"] == {"dashboard-host": "0.0.0.0", "num-cpus": "0"}
     for pod in (_head_pod(obj), _worker_pod(obj)):
         hook = pod["containers"][0]["lifecycle"]["postStart"]["exec"]["command"]
-        assert hook == ["/bin/bash", "-c", "pip3 install --quiet TransferQueue==0.1.8"]
+        assert hook == HASHED_TRANSFER_QUEUE
+    # The hook as bash runs it, with a pip3 that prints the requirements file it was given.
+    (tmp_path / "pip3").write_text('#!/bin/bash\nwhile [[ $1 != -r ]]; do shift; done; cat "$2"\n')
+    (tmp_path / "pip3").chmod(0o755)
+    done = subprocess.run(hook, capture_output=True, text=True, timeout=30, check=True,
+                          env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+    assert done.stdout == ("TransferQueue==0.1.8 "
+                           "--hash=sha256:078c4a63ba0c222fe684e96844c937dcd97f45ac94340a9c92eb03cfbc48cffd\n")
 
 
 def test_verl_tree_is_off_by_default_and_first_on_every_ray_containers_path_when_set() -> None:

@@ -92,19 +92,43 @@ def test_job_outputs_and_checkpoint_uri(stack: str, synth_stack):
     assert outputs["rayHeadService"] == f"{outputs['rayClusterName']}-head-svc"
     assert re.fullmatch(rf"verl-grpo-{stack}-[0-9a-f]{{12}}", outputs["grpoSubmissionId"])
     assert outputs["grpoJobStatus"] == "[unknown]"
-    assert outputs["dashboardCommand"] == (f"kubectl port-forward svc/{outputs['rayHeadService']} 8265:8265 "
+    assert outputs["dashboardCommand"] == (f"kubectl port-forward svc/{outputs['rayHeadService']} :8265 "
                                            f"-n {outputs['namespace']} --address 127.0.0.1")
 
 
-def test_the_token_never_appears_in_clear():
-    token = "hf_NotARealTokenButSecret42"
-    result = synth.run("a4-standard", overrides={"verl-gke:hfToken": token})
-    text = json.dumps([r.__dict__ for r in result.registrations]) + json.dumps(result.outputs)
-    text += json.dumps(result.manifests())
-    assert token not in text
-    (secret,) = [m for m in result.manifests() if m["kind"] == "Secret"]
-    assert secret["stringData"] == {"hf_api_token": "[secret]"}
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_token_has_no_path_through_pulumi(stack: str, synth_stack):
+    """The canary of the token path: no Kubernetes Secret, no token env, only the empty Secret Manager
+    secret that the staging identity alone may read, named to the Job by resource name."""
+    result = synth_stack(stack)
+    assert not [m for m in result.manifests() if m["kind"] == "Secret"]
+    containers = [c for m in result.manifests() for t in _pod_templates(m) for c in t["spec"]["containers"]]
+    assert containers and not [e for c in containers for e in c.get("env", []) if e["name"] == "HF_TOKEN"]
+    assert "[secret]" not in json.dumps(result.manifests())
+    (secret,) = [r for r in result.registrations if r.type == "gcp:secretmanager/secret:Secret"]
+    assert secret.inputs["secretId"] == f"verl-gke-{stack}-hf-token"
+    assert not [r for r in result.registrations if r.type == "gcp:secretmanager/secretVersion:SecretVersion"]
+    (access,) = [r for r in result.registrations if r.type == "gcp:secretmanager/secretIamMember:SecretIamMember"]
+    (bucket_access,) = [r for r in result.registrations if r.type == "gcp:storage/bucketIAMMember:BucketIAMMember"]
+    assert (access.inputs["role"], access.inputs["member"]) == ("roles/secretmanager.secretAccessor",
+                                                                bucket_access.inputs["member"])
+    (job,) = [m for m in result.manifests() if m["kind"] == "Job" and m["metadata"]["name"] == "stage-data"]
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    project = result.outputs["hfTokenSecret"].split("/")[1]
+    assert command[-2:] == ["--hf-token-secret", f"projects/{project}/secrets/verl-gke-{stack}-hf-token"]
+    assert result.outputs["hfTokenSecret"] == command[-1]
     assert "verl-gke:hfToken" not in result.placeholders
+
+
+def test_a_token_left_in_stack_config_is_refused_in_every_form_without_being_printed():
+    token = "hf_NotARealTokenButSecret42"
+    with pytest.raises(Exception) as caught:
+        synth.run("a4-standard", overrides={"verl-gke:hfToken": token})
+    text = str(caught.value)
+    assert "verl-gke:hfToken: no longer read" in text
+    import base64
+    for form in (token, base64.b64encode(token.encode()).decode(), json.dumps(token)[1:-1]):
+        assert form not in text
 
 
 def test_existing_cluster_creates_no_infrastructure():
@@ -132,11 +156,11 @@ def test_standard_spot_pool_without_reservation():
 def test_a_new_job_attempt_is_a_new_submission_and_cidrs_reach_the_control_plane(synth_stack):
     base = synth_stack("a4-standard")
     retry = synth.run("a4-standard", overrides={"verl-gke:jobAttempt": "1",
-                                                "verl-gke:masterAuthorizedCidrs": '["203.0.113.0/24"]'})
+                                                "verl-gke:masterAuthorizedCidrs": '["10.8.0.0/16"]'})
     assert retry.outputs["grpoSubmissionId"] != base.outputs["grpoSubmissionId"]
     (cluster,) = _by_type(retry, "gcp:container/cluster:Cluster")
     assert cluster.inputs["masterAuthorizedNetworksConfig"] == {
-        "cidrBlocks": [{"cidrBlock": "203.0.113.0/24", "displayName": "authorized-0"}]}
+        "cidrBlocks": [{"cidrBlock": "10.8.0.0/16", "displayName": "authorized-0"}]}
     (default_cluster,) = _by_type(base, "gcp:container/cluster:Cluster")
     assert "masterAuthorizedNetworksConfig" not in default_cluster.inputs
 
@@ -351,3 +375,30 @@ def test_a_stack_of_an_earlier_version_keeps_its_cluster_on_the_default_network(
     assert "subnetwork" not in cluster.inputs and cluster.inputs["ipAllocationPolicy"] == {"stackType": "IPV4"}
     assert not [r for r in _by_type(result, "gcp:compute/network:Network") if r.inputs["name"].endswith("-net")
                 and "gvnic" not in r.inputs["name"] and "rdma" not in r.inputs["name"]]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_pod_has_seccomp_no_escalation_and_only_the_capabilities_rdma_needs(stack: str, synth_stack):
+    pods = [(obj["kind"], t["spec"]) for obj in synth_stack(stack).manifests() for t in _pod_templates(obj)]
+    assert len(pods) >= 3
+    for kind, pod in pods:
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, kind
+        for container in pod["containers"] + pod.get("initContainers", []):
+            ctx = container["securityContext"]
+            assert ctx["allowPrivilegeEscalation"] is False, container["name"]
+            assert ctx["capabilities"]["drop"] == ["ALL"], container["name"]
+            added = ctx["capabilities"].get("add", [])
+            assert added == (["IPC_LOCK"] if container["name"] == "ray-worker" else []), container["name"]
+            assert not ctx.get("privileged"), container["name"]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_stack_runs_in_a_namespace_of_its_own_with_pod_security_labels(stack: str, synth_stack):
+    result = synth_stack(stack)
+    (namespace,) = [m for m in result.manifests() if m["kind"] == "Namespace" and m["metadata"]["name"] == "verl-gke"]
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/warn"] == "baseline"
+    assert result.outputs["namespace"] == "verl-gke"
+    namespaced = [m for m in result.manifests() if m["kind"] in ("RayCluster", "Job", "ServiceAccount",
+                                                                  "PersistentVolumeClaim", "ConfigMap")]
+    assert namespaced and {m["metadata"]["namespace"] for m in namespaced} == {"verl-gke"}

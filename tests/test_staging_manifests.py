@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import sys
+
 import re
 import subprocess
 from pathlib import Path
@@ -52,7 +56,7 @@ def test_config_map_carries_the_script() -> None:
             "namespace": "ml",
             "labels": {"app.kubernetes.io/name": "verl-gke", "app.kubernetes.io/component": "data-staging"},
         },
-        "data": {"stage_data.py": SCRIPT_TEXT},
+        "data": {"stage_data.py": SCRIPT_TEXT, "requirements.txt": staging.requirements_text()},
     }
 
 
@@ -149,12 +153,12 @@ def test_shell_passes_arguments_through_untouched(tmp_path: Path) -> None:
     assert not (tmp_path / "pwned").exists()
 
 
-def test_token_comes_from_the_secret(job: dict) -> None:
-    env = {e["name"]: e for e in _container(job)["env"]}
-    assert env["HF_TOKEN"] == {
-        "name": "HF_TOKEN",
-        "valueFrom": {"secretKeyRef": {"name": "hf-secret", "key": "hf_api_token"}},
-    }
+def test_the_token_is_read_from_secret_manager_never_from_the_pod_spec(job: dict) -> None:
+    assert "HF_TOKEN" not in {e["name"] for e in _container(job)["env"]}
+    assert "--hf-token-secret" not in _container(job)["command"]
+    secret = "projects/my-project-123/secrets/verl-gke-a4-hf-token"
+    command = _container(staging.staging_job(dataclasses.replace(SPEC, hf_token_secret=secret)))["command"]
+    assert command[-2:] == ["--hf-token-secret", secret]
 
 
 def test_download_settings(job: dict) -> None:
@@ -167,15 +171,16 @@ def test_download_settings(job: dict) -> None:
 
 
 def test_image_and_packages_are_pinned(job: dict) -> None:
-    assert _container(job)["image"] == "python:3.11.13-slim-bookworm"
-    assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-[a-z]+", staging.IMAGE)
+    assert _container(job)["image"] == (
+        "python:3.11.13-slim-bookworm@sha256:86adf8dbadc3d6e82ee5dd2c74bec2e1c2467cdad47886280501df722372d2e1")
+    assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-[a-z]+@sha256:[0-9a-f]{64}", staging.IMAGE)
     for req in staging.PIP_REQUIREMENTS:
         assert re.fullmatch(r"[A-Za-z0-9_.-]+==[0-9][A-Za-z0-9.]*", req), req
     names = {req.split("==")[0].lower().replace("_", "-") for req in staging.PIP_REQUIREMENTS}
     assert {"huggingface-hub", "pyarrow"} <= names
     install = _container(job)["command"][2].splitlines()[1]
     assert install.startswith("pip install --quiet --no-cache-dir --disable-pip-version-check --no-deps ")
-    assert install.endswith(" ".join(staging.PIP_REQUIREMENTS))
+    assert install.endswith(" -r /opt/verl-gke/requirements.txt")
 
 
 def test_runs_as_non_root_with_a_read_only_root(job: dict) -> None:
@@ -209,7 +214,7 @@ def test_new_script_changes_the_pod_template() -> None:
         return staging.staging_job(spec)["spec"]["template"]["metadata"]["annotations"]["verl-gke/script-sha256"]
 
     assert digest_annotation(SCRIPT_TEXT) != digest_annotation(SCRIPT_TEXT + "\n")
-    assert staging.script_digest("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    assert staging.script_digest("abc") == hashlib.sha256(("abc" + staging.requirements_text()).encode()).hexdigest()
 
 
 def test_names_shared_with_storage(job: dict) -> None:
@@ -230,3 +235,33 @@ def test_schema_check_rejects_a_misspelt_field(job: dict) -> None:
     job["spec"]["backofLimit"] = 3
     with pytest.raises(AssertionError, match="backofLimit"):
         validate_core(job, k8s_version="1.34")
+
+
+def test_the_jobs_packages_install_by_hash_only() -> None:
+    program = staging.staging_job(SPEC)["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    assert ("--no-deps --only-binary=:all: --require-hashes --target /tmp/pydeps "
+            "-r /opt/verl-gke/requirements.txt\n") in program
+    lines = staging.requirements_text().splitlines()
+    assert [line.split(" ")[0] for line in lines] == list(staging.PIP_REQUIREMENTS)
+    for line in lines:
+        hashes = [part for part in line.split(" ")[1:]]
+        assert hashes and all(re.fullmatch(r"--hash=sha256:[0-9a-f]{64}", h) for h in hashes), line
+    # The two compiled wheels carry an x86_64 and an aarch64 hash: the image is multi-arch.
+    assert {line.split(" ")[0] for line in lines if line.count("--hash") == 2} == {"pyarrow==26.0.1", "PyYAML==6.0.4"}
+
+
+def test_pip_refuses_a_file_whose_hash_differs(tmp_path: Path) -> None:
+    """pip's own hash check, run on the Job's requirement line shape against a local wheel."""
+    wheel = tmp_path / "demo_pkg-1.0-py3-none-any.whl"
+    import zipfile
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("demo_pkg/__init__.py", "")
+        zf.writestr("demo_pkg-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: demo-pkg\nVersion: 1.0\n")
+        zf.writestr("demo_pkg-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        zf.writestr("demo_pkg-1.0.dist-info/RECORD", "")
+    req = tmp_path / "req.txt"
+    req.write_text("demo-pkg==1.0 --hash=sha256:" + "0" * 64 + "\n")
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--isolated", "--no-index", "--find-links", str(tmp_path),
+                           "--no-deps", "--only-binary=:all:", "--require-hashes", "--target", str(tmp_path / "t"),
+                           "-r", str(req)], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "THESE PACKAGES DO NOT MATCH THE HASHES" in done.stderr

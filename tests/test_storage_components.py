@@ -1,13 +1,12 @@
 """GcsFuseStorage and DataStaging under the mock engine: every value the tutorial's "Prepare data and
 storage" and "Prepare the model and data" steps fix, the order things wait for each other, and the
-Hugging Face token never reaching the engine in clear."""
+Hugging Face token's secret (the token itself never passes through the program)."""
 
 from __future__ import annotations
 
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -20,20 +19,19 @@ from tests.mock_run import MockRun
 from verl_gke import synth
 from workloads import stage_data
 
-TOKEN = "hf_TESTTOKENxx0123456789"
 PROJECT = "my-project-123"
+SECRET_ID = "verl-gke-a4-hf-token"
+SECRET = f"projects/{PROJECT}/secrets/{SECRET_ID}"
 BUCKET = "verl-data-my-project-123"
 MODEL_REV = "5ede1c97bbab6ce5cda5812749b4c0bdf79b18dd"
 DATASET_REV = "740312add88f781978c0658806c59bc2815b9866"
 
 
-def deploy(namespace: str, token: str, force_destroy: bool = False) -> MockRun:
-    """GcsFuseStorage then DataStaging through one provider; `token` "secret" passes the HF token as a
-    secret Output, anything else as a plain string."""
+def deploy(namespace: str, force_destroy: bool = False) -> MockRun:
+    """GcsFuseStorage then DataStaging through one provider."""
 
     def program() -> None:
         provider = k8s.Provider("k8s", kubeconfig="apiVersion: v1")
-        hf_token = pulumi.Output.secret(TOKEN) if token == "secret" else TOKEN
         store = GcsFuseStorage(
             "storage",
             {
@@ -44,7 +42,7 @@ def deploy(namespace: str, token: str, force_destroy: bool = False) -> MockRun:
                 "force_destroy": force_destroy,
                 "namespace": namespace,
                 "service_account": "verl-ray",
-                "hf_token": hf_token,
+                "hf_token_secret_id": SECRET_ID,
                 "k8s_provider": provider,
                 "labels": {"stack": "a4"},
             },
@@ -60,11 +58,12 @@ def deploy(namespace: str, token: str, force_destroy: bool = False) -> MockRun:
                 "dataset_repo": "openai/gsm8k",
                 "dataset_revision": DATASET_REV,
                 "timeout_minutes": 180,
+                "hf_token_secret": SECRET,
             },
             opts=pulumi.ResourceOptions(providers=[provider], depends_on=[store]),
         )
         for key in ("bucket_name", "bucket_url", "namespace", "service_account_name", "claim_name",
-                    "hf_secret_name"):
+                    "hf_token_secret"):
             pulumi.export(f"storage.{key}", getattr(store, key))
         for key in ("job_name", "model_path", "train_files", "val_files"):
             pulumi.export(f"staging.{key}", getattr(data, key))
@@ -74,16 +73,15 @@ def deploy(namespace: str, token: str, force_destroy: bool = False) -> MockRun:
 
 @pytest.fixture(scope="module")
 def run() -> MockRun:
-    return deploy("ml", token="secret")
+    return deploy("ml")
 
 
 @pytest.fixture(scope="module")
 def run_default_ns() -> MockRun:
-    return deploy("default", token="plain")
+    return deploy("default")
 
 
-K8S_CHILDREN = ["storage-namespace", "storage-ksa", "storage-pv", "storage-pvc", "storage-hf-secret",
-                "staging-script", "staging-job"]
+K8S_CHILDREN = ["storage-namespace", "storage-ksa", "storage-pv", "storage-pvc", "staging-script", "staging-job"]
 
 
 def test_registers_what_the_tutorial_creates(run: MockRun) -> None:
@@ -97,12 +95,13 @@ def test_registers_what_the_tutorial_creates(run: MockRun) -> None:
         ("kubernetes:core/v1:ServiceAccount", "storage-ksa"),
         ("kubernetes:core/v1:PersistentVolume", "storage-pv"),
         ("kubernetes:core/v1:PersistentVolumeClaim", "storage-pvc"),
-        ("kubernetes:core/v1:Secret", "storage-hf-secret"),
+        ("gcp:secretmanager/secret:Secret", "storage-hf-token"),
+        ("gcp:secretmanager/secretIamMember:SecretIamMember", "storage-hf-token-accessor"),
         ("verl-gke:index:DataStaging", "staging"),
         ("kubernetes:core/v1:ConfigMap", "staging-script"),
         ("kubernetes:batch/v1:Job", "staging-job"),
     }
-    assert len(run.registrations) == 12
+    assert len(run.registrations) == 13
 
 
 def test_no_namespace_is_created_for_default(run_default_ns: MockRun) -> None:
@@ -130,7 +129,8 @@ def test_labels_gcs_would_refuse_are_refused_by_name(labels: dict[str, str]) -> 
     def program() -> None:
         GcsFuseStorage("storage", {
             "project": PROJECT, "project_number": "1", "region": "us-central1", "bucket_name": BUCKET,
-            "force_destroy": False, "namespace": "default", "service_account": "verl-ray", "hf_token": TOKEN,
+            "force_destroy": False, "namespace": "default", "service_account": "verl-ray",
+            "hf_token_secret_id": SECRET_ID,
             "k8s_provider": k8s.Provider("k8s", kubeconfig="apiVersion: v1"), "labels": labels,
         })
 
@@ -142,7 +142,7 @@ def test_labels_gcs_would_refuse_are_refused_by_name(labels: dict[str, str]) -> 
 def test_destroy_keeps_a_bucket_without_force_destroy_and_deletes_it_with(run: MockRun) -> None:
     assert run.sent("storage-bucket").retain_on_delete is True
     assert run.inputs("storage-bucket")["forceDestroy"] is False
-    forced = deploy("default", "secret", force_destroy=True)
+    forced = deploy("default", force_destroy=True)
     assert forced.sent("storage-bucket").retain_on_delete is False
     assert forced.inputs("storage-bucket")["forceDestroy"] is True
 
@@ -167,7 +167,7 @@ def test_principal_format() -> None:
 
 
 def test_kubernetes_objects_are_the_manifest_builders(run: MockRun) -> None:
-    assert run.inputs("storage-namespace")["metadata"] == {"name": "ml"}
+    assert run.inputs("storage-namespace")["metadata"] == storage.namespace("ml")["metadata"]
     assert run.inputs("storage-ksa")["metadata"] == {"name": "verl-ray", "namespace": "ml"}
     pv = storage.persistent_volume(bucket=BUCKET, namespace="ml")
     assert run.inputs("storage-pv")["metadata"] == pv["metadata"]
@@ -175,10 +175,6 @@ def test_kubernetes_objects_are_the_manifest_builders(run: MockRun) -> None:
     pvc = storage.persistent_volume_claim(namespace="ml")
     assert run.inputs("storage-pvc")["metadata"] == pvc["metadata"]
     assert run.inputs("storage-pvc")["spec"] == pvc["spec"]
-    secret = run.inputs("storage-hf-secret")
-    assert secret["metadata"] == {"name": "hf-secret", "namespace": "ml"}
-    assert secret["type"] == "Opaque"
-    assert secret["stringData"] == {"hf_api_token": "[secret]"}
 
 
 def test_volume_keeps_the_tutorials_mount_options(run: MockRun) -> None:
@@ -195,9 +191,10 @@ def test_every_kubernetes_child_uses_the_one_provider(run: MockRun) -> None:
 
 
 def test_children_are_parented(run: MockRun) -> None:
-    for name in ("storage-bucket", "storage-bucket-object-user", *K8S_CHILDREN[:5]):
+    for name in ("storage-bucket", "storage-bucket-object-user", "storage-hf-token", "storage-hf-token-accessor",
+                 *K8S_CHILDREN[:4]):
         assert run.by_name[name].parent == run.urn("storage"), name
-    for name in K8S_CHILDREN[5:]:
+    for name in K8S_CHILDREN[4:]:
         assert run.by_name[name].parent == run.urn("staging"), name
 
 
@@ -205,7 +202,7 @@ def test_storage_order(run: MockRun) -> None:
     deps = {name: run.by_name[name].dependencies for name in K8S_CHILDREN}
     assert run.urn("storage-bucket") in deps["storage-pv"]
     assert run.urn("storage-pv") in deps["storage-pvc"]
-    for name in ("storage-ksa", "storage-pvc", "storage-hf-secret"):
+    for name in ("storage-ksa", "storage-pvc"):
         assert run.urn("storage-namespace") in deps[name], name
 
 
@@ -216,52 +213,38 @@ def test_storage_outputs(run: MockRun) -> None:
         "storage.namespace": "ml",
         "storage.service_account_name": "verl-ray",
         "storage.claim_name": "training-bucket-pvc",
-        "storage.hf_secret_name": "hf-secret",
+        "storage.hf_token_secret": SECRET,
     }
 
 
 # --- the token ----------------------------------------------------------------------------------
 
 
-def _without_secrets(value: Any) -> Any:
-    """A raw property value with every secret-wrapped value removed."""
-    if isinstance(value, dict):
-        if value.get(pulumi.runtime.rpc._special_sig_key) == pulumi.runtime.rpc._special_secret_sig:
-            return "<secret>"
-        return {k: _without_secrets(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_without_secrets(v) for v in value]
-    return value
+def test_the_token_secret_is_created_empty_and_only_the_staging_identity_may_read_it(run: MockRun) -> None:
+    secret = run.inputs("storage-hf-token")
+    assert secret == {"project": PROJECT, "secretId": SECRET_ID, "replication": {"auto": {}},
+                      "labels": {"app": "verl-gke", "stack": "a4"}}
+    assert not [r for r in run.registrations if r.type.startswith("gcp:secretmanager/secretVersion")]
+    access = run.inputs("storage-hf-token-accessor")
+    assert access["role"] == "roles/secretmanager.secretAccessor"
+    assert access["member"] == run.inputs("storage-bucket-object-user")["member"]
+    assert access["secretId"] == SECRET_ID
+    assert run.urn("storage-hf-token") in run.by_name["storage-hf-token-accessor"].dependencies
 
 
-@pytest.mark.parametrize("fixture", ["run", "run_default_ns"])
-def test_token_reaches_the_engine_only_as_a_secret(fixture: str, request: pytest.FixtureRequest) -> None:
-    result: MockRun = request.getfixturevalue(fixture)
-    raw = {name: sent.raw_inputs for name, sent in result.monitor.sent.items()}
-    # The token is sent (the Secret needs it), so this test would see it in clear if it were...
-    assert TOKEN in json.dumps(raw)
-    # ...but only ever inside secret-marked values, whether the caller passed a secret or not.
-    assert TOKEN not in json.dumps(_without_secrets(raw))
-    assert TOKEN not in json.dumps([r.__dict__ for r in result.registrations])
-    assert TOKEN not in json.dumps(result.outputs)
-
-
-def test_job_reads_the_token_from_the_secret_not_a_literal(run: MockRun) -> None:
-    raw = run.sent("staging-job").raw_inputs
-    assert TOKEN not in json.dumps(raw)
-    (container,) = raw["spec"]["template"]["spec"]["containers"]
-    env = {e["name"]: e for e in container["env"]}
-    assert env["HF_TOKEN"] == {
-        "name": "HF_TOKEN",
-        "valueFrom": {"secretKeyRef": {"name": "hf-secret", "key": "hf_api_token"}},
-    }
+def test_no_kubernetes_secret_and_no_token_in_the_job(run: MockRun) -> None:
+    assert not [r for r in run.registrations if r.type == "kubernetes:core/v1:Secret"]
+    (container,) = run.sent("staging-job").raw_inputs["spec"]["template"]["spec"]["containers"]
+    assert "HF_TOKEN" not in json.dumps(container)
+    assert container["command"][-2:] == ["--hf-token-secret", SECRET]
 
 
 # --- staging ------------------------------------------------------------------------------------
 
 
 def test_config_map_holds_the_script(run: MockRun) -> None:
-    assert run.inputs("staging-script")["data"] == {"stage_data.py": Path(stage_data.__file__).read_text()}
+    assert run.inputs("staging-script")["data"] == {"stage_data.py": Path(stage_data.__file__).read_text(),
+                                                    "requirements.txt": staging.requirements_text()}
     assert run.inputs("staging-script")["metadata"]["name"] == "stage-data-script"
     assert run.inputs("staging-script")["metadata"]["namespace"] == "ml"
 
@@ -279,6 +262,7 @@ def test_job_is_the_manifest_builders(run: MockRun) -> None:
             dataset_config="main",
             script_digest=staging.script_digest(Path(stage_data.__file__).read_text()),
             deadline_seconds=10800,
+            hf_token_secret=SECRET,
         )
     )
     job = run.inputs("staging-job")
@@ -298,14 +282,15 @@ def test_pulumi_waits_for_the_job_as_long_as_configured(run: MockRun) -> None:
 
 def test_job_waits_for_storage_and_its_script(run: MockRun) -> None:
     deps = run.by_name["staging-job"].dependencies
-    for name in ("staging-script", "storage-bucket-object-user", "storage-ksa", "storage-pvc", "storage-hf-secret"):
+    for name in ("staging-script", "storage-bucket-object-user", "storage-ksa", "storage-pvc",
+                 "storage-hf-token-accessor"):
         assert run.urn(name) in deps, name
 
 
 def test_job_does_not_wait_for_anything_else(run: MockRun) -> None:
     # Storage's children and the script only: the Job runs while the GPU pool is still created.
     allowed = {run.urn(n) for n in ("staging-script", "storage-bucket", "storage-bucket-object-user",
-                                    *K8S_CHILDREN[:5])}
+                                    "storage-hf-token", "storage-hf-token-accessor", *K8S_CHILDREN[:4])}
     assert set(run.by_name["staging-job"].dependencies) <= allowed
 
 

@@ -121,13 +121,12 @@ def test_service_account() -> None:
     }
 
 
-def test_hf_secret_has_the_tutorials_name_and_key() -> None:
-    token = object()  # stands for a Pulumi secret Output: passed through, never inspected
-    secret = storage.hf_token_secret(namespace="ml", token=token)
-    assert secret["metadata"] == {"name": "hf-secret", "namespace": "ml"}
-    assert secret["type"] == "Opaque"
-    assert secret["stringData"] == {"hf_api_token": token}
-    assert secret["stringData"]["hf_api_token"] is token
+def test_namespace_carries_pod_security_labels_pinned_to_a_version() -> None:
+    assert storage.namespace("verl-gke") == {"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": "verl-gke", "labels": {
+            "pod-security.kubernetes.io/enforce": "privileged", "pod-security.kubernetes.io/enforce-version": "v1.34",
+            "pod-security.kubernetes.io/warn": "baseline", "pod-security.kubernetes.io/warn-version": "v1.34",
+            "pod-security.kubernetes.io/audit": "baseline", "pod-security.kubernetes.io/audit-version": "v1.34"}}}
 
 
 def test_claim_volume_and_its_mount() -> None:
@@ -148,7 +147,7 @@ def test_claim_volume_and_its_mount() -> None:
         storage.persistent_volume(bucket=BUCKET, namespace="default"),
         storage.persistent_volume_claim(namespace="default"),
         storage.service_account(name="verl-ksa", namespace="default"),
-        storage.hf_token_secret(namespace="default", token="hf_example"),
+        storage.namespace("verl-gke"),
     ],
     ids=lambda o: o["kind"],
 )

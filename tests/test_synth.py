@@ -51,7 +51,7 @@ def test_placeholders_are_listed_in_the_summary(synth_stack):
     result = synth_stack("a4-standard")
     text = synth.summary(result, Path("dist/a4-standard"))
     assert text.endswith("Set these before `pulumi up` (they still hold placeholders):\n"
-                         "  gcp:project\n  verl-gke:reservation\n  verl-gke:hfToken")
+                         "  gcp:project\n  verl-gke:reservation")
 
 
 def test_wire_values_mask_secrets_and_unknowns():
@@ -108,7 +108,7 @@ def test_a_real_run_stops_at_once_on_placeholders():
         synth.run_in_mocks(lambda: from_pulumi(allow_placeholders=False), stack="a4-standard",
                            config=raw, secret_keys=secret_keys, monitor=monitor)
     assert str(caught.value) == ("Pulumi.a4-standard.yaml still has placeholders; set them before `pulumi up`:\n"
-                                 "  gcp:project\n  verl-gke:reservation\n  verl-gke:hfToken")
+                                 "  gcp:project\n  verl-gke:reservation")
     assert monitor.registrations == []
 
 
@@ -121,15 +121,13 @@ def _real_run(stack: str, raw: dict, preview: bool, log: list[str]) -> list:
     return monitor.registrations
 
 
-def test_a_preview_may_lack_only_the_token():
+def test_preview_and_up_need_no_token_in_config():
     raw = {**synth.raw_config("a4-standard")[0], "gcp:project": "my-project-123", "verl-gke:reservation": "r"}
-    log: list[str] = []
-    _real_run("a4-standard", raw, preview=True, log=log)
-    assert "warning: verl-gke:hfToken is not set: fine for a preview; `pulumi up` stops without it" in log
-    with pytest.raises(pulumi.RunError) as caught:
-        _real_run("a4-standard", raw, preview=False, log=[])
-    assert str(caught.value).endswith("before `pulumi up`:\n  verl-gke:hfToken")
-    # Other placeholders stop a preview too.
+    for preview in (True, False):
+        log: list[str] = []
+        _real_run("a4-standard", raw, preview=preview, log=log)  # raises on any problem
+        assert log and not [line for line in log if "hfToken" in line]
+    # Placeholders stop a preview.
     with pytest.raises(pulumi.RunError):
         _real_run("a4-standard", {**raw, "verl-gke:reservation": "replace-me"}, preview=True, log=[])
 

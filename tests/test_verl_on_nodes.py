@@ -127,7 +127,7 @@ def test_an_image_with_verl_gets_no_second_copy() -> None:
     from verl_gke import synth
 
     flags, job_path, head_env = _verl_wiring(synth.run("a4", overrides={"verl-gke:verlInImage": "true",
-                                                                       "verl-gke:verlImage": "me/verl:1.0"}))
+                                                                       "verl-gke:verlImage": "me/verl@sha256:" + "e" * 64}))
     assert (flags, job_path, head_env) == ([], None, [])
 
 

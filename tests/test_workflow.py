@@ -169,10 +169,14 @@ def test_stack_comes_from_the_form_then_the_repository_variable() -> None:
     assert load()["env"]["STACK"] == "${{ inputs.stack || vars.STACK || 'a4-standard' }}"
 
 
-def test_permissions_are_minimal_and_no_job_widens_them() -> None:
+def test_only_the_jobs_on_main_that_authenticate_get_an_oidc_token() -> None:
     workflow = load()
-    assert workflow["permissions"] == {"contents": "read", "id-token": "write"}
-    assert [job_id for job_id, job in workflow["jobs"].items() if "permissions" in job] == []
+    assert workflow["permissions"] == {"contents": "read"}
+    widened = {job_id: job["permissions"] for job_id, job in workflow["jobs"].items() if "permissions" in job}
+    assert widened == {"up": {"contents": "read", "id-token": "write"}, "follow": {"contents": "read", "id-token": "write"}}
+    for job_id, job in workflow["jobs"].items():
+        authenticates = any(s.get("uses", "").startswith("google-github-actions/auth@") for s in job["steps"])
+        assert authenticates == (job_id in widened), job_id
 
 
 def test_every_action_is_pinned_to_a_full_commit_sha_with_its_release_noted() -> None:
@@ -191,7 +195,7 @@ def test_every_action_is_pinned_to_a_full_commit_sha_with_its_release_noted() ->
         ("pulumi/actions", "8e5e406f4007fca908480587cb9893c07090f58d", "v7.0.0"),
         ("actions/upload-artifact", "bbbca2ddaa5d8feaa63e36b76fdaad77386f024f", "v7.0.0"),
     }
-    assert len(uses) == 18  # test 2, preview 5, up 5, follow 6
+    assert len(uses) == 15  # test 2, synth 2, up 5, follow 6
 
 
 def test_pulumi_up_runs_only_for_pushes_and_manual_runs_on_main() -> None:
@@ -204,14 +208,27 @@ def test_pulumi_up_runs_only_for_pushes_and_manual_runs_on_main() -> None:
     assert "--yes" in up["run"].split()
 
 
-def test_pulumi_preview_runs_for_same_repository_pull_requests_after_the_tests() -> None:
+def test_pulumi_preview_runs_only_beside_up_on_main() -> None:
     workflow = load()
     (job_id, preview), = steps_running(workflow, "pulumi preview")
+    assert job_id == "up"
+    ran = {name: runs(workflow["jobs"][job_id], preview, context) for name, context in EVENTS.items()}
+    assert ran == {"same-repo PR": False, "fork PR": False, "push to main": True,
+                   "dispatch on main": True, "dispatch on a branch": False}
+
+
+def test_pull_requests_synthesize_every_stack_without_any_credential() -> None:
+    workflow = load()
+    (job_id, step), = steps_running(workflow, "make synth-all")
     job = workflow["jobs"][job_id]
     assert job["needs"] == "test"
-    ran = {name: runs(job, preview, context) for name, context in EVENTS.items()}
-    assert ran == {"same-repo PR": True, "fork PR": False, "push to main": False,
+    ran = {name: runs(job, step, context) for name, context in EVENTS.items()}
+    assert ran == {"same-repo PR": True, "fork PR": True, "push to main": False,
                    "dispatch on main": False, "dispatch on a branch": True}
+    for job_id in ("test", "synth"):
+        text = yaml.safe_dump(workflow["jobs"][job_id])
+        assert "secrets." not in text and "environment" not in workflow["jobs"][job_id], job_id
+        assert "permissions" not in workflow["jobs"][job_id] and "id-token" not in text, job_id
 
 
 def test_tests_run_for_every_event() -> None:
@@ -225,38 +242,59 @@ def test_gcp_auth_is_workload_identity_federation_only() -> None:
     workflow = load()
     auths = [step for job in workflow["jobs"].values() for step in job["steps"]
              if step.get("uses", "").startswith("google-github-actions/auth@")]
-    assert len(auths) == 3
+    assert len(auths) == 2
     for step in auths:
         assert set(step["with"]) == {"workload_identity_provider", "service_account", "project_id"}
         assert step["with"]["workload_identity_provider"] == "${{ vars.GCP_WORKLOAD_IDENTITY_PROVIDER }}"
 
 
-def test_previews_run_read_only_without_the_token_and_deploys_in_their_environment() -> None:
-    jobs = load()["jobs"]
-    (preview_job, _), = steps_running(load(), "pulumi preview")
-    (up_job, _), = steps_running(load(), "pulumi up")
-    assert preview_job != up_job
-
-    def identity(job: dict[str, Any]) -> str:
-        (auth,) = [s for s in job["steps"] if s.get("uses", "").startswith("google-github-actions/auth@")]
-        return auth["with"]["service_account"]
-
-    assert identity(jobs[preview_job]) == "${{ vars.GCP_PREVIEW_SERVICE_ACCOUNT }}"
-    assert "HF_TOKEN" not in yaml.safe_dump(jobs[preview_job]) and "environment" not in jobs[preview_job]
-    for job_id in (up_job, "follow"):
-        assert identity(jobs[job_id]) == "${{ vars.GCP_SERVICE_ACCOUNT }}"
-        assert jobs[job_id]["environment"] == "deploy"
-
-
-def test_hf_token_reaches_pulumi_config_as_a_secret_through_stdin_only() -> None:
+def test_pulumi_credentials_and_the_deploy_identity_exist_only_in_the_deploy_environment() -> None:
     workflow = load()
+    for job_id, job in workflow["jobs"].items():
+        text = yaml.safe_dump(job)
+        holds = "secrets.PULUMI" in text or "GCP_SERVICE_ACCOUNT" in text
+        assert holds == (job.get("environment") == "deploy"), job_id
+    assert {j for j, job in workflow["jobs"].items() if job.get("environment") == "deploy"} == {"up", "follow"}
+    assert "env" not in workflow or not any("secrets." in str(v) for v in workflow["env"].values())
+
+
+def test_no_hugging_face_token_passes_through_the_workflow() -> None:
     text = WORKFLOW.read_text()
-    assert text.count("secrets.HF_TOKEN") == 1
-    (job_id, step), = steps_running(workflow, "pulumi config set")
-    assert step["env"] == {"HF_TOKEN": "${{ secrets.HF_TOKEN }}"}
-    assert step["run"] == "printf '%s' \"$HF_TOKEN\" | pulumi config set --secret verl-gke:hfToken --stack \"$STACK\""
-    scripts = [step.get("run", "") for job in workflow["jobs"].values() for step in job["steps"]]
+    assert "secrets.HF_TOKEN" not in text and "hfToken" not in text
+    scripts = [step.get("run", "") for job in load()["jobs"].values() for step in job["steps"]]
     assert [script for script in scripts if "--show-secrets" in script] == []
+
+
+def test_jobs_with_the_deploy_identity_install_packages_by_hash_only() -> None:
+    workflow = load()
+    makefile = (WORKFLOW.parent.parent.parent / "Makefile").read_text()
+    recipe = makefile.split("\ndeploy-venv:\n", 1)[1].split("\n\n", 1)[0]
+    installs = [line.strip() for line in recipe.splitlines() if "pip install " in line]
+    assert installs[0].endswith("--no-deps --require-hashes --no-build-isolation -r requirements.lock")
+    assert "--no-deps" in installs[1] and installs[1].endswith("-e .") and len(installs) == 2
+    for job_id in ("up", "follow"):
+        scripts = [step.get("run", "") for step in workflow["jobs"][job_id]["steps"]]
+        assert "make deploy-venv" in scripts, job_id
+        assert not [s for s in scripts if "pip install" in s or re.search(r"make (synth|test)\b", s)], job_id
+
+
+def test_the_lock_pins_the_whole_runtime_tree_by_hash() -> None:
+    root = WORKFLOW.parent.parent.parent
+    lock = re.findall(r"^([a-z0-9-]+)==(\S+) \\\n    --hash=sha256:([0-9a-f]{64})$",
+                      (root / "requirements.lock").read_text(), re.M)
+    pinned = {name: version for name, version, _ in lock}
+    assert len(pinned) == len(lock) > 50
+    constraints = {}
+    for line in (root / "constraints.txt").read_text().splitlines():
+        if "==" in line and not line.startswith("#"):
+            name, version = line.split("==")
+            constraints[name.lower().replace("_", "-")] = version.strip()
+    for line in (root / "requirements.txt").read_text().splitlines():
+        if "==" in line:
+            name, version = line.split("==")
+            assert pinned[name.split("[")[0].lower().replace("_", "-")] == version.strip(), name
+    assert {n: v for n, v in pinned.items() if n in constraints and constraints[n] != v} == {}
+    assert pinned["setuptools"] == "80.9.0"  # the build backend pyproject.toml names
 
 
 def test_after_up_the_job_is_awaited_with_the_cli_and_the_plot_uploaded() -> None:

@@ -3,7 +3,7 @@
     verl-gke status      cluster, Ray head, workers and GPUs, job status: one screen
     verl-gke logs        the job's logs (--follow to stream them until the job ends)
     verl-gke wait        block until the job ends; exit 0 only if it SUCCEEDED
-    verl-gke dashboard   open the port-forward and print the local URL until Ctrl-C
+    verl-gke dashboard   open a port-forward on a random local port until Ctrl-C or --minutes
     verl-gke metrics     verl's per-step metrics as a table, a reward plot and a verdict
     verl-gke fabric      all-reduce across every GPU worker: the fabric's bus bandwidth, on demand
     verl-gke export      a checkpoint as a Hugging Face model in the bucket (verl's own merger, as a Ray job)
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
-from verl_gke import fabric, metrics, stack_outputs
+from verl_gke import fabric, gke_facts, metrics, stack_outputs
 from verl_gke.cluster_readiness import ClusterNotReadyError, await_capacity, read_capacity
 from verl_gke.head_access import (
     OUTAGE_WINDOW_S,
@@ -52,6 +52,8 @@ PROG = "verl-gke"
 TERMINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 DEFAULT_HEAD_TIMEOUT_S = 30.0
 DEFAULT_POLL_S = 30.0
+DASHBOARD_MINUTES = 60.0
+"""How long `verl-gke dashboard` keeps its port-forward open unless told otherwise."""
 RECONNECT_PAUSE_S = 5.0
 FOLLOW_CHECK_S = 30.0
 """`logs --follow`: after this long without a line, check that the head still answers."""
@@ -126,8 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
                            f"(default {OUTAGE_WINDOW_S:g})")
     wait.set_defaults(handler=cmd_wait)
 
-    dash = commands.add_parser("dashboard", parents=[common], help="open the Ray dashboard locally until Ctrl-C",
-                               description="Open a port-forward to the Ray head and print its local URL until Ctrl-C.")
+    dash = commands.add_parser(
+        "dashboard", parents=[common], help="open the Ray dashboard locally until Ctrl-C or --minutes",
+        description="Open a port-forward to the Ray head on a random free port of 127.0.0.1 and print its URL "
+                    "until Ctrl-C or --minutes. The Ray Job API behind it has no authentication on Ray < 2.52: "
+                    "a fixed, long-lived local port would let a web page in your browser reach it.")
+    dash.add_argument("--minutes", type=_positive_float, default=DASHBOARD_MINUTES, metavar="M",
+                      help=f"close the port-forward after M minutes (default {DASHBOARD_MINUTES:g})")
     dash.set_defaults(handler=cmd_dashboard)
 
     met = commands.add_parser(
@@ -256,17 +263,19 @@ def _head(args: argparse.Namespace, outputs: StackOutputs | None, timeout_s: flo
             raise CliError(f"{outputs.source} holds offline outputs from `make synth` (no real cluster CA): "
                            "there is no cluster to reach; use a deployed stack's outputs "
                            "(`pulumi stack output --json`) or --dashboard-url URL")
-        missing = [key for key, value in (("clusterEndpoint", outputs.cluster_endpoint),
-                                          ("clusterCaCertificate", outputs.cluster_ca_certificate)) if not value]
-        if missing:
-            raise CliError(f"{outputs.source} lacks {' and '.join(missing)}, needed to port-forward to the "
-                           "Ray head; pass --dashboard-url URL for a directly reachable head")
+        # The outputs name the cluster; its endpoint and CA come from GKE, never from the outputs.
+        _progress(f"reading the endpoint and CA of cluster {outputs.cluster_name} in {outputs.cluster_location} "
+                  "from GKE")
+        try:
+            facts = gke_facts.describe(outputs.cluster_name, outputs.cluster_location)
+        except gke_facts.GkeLookupError as error:
+            raise CliError(str(error)) from None
         _progress(f"opening a port-forward to svc/{outputs.ray_head_service} in namespace "
                   f"{outputs.namespace} of cluster {outputs.cluster_name}")
         context = dashboard(
             None,
-            cluster_endpoint=outputs.cluster_endpoint,
-            cluster_ca_certificate=outputs.cluster_ca_certificate,
+            cluster_endpoint=facts.endpoint,
+            cluster_ca_certificate=facts.ca_certificate,
             cluster_name=outputs.cluster_name,
             namespace=outputs.namespace,
             head_service=outputs.ray_head_service,
@@ -509,11 +518,13 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         if args.dashboard_url:
             print(f"Ray dashboard: {url}")
             return 0  # directly reachable: there is no tunnel to hold open
-        try:  # Ctrl-C is how this command is meant to end
+        try:  # Ctrl-C, or the time limit, ends it
             print(f"Ray dashboard: {url}", flush=True)
-            _progress("port-forward open; press Ctrl-C to close it")
-            while True:
-                time.sleep(3600)
+            _progress(f"port-forward open for {args.minutes:g} min; press Ctrl-C to close it sooner")
+            end = time.monotonic() + args.minutes * 60
+            while (left := end - time.monotonic()) > 0:
+                time.sleep(min(left, 60.0))
+            _progress(f"closing the port-forward after {args.minutes:g} min")
         except KeyboardInterrupt:
             _progress("closing the port-forward")
     return 0

@@ -122,9 +122,11 @@ def job_client(url: str, address: str) -> JobSubmissionClient:
 
 
 def dashboard_command(namespace: str, head_service: str, port: int = DASHBOARD_PORT) -> str:
-    """The command a person runs to open the dashboard at http://127.0.0.1:<port>."""
+    """The command a person runs to open the dashboard at the http://127.0.0.1:<port> kubectl prints.
+    The local port is a random free one, never a fixed, well-known one: the Job API of Ray < 2.52 has
+    no authentication, and a web page in the browser could reach a predictable local port."""
     return shlex.join([
-        "kubectl", "port-forward", f"svc/{head_service}", f"{port}:{port}",
+        "kubectl", "port-forward", f"svc/{head_service}", f":{port}",
         "-n", namespace, "--address", "127.0.0.1",
     ])
 

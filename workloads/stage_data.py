@@ -12,6 +12,9 @@ straight to the bucket mount:
 
 Each artifact's directory gets a marker recording what was staged (repo, commit, fingerprint,
 file sizes); a later run whose marker matches and whose files are all there does nothing.
+The Hugging Face token, when the stack names a Secret Manager secret, is read at start through
+Workload Identity (the GKE metadata server's access token, then Secret Manager's REST API): it is
+never in the pod's spec, a Kubernetes Secret or Pulumi's state.
 Exit status: 0 done, 1 transient failure (the Job retries), 2 permanent failure (bad argument,
 missing repo or revision, token refused: retrying cannot help). A failure prints one line.
 
@@ -23,6 +26,7 @@ the Pulumi program).
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import json
 import logging
@@ -332,6 +336,106 @@ def one_line(message: str, secret: str | None) -> str:
     return line.replace(secret, "[redacted]") if secret else line
 
 
+# --- the token, from Secret Manager through Workload Identity ----------------------------------
+
+METADATA_ROOT = "http://metadata.google.internal/computeMetadata/v1"
+"""The GKE metadata server (GCE_METADATA_HOST overrides the host, as in Google's client libraries)."""
+SECRET_MANAGER_ROOT = "https://secretmanager.googleapis.com/v1"
+SECRET_REQUEST_TIMEOUT_S = 10
+SECRET_DEADLINE_S = 600
+"""How long to keep asking: GKE's metadata server needs a few seconds on a new pod, and a new IAM
+binding can take minutes to apply (both documented by Google); the Job's retries add more."""
+SECRET_NAME_RE = re.compile(r"projects/[a-z0-9-]{1,30}/secrets/[A-Za-z0-9_-]{1,255}")
+_RETRY_STATUS = frozenset({401, 403, 408, 429, 500, 502, 503, 504})
+
+
+class _Again(Exception):
+    """A failure that asking again later may cure."""
+
+
+def crc32c(data: bytes) -> int:
+    """CRC-32C (Castagnoli), which Secret Manager returns as `payload.dataCrc32c`."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
+    return crc ^ 0xFFFFFFFF
+
+
+def _get_json(url: str, headers: Mapping[str, str], what: str, timeout_s: float) -> tuple[int, Any, Any]:
+    """(status, parsed body or None, response headers); network failures are `_Again`."""
+    request = urllib.request.Request(url, headers=dict(headers))
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return response.status, json.loads(response.read(1 << 20)), response.headers
+    except urllib.error.HTTPError as e:
+        try:
+            body = json.loads(e.read(1 << 16))
+        except ValueError:
+            body = None
+        return e.code, body, e.headers
+    except (OSError, ValueError) as e:
+        raise _Again(f"{what}: {type(e).__name__}: {e}") from None
+
+
+def _access_latest(secret: str, metadata_root: str, api_root: str, timeout_s: float) -> str | None:
+    status, body, headers = _get_json(f"{metadata_root}/instance/service-accounts/default/token",
+                                      {"Metadata-Flavor": "Google"}, "GKE metadata server", timeout_s)
+    if status != 200 or not isinstance(body, dict) or not body.get("access_token"):
+        raise _Again(f"GKE metadata server answered {status} to the token request: is Workload Identity on?")
+    if headers.get("Metadata-Flavor") != "Google":
+        raise StagingError("the metadata server's answer lacks `Metadata-Flavor: Google`: not GKE's metadata "
+                           "server; the token is not asked for", permanent=True)
+    status, body, _ = _get_json(f"{api_root}/{secret}/versions/latest:access",
+                                {"Authorization": f"Bearer {body['access_token']}"}, "Secret Manager", timeout_s)
+    error = body.get("error", {}) if isinstance(body, dict) else {}
+    if status == 404:
+        return None
+    if status in _RETRY_STATUS:
+        raise _Again(f"Secret Manager answered {status} {error.get('status', '')} for {secret}".rstrip())
+    if status != 200:
+        raise StagingError(f"Secret Manager answered {status} {error.get('status', '')} for {secret}: "
+                           f"{error.get('message', '')}", permanent=True)
+    payload = body.get("payload", {}) if isinstance(body, dict) else {}
+    try:
+        data = base64.b64decode(payload.get("data", ""), validate=True)
+    except ValueError:
+        raise _Again(f"Secret Manager's payload for {secret} is not base64") from None
+    if "dataCrc32c" in payload and int(payload["dataCrc32c"]) != crc32c(data):
+        raise _Again(f"Secret Manager's payload for {secret} fails its CRC32C check")
+    token = data.decode("utf-8", "replace").strip()
+    return token or None
+
+
+def read_hf_token(secret: str, *, metadata_root: str | None = None, api_root: str | None = None,
+                  deadline_s: float | None = None, timeout_s: float = SECRET_REQUEST_TIMEOUT_S,
+                  sleep: Callable[[float], None] = time.sleep) -> str | None:
+    """The value of the newest version of `secret` (`projects/P/secrets/S`), or None when it has none:
+    the staging then downloads anonymously, which public repos allow."""
+    if metadata_root is None:
+        host = os.environ.get("GCE_METADATA_HOST")
+        metadata_root = f"http://{host}/computeMetadata/v1" if host else METADATA_ROOT
+    api_root = api_root or SECRET_MANAGER_ROOT
+    end = time.monotonic() + (SECRET_DEADLINE_S if deadline_s is None else deadline_s)
+    delay = 1.0
+    while True:
+        try:
+            token = _access_latest(secret, metadata_root, api_root, timeout_s)
+        except _Again as e:
+            if time.monotonic() + delay > end:
+                raise StagingError(f"reading the Hugging Face token from {secret}: {e}") from None
+            log.info("token not readable yet (%s); asking again in %.0f s", e, delay)
+            sleep(delay)
+            delay = min(delay * 2, 30.0)
+            continue
+        if token is None:
+            log.warning("%s has no version: downloading without a Hugging Face token (public repos only). "
+                        "Add one with `gcloud secrets versions add %s --project %s --data-file=-`",
+                        secret, secret.rsplit("/", 1)[1], secret.split("/")[1])
+        return token
+
+
 # --- the Hub ------------------------------------------------------------------------------------
 
 
@@ -545,6 +649,8 @@ class Settings:
     verl_wheel_sha256: str | None = None
     verl_dir: str | None = None
     """Directory under the data root for verl; all three set, or none (the image has verl)."""
+    hf_token_secret: str | None = None
+    """`projects/P/secrets/S`: the Secret Manager secret holding the Hugging Face token."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -566,6 +672,7 @@ def parse_args(argv: Sequence[str]) -> Settings:
     p.add_argument("--verl-wheel-url", default=None, help="https URL of a verl wheel to unpack on the bucket")
     p.add_argument("--verl-wheel-sha256", default=None)
     p.add_argument("--verl-dir", default=None, help="directory under the data root for verl")
+    p.add_argument("--hf-token-secret", default=None, help="projects/P/secrets/S holding the Hugging Face token")
     a = p.parse_args(list(argv))
 
     model_dir = a.model_dir if a.model_dir is not None else model_dir_for(a.model_repo)
@@ -598,6 +705,8 @@ def parse_args(argv: Sequence[str]) -> Settings:
             problems.append(f"--verl-wheel-sha256 {a.verl_wheel_sha256!r} is not 64 lowercase hex digits")
         if a.verl_dir is not None and (not _NAME_RE.fullmatch(a.verl_dir) or a.verl_dir in (DATASET_DIR, model_dir)):
             problems.append(f"--verl-dir {a.verl_dir!r} must be one directory name, not the model's or the dataset's")
+    if a.hf_token_secret is not None and not SECRET_NAME_RE.fullmatch(a.hf_token_secret):
+        problems.append(f"--hf-token-secret {a.hf_token_secret!r} is not a secret name like projects/P/secrets/S")
     if problems:
         raise StagingError("; ".join(problems), permanent=True)
     return Settings(
@@ -612,6 +721,7 @@ def parse_args(argv: Sequence[str]) -> Settings:
         verl_wheel_url=a.verl_wheel_url,
         verl_wheel_sha256=a.verl_wheel_sha256,
         verl_dir=a.verl_dir,
+        hf_token_secret=a.hf_token_secret,
     )
 
 
@@ -646,12 +756,21 @@ def main(argv: Sequence[str] | None = None, hub: Hub | None = None) -> int:
     logging.basicConfig(
         format="%(asctime)s stage-data %(levelname)s %(message)s", level=logging.INFO, stream=sys.stdout
     )
-    token = os.environ.get("HF_TOKEN") or None
+    token = os.environ.get("HF_TOKEN") or None  # outside the cluster, e.g. a user's own run
+    secret = None
     try:
         settings = parse_args(sys.argv[1:] if argv is None else argv)
+        secret = settings.hf_token_secret
+        if secret:
+            token = read_hf_token(secret)
         run(settings, hub if hub is not None else HfHub(token))
     except StagingError as e:
-        print(f"stage-data: failed: {one_line(str(e), token)}", file=sys.stderr)
+        message = str(e)
+        if e.permanent and secret and token is None:
+            message += (f" (no Hugging Face token was used: {secret} has no version; add one with "
+                        f"`gcloud secrets versions add {secret.rsplit('/', 1)[1]} --project {secret.split('/')[1]} "
+                        "--data-file=-` and run `pulumi up` again)")
+        print(f"stage-data: failed: {one_line(message, token)}", file=sys.stderr)
         return EXIT_PERMANENT if e.permanent else EXIT_TRANSIENT
     except Exception as e:  # noqa: BLE001 - any other failure still ends in one line, and a retry
         print(f"stage-data: failed: {one_line(f'{type(e).__name__}: {e}', token)}", file=sys.stderr)

@@ -1,0 +1,66 @@
+"""The cluster's endpoint and CA as GKE itself states them, never as a file says.
+
+A kubeconfig sends the user's Google access token (through gke-gcloud-auth-plugin) to whatever
+server it names; an outputs file is only a claim about which cluster to use. So the CLI keeps the
+cluster's name and location from the outputs and asks GKE (`gcloud container clusters describe`,
+with the user's own credentials and a deadline) for the endpoint and CA to trust.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+GCLOUD_TIMEOUT_S = 60.0
+
+
+class GkeLookupError(Exception):
+    """GKE could not be asked, or did not answer as expected; the message is one line."""
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    endpoint: str
+    ca_certificate: str
+    """base64 PEM, as GKE's masterAuth.clusterCaCertificate."""
+
+
+def describe(name: str, location: str, *, timeout_s: float = GCLOUD_TIMEOUT_S) -> ClusterFacts:
+    """Endpoint and CA of cluster `name` in `location`, from GKE (gcloud's configured project)."""
+    gcloud = shutil.which("gcloud")
+    if gcloud is None:
+        raise GkeLookupError("gcloud not found on PATH: it is needed to read the cluster's endpoint and CA from GKE "
+                             "(install the Google Cloud CLI, or pass --dashboard-url URL)")
+    command = [gcloud, "container", "clusters", "describe", name, "--location", location, "--format", "json"]
+    shown = f"gcloud container clusters describe {name} --location {location}"
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
+                              stdin=subprocess.DEVNULL, check=False)
+    except subprocess.TimeoutExpired:
+        raise GkeLookupError(f"`{shown}` did not finish within {timeout_s:g} s") from None
+    if done.returncode != 0:
+        last = next((line for line in reversed(done.stderr.splitlines()) if line.strip()), "no message")
+        raise GkeLookupError(f"`{shown}` failed (exit {done.returncode}): {last.strip()}")
+    try:
+        cluster = json.loads(done.stdout)
+        endpoint = cluster["endpoint"]
+        ca = cluster["masterAuth"]["clusterCaCertificate"]
+    except (ValueError, KeyError, TypeError):
+        raise GkeLookupError(f"`{shown}` did not answer a cluster with endpoint and masterAuth.clusterCaCertificate") \
+            from None
+    if not isinstance(endpoint, str) or not endpoint or not _is_pem(ca):
+        raise GkeLookupError(f"`{shown}` answered an empty endpoint or a CA that is not a base64 PEM certificate")
+    return ClusterFacts(endpoint=endpoint, ca_certificate=ca)
+
+
+def _is_pem(value: object) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        return base64.b64decode(value, validate=True).lstrip().startswith(b"-----BEGIN CERTIFICATE-----")
+    except (binascii.Error, ValueError):
+        return False
