@@ -129,10 +129,12 @@ def test_read_refreshes_the_status(ray_head: str, props: Callable[..., dict[str,
     assert _outs_of(read)["entrypoint"] == _outs_of(created)["entrypoint"]
 
 
-def test_read_of_a_job_the_head_does_not_know_reports_it_gone(props: Callable[..., dict[str, Any]]) -> None:
+def test_read_of_a_job_the_head_does_not_know_keeps_it_and_reports_it_lost(props: Callable[..., dict[str, Any]]) -> None:
+    # Forgetting it (id "") would make the next `up` submit beside the supervisor's next attempt.
     outs = {**props(_py("pass")), "submission_id": "verl-grpo-dev-000000000000", "status": "RUNNING"}
     read = GrpoJobProvider().read("verl-grpo-dev-000000000000", outs)
-    assert read.id == "" and _outs_of(read) == {}
+    assert read.id == "verl-grpo-dev-000000000000"
+    assert (_outs_of(read)["submission_id"], _outs_of(read)["status"]) == ("verl-grpo-dev-000000000000", "LOST")
 
 
 CLUSTER = {"cluster_endpoint": "34.1.2.3", "cluster_ca_certificate": "Y2E=", "cluster_name": "verl",
