@@ -446,7 +446,6 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
             except Exception:
                 _deploy_failed(records, run_id)
                 raise
-            job = _find_job(client.list_jobs(), submission_id)
             if job is not None and _value(job.status) == "SUCCEEDED":
                 run_lifecycle.end(records, run_id, SUCCEEDED, time.time())
                 return pulumi.dynamic.CreateResult(submission_id, spec.outs(submission_id, "SUCCEEDED", busbw))
@@ -608,9 +607,9 @@ def _claim_and_submit(ray: RayJobs, records: RecordStore, record: RunRecord, spe
     if index >= len(spec.attempt_ids):
         raise RuntimeError(f"GrpoJob: run {run_id}: all {index} submission ids of jobAttempt {spec.attempt} "
                            "are used; bump verl-gke:jobAttempt")
-    dead = ray.capacity().dead if spec.expected_workers else None
+    # The dead-node baseline a later failure of this attempt is judged by.
     attempt = Attempt(index=index, submission_id=spec.attempt_ids[index], by="pulumi-up", at=time.time(),
-                      cause="pulumi-up", dead_nodes=dead)
+                      cause="pulumi-up", dead_nodes=ray.capacity().dead)
     record, won = run_lifecycle.claim(records, run_id, attempt, spec.budget_s)
     if not won:
         if record.outcome or not record.newest:

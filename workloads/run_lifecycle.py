@@ -182,8 +182,7 @@ class KubernetesApi:
         self.url = url.rstrip("/")
         self.token = token
         self.timeout_s = timeout_s
-        self.context = (ssl.create_default_context(cafile=ca_file, cadata=ca_data)
-                        if (ca_file or ca_data) else None)
+        self.ca_file, self.ca_data = ca_file, ca_data
 
     @classmethod
     def in_cluster(cls) -> KubernetesApi:
@@ -201,8 +200,10 @@ class KubernetesApi:
         if body is not None:
             headers["Content-Type"] = content_type
         request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
+        context = (ssl.create_default_context(cafile=self.ca_file, cadata=self.ca_data)
+                   if (self.ca_file or self.ca_data) else None)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s, context=self.context) as response:
+            with urllib.request.urlopen(request, timeout=self.timeout_s, context=context) as response:
                 return json.load(response)
         except urllib.error.HTTPError as error:
             if error.code == 404:
