@@ -11,7 +11,8 @@ from components.gcs_fuse_storage import GcsFuseStorage, label_value
 from components.gke_cluster import DRA_V1BETA1_APIS, GkeCluster
 from components.gpu_node_pool import GpuNodePool
 from components.grpo_job import GrpoJob
-from domain.run_identity import stack_run, submission_ids
+from domain.run_identity import submission_ids
+from domain.stack_run import stack_run
 from domain.grpo_spec import entrypoint, runtime_env
 from components.network_mapping import NetworkMapping
 from domain.preflight import REQUIRED_APIS

@@ -5,10 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from domain.config import StackConfig
+from typing import Any
 
 SUBMISSION_ID_PREFIX = "verl-grpo"
 
@@ -92,18 +89,3 @@ def run_id(*, model: str, model_revision: str, dataset: str, dataset_revision: s
     canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
     return f"{RUN_ID_PREFIX}-{hashlib.sha256(canonical.encode()).hexdigest()[:12]}"
 
-
-def stack_run(cfg: StackConfig) -> tuple[str, bool]:
-    """The stack's run id, and whether it runs verl's legacy trainer (for the budget's deadline)."""
-    from domain.grpo_spec import overrides
-
-    legacy = legacy_trainer_for_deadline(cfg.facts.verl.version, cfg.run_budget_hours > 0)
-    if cfg.staged_verl:
-        verl = cfg.staged_verl.version
-    else:
-        verl = f"{'source' if cfg.verl_source_install else 'image'} {cfg.verl_image}"
-    gpus = cfg.facts.gpus_per_node
-    args = [(o.key, o.value) for o in overrides(cfg.grpo, gpus, cfg.gpu_nodes, legacy_trainer=legacy)]
-    return run_id(model=cfg.model, model_revision=cfg.model_revision, dataset=cfg.dataset,
-                  dataset_revision=cfg.dataset_revision, verl=verl, gpus_per_node=gpus, nnodes=cfg.gpu_nodes,
-                  overrides=args, extra=cfg.grpo.extra_overrides), legacy

@@ -24,7 +24,7 @@ import pytest
 from components.grpo_job import GrpoJobProvider, _JobSpec
 from domain.config import ConfigError, load_config
 from domain.grpo_spec import entrypoint
-from domain.run_identity import stack_run
+from domain.stack_run import stack_run
 from tests.conftest import BASE_CONFIG
 from tests.kube_api import KubeApiStandIn, kube_api
 from tests.ray_head import MULTI_NODE_ENV, RayHead, restart_head, start_head, start_node, stop_head, stop_node

@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from domain.config import load_config
-from domain.run_identity import stack_run
+from domain.stack_run import stack_run
 from tests.conftest import STACKS
 from tests.k8s_schema import validate_core, validate_custom
 from verl_gke import synth
@@ -275,10 +275,10 @@ def test_pulumi_leaves_the_worker_replicas_to_the_supervisor():
 
 
 def test_without_the_supervisor_nothing_of_it_is_created():
-    result = synth.run("a4-standard", overrides={"verl-gke:runSupervisor": "false", "verl-gke:runBudgetHours": "6"})
+    result = synth.run("a4-standard", overrides={"verl-gke:runSupervisor": "false"})
     assert not [m for m in result.manifests() if m["metadata"]["name"].endswith("-supervisor")]
     (job,) = _by_type(result, "pulumi-python:dynamic:GrpoJob")
-    assert (job.inputs["supervised_attempts"], job.inputs["budget_s"]) == (0, 6 * 3600)
+    assert (job.inputs["supervised_attempts"], job.inputs["budget_s"]) == (0, 0)
     policy = [m for m in result.manifests() if m["kind"] == "NetworkPolicy"][0]
     assert len(policy["spec"]["ingress"]) == 1
 
