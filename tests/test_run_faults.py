@@ -20,10 +20,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+import yaml
 
 from components.grpo_job import GrpoJobProvider, _JobSpec
 from domain.config import ConfigError, load_config
 from domain.grpo_spec import entrypoint
+from domain.platforms import VERL_0_9_0
+from domain.verl_wheel import config_dir
 from domain.stack_run import stack_run
 from tests.conftest import BASE_CONFIG
 from tests.kube_api import KubeApiStandIn, kube_api
@@ -316,6 +319,9 @@ def test_5_budget_is_enforced_before_every_submission_with_a_capped_backoff(head
     assert legacy and "trainer.use_v1=False" in entrypoint(cfg.grpo, 4, cfg.gpu_nodes, run_id=run_id,
                                                           legacy_trainer=legacy).split()
     assert stack_run(load_config(a4x))[1] is False
+    # The key exists in the pinned verl 0.9.0 (Hydra refuses an override of an unknown key), on by default.
+    trainer = yaml.safe_load((config_dir(VERL_0_9_0) / "ppo_trainer.yaml").read_text())["trainer"]
+    assert trainer["use_v1"] is True
 
 
 def test_6_no_baseline_delete_in_backoff_and_replace_with_the_same_ids(heads, api):

@@ -185,6 +185,7 @@ def test_status_lists_every_attempt_and_why_it_was_submitted(ray_cluster: RayHea
         assert won
         run_lifecycle.submit_claimed(RayJobs(ray_cluster.dashboard_url), records, record, attempt, spec.entrypoint,
                                      spec.runtime_env)
+        wait_for(lambda: client.get_job_status(spec.attempt_ids[1]) == "RUNNING", 60, "attempt 1 to run")
         from tests.test_cli import outputs_doc, write_outputs
         from verl_gke import cli
 
