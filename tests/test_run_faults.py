@@ -247,6 +247,19 @@ def test_4_failed_deploy_releases_the_workers_and_a_cluster_never_whole_ends_the
     supervisor(heads["head"], url, spec).step()
     assert replicas(state) == 0 and record(url, spec).released
 
+    # A deploy that died between beginning the run and claiming attempt 0 holds no GPU past the bound.
+    state.objects[RAY_CLUSTER]["spec"]["workerGroupSpecs"][0]["replicas"] = 1
+    spec = _JobSpec.from_props(job_props(heads["head"], url, SLEEP, expected_workers=1, expected_gpus=1))
+    run_lifecycle.begin(ConfigMapRecords(KubernetesApi(url), NAMESPACE, spec.record_name), spec.run_key, 0,
+                        time.time())
+    now = [time.time()]
+    watcher = supervisor(heads["head"], url, spec, clock=lambda: now[0], capacity_timeout_s=600)
+    watcher.step()
+    assert not record(url, spec).outcome and replicas(state) == 1
+    now[0] += 601
+    watcher.step()
+    assert record(url, spec).outcome == run_lifecycle.DEPLOY_FAILED and replicas(state) == 0
+
     # A lost attempt, and a cluster that never becomes whole: the wait ends at its bound.
     state.objects[RAY_CLUSTER]["spec"]["workerGroupSpecs"][0]["replicas"] = 1
     props = job_props(heads["head"], url, SLEEP, expected_workers=1, expected_gpus=1)

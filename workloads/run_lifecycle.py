@@ -308,7 +308,7 @@ def begin(store: RecordStore, run_id: str, generation: int, now: float) -> RunRe
             return RunRecord(run_id=run_id, generation=generation).decided(
                 f"generation {generation} begun by pulumi-up", now)
         if record.outcome in REOPENABLE:
-            return replace(record, outcome="", released=False).decided(
+            return replace(record, outcome="", released=False, waiting_since=None).decided(
                 f"reopened by pulumi-up after: {record.outcome}", now)
         return record
 

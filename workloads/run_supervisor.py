@@ -38,6 +38,7 @@ from typing import Any, Protocol
 from workloads.run_lifecycle import (  # noqa: F401 - DEADLINE_ENV, Capacity, attempt_submission, meta: re-exported
     CLAIM_GRACE_S,
     DEADLINE_ENV,
+    DEPLOY_FAILED,
     LIVE,
     SUCCEEDED,
     Attempt,
@@ -169,7 +170,7 @@ class Supervisor:
         self._restore_workers()
         attempt = record.newest
         if attempt is None:
-            return  # begun, nothing claimed yet: the provider is at its gates
+            return self._unclaimed(record, now)
         if record.deadline and now >= record.deadline:
             return self._budget(record, attempt, now)
         job = self.ray.jobs().get(attempt.submission_id)
@@ -183,6 +184,14 @@ class Supervisor:
         if status == "STOPPED":
             return self._finish(record, f"{attempt.submission_id} was stopped")
         self._after_failure(record, attempt, job, now)
+
+    def _unclaimed(self, record: RunRecord, now: float) -> None:
+        """Begun by `pulumi up`, which claims attempt 0 after its gates (readiness, fabric check): a
+        deploy that died before its claim must not hold the GPUs past capacity_timeout_s."""
+        if record.waiting_since is None:
+            self._decide(record, "run begun, waiting for `pulumi up` to claim attempt 0", waiting_since=now)
+        elif now - record.waiting_since >= self.config.capacity_timeout_s:
+            self._finish(record, DEPLOY_FAILED)
 
     def _absent(self, record: RunRecord, attempt: Attempt, now: float) -> None:
         """The head does not know the newest attempt: not submitted yet, or the head restarted."""
