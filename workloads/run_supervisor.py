@@ -56,9 +56,6 @@ from workloads.run_lifecycle import (  # noqa: F401 - DEADLINE_ENV, Capacity, at
     submit_claimed,
 )
 
-RELEASE_EVERY_S = 600.0
-"""After the run, the release is applied again this often: an update of the RayCluster by Pulumi
-(which owns it) may bring the workers back."""
 MAX_BACKOFF_S = 1800.0
 """The longest wait between two retries of a run that failed by itself, and after a failed step."""
 FIELD_MANAGER = "verl-gke-run-supervisor"
@@ -123,9 +120,11 @@ class KubernetesControl:
             if found is None:
                 return  # no RayCluster: no workers to release
             groups = found["spec"]["workerGroupSpecs"]
-            for group in groups:
-                if group.get("groupName") == self.worker_group:
-                    group.update(replicas=replicas, minReplicas=replicas)
+            ours = [g for g in groups if g.get("groupName") == self.worker_group]
+            if all((g.get("replicas"), g.get("minReplicas")) == (replicas, replicas) for g in ours):
+                return  # already so: no write
+            for group in ours:
+                group.update(replicas=replicas, minReplicas=replicas)
             patch = {"metadata": {"resourceVersion": found["metadata"]["resourceVersion"]},
                      "spec": {"workerGroupSpecs": groups}}
             try:
@@ -146,7 +145,6 @@ class Supervisor:
     log: Callable[[str], None] = print
     clock: Callable[[], float] = time.time
     workers_restored: bool = False
-    released_at: float = 0.0
     failures: Backoff = field(default_factory=lambda: Backoff(5.0, MAX_BACKOFF_S))
 
     @property
@@ -275,12 +273,12 @@ class Supervisor:
         self._keep_released(record, self.clock())
 
     def _keep_released(self, record: RunRecord, now: float) -> None:
+        # Every step: a `pulumi up` that changes the RayCluster re-applies its whole worker group
+        # list (atomic in the KubeRay CRD) and brings the replicas back.
         if not self.config.release_workers:
             return
-        if record.released and now - self.released_at < RELEASE_EVERY_S:
-            return
         self.control.set_workers(0)
-        self.released_at = now
+        self.workers_restored = False  # a reopened run gets them back
         if not record.released:
             self.records.update(self.config.run_id, lambda r: r and replace(r, released=True).decided(
                 "GPU workers released", now))
