@@ -247,6 +247,22 @@ def test_4_failed_deploy_releases_the_workers_and_a_cluster_never_whole_ends_the
     supervisor(heads["head"], url, spec).step()
     assert replicas(state) == 0 and record(url, spec).released
 
+    # A refused second run: the workers are released only once the other run no longer holds them.
+    state.objects[RAY_CLUSTER]["spec"]["workerGroupSpecs"][0]["replicas"] = 1
+    props = job_props(heads["head"], url, SLEEP)
+    spec = _JobSpec.from_props(props)
+    other = f"verl-grpo-{props['stack']}-000000000000"
+    RayJobs(heads["head"].dashboard_url).submit(other, SLEEP, {}, {})
+    with pytest.raises(RuntimeError, match="another run of stack"):
+        GrpoJobProvider().create(props)
+    watcher = supervisor(heads["head"], url, spec)
+    watcher.step()
+    assert record(url, spec).outcome == run_lifecycle.DEPLOY_FAILED and replicas(state) == 1
+    RayJobs(heads["head"].dashboard_url).stop(other)
+    wait_for(lambda: status(heads["head"], other) == "STOPPED", 30, "the other run's stop")
+    watcher.step()
+    assert replicas(state) == 0 and record(url, spec).released
+
     # A deploy that died between beginning the run and claiming attempt 0 holds no GPU past the bound.
     state.objects[RAY_CLUSTER]["spec"]["workerGroupSpecs"][0]["replicas"] = 1
     spec = _JobSpec.from_props(job_props(heads["head"], url, SLEEP, expected_workers=1, expected_gpus=1))

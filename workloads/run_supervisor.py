@@ -275,7 +275,7 @@ class Supervisor:
     def _keep_released(self, record: RunRecord, now: float) -> None:
         # Every step: a `pulumi up` that changes the RayCluster re-applies its whole worker group
         # list (atomic in the KubeRay CRD) and brings the replicas back.
-        if not self.config.release_workers:
+        if not self.config.release_workers or self._live_jobs():
             return
         self.control.set_workers(0)
         self.workers_restored = False  # a reopened run gets them back
@@ -283,6 +283,15 @@ class Supervisor:
             self.records.update(self.config.run_id, lambda r: r and replace(r, released=True).decided(
                 "GPU workers released", now))
             self.log(f"run supervisor: GPU workers released ({record.outcome})")
+
+    def _live_jobs(self) -> list[str]:
+        """Jobs that hold the workers now, of any run (one an interrupted update left behind, whose
+        second run was refused, say): the release waits for them. A head that does not answer runs
+        nothing that a release could break."""
+        try:
+            return [sid for sid, job in self.ray.jobs().items() if job.get("status") in LIVE]
+        except Exception:  # noqa: BLE001 - unreachable or gone
+            return []
 
     def _decide(self, record: RunRecord, decision: str, **changes: Any) -> None:
         now = self.clock()
