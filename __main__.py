@@ -14,6 +14,7 @@ from domain import hf_token
 from components.gpu_node_pool import GpuNodePool
 from components.grpo_job import GrpoJob
 from domain.run_identity import submission_ids
+from domain.stack_run import stack_run
 from domain.grpo_spec import entrypoint, runtime_env
 from components.network_mapping import NetworkMapping
 from domain.preflight import REQUIRED_APIS, STACK_LABEL
@@ -156,7 +157,8 @@ ray = RayTrainingCluster("ray", {
     "supervised_workers": cfg.run_supervisor,
 }, k8s.merge(pulumi.ResourceOptions(depends_on=ray_waits_for)))
 
-entry = entrypoint(cfg.grpo, facts.gpus_per_node, cfg.gpu_nodes)
+run_id, legacy_trainer = stack_run(cfg)
+entry = entrypoint(cfg.grpo, facts.gpus_per_node, cfg.gpu_nodes, run_id=run_id, legacy_trainer=legacy_trainer)
 job_env = runtime_env(facts, nnodes=cfg.gpu_nodes, worker_cpus=cfg.worker_cpus, verl_dir=cfg.verl_dir)
 supervised = cfg.run_max_retries + cfg.run_max_preemptions if cfg.run_supervisor else 0
 job_waits_for: list[pulumi.Resource] = [ray, staging]
@@ -166,6 +168,7 @@ if cfg.run_supervisor:
         "namespace": cfg.namespace, "ray_cluster": cfg.ray_cluster_name, "worker_group": WORKER_GROUP,
         "config": {
             "submission_ids": submission_ids(pulumi.get_stack(), entry, job_env, cfg.job_attempt, supervised + 1),
+            "run_id": run_id, "generation": cfg.job_attempt,
             "entrypoint": entry, "runtime_env": job_env, "expected_workers": cfg.gpu_nodes,
             "expected_gpus": cfg.gpu_nodes * facts.gpus_per_node, "max_retries": cfg.run_max_retries,
             "max_preemptions": cfg.run_max_preemptions, "backoff_s": cfg.run_retry_backoff_seconds,
@@ -185,9 +188,10 @@ job = GrpoJob("grpo", {
     "fabric_check": cfg.fabric_check, "fabric_min_busbw_gbps": cfg.fabric_floor_gbps,
     "fabric_runtime_env": fabric_runtime_env(facts),
     "budget_s": cfg.run_budget_s, "supervised_attempts": supervised,
+    "run_id": run_id, "run_record": supervisor.run_record_name(cfg.ray_cluster_name),
 }, pulumi.ResourceOptions(depends_on=job_waits_for))
 
-checkpoint_path = cfg.grpo.checkpoint_dir.removeprefix(f"{MOUNT_PATH}/")
+checkpoint_path = f"{cfg.grpo.checkpoint_dir.removeprefix(f'{MOUNT_PATH}/')}/{run_id}"
 pulumi.export("clusterName", cluster.name)
 pulumi.export("clusterLocation", cluster.location)
 pulumi.export("clusterEndpoint", cluster.endpoint)
@@ -204,8 +208,8 @@ pulumi.export("grpoSubmissionId", job.submission_id)
 pulumi.export("grpoJobStatus", job.status)
 pulumi.export("checkpointUri", storage.bucket_name.apply(lambda b: f"gs://{b}/{checkpoint_path}"))
 # verl's merger writes it when the run succeeds (workloads/export_model.py); empty until then.
-pulumi.export("modelUri", pulumi.Output.all(storage.bucket_name, job.submission_id, job.status).apply(
-    lambda a: f"gs://{a[0]}/{model_path(a[1])}" if a[2] == "SUCCEEDED" else ""))
+pulumi.export("modelUri", pulumi.Output.all(storage.bucket_name, job.status).apply(
+    lambda a: f"gs://{a[0]}/{model_path(run_id)}" if a[1] == "SUCCEEDED" else ""))
 pulumi.export("hourlyCostUsd", cfg.hourly_usd)
 pulumi.export("estimatedRunCostUsd", run_cost(cfg.run_budget_h, cfg.hourly_usd))
 pulumi.export("gpuPlatform", cfg.platform)

@@ -11,9 +11,11 @@ floats; unknowns arrive in check/diff during preview; the default `update` would
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import re
+import subprocess
 import time
 import urllib.parse
 from collections.abc import Iterator, Mapping
@@ -30,7 +32,22 @@ from domain.run_identity import SUBMISSION_ID_PREFIX, submission_id, submission_
 from verl_gke import head_access
 from verl_gke import fabric
 from verl_gke.cluster_readiness import await_capacity
-from workloads.run_supervisor import DEADLINE_ENV, LIVE, attempt_submission
+from workloads import run_lifecycle
+from workloads.run_lifecycle import (
+    CLAIM_GRACE_S,
+    DEADLINE_ENV,
+    DELETED,
+    DEPLOY_FAILED,
+    LIVE,
+    SUCCEEDED,
+    Attempt,
+    ConfigMapRecords,
+    KubernetesApi,
+    MemoryRecords,
+    RayJobs,
+    RecordStore,
+    RunRecord,
+)
 from verl_gke.head_access import (
     PORT_FORWARD_START_TIMEOUT_S,
     HeadAccessError,
@@ -61,6 +78,11 @@ LOG_TAIL_LINES = 20
 
 _TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 _OUTPUT_KEYS = ("submission_id", "status", "dashboard_command", "fabric_busbw_gbps")
+LOST = "LOST"
+"""Status when the head answers but no longer knows the run's newest attempt (it restarted)."""
+UNREACHABLE = "UNREACHABLE"
+"""Status when the head does not answer a refresh: the resource is kept, its last status unknown."""
+TOKEN_TIMEOUT_S = 30.0
 # What the run is, and where it runs: a new cluster or head needs a new submission on it.
 _REPLACE_KEYS = ("entrypoint", "runtime_env", "attempt", "dashboard_url", "cluster_endpoint", "cluster_name",
                  "namespace", "head_service")
@@ -70,6 +92,7 @@ _POSITIVE_SECONDS_KEYS = ("completion_timeout_s", "poll_interval_s", "ready_time
 _SECONDS_KEYS = (*_POSITIVE_SECONDS_KEYS, "startup_grace_s", "budget_s")
 _COUNT_KEYS = ("attempt", "expected_workers", "expected_gpus", "supervised_attempts")
 _ACCESS_KEYS = ("dashboard_url", "cluster_endpoint", "cluster_ca_certificate", "cluster_name", "head_service")
+_OPTIONAL_NAME_KEYS = ("run_id", "run_record", "kube_api_url")
 _NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
@@ -133,6 +156,15 @@ class GrpoJobArgs(TypedDict, total=False):
     the run supervisor stops the run there."""
     supervised_attempts: NotRequired[pulumi.Input[int]]
     """Attempts the run supervisor may submit after this one: a live one of them is adopted."""
+    run_id: NotRequired[pulumi.Input[str | None]]
+    """The run (domain/run_identity.run_id): its record and checkpoint folder. Default: the
+    submission id of the spec's attempt 0."""
+    run_record: NotRequired[pulumi.Input[str | None]]
+    """The run record ConfigMap in `namespace` (default `verl-grpo-<stack>-run`)."""
+    kube_api_url: NotRequired[pulumi.Input[str | None]]
+    """The Kubernetes API the record is kept through when it is reached without credentials
+    (`kubectl proxy`, a test's stand-in). Default: the cluster endpoint with the CA and a token of
+    gke-gcloud-auth-plugin; with neither, the record lives only for the call (see README)."""
 
 
 @dataclass(frozen=True)
@@ -168,6 +200,9 @@ class _JobSpec:
     fabric_timeout_s: float = fabric.TIMEOUT_S
     budget_s: float = 0.0
     supervised_attempts: int = 0
+    run_id: str | None = None
+    run_record: str | None = None
+    kube_api_url: str | None = None
 
     @classmethod
     def from_props(cls, props: Mapping[str, Any]) -> _JobSpec:
@@ -201,6 +236,34 @@ class _JobSpec:
         """The ids the run supervisor submits later attempts under, in order."""
         return submission_ids(self.stack, self.entrypoint, self.runtime_env, self.attempt,
                               self.supervised_attempts + 1)[1:]
+
+    @property
+    def attempt_ids(self) -> list[str]:
+        """Every submission id of this generation: `pulumi up`'s first, then the supervisor's."""
+        return [self.submission_id, *self.supervised_ids]
+
+    @property
+    def run_key(self) -> str:
+        return self.run_id or submission_id(self.stack, self.entrypoint, self.runtime_env, 0)
+
+    @property
+    def record_name(self) -> str:
+        default = re.sub(r"[^a-z0-9-]", "-", f"{SUBMISSION_ID_PREFIX}-{self.stack}".lower())[:59].strip("-") + "-run"
+        return self.run_record or default
+
+    def records(self) -> RecordStore:
+        """Where the run record is kept (see GrpoJobArgs.kube_api_url)."""
+        timeout = self.reach_timeout_s
+        if self.kube_api_url:
+            api = KubernetesApi(self.kube_api_url, timeout_s=timeout)
+        elif self.cluster_endpoint and self.cluster_ca_certificate:
+            server = self.cluster_endpoint if self.cluster_endpoint.startswith("https://") \
+                else f"https://{self.cluster_endpoint}"
+            api = KubernetesApi(server, token=_gke_token,
+                                ca_data=base64.b64decode(self.cluster_ca_certificate).decode(), timeout_s=timeout)
+        else:
+            return MemoryRecords()
+        return ConfigMapRecords(api, self.namespace, self.record_name)
 
     @property
     def address(self) -> str:
@@ -270,9 +333,17 @@ def _problems(props: Mapping[str, Any]) -> list[tuple[str, str]]:
         value = known.get(key)
         if value is not None and not (isinstance(value, str) and value.strip()):
             problems.append((key, f"must be a non-empty string or unset, got {type(value).__name__}"))
-    url = known.get("dashboard_url")
-    if isinstance(url, str) and not url.startswith(("http://", "https://")):
-        problems.append(("dashboard_url", f"{url!r} must start with http:// or https://"))
+    for key in ("dashboard_url", "kube_api_url"):
+        url = known.get(key)
+        if isinstance(url, str) and not url.startswith(("http://", "https://")):
+            problems.append((key, f"{url!r} must start with http:// or https://"))
+    for key in _OPTIONAL_NAME_KEYS:
+        value = known.get(key)
+        if value is not None and not (isinstance(value, str) and value.strip()):
+            problems.append((key, f"must be a non-empty string or unset, got {type(value).__name__}"))
+    record = known.get("run_record")
+    if isinstance(record, str) and not re.match(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$", record):
+        problems.append(("run_record", f"{record!r} must be a Kubernetes object name"))
     if all(key in known or key not in props for key in _ACCESS_KEYS) and not known.get("dashboard_url"):
         missing = [key for key in _ACCESS_KEYS[1:] if not known.get(key)]
         if missing:
@@ -339,39 +410,53 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
 
     def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
         spec = _JobSpec.from_props(props)
-        submission_id = spec.submission_id
+        records = spec.records()
+        run_id = spec.run_key
         started = time.monotonic()
         busbw: float | None = None
         with _client(spec, spec.ready_timeout_s) as client:
-            jobs = client.list_jobs()
-            job = _find_job(jobs, submission_id)
-            # The run supervisor may have resubmitted this run already: adopt its newest attempt.
-            retries = [found for sid in spec.supervised_ids if (found := _find_job(jobs, sid)) is not None]
-            if retries:
-                job = retries[-1]
-                submission_id = str(job.submission_id)
+            ray = RayJobs(client.get_address(), head_access.REQUEST_TIMEOUT_S)
+            record = run_lifecycle.begin(records, run_id, spec.attempt, time.time())
+            if record.outcome == SUCCEEDED:
+                # A finished run applied again is done, not trained again.
+                done = record.newest.submission_id if record.newest else spec.submission_id
+                pulumi.log.info(f"GrpoJob: run {run_id} already succeeded ({done}); nothing submitted")
+                return pulumi.dynamic.CreateResult(done, spec.outs(done, "SUCCEEDED"))
+            if record.outcome:
+                raise RuntimeError(
+                    f"GrpoJob: run {run_id} (jobAttempt {spec.attempt}) already ended: {record.outcome}. "
+                    "Bump verl-gke:jobAttempt to run it again from its last checkpoint.")
+            submission_id, job = _current(record, client.list_jobs(), spec)
+            try:
+                if job is None:
+                    _refuse_a_second_run(client.list_jobs(), spec)
+                    if spec.expected_workers:
+                        # A head that answers is not a whole cluster: a missing worker fails the run at start.
+                        await_capacity(client.get_address(), workers=spec.expected_workers, gpus=spec.expected_gpus,
+                                       deadline=started + spec.ready_timeout_s, address=spec.address,
+                                       what=f"GrpoJob {spec.submission_id} not submitted within ready_timeout_s="
+                                            f"{spec.ready_timeout_s:g} s")
+                    if spec.fabric_check:
+                        busbw = _check_fabric(client, spec)
+                    # The gates took minutes: the supervisor may have submitted meanwhile. Look again.
+                    record = records.get(run_id) or record
+                    submission_id, job = _current(record, client.list_jobs(), spec)
+                    if job is None:
+                        submission_id = _claim_and_submit(ray, records, record, spec)
+            except Exception:
+                _deploy_failed(records, run_id)
+                raise
+            if job is not None and _value(job.status) == "SUCCEEDED":
+                run_lifecycle.end(records, run_id, SUCCEEDED, time.time())
+                return pulumi.dynamic.CreateResult(submission_id, spec.outs(submission_id, "SUCCEEDED", busbw))
             if job is not None:
                 _check_adoptable(job, spec)
-            _refuse_a_second_run(jobs, spec, submission_id)
-            if job is None and spec.expected_workers:
-                # A head that answers is not a whole cluster: a missing worker fails the run at start.
-                await_capacity(client.get_address(), workers=spec.expected_workers, gpus=spec.expected_gpus,
-                               deadline=started + spec.ready_timeout_s, address=spec.address,
-                               what=f"GrpoJob {submission_id} not submitted within ready_timeout_s="
-                                    f"{spec.ready_timeout_s:g} s")
-            if job is None and spec.fabric_check:
-                busbw = _check_fabric(client, spec)
-            start_by = started + spec.ready_timeout_s
-            if job is None:
-                runtime_env, metadata = _submission(spec)
-                client.submit_job(entrypoint=spec.entrypoint, submission_id=submission_id,
-                                  runtime_env=runtime_env, metadata=metadata)
-                # The gates above used their own time: the run gets the whole timeout to start.
-                start_by = time.monotonic() + spec.ready_timeout_s
+            # The gates used their own time: the run gets the whole timeout to start.
             try:
-                status = _await_start(client, spec, submission_id, start_by)
+                status = _await_start(client, spec, submission_id, time.monotonic() + spec.ready_timeout_s)
             except TimeoutError:
                 # A failed create leaves no resource behind in Pulumi's state: nor may it leave a run.
+                _deploy_failed(records, run_id, started=True)
                 _stop(client, submission_id)
                 raise
         if spec.wait_for_completion:
@@ -380,12 +465,31 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
 
     def read(self, id_: str, props: dict[str, Any]) -> pulumi.dynamic.ReadResult:
         spec = _JobSpec.from_props(_spec_props(props))
-        with _client(spec, spec.reach_timeout_s) as client:
-            job = _find_job(client.list_jobs(), id_)
-        if job is None:
-            # An empty id tells the engine the job is gone (e.g. the head was restarted).
-            return pulumi.dynamic.ReadResult("", {})
-        return pulumi.dynamic.ReadResult(id_, spec.outs(id_, _value(job.status), props.get("fabric_busbw_gbps")))
+        previous = props.get("fabric_busbw_gbps")
+        try:
+            record = spec.records().get(spec.run_key)
+        except Exception as error:  # noqa: BLE001 - a refresh reports, it never fails the stack
+            pulumi.log.warn(f"GrpoJob {id_}: run record not readable: {error}")
+            record = None
+        newest = record.newest.submission_id if record and record.newest else None
+        try:
+            with _client(spec, spec.reach_timeout_s) as client:
+                jobs = client.list_jobs()
+        except (HeadAccessError, HeadRequestError) as error:
+            # Kept, not forgotten: forgetting it would make the next `up` submit beside a live run.
+            pulumi.log.warn(f"GrpoJob {id_}: Ray head unreachable, status kept as {UNREACHABLE}: {error}")
+            sid = newest or props.get("submission_id") or id_
+            return pulumi.dynamic.ReadResult(id_, spec.outs(sid, UNREACHABLE, previous))
+        on_head = [sid for sid in spec.attempt_ids if _find_job(jobs, sid) is not None]
+        sid = newest or (on_head[-1] if on_head else props.get("submission_id") or id_)
+        job = _find_job(jobs, sid)
+        if job is not None:
+            status = _value(job.status)
+        elif record is not None and record.outcome == SUCCEEDED:
+            status = "SUCCEEDED"
+        else:
+            status = LOST  # the head restarted and forgot it; the supervisor's next attempt follows
+        return pulumi.dynamic.ReadResult(id_, spec.outs(sid, status, previous))
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.UpdateResult:
         # diff replaces on every prop that touches the run, so the job and its state stay.
@@ -396,9 +500,11 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
     def delete(self, id_: str, props: dict[str, Any]) -> None:
         spec = _JobSpec.from_props(_spec_props(props))
         try:
+            # First the record: the supervisor submits nothing more of a run that has an outcome.
+            run_lifecycle.end(spec.records(), spec.run_key, DELETED, time.time())
             with _client(spec, spec.reach_timeout_s) as client:
                 # The run supervisor's retries of this run too: none may outlive it.
-                _stop(client, id_, spec.submission_id, *spec.supervised_ids)
+                _stop(client, id_, *spec.attempt_ids)
         except HeadGoneError as error:
             # The Kubernetes API says the head's service is gone, and its jobs with it.
             pulumi.log.warn(f"GrpoJob {id_}: nothing to stop; {error}")
@@ -448,12 +554,82 @@ def _client(spec: _JobSpec, timeout_s: float) -> Iterator[JobSubmissionClient]:
         yield job_client(url, spec.address)
 
 
-def _submission(spec: _JobSpec) -> tuple[dict[str, Any], dict[str, str]]:
-    """The runtime env and metadata attempt `spec.attempt` is submitted with; its budget starts now."""
-    deadline = time.time() + spec.budget_s if spec.budget_s else None
-    runtime_env, metadata = attempt_submission(
-        spec.runtime_env, {"attempt": str(spec.attempt), "cause": "pulumi-up"}, deadline)
-    return runtime_env, {**spec.metadata, **metadata}
+def _gke_token() -> str:
+    """A token for the GKE API from gke-gcloud-auth-plugin, as kubectl gets one (no credential is kept)."""
+    from verl_gke.kubeconfig import AUTH_PLUGIN, AUTH_PLUGIN_INSTALL_HINT
+
+    try:
+        done = subprocess.run([AUTH_PLUGIN], capture_output=True, text=True, timeout=TOKEN_TIMEOUT_S, check=True)
+    except FileNotFoundError:
+        raise HeadAccessSetupError(f"{AUTH_PLUGIN} not found on PATH. {AUTH_PLUGIN_INSTALL_HINT}") from None
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as error:
+        raise HeadAccessError(f"{AUTH_PLUGIN} gave no token: {error}") from None
+    return str(json.loads(done.stdout)["status"]["token"])
+
+
+def _current(record: RunRecord, jobs: list[JobDetails], spec: _JobSpec) -> tuple[str, JobDetails | None]:
+    """The attempt to adopt, if any: the record's newest attempt while it is live, has succeeded or
+    is claimed and about to be submitted; else the newest of the run's ids the head knows and runs
+    (a record that lives only for this call knows none)."""
+    newest = record.newest
+    if newest is not None:
+        job = _find_job(jobs, newest.submission_id)
+        if job is not None and _value(job.status) in (*LIVE, "SUCCEEDED"):
+            return newest.submission_id, job
+        if job is None and not newest.submitted and time.time() - newest.at < CLAIM_GRACE_S:
+            return newest.submission_id, _await_listed(spec, newest.submission_id)
+    on_head = [job for sid in spec.attempt_ids if (job := _find_job(jobs, sid)) is not None]
+    if on_head and (newest is None or on_head[-1].submission_id != newest.submission_id) \
+            and _value(on_head[-1].status) in (*LIVE, "SUCCEEDED"):
+        return str(on_head[-1].submission_id), on_head[-1]
+    return spec.submission_id, None
+
+
+def _await_listed(spec: _JobSpec, submission_id: str) -> JobDetails | None:
+    """Another party's fresh claim: its job, once the head lists it (within the claim grace)."""
+    deadline = time.monotonic() + CLAIM_GRACE_S
+    while time.monotonic() < deadline:
+        with _client(spec, spec.reach_timeout_s) as client:
+            if (job := _find_job(client.list_jobs(), submission_id)) is not None:
+                return job
+        time.sleep(1.0)
+    return None
+
+
+def _claim_and_submit(ray: RayJobs, records: RecordStore, record: RunRecord, spec: _JobSpec) -> str:
+    """Claims the generation's next attempt and submits it; when another party claimed it first,
+    adopts theirs. Never after the budget's deadline."""
+    run_id = spec.run_key
+    if record.deadline and time.time() >= record.deadline:
+        raise RuntimeError(f"GrpoJob: run {run_id}: its budget ended at {time.ctime(record.deadline)}; "
+                           "nothing submitted. Bump verl-gke:jobAttempt for a new budget.")
+    index = len(record.attempts)
+    if index >= len(spec.attempt_ids):
+        raise RuntimeError(f"GrpoJob: run {run_id}: all {index} submission ids of jobAttempt {spec.attempt} "
+                           "are used; bump verl-gke:jobAttempt")
+    # The dead-node baseline a later failure of this attempt is judged by.
+    attempt = Attempt(index=index, submission_id=spec.attempt_ids[index], by="pulumi-up", at=time.time(),
+                      cause="pulumi-up", dead_nodes=ray.capacity().dead)
+    record, won = run_lifecycle.claim(records, run_id, attempt, spec.budget_s)
+    if not won:
+        if record.outcome or not record.newest:
+            raise RuntimeError(f"GrpoJob: run {run_id} ended while it was being submitted: {record.outcome}")
+        attempt = record.newest
+        pulumi.log.info(f"GrpoJob: {attempt.by} claimed attempt {attempt.index} first; adopting it")
+    run_lifecycle.submit_claimed(ray, records, record, attempt, spec.entrypoint, spec.runtime_env, spec.metadata)
+    return attempt.submission_id
+
+
+def _deploy_failed(records: RecordStore, run_id: str, started: bool = False) -> None:
+    """Ends the run in its record when `create` fails before any attempt of it ran (or, `started`,
+    when the one it started is stopped): the run supervisor then releases the GPU workers. The
+    record's own failure is only a warning: the create's error is the one to report."""
+    try:
+        record = records.get(run_id)
+        if record is not None and (started or not any(a.submitted for a in record.attempts)):
+            run_lifecycle.end(records, run_id, DEPLOY_FAILED, time.time())
+    except Exception as error:  # noqa: BLE001
+        pulumi.log.warn(f"GrpoJob: run record of {run_id} not updated after the failed create: {error}")
 
 
 def _check_fabric(client: JobSubmissionClient, spec: _JobSpec) -> float:
@@ -474,15 +650,15 @@ def _find_job(jobs: list[JobDetails], submission_id: str) -> JobDetails | None:
     return next((job for job in jobs if job.submission_id == submission_id), None)
 
 
-def _refuse_a_second_run(jobs: list[JobDetails], spec: _JobSpec, submission_id: str) -> None:
+def _refuse_a_second_run(jobs: list[JobDetails], spec: _JobSpec) -> None:
     """One stack, one live run: another run of this stack (one an interrupted update left behind,
     say) holds the GPUs and writes the same checkpoints."""
     prefix = f"{SUBMISSION_ID_PREFIX}-{spec.stack}-"
     live = sorted(j.submission_id for j in jobs if j.submission_id and j.submission_id.startswith(prefix)
-                  and j.submission_id != submission_id and _value(j.status) in LIVE)
+                  and j.submission_id not in spec.attempt_ids and _value(j.status) in LIVE)
     if live:
         raise RuntimeError(
-            f"GrpoJob {submission_id}: another run of stack {spec.stack} is live on {spec.address}: "
+            f"GrpoJob {spec.submission_id}: another run of stack {spec.stack} is live on {spec.address}: "
             f"{', '.join(live)}. Two runs would share the GPUs and the checkpoint folder; stop it "
             f"(`ray job stop {live[0]}` through `verl-gke dashboard`) and run again."
         )

@@ -18,7 +18,7 @@ import pulumi_kubernetes as k8s
 from components.children import child_options
 from manifests import supervisor
 from manifests.ray_cluster import DASHBOARD_PORT, head_service_name
-from workloads import run_supervisor
+from workloads import run_lifecycle, run_supervisor
 
 
 class RunSupervisorArgs(TypedDict):
@@ -31,7 +31,8 @@ class RunSupervisorArgs(TypedDict):
 
 
 class RunSupervisor(pulumi.ComponentResource):
-    """Program and config ConfigMap, state ConfigMap, service account, Role, RoleBinding, Deployment."""
+    """Program and config ConfigMap, service account, Role, RoleBinding, Deployment. The run record
+    ConfigMap it reads is the GrpoJob provider's (created at the first claim)."""
 
     labels: dict[str, str]
     """What the Ray NetworkPolicy must admit to the head's Job API."""
@@ -43,17 +44,13 @@ class RunSupervisor(pulumi.ComponentResource):
         config = {**args["config"], "head_url": head_url}
         # Fails here, at preview, on a field the program does not take.
         run_supervisor.SupervisorConfig(**config)
+        modules = {Path(m.__file__).name: Path(m.__file__).read_text() for m in (run_supervisor, run_lifecycle)}
         spec = supervisor.SupervisorSpec(namespace=args["namespace"], ray_cluster=args["ray_cluster"],
-                                         worker_group=args["worker_group"],
-                                         script=Path(run_supervisor.__file__).read_text(), config=config)
+                                         worker_group=args["worker_group"], programs=modules, config=config)
         self.labels = dict(supervisor.LABELS)
         program = supervisor.program_config_map(spec)
         program_map = k8s.core.v1.ConfigMap(f"{name}-program", metadata=program["metadata"], data=program["data"],
                                             opts=child)
-        state = supervisor.state_config_map(spec)
-        # The supervisor writes the state; Pulumi never puts it back.
-        state_map = k8s.core.v1.ConfigMap(f"{name}-state", metadata=state["metadata"], data=state["data"],
-                                          opts=child.merge(pulumi.ResourceOptions(ignore_changes=["data"])))
         account = supervisor.service_account(spec)
         service_account = k8s.core.v1.ServiceAccount(f"{name}-account", metadata=account["metadata"], opts=child)
         role = supervisor.role(spec)
@@ -63,8 +60,8 @@ class RunSupervisor(pulumi.ComponentResource):
             f"{name}-binding", metadata=binding["metadata"], role_ref=binding["roleRef"], subjects=binding["subjects"],
             opts=child.merge(pulumi.ResourceOptions(depends_on=[service_account, rules])))
         deployment = supervisor.deployment(spec)
-        # Its pod starts with its program, its state and its rights in place.
+        # Its pod starts with its program and its rights in place.
         k8s.apps.v1.Deployment(f"{name}-deployment", metadata=deployment["metadata"], spec=deployment["spec"],
-                               opts=child.merge(pulumi.ResourceOptions(depends_on=[program_map, state_map, grant])))
+                               opts=child.merge(pulumi.ResourceOptions(depends_on=[program_map, grant])))
         self.register_outputs({})
 

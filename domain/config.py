@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from domain import gke_versions
 from domain.grpo_spec import GRPO_DEFAULTS, GrpoSpec, verl_problems
+from domain.run_identity import DELETES_BEFORE_SAVE_BELOW, verl_version_tuple
 from domain.bucket import DEFAULT_CAPACITY, MOUNT_PATH
 from domain.platforms import (
     AUTOPILOT_SIDECAR, PINNED_IMAGE_ARCH, PLATFORMS, Mode, Platform, PlatformName, VerlRelease, is_pinned_image,
@@ -680,6 +681,7 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
     if built_for and built_for != p.arch:
         add("verl_image", cfg.verl_image, f"is built for {built_for} only; {p.title} nodes are {p.arch}: use "
             f"{p.image} or an image built for {p.arch}.")
+    out.extend(_run_problems(cfg))
     for problem in verl_problems(cfg.grpo, p.gpus_per_node, cfg.gpu_nodes):
         add(f"grpo.{problem.field}", getattr(cfg.grpo, problem.field), problem.message)
     return out
@@ -754,6 +756,27 @@ def _is_utc_time(text: str) -> bool:
 def _zones_of(location: str, region: str) -> tuple[str, ...]:
     zone = _ZONE.match(location)
     return (location,) if zone and zone.group(1) == region else ()
+
+
+def _run_problems(cfg: StackConfig) -> list[str]:
+    """A budget nothing would enforce or whose stop would lose the run; a rotation that can lose
+    the only checkpoint."""
+    out = []
+    budgets = [(f, getattr(cfg, f)) for f in ("run_budget_hours", "run_budget_usd") if getattr(cfg, f)]
+    for field, budget in budgets:
+        if not cfg.run_supervisor:
+            out.append(problem_line(config_key(field), budget,
+                                    "needs runSupervisor: true: only the run supervisor stops a run at its budget."))
+    if budgets and cfg.grpo.save_freq <= 0:
+        out.append(problem_line(config_key("grpo.save_freq"), cfg.grpo.save_freq,
+                                f"must be a positive number of steps with {camel(budgets[0][0])}: verl writes its "
+                                "deadline checkpoint only when it saves at all, so the stop would lose the whole run."))
+    version = cfg.facts.verl.version
+    if cfg.grpo.max_checkpoints == 1 and verl_version_tuple(version) < DELETES_BEFORE_SAVE_BELOW:
+        out.append(problem_line(config_key("grpo.max_checkpoints"), 1,
+                                f"verl {version} deletes its oldest checkpoint before it writes the next: keeping 1 "
+                                "loses the only one when a node is lost during a save; keep at least 2."))
+    return out
 
 
 def _bucket_name_ok(name: str) -> bool:

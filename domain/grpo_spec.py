@@ -163,9 +163,12 @@ class Override:
         return f"{self.key}={_render(self.value)}"
 
 
-def overrides(spec: GrpoSpec, gpus_per_node: int, nnodes: int) -> list[Override]:
-    """The run's overrides in command-line order, unset (None) ones left out."""
-    return [o for o in _all_overrides(spec, gpus_per_node, nnodes) if o.value is not None]
+def overrides(spec: GrpoSpec, gpus_per_node: int, nnodes: int, *, run_id: str = "",
+              legacy_trainer: bool = False) -> list[Override]:
+    """The run's overrides in command-line order, unset (None) ones left out. With `run_id`, the
+    run's checkpoints go to `<checkpoint_dir>/<run_id>`; `legacy_trainer` runs verl's legacy
+    trainer (the one that honours the budget's deadline, domain/run_identity.py)."""
+    return [o for o in _all_overrides(spec, gpus_per_node, nnodes, run_id, legacy_trainer) if o.value is not None]
 
 
 def override_sources(spec: GrpoSpec, gpus_per_node: int, nnodes: int) -> dict[str, str]:
@@ -173,7 +176,8 @@ def override_sources(spec: GrpoSpec, gpus_per_node: int, nnodes: int) -> dict[st
     return {o.key: o.source for o in _all_overrides(spec, gpus_per_node, nnodes) if o.source}
 
 
-def _all_overrides(spec: GrpoSpec, gpus_per_node: int, nnodes: int) -> list[Override]:
+def _all_overrides(spec: GrpoSpec, gpus_per_node: int, nnodes: int, run_id: str = "",
+                   legacy_trainer: bool = False) -> list[Override]:
     def grpo(key: str, field: str) -> Override:
         return Override(key, getattr(spec, field), f"grpo.{field}")
 
@@ -209,12 +213,15 @@ def _all_overrides(spec: GrpoSpec, gpus_per_node: int, nnodes: int) -> list[Over
         grpo("trainer.save_freq", "save_freq"),
         grpo("trainer.test_freq", "test_freq"),
         grpo("trainer.total_epochs", "total_epochs"),
-        grpo("trainer.default_local_dir", "checkpoint_dir"),
+        # Each run its own folder: a checkpoint is valid for one run only.
+        Override("trainer.default_local_dir", f"{spec.checkpoint_dir}/{run_id}" if run_id else spec.checkpoint_dir,
+                 "grpo.checkpoint_dir"),
         # verl keeps every checkpoint unless told (~390 GB each for a 32B model with optimizer state).
         grpo("trainer.max_actor_ckpt_to_keep", "max_checkpoints"),
         grpo("trainer.max_critic_ckpt_to_keep", "max_checkpoints"),
         # A resubmitted run (after a preemption) resumes from the latest checkpoint.
         Override("trainer.resume_mode", "auto", "managed"),
+        Override("trainer.use_v1", False if legacy_trainer else None, ""),
     ]
 
 
@@ -225,9 +232,10 @@ def _render(value: object) -> str:
     return str(value)
 
 
-def entrypoint(spec: GrpoSpec, gpus_per_node: int, nnodes: int) -> str:
+def entrypoint(spec: GrpoSpec, gpus_per_node: int, nnodes: int, *, run_id: str = "",
+               legacy_trainer: bool = False) -> str:
     """The shell command Ray runs: `python3 -m verl.trainer.main_ppo` with quoted overrides."""
-    args = [o.arg for o in overrides(spec, gpus_per_node, nnodes)]
+    args = [o.arg for o in overrides(spec, gpus_per_node, nnodes, run_id=run_id, legacy_trainer=legacy_trainer)]
     args.extend(spec.extra_overrides)
     return " ".join(["python3", "-m", VERL_ENTRY_MODULE, *(shlex.quote(a) for a in args)])
 

@@ -38,3 +38,54 @@ def whole_numbers(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [whole_numbers(item) for item in value]
     return value
+
+
+RUN_ID_PREFIX = "run"
+NOT_IN_RUN_ID = frozenset({
+    # Where and how often verl writes, logs and validates: a checkpoint is valid whatever they are.
+    "trainer.default_local_dir", "trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep",
+    "trainer.resume_mode", "trainer.save_freq", "trainer.test_freq", "trainer.val_before_train",
+    "trainer.logger", "data.val_files",
+    # Memory per step, not the math: micro batches accumulate to the same mini batch.
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+    "actor_rollout_ref.rollout.gpu_memory_utilization",
+})
+"""Overrides that do not change what a checkpoint is valid for; every other one does (and every
+extra override, whose effect verl-gke cannot judge)."""
+
+V1_TRAINER_FROM = (0, 9)
+"""verl 0.9.0 runs its V1 trainer by default (`trainer.use_v1: true` in verl/trainer/config/ppo_trainer.yaml);
+its fit (verl/trainer/ppo/v1/trainer_base.py) never calls should_save_ckpt_esi, the only reader of the
+deadline; the legacy trainer (verl/trainer/ppo/ray_trainer.py, `use_v1=false`) does."""
+DELETES_BEFORE_SAVE_BELOW = (0, 9)
+"""verl 0.6.1's checkpoint rotation deletes the oldest checkpoint before it saves the next
+(verl/utils/checkpoint/checkpoint_manager.py); 0.9.0 saves first."""
+
+
+def verl_version_tuple(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
+def legacy_trainer_for_deadline(verl_version: str, budget: bool) -> bool:
+    """Whether the run must use verl's legacy trainer so that a budget's deadline checkpoint happens."""
+    return budget and verl_version_tuple(verl_version) >= V1_TRAINER_FROM
+
+
+def run_id(*, model: str, model_revision: str, dataset: str, dataset_revision: str, verl: str,
+           gpus_per_node: int, nnodes: int, overrides: list[tuple[str, object]], extra: tuple[str, ...]) -> str:
+    """`run-<12 hex>` of what a checkpoint is valid for: the model and dataset at their revisions,
+    the world size (FSDP shards are per world size), the verl that wrote it, and every override that
+    changes the math. Every attempt of the run (the supervisor's, a new jobAttempt) shares it, and so
+    its checkpoint folder; a different run never resumes another's checkpoint."""
+    identity = {
+        "model": [model, model_revision], "dataset": [dataset, dataset_revision], "verl": verl,
+        "world": [nnodes, gpus_per_node],
+        "overrides": sorted([key, whole_numbers(value)] for key, value in overrides if key not in NOT_IN_RUN_ID),
+        "extra": list(extra),
+    }
+    canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
+    return f"{RUN_ID_PREFIX}-{hashlib.sha256(canonical.encode()).hexdigest()[:12]}"
+

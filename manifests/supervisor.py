@@ -1,6 +1,8 @@
-"""The run supervisor's Kubernetes objects: its program and config in a ConfigMap, a ConfigMap for
-its state, a service account whose Role may patch only this RayCluster and that state ConfigMap,
-and a one-pod Deployment on the CPU nodes (workloads/run_supervisor.py). Pure builders.
+"""The run supervisor's Kubernetes objects: its program (workloads/run_supervisor.py and the
+run_lifecycle.py it imports) and config in a ConfigMap, a service account whose Role may read and
+replace only the run record ConfigMap and patch only this RayCluster, and a one-pod Deployment on
+the CPU nodes. Pure builders. The run record itself is created by the GrpoJob provider's first
+claim (workloads/run_lifecycle.py) and outlives the stack's resources, like the checkpoints.
 """
 
 from __future__ import annotations
@@ -13,8 +15,11 @@ from typing import Any
 from manifests.staging import IMAGE, RUN_AS, SCRIPT_DIR, off_gpu_nodes, restricted_container
 
 NAME_SUFFIX = "-supervisor"
-SCRIPT_FILE = "run_supervisor.py"
+PROGRAM_FILES = ("run_supervisor.py", "run_lifecycle.py")
+"""The modules of package `workloads` the supervisor runs, mounted as SCRIPT_DIR/workloads/<file>."""
+MODULE = "workloads.run_supervisor"
 CONFIG_FILE = "config.json"
+RECORD_SUFFIX = "-run"
 DIGEST_ANNOTATION = "verl-gke/supervisor-sha256"
 LABELS = {"app.kubernetes.io/name": "verl-gke", "app.kubernetes.io/component": "run-supervisor"}
 """Also the labels the Ray NetworkPolicy admits to the head's job API."""
@@ -26,7 +31,8 @@ class SupervisorSpec:
     namespace: str
     ray_cluster: str
     worker_group: str
-    script: str
+    programs: dict[str, str]
+    """PROGRAM_FILES' texts by file name."""
     config: dict[str, Any]
     """SupervisorConfig's fields (workloads/run_supervisor.py) as JSON."""
 
@@ -35,14 +41,19 @@ class SupervisorSpec:
         return f"{self.ray_cluster}{NAME_SUFFIX}"
 
     @property
-    def state_config_map(self) -> str:
-        return f"{self.name}-state"
+    def run_record(self) -> str:
+        return run_record_name(self.ray_cluster)
 
     @property
     def digest(self) -> str:
         """Changes with the program or its config, so the pod restarts with the new ones."""
-        text = self.script + json.dumps(self.config, sort_keys=True)
+        text = "".join(self.programs[f] for f in PROGRAM_FILES) + json.dumps(self.config, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
+
+
+def run_record_name(ray_cluster: str) -> str:
+    """The run record ConfigMap of the stack whose RayCluster this is."""
+    return f"{ray_cluster}{RECORD_SUFFIX}"
 
 
 def _meta(spec: SupervisorSpec, name: str) -> dict[str, Any]:
@@ -51,13 +62,8 @@ def _meta(spec: SupervisorSpec, name: str) -> dict[str, Any]:
 
 def program_config_map(spec: SupervisorSpec) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(spec, spec.name),
-            "data": {SCRIPT_FILE: spec.script, CONFIG_FILE: json.dumps(spec.config, indent=2, sort_keys=True)}}
-
-
-def state_config_map(spec: SupervisorSpec) -> dict[str, Any]:
-    """Written by the supervisor only; Pulumi creates it empty and leaves its data alone."""
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(spec, spec.state_config_map),
-            "data": {"state.json": "{}"}}
+            "data": {**{f: spec.programs[f] for f in PROGRAM_FILES},
+                     CONFIG_FILE: json.dumps(spec.config, indent=2, sort_keys=True)}}
 
 
 def service_account(spec: SupervisorSpec) -> dict[str, Any]:
@@ -65,14 +71,15 @@ def service_account(spec: SupervisorSpec) -> dict[str, Any]:
 
 
 def role(spec: SupervisorSpec) -> dict[str, Any]:
-    """Read and patch one RayCluster (its worker replicas) and one ConfigMap (its state): no more."""
+    """Read and patch one RayCluster (its worker replicas); read and replace (compare-and-swap on its
+    resourceVersion) the run record ConfigMap: no more."""
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(spec, spec.name),
         "rules": [
             {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "resourceNames": [spec.ray_cluster],
              "verbs": ["get", "patch"]},
-            {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [spec.state_config_map],
-             "verbs": ["get", "patch"]},
+            {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [spec.run_record],
+             "verbs": ["get", "update"]},
         ],
     }
 
@@ -89,7 +96,7 @@ def deployment(spec: SupervisorSpec) -> dict[str, Any]:
     """One pod (Recreate: never two supervisors of one run), off the GPU nodes."""
     args = ["--config", f"{SCRIPT_DIR}/{CONFIG_FILE}", "--namespace", spec.namespace,
             "--ray-cluster", spec.ray_cluster, "--worker-group", spec.worker_group,
-            "--state-config-map", spec.state_config_map]
+            "--run-record", spec.run_record]
     pod = {
         "serviceAccountName": spec.name,
         # The one pod of the stack that calls the Kubernetes API: its token is mounted.
@@ -100,13 +107,18 @@ def deployment(spec: SupervisorSpec) -> dict[str, Any]:
         "containers": [{
             "name": "supervisor",
             "image": IMAGE,
-            "command": ["python", f"{SCRIPT_DIR}/{SCRIPT_FILE}", *args],
-            "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
+            # SCRIPT_DIR/workloads/ holds the program's modules under their package names.
+            "command": ["python", "-m", MODULE, *args],
+            "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+                    {"name": "PYTHONPATH", "value": SCRIPT_DIR}],
             "resources": {kind: dict(values) for kind, values in RESOURCES.items()},
             "securityContext": restricted_container(),
             "volumeMounts": [{"name": "program", "mountPath": SCRIPT_DIR, "readOnly": True}],
         }],
-        "volumes": [{"name": "program", "configMap": {"name": spec.name, "defaultMode": 0o444}}],
+        "volumes": [{"name": "program", "configMap": {
+            "name": spec.name, "defaultMode": 0o444,
+            "items": [*({"key": f, "path": f"workloads/{f}"} for f in PROGRAM_FILES),
+                      {"key": CONFIG_FILE, "path": CONFIG_FILE}]}}],
     }
     return {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(spec, spec.name),

@@ -51,6 +51,8 @@ class RayHead:
     temp_dir: Path
     gcs_address: str = ""
     """host:port a second node joins with `ray start --address`."""
+    command: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
 
 
 def free_ports(count: int) -> list[int]:
@@ -98,14 +100,28 @@ def start_head(ray: Path | None = None, env: dict[str, str] | None = None) -> Ra
     # Short path: Ray puts unix sockets under the temp dir, and their paths are limited to ~107 bytes.
     temp_dir = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
     command, url = ray_start_command(temp_dir, ray)
+    return _launch(command, url, temp_dir, env or HEAD_ENV)
+
+
+def restart_head(head: RayHead) -> RayHead:
+    """A KubeRay head pod restart without GCS fault tolerance: the head is killed and a new one
+    starts on the same ports, knowing no jobs and no nodes."""
+    stop_head(head, grace_s=0.0)
+    temp_dir = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
+    command = [f"--temp-dir={temp_dir}" if arg.startswith("--temp-dir=") else arg for arg in head.command]
+    return _launch(command, head.dashboard_url, temp_dir, dict(head.env))
+
+
+def _launch(command: list[str], url: str, temp_dir: Path, env: dict[str, str]) -> RayHead:
     log = open(temp_dir / "ray-start.log", "wb")
     process = subprocess.Popen(
         command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        start_new_session=True, env={**os.environ, **(env or HEAD_ENV)},
+        start_new_session=True, env={**os.environ, **env},
     )
     log.close()
     gcs_port = next(arg.split("=", 1)[1] for arg in command if arg.startswith("--port="))
-    head = RayHead(process=process, dashboard_url=url, temp_dir=temp_dir, gcs_address=f"127.0.0.1:{gcs_port}")
+    head = RayHead(process=process, dashboard_url=url, temp_dir=temp_dir, gcs_address=f"127.0.0.1:{gcs_port}",
+                   command=tuple(command), env=tuple(env.items()))
     try:
         wait_for_dashboard(url, HEAD_START_TIMEOUT_S)
     except BaseException:

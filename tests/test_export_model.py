@@ -144,8 +144,8 @@ def test_model_uri_is_empty_until_the_run_succeeds() -> None:
     running = synth.run("a4-standard")
     assert running.outputs["modelUri"] == ""
     done = synth.run("a4-standard", monitor=synth.RecordingMonitor(Succeeded()))
-    run_id = done.outputs["grpoSubmissionId"]
-    assert done.outputs["modelUri"] == f"gs://verl-data-replace-me-project/{run_id}/model"
+    run_id = done.outputs["checkpointUri"].rsplit("/", 1)[1]  # the run's id names its checkpoint folder
+    assert done.outputs["modelUri"] == f"gs://{done.outputs['bucketName']}/{run_id}/model"
 
 
 def test_a_merge_that_would_not_fit_in_memory_is_refused_before_it_starts(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from pulumi.runtime import rpc
 from ray.job_submission import JobSubmissionClient
 
 from components.grpo_job import GrpoJob, GrpoJobProvider, _JobSpec
+from tests.kube_api import kube_api
 from tests.ray_head import FlakyLink, free_ports, kubectl_record
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
@@ -129,22 +130,31 @@ def test_read_refreshes_the_status(ray_head: str, props: Callable[..., dict[str,
     assert _outs_of(read)["entrypoint"] == _outs_of(created)["entrypoint"]
 
 
-def test_read_of_a_job_the_head_does_not_know_reports_it_gone(props: Callable[..., dict[str, Any]]) -> None:
+def test_read_of_a_job_the_head_does_not_know_keeps_it_and_reports_it_lost(props: Callable[..., dict[str, Any]]) -> None:
+    # Forgetting it (id "") would make the next `up` submit beside the supervisor's next attempt.
     outs = {**props(_py("pass")), "submission_id": "verl-grpo-dev-000000000000", "status": "RUNNING"}
     read = GrpoJobProvider().read("verl-grpo-dev-000000000000", outs)
-    assert read.id == "" and _outs_of(read) == {}
+    assert read.id == "verl-grpo-dev-000000000000"
+    assert (_outs_of(read)["submission_id"], _outs_of(read)["status"]) == ("verl-grpo-dev-000000000000", "LOST")
 
 
 CLUSTER = {"cluster_endpoint": "34.1.2.3", "cluster_ca_certificate": "Y2E=", "cluster_name": "verl",
            "namespace": "ray", "head_service": "verl-head-svc"}
 
 
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[dict[str, Any]]:
+    """CLUSTER, with the run record kept through the Kubernetes API stand-in (34.1.2.3 is no API)."""
+    with kube_api() as (url, _state):
+        yield {**CLUSTER, "kube_api_url": url}
+
+
 def test_create_reaches_the_head_through_a_port_forward(
         ray_head: str, props: Callable[..., dict[str, Any]], fake_kubectl: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, cluster: dict[str, Any]) -> None:
     # The fake kubectl "forwards" to the real head's dashboard port.
     monkeypatch.setenv("FAKE_KUBECTL_PORT", ray_head.rsplit(":", 1)[1])
-    job_props = {**props(_py("print('tunnelled')")), **CLUSTER}
+    job_props = {**props(_py("print('tunnelled')")), **cluster}
     del job_props["dashboard_url"]
     created = GrpoJobProvider().create(job_props)
     assert JobSubmissionClient(ray_head).get_job_info(created.id).entrypoint == _py("print('tunnelled')")
@@ -158,9 +168,9 @@ def test_create_reaches_the_head_through_a_port_forward(
 
 
 def test_a_failing_port_forward_is_retried_until_ready_timeout_and_named(
-        props: Callable[..., dict[str, Any]], fake_kubectl: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        props: Callable[..., dict[str, Any]], fake_kubectl: Path, monkeypatch: pytest.MonkeyPatch, cluster: dict[str, Any]) -> None:
     monkeypatch.setenv("FAKE_KUBECTL_MODE", "fail")
-    job_props = {**props(_py("pass")), **CLUSTER, "ready_timeout_s": 3.0}
+    job_props = {**props(_py("pass")), **cluster, "ready_timeout_s": 3.0}
     del job_props["dashboard_url"]
     started = time.monotonic()
     with pytest.raises(RuntimeError) as raised:
@@ -173,9 +183,9 @@ def test_a_failing_port_forward_is_retried_until_ready_timeout_and_named(
 
 
 def test_a_missing_kubectl_fails_create_at_once(
-        props: Callable[..., dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        props: Callable[..., dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cluster: dict[str, Any]) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
-    job_props = {**props(_py("pass")), **CLUSTER}
+    job_props = {**props(_py("pass")), **cluster}
     del job_props["dashboard_url"]
     started = time.monotonic()
     with pytest.raises(RuntimeError, match="^kubectl not found on PATH"):
@@ -290,25 +300,25 @@ def test_delete_stops_a_running_job(ray_head: str, props: Callable[..., dict[str
     assert str(client.get_job_status(created.id).value) == "STOPPED"
 
 
-def _tunnelled(props: Callable[..., dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    outs = {**props(_py("pass")), **CLUSTER, "submission_id": "verl-grpo-dev-abc", "status": "RUNNING", **extra}
+def _tunnelled(props: Callable[..., dict[str, Any]], cluster: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    outs = {**props(_py("pass")), **cluster, "submission_id": "verl-grpo-dev-abc", "status": "RUNNING", **extra}
     del outs["dashboard_url"]
     return outs
 
 
 def test_delete_succeeds_without_stopping_only_when_the_api_says_the_head_is_gone(
-        props: Callable[..., dict[str, Any]], fake_kubectl: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        props: Callable[..., dict[str, Any]], fake_kubectl: Path, monkeypatch: pytest.MonkeyPatch, cluster: dict[str, Any]) -> None:
     monkeypatch.setenv("FAKE_KUBECTL_MODE", "fail")  # kubectl: services "head-svc" not found
     started = time.monotonic()
-    GrpoJobProvider().delete("verl-grpo-dev-abc", _tunnelled(props, ready_timeout_s=1.0))
+    GrpoJobProvider().delete("verl-grpo-dev-abc", _tunnelled(props, cluster, ready_timeout_s=1.0))
     assert time.monotonic() - started < 10
 
 
 def test_delete_raises_when_credentials_fail_instead_of_letting_a_second_run_start(
-        props: Callable[..., dict[str, Any]], fake_kubectl: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        props: Callable[..., dict[str, Any]], fake_kubectl: Path, monkeypatch: pytest.MonkeyPatch, cluster: dict[str, Any]) -> None:
     monkeypatch.setenv("FAKE_KUBECTL_MODE", "auth")
     with pytest.raises(RuntimeError) as raised:
-        GrpoJobProvider().delete("verl-grpo-dev-abc", _tunnelled(props, ready_timeout_s=1.0))
+        GrpoJobProvider().delete("verl-grpo-dev-abc", _tunnelled(props, cluster, ready_timeout_s=1.0))
     message = str(raised.value)
     assert message.startswith("GrpoJob verl-grpo-dev-abc: cannot tell whether it still runs, so the delete fails")
     assert "You must be logged in to the server (Unauthorized)" in message

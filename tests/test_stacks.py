@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 
 from domain.config import load_config
+from domain.stack_run import stack_run
 from tests.conftest import STACKS
 from tests.k8s_schema import validate_core, validate_custom
 from verl_gke import synth
@@ -88,7 +89,9 @@ def test_every_manifest_passes_its_schema(stack: str, synth_stack):
 def test_job_outputs_and_checkpoint_uri(stack: str, synth_stack):
     outputs = synth_stack(stack).outputs
     assert outputs["kubeconfig"] == "[secret]"
-    assert outputs["checkpointUri"] == f"gs://{outputs['bucketName']}/verl/checkpoints"
+    run_id, _ = stack_run(load_config(raw_config(stack)[0]))
+    assert re.fullmatch(r"run-[0-9a-f]{12}", run_id)
+    assert outputs["checkpointUri"] == f"gs://{outputs['bucketName']}/verl/checkpoints/{run_id}"
     assert outputs["rayHeadService"] == f"{outputs['rayClusterName']}-head-svc"
     assert re.fullmatch(rf"verl-grpo-{stack}-[0-9a-f]{{12}}", outputs["grpoSubmissionId"])
     assert outputs["grpoJobStatus"] == "[unknown]"
@@ -273,8 +276,12 @@ def test_run_supervisor_gets_the_runs_ids_and_only_its_own_rights(stack: str, sy
     assert _manifest(result, "Role", name)["rules"] == [
         {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "resourceNames": [cfg.ray_cluster_name],
          "verbs": ["get", "patch"]},
-        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [f"{name}-state"], "verbs": ["get", "patch"]},
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [f"{cfg.ray_cluster_name}-run"],
+         "verbs": ["get", "update"]},
     ]
+    assert config["run_id"] == stack_run(cfg)[0] and config["generation"] == 0
+    (job,) = _by_type(result, "pulumi-python:dynamic:GrpoJob")
+    assert (job.inputs["run_id"], job.inputs["run_record"]) == (config["run_id"], f"{cfg.ray_cluster_name}-run")
     pod = _manifest(result, "Deployment", name)["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == name and pod["automountServiceAccountToken"] is True
     assert pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
@@ -283,7 +290,6 @@ def test_run_supervisor_gets_the_runs_ids_and_only_its_own_rights(stack: str, sy
     assert {"from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "verl-gke",
                                                         "app.kubernetes.io/component": "run-supervisor"}}}],
             "ports": [{"protocol": "TCP", "port": 8265}]} in policy["spec"]["ingress"]
-    (job,) = _by_type(result, "pulumi-python:dynamic:GrpoJob")
     deployment = [r for r in result.registrations if r.type == "kubernetes:apps/v1:Deployment"]
     assert deployment[0].urn in job.dependencies
     assert job.inputs["supervised_attempts"] == 12 and job.inputs["budget_s"] == 0
@@ -300,10 +306,10 @@ def test_pulumi_leaves_the_worker_replicas_to_the_supervisor():
 
 
 def test_without_the_supervisor_nothing_of_it_is_created():
-    result = synth.run("a4-standard", overrides={"verl-gke:runSupervisor": "false", "verl-gke:runBudgetHours": "6"})
+    result = synth.run("a4-standard", overrides={"verl-gke:runSupervisor": "false"})
     assert not [m for m in result.manifests() if m["metadata"]["name"].endswith("-supervisor")]
     (job,) = _by_type(result, "pulumi-python:dynamic:GrpoJob")
-    assert (job.inputs["supervised_attempts"], job.inputs["budget_s"]) == (0, 6 * 3600)
+    assert (job.inputs["supervised_attempts"], job.inputs["budget_s"]) == (0, 0)
     policy = [m for m in result.manifests() if m["kind"] == "NetworkPolicy"][0]
     assert len(policy["spec"]["ingress"]) == 1
 
@@ -402,3 +408,30 @@ def test_the_stack_runs_in_a_namespace_of_its_own_with_pod_security_labels(stack
     namespaced = [m for m in result.manifests() if m["kind"] in ("RayCluster", "Job", "ServiceAccount",
                                                                   "PersistentVolumeClaim", "ConfigMap")]
     assert namespaced and {m["metadata"]["namespace"] for m in namespaced} == {"verl-gke"}
+
+
+def test_the_shipped_supervisor_runs_from_its_config_map_alone(synth_stack, tmp_path):
+    """The ConfigMap's files laid out as the pod mounts them, run as the pod runs them, with nothing
+    of the repository on the path: both modules are shipped and import each other."""
+    import os
+    import subprocess
+    import sys
+
+    result = synth_stack("a4-standard")
+    cfg = load_config(raw_config("a4-standard")[0])
+    name = f"{cfg.ray_cluster_name}-supervisor"
+    data = _manifest(result, "ConfigMap", name)["data"]
+    pod = _manifest(result, "Deployment", name)["spec"]["template"]["spec"]
+    (volume,) = pod["volumes"]
+    (container,) = pod["containers"]
+    (mount,) = container["volumeMounts"]
+    root = tmp_path / mount["mountPath"].lstrip("/")
+    for item in volume["configMap"]["items"]:
+        (root / item["path"]).parent.mkdir(parents=True, exist_ok=True)
+        (root / item["path"]).write_text(data[item["key"]])
+    env = {e["name"]: e["value"].replace(mount["mountPath"], str(root)) for e in container["env"]}
+    command = [sys.executable, *container["command"][1:3], "--help"]
+    done = subprocess.run(command, cwd=tmp_path, env={"PATH": os.environ["PATH"], **env}, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "--run-record" in done.stdout

@@ -1,0 +1,65 @@
+"""The run record's compare-and-swap and claims, against the Kubernetes API stand-in (no Ray)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tests.kube_api import kube_api
+from workloads import run_lifecycle
+from workloads.run_lifecycle import Attempt, ConfigMapRecords, Conflict, KubernetesApi, RunRecord
+
+
+def test_a_write_with_a_stale_resource_version_is_refused_and_update_reads_again():
+    with kube_api() as (url, state):
+        records = ConfigMapRecords(KubernetesApi(url), "ray", "rc-run")
+        records.save({"a": RunRecord("a")}, None)
+        stale = records.load()[1]
+        records.save({"a": RunRecord("a", generation=1)}, stale)
+        with pytest.raises(Conflict):
+            records.save({"a": RunRecord("a", generation=2)}, stale)
+        with pytest.raises(Conflict):
+            records.save({"b": RunRecord("b")}, None)  # a second creator: 409 AlreadyExists
+        assert records.update("a", lambda r: r and RunRecord("a", generation=r.generation + 5)).generation == 6
+        puts = [r for r in state.requests if r[0] == "PUT"]
+        assert all(r[3]["metadata"]["resourceVersion"] for r in puts)
+
+
+def test_of_two_parties_claiming_the_same_attempt_one_wins_and_the_other_adopts():
+    with kube_api() as (url, _):
+        records = ConfigMapRecords(KubernetesApi(url), "ray", "rc-run")
+        run_lifecycle.begin(records, "run-1", 0, time.time())
+        results: dict[str, tuple[RunRecord, bool]] = {}
+        start = threading.Barrier(2)
+
+        def claim(by: str) -> None:
+            start.wait()
+            attempt = Attempt(0, "verl-grpo-s-0", by, time.time(), by)
+            results[by] = run_lifecycle.claim(records, "run-1", attempt, 3600)
+
+        threads = [threading.Thread(target=claim, args=(by,)) for by in ("pulumi-up", "supervisor")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert sorted(won for _, won in results.values()) == [False, True]
+        stored = records.get("run-1")
+        assert len(stored.attempts) == 1
+        winner = next(by for by, (_, won) in results.items() if won)
+        assert stored.attempts[0].by == winner
+        assert stored.deadline == pytest.approx(stored.attempts[0].at + 3600)
+
+
+def test_a_run_ended_by_a_delete_or_a_failed_deploy_is_reopened_a_finished_one_is_not():
+    with kube_api() as (url, _):
+        records = ConfigMapRecords(KubernetesApi(url), "ray", "rc-run")
+        for outcome, reopened in ((run_lifecycle.DELETED, True), (run_lifecycle.DEPLOY_FAILED, True),
+                                  ("succeeded", False), ("budget of 3600 s spent", False)):
+            run_id = f"run-{abs(hash(outcome))}"
+            run_lifecycle.begin(records, run_id, 0, time.time())
+            run_lifecycle.end(records, run_id, outcome, time.time())
+            assert run_lifecycle.begin(records, run_id, 0, time.time()).outcome == ("" if reopened else outcome)
+            # A new generation (jobAttempt) always starts over.
+            assert run_lifecycle.begin(records, run_id, 1, time.time()).outcome == ""
