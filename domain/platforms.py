@@ -137,6 +137,9 @@ class Platform:
     """Local SSDs bundled with the machine type, all backing ephemeral storage (Cluster Toolkit's
     gke-a4 and gke-a3-ultragpu: 32). None: not in our sources; the node pool then sends 0, which
     GKE reads as "the machine type's own count" for series that bundle a fixed count."""
+    gpu_memory_gb: int = 0
+    """HBM per GPU, 10^9 bytes, as GCP's accelerator-optimized machine table lists it per machine
+    (A4 1,440 GB / 8 B200; A3 Ultra 1,128 GB / 8 H200; A4X 744 GB / 4 GB200)."""
 
     @property
     def allocatable_cpu(self) -> float:
@@ -232,6 +235,7 @@ PLATFORMS: dict[str, Platform] = {
         verl=VERL_0_6_1,
         ray_version="2.47.0",
         ray_cluster_name="b200-ray-cluster",
+        gpu_memory_gb=180,
         nccl_env={**_GIB_NCCL_ENV, "NCCL_TUNER_CONFIG_PATH": "/usr/local/gib/configs/tuner_config_a4.txtpb"},
         nccl_installer=_GIB_NCCL_INSTALLERS,
         local_ssd_count=32,
@@ -251,6 +255,7 @@ PLATFORMS: dict[str, Platform] = {
         ray_version="2.47.0",
         # The tutorial names it b200-ray-cluster for H200 too.
         ray_cluster_name="h200-ray-cluster",
+        gpu_memory_gb=141,
         # H200 needs the a3u tuner file, not the tutorial's a4 one.
         nccl_env={**_GIB_NCCL_ENV, "NCCL_TUNER_CONFIG_PATH": "/usr/local/gib/configs/tuner_config_a3u.txtpb"},
         nccl_installer=_GIB_NCCL_INSTALLERS,
@@ -270,6 +275,7 @@ PLATFORMS: dict[str, Platform] = {
         verl=VERL_0_9_0,
         ray_version="2.49.0",
         ray_cluster_name="gb200-ray-cluster",
+        gpu_memory_gb=186,
         # The tutorial's A4X runtime env: the gcp NCCL env plugin picks the rest.
         nccl_env={"NCCL_ENV_PLUGIN": "gcp"},
         ld_library_path="/usr/local/nvidia/lib64:/usr/local/gib/lib64",
