@@ -103,9 +103,12 @@ mapping = NetworkMapping("network", {"nccl_installer_url": installer_url, "netwo
 
 ray_waits_for: list[pulumi.Resource] = [storage, mapping, *gpu_ready]
 if a4x:
+    # The DRA driver, its claim template and the ComputeDomain need no GPU node: they install while
+    # the GPU pool is created (the driver's kubelet plugin starts on each GB200 node as it joins).
+    # The namespaced objects go in the Ray namespace, which storage creates.
     ray_waits_for.append(A4xDra("dra", {
         "namespace": cfg.namespace, "gpu_nodes": cfg.gpu_nodes, "nic_claims": networks is None,
-    }, k8s.merge(pulumi.ResourceOptions(depends_on=gpu_ready))))
+    }, k8s.merge(pulumi.ResourceOptions(depends_on=[storage]))))
 
 ray = RayTrainingCluster("ray", {
     "platform": cfg.platform, "mode": cfg.cluster_mode, "gpu_nodes": cfg.gpu_nodes,
@@ -114,7 +117,7 @@ ray = RayTrainingCluster("ray", {
     "worker_cpus": cfg.worker_cpus, "worker_memory_gi": cfg.worker_memory_gi,
     "worker_spot": cfg.gpu_spot and cfg.autopilot, "nic_claims": a4x and networks is None,
     "verl_dir": cfg.verl_dir,
-    "install_kuberay": cfg.ray_operator == "helm",
+    "install_kuberay": cfg.ray_operator == "helm", "operator_depends_on": [storage],
     "network_policy": cfg.ray_network_policy, "dashboard_cidrs": list(cfg.ray_dashboard_cidrs),
     "job_api_clients": supervisor.LABELS if cfg.run_supervisor else None,
     "supervised_workers": cfg.run_supervisor,
@@ -135,7 +138,9 @@ if cfg.run_supervisor:
             "max_preemptions": cfg.run_max_preemptions, "backoff_s": cfg.run_retry_backoff_seconds,
             "budget_s": cfg.run_budget_hours * 3600, "release_workers": cfg.release_workers_when_done,
         },
-    }, k8s.merge(pulumi.ResourceOptions(depends_on=[ray]))))
+    # It waits for a head that does not answer yet (workloads/run_supervisor.run_forever), so it
+    # starts beside the RayCluster's pods instead of after them.
+    }, k8s.merge(pulumi.ResourceOptions(depends_on=[storage]))))
 
 job = GrpoJob("grpo", {
     "entrypoint": entry, "runtime_env": job_env,
@@ -147,7 +152,7 @@ job = GrpoJob("grpo", {
     "startup_grace_s": cfg.job_startup_grace_seconds, "outage_window_s": cfg.job_outage_window_seconds,
     "expected_workers": cfg.gpu_nodes, "expected_gpus": cfg.gpu_nodes * facts.gpus_per_node,
     "fabric_check": cfg.fabric_check, "fabric_min_busbw_gbps": cfg.fabric_floor_gbps,
-    "fabric_runtime_env": fabric_runtime_env(facts),
+    "fabric_runtime_env": fabric_runtime_env(facts), "fabric_transports": list(facts.fabric_transports),
     "budget_s": cfg.run_budget_hours * 3600, "supervised_attempts": supervised,
 }, pulumi.ResourceOptions(depends_on=job_waits_for))
 

@@ -207,8 +207,12 @@ def test_job_waits_for_the_whole_cluster_and_measures_its_fabric_first(stack: st
     (job,) = _by_type(synth_stack(stack), "pulumi-python:dynamic:GrpoJob")
     assert (job.inputs["expected_workers"], job.inputs["expected_gpus"]) == (
         cfg.gpu_nodes, cfg.gpu_nodes * cfg.facts.gpus_per_node)
-    assert (job.inputs["fabric_check"], job.inputs["fabric_min_busbw_gbps"]) == (True, 100)
-    assert job.inputs["fabric_runtime_env"]["env_vars"]["NCCL_DEBUG"] == "INFO"
+    assert (job.inputs["fabric_check"], job.inputs["fabric_min_busbw_gbps"]) == (True, cfg.facts.fabric_min_busbw_gbps)
+    assert job.inputs["fabric_transports"] == list(cfg.facts.fabric_transports)
+    env = job.inputs["fabric_runtime_env"]["env_vars"]
+    assert env["NCCL_DEBUG"] == "INFO"
+    # What verl adds for training: NCCL_CUMEM_ENABLE=0 with verl 0.6.1, nothing with 0.9.0.
+    assert env.get("NCCL_CUMEM_ENABLE") == ("0" if cfg.facts.verl.version == "0.6.1" else None)
     outputs = synth_stack(stack).outputs
     assert outputs["fabricBusBandwidthGbps"] == "[unknown]"
     assert outputs["preflightChecks"][0].startswith("GKE 1.")

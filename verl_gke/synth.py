@@ -29,7 +29,7 @@ from pulumi.runtime.config import set_all_config
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
 
-from domain import preflight, run_memory
+from domain import deploy_timing, preflight, run_memory
 from components.grpo_job import planned_outs
 from domain.run_identity import whole_numbers
 from verl_gke import output_dir
@@ -308,7 +308,8 @@ def run(stack: str, project_dir: Path = PROJECT_DIR, overrides: dict[str, Any] |
         stack=stack, config=raw, secret_keys=secret_keys, preview=preview, monitor=monitor, log=log)
     unchecked = list(getattr(monitor.mocks, "unchecked", []))
     cfg = load_config(raw)
-    modeled = [run_memory.summary_line(cfg.grpo, cfg.facts, cfg.model, cfg.gpu_nodes)]
+    modeled = [run_memory.summary_line(cfg.grpo, cfg.facts, cfg.model, cfg.gpu_nodes),
+               *deploy_timing.model([r.__dict__ for r in registrations]).lines()]
     return SynthResult(stack, registrations, outputs, placeholders(raw, cfg), log, unchecked, modeled)
 
 
