@@ -11,6 +11,8 @@ from components.gcs_fuse_storage import GcsFuseStorage, label_value
 from components.gke_cluster import DRA_V1BETA1_APIS, GkeCluster
 from components.gpu_node_pool import GpuNodePool
 from components.grpo_job import GrpoJob
+from components.image_mirror import ImageMirror
+from domain.image_mirror import MIRROR_APIS, is_docker_hub, mirrored, registry_prefix, repository_id
 from domain.run_identity import submission_ids
 from domain.grpo_spec import entrypoint, runtime_env
 from components.network_mapping import NetworkMapping
@@ -34,7 +36,8 @@ a4x = cfg.platform == "a4x"
 builds_infra = not cfg.existing_cluster
 networks = NetworkNames(cfg.gvnic_network_prefix, cfg.rdma_network_prefix, cfg.rdma_nics) if cfg.rdma_nics else None
 
-apis = ProjectApis("apis", {"project": cfg.project, "services": REQUIRED_APIS}) if cfg.enable_apis else None
+services = (*REQUIRED_APIS, *MIRROR_APIS) if cfg.image_mirror else REQUIRED_APIS
+apis = ProjectApis("apis", {"project": cfg.project, "services": services}) if cfg.enable_apis else None
 gcp_ready = pulumi.ResourceOptions(depends_on=apis.services if apis else [])
 
 rdma = None
@@ -45,10 +48,13 @@ if networks and builds_infra:
         "internal_source_range": cfg.internal_source_range,
     }, gcp_ready)
 
-# Private nodes pull images and the model through it.
+# Private nodes pull images from outside Google (Docker Hub, quay.io, nvcr.io) and the model through
+# it. GKE itself needs none of it (private clusters reach Google's APIs and registries by Private
+# Google Access, on by default outside Shared VPC), so only the objects that pull wait for it.
 nat = None
 if cfg.private_nodes and cfg.cloud_nat and builds_infra:
     nat = CloudNat("nat", {"project": cfg.project, "region": cfg.region, "name": cfg.cluster_name}, gcp_ready)
+egress: list[pulumi.Resource] = [nat] if nat else []
 
 # GKE-created GPU nodes hold NICs in the RDMA subnets: the cluster goes before them on destroy.
 cluster = GkeCluster("gke", {
@@ -62,7 +68,7 @@ cluster = GkeCluster("gke", {
     "dedicated_node_service_account": cfg.dedicated_node_service_account, "private_nodes": cfg.private_nodes,
     # The NVIDIA DRA driver 25.3 still speaks resource.k8s.io/v1beta1 (Cluster Toolkit gke-a4x).
     "k8s_beta_apis": DRA_V1BETA1_APIS if a4x else [],
-}, gcp_ready.merge(pulumi.ResourceOptions(depends_on=[r for r in (rdma, nat) if r is not None])))
+}, gcp_ready.merge(pulumi.ResourceOptions(depends_on=[rdma] if rdma else [])))
 k8s = pulumi.ResourceOptions(providers=[cluster.provider])
 
 gpu_pool = None
@@ -95,29 +101,40 @@ staging = DataStaging("staging", {
     "dataset_repo": cfg.dataset, "dataset_revision": cfg.dataset_revision,
     "timeout_minutes": cfg.staging_timeout_minutes,
     "verl": cfg.staged_verl,
-}, k8s.merge(pulumi.ResourceOptions(depends_on=[storage])))
+}, k8s.merge(pulumi.ResourceOptions(depends_on=[storage, *egress])))
 
 installer_url = cfg.nccl_installer_url or nccl.installer_url(facts.nccl_installer[cfg.cluster_mode])
 mapping = NetworkMapping("network", {"nccl_installer_url": installer_url, "networks": networks},
                          k8s.merge(pulumi.ResourceOptions(depends_on=gpu_ready)))
 
-ray_waits_for: list[pulumi.Resource] = [storage, mapping, *gpu_ready]
+ray_waits_for: list[pulumi.Resource] = [storage, mapping, *gpu_ready, *egress]
+ray_image = cfg.verl_image
+if cfg.image_mirror and is_docker_hub(cfg.verl_image):
+    # The nodes pull (and GKE streams) the image from the stack's remote repository of Docker Hub.
+    repository = repository_id(cfg.cluster_name)
+    node_account = cluster.node_service_account or project_number.apply(
+        lambda n: f"{n}-compute@developer.gserviceaccount.com")
+    ray_waits_for.append(ImageMirror("images", {
+        "project": cfg.project, "region": cfg.region, "repository_id": repository,
+        "reader": pulumi.Output.concat("serviceAccount:", node_account),
+    }, gcp_ready))
+    ray_image = mirrored(cfg.verl_image, registry_prefix(cfg.region, cfg.project, repository))
 if a4x:
     # The DRA driver, its claim template and the ComputeDomain need no GPU node: they install while
     # the GPU pool is created (the driver's kubelet plugin starts on each GB200 node as it joins).
     # The namespaced objects go in the Ray namespace, which storage creates.
     ray_waits_for.append(A4xDra("dra", {
         "namespace": cfg.namespace, "gpu_nodes": cfg.gpu_nodes, "nic_claims": networks is None,
-    }, k8s.merge(pulumi.ResourceOptions(depends_on=[storage]))))
+    }, k8s.merge(pulumi.ResourceOptions(depends_on=[storage, *egress]))))
 
 ray = RayTrainingCluster("ray", {
     "platform": cfg.platform, "mode": cfg.cluster_mode, "gpu_nodes": cfg.gpu_nodes,
     "namespace": cfg.namespace, "service_account": cfg.service_account,
-    "claim_name": storage.claim_name, "name": cfg.ray_cluster_name, "image": cfg.verl_image,
+    "claim_name": storage.claim_name, "name": cfg.ray_cluster_name, "image": ray_image,
     "worker_cpus": cfg.worker_cpus, "worker_memory_gi": cfg.worker_memory_gi,
     "worker_spot": cfg.gpu_spot and cfg.autopilot, "nic_claims": a4x and networks is None,
     "verl_dir": cfg.verl_dir,
-    "install_kuberay": cfg.ray_operator == "helm", "operator_depends_on": [storage],
+    "install_kuberay": cfg.ray_operator == "helm", "operator_depends_on": [storage, *egress],
     "network_policy": cfg.ray_network_policy, "dashboard_cidrs": list(cfg.ray_dashboard_cidrs),
     "job_api_clients": supervisor.LABELS if cfg.run_supervisor else None,
     "supervised_workers": cfg.run_supervisor,
@@ -140,7 +157,7 @@ if cfg.run_supervisor:
         },
     # It waits for a head that does not answer yet (workloads/run_supervisor.run_forever), so it
     # starts beside the RayCluster's pods instead of after them.
-    }, k8s.merge(pulumi.ResourceOptions(depends_on=[storage]))))
+    }, k8s.merge(pulumi.ResourceOptions(depends_on=[storage, *egress]))))
 
 job = GrpoJob("grpo", {
     "entrypoint": entry, "runtime_env": job_env,

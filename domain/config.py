@@ -103,6 +103,7 @@ class StackConfig(BaseModel):
     private_nodes: bool = True
     cloud_nat: bool = True
     image_streaming: bool = True
+    image_mirror: bool = True
     upgrade_exclusion_start: str = "2026-12-01T00:00:00Z"
     ray_operator: Literal["addon", "helm"] = "addon"
     cpu_machine_type: str = "c2-standard-16"

@@ -72,8 +72,9 @@ class DeployModel:
         return out
 
 
-def duration(resource: Mapping[str, Any], has_gpu_pool: bool) -> Duration | None:
-    """The resource's create time; None for a custom type the table lacks."""
+def duration(resource: Mapping[str, Any], has_gpu_pool: bool, streaming: bool = True) -> Duration | None:
+    """The resource's create time; None for a custom type the table lacks. `streaming`: GKE image
+    streaming is on for the GPU nodes (Autopilot: always)."""
     kind = resource["type"]
     if kind == CONFIG_FILE:
         return DEPLOY_DURATIONS[kind]
@@ -82,7 +83,7 @@ def duration(resource: Mapping[str, Any], has_gpu_pool: bool) -> Duration | None
     if kind == NODE_POOL and resource["name"] == GPU_POOL_NAME:
         return GPU_POOL_CREATE
     if kind == RAY_CLUSTER:
-        pods = RAY_PODS_STREAMED if _streamed(resource["inputs"]) else RAY_PODS_FROM_DOCKER_HUB
+        pods = RAY_PODS_STREAMED if streaming and _streamed(resource["inputs"]) else RAY_PODS_FROM_DOCKER_HUB
         if has_gpu_pool:
             return pods
         return Duration(AUTOPILOT_GPU_NODES.seconds + pods.seconds, f"{AUTOPILOT_GPU_NODES.source}; {pods.source}")
@@ -101,7 +102,9 @@ def _streamed(ray_cluster: Mapping[str, Any]) -> bool:
 def model(resources: Sequence[Mapping[str, Any]]) -> DeployModel:
     """The critical path of `resources` (in registration order: dependencies come first)."""
     by_urn = {r["urn"]: r for r in resources}
-    has_gpu_pool = any(r["type"] == NODE_POOL and r["name"] == GPU_POOL_NAME for r in resources)
+    pools = [r for r in resources if r["type"] == NODE_POOL and r["name"] == GPU_POOL_NAME]
+    has_gpu_pool = bool(pools)
+    streaming = all(((p["inputs"].get("nodeConfig") or {}).get("gcfsConfig") or {}).get("enabled") for p in pools)
     ends: dict[str, float] = {}
     steps: dict[str, Step] = {}
     before: dict[str, str | None] = {}
@@ -119,7 +122,7 @@ def model(resources: Sequence[Mapping[str, Any]]) -> DeployModel:
         if r.get("provider") in by_urn:
             waits.append(r["provider"])
         first = max(waits, key=lambda u: ends[u], default=None)
-        took = duration(r, has_gpu_pool)
+        took = duration(r, has_gpu_pool, streaming)
         if took is None:
             unknown.add(r["type"])
             took = Duration(0, "unknown")
@@ -130,13 +133,13 @@ def model(resources: Sequence[Mapping[str, Any]]) -> DeployModel:
     while urn is not None:
         path.append(steps[urn])
         urn = before[urn]
-    floor = sum(_floor_part(r, has_gpu_pool) for r in resources)
+    floor = sum(_floor_part(r, has_gpu_pool, streaming) for r in resources)
     return DeployModel(tuple(reversed(path)), floor, tuple(sorted(unknown)))
 
 
-def _floor_part(resource: Mapping[str, Any], has_gpu_pool: bool) -> float:
+def _floor_part(resource: Mapping[str, Any], has_gpu_pool: bool, streaming: bool) -> float:
     if resource["type"] in (CLUSTER, RAY_CLUSTER, GRPO_JOB, CONFIG_FILE) or (
             resource["type"] == NODE_POOL and resource["name"] == GPU_POOL_NAME):
-        took = duration(resource, has_gpu_pool)
+        took = duration(resource, has_gpu_pool, streaming)
         return took.seconds if took else 0.0
     return 0.0
