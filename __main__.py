@@ -82,7 +82,7 @@ if not cfg.autopilot and builds_infra:
         "additional_node_networks": rdma.node_networks if rdma else None,
         "accelerator_network_profile": "auto" if a4x and not rdma else None,
         "service_account": cluster.node_service_account, "image_streaming": cfg.image_streaming,
-    }, pulumi.ResourceOptions(depends_on=cluster.node_identity))
+    }, pulumi.ResourceOptions(depends_on=[*cluster.node_identity, *egress]))
 gpu_ready = [r for r in (gpu_pool, rdma) if r is not None]
 
 project_number = gcp.organizations.get_project_output(project_id=cfg.project).number
