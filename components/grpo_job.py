@@ -468,7 +468,7 @@ def _check_fabric(client: JobSubmissionClient, spec: _JobSpec) -> float:
     pulumi.log.info(f"fabric check: all-reduce across {check.nodes} nodes x {check.gpus_per_node} GPUs, "
                     f"up to {check.timeout_s:g} s")
     result = fabric.run_fabric_check(client, check, spec.stack)
-    seen = ", ".join(f"{t} x{n}" for t, n in result["transports"].items()) or "none logged"
+    seen = fabric.transports_text(result["transports"]) or "none logged"
     pulumi.log.info(f"fabric check: all-reduce bus bandwidth {result['busbw_gbps']:g} GB/s over "
                     f"{result['nodes']} nodes x {check.gpus_per_node} GPUs ({result['backend']}); "
                     f"NCCL transports: {seen}")

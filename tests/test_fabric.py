@@ -102,6 +102,7 @@ def test_verl_gke_fabric_prints_the_figure_and_fails_below_the_floor(two_gpu_nod
     assert cli.main([*base, "--min-busbw", "0.0001"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("bus bandwidth ") and "over 2 nodes x 2 GPUs, gloo, job verl-fabric-a4-" in out
+    assert "\nNCCL transports: none logged\n" in out
     assert cli.main([*base, "--min-busbw", "1e6"]) == 1
     assert "below the 1e+06 GB/s floor (verl-gke:fabricMinBusBandwidthGbps)" in capsys.readouterr().err
 

@@ -537,8 +537,7 @@ def cmd_fabric(args: argparse.Namespace) -> int:
                            lambda: fabric.run_fabric_check(client, check, outputs.gpu_platform))
     print(f"bus bandwidth {result['busbw_gbps']:g} GB/s (algorithm bandwidth {result['algbw_gbps']:g} GB/s) over "
           f"{result['nodes']} nodes x {check.gpus_per_node} GPUs, {result['backend']}, job {result['submission_id']}")
-    seen = ", ".join(f"{t} x{n}" for t, n in result["transports"].items())
-    print(f"NCCL transports: {seen or 'none logged'}")
+    print(f"NCCL transports: {fabric.transports_text(result['transports']) or 'none logged'}")
     if message := fabric.verdict(result, check):
         raise CliError(message)
     return 0

@@ -88,6 +88,11 @@ def run_fabric_check(client: JobSubmissionClient, check: FabricCheck, stack: str
     return {**json.loads(found[-1]), "submission_id": submission_id, "transports": dict(sorted(transports.items()))}
 
 
+def transports_text(found: dict[str, int]) -> str:
+    """`NET/gIB x32, P2P/IPC x28`, or "" when NCCL logged no connection."""
+    return ", ".join(f"{t} x{n}" for t, n in sorted(found.items()))
+
+
 def transport_problem(result: dict[str, Any], check: FabricCheck) -> str | None:
     """Why NCCL's choice of transport between the nodes is not the platform's, or None."""
     if not check.transports or check.backend != "nccl" or int(result["nodes"]) < 2:
@@ -102,7 +107,7 @@ def transport_problem(result: dict[str, Any], check: FabricCheck) -> str | None:
                 "not in use (its NCCL plugin, the NICs or the network attachments). Training would run many "
                 "times slower; fix it, or turn verl-gke:fabricCheck off to train anyway.")
     if not any(t in found for t in check.transports):
-        seen = ", ".join(f"{t} x{n}" for t, n in sorted(found.items())) or "no `NCCL INFO Channel ... via` line"
+        seen = transports_text(found) or "no `NCCL INFO Channel ... via` line"
         return (f"{where}: NCCL never connected GPUs via {expected} (seen: {seen}); training would not "
                 "use the platform's fabric. Check the NCCL lines of the job's log, or turn "
                 "verl-gke:fabricCheck off to train anyway.")
