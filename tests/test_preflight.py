@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from domain import gke_versions
+from domain.image_mirror import MIRROR_APIS
 from domain.preflight import (
     CLUSTER,
     ENGINE_VERSIONS,
@@ -217,7 +218,8 @@ def test_local_ssd_count_is_the_machines():
 def test_apis_are_enabled_by_the_stack_and_never_disabled(synth_stack):
     result = synth_stack(STACK)
     services = [r for r in result.registrations if r.type == "gcp:projects/service:Service"]
-    assert sorted(r.inputs["service"] for r in services) == sorted(REQUIRED_APIS)
+    # With the image mirror (on by default): Artifact Registry and image streaming's API too.
+    assert sorted(r.inputs["service"] for r in services) == sorted((*REQUIRED_APIS, *MIRROR_APIS))
     assert all(r.inputs["disableOnDestroy"] is False for r in services)
     (cluster,) = [r for r in result.registrations if r.type == "gcp:container/cluster:Cluster"]
     assert {r.urn for r in services} <= set(cluster.dependencies)
