@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from domain.image_mirror import MIRROR_APIS
 from domain import gke_versions
 from domain.config import SCHEMA_MINOR, StackConfig, config_key, problem_line
 from domain.platforms import GPU_POOL_NAME, Platform
@@ -171,7 +172,7 @@ def run_preflight(cfg: StackConfig, invoke: Invoke) -> PreflightResult:
             return None
 
     if not cfg.enable_apis:
-        for service in REQUIRED_APIS:
+        for service in (*REQUIRED_APIS, *MIRROR_APIS) if cfg.image_mirror else REQUIRED_APIS:
             answer = ask(PROJECT_SERVICE, {"project": cfg.project, "service": service}, f"API {service}")
             if answer is not None:
                 result.problems += api_problems(service, answer)

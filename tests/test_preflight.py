@@ -232,7 +232,8 @@ def test_an_api_still_off_defers_a_check_while_the_update_enables_it():
 
 
 def test_without_enable_apis_each_api_must_be_on():
-    enabled = [{"service": s, "id": f"my-project-123/{s}"} for s in REQUIRED_APIS if s != "container.googleapis.com"]
+    enabled = [{"service": s, "id": f"my-project-123/{s}"} for s in (*REQUIRED_APIS, *MIRROR_APIS)
+               if s != "container.googleapis.com"]
     answers = {**GOOD, PROJECT_SERVICE: [*enabled, {"service": "container.googleapis.com", "id": ""}]}
     text = problems_of(answers, **{"verl-gke:enableApis": "false"})
     assert ("verl-gke:enableApis = false: container.googleapis.com is not enabled; enable it (gcloud services "
@@ -242,6 +243,10 @@ def test_without_enable_apis_each_api_must_be_on():
                                                                "id": "p/container"}]},
                         **{"verl-gke:enableApis": "false"})
     assert not [r for r in result.registrations if r.type == "gcp:projects/service:Service"]
+    # The image mirror's APIs are needed (and checked) only with the mirror.
+    without_mirror = [a for a in enabled if a["service"] not in MIRROR_APIS]
+    synth_with({**GOOD, PROJECT_SERVICE: [*without_mirror, {"service": "container.googleapis.com", "id": "p/c"}]},
+               **{"verl-gke:enableApis": "false", "verl-gke:imageMirror": "false"})
 
 
 def test_problems_of_every_check_come_together():
