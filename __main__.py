@@ -50,7 +50,8 @@ if networks and builds_infra:
 
 # Private nodes pull images from outside Google (Docker Hub, quay.io, nvcr.io) and the model through
 # it. GKE itself needs none of it (private clusters reach Google's APIs and registries by Private
-# Google Access, on by default outside Shared VPC), so only the objects that pull wait for it.
+# Google Access, on by default outside Shared VPC): the GPU pool and the storage (which every pod
+# of the stack waits for) wait for it, the cluster does not.
 nat = None
 if cfg.private_nodes and cfg.cloud_nat and builds_infra:
     nat = CloudNat("nat", {"project": cfg.project, "region": cfg.region, "name": cfg.cluster_name}, gcp_ready)
@@ -92,7 +93,7 @@ storage = GcsFuseStorage("storage", {
     "namespace": cfg.namespace, "service_account": cfg.service_account, "hf_token": hf_token,
     "capacity": cfg.volume_capacity, "labels": {"stack": label_value(pulumi.get_stack())},
     "k8s_provider": cluster.provider,
-}, gcp_ready)
+}, gcp_ready.merge(pulumi.ResourceOptions(depends_on=egress)))
 
 # Staging runs on a CPU node while the GPU pool is still being created.
 staging = DataStaging("staging", {
@@ -101,13 +102,13 @@ staging = DataStaging("staging", {
     "dataset_repo": cfg.dataset, "dataset_revision": cfg.dataset_revision,
     "timeout_minutes": cfg.staging_timeout_minutes,
     "verl": cfg.staged_verl,
-}, k8s.merge(pulumi.ResourceOptions(depends_on=[storage, *egress])))
+}, k8s.merge(pulumi.ResourceOptions(depends_on=[storage])))
 
 installer_url = cfg.nccl_installer_url or nccl.installer_url(facts.nccl_installer[cfg.cluster_mode])
 mapping = NetworkMapping("network", {"nccl_installer_url": installer_url, "networks": networks},
                          k8s.merge(pulumi.ResourceOptions(depends_on=gpu_ready)))
 
-ray_waits_for: list[pulumi.Resource] = [storage, mapping, *gpu_ready, *egress]
+ray_waits_for: list[pulumi.Resource] = [storage, mapping, *gpu_ready]
 ray_image = cfg.verl_image
 if cfg.image_mirror and is_docker_hub(cfg.verl_image):
     # The nodes pull (and GKE streams) the image from the stack's remote repository of Docker Hub.
@@ -125,7 +126,7 @@ if a4x:
     # The namespaced objects go in the Ray namespace, which storage creates.
     ray_waits_for.append(A4xDra("dra", {
         "namespace": cfg.namespace, "gpu_nodes": cfg.gpu_nodes, "nic_claims": networks is None,
-    }, k8s.merge(pulumi.ResourceOptions(depends_on=[storage, *egress]))))
+    }, k8s.merge(pulumi.ResourceOptions(depends_on=[storage]))))
 
 ray = RayTrainingCluster("ray", {
     "platform": cfg.platform, "mode": cfg.cluster_mode, "gpu_nodes": cfg.gpu_nodes,
@@ -134,7 +135,7 @@ ray = RayTrainingCluster("ray", {
     "worker_cpus": cfg.worker_cpus, "worker_memory_gi": cfg.worker_memory_gi,
     "worker_spot": cfg.gpu_spot and cfg.autopilot, "nic_claims": a4x and networks is None,
     "verl_dir": cfg.verl_dir,
-    "install_kuberay": cfg.ray_operator == "helm", "operator_depends_on": [storage, *egress],
+    "install_kuberay": cfg.ray_operator == "helm", "operator_depends_on": [storage],
     "network_policy": cfg.ray_network_policy, "dashboard_cidrs": list(cfg.ray_dashboard_cidrs),
     "job_api_clients": supervisor.LABELS if cfg.run_supervisor else None,
     "supervised_workers": cfg.run_supervisor,
@@ -156,8 +157,8 @@ if cfg.run_supervisor:
             "budget_s": cfg.run_budget_hours * 3600, "release_workers": cfg.release_workers_when_done,
         },
     # It waits for a head that does not answer yet (workloads/run_supervisor.run_forever), so it
-    # starts beside the RayCluster's pods instead of after them.
-    }, k8s.merge(pulumi.ResourceOptions(depends_on=[storage, *egress]))))
+    # need not wait for the RayCluster's pods: it starts with them, once the GPU nodes are set up.
+    }, k8s.merge(pulumi.ResourceOptions(depends_on=[storage, mapping]))))
 
 job = GrpoJob("grpo", {
     "entrypoint": entry, "runtime_env": job_env,

@@ -37,10 +37,10 @@ def test_on_a4x_the_operator_and_the_dra_driver_install_while_the_gpu_pool_is_cr
     by_urn = {r["urn"]: r for r in graph}
     gpu_pool = next(r["urn"] for r in graph if r["name"] == "gpu-pool")
     waits_for_pool = {r["name"] for r in graph if gpu_pool in r["dependencies"]}
-    # Only what needs GPU nodes: the RayCluster (its pods) and, through the NCCL installer's
-    # rollout, the network mapping.
+    # Only what needs GPU nodes: the RayCluster (its pods) and the network mapping (the NCCL
+    # installer's rollout on them).
     assert {"ray-kuberay-operator", "dra-driver", "dra-compute-domain", "dra-namespace", "dra-quota",
-            "dra-rdma-nic", "supervisor-deployment"}.isdisjoint(waits_for_pool)
+            "dra-rdma-nic"}.isdisjoint(waits_for_pool)
     assert "ray-ray-cluster" in waits_for_pool
     model = deploy_timing.model(graph)
     assert not {"dra-driver", "ray-kuberay-operator"} & set(names_on_path(model))

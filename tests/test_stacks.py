@@ -180,7 +180,16 @@ def test_nodes_are_private_behind_the_stacks_cloud_nat(stack: str, synth_stack):
     # GKE reaches Google's APIs and registries without it (Private Google Access), so the cluster
     # does not wait for it; the GPU nodes and whatever pulls from outside Google do.
     assert nat.urn not in cluster.dependencies
-    waiting = {r.name for r in result.registrations if nat.urn in r.dependencies}
+    deps = {r.urn: set(r.dependencies) for r in result.registrations}
+
+    def waits_for_nat(urn: str, seen: set[str]) -> bool:
+        if nat.urn in deps.get(urn, ()):
+            return True
+        seen.add(urn)
+        return any(waits_for_nat(d, seen) for d in deps.get(urn, ()) - seen)
+
+    waiting = {r.name for r in result.registrations if waits_for_nat(r.urn, set())}
+    assert cluster.name not in waiting
     pulls = {"staging-job", "ray-ray-cluster", "supervisor-deployment"}
     pulls |= {"gpu-pool"} if cfg.cluster_mode == "standard" else set()
     pulls |= {"dra-driver", "ray-kuberay-operator"} if stack == "a4x" else set()
