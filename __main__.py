@@ -13,6 +13,8 @@ from components.gpu_compute_class import GpuComputeClass
 from domain import hf_token
 from components.gpu_node_pool import GpuNodePool
 from components.grpo_job import GrpoJob
+from components.image_mirror import ImageMirror
+from domain.image_mirror import MIRROR_APIS, is_docker_hub, mirrored, registry_prefix, repository_id
 from domain.run_identity import submission_ids
 from domain.stack_run import stack_run
 from domain.grpo_spec import entrypoint, runtime_env
@@ -45,7 +47,8 @@ builds_infra = not cfg.existing_cluster
 names = stack_names(cfg, pulumi.get_stack())
 networks = NetworkNames(names.gvnic_prefix, names.rdma_prefix, cfg.rdma_nics) if cfg.rdma_nics else None
 
-apis = ProjectApis("apis", {"project": cfg.project, "services": REQUIRED_APIS}) if cfg.enable_apis else None
+services = (*REQUIRED_APIS, *MIRROR_APIS) if cfg.image_mirror else REQUIRED_APIS
+apis = ProjectApis("apis", {"project": cfg.project, "services": services}) if cfg.enable_apis else None
 gcp_ready = pulumi.ResourceOptions(depends_on=apis.services if apis else [])
 
 rdma = None
@@ -63,12 +66,16 @@ if builds_infra and not cfg.cluster_network:
         "node_cidr": cfg.node_subnet_cidr, "pod_cidr": cfg.pod_cidr, "service_cidr": cfg.service_cidr,
     }, gcp_ready)
 
-# Private nodes pull images and the model through it.
+# Private nodes pull images from outside Google (Docker Hub, quay.io, nvcr.io) and the model through
+# it. GKE itself needs none of it (private clusters reach Google's APIs and registries by Private
+# Google Access, on the cluster's subnet): the GPU pool and the storage (which every pod of the
+# stack waits for) wait for it, the cluster does not.
 network = vpc.network if vpc else cfg.cluster_network or None
 nat = None
 if builds_infra and cfg.private_nodes and cfg.cloud_nat:
     nat = CloudNat("nat", {"project": cfg.project, "region": cfg.region, "network": network,
                            "router": names.router, "nat": names.nat}, gcp_ready)
+egress: list[pulumi.Resource] = [nat] if nat else []
 
 # GKE-created GPU nodes hold NICs in the RDMA subnets: the cluster goes before them on destroy.
 cluster = GkeCluster("gke", {
@@ -85,7 +92,7 @@ cluster = GkeCluster("gke", {
     "network": network, "subnetwork": vpc.subnet if vpc else None,
     "resource_labels": {STACK_LABEL: stack_slug(pulumi.get_stack())}, "node_account_id": names.node_account_id,
     "pods_range": PODS_RANGE, "services_range": SERVICES_RANGE,
-}, gcp_ready.merge(pulumi.ResourceOptions(depends_on=[r for r in (rdma, nat) if r is not None])))
+}, gcp_ready.merge(pulumi.ResourceOptions(depends_on=[rdma] if rdma else [])))
 k8s = pulumi.ResourceOptions(providers=[cluster.provider])
 
 # One capacity kind: one pool (Autopilot: GKE's Performance class). Several, or a reservation or flex-start
@@ -107,7 +114,7 @@ if not cfg.autopilot and builds_infra:
             "additional_node_networks": rdma.node_networks if rdma else None,
             "accelerator_network_profile": "auto" if a4x and not rdma else None,
             "service_account": cluster.node_service_account, "image_streaming": cfg.image_streaming,
-        }, pulumi.ResourceOptions(depends_on=cluster.node_identity)))
+        }, pulumi.ResourceOptions(depends_on=[*cluster.node_identity, *egress])))
 gpu_ready: list[pulumi.Resource] = [*gpu_pools, *([rdma] if rdma else [])]
 if gpu_class:
     class_manifest = compute_class.compute_class(
@@ -123,7 +130,7 @@ storage = GcsFuseStorage("storage", {
     "hf_token_secret_id": hf_token.secret_id(pulumi.get_stack()),
     "capacity": cfg.volume_capacity, "labels": {"stack": label_value(pulumi.get_stack())},
     "k8s_provider": cluster.provider,
-}, gcp_ready)
+}, gcp_ready.merge(pulumi.ResourceOptions(depends_on=egress)))
 
 # Staging runs on a CPU node while the GPU pool is still being created.
 staging = DataStaging("staging", {
@@ -139,19 +146,33 @@ mapping = NetworkMapping("network", {"nccl_installer_url": installer_url, "netwo
                          k8s.merge(pulumi.ResourceOptions(depends_on=gpu_ready)))
 
 ray_waits_for: list[pulumi.Resource] = [storage, mapping, *gpu_ready]
+ray_image = cfg.verl_image
+if cfg.image_mirror and is_docker_hub(cfg.verl_image):
+    # The nodes pull (and GKE streams) the image from the stack's remote repository of Docker Hub.
+    repository = repository_id(cfg.cluster_name)
+    node_account = cluster.node_service_account or storage.project_number.apply(
+        lambda n: f"{n}-compute@developer.gserviceaccount.com")
+    ray_waits_for.append(ImageMirror("images", {
+        "project": cfg.project, "region": cfg.region, "repository_id": repository,
+        "reader": pulumi.Output.concat("serviceAccount:", node_account),
+    }, gcp_ready))
+    ray_image = mirrored(cfg.verl_image, registry_prefix(cfg.region, cfg.project, repository))
 if a4x:
+    # The DRA driver, its claim template and the ComputeDomain need no GPU node: they install while
+    # the GPU pool is created (the driver's kubelet plugin starts on each GB200 node as it joins).
+    # The namespaced objects go in the Ray namespace, which storage creates.
     ray_waits_for.append(A4xDra("dra", {
         "namespace": cfg.namespace, "gpu_nodes": cfg.gpu_nodes, "nic_claims": networks is None,
-    }, k8s.merge(pulumi.ResourceOptions(depends_on=[*gpu_ready, storage]))))
+    }, k8s.merge(pulumi.ResourceOptions(depends_on=[storage]))))
 
 ray = RayTrainingCluster("ray", {
     "platform": cfg.platform, "mode": cfg.cluster_mode, "gpu_nodes": cfg.gpu_nodes,
     "namespace": cfg.namespace, "service_account": cfg.service_account,
-    "claim_name": storage.claim_name, "name": cfg.ray_cluster_name, "image": cfg.verl_image,
+    "claim_name": storage.claim_name, "name": cfg.ray_cluster_name, "image": ray_image,
     "worker_cpus": cfg.worker_cpus, "worker_memory_gi": cfg.worker_memory_gi,
     "worker_spot": cfg.gpu_spot and cfg.autopilot, "compute_class": gpu_class, "nic_claims": a4x and networks is None,
     "verl_dir": cfg.verl_dir,
-    "install_kuberay": cfg.ray_operator == "helm",
+    "install_kuberay": cfg.ray_operator == "helm", "operator_depends_on": [storage],
     "network_policy": cfg.ray_network_policy, "dashboard_cidrs": list(cfg.ray_dashboard_cidrs),
     "job_api_clients": supervisor.LABELS if cfg.run_supervisor else None,
     "supervised_workers": cfg.run_supervisor,
@@ -174,7 +195,9 @@ if cfg.run_supervisor:
             "max_preemptions": cfg.run_max_preemptions, "backoff_s": cfg.run_retry_backoff_seconds,
             "budget_s": cfg.run_budget_s, "release_workers": cfg.release_workers_when_done,
         },
-    }, k8s.merge(pulumi.ResourceOptions(depends_on=[ray]))))
+    # It waits for a head that does not answer yet (workloads/run_supervisor.run_forever), so it
+    # need not wait for the RayCluster's pods: it starts with them, once the GPU nodes are set up.
+    }, k8s.merge(pulumi.ResourceOptions(depends_on=[storage, mapping]))))
 
 job = GrpoJob("grpo", {
     "entrypoint": entry, "runtime_env": job_env,
@@ -186,7 +209,7 @@ job = GrpoJob("grpo", {
     "startup_grace_s": cfg.job_startup_grace_seconds, "outage_window_s": cfg.job_outage_window_seconds,
     "expected_workers": cfg.gpu_nodes, "expected_gpus": cfg.gpu_nodes * facts.gpus_per_node,
     "fabric_check": cfg.fabric_check, "fabric_min_busbw_gbps": cfg.fabric_floor_gbps,
-    "fabric_runtime_env": fabric_runtime_env(facts),
+    "fabric_runtime_env": fabric_runtime_env(facts), "fabric_transports": list(facts.fabric_transports),
     "budget_s": cfg.run_budget_s, "supervised_attempts": supervised,
     "run_id": run_id, "run_record": supervisor.run_record_name(cfg.ray_cluster_name),
 }, pulumi.ResourceOptions(depends_on=job_waits_for))

@@ -1,8 +1,8 @@
 """The tutorial's A4X DRA steps: the NVIDIA DRA driver (for the IMEX ComputeDomain), the RDMA NIC
 claim template and the ComputeDomain the Ray workers claim their channel from.
 
-Pass the cluster's Kubernetes provider in `opts` (`providers=[cluster.provider]`) and the GPU node
-pool in `depends_on`; give the RayCluster `depends_on=[this]`, so its pods only start once their
+Pass the cluster's Kubernetes provider in `opts` (`providers=[cluster.provider]`) and the owner of
+the Ray namespace in `depends_on` (none of it needs a GPU node); give the RayCluster `depends_on=[this]`, so its pods only start once their
 claims can be satisfied (and on destroy go before the driver that releases them).
 """
 

@@ -85,6 +85,7 @@ class GcsFuseStorage(pulumi.ComponentResource):
 
     bucket_name: pulumi.Output[str]
     bucket_url: pulumi.Output[str]
+    project_number: pulumi.Output[str]
     """`gs://<bucket>`."""
     namespace: pulumi.Output[str]
     service_account_name: pulumi.Output[str]
@@ -171,6 +172,7 @@ class GcsFuseStorage(pulumi.ComponentResource):
 
         self.bucket_name = bucket.name
         self.bucket_url = bucket.url
+        self.project_number = bucket.project_number
         self.service_account_name = pulumi.Output.all(account.metadata["name"], access.id).apply(lambda v: v[0])
         self.claim_name = claim.metadata["name"]
         self.hf_token_secret = pulumi.Output.all(token_secret.secret_id, token_access.id).apply(
@@ -179,6 +181,7 @@ class GcsFuseStorage(pulumi.ComponentResource):
             {
                 "bucket_name": self.bucket_name,
                 "bucket_url": self.bucket_url,
+                "project_number": self.project_number,
                 "namespace": self.namespace,
                 "service_account_name": self.service_account_name,
                 "claim_name": self.claim_name,

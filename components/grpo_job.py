@@ -18,7 +18,7 @@ import re
 import subprocess
 import time
 import urllib.parse
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, NotRequired, Required, TypedDict
@@ -150,6 +150,9 @@ class GrpoJobArgs(TypedDict, total=False):
     """The check's Ray runtime env (verl_gke.fabric.fabric_runtime_env: the platform's NCCL settings)."""
     fabric_timeout_s: NotRequired[pulumi.Input[float]]
     """How long the check may take (placement, NCCL set-up, the all-reduces) before it is stopped."""
+    fabric_transports: NotRequired[pulumi.Input[Sequence[str]]]
+    """NCCL transports the check must see between nodes (Platform.fabric_transports); fails on any other
+    `NET/...` such as NET/Socket."""
     budget_s: NotRequired[pulumi.Input[float]]
     """The run's budget from its submission (0: none): the deadline goes into the job's metadata and
     into verl's MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP, so verl checkpoints before it;
@@ -198,6 +201,7 @@ class _JobSpec:
     fabric_python: str = "python3"
     fabric_runtime_env: dict[str, Any] = field(default_factory=dict)
     fabric_timeout_s: float = fabric.TIMEOUT_S
+    fabric_transports: tuple[str, ...] = ()
     budget_s: float = 0.0
     supervised_attempts: int = 0
     run_id: str | None = None
@@ -216,6 +220,8 @@ class _JobSpec:
             given["fabric_runtime_env"] = whole_numbers(given["fabric_runtime_env"])
         if "fabric_min_busbw_gbps" in given:
             given["fabric_min_busbw_gbps"] = float(given["fabric_min_busbw_gbps"])
+        if "fabric_transports" in given:
+            given["fabric_transports"] = tuple(given["fabric_transports"])
         for key in _SECONDS_KEYS:
             if key in given:
                 given[key] = float(given[key])
@@ -288,7 +294,7 @@ class _JobSpec:
         return fabric.FabricCheck(
             nodes=self.expected_workers, gpus_per_node=self.expected_gpus // max(1, self.expected_workers),
             min_busbw_gbps=self.fabric_min_busbw_gbps, backend=self.fabric_backend, python=self.fabric_python,
-            runtime_env=self.fabric_runtime_env, timeout_s=self.fabric_timeout_s)
+            runtime_env=self.fabric_runtime_env, timeout_s=self.fabric_timeout_s, transports=self.fabric_transports)
 
 
 _SPEC_KEYS = tuple(f.name for f in fields(_JobSpec))
@@ -638,8 +644,10 @@ def _check_fabric(client: JobSubmissionClient, spec: _JobSpec) -> float:
     pulumi.log.info(f"fabric check: all-reduce across {check.nodes} nodes x {check.gpus_per_node} GPUs, "
                     f"up to {check.timeout_s:g} s")
     result = fabric.run_fabric_check(client, check, spec.stack)
+    seen = fabric.transports_text(result["transports"]) or "none logged"
     pulumi.log.info(f"fabric check: all-reduce bus bandwidth {result['busbw_gbps']:g} GB/s over "
-                    f"{result['nodes']} nodes x {check.gpus_per_node} GPUs ({result['backend']})")
+                    f"{result['nodes']} nodes x {check.gpus_per_node} GPUs ({result['backend']}); "
+                    f"NCCL transports: {seen}")
     if message := fabric.verdict(result, check):
         raise fabric.FabricError(message)
     return float(result["busbw_gbps"])

@@ -60,6 +60,9 @@ class RayTrainingClusterArgs(TypedDict):
     """A verl tree on the bucket first on every Ray process's path; None (default) when the image has verl."""
     install_kuberay: NotRequired[bool]
     """Install the namespace-scoped KubeRay operator Helm chart (only without the Ray add-on)."""
+    operator_depends_on: NotRequired[list[pulumi.Resource]]
+    """What the operator's release waits for (its namespace's owner), instead of everything the
+    RayCluster waits for: it needs no GPU node, so it installs while the GPU pool is created."""
     ready_timeout_minutes: NotRequired[int]
     """How long `pulumi up` waits for the head and every worker to run."""
     network_policy: NotRequired[bool]
@@ -152,8 +155,11 @@ class RayTrainingCluster(pulumi.ComponentResource):
         child = child_options(self, opts)
         cluster_opts = child
         if args.get("install_kuberay", False):
+            operator_opts = child
+            if "operator_depends_on" in args:
+                operator_opts = pulumi.ResourceOptions(parent=self, depends_on=args["operator_depends_on"])
             operator = pinned_release(f"{name}-kuberay-operator", kuberay.CHART, namespace=spec.namespace,
-                                      values=kuberay.helm_values(namespace=spec.namespace), opts=child)
+                                      values=kuberay.helm_values(namespace=spec.namespace), opts=operator_opts)
             # The chart brings the ray.io CRDs and the operator that acts on the RayCluster.
             cluster_opts = child.merge(pulumi.ResourceOptions(depends_on=[operator]))
         timeout = f"{args.get('ready_timeout_minutes', DEFAULT_READY_TIMEOUT_MINUTES)}m"

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from domain import gke_versions
+from domain import gke_versions, run_memory
 from domain.grpo_spec import GRPO_DEFAULTS, GrpoSpec, verl_problems
 from domain.run_identity import DELETES_BEFORE_SAVE_BELOW, verl_version_tuple
 from domain.bucket import DEFAULT_CAPACITY, MOUNT_PATH
@@ -131,6 +131,7 @@ class StackConfig(BaseModel):
     private_nodes: bool = True
     cloud_nat: bool = True
     image_streaming: bool = True
+    image_mirror: bool = True
     upgrade_exclusion_start: str = "2026-12-01T00:00:00Z"
     ray_operator: Literal["addon", "helm"] = "addon"
     cpu_machine_type: str = "c2-standard-16"
@@ -216,7 +217,8 @@ class StackConfig(BaseModel):
                              ("workerMemoryGi", worker.memory_gi if worker else platform.worker_memory_gi)):
             if _unset(data.get(key)):
                 data[key] = default
-        data["grpo"] = _grpo_values(data.get("grpo", {}), platform, str(data.get("model", DEFAULT_MODEL_REPO)))
+        data["grpo"] = _grpo_values(data.get("grpo", {}), platform, str(data.get("model", DEFAULT_MODEL_REPO)),
+                                    data.get("gpuNodes"))
         return data
 
     @property
@@ -317,9 +319,9 @@ def _rdma_nics(platform: Platform, a4x_networking: str) -> int:
     return platform.rdma_nics
 
 
-def _grpo_values(given: Mapping[str, Any], platform: Platform, model: str) -> dict[str, Any]:
-    """GRPO fields with the tutorial's per-platform defaults under the user's values.
-    0 (integers) and "auto" (booleans) in config mean: the platform's default."""
+def _grpo_values(given: Mapping[str, Any], platform: Platform, model: str, gpu_nodes: Any) -> dict[str, Any]:
+    """GRPO fields with the per-platform defaults (the tutorial's math, the execution profile) under
+    the user's values. 0 (integers) and "auto" (booleans) in config mean: the platform's default."""
     defaults = GRPO_DEFAULTS[platform.name]
     values: dict[str, Any] = {
         "ppo_mini_batch_size": defaults.ppo_mini_batch_size,
@@ -328,8 +330,11 @@ def _grpo_values(given: Mapping[str, Any], platform: Platform, model: str) -> di
         "ref_log_prob_micro_batch_size_per_gpu": defaults.ref_log_prob_micro_batch_size_per_gpu,
         "use_kl_loss": defaults.use_kl_loss,
         "val_before_train": defaults.val_before_train,
-        "rollout_tensor_parallel_size": platform.gpus_per_node,
-        "use_remove_padding": None,
+        "rollout_tensor_parallel_size": run_memory.rollout_tp(platform, model, given, _nodes(gpu_nodes)),
+        "use_remove_padding": defaults.use_remove_padding,
+        "use_dynamic_bsz": defaults.use_dynamic_bsz,
+        "ppo_max_token_len_per_gpu": defaults.ppo_max_token_len_per_gpu,
+        "log_prob_max_token_len_per_gpu": defaults.log_prob_max_token_len_per_gpu,
         "model_path": f"{MOUNT_PATH}/{model_dir_for(model)}",
         "checkpoint_dir": f"{MOUNT_PATH}/verl/checkpoints",
     }
@@ -337,6 +342,14 @@ def _grpo_values(given: Mapping[str, Any], platform: Platform, model: str) -> di
         if not (field in values and _unset(value)):
             values[field] = value
     return values
+
+
+def _nodes(value: Any) -> int:
+    """gpuNodes as given, or its default when unreadable (reported by its own field)."""
+    try:
+        return max(int(value), 1)
+    except (TypeError, ValueError):
+        return StackConfig.model_fields["gpu_nodes"].default
 
 
 def _unset(value: Any) -> bool:
@@ -684,6 +697,10 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
     out.extend(_run_problems(cfg))
     for problem in verl_problems(cfg.grpo, p.gpus_per_node, cfg.gpu_nodes):
         add(f"grpo.{problem.field}", getattr(cfg.grpo, problem.field), problem.message)
+    # One line per phase that would not fit, naming the keys that size it.
+    for fields, message in run_memory.problems(cfg.grpo, p, cfg.model, cfg.gpu_nodes):
+        named = ", ".join(f"{config_key('grpo.' + f)} = {json.dumps(getattr(cfg.grpo, f))}" for f in fields)
+        out.append(f"{named}: {message}")
     return out
 
 

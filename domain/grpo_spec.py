@@ -49,6 +49,9 @@ class GrpoSpec(BaseModel):
     val_before_train: bool | None = None
     ulysses_sequence_parallel_size: int = Field(1, ge=1)
     use_remove_padding: bool | None = None
+    use_dynamic_bsz: bool | None = None
+    ppo_max_token_len_per_gpu: int | None = Field(None, ge=1)
+    log_prob_max_token_len_per_gpu: int | None = Field(None, ge=1)
     total_epochs: int = Field(2, ge=1)
     save_freq: int = Field(10, ge=-1)
     test_freq: int = Field(10, ge=-1)
@@ -61,9 +64,22 @@ class GrpoSpec(BaseModel):
     extra_overrides: tuple[str, ...] = ()
 
 
+MATH_KEYS = (
+    "algorithm.adv_estimator", "data.train_batch_size", "data.max_prompt_length", "data.max_response_length",
+    "actor_rollout_ref.actor.optim.lr", "actor_rollout_ref.actor.ppo_mini_batch_size",
+    "actor_rollout_ref.actor.ppo_epochs", "actor_rollout_ref.actor.use_kl_loss",
+    "actor_rollout_ref.actor.kl_loss_coef", "actor_rollout_ref.actor.loss_agg_mode",
+    "actor_rollout_ref.actor.clip_ratio", "actor_rollout_ref.actor.entropy_coeff",
+    "actor_rollout_ref.rollout.n", "actor_rollout_ref.rollout.temperature",
+    "algorithm.kl_ctrl.kl_coef", "algorithm.use_kl_in_reward", "trainer.total_epochs",
+)
+"""verl keys that decide what is trained; the execution profile changes none of them."""
+
+
 @dataclass(frozen=True)
 class PlatformGrpoDefaults:
-    """What the tutorial's job command sets differently per platform."""
+    """The run's defaults per platform: the tutorial's math (mini batch, KL loss, validation) and an
+    execution profile that only changes how fast it runs."""
 
     ppo_mini_batch_size: int
     ppo_micro_batch_size_per_gpu: int
@@ -71,13 +87,24 @@ class PlatformGrpoDefaults:
     ref_log_prob_micro_batch_size_per_gpu: int
     use_kl_loss: bool | None
     val_before_train: bool | None
+    use_remove_padding: bool = True
+    """Pack sequences without pad tokens (verl 0.6.1's default is false; the GSM8K prompts and answers
+    fill well under half of the 512 + 512 padded length)."""
+    use_dynamic_bsz: bool = True
+    """Micro batches by token count instead of sequence count (actor update and log-prob passes)."""
+    ppo_max_token_len_per_gpu: int = 16384
+    """Tokens per actor-update micro batch (verl's default budget); the memory estimate checks it."""
+    log_prob_max_token_len_per_gpu: int = 32768
+    """Tokens per log-prob micro batch: forward only, no activations kept, so twice the update's."""
 
 
 GRPO_DEFAULTS: dict[str, PlatformGrpoDefaults] = {
-    # tutorial: A4 / A3 Ultra `ray job submit`
-    "a4": PlatformGrpoDefaults(256, 64, 8, 4, None, False),
-    "a3u": PlatformGrpoDefaults(256, 64, 8, 4, None, False),
-    # tutorial: A4X `ray job submit` inside the head pod
+    # Math: tutorial's A4 / A3 Ultra `ray job submit` (mini batch 256, no KL loss, no validation
+    # before training). Micro batches: verl's 32B example (examples/ppo_trainer/run_qwen2.5-32b.sh:
+    # 8 for the update, 16 for log-probs), used by verl only where dynamic batch size is off.
+    "a4": PlatformGrpoDefaults(256, 8, 16, 16, None, False),
+    "a3u": PlatformGrpoDefaults(256, 8, 16, 16, None, False),
+    # tutorial: A4X `ray job submit` inside the head pod (its micro batches are verl's example's already)
     "a4x": PlatformGrpoDefaults(64, 8, 16, 16, True, None),
 }
 
@@ -93,7 +120,8 @@ class Problem:
 def verl_problems(spec: GrpoSpec, gpus_per_node: int, nnodes: int) -> list[Problem]:
     """verl's batch rules, before any GPU is paid for.
 
-    Three restate verl's `validate_config` (the program cannot import verl: it needs torch);
+    Three restate verl's `validate_config` (the program cannot import verl: it needs torch), which
+    checks them only without dynamic batch size; the program keeps them either way;
     tests/test_verl_config.py holds their verdicts equal to verl's own. The rest verl checks only
     in its workers, once the GPUs are allocated: verl has no earlier rule for them."""
     n_gpus = gpus_per_node * nnodes
@@ -195,6 +223,8 @@ def _all_overrides(spec: GrpoSpec, gpus_per_node: int, nnodes: int, run_id: str 
         grpo("actor_rollout_ref.actor.ppo_mini_batch_size", "ppo_mini_batch_size"),
         grpo("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size_per_gpu"),
         grpo("actor_rollout_ref.actor.use_kl_loss", "use_kl_loss"),
+        grpo("actor_rollout_ref.actor.use_dynamic_bsz", "use_dynamic_bsz"),
+        grpo("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "ppo_max_token_len_per_gpu"),
         Override("actor_rollout_ref.actor.strategy", "fsdp2", ""),
         Override("actor_rollout_ref.actor.ulysses_sequence_parallel_size", sp if sp > 1 else None,
                  "grpo.ulysses_sequence_parallel_size"),
@@ -204,7 +234,11 @@ def _all_overrides(spec: GrpoSpec, gpus_per_node: int, nnodes: int, run_id: str 
         grpo("actor_rollout_ref.rollout.tensor_model_parallel_size", "rollout_tensor_parallel_size"),
         grpo("actor_rollout_ref.rollout.gpu_memory_utilization", "gpu_memory_utilization"),
         grpo("actor_rollout_ref.rollout.n", "rollout_n"),
+        grpo("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", "use_dynamic_bsz"),
+        grpo("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu"),
         grpo("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "ref_log_prob_micro_batch_size_per_gpu"),
+        grpo("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", "use_dynamic_bsz"),
+        grpo("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu"),
         grpo("algorithm.kl_ctrl.kl_coef", "kl_coef"),
         grpo("trainer.logger", "logger"),
         grpo("trainer.val_before_train", "val_before_train"),

@@ -26,6 +26,9 @@ class VerlRelease:
     version: str
     wheel_url: str
     sha256: str
+    nccl_env: dict[str, str] = field(default_factory=dict)
+    """NCCL variables verl adds to every training process's env where the job's env lacks them
+    (verl/trainer/constants_ppo.py, PPO_RAY_RUNTIME_ENV): the fabric check measures with them too."""
 
     @property
     def dir_name(self) -> str:
@@ -99,6 +102,8 @@ VERL_0_6_1 = VerlRelease(
     "https://files.pythonhosted.org/packages/c2/56/21bc9c0b0532cd5d94a151d084817080f5597af93755f79c899c61894be8/"
     "verl-0.6.1-py3-none-any.whl",
     "a67dd50fb99b402db0c990d4c92710be9a728cb18607515daa0f1e8552e47983",
+    # NVLS and other cuMem-based paths off, for vLLM's weight sync (verl's comment there).
+    nccl_env={"NCCL_CUMEM_ENABLE": "0"},
 )
 # The tutorial builds its A4X image for verl commit ddbcdb7, between releases 0.8.0 and 0.9.0.
 # 0.9.0 is the one whose declared vLLM range (>=0.18) holds the image's vLLM 0.23 (0.8.0 stops at
@@ -110,6 +115,11 @@ VERL_0_9_0 = VerlRelease(
     "6e9374db1e2ab346a0aafe9a202bee1b239a042def2f2ccd6db2a4cd04c6308b",
 )
 
+
+_RDMA_FLOOR_SOURCE = (
+    "half the line rate of a node's 8 x 400 Gb/s RoCE NICs (400 GB/s; GCP's A4 and A3 Ultra machine docs): "
+    "nccl-tests' all-reduce busbw across nodes is bounded by that rate (nccl-tests doc/PERFORMANCE.md), "
+    "so a node with half its rails down cannot reach it; set from line rate, not yet from a measured deploy")
 
 DRANET_MIN_GKE = "1.34.1-gke.1829001"
 """GKE managed DRANET (the A4X NICs as DRA devices) starts here (GKE's DRANET guide)."""
@@ -151,7 +161,7 @@ class Platform:
     fabric_min_busbw_gbps: float = 100.0
     """All-reduce bus bandwidth (GB/s, nccl-tests' busbw) below which the fabric check fails the deploy:
     NCCL over TCP manages a few to ~20 GB/s; RDMA (8 x 400 Gb/s NICs on A4/A3 Ultra, 4 on A4X) and
-    NVLink are many times above it."""
+    NVLink are many times above it. Each platform sets its own, with `fabric_floor_source`."""
     local_ssd_count: int | None = None
     """Local SSDs bundled with the machine type, all backing ephemeral storage (Cluster Toolkit's
     gke-a4 and gke-a3-ultragpu: 32). None: not in our sources; the node pool then sends 0, which
@@ -165,6 +175,14 @@ class Platform:
     disk support per machine series); Cluster Toolkit's gke-a4x sets hyperdisk-balanced explicitly."""
     boot_disk_gb: int = 100
     """Cluster Toolkit's gke-a4, gke-a3-ultragpu and gke-a4x GPU pools (a4/a3ultra/a4x_node_pool_disk_size_gb)."""
+    fabric_floor_source: str = ""
+    """Where fabric_min_busbw_gbps comes from."""
+    fabric_transports: tuple[str, ...] = ()
+    """NCCL transports (as its `via ...` log lines name them) the fabric check must see between nodes;
+    any other `NET/...` (NET/Socket: TCP) fails it."""
+    gpu_memory_gb: int = 0
+    """HBM per GPU, 10^9 bytes, as GCP's accelerator-optimized machine table lists it per machine
+    (A4 1,440 GB / 8 B200; A3 Ultra 1,128 GB / 8 H200; A4X 744 GB / 4 GB200)."""
 
     @property
     def allocatable_cpu(self) -> float:
@@ -272,6 +290,10 @@ PLATFORMS: dict[str, Platform] = {
         verl=VERL_0_6_1,
         ray_version="2.47.0",
         ray_cluster_name="b200-ray-cluster",
+        fabric_min_busbw_gbps=200.0,
+        fabric_floor_source=_RDMA_FLOOR_SOURCE,
+        fabric_transports=("NET/gIB", "NET/IB"),
+        gpu_memory_gb=180,
         nccl_env={**_GIB_NCCL_ENV, "NCCL_TUNER_CONFIG_PATH": "/usr/local/gib/configs/tuner_config_a4.txtpb"},
         nccl_installer=_GIB_NCCL_INSTALLERS,
         local_ssd_count=32,
@@ -292,6 +314,10 @@ PLATFORMS: dict[str, Platform] = {
         ray_version="2.47.0",
         # The tutorial names it b200-ray-cluster for H200 too.
         ray_cluster_name="h200-ray-cluster",
+        fabric_min_busbw_gbps=200.0,
+        fabric_floor_source=_RDMA_FLOOR_SOURCE,
+        fabric_transports=("NET/gIB", "NET/IB"),
+        gpu_memory_gb=141,
         # H200 needs the a3u tuner file, not the tutorial's a4 one.
         nccl_env={**_GIB_NCCL_ENV, "NCCL_TUNER_CONFIG_PATH": "/usr/local/gib/configs/tuner_config_a3u.txtpb"},
         nccl_installer=_GIB_NCCL_INSTALLERS,
@@ -311,6 +337,14 @@ PLATFORMS: dict[str, Platform] = {
         verl=VERL_0_9_0,
         ray_version="2.49.0",
         ray_cluster_name="gb200-ray-cluster",
+        fabric_min_busbw_gbps=400.0,
+        fabric_floor_source=(
+            "above what the 4 x 400 Gb/s RoCE NICs of a node carry (200 GB/s), so a fallback from NVLink "
+            "fails; below NVLink 5's 900 GB/s per GPU and direction (NVIDIA GB200 NVL72 specifications)"),
+        # Inside one NVL72 rack NCCL reaches the other nodes' GPUs over NVLink (MNNVL); the tutorial
+        # tells users to look for `via P2P/MNNVL` in the log.
+        fabric_transports=("P2P/MNNVL",),
+        gpu_memory_gb=186,
         # The tutorial's A4X runtime env: the gcp NCCL env plugin picks the rest.
         nccl_env={"NCCL_ENV_PLUGIN": "gcp"},
         ld_library_path="/usr/local/nvidia/lib64:/usr/local/gib/lib64",
@@ -324,3 +358,58 @@ PLATFORMS: dict[str, Platform] = {
         nccl_installer={"standard": "gpudirect-rdma/nccl-rdma-installer-a4x.yaml"},
     ),
 }
+
+
+@dataclass(frozen=True)
+class Duration:
+    """How long creating one resource of a kind takes in a first `pulumi up`, and why we think so."""
+
+    seconds: float
+    source: str
+
+
+_ESTIMATE = "first-deploy estimate, not yet measured by verl-gke"
+DEPLOY_DURATIONS: dict[str, Duration] = {
+    "gcp:projects/service:Service": Duration(60, f"Service Usage enable operation; {_ESTIMATE}"),
+    "gcp:compute/router:Router": Duration(30, f"regional Compute Engine operation; {_ESTIMATE}"),
+    "gcp:compute/routerNat:RouterNat": Duration(30, f"regional Compute Engine operation; {_ESTIMATE}"),
+    "gcp:compute/network:Network": Duration(30, f"global Compute Engine operation; {_ESTIMATE}"),
+    "gcp:compute/subnetwork:Subnetwork": Duration(20, f"regional Compute Engine operation; {_ESTIMATE}"),
+    "gcp:compute/firewall:Firewall": Duration(10, f"global Compute Engine operation; {_ESTIMATE}"),
+    "gcp:compute/resourcePolicy:ResourcePolicy": Duration(10, f"regional Compute Engine operation; {_ESTIMATE}"),
+    "gcp:serviceaccount/account:Account": Duration(10, f"IAM call; {_ESTIMATE}"),
+    "gcp:projects/iAMMember:IAMMember": Duration(10, f"IAM policy read-modify-write; {_ESTIMATE}"),
+    "gcp:storage/bucket:Bucket": Duration(5, f"one Cloud Storage call; {_ESTIMATE}"),
+    "gcp:storage/bucketIAMMember:BucketIAMMember": Duration(5, f"one Cloud Storage call; {_ESTIMATE}"),
+    "gcp:container/cluster:Cluster": Duration(
+        540, "GKE Standard or Autopilot regional control plane with its initial node; GKE quotes 'several "
+        f"minutes'; {_ESTIMATE}"),
+    "gcp:container/nodePool:NodePool": Duration(180, f"the CPU pool's e2/n2 nodes; {_ESTIMATE}"),
+    "gcp:artifactregistry/repository:Repository": Duration(10, f"one Artifact Registry operation; {_ESTIMATE}"),
+    "gcp:secretmanager/secret:Secret": Duration(5, f"one Secret Manager call; {_ESTIMATE}"),
+    "gcp:secretmanager/secretIamMember:SecretIamMember": Duration(5, f"IAM call; {_ESTIMATE}"),
+    "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": Duration(5, f"IAM call; {_ESTIMATE}"),
+    "kubernetes:helm.sh/v3:Release": Duration(
+        120, f"helm install with --wait: the operator's image pull and rollout on a CPU node; {_ESTIMATE}"),
+    "kubernetes:yaml/v2:ConfigFile": Duration(
+        120, f"the NCCL installer DaemonSet's rollout on the GPU nodes (awaited); {_ESTIMATE}"),
+    "kubernetes:batch/v1:Job": Duration(
+        600, f"staging: ~65 GB of Qwen2.5-32B from the Hugging Face Hub into the bucket; {_ESTIMATE}"),
+    "kubernetes:apps/v1:Deployment": Duration(60, f"a small image's pull and rollout on a CPU node; {_ESTIMATE}"),
+    "pulumi-python:dynamic:GrpoJob": Duration(
+        90, "the readiness gate, the fabric check (an all-reduce of 256 MB, seconds, after NCCL set-up) and "
+        f"the submission until RUNNING; {_ESTIMATE}"),
+}
+"""Create time per resource type; a Kubernetes object not listed is one API write (KUBE_WRITE)."""
+KUBE_WRITE = Duration(2, "one Kubernetes API write, not awaited further")
+GPU_POOL_CREATE = Duration(
+    600, "GKE node pool of reserved A4 / A3 Ultra / A4X machines: VM creation, GPU driver install, node "
+    f"registration; {_ESTIMATE}")
+RAY_PODS_FROM_DOCKER_HUB = Duration(
+    300, "the ~20 GB verl image pulled whole by every GPU node from Docker Hub through Cloud NAT before the "
+    f"Ray containers start; {_ESTIMATE}")
+RAY_PODS_STREAMED = Duration(
+    90, "GKE image streaming from Artifact Registry: containers start before the image is fully "
+    f"downloaded (GKE docs: 'Use Image streaming to pull container images'); {_ESTIMATE}")
+AUTOPILOT_GPU_NODES = Duration(
+    600, f"Autopilot provisions the GPU nodes once the Ray pods are pending (as GPU_POOL_CREATE); {_ESTIMATE}")

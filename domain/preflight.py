@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from domain.image_mirror import MIRROR_APIS
 from domain import gke_versions
 from domain.config import SCHEMA_MINOR, StackConfig, config_key, problem_line
 from domain.names import stack_slug
@@ -217,7 +218,7 @@ def run_preflight(cfg: StackConfig, invoke: Invoke, stack: str | None = None) ->
             return None
 
     if not cfg.enable_apis:
-        for service in REQUIRED_APIS:
+        for service in (*REQUIRED_APIS, *MIRROR_APIS) if cfg.image_mirror else REQUIRED_APIS:
             answer = ask(PROJECT_SERVICE, {"project": cfg.project, "service": service}, f"API {service}")
             if answer is not None:
                 with _unexpected_shape(result, f"API {service}"):

@@ -41,7 +41,9 @@ def test_base_config_is_valid_with_the_tutorials_defaults():
     assert cfg.cluster_location == "us-central1"
     assert cfg.rdma_subnet_cidrs == tuple(f"192.168.{i}.0/24" for i in range(1, 9))
     assert cfg.grpo.train_batch_size == 256 and cfg.grpo.ppo_mini_batch_size == 256
-    assert cfg.grpo.rollout_tensor_parallel_size == 8
+    # The execution profile: rollout TP chosen for a 32B model on 180 GB B200s, no padding, dynamic batches.
+    assert cfg.grpo.rollout_tensor_parallel_size == 4
+    assert (cfg.grpo.use_remove_padding, cfg.grpo.use_dynamic_bsz) == (True, True)
     assert cfg.grpo.model_path == "/data/Qwen2.5-32B-Instruct"
 
 
@@ -56,7 +58,8 @@ def test_a4x_defaults_are_the_tutorials_a4x_job():
 
 
 def test_all_problems_are_reported_at_once():
-    found = problems(platform="a4x", clusterMode="autopilot", gcp__zone="europe-west4-a", grpoTrainBatchSize="255", grpoRolloutN="3")
+    found = problems(platform="a4x", gpuNodes="4", clusterMode="autopilot", gcp__zone="europe-west4-a",
+                     grpoTrainBatchSize="255", grpoRolloutN="4")
     assert len(found) == 3
     assert any(p.startswith('verl-gke:clusterMode = "autopilot": A4X') for p in found)
     assert any(p.startswith('gcp:zone = "europe-west4-a"') for p in found)
@@ -447,7 +450,7 @@ def test_micro_batch_divides_per_gpu_mini_batch():
 
 def test_ulysses_needs_remove_padding():
     load_config(config(grpoUlyssesSequenceParallelSize="2", grpoUseRemovePadding="true"))
-    assert "needs use_remove_padding" in only_problem(grpoUlyssesSequenceParallelSize="2")
+    assert "needs use_remove_padding" in only_problem(grpoUlyssesSequenceParallelSize="2", grpoUseRemovePadding="false")
 
 
 def test_placeholders_listed():

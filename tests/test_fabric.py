@@ -15,7 +15,7 @@ from ray.job_submission import JobSubmissionClient
 from components.grpo_job import GrpoJobProvider
 from tests.ray_head import RayHead, start_node, stop_node
 from verl_gke import fabric
-from workloads.fabric_check import bus_bandwidth_gbps
+from workloads.fabric_check import bus_bandwidth_gbps, nccl_transports
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
@@ -48,6 +48,14 @@ def test_the_check_measures_across_every_gpu_of_both_nodes(two_gpu_nodes: RayHea
     assert result["busbw_gbps"] > 0
     assert result["submission_id"].startswith("verl-fabric-fab-")
     assert fabric.verdict(result, gloo_check(min_busbw_gbps=0.0001)) is None
+    # The transport gate reads the job's real log: gloo prints no NCCL line, so a check that expects
+    # RDMA fails naming what it saw (the transport is judged only where NCCL runs).
+    assert result["transports"] == {}
+    expecting = fabric.FabricCheck(nodes=2, gpus_per_node=2, backend="nccl", transports=("NET/gIB", "NET/IB"))
+    assert fabric.verdict(result, expecting) == (
+        f"fabric check {result['submission_id']}: NCCL never connected GPUs via NET/gIB or NET/IB (seen: no "
+        "`NCCL INFO Channel ... via` line); training would not use the platform's fabric. Check the NCCL lines of "
+        "the job's log, or turn verl-gke:fabricCheck off to train anyway.")
     message = fabric.verdict(result, gloo_check(min_busbw_gbps=1e6))
     assert message.startswith(f"fabric check {result['submission_id']}: all-reduce bus bandwidth "
                               f"{result['busbw_gbps']:g} GB/s over 2 nodes x 2 GPUs (gloo), below the 1e+06 GB/s "
@@ -94,5 +102,112 @@ def test_verl_gke_fabric_prints_the_figure_and_fails_below_the_floor(two_gpu_nod
     assert cli.main([*base, "--min-busbw", "0.0001"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("bus bandwidth ") and "over 2 nodes x 2 GPUs, gloo, job verl-fabric-a4-" in out
+    assert "\nNCCL transports: none logged\n" in out
     assert cli.main([*base, "--min-busbw", "1e6"]) == 1
     assert "below the 1e+06 GB/s floor (verl-gke:fabricMinBusBandwidthGbps)" in capsys.readouterr().err
+
+
+# NCCL INFO connection lines as NCCL prints them, each behind Ray's worker prefix. Formats:
+# src/debug.cc ("<host>:<pid>:<tid> [<dev>] NCCL INFO "), src/transport/net.cc sendSetup/recvSetup
+# ("Channel %02d/%d : %d[%d] -> %d[%d] [send] via NET/%s/%d%s%s%s"; "%d(%d)" with a PXN proxy rank),
+# src/transport/p2p.cc ("... via P2P/%s%s%s": MNNVL or CUMEM, /read; "via P2P/IPC%s" without cuMem),
+# src/transport/shm.cc ("via SHM/%s/%s").
+NCCL_LINES = {
+    "NET/gIB": "(Rank pid=311, ip=10.8.0.5) gke-a4-gpu-pool-1:311:402 [0] NCCL INFO Channel 00/0 : 0[0] -> 8[0] "
+               "[send] via NET/gIB/0/GDRDMA",
+    "NET/IB": "(Rank pid=311, ip=10.8.0.5) gke-a3u-gpu-pool-1:311:402 [3] NCCL INFO Channel 03/1 : 11[3] -> 3[3] "
+              "[receive] via NET/IB/3(2)/GDRDMA/Shared",
+    "NET/Socket": "(Rank pid=311, ip=10.8.0.5) gke-a4-gpu-pool-1:311:402 [0] NCCL INFO Channel 00/0 : 0[0] -> 8[0] "
+                  "[send] via NET/Socket/0",
+    "P2P/MNNVL": "(Rank pid=90, ip=10.8.1.2) gke-a4x-gpu-pool-3:90:171 [1] NCCL INFO Channel 05/1 : 1[1] -> 5[1] "
+                 "via P2P/MNNVL/read",
+    "P2P/IPC": "(Rank pid=311, ip=10.8.0.5) gke-a4-gpu-pool-1:311:402 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] "
+               "via P2P/IPC/read",
+    "SHM": "gke-a4-gpu-pool-1:311:402 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via SHM/direct/direct",
+}
+NOT_CONNECTIONS = [
+    "gke-a4-gpu-pool-1:311:402 [0] NCCL INFO NET/Plugin: Loaded net plugin gIB (v8)",
+    "gke-a4-gpu-pool-1:311:402 [0] NCCL INFO Using network gIB",
+    "gke-a4-gpu-pool-1:311:402 [0] NCCL INFO Connected all rings, use ring PXN 1 GDR 1",
+]
+
+
+@pytest.mark.parametrize("transport", NCCL_LINES)
+def test_each_kind_of_nccl_connection_line_names_its_transport(transport: str):
+    assert nccl_transports("\n".join([*NOT_CONNECTIONS, NCCL_LINES[transport]])) == {transport: 1}
+
+
+def _judged(transports: dict[str, int], platform: str, nodes: int = 2, backend: str = "nccl") -> str | None:
+    from domain.platforms import PLATFORMS
+
+    check = fabric.FabricCheck(nodes=nodes, gpus_per_node=8, min_busbw_gbps=1.0, backend=backend,
+                               transports=PLATFORMS[platform].fabric_transports)
+    result = {"submission_id": "verl-fabric-x", "nodes": nodes, "busbw_gbps": 300.0, "backend": backend,
+              "transports": transports}
+    return fabric.verdict(result, check)
+
+
+@pytest.mark.parametrize(("platform", "transports"), [
+    ("a4", {"NET/gIB": 32, "P2P/IPC": 28}),
+    ("a3u", {"NET/IB": 32}),
+    ("a4x", {"P2P/MNNVL": 48, "P2P/CUMEM": 12}),
+])
+def test_the_platforms_own_transport_passes(platform: str, transports: dict[str, int]):
+    assert _judged(transports, platform) is None
+
+
+def test_a_fallback_to_tcp_fails_naming_it():
+    assert _judged({"NET/Socket": 32, "P2P/IPC": 28}, "a4") == (
+        "fabric check verl-fabric-x: NCCL connected GPUs via NET/Socket, not NET/gIB or NET/IB (NET/Socket is TCP): "
+        "the RDMA or NVLink path is not in use (its NCCL plugin, the NICs or the network attachments). Training "
+        "would run many times slower; fix it, or turn verl-gke:fabricCheck off to train anyway.")
+    # Some channels over RDMA do not excuse the others over TCP.
+    assert "via NET/Socket, not" in _judged({"NET/gIB": 16, "NET/Socket": 16}, "a3u")
+
+
+def test_a4x_between_nodes_over_roce_instead_of_nvlink_fails():
+    assert "via NET/gIB, not P2P/MNNVL" in _judged({"NET/gIB": 32, "P2P/CUMEM": 12}, "a4x")
+    assert _judged({"P2P/CUMEM": 12}, "a4x") == (
+        "fabric check verl-fabric-x: NCCL never connected GPUs via P2P/MNNVL (seen: P2P/CUMEM x12); training "
+        "would not use the platform's fabric. Check the NCCL lines of the job's log, or turn "
+        "verl-gke:fabricCheck off to train anyway.")
+
+
+def test_no_transport_is_judged_on_one_node_or_without_nccl():
+    assert _judged({}, "a4", nodes=1) is None
+    assert _judged({}, "a4", backend="gloo") is None
+
+
+def test_the_check_measures_with_the_runs_nccl_env_and_what_verl_adds():
+    from domain.grpo_spec import runtime_env
+    from domain.platforms import PLATFORMS
+
+    for platform in PLATFORMS.values():
+        env = fabric.fabric_runtime_env(platform)["env_vars"]
+        run = runtime_env(platform, nnodes=2, worker_cpus=1, verl_dir=None)["env_vars"]
+        assert {k: v for k, v in run.items() if k.startswith("NCCL_")} == {
+            k: v for k, v in env.items() if k.startswith("NCCL_") and k not in platform.verl.nccl_env}
+        assert env["LD_LIBRARY_PATH"] == run["LD_LIBRARY_PATH"]
+        assert {k: env[k] for k in platform.verl.nccl_env} == platform.verl.nccl_env
+
+
+@pytest.mark.parametrize("version", ["0.6.1", "0.9.0"])
+def test_verls_own_nccl_additions_are_in_the_table(version: str):
+    """verl's PPO_RAY_RUNTIME_ENV (verl/trainer/constants_ppo.py of the pinned wheel, read as source:
+    importing it needs CUDA queries on 0.9.0): its NCCL_* literals, less those the job sets itself
+    (verl drops a key the job's env already has: NCCL_DEBUG)."""
+    import ast
+
+    from domain.grpo_spec import runtime_env
+    from domain.platforms import PLATFORMS
+    from domain.verl_wheel import unpacked
+
+    platform = next(p for p in PLATFORMS.values() if p.verl.version == version)
+    tree = ast.parse((unpacked(platform.verl) / "verl" / "trainer" / "constants_ppo.py").read_text())
+    (assign,) = [n for n in tree.body if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "PPO_RAY_RUNTIME_ENV"]
+    env_vars = next(v for k, v in zip(assign.value.keys, assign.value.values) if ast.literal_eval(k) == "env_vars")
+    verls = {ast.literal_eval(k): ast.literal_eval(v) for k, v in zip(env_vars.keys, env_vars.values)
+             if k is not None and ast.literal_eval(k).startswith("NCCL_")}
+    job = runtime_env(platform, nnodes=2, worker_cpus=1, verl_dir=None)["env_vars"]
+    assert {k: v for k, v in verls.items() if k not in job} == platform.verl.nccl_env
+

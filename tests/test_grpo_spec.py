@@ -49,9 +49,26 @@ def _args(command: str) -> list[str]:
     return words[3:]
 
 
-def test_a4_entrypoint_has_the_tutorials_overrides():
+# The execution profile in place of the tutorial's micro batches and rollout TP 8 (same math).
+PROFILE_A4 = {
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "8",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": "16",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": "16",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": "4",
+    "actor_rollout_ref.model.use_remove_padding": "True",
+    "actor_rollout_ref.actor.use_dynamic_bsz": "True",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": "16384",
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": "True",
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": "32768",
+    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": "True",
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": "32768",
+}
+
+
+def test_a4_entrypoint_is_the_tutorials_with_the_execution_profile():
     cfg = load_config(BASE_CONFIG)
-    assert sorted(_args(entrypoint(cfg.grpo, 8, cfg.gpu_nodes))) == sorted(TUTORIAL_A4)
+    tutorial = dict(a.split("=", 1) for a in TUTORIAL_A4)
+    assert dict(a.split("=", 1) for a in _args(entrypoint(cfg.grpo, 8, cfg.gpu_nodes))) == {**tutorial, **PROFILE_A4}
 
 
 def test_a4x_entrypoint_has_the_tutorials_a4x_overrides():
@@ -63,6 +80,8 @@ def test_a4x_entrypoint_has_the_tutorials_a4x_overrides():
                      "actor_rollout_ref.rollout.tensor_model_parallel_size=4",
                      "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
                      "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
+                     "actor_rollout_ref.model.use_remove_padding=True",
+                     "actor_rollout_ref.actor.use_dynamic_bsz=True",
                      "trainer.n_gpus_per_node=4", "trainer.nnodes=4"):
         assert expected in args
     assert not any(a.startswith("trainer.val_before_train") for a in args)

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 from matplotlib.image import imread
 
+from domain.platforms import PLATFORMS
+from domain.verl_wheel import unpacked
 from verl_gke import metrics
 from verl_gke.metrics import REWARD_KEY
 
 
 def verl_line(step: int, values: dict[str, float]) -> str:
-    """A line exactly as verl's console logger prints it (aggregate_logger.concat_dict_to_str)."""
+    """A line as verl's console logger printed it before it switched to pprint (`:.3f`)."""
     return " - ".join([f"step:{step}", *(f"{key}:{value:.3f}" for key, value in values.items())])
 
 
@@ -140,3 +145,57 @@ def test_plot_without_reward_values_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="^no finite values of critic/score/mean to plot$"):
         metrics.plot_reward(parsed, tmp_path / "reward.png")
     assert not (tmp_path / "reward.png").exists()
+
+
+def verl_formatter(version: str) -> Callable[[dict[str, object], int], str]:
+    """`concat_dict_to_str` of the pinned verl `version`, loaded from its wheel (the module alone: it
+    imports only torch and the standard library)."""
+    release = next(p.verl for p in PLATFORMS.values() if p.verl.version == version)
+    path = unpacked(release) / "verl" / "utils" / "logger" / "aggregate_logger.py"
+    spec = importlib.util.spec_from_file_location(f"verl_aggregate_logger_{version.replace('.', '_')}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.concat_dict_to_str
+
+
+@pytest.mark.parametrize("version", sorted({p.verl.version for p in PLATFORMS.values()}))
+def test_reads_numpy_2_values_as_verls_own_formatter_prints_them(version: str) -> None:
+    assert np.__version__.startswith("2.")
+    # What verl's trainer reduces its metrics to: numpy scalars (np.mean), Python numbers, and a
+    # non-number it leaves out.
+    data: dict[str, object] = {
+        "actor/pg_loss": np.float64(-0.012),
+        "actor/entropy": np.float32(0.5),
+        REWARD_KEY: np.float64(0.3125),
+        "response_length/max": np.int64(512),
+        "perf/throughput": 1601.5,
+        "perf/total_num_tokens": 123456,
+        "val-core/acc": np.float64("nan"),
+        "actor/grad_norm": np.float64("inf"),
+        "timing_s/gen": np.float64(1.5e-05),
+        "note": "text",
+    }
+    line = verl_formatter(version)(data, step=7)
+    assert "np.float64(-0.012)" in line  # numpy 2 repr, the case the parser used to drop
+    parsed = metrics.parse_log("(TaskRunner pid=42) " + line + "\n")
+    assert parsed.noise_lines == 0
+    [record] = parsed.steps
+    assert record.step == 7
+    values = dict(record.values)
+    assert math.isnan(values.pop("val-core/acc"))
+    assert values == {
+        "actor/pg_loss": -0.012,
+        "actor/entropy": 0.5,
+        REWARD_KEY: 0.3125,
+        "response_length/max": 512.0,
+        "perf/throughput": 1601.5,
+        "perf/total_num_tokens": 123456.0,
+        "actor/grad_norm": float("inf"),
+        "timing_s/gen": 1.5e-05,
+    }
+
+
+@pytest.mark.parametrize("raw", ["np.float64(high)", "np.float64(0.5", "np.str_(0.5)", "float64(0.5)"])
+def test_a_value_that_only_looks_like_a_numpy_number_is_not_read(raw: str) -> None:
+    assert metrics.parse_line(f"step:1 - {REWARD_KEY}:{raw}") is None

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from domain import gke_versions
+from domain.image_mirror import MIRROR_APIS
 from domain.preflight import (
     CLUSTER,
     ENGINE_VERSIONS,
@@ -217,7 +218,8 @@ def test_local_ssd_count_is_the_machines():
 def test_apis_are_enabled_by_the_stack_and_never_disabled(synth_stack):
     result = synth_stack(STACK)
     services = [r for r in result.registrations if r.type == "gcp:projects/service:Service"]
-    assert sorted(r.inputs["service"] for r in services) == sorted(REQUIRED_APIS)
+    # With the image mirror (on by default): Artifact Registry and image streaming's API too.
+    assert sorted(r.inputs["service"] for r in services) == sorted((*REQUIRED_APIS, *MIRROR_APIS))
     assert all(r.inputs["disableOnDestroy"] is False for r in services)
     (cluster,) = [r for r in result.registrations if r.type == "gcp:container/cluster:Cluster"]
     assert {r.urn for r in services} <= set(cluster.dependencies)
@@ -230,7 +232,8 @@ def test_an_api_still_off_defers_a_check_while_the_update_enables_it():
 
 
 def test_without_enable_apis_each_api_must_be_on():
-    enabled = [{"service": s, "id": f"my-project-123/{s}"} for s in REQUIRED_APIS if s != "container.googleapis.com"]
+    enabled = [{"service": s, "id": f"my-project-123/{s}"} for s in (*REQUIRED_APIS, *MIRROR_APIS)
+               if s != "container.googleapis.com"]
     answers = {**GOOD, PROJECT_SERVICE: [*enabled, {"service": "container.googleapis.com", "id": ""}]}
     text = problems_of(answers, **{"verl-gke:enableApis": "false"})
     assert ("verl-gke:enableApis = false: container.googleapis.com is not enabled; enable it (gcloud services "
@@ -240,6 +243,10 @@ def test_without_enable_apis_each_api_must_be_on():
                                                                "id": "p/container"}]},
                         **{"verl-gke:enableApis": "false"})
     assert not [r for r in result.registrations if r.type == "gcp:projects/service:Service"]
+    # The image mirror's APIs are needed (and checked) only with the mirror.
+    without_mirror = [a for a in enabled if a["service"] not in MIRROR_APIS]
+    synth_with({**GOOD, PROJECT_SERVICE: [*without_mirror, {"service": "container.googleapis.com", "id": "p/c"}]},
+               **{"verl-gke:enableApis": "false", "verl-gke:imageMirror": "false"})
 
 
 def test_problems_of_every_check_come_together():

@@ -211,8 +211,23 @@ def test_nodes_are_private_behind_the_stacks_cloud_nat(stack: str, synth_stack):
     # Sized for image and model pulls: Cloud NAT's dynamic port allocation from 4096 ports per VM.
     assert (nat.inputs["enableDynamicPortAllocation"], nat.inputs["enableEndpointIndependentMapping"],
             nat.inputs["minPortsPerVm"], nat.inputs["maxPortsPerVm"]) == (True, False, 4096, 65536)
-    # Nodes boot only once their way out exists.
-    assert nat.urn in cluster.dependencies
+    # GKE reaches Google's APIs and registries without it (Private Google Access), so the cluster
+    # does not wait for it; the GPU nodes and whatever pulls from outside Google do.
+    assert nat.urn not in cluster.dependencies
+    deps = {r.urn: set(r.dependencies) for r in result.registrations}
+
+    def waits_for_nat(urn: str, seen: set[str]) -> bool:
+        if nat.urn in deps.get(urn, ()):
+            return True
+        seen.add(urn)
+        return any(waits_for_nat(d, seen) for d in deps.get(urn, ()) - seen)
+
+    waiting = {r.name for r in result.registrations if waits_for_nat(r.urn, set())}
+    assert cluster.name not in waiting
+    pulls = {"staging-job", "ray-ray-cluster", "supervisor-deployment"}
+    pulls |= {"gpu-pool"} if cfg.cluster_mode == "standard" else set()
+    pulls |= {"dra-driver", "ray-kuberay-operator"} if stack == "a4x" else set()
+    assert pulls <= waiting
 
 
 def test_private_nodes_and_nat_can_be_turned_off_each():
@@ -241,8 +256,12 @@ def test_job_waits_for_the_whole_cluster_and_measures_its_fabric_first(stack: st
     (job,) = _by_type(synth_stack(stack), "pulumi-python:dynamic:GrpoJob")
     assert (job.inputs["expected_workers"], job.inputs["expected_gpus"]) == (
         cfg.gpu_nodes, cfg.gpu_nodes * cfg.facts.gpus_per_node)
-    assert (job.inputs["fabric_check"], job.inputs["fabric_min_busbw_gbps"]) == (True, 100)
-    assert job.inputs["fabric_runtime_env"]["env_vars"]["NCCL_DEBUG"] == "INFO"
+    assert (job.inputs["fabric_check"], job.inputs["fabric_min_busbw_gbps"]) == (True, cfg.facts.fabric_min_busbw_gbps)
+    assert job.inputs["fabric_transports"] == list(cfg.facts.fabric_transports)
+    env = job.inputs["fabric_runtime_env"]["env_vars"]
+    assert env["NCCL_DEBUG"] == "INFO"
+    # What verl adds for training: NCCL_CUMEM_ENABLE=0 with verl 0.6.1, nothing with 0.9.0.
+    assert env.get("NCCL_CUMEM_ENABLE") == ("0" if cfg.facts.verl.version == "0.6.1" else None)
     outputs = synth_stack(stack).outputs
     assert outputs["fabricBusBandwidthGbps"] == "[unknown]"
     assert outputs["preflightChecks"][0].startswith("GKE 1.")

@@ -94,10 +94,15 @@ AFTER_ALLOCATION = {
 }
 
 
+# verl's validate_config checks the batch rules only without dynamic batch size (verl/utils/config.py,
+# ActorConfig.validate); the program keeps them either way.
+STATIC_BATCHES = {"verl-gke:grpoUseDynamicBsz": "false", "verl-gke:grpoUseRemovePadding": "false"}
+
+
 @pytest.mark.timeout(600)
 def test_the_programs_batch_rules_are_verls_or_checked_by_verl_only_after_allocation() -> None:
     cases = {"defaults": {}, **VERL_RULES, **AFTER_ALLOCATION}
-    configs = {name: unchecked(**given) for name, given in cases.items()}
+    configs = {name: unchecked(**{**STATIC_BATCHES, **given}) for name, given in cases.items()}
     verdicts = dict(zip(cases, verl_verdicts(PLATFORMS["a4"].verl, [args_of(c) for c in configs.values()])))
     ours = {name: verl_problems(c.grpo, c.facts.gpus_per_node, c.gpu_nodes) for name, c in configs.items()}
     assert verdicts["defaults"] is None and ours["defaults"] == []
@@ -232,3 +237,41 @@ def test_extra_overrides_that_verl_never_reads_are_warnings() -> None:
         f"{EXTRA} item 'actor_rollout_ref.actor.kl_loss_coef=0.01' has no effect: "
         "actor_rollout_ref.actor.use_kl_loss is false",
     ]
+
+
+def _tutorial_args(platform: str) -> list[str]:
+    """The tutorial's own `ray job submit` overrides for the platform (A4/A3 Ultra, or A4X on 4 nodes)."""
+    from tests.test_grpo_spec import TUTORIAL_A4
+    if platform != "a4x":
+        return [a for a in TUTORIAL_A4 if not a.startswith(("trainer.max_", "trainer.resume_mode"))]
+    return [
+        "algorithm.adv_estimator=grpo", "data.train_files=/data/gsm8k/train.parquet",
+        "data.val_files=/data/gsm8k/test.parquet", "data.train_batch_size=256", "data.max_prompt_length=512",
+        "data.max_response_length=512", "actor_rollout_ref.model.path=/data/Qwen2.5-32B-Instruct",
+        "actor_rollout_ref.actor.optim.lr=1e-5", "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=4", "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
+        "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16", "algorithm.kl_ctrl.kl_coef=0.001",
+        "trainer.logger=console", "trainer.n_gpus_per_node=4", "trainer.nnodes=4", "trainer.save_freq=10",
+        "trainer.test_freq=10", "trainer.total_epochs=2", "trainer.default_local_dir=/data/verl/checkpoints",
+    ]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_each_stacks_run_keeps_the_tutorials_math_as_verl_composes_it(synth_stack: Any, stack: str) -> None:
+    from domain.grpo_spec import MATH_KEYS
+    platform = _platform(stack)
+    folder = config_dir(PLATFORMS[platform].verl)
+    ours = compose_run(folder, job_args(synth_stack(stack)))
+    tutorial = compose_run(folder, _tutorial_args(platform))
+    assert {k: OmegaConf.select(ours, k) for k in MATH_KEYS} == {k: OmegaConf.select(tutorial, k) for k in MATH_KEYS}
+    # ... and runs faster: no padding, token-budget micro batches everywhere, more rollout replicas.
+    ref = ours.actor_rollout_ref
+    assert ref.model.use_remove_padding is True
+    assert (ref.actor.use_dynamic_bsz, ref.rollout.log_prob_use_dynamic_bsz, ref.ref.log_prob_use_dynamic_bsz) == (
+        True, True, True)
+    assert (ref.actor.ppo_max_token_len_per_gpu, ref.rollout.log_prob_max_token_len_per_gpu,
+            ref.ref.log_prob_max_token_len_per_gpu) == (16384, 32768, 32768)
+    assert ref.rollout.tensor_model_parallel_size == 4

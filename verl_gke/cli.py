@@ -580,7 +580,8 @@ def cmd_fabric(args: argparse.Namespace) -> int:
     floor = platform.fabric_min_busbw_gbps if args.min_busbw is None else args.min_busbw
     check = fabric.FabricCheck(nodes=outputs.gpu_nodes, gpus_per_node=outputs.gpus_per_node, min_busbw_gbps=floor,
                                backend=args.backend, python=args.python, size_mb=args.size_mb,
-                               runtime_env=fabric.fabric_runtime_env(platform), timeout_s=args.timeout)
+                               runtime_env=fabric.fabric_runtime_env(platform), timeout_s=args.timeout,
+                               transports=platform.fabric_transports)
     with _head(args, outputs) as url:
         try:
             await_capacity(url, workers=check.nodes, gpus=check.nodes * check.gpus_per_node,
@@ -594,6 +595,7 @@ def cmd_fabric(args: argparse.Namespace) -> int:
                            lambda: fabric.run_fabric_check(client, check, outputs.gpu_platform))
     print(f"bus bandwidth {result['busbw_gbps']:g} GB/s (algorithm bandwidth {result['algbw_gbps']:g} GB/s) over "
           f"{result['nodes']} nodes x {check.gpus_per_node} GPUs, {result['backend']}, job {result['submission_id']}")
+    print(f"NCCL transports: {fabric.transports_text(result['transports']) or 'none logged'}")
     if message := fabric.verdict(result, check):
         raise CliError(message)
     return 0

@@ -12,9 +12,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from workloads.fabric_check import RESULT_PREFIX
+from domain.grpo_spec import runtime_env as run_runtime_env
+from workloads.fabric_check import RESULT_PREFIX, nccl_transports
 
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
@@ -46,6 +47,8 @@ class FabricCheck:
     iters: int = 20
     runtime_env: dict[str, Any] = field(default_factory=dict)
     timeout_s: float = TIMEOUT_S
+    transports: tuple[str, ...] = ()
+    """NCCL transports expected between nodes (Platform.fabric_transports); () checks none."""
 
     def entrypoint(self) -> str:
         args = ["--nodes", self.nodes, "--gpus-per-node", self.gpus_per_node, "--backend", self.backend,
@@ -55,9 +58,13 @@ class FabricCheck:
 
 
 def fabric_runtime_env(platform: Platform) -> dict[str, Any]:
-    """The run's NCCL settings for the platform, with NCCL's transport choice in the job log."""
-    return {"env_vars": {"PYTHONUNBUFFERED": "1", "LD_LIBRARY_PATH": platform.ld_library_path,
-                         "NCCL_DEBUG": "INFO", **platform.nccl_env}}
+    """The GRPO run's NCCL environment: the job's own (domain.grpo_spec.runtime_env: the platform's
+    NCCL variables, NCCL_DEBUG=INFO so the transport lines reach the log) and what verl adds to its
+    training processes where the job's env lacks it (verl 0.6.1: NCCL_CUMEM_ENABLE=0)."""
+    run = cast("dict[str, str]", run_runtime_env(platform, nnodes=1, worker_cpus=1, verl_dir=None)["env_vars"])
+    env = {k: v for k, v in run.items() if k.startswith("NCCL_") or k in ("LD_LIBRARY_PATH", "PYTHONUNBUFFERED",
+                                                                        "GLOO_SOCKET_IFNAME")}
+    return {"env_vars": {**platform.verl.nccl_env, **env}}
 
 
 def run_fabric_check(client: JobSubmissionClient, check: FabricCheck, stack: str) -> dict[str, Any]:
@@ -77,11 +84,41 @@ def run_fabric_check(client: JobSubmissionClient, check: FabricCheck, stack: str
     if status != "SUCCEEDED" or not found:
         tail = "\n".join(logs.splitlines()[-_LOG_TAIL_LINES:])
         raise FabricError(f"fabric check {submission_id} {status} without a result; last log lines:\n{tail}")
-    return {**json.loads(found[-1]), "submission_id": submission_id}
+    transports = nccl_transports(logs)
+    return {**json.loads(found[-1]), "submission_id": submission_id, "transports": dict(sorted(transports.items()))}
+
+
+def transports_text(found: dict[str, int]) -> str:
+    """`NET/gIB x32, P2P/IPC x28`, or "" when NCCL logged no connection."""
+    return ", ".join(f"{t} x{n}" for t, n in sorted(found.items()))
+
+
+def transport_problem(result: dict[str, Any], check: FabricCheck) -> str | None:
+    """Why NCCL's choice of transport between the nodes is not the platform's, or None."""
+    if not check.transports or check.backend != "nccl" or int(result["nodes"]) < 2:
+        return None  # nothing to judge: no NCCL, or no traffic between nodes
+    found = dict(result.get("transports") or {})
+    fallback = sorted(t for t in found if t.startswith("NET/") and t not in check.transports)
+    expected = " or ".join(check.transports)
+    where = f"fabric check {result['submission_id']}"
+    if fallback:
+        return (f"{where}: NCCL connected GPUs via {', '.join(fallback)}, not {expected}"
+                f"{' (NET/Socket is TCP)' if 'NET/Socket' in fallback else ''}: the RDMA or NVLink path is "
+                "not in use (its NCCL plugin, the NICs or the network attachments). Training would run many "
+                "times slower; fix it, or turn verl-gke:fabricCheck off to train anyway.")
+    if not any(t in found for t in check.transports):
+        seen = transports_text(found) or "no `NCCL INFO Channel ... via` line"
+        return (f"{where}: NCCL never connected GPUs via {expected} (seen: {seen}); training would not "
+                "use the platform's fabric. Check the NCCL lines of the job's log, or turn "
+                "verl-gke:fabricCheck off to train anyway.")
+    return None
 
 
 def verdict(result: dict[str, Any], check: FabricCheck) -> str | None:
-    """None when the bus bandwidth reaches the floor, else the message that fails the deploy."""
+    """None when NCCL used the platform's transport and the bus bandwidth reaches the floor, else
+    the message that fails the deploy."""
+    if problem := transport_problem(result, check):
+        return problem
     measured = float(result["busbw_gbps"])
     if not check.min_busbw_gbps or measured >= check.min_busbw_gbps:
         return None

@@ -1,8 +1,9 @@
 """verl's per-step console metrics: parse them from job logs, tabulate, plot, judge the trend.
 
 verl's console logger (`trainer.logger=console`, the tutorial's choice) prints one line per
-training step: `step:N - key:value - key:value ...`, each value formatted `:.3f`
-(verl/utils/logger/aggregate_logger.py, `concat_dict_to_str`). Through Ray those lines gain a
+training step: `step:N - key:value - key:value ...`, each value as `pprint.pformat` gives it
+(verl/utils/logger/aggregate_logger.py, `concat_dict_to_str`, verl 0.6.1 and 0.9.0): `0.3125` for a
+Python float, `np.float64(0.3125)` for a numpy scalar under numpy 2 (older verl printed `:.3f`). Through Ray those lines gain a
 `(TaskRunner pid=...)` prefix, colour codes and dedup suffixes, and sit among noise lines.
 The tutorial's advice is to watch `critic/score/mean` rise; `trend` makes that a stated rule.
 """
@@ -30,7 +31,9 @@ _RAY_DEDUP = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
 # `step:N` at the start of the payload, after any prefix such as `(TaskRunner pid=123)` or a
 # timestamp; the look-behind keeps `global_step:10` out.
 _STEP = re.compile(r"(?:^|(?<=[\s)\]]))step:(\d+)(?= - |\s*$)")
-_NUMBER = re.compile(r"-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|-?inf|nan", re.IGNORECASE)
+_NUMBER = r"-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|-?inf|nan"
+# numpy 2 scalar reprs (NEP 51): np.float64(-0.012), np.float32(nan), np.int64(3), np.uint8(1).
+_VALUE = re.compile(rf"(?:np\.(?:float|int|uint)\d*\((?P<np>{_NUMBER})\)|(?P<plain>{_NUMBER}))", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -117,8 +120,9 @@ def parse_line(line: str) -> StepMetrics | None:
     values: dict[str, float] = {}
     for field in payload[match.end():].split(" - ")[1:]:
         key, sep, raw = field.strip().rpartition(":")
-        if sep and key and _NUMBER.fullmatch(raw):
-            values[key] = float(raw)
+        number = _VALUE.fullmatch(raw) if sep and key else None
+        if number:
+            values[key] = float(number.group("np") or number.group("plain"))
     if not values:
         return None
     return StepMetrics(int(match.group(1)), values)
@@ -164,7 +168,7 @@ def table(parsed: ParsedLog, keys: Sequence[str]) -> str:
 
 
 def _cell(value: float | None) -> str:
-    # verl prints :.3f; show the same precision it logged.
+    # Three decimals: enough to read a reward or a loss, narrow enough for a terminal.
     return "-" if value is None else f"{value:.3f}"
 
 

@@ -29,7 +29,7 @@ from pulumi.runtime.config import set_all_config
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
 
-from domain import preflight
+from domain import deploy_timing, preflight, run_memory
 from components.grpo_job import planned_outs
 from domain.run_identity import whole_numbers
 from verl_gke import output_dir
@@ -247,6 +247,8 @@ class SynthResult:
     """What the program logged (the GRPO run's plan, warnings)."""
     unchecked: list[str] = field(default_factory=list)
     """Invoke tokens of live checks answered by the healthy stand-in, not by `--cloud`."""
+    modeled: list[str] = field(default_factory=list)
+    """What synth models of the run: GPU memory per GPU, the deploy's critical path."""
 
     def manifests(self) -> list[dict[str, Any]]:
         """Kubernetes objects the program defines, in registration order, as they would be applied."""
@@ -348,7 +350,10 @@ def run(stack: str, project_dir: Path = PROJECT_DIR, overrides: dict[str, Any] |
         lambda: runpy.run_path(str(project_dir / "__main__.py"), run_name="__main__"),
         stack=stack, config=raw, secret_keys=secret_keys, preview=preview, monitor=monitor, log=log)
     unchecked = list(getattr(monitor.mocks, "unchecked", []))
-    return SynthResult(stack, registrations, outputs, placeholders(raw, load_config(raw)), log, unchecked)
+    cfg = load_config(raw)
+    modeled = [run_memory.summary_line(cfg.grpo, cfg.facts, cfg.model, cfg.gpu_nodes),
+               *deploy_timing.model([r.__dict__ for r in registrations]).lines()]
+    return SynthResult(stack, registrations, outputs, placeholders(raw, cfg), log, unchecked, modeled)
 
 
 def render(result: SynthResult) -> dict[str, str]:
@@ -374,6 +379,7 @@ def summary(result: SynthResult, out_dir: Path) -> str:
     lines += [f"  {n:3d}  {t}" for t, n in sorted(counts.items())]
     lines.append(f"  {len(result.manifests())} Kubernetes manifests, {len(result.outputs)} stack outputs")
     lines += result.log
+    lines += result.modeled
     if result.unchecked:
         lines.append("Live checks not made (no --cloud answer; `pulumi preview` makes them):")
         lines += [f"  {preflight.CHECKS[token]} ({token})" for token in result.unchecked]

@@ -15,11 +15,21 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import socket
 import sys
 import time
+from collections import Counter
 
 RESULT_PREFIX = "FABRIC_RESULT "
+# NCCL's connection lines, one per channel and peer (NCCL_DEBUG=INFO; the INIT subsystem is on by
+# default). Their format: src/transport/net.cc sendSetup/recvSetup,
+#   "Channel %02d/%d : %d[%d] -> %d[%d] [send] via NET/%s/%d%s%s%s" (net name, device, /GDRDMA, ...),
+# and src/transport/p2p.cc p2pSendSetup, "... via P2P/%s%s%s" (MNNVL or CUMEM, /read, /CE), or
+# "via P2P/IPC", "via P2P/direct pointer"; src/transport/shm.cc "via SHM/direct/direct". Each line
+# starts with src/debug.cc's "<host>:<pid>:<tid> [<dev>] NCCL INFO ", and Ray adds its worker prefix.
+_NCCL_VIA = re.compile(r"NCCL INFO Channel \d+(?:/\d+)? : \d+\[\w+\] -> \d+\[\w+\]"
+                       r"(?: \[(?:send|receive)\])? via (NET/[^/\s]+|P2P/\w+|SHM|[A-Za-z]+)")
 PLACEMENT_TIMEOUT_S = 300
 """How long the GPUs may take to be free for the check (a run that just stopped releases them)."""
 
@@ -28,6 +38,12 @@ def bus_bandwidth_gbps(size_bytes: int, seconds: float, world: int) -> float:
     """nccl-tests' all-reduce bus bandwidth in GB/s (10^9 bytes), comparable across world sizes."""
     factor = 2 * (world - 1) / world if world > 1 else 1.0
     return size_bytes / seconds * factor / 1e9
+
+
+def nccl_transports(log: str) -> Counter[str]:
+    """How many NCCL connections each transport carries in `log` (`NET/IB`, `NET/gIB`, `NET/Socket`,
+    `P2P/MNNVL`, `P2P/IPC`, `SHM`, ...), from NCCL's INFO connection lines."""
+    return Counter(match.group(1) for match in _NCCL_VIA.finditer(log))
 
 
 def _rank_actor():  # the class is built after `import ray`, which only the job's driver has

@@ -1,0 +1,128 @@
+"""The deploy's critical path, modeled from each stack's synth graph (resources.json)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from domain import deploy_timing
+from domain.platforms import DEPLOY_DURATIONS, GPU_POOL_CREATE, KUBE_WRITE
+from tests.conftest import STACKS
+
+# Modeled minutes to the first training step, per stack (the durations of domain.platforms).
+MODELED_MIN = {"a4": 26.2, "a4-standard": 26.2, "a3u-standard": 26.2, "a4x": 25.5}
+
+
+def resources(result: Any) -> list[dict[str, Any]]:
+    return [r.__dict__ for r in result.registrations]
+
+
+def names_on_path(model: deploy_timing.DeployModel) -> list[str]:
+    return [s.name for s in model.path]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_each_stack_is_within_ten_percent_of_gkes_floor(synth_stack: Any, stack: str) -> None:
+    model = deploy_timing.model(resources(synth_stack(stack)))
+    assert model.unknown_types == ()
+    assert round(model.total_s / 60, 1) == MODELED_MIN[stack]
+    assert model.total_s <= model.floor_s * (1 + deploy_timing.FLOOR_SLACK)
+    path = names_on_path(model)
+    assert path[-1] == "grpo" and "gke-cluster" in path and "ray-ray-cluster" in path
+
+
+def test_on_a4x_the_operator_and_the_dra_driver_install_while_the_gpu_pool_is_created(synth_stack: Any) -> None:
+    graph = resources(synth_stack("a4x"))
+    by_urn = {r["urn"]: r for r in graph}
+    gpu_pool = next(r["urn"] for r in graph if r["name"] == "gpu-pool")
+    waits_for_pool = {r["name"] for r in graph if gpu_pool in r["dependencies"]}
+    # Only what needs GPU nodes: the RayCluster (its pods) and the network mapping (the NCCL
+    # installer's rollout on them).
+    assert {"ray-kuberay-operator", "dra-driver", "dra-compute-domain", "dra-namespace", "dra-quota",
+            "dra-rdma-nic"}.isdisjoint(waits_for_pool)
+    assert "ray-ray-cluster" in waits_for_pool
+    model = deploy_timing.model(graph)
+    assert not {"dra-driver", "ray-kuberay-operator"} & set(names_on_path(model))
+    ray = next(s for s in model.path if s.name == "ray-ray-cluster")
+    driver = next(r for r in graph if r["name"] == "dra-driver")
+    assert by_urn[driver["urn"]]["type"] == "kubernetes:helm.sh/v3:Release"
+    # APIs, node account and its role, cluster, placement policy, GPU pool, NCCL installer (the NAT is
+    # off the path: only what pulls from outside Google waits for it).
+    assert ray.start_s == 60 + 10 + 10 + 540 + 10 + 600 + 120
+
+
+def _r(name: str, kind: str, deps: tuple[str, ...] | list[str] = (), custom: bool = True,
+       parent: str | None = None, **inputs: Any) -> dict[str, Any]:
+    return {"urn": f"urn:{name}", "type": kind, "name": name, "custom": custom, "parent": parent,
+            "provider": None, "dependencies": [f"urn:{d}" for d in deps], "inputs": inputs}
+
+
+def _ray(deps: list[str], image: str) -> dict[str, Any]:
+    group = {"template": {"spec": {"containers": [{"image": image}]}}}
+    return _r("ray", deploy_timing.RAY_CLUSTER, deps, spec={"workerGroupSpecs": [group]})
+
+
+def test_the_longest_chain_is_the_critical_path_and_parallel_work_is_free() -> None:
+    graph = [
+        _r("cluster", deploy_timing.CLUSTER),
+        _r("gpu-pool", deploy_timing.NODE_POOL, ["cluster"]),
+        _r("helm", "kubernetes:helm.sh/v3:Release", ["cluster"]),  # 2 min beside the pool's 10
+        _r("cm", "kubernetes:core/v1:ConfigMap", ["cluster"]),
+        _ray(["gpu-pool", "helm", "cm"], "verlai/verl:vllm011.dev7"),
+        _r("grpo", deploy_timing.GRPO_JOB, ["ray"]),
+    ]
+    model = deploy_timing.model(graph)
+    assert names_on_path(model) == ["cluster", "gpu-pool", "ray", "grpo"]
+    assert model.total_s == 540 + GPU_POOL_CREATE.seconds + 300 + 90 == model.floor_s
+    # The operator after the pool instead: on the path, 2 minutes over the floor.
+    graph[2] = _r("helm", "kubernetes:helm.sh/v3:Release", ["gpu-pool"])
+    later = deploy_timing.model(graph)
+    assert names_on_path(later) == ["cluster", "gpu-pool", "helm", "ray", "grpo"]
+    assert later.total_s - later.floor_s == DEPLOY_DURATIONS["kubernetes:helm.sh/v3:Release"].seconds
+
+
+def test_an_image_from_artifact_registry_is_streamed() -> None:
+    docker_hub = deploy_timing.duration(_ray([], "verlai/verl@sha256:" + "0" * 64), has_gpu_pool=True)
+    streamed = deploy_timing.duration(
+        _ray([], "us-central1-docker.pkg.dev/p/verl-images/verlai/verl@sha256:" + "0" * 64), has_gpu_pool=True)
+    assert (docker_hub.seconds, streamed.seconds) == (300, 90)
+    # Autopilot: GKE makes the GPU nodes once the pods wait for them.
+    assert deploy_timing.duration(_ray([], "verlai/verl:x"), has_gpu_pool=False).seconds == 900
+
+
+def test_a_config_file_is_waited_for_with_its_siblings_and_unknown_kinds_are_named() -> None:
+    graph = [
+        _r("mapping", "verl-gke:index:NetworkMapping", custom=False),
+        _r("installer", deploy_timing.CONFIG_FILE, custom=False, parent="urn:mapping"),
+        _r("net", "kubernetes:networking.gke.io/v1:Network", parent="urn:mapping"),
+        _r("ray", "kubernetes:core/v1:Pod", ["net"]),
+        _r("thing", "gcp:foo/bar:Baz"),
+    ]
+    model = deploy_timing.model(graph)
+    assert names_on_path(model) == ["installer", "ray"]
+    assert model.total_s == DEPLOY_DURATIONS[deploy_timing.CONFIG_FILE].seconds + KUBE_WRITE.seconds
+    assert model.unknown_types == ("gcp:foo/bar:Baz",)
+
+
+def test_every_duration_names_its_source() -> None:
+    assert all(d.source and d.seconds >= 0 for d in DEPLOY_DURATIONS.values())
+
+
+def test_synth_prints_the_modeled_time_to_first_step(synth_stack: Any) -> None:
+    from pathlib import Path
+
+    from verl_gke import synth
+
+    lines = synth.summary(synth_stack("a4x"), Path("dist/a4x")).splitlines()
+    assert ("Time to first training step (modeled): 25.5 min; GKE's floor (cluster + GPU nodes + RDMA set-up + "
+            "job start) 24.0 min (+6%)") in lines
+
+
+def test_without_the_mirror_or_image_streaming_the_image_is_pulled_whole() -> None:
+    from verl_gke import synth
+
+    for override in ({"verl-gke:imageMirror": "false"}, {"verl-gke:imageStreaming": "false"}):
+        model = deploy_timing.model(resources(synth.run("a4-standard", overrides=override)))
+        ray = next(s for s in model.path if s.name == "ray-ray-cluster")
+        assert ray.duration.seconds == 300, override
