@@ -4,32 +4,42 @@ PYTHON ?= python3
 STACK ?= a4-standard
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+RUNTIME := $(VENV)/.runtime-installed
+TESTSET := $(VENV)/.tests-installed
+PIP := $(BIN)/pip install --quiet --disable-pip-version-check
 
 .PHONY: synth synth-all test lint bench clean
 
-$(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
-	@echo "verl-gke: installing the pinned requirements into $(VENV) (pulumi, pulumi-gcp, pulumi-kubernetes,"
-	@echo "verl-gke: ray, hydra-core; for the tests torch, transformers and the schema checkers): a few minutes, once"
+# The runtime: what synth, `pulumi up` (the provider host runs in this venv) and the verl-gke CLI import.
+$(RUNTIME): requirements.txt constraints.txt pyproject.toml
+	@echo "verl-gke: installing the pinned runtime into $(VENV) (pulumi, pulumi-gcp, pulumi-kubernetes,"
+	@echo "verl-gke: ray, hydra-core): a few minutes, once"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-dev.txt -c constraints.txt
-	touch $(STAMP)
+	$(PIP) -r requirements.txt -c constraints.txt
+	touch $(RUNTIME)
 	@echo "verl-gke: $(VENV) is ready"
 
-synth: $(STAMP)
+# The tests and lint on top: torch (CPU build) alone first from its index, then the rest from PyPI.
+$(TESTSET): $(RUNTIME) requirements-torch.txt requirements-dev.txt constraints.txt
+	@echo "verl-gke: installing the test set into $(VENV) (pytest, ruff, schema checkers, torch CPU, transformers): once"
+	$(PIP) --no-deps -r requirements-torch.txt -c constraints.txt
+	$(PIP) -r requirements-dev.txt -c constraints.txt
+	touch $(TESTSET)
+
+synth: $(RUNTIME)
 	$(BIN)/python -m verl_gke.synth $(STACK)
 
-synth-all: $(STAMP)
+synth-all: $(RUNTIME)
 	for s in a4 a4-standard a3u-standard a4x; do $(BIN)/python -m verl_gke.synth $$s || exit 1; done
 
-test: $(STAMP)
+test: $(TESTSET)
 	$(BIN)/python -m pytest
 
 # Pyflakes, syntax errors and bugbear: unused code, undefined names, likely bugs.
-lint: $(STAMP)
+lint: $(TESTSET)
 	$(BIN)/ruff check --select F,E9,B --ignore B905 --line-length 120 --exclude .venv .
 
-bench: $(STAMP)
+bench: $(TESTSET)
 	$(BIN)/python -m bench.synth_time
 	$(BIN)/python -m bench.job_latency
 
