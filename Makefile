@@ -1,6 +1,8 @@
 # The two commands: `make synth STACK=<stack>` and `make test`.
 # Both create .venv on first use with nothing but python3.
 PYTHON ?= python3
+# .ci/run sets `python3 -m virtualenv` where python3 has no venv module (Debian without python3-venv).
+MKVENV ?= $(PYTHON) -m venv
 STACK ?= a4-standard
 VENV := .venv
 BIN := $(VENV)/bin
@@ -14,7 +16,7 @@ PIP := $(BIN)/pip install --quiet --disable-pip-version-check
 $(RUNTIME): requirements.txt constraints.txt pyproject.toml
 	@echo "verl-gke: installing the pinned runtime into $(VENV) (pulumi, pulumi-gcp, pulumi-kubernetes,"
 	@echo "verl-gke: ray, hydra-core): a few minutes, once"
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	test -x $(BIN)/python || $(MKVENV) $(VENV)
 	$(PIP) -r requirements.txt -c constraints.txt
 	touch $(RUNTIME)
 	@echo "verl-gke: $(VENV) is ready"
@@ -32,8 +34,11 @@ synth: $(RUNTIME)
 synth-all: $(RUNTIME)
 	for s in a4 a4-standard a3u-standard a4x; do $(BIN)/python -m verl_gke.synth $$s || exit 1; done
 
+# Two workers, each test file on one of them (its module-scoped Ray head is not started twice).
+TEST_WORKERS ?= 2
 test: $(TESTSET)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || { status=$$?; \
+	  [ $$status -ne 5 ] || echo "make test: pytest collected no test (exit 5): nothing was checked" >&2; exit $$status; }
 
 # Pyflakes, syntax errors and bugbear: unused code, undefined names, likely bugs.
 lint: $(TESTSET)
