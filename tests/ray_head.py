@@ -277,7 +277,8 @@ def ray_head() -> Iterator[str]:
     try:
         yield head.dashboard_url
     finally:
-        stop_head(head)
+        # As ray_cluster's: its state is thrown away, and a clean exit can take the whole grace.
+        stop_head(head, grace_s=5.0)
 
 
 @pytest.fixture
