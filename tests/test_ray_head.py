@@ -30,5 +30,5 @@ def test_a_node_start_waits_for_another_processes_port_pick_and_names_the_lock()
     finally:
         holder.kill()
         holder.wait()
-    with ports_held(timeout_s=5.0):  # free again once its holder is gone
+    with ports_held():  # free again once its holder is gone (another worker may hold it a while)
         pass
