@@ -1,42 +1,57 @@
 # The two commands: `make synth STACK=<stack>` and `make test`.
 # Both create .venv on first use with nothing but python3.
 PYTHON ?= python3
+# .ci/run sets `python3 -m virtualenv` where python3 has no venv module (Debian without python3-venv).
+MKVENV ?= $(PYTHON) -m venv
 STACK ?= a4-standard
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+RUNTIME := $(VENV)/.runtime-installed
+TESTSET := $(VENV)/.tests-installed
+PIP := $(BIN)/pip install --quiet --disable-pip-version-check
 
 .PHONY: synth synth-all test lint bench clean deploy-venv
 
-$(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
-	@echo "verl-gke: installing the pinned requirements into $(VENV) (pulumi, pulumi-gcp, pulumi-kubernetes,"
-	@echo "verl-gke: ray, hydra-core; for the tests torch, transformers and the schema checkers): a few minutes, once"
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-dev.txt -c constraints.txt
-	touch $(STAMP)
+# The runtime: what synth, `pulumi up` (the provider host runs in this venv) and the verl-gke CLI import.
+$(RUNTIME): requirements.txt constraints.txt pyproject.toml
+	@echo "verl-gke: installing the pinned runtime into $(VENV) (pulumi, pulumi-gcp, pulumi-kubernetes,"
+	@echo "verl-gke: ray, hydra-core): a few minutes, once"
+	test -x $(BIN)/python || $(MKVENV) $(VENV)
+	$(PIP) -r requirements.txt -c constraints.txt
+	touch $(RUNTIME)
 	@echo "verl-gke: $(VENV) is ready"
 
 # CI's deploy jobs: only the runtime tree, every file checked against its sha256 in requirements.lock
 # (a changed or swapped package on the index fails the install), then the project itself, built offline.
 deploy-venv:
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	test -x $(BIN)/python || $(MKVENV) $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check --isolated --no-deps --require-hashes --no-build-isolation -r requirements.lock
 	$(BIN)/pip install --quiet --disable-pip-version-check --isolated --no-deps --no-build-isolation -e .
 
-synth: $(STAMP)
+# The tests and lint on top: torch (CPU build) alone first from its index, then the rest from PyPI.
+$(TESTSET): $(RUNTIME) requirements-torch.txt requirements-dev.txt constraints.txt
+	@echo "verl-gke: installing the test set into $(VENV) (pytest, ruff, schema checkers, torch CPU, transformers): once"
+	$(PIP) --no-deps -r requirements-torch.txt -c constraints.txt
+	$(PIP) -r requirements-dev.txt -c constraints.txt
+	touch $(TESTSET)
+
+synth: $(RUNTIME)
 	$(BIN)/python -m verl_gke.synth $(STACK)
 
-synth-all: $(STAMP)
+synth-all: $(RUNTIME)
 	for s in a4 a4-standard a3u-standard a4x; do $(BIN)/python -m verl_gke.synth $$s || exit 1; done
 
-test: $(STAMP)
-	$(BIN)/python -m pytest
+# Two workers, each test file on one of them (its module-scoped Ray head is not started twice).
+TEST_WORKERS ?= 2
+test: $(TESTSET)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || { status=$$?; \
+	  [ $$status -ne 5 ] || echo "make test: pytest collected no test (exit 5): nothing was checked" >&2; exit $$status; }
 
 # Pyflakes, syntax errors and bugbear: unused code, undefined names, likely bugs.
-lint: $(STAMP)
+lint: $(TESTSET)
 	$(BIN)/ruff check --select F,E9,B --ignore B905 --line-length 120 --exclude .venv .
 
-bench: $(STAMP)
+bench: $(TESTSET)
 	$(BIN)/python -m bench.synth_time
 	$(BIN)/python -m bench.job_latency
 

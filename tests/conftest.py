@@ -10,6 +10,29 @@ from verl_gke import synth
 
 pytest_plugins = ["tests.ray_head"]
 
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (make test), the controller fills the download caches the workers share
+    (the pinned verl wheels, the CRD files) before any worker starts, so that no two workers write
+    one cache entry at once. A failure here is left to the tests that need the entry to report."""
+    if not config.pluginmanager.hasplugin("xdist") or not config.getoption("numprocesses", None):
+        return
+    if hasattr(config, "workerinput"):  # a worker: the controller already did it
+        return
+    from domain.platforms import PLATFORMS
+    from domain.verl_wheel import VerlUnavailable, unpacked
+    from tests.k8s_schema import crd_paths
+
+    for release in {platform.verl for platform in PLATFORMS.values()}:
+        try:
+            unpacked(release)
+        except VerlUnavailable:
+            pass
+    try:
+        crd_paths()
+    except AssertionError:
+        pass
+
 STACKS = ("a4", "a4-standard", "a3u-standard", "a4x")
 
 # A valid raw config as the engine would pass it; tests change one key at a time.

@@ -12,6 +12,7 @@ end every Ray process on the machine.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -22,6 +23,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,6 +71,30 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
+PORT_LOCK = Path(tempfile.gettempdir()) / "verl-gke-ray-ports.lock"
+"""Held from picking a node's ports until it listens on them: a process starting another node at the
+same time (a second pytest worker) could otherwise pick a port just closed and not yet taken."""
+
+
+@contextmanager
+def ports_held(timeout_s: float = 2 * HEAD_START_TIMEOUT_S) -> Iterator[None]:
+    """One node start at a time on the machine, each bounded by HEAD_START_TIMEOUT_S."""
+    with open(PORT_LOCK, "a") as lock:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"another Ray node start held {PORT_LOCK} for over {timeout_s:g} s") from None
+                time.sleep(0.1)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def ray_start_command(temp_dir: Path, ray: Path | None = None) -> tuple[list[str], str]:
     """The `ray start --head --block` command line with every port free, and its dashboard URL;
     `ray` is the ray executable (default: this Python's). The GCS port is `--port`."""
@@ -90,7 +116,13 @@ def ray_start_command(temp_dir: Path, ray: Path | None = None) -> tuple[list[str
     return command, f"http://127.0.0.1:{named['dashboard-port']}"
 
 
-MULTI_NODE_ENV = {**HEAD_ENV, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}
+MULTI_NODE_ENV = {
+    **HEAD_ENV, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
+    # The GCS checks each node every period and marks it DEAD after this many failures in a row
+    # (Ray's ray_config_def.h; defaults 3000 ms x 5). A killed node refuses at once, so it is DEAD
+    # after about 5 s instead of 15; a slow but live one still has 5 x 10 s to answer.
+    "RAY_health_check_period_ms": "1000",
+}
 """For a head that other nodes join: every node still names 127.0.0.1 as its address."""
 
 
@@ -99,8 +131,9 @@ def start_head(ray: Path | None = None, env: dict[str, str] | None = None) -> Ra
     dashboard answers."""
     # Short path: Ray puts unix sockets under the temp dir, and their paths are limited to ~107 bytes.
     temp_dir = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
-    command, url = ray_start_command(temp_dir, ray)
-    return _launch(command, url, temp_dir, env or HEAD_ENV)
+    with ports_held():
+        command, url = ray_start_command(temp_dir, ray)
+        return _launch(command, url, temp_dir, env or HEAD_ENV)
 
 
 def restart_head(head: RayHead) -> RayHead:
@@ -109,7 +142,8 @@ def restart_head(head: RayHead) -> RayHead:
     stop_head(head, grace_s=0.0)
     temp_dir = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
     command = [f"--temp-dir={temp_dir}" if arg.startswith("--temp-dir=") else arg for arg in head.command]
-    return _launch(command, head.dashboard_url, temp_dir, dict(head.env))
+    with ports_held():  # the same ports: no other process may pick them meanwhile
+        return _launch(command, head.dashboard_url, temp_dir, dict(head.env))
 
 
 def _launch(command: list[str], url: str, temp_dir: Path, env: dict[str, str]) -> RayHead:
@@ -136,34 +170,35 @@ def start_node(head: RayHead, *, cpus: int = 2, gpus: int = 0, resources: str = 
     the head lists the node as ALIVE; end it with `stop_node` (a stand-in for a lost GPU node)."""
     names = ["node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
              "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port"]
-    ports = free_ports(len(names) + WORKER_PORTS)
-    command = [
-        str(Path(sys.executable).with_name("ray")), "start", f"--address={head.gcs_address}", "--block",
-        "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}", f"--num-gpus={gpus}", "--disable-usage-stats",
-        f"--worker-port-list={','.join(str(p) for p in ports[len(names):])}",
-        *(f"--{name}={port}" for name, port in zip(names, ports)),
-        *([f"--resources={resources}"] if resources else []),
-    ]
-    deadline = time.monotonic() + HEAD_START_TIMEOUT_S
-    while not (before := _alive_nodes(head.dashboard_url)):  # the head lists itself first
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the head at {head.dashboard_url} lists no nodes")
-        time.sleep(0.3)
-    log = open(head.temp_dir / f"ray-node-{ports[0]}.log", "wb")
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               start_new_session=True, env={**os.environ, **MULTI_NODE_ENV})
-    log.close()
-    deadline = time.monotonic() + HEAD_START_TIMEOUT_S
-    while (_alive_nodes(head.dashboard_url) or 0) <= before:
-        if process.poll() is not None or time.monotonic() > deadline:
-            stop_node(process)
-            raise RuntimeError(f"second Ray node did not join {head.gcs_address}; see {log.name}")
-        time.sleep(0.3)
+    with ports_held():
+        ports = free_ports(len(names) + WORKER_PORTS)
+        command = [
+            str(Path(sys.executable).with_name("ray")), "start", f"--address={head.gcs_address}", "--block",
+            "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}", f"--num-gpus={gpus}", "--disable-usage-stats",
+            f"--worker-port-list={','.join(str(p) for p in ports[len(names):])}",
+            *(f"--{name}={port}" for name, port in zip(names, ports)),
+            *([f"--resources={resources}"] if resources else []),
+        ]
+        deadline = time.monotonic() + HEAD_START_TIMEOUT_S
+        while not (before := _alive_nodes(head.dashboard_url)):  # the head lists itself first
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the head at {head.dashboard_url} lists no nodes")
+            time.sleep(0.3)
+        log = open(head.temp_dir / f"ray-node-{ports[0]}.log", "wb")
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True, env={**os.environ, **MULTI_NODE_ENV})
+        log.close()
+        deadline = time.monotonic() + HEAD_START_TIMEOUT_S
+        while (_alive_nodes(head.dashboard_url) or 0) <= before:
+            if process.poll() is not None or time.monotonic() > deadline:
+                stop_node(process)
+                raise RuntimeError(f"second Ray node did not join {head.gcs_address}; see {log.name}")
+            time.sleep(0.3)
     return process
 
 
 NODE_DEATH_TIMEOUT_S = 60.0
-"""The head marks a killed node DEAD after its health checks fail (about 15 s here)."""
+"""The head marks a killed node DEAD after its health checks fail (about 5 s with MULTI_NODE_ENV)."""
 
 
 def stop_node(process: subprocess.Popen[bytes], head: RayHead | None = None) -> None:
@@ -259,7 +294,8 @@ def ray_head() -> Iterator[str]:
     try:
         yield head.dashboard_url
     finally:
-        stop_head(head)
+        # As ray_cluster's: its state is thrown away, and a clean exit can take the whole grace.
+        stop_head(head, grace_s=5.0)
 
 
 @pytest.fixture

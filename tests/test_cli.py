@@ -556,6 +556,64 @@ def test_help_everywhere(capsys: pytest.CaptureFixture[str], command: list[str])
     assert capsys.readouterr().out.startswith(f"usage: verl-gke {' '.join(command)}".rstrip())
 
 
+# Exit statuses (the epilog and README's "After `pulumi up`"): 0 done, 1 the command failed, 2 a
+# wrong command line, 3 `wait` lost the head (test_wait_exits_3_not_1_...), 130 interrupted.
+@pytest.mark.parametrize(("argv", "line"), [
+    ([], "verl-gke: error: the following arguments are required: COMMAND (see verl-gke --help)"),
+    (["stat"], "verl-gke: error: argument COMMAND: invalid choice: 'stat' (choose from 'status', 'logs', "
+               "'wait', 'dashboard', 'metrics', 'fabric') (see verl-gke --help)"),
+    (["status", "--nope"], "verl-gke: error: unrecognized arguments: --nope (see verl-gke --help)"),
+    (["wait", "--poll", "soon"],
+     "verl-gke: error: wait: argument --poll: 'soon' is not a number of seconds (see verl-gke wait --help)"),
+    (["wait", "--timeout", "0"], "verl-gke: error: wait: argument --timeout: '0' must be > 0 (see verl-gke wait --help)"),
+    (["fabric", "--backend", "mpi"], "verl-gke: error: fabric: argument --backend: invalid choice: 'mpi' "
+                                     "(choose from 'nccl', 'gloo') (see verl-gke fabric --help)"),
+    (["metrics", "--keys", ","],
+     "verl-gke: error: metrics: argument --keys: ',' names no metric key (see verl-gke metrics --help)"),
+])
+def test_a_wrong_command_line_is_one_line_and_exit_2(
+        capsys: pytest.CaptureFixture[str], argv: list[str], line: str) -> None:
+    code, out, err = run(capsys, *argv)
+    assert (code, out, err) == (2, "", line + "\n")
+
+
+def test_a_wrong_command_line_exits_2_from_the_installed_command() -> None:
+    done = subprocess.run([sys.executable, "-m", "verl_gke", "logs", "--follow=yes"],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == ("verl-gke: error: logs: argument --follow/-f: ignored explicit argument 'yes' "
+                           "(see verl-gke logs --help)\n")
+
+
+def test_an_interrupted_command_exits_130(tmp_path: Path) -> None:
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("raysubmit_x"))
+    url = f"http://127.0.0.1:{free_ports(1)[0]}"  # nothing answers: `wait` waits for the dashboard
+    process = subprocess.Popen([sys.executable, "-m", "verl_gke", "wait", "--outputs", str(outputs),
+                                "--dashboard-url", url, "--head-timeout", "120"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert process.stderr is not None
+        assert process.stderr.readline() == f"verl-gke: waiting up to 120 s for the Ray dashboard at {url}\n"
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert (process.returncode, out, err) == (130, "", "\n")
+
+
+def test_the_exit_statuses_are_the_same_in_the_epilog_the_docstring_and_the_readme() -> None:
+    epilog = " ".join((cli.build_parser().epilog or "").split())
+    assert epilog == ("Errors are one line on stderr. Exit status: 0 done, 1 the command failed, 2 a wrong "
+                      "command line, 3 `wait` lost the head for its outage window, 130 interrupted.")
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert epilog in readme
+    assert "with exit status 1" not in readme
+    doc = " ".join((cli.__doc__ or "").split())
+    assert "1 the command failed" in doc and "2 a wrong command line" in doc and "3 `wait` lost the head" in doc
+
+
 def test_python_dash_m_runs_the_cli() -> None:
     done = subprocess.run([sys.executable, "-m", "verl_gke", "metrics", "--help"],
                           capture_output=True, text=True, timeout=60, cwd=REPO)

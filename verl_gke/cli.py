@@ -11,8 +11,11 @@
 The stack outputs come from `pulumi stack output --json` or `--outputs FILE`; the head is
 reached the way the GrpoJob provider reaches it (verl_gke.head_access): a port-forward through
 the Kubernetes API, or `--dashboard-url` for a head that is directly reachable. Results go to
-stdout, progress to stderr; an error is one line on stderr and exit status 1 (`wait`: 3 when the
-head stayed unreachable for its outage window, so a pipeline can tell a lost head from a failed run).
+stdout, progress to stderr. An error is one line on stderr. Exit status: 0 done; 1 the command
+failed (an unreadable outputs file or log, an unreachable head, `wait`: a job that FAILED or STOPPED,
+`fabric`: below the floor); 2 a wrong command line (nothing was tried; the line names the option,
+the value and what is allowed); 3 `wait` lost the head for its outage window, so a pipeline can
+tell a lost head from a failed run; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO, TypeVar
 
 from verl_gke import fabric, gke_facts, metrics, stack_outputs
 from verl_gke.cluster_readiness import ClusterNotReadyError, await_capacity, read_capacity
@@ -68,6 +71,20 @@ class CliError(Exception):
     """A failure the user can act on; printed as one line."""
 
 
+class UsageError(Exception):
+    """A wrong command line: nothing was tried."""
+
+    exit_code = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a wrong command line is one line (no usage block) and main() returns 2."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.removeprefix(PROG).strip()
+        raise UsageError(f"{command + ': ' if command else ''}{message} (see {self.prog} --help)")
+
+
 class HeadUnreachable(CliError):
     """`wait` lost the head for longer than its outage window: the run may still be going."""
 
@@ -87,7 +104,7 @@ class Target:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     source = common.add_argument_group("where the stack is")
     source.add_argument("--outputs", type=Path, metavar="FILE",
                         help="stack outputs as JSON (a saved `pulumi stack output --json`, or "
@@ -101,9 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--head-timeout", type=_positive_float, default=DEFAULT_HEAD_TIMEOUT_S, metavar="S",
                         help=f"seconds to wait for the Ray dashboard to answer (default {DEFAULT_HEAD_TIMEOUT_S:g})")
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG, description="Follow the GRPO run of a verl-gke stack.",
-        epilog="Errors are one line on stderr with exit status 1.",
+        epilog="Errors are one line on stderr. Exit status: 0 done, 1 the command failed, 2 a wrong "
+               "command line, 3 `wait` lost the head for its outage window, 130 interrupted.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -206,7 +224,11 @@ def _interrupt(_signum: int, _frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as error:
+        _fail(str(error))
+        return error.exit_code
     if threading.current_thread() is threading.main_thread():
         # SIGTERM (a CI runner's cancel, `kill`) ends a command as Ctrl-C does: port-forwards and
         # temporary kubeconfigs are closed on the way out.
