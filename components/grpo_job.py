@@ -354,7 +354,10 @@ def _problems(props: Mapping[str, Any]) -> list[tuple[str, str]]:
     if isinstance(record, str) and not re.match(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$", record):
         problems.append(("run_record", f"{record!r} must be a Kubernetes object name"))
     if all(key in known or key not in props for key in _ACCESS_KEYS) and not known.get("dashboard_url"):
-        missing = [key for key in _ACCESS_KEYS[1:] if not known.get(key)]
+        endpoint = known.get("cluster_endpoint")
+        # The DNS endpoint's certificate is publicly trusted: no CA needed there.
+        optional = ("cluster_ca_certificate",) if isinstance(endpoint, str) and is_dns_endpoint(endpoint) else ()
+        missing = [key for key in _ACCESS_KEYS[1:] if not known.get(key) and key not in optional]
         if missing:
             problems.append(("dashboard_url", "unset, so the head is reached by kubectl port-forward, "
                                               f"which needs {', '.join(missing)}"))
