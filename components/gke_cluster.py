@@ -18,6 +18,7 @@ from domain.platforms import Mode
 from verl_gke.kubeconfig import gke_kubeconfig
 
 ReleaseChannel = Literal["RAPID", "REGULAR", "STABLE", "EXTENDED"]
+ControlPlaneEndpoint = Literal["dns", "ip"]
 
 DRA_V1BETA1_APIS = (
     "resource.k8s.io/v1beta1/deviceclasses",
@@ -61,6 +62,14 @@ def exclusion_end(start: str) -> str:
     return (begins + datetime.timedelta(days=UPGRADE_EXCLUSION_DAYS)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _open_dns_endpoint(configs: Sequence[container.outputs.GetClusterControlPlaneEndpointsConfigResult] | None
+                       ) -> str | None:
+    """A looked-up cluster's DNS endpoint if it takes user traffic (gcloud's rule for
+    `get-credentials --dns-endpoint`), else None."""
+    dns = [d for c in configs or [] for d in c.dns_endpoint_configs or []]
+    return dns[0].endpoint if dns and dns[0].allow_external_traffic and dns[0].endpoint else None
+
+
 class GkeClusterArgs(TypedDict):
     project: str
     """Project of the cluster; also names the Workload Identity pool `<project>.svc.id.goog`."""
@@ -90,7 +99,14 @@ class GkeClusterArgs(TypedDict):
     existing: NotRequired[bool]
     """Bring your own cluster: look `name` up in `location` and create nothing."""
     master_authorized_cidrs: NotRequired[Sequence[str]]
-    """When set, only these CIDRs (plus Google's own ranges) reach the control plane."""
+    """`ip`: when set, only these CIDRs (plus Google's own ranges) reach the control plane. `dns`: the
+    only addresses outside the VPC the IP endpoint admits."""
+    control_plane_endpoint: NotRequired[ControlPlaneEndpoint]
+    """`dns` (default): clients use GKE's DNS-based endpoint (`*.gke.goog`: each request checked by
+    IAM, `container.clusters.connect`, before it reaches the API server), and the IP endpoint is
+    closed to addresses outside the VPC but `master_authorized_cidrs` (Google's public ranges too).
+    `ip`: the IP endpoint, open to every address unless `master_authorized_cidrs` is set (clusters
+    of earlier versions). An existing cluster's DNS endpoint is used only if it takes user traffic."""
     k8s_beta_apis: NotRequired[Sequence[str]]
     """Kubernetes beta APIs to enable (e.g. DRA_V1BETA1_APIS for the NVIDIA DRA driver)."""
     dedicated_node_service_account: NotRequired[bool]
@@ -100,7 +116,7 @@ class GkeClusterArgs(TypedDict):
     """DCGM GPU metrics in Managed Service for Prometheus (default True), as Cluster Toolkit's GPU blueprints."""
     private_nodes: NotRequired[bool]
     """Nodes get internal addresses only (default True); they reach the internet through Cloud NAT.
-    The control plane keeps its public endpoint (behind Google auth and master_authorized_cidrs)."""
+    Nodes reach the control plane on its internal endpoint, which authorized networks do not filter."""
     network: NotRequired[pulumi.Input[str] | None]
     """The cluster's own VPC (ClusterNetwork.network); None: GKE's choice, the project's `default`."""
     subnetwork: NotRequired[pulumi.Input[str] | None]
@@ -172,8 +188,12 @@ class GkeCluster(pulumi.ComponentResource):
         )
         self.name = pulumi.Output.from_input(args["name"])
         self.location = pulumi.Output.from_input(args["location"])
-        # Any secret leaf (the client key) makes the whole lookup secret; endpoint and CA are not.
-        self.endpoint = pulumi.Output.unsecret(found.endpoint)
+        # Any secret leaf (the client key) makes the whole lookup secret; endpoints and CA are not.
+        ip = pulumi.Output.unsecret(found.endpoint)
+        # Output.all would turn the typed results into plain dicts: read the DNS endpoint first.
+        dns = pulumi.Output.unsecret(found.control_plane_endpoints_configs.apply(_open_dns_endpoint))
+        self.endpoint = ip if args.get("control_plane_endpoint", "dns") == "ip" else pulumi.Output.all(
+            ip, dns).apply(lambda a: a[1] or a[0])
         self.ca_certificate = pulumi.Output.unsecret(
             found.master_auths.apply(lambda auths: auths[0].cluster_ca_certificate))
 
@@ -185,7 +205,8 @@ class GkeCluster(pulumi.ComponentResource):
         addons: container.ClusterAddonsConfigArgsDict = {"gcs_fuse_csi_driver_config": {"enabled": True}}
         if args["ray_operator"]:
             addons["ray_operator_configs"] = [{"enabled": True}]
-        authorized = args.get("master_authorized_cidrs")
+        authorized = args.get("master_authorized_cidrs") or []
+        dns = args.get("control_plane_endpoint", "dns") == "dns"
         beta_apis = args.get("k8s_beta_apis")
         exclusion_start = args.get("upgrade_exclusion_start")
         node_identity: dict[str, object] = {}
@@ -244,9 +265,14 @@ class GkeCluster(pulumi.ComponentResource):
             addons_config=addons,
             master_auth={"client_certificate_config": {"issue_client_certificate": False}},
             master_authorized_networks_config=(
-                {"cidr_blocks": [{"cidr_block": c, "display_name": f"authorized-{i}"} for i, c in enumerate(authorized)]}
-                if authorized else None
+                {"cidr_blocks": [{"cidr_block": c, "display_name": f"authorized-{i}"} for i, c in enumerate(authorized)],
+                 # `dns`: the IP endpoint admits no address outside the VPC but these, not even Google
+                 # Cloud's public IPs; nodes and Google's services use the internal endpoint or the DNS one.
+                 **({"gcp_public_cidrs_access_enabled": False} if dns else {})}
+                if authorized or dns else None
             ),
+            # GKE's DNS-based endpoint, IAM-checked, for pulumi, kubectl and the CLI.
+            control_plane_endpoints_config={"dns_endpoint_config": {"allow_external_traffic": True}} if dns else None,
             enable_k8s_beta_apis={"enabled_apis": list(beta_apis)} if beta_apis else None,
             private_cluster_config=(
                 {"enable_private_nodes": True, "enable_private_endpoint": False}
@@ -282,7 +308,8 @@ class GkeCluster(pulumi.ComponentResource):
         self.node_identity = [cluster, *self.node_identity]
         self.name = cluster.name
         self.location = cluster.location
-        self.endpoint = cluster.endpoint
+        self.endpoint = cluster.endpoint if not dns else cluster.control_plane_endpoints_config.apply(
+            lambda c: cast(str, c.dns_endpoint_config.endpoint if c and c.dns_endpoint_config else None))
         # GKE issues every cluster a CA; the provider types the field optional. pulumi-gcp's secret
         # client key makes the whole masterAuth secret; the CA is public data (clients verify with it).
         self.ca_certificate = pulumi.Output.unsecret(

@@ -32,6 +32,7 @@ from domain.run_identity import SUBMISSION_ID_PREFIX, submission_id, submission_
 from verl_gke import head_access
 from verl_gke import fabric
 from verl_gke.cluster_readiness import await_capacity
+from verl_gke.kubeconfig import is_dns_endpoint
 from workloads import run_lifecycle
 from workloads.run_lifecycle import (
     CLAIM_GRACE_S,
@@ -262,11 +263,13 @@ class _JobSpec:
         timeout = self.reach_timeout_s
         if self.kube_api_url:
             api = KubernetesApi(self.kube_api_url, timeout_s=timeout)
-        elif self.cluster_endpoint and self.cluster_ca_certificate:
+        elif self.cluster_endpoint and (self.cluster_ca_certificate or is_dns_endpoint(self.cluster_endpoint)):
             server = self.cluster_endpoint if self.cluster_endpoint.startswith("https://") \
                 else f"https://{self.cluster_endpoint}"
-            api = KubernetesApi(server, token=_gke_token,
-                                ca_data=base64.b64decode(self.cluster_ca_certificate).decode(), timeout_s=timeout)
+            # The DNS endpoint's certificate is publicly trusted (system roots); the IP endpoint's is the cluster CA's.
+            ca = None if is_dns_endpoint(self.cluster_endpoint) \
+                else base64.b64decode(self.cluster_ca_certificate or "").decode()
+            api = KubernetesApi(server, token=_gke_token, ca_data=ca, timeout_s=timeout)
         else:
             return MemoryRecords()
         return ConfigMapRecords(api, self.namespace, self.record_name)
@@ -351,7 +354,10 @@ def _problems(props: Mapping[str, Any]) -> list[tuple[str, str]]:
     if isinstance(record, str) and not re.match(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$", record):
         problems.append(("run_record", f"{record!r} must be a Kubernetes object name"))
     if all(key in known or key not in props for key in _ACCESS_KEYS) and not known.get("dashboard_url"):
-        missing = [key for key in _ACCESS_KEYS[1:] if not known.get(key)]
+        endpoint = known.get("cluster_endpoint")
+        # The DNS endpoint's certificate is publicly trusted: no CA needed there.
+        optional = ("cluster_ca_certificate",) if isinstance(endpoint, str) and is_dns_endpoint(endpoint) else ()
+        missing = [key for key in _ACCESS_KEYS[1:] if not known.get(key) and key not in optional]
         if missing:
             problems.append(("dashboard_url", "unset, so the head is reached by kubectl port-forward, "
                                               f"which needs {', '.join(missing)}"))

@@ -126,6 +126,7 @@ class StackConfig(BaseModel):
     deletion_protection: bool = False
     enable_apis: bool = True
     master_authorized_cidrs: tuple[str, ...] = ()
+    control_plane_endpoint: Literal["dns", "ip"] = "dns"
     gpu_metrics: bool = True
     dedicated_node_service_account: bool = True
     private_nodes: bool = True

@@ -336,11 +336,26 @@ def uses_reservation(cfg: StackConfig) -> bool:
 
 MOCK_ENDPOINT = "10.0.0.2"
 MOCK_CA = "bW9jayBjbHVzdGVyIENBIGNlcnRpZmljYXRl"  # base64 of "mock cluster CA certificate"
+MOCK_DNS_ENDPOINT = "gke-0f1e2d3c4b5a49687f6e5d4c3b2a19087f6e-123456789012.us-central1.gke.goog"
+"""A DNS-based endpoint as GKE names one: `gke-<id>-<project number>.<region>.gke.goog`."""
+
+
+def mock_endpoints_config(allow_external_traffic: bool) -> dict[str, Any]:
+    """A cluster's controlPlaneEndpointsConfig as pulumi-gcp returns it: GKE gives every cluster a DNS
+    endpoint (ControlPlaneEndpointsConfig.DNSEndpointConfig.endpoint, "Always present"), taking user
+    traffic only when allowExternalTraffic is on; the IP endpoints stay enabled unless turned off."""
+    return {"dnsEndpointConfig": {"endpoint": MOCK_DNS_ENDPOINT, "allowExternalTraffic": allow_external_traffic,
+                                  "enableK8sTokensViaDns": False, "enableK8sCertsViaDns": False},
+            "ipEndpointsConfig": {"enabled": True}}
 
 
 def existing_cluster_answer(args: Mapping[str, Any]) -> dict[str, Any]:
     """A cluster lookup's answer offline: the cluster, reachable, with no GPU pool yet."""
+    # The lookup returns each nested block as a one-element list (pulumi-gcp's getCluster schema).
+    endpoints = mock_endpoints_config(allow_external_traffic=True)
     return {"name": args.get("name"), "location": args.get("location"), "endpoint": MOCK_ENDPOINT,
+            "controlPlaneEndpointsConfigs": [{"dnsEndpointConfigs": [endpoints["dnsEndpointConfig"]],
+                                              "ipEndpointsConfigs": [endpoints["ipEndpointsConfig"]]}],
             "masterAuths": [{"clusterCaCertificate": MOCK_CA}], "nodePools": []}
 
 

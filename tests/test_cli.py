@@ -489,6 +489,40 @@ def test_gcloud_answers_are_checked(tmp_path: Path, fake_gcloud: Path) -> None:
         gke_facts.describe("verl-a4", "us-central1")
 
 
+GKE_DNS_ENDPOINT = "gke-1a2b3c4d5e6f4a5b8c9d0e1f2a3b4c5d6e7f-123456789012.us-central1.gke.goog"
+
+
+@pytest.mark.parametrize(("endpoints", "expected"), [
+    # verl-gke's default: the DNS endpoint takes user traffic, the IP endpoint is closed to outside addresses.
+    ({"dnsEndpointConfig": {"endpoint": GKE_DNS_ENDPOINT, "allowExternalTraffic": True},
+      "ipEndpointsConfig": {"enabled": True}}, GKE_DNS_ENDPOINT),
+    # IP endpoint off: the DNS endpoint is the only way in (gcloud picks it without --dns-endpoint too).
+    ({"dnsEndpointConfig": {"endpoint": GKE_DNS_ENDPOINT}, "ipEndpointsConfig": {"enabled": False}},
+     GKE_DNS_ENDPOINT),
+    # controlPlaneEndpoint: ip (or a cluster made before): GKE lists a DNS endpoint that refuses user traffic.
+    ({"dnsEndpointConfig": {"endpoint": GKE_DNS_ENDPOINT}, "ipEndpointsConfig": {"enabled": True}}, GKE_ENDPOINT),
+    (None, GKE_ENDPOINT),
+])
+def test_gcloud_dns_endpoint_is_read_when_it_takes_user_traffic(
+        tmp_path: Path, fake_gcloud: Path, endpoints: dict[str, Any] | None, expected: str) -> None:
+    from verl_gke import gke_facts
+
+    answer = tmp_path / "gcloud-answer.json"
+    cluster = {"name": "verl-a4", "endpoint": GKE_ENDPOINT, "masterAuth": {"clusterCaCertificate": GKE_CA}}
+    answer.write_text(json.dumps({**cluster, "controlPlaneEndpointsConfig": endpoints} if endpoints else cluster))
+    assert gke_facts.describe("verl-a4", "us-central1") == gke_facts.ClusterFacts(expected, GKE_CA)
+
+
+def test_gcloud_dns_endpoint_missing_is_refused(tmp_path: Path, fake_gcloud: Path) -> None:
+    from verl_gke import gke_facts
+
+    (tmp_path / "gcloud-answer.json").write_text(json.dumps({
+        "endpoint": GKE_ENDPOINT, "masterAuth": {"clusterCaCertificate": GKE_CA},
+        "controlPlaneEndpointsConfig": {"dnsEndpointConfig": {"allowExternalTraffic": True}}}))
+    with pytest.raises(gke_facts.GkeLookupError, match="answered an empty endpoint"):
+        gke_facts.describe("verl-a4", "us-central1")
+
+
 def test_metrics_from_a_log_file_needs_no_stack(
         capsys: pytest.CaptureFixture[str], tmp_path: Path, no_pulumi: None) -> None:
     log = tmp_path / "job.log"

@@ -16,6 +16,7 @@ import yaml
 from components.gke_cluster import DRA_V1BETA1_APIS, GkeCluster, GkeClusterArgs
 from components.gpu_node_pool import GpuNodePool, GpuNodePoolArgs
 from components.network_mapping import NetworkMapping
+from domain import preflight
 from domain.platforms import PLATFORMS
 from components.rdma_network import RdmaNetwork
 from manifests import nccl
@@ -177,7 +178,7 @@ def test_standard_cluster_replaces_its_builtin_pool_and_is_locked_down(a4_standa
     assert c["initialNodeCount"] == 1
     assert c["enableShieldedNodes"] is True
     assert c["masterAuth"] == {"clientCertificateConfig": {"issueClientCertificate": False}}
-    assert "masterAuthorizedNetworksConfig" not in c
+    assert c["masterAuthorizedNetworksConfig"] == {"cidrBlocks": [], "gcpPublicCidrsAccessEnabled": False}
 
 
 def test_cpu_pool_is_c2_standard_16_autoscaling_1_to_5(a4_standard: MockRun):
@@ -212,27 +213,58 @@ def test_one_kubernetes_provider_from_a_secret_kubeconfig(a4_standard: MockRun):
     assert a4_standard.urn("gke-cluster") in providers[0].dependencies
 
 
-def test_kubeconfig_uses_the_auth_plugin_and_the_clusters_endpoint():
+def _kubeconfig_run(**overrides: Any) -> MockRun:
     def program() -> None:
-        cluster = GkeCluster("gke", cluster_args())
+        cluster = GkeCluster("gke", cluster_args(**overrides))
         pulumi.export("kubeconfig", cluster.kubeconfig)
         pulumi.export("is_secret", pulumi.Output.from_input(cluster.kubeconfig.is_secret()))
         pulumi.export("plain", pulumi.Output.unsecret(cluster.kubeconfig))
         pulumi.export("endpoint", cluster.endpoint)
+        pulumi.export("ca", cluster.ca_certificate)
 
-    run = MockRun(program)
+    return MockRun(program)
+
+
+def test_kubeconfig_uses_the_auth_plugin_and_the_dns_endpoint_by_default():
+    run = _kubeconfig_run()
     assert run.outputs["kubeconfig"] == "[secret]"
     assert run.outputs["is_secret"] is True
     config = yaml.safe_load(run.outputs["plain"])
-    assert config["clusters"][0]["cluster"]["server"] == f"https://{synth.MOCK_ENDPOINT}"
-    assert config["clusters"][0]["cluster"]["certificate-authority-data"] == synth.MOCK_CA
+    # As `gcloud container clusters get-credentials --dns-endpoint` writes it: a publicly trusted
+    # certificate, so no cluster CA.
+    assert config["clusters"][0]["cluster"] == {"server": f"https://{synth.MOCK_DNS_ENDPOINT}"}
     assert config["users"][0]["user"]["exec"]["command"] == "gke-gcloud-auth-plugin"
+    assert run.outputs["endpoint"] == synth.MOCK_DNS_ENDPOINT
+    assert run.outputs["ca"] == synth.MOCK_CA  # still exported: public data
+
+
+def test_kubeconfig_with_the_ip_endpoint_pins_the_cluster_ca():
+    run = _kubeconfig_run(control_plane_endpoint="ip")
+    config = yaml.safe_load(run.outputs["plain"])
+    assert config["clusters"][0]["cluster"] == {"server": f"https://{synth.MOCK_ENDPOINT}",
+                                                "certificate-authority-data": synth.MOCK_CA}
     assert run.outputs["endpoint"] == synth.MOCK_ENDPOINT
+
+
+def test_dns_endpoint_on_and_ip_endpoint_closed_to_outside_addresses_by_default():
+    c = MockRun(lambda: GkeCluster("gke", cluster_args())).inputs("gke-cluster")
+    assert c["controlPlaneEndpointsConfig"] == {"dnsEndpointConfig": {"allowExternalTraffic": True}}
+    # Authorized networks on with no CIDR, Google Cloud's public IPs refused too.
+    assert c["masterAuthorizedNetworksConfig"] == {"cidrBlocks": [], "gcpPublicCidrsAccessEnabled": False}
+    c = MockRun(lambda: GkeCluster("gke", cluster_args(master_authorized_cidrs=["10.8.0.0/16"]))).inputs("gke-cluster")
+    assert c["masterAuthorizedNetworksConfig"] == {
+        "cidrBlocks": [{"cidrBlock": "10.8.0.0/16", "displayName": "authorized-0"}], "gcpPublicCidrsAccessEnabled": False}
+
+
+def test_ip_endpoint_keeps_the_earlier_shape():
+    c = MockRun(lambda: GkeCluster("gke", cluster_args(control_plane_endpoint="ip"))).inputs("gke-cluster")
+    assert "controlPlaneEndpointsConfig" not in c
+    assert "masterAuthorizedNetworksConfig" not in c
 
 
 def test_authorized_networks_and_version_and_beta_apis_when_asked():
     run = MockRun(lambda: GkeCluster("gke", cluster_args(
-        master_authorized_cidrs=["203.0.113.0/24"], min_master_version="1.34.1-gke.1829001",
+        master_authorized_cidrs=["203.0.113.0/24"], control_plane_endpoint="ip", min_master_version="1.34.1-gke.1829001",
         k8s_beta_apis=list(DRA_V1BETA1_APIS), ray_operator=False, deletion_protection=True,
         release_channel="RAPID")))
     c = run.inputs("gke-cluster")
@@ -262,9 +294,11 @@ def test_autopilot_cluster_is_create_auto_with_multi_networking_and_ray():
                                     "pulumi:providers:kubernetes": 1, **NODE_IDENTITY})
 
 
-def test_existing_cluster_is_looked_up_and_nothing_is_created():
+@pytest.mark.parametrize(("endpoint", "server"), [("dns", synth.MOCK_DNS_ENDPOINT), ("ip", synth.MOCK_ENDPOINT)])
+def test_existing_cluster_is_looked_up_and_nothing_is_created(endpoint: str, server: str):
     def program() -> None:
-        cluster = GkeCluster("gke", cluster_args(existing=True))
+        cluster = GkeCluster("gke", cluster_args(existing=True, control_plane_endpoint=endpoint))
+        pulumi.export("endpoint", cluster.endpoint)
         pulumi.export("name", cluster.name)
         pulumi.export("location", cluster.location)
         pulumi.export("plain", pulumi.Output.unsecret(cluster.kubeconfig))
@@ -272,8 +306,21 @@ def test_existing_cluster_is_looked_up_and_nothing_is_created():
     run = MockRun(program)
     assert run.counts() == Counter({"verl-gke:index:GkeCluster": 1, "pulumi:providers:kubernetes": 1})
     assert (run.outputs["name"], run.outputs["location"]) == (CLUSTER, REGION)
-    server = yaml.safe_load(run.outputs["plain"])["clusters"][0]["cluster"]["server"]
-    assert server == f"https://{synth.MOCK_ENDPOINT}"
+    assert yaml.safe_load(run.outputs["plain"])["clusters"][0]["cluster"]["server"] == f"https://{server}"
+    assert run.outputs["endpoint"] == server  # not secret, though the lookup is
+
+
+def test_existing_cluster_whose_dns_endpoint_refuses_user_traffic_is_reached_on_its_ip_endpoint():
+    def program() -> None:
+        pulumi.export("endpoint", GkeCluster("gke", cluster_args(existing=True)).endpoint)
+
+    closed = {"dnsEndpointConfigs": [{"endpoint": synth.MOCK_DNS_ENDPOINT, "allowExternalTraffic": False}],
+              "ipEndpointsConfigs": [{"enabled": True}]}
+    answer = {**preflight.existing_cluster_answer({"name": CLUSTER, "location": REGION}),
+              "controlPlaneEndpointsConfigs": [closed]}
+    _, outputs = synth.run_in_mocks(program, monitor=synth.RecordingMonitor(
+        synth.SynthMocks(cloud={preflight.CLUSTER: answer})))
+    assert outputs["endpoint"] == synth.MOCK_ENDPOINT
 
 
 def test_unknown_mode_is_refused_by_name():

@@ -27,6 +27,7 @@ from pulumi.runtime import rpc
 from ray.job_submission import JobSubmissionClient
 
 from components.grpo_job import GrpoJob, GrpoJobProvider, _JobSpec
+from workloads.run_lifecycle import ConfigMapRecords
 from tests.kube_api import kube_api
 from tests.ray_head import FlakyLink, free_ports, kubectl_record
 
@@ -270,6 +271,32 @@ def test_check_names_each_bad_prop_and_lets_unknowns_pass() -> None:
                                        "cluster_ca_certificate": "Y2E=", "cluster_name": "verl",
                                        "head_service": "h", "namespace": "ray"})
     assert port_forward.failures == []
+
+
+DNS_ENDPOINT = "gke-1a2b3c4d5e6f4a5b8c9d0e1f2a3b4c5d6e7f-123456789012.us-central1.gke.goog"
+
+
+def test_the_dns_endpoint_needs_no_ca_an_ip_endpoint_does() -> None:
+    provider = GrpoJobProvider()
+    access = {"entrypoint": "x", "runtime_env": {}, "cluster_name": "verl", "head_service": "h", "namespace": "ray"}
+    assert provider.check({}, {**access, "cluster_endpoint": DNS_ENDPOINT}).failures == []
+    [failure] = provider.check({}, {**access, "cluster_endpoint": "34.1.2.3"}).failures
+    assert (failure.property, failure.reason) == (
+        "dashboard_url", "unset, so the head is reached by kubectl port-forward, which needs cluster_ca_certificate")
+
+
+@pytest.mark.parametrize(("endpoint", "ca", "ca_data"), [
+    (DNS_ENDPOINT, None, None),  # system roots: the DNS endpoint's certificate is publicly trusted
+    (DNS_ENDPOINT, "Y2E=", None),  # the cluster CA does not sign the DNS endpoint's certificate
+    ("34.1.2.3", "Y2E=", "ca"),  # base64 of "ca": the IP endpoint is pinned to the cluster CA
+])
+def test_the_run_record_is_read_on_the_clusters_endpoint(endpoint: str, ca: str | None, ca_data: str | None) -> None:
+    spec = _JobSpec.from_props({"entrypoint": "x", "runtime_env": {}, "stack": "a4", "namespace": "ray",
+                                "cluster_name": "verl", "head_service": "h", "cluster_endpoint": endpoint,
+                                "cluster_ca_certificate": ca})
+    records = spec.records()
+    assert isinstance(records, ConfigMapRecords)
+    assert (records.api.url, records.api.ca_data) == (f"https://{endpoint}", ca_data)
 
 
 def test_create_with_bad_props_raises_one_message_naming_them() -> None:

@@ -25,7 +25,7 @@ from verl_gke.head_access import (
     dashboard_command,
     wait_for_dashboard,
 )
-from verl_gke.kubeconfig import gke_kubeconfig
+from verl_gke.kubeconfig import gke_kubeconfig, is_dns_endpoint
 
 CA = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg=="
 
@@ -59,6 +59,47 @@ def test_kubeconfig_keeps_an_https_endpoint_and_rejects_an_empty_one() -> None:
     assert config["clusters"][0]["cluster"]["server"] == "https://10.0.0.2"
     with pytest.raises(ValueError, match="endpoint must be a non-empty string"):
         gke_kubeconfig("c", "", CA)
+
+
+DNS_ENDPOINT = "gke-1a2b3c4d5e6f4a5b8c9d0e1f2a3b4c5d6e7f-123456789012.us-central1.gke.goog"
+
+
+@pytest.mark.parametrize("endpoint", [DNS_ENDPOINT, f"https://{DNS_ENDPOINT}"])
+@pytest.mark.parametrize("ca", [CA, None])
+def test_kubeconfig_for_the_dns_endpoint_trusts_the_public_roots_not_the_cluster_ca(endpoint: str,
+                                                                                    ca: str | None) -> None:
+    # gcloud container clusters get-credentials --dns-endpoint writes the server and no CA: the DNS
+    # endpoint's certificate is publicly trusted, not signed by the cluster CA.
+    config = yaml.safe_load(gke_kubeconfig("verl", endpoint, ca))
+    assert config["clusters"] == [{"name": "verl", "cluster": {"server": f"https://{DNS_ENDPOINT}"}}]
+    assert list(config["users"][0]["user"]) == ["exec"]
+
+
+def test_kubeconfig_for_an_ip_endpoint_needs_the_ca() -> None:
+    with pytest.raises(ValueError, match="ca_certificate must be a non-empty string, got None"):
+        gke_kubeconfig("c", "34.1.2.3", None)
+
+
+def test_is_dns_endpoint_tells_a_host_name_from_an_address() -> None:
+    assert [is_dns_endpoint(e) for e in (DNS_ENDPOINT, f"https://{DNS_ENDPOINT}:443", "34.1.2.3",
+                                         "https://10.0.0.2", "https://[2001:db8::1]")] == [True, True, False, False,
+                                                                                            False]
+
+
+def test_port_forward_to_the_dns_endpoint_needs_no_ca(fake_kubectl: Path) -> None:
+    with dashboard(None, cluster_endpoint=DNS_ENDPOINT, cluster_ca_certificate=None, cluster_name="verl",
+                   namespace="ray", head_service="head-svc") as url:
+        assert url == "http://127.0.0.1:45678"
+    written = yaml.safe_load(Path(f"{fake_kubectl}.kubeconfig").read_text())
+    assert written["clusters"] == [{"name": "verl", "cluster": {"server": f"https://{DNS_ENDPOINT}"}}]
+
+
+def test_port_forward_to_an_ip_endpoint_without_a_ca_is_refused(fake_kubectl: Path) -> None:
+    with pytest.raises(HeadAccessSetupError, match=r"\(missing: cluster_ca_certificate\)"):
+        with dashboard(None, cluster_endpoint="34.1.2.3", cluster_ca_certificate=None, cluster_name="verl",
+                       namespace="ray", head_service="head-svc"):
+            pytest.fail("the block must not run")
+    assert not fake_kubectl.exists()
 
 
 def test_dashboard_command_forwards_to_a_random_local_port_on_loopback_only() -> None:

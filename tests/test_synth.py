@@ -153,6 +153,26 @@ def test_the_cluster_ca_is_public_though_master_auth_is_secret(synth_stack):
         assert result.outputs["kubeconfig"] == "[secret]"
 
 
+def test_every_stack_reaches_its_control_plane_on_the_dns_endpoint_and_closes_the_ip_one(synth_stack):
+    for stack in STACKS:
+        result = synth_stack(stack)
+        cluster = next(r for r in result.registrations if r.type == "gcp:container/cluster:Cluster")
+        assert cluster.inputs["controlPlaneEndpointsConfig"] == {"dnsEndpointConfig": {"allowExternalTraffic": True}}
+        assert cluster.inputs["masterAuthorizedNetworksConfig"] == {"cidrBlocks": [],
+                                                                    "gcpPublicCidrsAccessEnabled": False}, stack
+        assert result.outputs["clusterEndpoint"] == synth.MOCK_DNS_ENDPOINT, stack
+        job = next(r for r in result.registrations if r.type == synth.GRPO_JOB_TYPE)
+        assert job.inputs["cluster_endpoint"] == synth.MOCK_DNS_ENDPOINT, stack
+
+
+def test_control_plane_endpoint_ip_keeps_the_earlier_cluster():
+    result = synth.run("a4-standard", overrides={"verl-gke:controlPlaneEndpoint": "ip"})
+    cluster = next(r for r in result.registrations if r.type == "gcp:container/cluster:Cluster")
+    assert "controlPlaneEndpointsConfig" not in cluster.inputs
+    assert "masterAuthorizedNetworksConfig" not in cluster.inputs
+    assert result.outputs["clusterEndpoint"] == synth.MOCK_ENDPOINT
+
+
 def test_the_stand_in_marks_master_auth_secret_as_the_provider_does():
     def program() -> None:
         import pulumi_gcp as gcp

@@ -3,7 +3,9 @@
 A kubeconfig sends the user's Google access token (through gke-gcloud-auth-plugin) to whatever
 server it names; an outputs file is only a claim about which cluster to use. So the CLI keeps the
 cluster's name and location from the outputs and asks GKE (`gcloud container clusters describe`,
-with the user's own credentials and a deadline) for the endpoint and CA to trust.
+with the user's own credentials and a deadline) for the endpoint and CA to trust. The endpoint is
+the DNS-based one (`*.gke.goog`, IAM-checked, publicly trusted certificate) when it takes user
+traffic, else the IP endpoint (pinned to the CA).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import shutil
 import subprocess
 from dataclasses import dataclass
+from typing import Any
 
 GCLOUD_TIMEOUT_S = 60.0
 
@@ -47,14 +50,27 @@ def describe(name: str, location: str, *, timeout_s: float = GCLOUD_TIMEOUT_S) -
         raise GkeLookupError(f"`{shown}` failed (exit {done.returncode}): {last.strip()}")
     try:
         cluster = json.loads(done.stdout)
-        endpoint = cluster["endpoint"]
+        endpoint = _reachable_endpoint(cluster)
         ca = cluster["masterAuth"]["clusterCaCertificate"]
-    except (ValueError, KeyError, TypeError):
-        raise GkeLookupError(f"`{shown}` did not answer a cluster with endpoint and masterAuth.clusterCaCertificate") \
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise GkeLookupError(f"`{shown}` did not answer a cluster with endpoint (or "
+                             "controlPlaneEndpointsConfig.dnsEndpointConfig.endpoint) and masterAuth.clusterCaCertificate") \
             from None
     if not isinstance(endpoint, str) or not endpoint or not _is_pem(ca):
         raise GkeLookupError(f"`{shown}` answered an empty endpoint or a CA that is not a base64 PEM certificate")
     return ClusterFacts(endpoint=endpoint, ca_certificate=ca)
+
+
+def _reachable_endpoint(cluster: dict[str, Any]) -> Any:
+    """The DNS-based endpoint when it takes user traffic or the IP endpoint is off, else the IP
+    `endpoint`: gcloud's own choice for `get-credentials --dns-endpoint`
+    (googlecloudsdk/api_lib/container/util.py, _GetClusterEndpoint)."""
+    config = cluster.get("controlPlaneEndpointsConfig") or {}
+    dns = config.get("dnsEndpointConfig") or {}
+    ip_enabled = (config.get("ipEndpointsConfig") or {}).get("enabled", True)
+    if dns.get("allowExternalTraffic") or ip_enabled is False:
+        return dns.get("endpoint")
+    return cluster["endpoint"]
 
 
 def _is_pem(value: object) -> bool:

@@ -3,7 +3,7 @@
 Two ways, chosen by `dashboard(...)`:
 - `dashboard_url` given (a privately exposed dashboard, or a local head in tests): used as is.
 - otherwise `kubectl port-forward` to the head service through the Kubernetes API, with a
-  throw-away kubeconfig built from the cluster's endpoint and CA (no credential in it: the
+  throw-away kubeconfig built from the cluster's endpoint (and CA, for an IP endpoint; no credential in it: the
   gke-gcloud-auth-plugin fetches a token at use time), bound to 127.0.0.1 only.
 
 Used by the GrpoJob provider and the CLI:
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from manifests.ray_cluster import DASHBOARD_PORT
-from verl_gke.kubeconfig import gke_kubeconfig
+from verl_gke.kubeconfig import gke_kubeconfig, is_dns_endpoint
 
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
@@ -179,13 +179,16 @@ def dashboard(
         return
     facts = {"cluster_endpoint": cluster_endpoint, "cluster_ca_certificate": cluster_ca_certificate,
              "cluster_name": cluster_name, "head_service": head_service}
+    if cluster_endpoint and is_dns_endpoint(cluster_endpoint):
+        del facts["cluster_ca_certificate"]  # the DNS endpoint's certificate is publicly trusted
     missing = [key for key, value in facts.items() if not value]
     if missing:
         raise HeadAccessSetupError(
             f"cannot reach the Ray dashboard: give dashboard_url, or all of cluster_endpoint, "
-            f"cluster_ca_certificate, cluster_name and head_service (missing: {', '.join(missing)})"
+            f"cluster_ca_certificate (for an IP endpoint), cluster_name and head_service "
+            f"(missing: {', '.join(missing)})"
         )
-    assert cluster_endpoint and cluster_ca_certificate and cluster_name and head_service
+    assert cluster_endpoint and cluster_name and head_service
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         raise HeadAccessSetupError(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
+from urllib.parse import urlsplit
+
 import yaml
 
 AUTH_PLUGIN = "gke-gcloud-auth-plugin"
@@ -11,15 +14,32 @@ AUTH_PLUGIN_INSTALL_HINT = (
 )
 
 
-def gke_kubeconfig(cluster_name: str, endpoint: str, ca_certificate: str) -> str:
+def is_dns_endpoint(endpoint: str) -> bool:
+    """True when `endpoint` (with or without https://) is a host name, i.e. GKE's DNS-based endpoint
+    (`gke-<id>-<project number>.<region>.gke.goog`), not the IP endpoint."""
+    host = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}").hostname or ""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return True
+    return False
+
+
+def gke_kubeconfig(cluster_name: str, endpoint: str, ca_certificate: str | None) -> str:
     """Kubeconfig YAML for one GKE cluster.
 
-    `endpoint` is the cluster's `endpoint` (an IP or host, with or without https://) and
-    `ca_certificate` its base64 `master_auth.cluster_ca_certificate`. The user fetches a token at
-    use time through the `gke-gcloud-auth-plugin` exec plugin, so the file holds no secret.
+    `endpoint` is the cluster's DNS-based endpoint or its IP `endpoint` (with or without https://).
+    The IP endpoint presents a certificate of the cluster's own CA, so `ca_certificate` (base64
+    `master_auth.cluster_ca_certificate`) is required and pinned. The DNS endpoint presents a
+    publicly trusted certificate, not one of the cluster CA: the kubeconfig then carries no CA and
+    clients verify against the system roots, as `gcloud container clusters get-credentials
+    --dns-endpoint` writes it (googlecloudsdk/api_lib/container/kubeconfig.py, Cluster()). The user
+    fetches a token at use time through the `gke-gcloud-auth-plugin` exec plugin, so the file holds
+    no secret.
     """
-    for key, value in (("cluster_name", cluster_name), ("endpoint", endpoint),
-                       ("ca_certificate", ca_certificate)):
+    dns = isinstance(endpoint, str) and bool(endpoint.strip()) and is_dns_endpoint(endpoint)
+    required = (("cluster_name", cluster_name), ("endpoint", endpoint))
+    for key, value in required if dns else (*required, ("ca_certificate", ca_certificate)):
         if not isinstance(value, str) or not value.strip():
             raise ValueError(f"gke_kubeconfig: {key} must be a non-empty string, got {value!r}")
     server = endpoint if endpoint.startswith("https://") else f"https://{endpoint}"
@@ -28,7 +48,7 @@ def gke_kubeconfig(cluster_name: str, endpoint: str, ca_certificate: str) -> str
         "kind": "Config",
         "clusters": [{
             "name": cluster_name,
-            "cluster": {"server": server, "certificate-authority-data": ca_certificate},
+            "cluster": {"server": server} if dns else {"server": server, "certificate-authority-data": ca_certificate},
         }],
         "contexts": [{"name": cluster_name, "context": {"cluster": cluster_name, "user": cluster_name}}],
         "current-context": cluster_name,

@@ -41,6 +41,7 @@ UNKNOWN = "[unknown]"
 MOCK_PROJECT_NUMBER = "123456789012"
 MOCK_CA = preflight.MOCK_CA
 MOCK_ENDPOINT = preflight.MOCK_ENDPOINT
+MOCK_DNS_ENDPOINT = preflight.MOCK_DNS_ENDPOINT
 
 GRPO_JOB_TYPE = "pulumi-python:dynamic:GrpoJob"
 # Top-level fields of a Kubernetes object, in the order kubectl shows them.
@@ -136,6 +137,9 @@ class SynthMocks(pulumi.runtime.Mocks):
         if args.typ == "gcp:container/cluster:Cluster":
             # pulumi-gcp marks the client key and certificate secret; the Python SDK then marks the
             # whole masterAuth object secret (pulumi/runtime/rpc.py), the CA with it.
+            given = (state.get("controlPlaneEndpointsConfig") or {}).get("dnsEndpointConfig") or {}
+            state["controlPlaneEndpointsConfig"] = preflight.mock_endpoints_config(
+                bool(given.get("allowExternalTraffic")))
             state.update(endpoint=MOCK_ENDPOINT, masterAuth={
                 "clusterCaCertificate": MOCK_CA, "clientKey": _secret(""), "clientCertificate": _secret(""),
                 "clientCertificateConfig": {"issueClientCertificate": False}})
