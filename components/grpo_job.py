@@ -441,6 +441,7 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
             submission_id, job = _current(record, client.list_jobs(), spec)
             try:
                 if job is None:
+                    _end_fabric_checks(client, spec)
                     _refuse_a_second_run(client.list_jobs(), spec)
                     if spec.expected_workers:
                         # A head that answers is not a whole cluster: a missing worker fails the run at start.
@@ -664,12 +665,25 @@ def _find_job(jobs: list[JobDetails], submission_id: str) -> JobDetails | None:
     return next((job for job in jobs if job.submission_id == submission_id), None)
 
 
+def _end_fabric_checks(client: JobSubmissionClient, spec: _JobSpec) -> None:
+    """Stops the stack's fabric checks still live (one whose deploy failed while polling it, or a
+    `verl-gke fabric` under way): a check holds every GPU the run needs, and its figure is of no use
+    to this deploy. Waits up to STOP_TIMEOUT_S for Ray to report them ended."""
+    live = sorted(j.submission_id for j in client.list_jobs() if j.submission_id
+                  and fabric.is_check_of(j.submission_id, spec.stack) and _value(j.status) in LIVE)
+    if live:
+        pulumi.log.warn(f"GrpoJob {spec.submission_id}: stopping fabric check(s) {', '.join(live)} of stack "
+                        f"{spec.stack}: they hold the GPUs the run needs")
+        _stop(client, *live)
+
+
 def _refuse_a_second_run(jobs: list[JobDetails], spec: _JobSpec) -> None:
     """One stack, one live run: another run of this stack (one an interrupted update left behind,
-    say) holds the GPUs and writes the same checkpoints."""
+    say) holds the GPUs and writes the same checkpoints; so does a fabric check of the stack."""
     prefix = f"{SUBMISSION_ID_PREFIX}-{spec.stack}-"
-    live = sorted(j.submission_id for j in jobs if j.submission_id and j.submission_id.startswith(prefix)
-                  and j.submission_id not in spec.attempt_ids and _value(j.status) in LIVE)
+    live = sorted(j.submission_id for j in jobs if j.submission_id and _value(j.status) in LIVE and (
+        j.submission_id.startswith(prefix) and j.submission_id not in spec.attempt_ids
+        or fabric.is_check_of(j.submission_id, spec.stack)))
     if live:
         raise RuntimeError(
             f"GrpoJob {spec.submission_id}: another run of stack {spec.stack} is live on {spec.address}: "

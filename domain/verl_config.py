@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 from domain.config import StackConfig, config_key, grpo_field_of, problem_line
 from domain.grpo_spec import Override, override_sources, overrides
 from domain.stack_files import engine_string, project_defaults
+from domain.stack_run import stack_run
 from domain.verl_wheel import VerlUnavailable, config_dir
 from workloads.stage_data import DEFAULT_DATASET_REPO, DEFAULT_DATASET_REVISION, DEFAULT_DATASET_TRAIN_ROWS
 
@@ -51,11 +52,16 @@ class RunPlan:
     checkpoint_bytes: int | None
     """Estimated size of one checkpoint; None when the model's size is not in its name."""
     warnings: list[str] = field(default_factory=list)
+    run_id: str = ""
+    checkpoint_folder: str = ""
+    """Where the run's checkpoints go: verl's trainer.default_local_dir, `<grpoCheckpointDir>/<run id>`."""
 
     def lines(self) -> list[str]:
         """The plan as a few lines for synth's summary and `pulumi up`'s log."""
         steps = f"{self.steps} steps" if self.steps is not None else "steps unknown (dataset not the pinned GSM8K)"
         out = [f"GRPO run with verl {self.verl_version}: {steps}"]
+        if self.run_id:
+            out.append(f"  run id {self.run_id}, checkpoints in {self.checkpoint_folder}")
         if self.save_freq <= 0:
             out.append("  checkpoints: none (trainer.save_freq <= 0): a preempted run starts over")
         elif self.checkpoints_saved is not None:
@@ -123,7 +129,9 @@ def check_run(cfg: StackConfig, config_dir: Path, verl_version: str,
     gpus, nodes = cfg.facts.gpus_per_node, cfg.gpu_nodes
     extras = list(cfg.grpo.extra_overrides)
     problems = parse_problems(extras, override_sources(cfg.grpo, gpus, nodes))
-    program = overrides(cfg.grpo, gpus, nodes)
+    # With the run id: the composed trainer.default_local_dir is the run's own checkpoint folder.
+    run_id = stack_run(cfg)[0]
+    program = overrides(cfg.grpo, gpus, nodes, run_id=run_id)
     base = [o.arg for o in program]
     valid_extras = [] if problems else extras
     try:
@@ -143,7 +151,7 @@ def check_run(cfg: StackConfig, config_dir: Path, verl_version: str,
         return rejected or [problem_line(config_key(EXTRA), extras, _rejected(e, verl_version))], None
     if problems:
         return problems, None
-    return [], _plan(cfg, composed, verl_version, _warnings(composed, user_set, extras))
+    return [], _plan(cfg, composed, verl_version, _warnings(composed, user_set, extras), run_id)
 
 
 def _rejected(error: HydraException, verl_version: str) -> str:
@@ -184,7 +192,7 @@ def _warnings(composed: DictConfig, user_set: set[str], extras: list[str]) -> li
     return out
 
 
-def _plan(cfg: StackConfig, composed: DictConfig, verl_version: str, warnings: list[str]) -> RunPlan:
+def _plan(cfg: StackConfig, composed: DictConfig, verl_version: str, warnings: list[str], run_id: str) -> RunPlan:
     trainer = composed.trainer
     steps = trainer.total_training_steps
     if steps is None and (cfg.dataset, cfg.dataset_revision) == (DEFAULT_DATASET_REPO, DEFAULT_DATASET_REVISION):
@@ -199,7 +207,8 @@ def _plan(cfg: StackConfig, composed: DictConfig, verl_version: str, warnings: l
         kept = saved if keep is None else min(saved, int(keep))
     billions = _BILLIONS.search(cfg.model.rsplit("/", 1)[-1])
     size = int(float(billions.group(1)) * 1e9 * CHECKPOINT_BYTES_PER_PARAM) if billions else None
-    return RunPlan(verl_version, steps, save_freq, saved, kept, size, warnings)
+    return RunPlan(verl_version, steps, save_freq, saved, kept, size, warnings, run_id=run_id,
+                   checkpoint_folder=str(trainer.default_local_dir))
 
 
 def _one_line(error: BaseException) -> str:

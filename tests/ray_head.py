@@ -348,6 +348,8 @@ class FlakyLink:
     def __init__(self, target_port: int) -> None:
         self.up = threading.Event()
         self._target = target_port
+        self.drops = 0
+        """Connections still to refuse while up: one failed request, then the head answers again."""
         self._server = socket.create_server(("127.0.0.1", 0))
         self.port = self._server.getsockname()[1]
         threading.Thread(target=self._serve, daemon=True).start()
@@ -358,7 +360,8 @@ class FlakyLink:
                 conn, _ = self._server.accept()
             except OSError:
                 return
-            if not self.up.is_set():
+            if not self.up.is_set() or self.drops > 0:
+                self.drops = max(0, self.drops - 1)
                 conn.close()
                 continue
             upstream = socket.create_connection(("127.0.0.1", self._target))

@@ -6,14 +6,17 @@ as with NCCL on GPUs; only the figure itself needs GPUs to mean anything."""
 from __future__ import annotations
 
 import sys
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 
 import pytest
 from ray.job_submission import JobSubmissionClient
 
-from components.grpo_job import GrpoJobProvider
-from tests.ray_head import RayHead, start_node, stop_node
+from components.grpo_job import GrpoJobProvider, _JobSpec, _refuse_a_second_run
+from tests.ray_head import FlakyLink, RayHead, start_node, stop_node
+from verl_gke.head_access import job_client
 from verl_gke import fabric
 from workloads.fabric_check import bus_bandwidth_gbps, nccl_transports
 
@@ -68,6 +71,87 @@ def test_a_check_that_cannot_place_its_ranks_is_stopped_at_its_deadline(two_gpu_
         fabric.run_fabric_check(client, fabric.FabricCheck(nodes=3, gpus_per_node=2, backend="gloo",
                                                            python=sys.executable, timeout_s=8), stack="fab")
     assert "after 8 s; it was stopped (3 nodes x 2 GPUs may not be free)" in str(caught.value)
+
+
+def _check_in_the_background(link: FlakyLink, stack: str) -> tuple[threading.Thread, list[BaseException], str]:
+    """A check that cannot place its ranks (it runs until stopped), polled through `link`; returns
+    once the head lists it, with its thread, where its error lands and its submission id."""
+    client = job_client(f"http://127.0.0.1:{link.port}", "the test head")
+    errors: list[BaseException] = []
+    check = fabric.FabricCheck(nodes=3, gpus_per_node=2, backend="gloo", python=sys.executable, timeout_s=240)
+
+    def run() -> None:
+        try:
+            fabric.run_fabric_check(client, check, stack=stack)
+        except BaseException as error:  # noqa: BLE001 - handed to the test
+            errors.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not (ids := [j.submission_id for j in client.list_jobs() if fabric.is_check_of(j.submission_id or "", stack)]):
+        assert time.monotonic() < deadline, "the fabric check was never submitted"
+        time.sleep(0.2)
+    return thread, errors, ids[0]
+
+
+def _status(head: RayHead, submission_id: str) -> str:
+    return str(JobSubmissionClient(head.dashboard_url).get_job_status(submission_id).value)
+
+
+def _await_status(head: RayHead, submission_id: str, wanted: str) -> None:
+    deadline = time.monotonic() + 60
+    while (status := _status(head, submission_id)) != wanted:
+        assert time.monotonic() < deadline, f"{submission_id} still {status}, not {wanted}"
+        time.sleep(0.5)
+
+
+def test_a_check_whose_status_poll_fails_is_stopped(two_gpu_nodes: RayHead):
+    link = FlakyLink(int(two_gpu_nodes.dashboard_url.rsplit(":", 1)[1]))
+    link.up.set()
+    try:
+        thread, errors, sid = _check_in_the_background(link, "poll")
+        link.drops = 1  # the next poll gets no answer; the head answers the stop
+        thread.join(30)
+        (error,) = errors
+        assert isinstance(error, fabric.FabricError)
+        assert str(error).startswith(f"fabric check {sid}: its status poll failed (Ray head at the test head: GET ")
+        assert str(error).endswith("; it was stopped")
+        _await_status(two_gpu_nodes, sid, "STOPPED")
+    finally:
+        link.close()
+
+
+def test_a_check_left_running_by_a_lost_head_is_a_live_run_the_next_create_stops(two_gpu_nodes: RayHead):
+    stack = f"t{uuid.uuid4().hex[:8]}"
+    link = FlakyLink(int(two_gpu_nodes.dashboard_url.rsplit(":", 1)[1]))
+    link.up.set()
+    try:
+        thread, errors, sid = _check_in_the_background(link, stack)
+        link.up.clear()  # the head stops answering: neither the poll nor the stop gets through
+        thread.join(30)
+        (error,) = errors
+        assert "could not be stopped (Ray head at the test head: POST " in str(error)
+        assert str(error).endswith("and may still hold the GPUs: the next deploy of the stack stops it before "
+                                   "submitting the run")
+    finally:
+        link.close()
+    assert _status(two_gpu_nodes, sid) in ("PENDING", "RUNNING")
+    jobs = JobSubmissionClient(two_gpu_nodes.dashboard_url).list_jobs()
+    # Counted as a live run of the stack by the one-live-run check...
+    props = _props(two_gpu_nodes, stack=stack, fabric_check=False, expected_workers=0)
+    with pytest.raises(RuntimeError, match=f"another run of stack {stack} is live on .*: {sid}\\. "):
+        _refuse_a_second_run(jobs, _JobSpec.from_props(props))
+    # ...which a create ends before it submits.
+    result = GrpoJobProvider().create(props)
+    assert _status(two_gpu_nodes, sid) == "STOPPED"
+    assert _status(two_gpu_nodes, result.id) in ("PENDING", "RUNNING", "SUCCEEDED")
+
+
+def test_fabric_checks_of_a_stack_are_told_by_their_whole_id():
+    assert fabric.is_check_of("verl-fabric-a4-0123abcd", "a4")
+    assert not fabric.is_check_of("verl-fabric-a4-standard-0123abcd", "a4")
+    assert not fabric.is_check_of("verl-grpo-a4-0123abcd", "a4")
 
 
 def _props(head: RayHead, **extra) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from domain.config import ConfigError, StackConfig, _as_field_values, load_confi
 from domain.grpo_spec import overrides, override_sources, verl_problems
 from domain.platforms import PLATFORMS
 from domain.platforms import VerlRelease
+from domain.stack_run import stack_run
 from domain.verl_config import check_run, compose_run, parse_problems
 from tests.conftest import BASE_CONFIG, STACKS
 from verl_gke import synth
@@ -176,14 +178,24 @@ def test_the_plan_counts_steps_checkpoints_and_their_size() -> None:
     # GSM8K train: 7,473 rows // 256 = 29 steps per epoch, 2 epochs; saves at 10..50 and 58.
     assert (plan.steps, plan.checkpoints_saved, plan.checkpoints_kept) == (58, 6, 2)
     assert plan.checkpoint_bytes == 32 * 10**9 * 12
+    run_id = stack_run(load_config(BASE_CONFIG))[0]
+    assert re.fullmatch(r"run-[0-9a-f]{12}", run_id)
     assert plan.lines() == [
         "GRPO run with verl 0.6.1: 58 steps",
+        f"  run id {run_id}, checkpoints in /data/verl/checkpoints/{run_id}",
         "  checkpoints: every 10 steps and at the end: 6 saved, 2 kept, ~384 GB each, ~768 GB in the bucket",
     ]
     _, keep_all = _check(**{"verl-gke:grpoMaxCheckpoints": "10", "verl-gke:grpoSaveFreq": "20"})
     assert (keep_all.checkpoints_saved, keep_all.checkpoints_kept) == (3, 3)
     _, none = _check(**{"verl-gke:grpoSaveFreq": "-1"})
-    assert none.lines()[1] == "  checkpoints: none (trainer.save_freq <= 0): a preempted run starts over"
+    assert none.lines()[2] == "  checkpoints: none (trainer.save_freq <= 0): a preempted run starts over"
+
+
+def test_the_plan_names_the_runs_own_folder_under_the_checkpoint_dir() -> None:
+    config = {"verl-gke:grpoCheckpointDir": "/data/ckpt", "verl-gke:grpoSaveFreq": "20"}
+    run_id = stack_run(load_config({**BASE_CONFIG, **config}))[0]
+    _, plan = _check(**config)
+    assert (plan.run_id, plan.checkpoint_folder) == (run_id, f"/data/ckpt/{run_id}")
 
 
 def test_max_checkpoints_reaches_verl_for_actor_and_critic() -> None:
@@ -208,7 +220,11 @@ def test_a_set_key_that_verl_never_reads_is_a_warning_not_an_error() -> None:
 def test_synth_prints_the_plan_and_fails_on_a_managed_override(tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                                               ) -> None:
     assert synth.main(["a4", "--out", str(tmp_path / "ok")]) == 0
-    assert "GRPO run with verl 0.6.1: 58 steps" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "GRPO run with verl 0.6.1: 58 steps" in out
+    # The folder the plan names is the one the job's entrypoint hands verl.
+    (folder,) = re.findall(r"\n  run id run-[0-9a-f]{12}, checkpoints in (\S+)\n", out)
+    assert f"trainer.default_local_dir={folder} " in (tmp_path / "ok" / "resources.json").read_text()
     code = synth.main(["a4", "--out", str(tmp_path / "bad"), "--set", f'{EXTRA}=["trainer.nnodes=1"]'])
     err = capsys.readouterr().err
     assert code == 2

@@ -7,6 +7,7 @@ check's source goes inline in the job's entrypoint: nothing to upload, nothing o
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import time
 import uuid
@@ -67,18 +68,29 @@ def fabric_runtime_env(platform: Platform) -> dict[str, Any]:
     return {"env_vars": {**platform.verl.nccl_env, **env}}
 
 
+def is_check_of(submission_id: str, stack: str) -> bool:
+    """Whether a Ray job is a fabric check of the stack (run_fabric_check's ids)."""
+    return re.fullmatch(rf"{SUBMISSION_ID_PREFIX}-{re.escape(stack)}-[0-9a-f]{{8}}", submission_id) is not None
+
+
 def run_fabric_check(client: JobSubmissionClient, check: FabricCheck, stack: str) -> dict[str, Any]:
     """Submits the check, waits for it (stopping it at its deadline) and returns its result line;
     FabricError when it failed, timed out or printed no result."""
     submission_id = f"{SUBMISSION_ID_PREFIX}-{stack}-{uuid.uuid4().hex[:8]}"
     client.submit_job(entrypoint=check.entrypoint(), submission_id=submission_id, runtime_env=check.runtime_env)
     deadline = time.monotonic() + check.timeout_s
-    while (status := str(client.get_job_status(submission_id).value)) not in ("SUCCEEDED", "FAILED", "STOPPED"):
-        if time.monotonic() >= deadline:
-            client.stop_job(submission_id)
-            raise FabricError(f"fabric check {submission_id} still {status} after {check.timeout_s:g} s; it was "
-                              f"stopped ({check.nodes} nodes x {check.gpus_per_node} GPUs may not be free)")
-        time.sleep(_POLL_S)
+    try:
+        while (status := str(client.get_job_status(submission_id).value)) not in ("SUCCEEDED", "FAILED", "STOPPED"):
+            if time.monotonic() >= deadline:
+                raise FabricError(f"fabric check {submission_id} still {status} after {check.timeout_s:g} s; "
+                                  f"{_stopped(client, submission_id)} ({check.nodes} nodes x {check.gpus_per_node} "
+                                  "GPUs may not be free)")
+            time.sleep(_POLL_S)
+    except FabricError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any failed poll: the check holds every GPU, it must not be left
+        raise FabricError(f"fabric check {submission_id}: its status poll failed ({error}); "
+                          f"{_stopped(client, submission_id)}") from None
     logs = client.get_job_logs(submission_id)
     found = [line[len(RESULT_PREFIX):] for line in logs.splitlines() if line.startswith(RESULT_PREFIX)]
     if status != "SUCCEEDED" or not found:
@@ -86,6 +98,17 @@ def run_fabric_check(client: JobSubmissionClient, check: FabricCheck, stack: str
         raise FabricError(f"fabric check {submission_id} {status} without a result; last log lines:\n{tail}")
     transports = nccl_transports(logs)
     return {**json.loads(found[-1]), "submission_id": submission_id, "transports": dict(sorted(transports.items()))}
+
+
+def _stopped(client: JobSubmissionClient, submission_id: str) -> str:
+    """Stops the check, best effort (one request, bounded by the client's own timeout), and says
+    what came of it."""
+    try:
+        client.stop_job(submission_id)
+    except Exception as error:  # noqa: BLE001 - the head may be what failed
+        return (f"it could not be stopped ({error}) and may still hold the GPUs: the next deploy of the stack "
+                "stops it before submitting the run")
+    return "it was stopped"
 
 
 def transports_text(found: dict[str, int]) -> str:

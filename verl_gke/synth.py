@@ -14,6 +14,7 @@ import logging
 import runpy
 import signal
 import sys
+import zlib
 from collections import Counter
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -106,6 +107,15 @@ class _InlineExecutor(ThreadPoolExecutor):
         except BaseException as error:  # noqa: BLE001 handed to the awaiting coroutine
             future.set_exception(error)
         return future
+
+
+def _resource_hash(resource: pulumi.Resource) -> int:
+    """A resource's hash from its type and name, where Python's is its address. The SDK keeps
+    resources in sets (a component's children, an Output's resources) and awaits their URNs in the
+    set's order (pulumi runtime/rpc.py _add_dependency, _expand_dependencies): that order decides
+    which of the resources ready at the same moment registers first, so with addresses it changed
+    from run to run. Identity still decides equality."""
+    return zlib.crc32(f"{getattr(resource, '_type', '')}::{getattr(resource, '_name', '')}".encode())
 
 
 class SynthMocks(pulumi.runtime.Mocks):
@@ -305,6 +315,8 @@ def run_in_mocks(program: Callable[[], Any], *, stack: str = "test", config: dic
     # RPCs run inline on the event loop's thread, not in a thread pool: the mock monitor then sees
     # registrations in the order the program issues them, the same on every run.
     _ensure_event_loop().set_default_executor(_InlineExecutor())
+    # Registration order then depends on the program alone, not on memory addresses.
+    pulumi.Resource.__hash__ = _resource_hash  # type: ignore[method-assign]
     set_all_config(dict(config or {}), list(secret_keys or []))
     synth_mocks = SynthMocks()
     monitor = monitor or RecordingMonitor(synth_mocks)
@@ -362,14 +374,23 @@ def run(stack: str, project_dir: Path = PROJECT_DIR, overrides: dict[str, Any] |
 
 def render(result: SynthResult) -> dict[str, str]:
     """dist/<stack>/'s files, path -> text: resources.json, outputs.json, manifests/NN-<kind>-<name>.yaml."""
-    resources = [r.__dict__ for r in result.registrations]
+    # Mapping keys sorted (the engine's protobuf maps come in any order), list order kept.
+    resources = [{**r.__dict__, "inputs": _keys_sorted(r.inputs)} for r in result.registrations]
     files = {"resources.json": json.dumps(resources, indent=2) + "\n",
              "outputs.json": json.dumps(result.outputs, indent=2, sort_keys=True) + "\n"}
     for i, obj in enumerate(result.manifests(), start=1):
         kind = str(obj.get("kind", "object")).lower()
         name = str(obj.get("metadata", {}).get("name", "unnamed"))
-        files[f"manifests/{i:02d}-{kind}-{name}.yaml"] = yaml.safe_dump(obj, sort_keys=False)
+        files[f"manifests/{i:02d}-{kind}-{name}.yaml"] = yaml.safe_dump(obj, sort_keys=True)
     return files
+
+
+def _keys_sorted(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _keys_sorted(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_keys_sorted(v) for v in value]
+    return value
 
 
 def write(result: SynthResult, out_dir: Path) -> None:
