@@ -4,6 +4,7 @@ Kubernetes API stand-in), bounded, recorded, and only then are the GPU workers r
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 import uuid
@@ -76,7 +77,8 @@ def export_config(bucket: Path, run_id: str, **extra: Any) -> dict[str, Any]:
             "verl_dir": str(unpacked(VERL_0_9_0)), "python": sys.executable, **extra}
 
 
-def test_a_succeeded_run_is_exported_once_across_a_restart_then_the_workers_go(ray_cluster: RayHead, records, tmp_path):
+def test_a_succeeded_run_is_exported_once_across_a_restart_then_the_workers_go(ray_cluster: RayHead, records, tmp_path,
+                                                                               capsys):
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -108,6 +110,17 @@ def test_a_succeeded_run_is_exported_once_across_a_restart_then_the_workers_go(r
     for key, tensor in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], tensor.to(torch.bfloat16)), key
     assert not (bucket / run_id / "model.partial").exists()
+
+    from tests.test_cli import outputs_doc, write_outputs
+    from verl_gke import cli
+
+    # An attempt of the run on the head, tagged with its run id as every attempt is: status finds the
+    # run's export by it.
+    RayJobs(ray_cluster.dashboard_url).submit(run_id, "true", {}, {"verl-gke.run_id": run_id, "verl-gke.attempt": "0"})
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc(run_id))
+    assert cli.main(["status", "--outputs", str(outputs), "--dashboard-url", ray_cluster.dashboard_url]) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"^Model export +{export_id}  SUCCEEDED  -> {bucket}/{run_id}/model$", out, re.M), out
 
 
 def test_a_failed_export_is_recorded_and_the_workers_are_released(ray_cluster: RayHead, records, tmp_path):
