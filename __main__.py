@@ -30,6 +30,7 @@ from manifests.ray_cluster import WORKER_GROUP
 from manifests.network_mapping import NetworkNames
 from domain.bucket import MOUNT_PATH
 from domain.pricing import run_cost, run_estimate_line
+from domain.run_memory import merge_memory_bytes
 from domain.names import stack_names, stack_slug
 from verl_gke.fabric import fabric_runtime_env
 from workloads.export_model import model_path
@@ -195,6 +196,10 @@ if cfg.run_supervisor:
             "expected_gpus": cfg.gpu_nodes * facts.gpus_per_node, "max_retries": cfg.run_max_retries,
             "max_preemptions": cfg.run_max_preemptions, "backoff_s": cfg.run_retry_backoff_seconds,
             "budget_s": cfg.run_budget_s, "release_workers": cfg.release_workers_when_done,
+            # Merged on a node with the memory (a GPU worker for 32B), before the workers are released.
+            "export": {"checkpoint_dir": f"{cfg.grpo.checkpoint_dir}/{run_id}", "mount": MOUNT_PATH,
+                       "memory_bytes": merge_memory_bytes(cfg.model), "verl_dir": cfg.verl_dir}
+            if cfg.export_model else None,
         },
     # It waits for a head that does not answer yet (workloads/run_supervisor.run_forever), so it
     # need not wait for the RayCluster's pods: it starts with them, once the GPU nodes are set up.
@@ -231,7 +236,8 @@ pulumi.export("dashboardCommand", job.dashboard_command)
 pulumi.export("grpoSubmissionId", job.submission_id)
 pulumi.export("grpoJobStatus", job.status)
 pulumi.export("checkpointUri", storage.bucket_name.apply(lambda b: f"gs://{b}/{checkpoint_path}"))
-# verl's merger writes it when the run succeeds (workloads/export_model.py); empty until then.
+# The run supervisor's export writes it once the run succeeded (workloads/run_supervisor.py, verl's
+# merger); empty until the run succeeded, and the folder appears when the export has finished.
 pulumi.export("modelUri", pulumi.Output.all(storage.bucket_name, job.status).apply(
     lambda a: f"gs://{a[0]}/{model_path(run_id)}" if a[1] == "SUCCEEDED" else ""))
 pulumi.export("hourlyCostUsd", cfg.hourly_usd)

@@ -18,7 +18,7 @@ import pulumi_kubernetes as k8s
 from components.children import child_options
 from manifests import supervisor
 from manifests.ray_cluster import DASHBOARD_PORT, head_service_name
-from workloads import run_lifecycle, run_supervisor
+from workloads import export_model, run_lifecycle, run_supervisor
 
 
 class RunSupervisorArgs(TypedDict):
@@ -44,7 +44,7 @@ class RunSupervisor(pulumi.ComponentResource):
         config = {**args["config"], "head_url": head_url}
         # Fails here, at preview, on a field the program does not take.
         run_supervisor.SupervisorConfig(**config)
-        modules = {Path(m.__file__).name: Path(m.__file__).read_text() for m in (run_supervisor, run_lifecycle)}
+        modules = {Path(m.__file__).name: Path(m.__file__).read_text() for m in (run_supervisor, run_lifecycle, export_model)}
         spec = supervisor.SupervisorSpec(namespace=args["namespace"], ray_cluster=args["ray_cluster"],
                                          worker_group=args["worker_group"], programs=modules, config=config)
         self.labels = dict(supervisor.LABELS)

@@ -193,6 +193,7 @@ class StackConfig(BaseModel):
     run_budget_hours: int = Field(0, ge=0)
     run_budget_usd: int = Field(0, ge=0)
     release_workers_when_done: bool = True
+    export_model: bool = True
     fabric_min_bus_bandwidth_gbps: int = Field(0, ge=0)
 
     grpo: GrpoSpec

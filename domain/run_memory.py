@@ -244,3 +244,15 @@ def _number(value: Any, kind: type, field: str) -> Any:
         return kind(value) if value not in (None, "") else default
     except (TypeError, ValueError):
         return default
+
+
+MERGE_BYTES_PER_PARAM = 8
+"""verl's merger holds the fp32 model shards (4 bytes a parameter) and the merged copy beside them
+(workloads/export_model.memory_needed: twice the shards)."""
+
+
+def merge_memory_bytes(model: str) -> int | None:
+    """Memory verl's merger needs for `model`'s checkpoint (Qwen2.5-32B: some 262 GB, a GPU worker node's);
+    None for a model not in MODELS: the export then runs on the head, and refuses to start if it would not fit."""
+    shape = MODELS.get(model)
+    return shape.params * MERGE_BYTES_PER_PARAM if shape else None

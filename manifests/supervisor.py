@@ -1,5 +1,5 @@
 """The run supervisor's Kubernetes objects: its program (workloads/run_supervisor.py and the
-run_lifecycle.py it imports) and config in a ConfigMap, a service account whose Role may read and
+run_lifecycle.py and export_model.py it imports) and config in a ConfigMap, a service account whose Role may read and
 replace only the run record ConfigMap and patch only this RayCluster, and a one-pod Deployment on
 the CPU nodes. Pure builders. The run record itself is created by the GrpoJob provider's first
 claim (workloads/run_lifecycle.py) and outlives the stack's resources, like the checkpoints.
@@ -15,8 +15,9 @@ from typing import Any
 from manifests.staging import IMAGE, RUN_AS, SCRIPT_DIR, off_gpu_nodes, restricted_container
 
 NAME_SUFFIX = "-supervisor"
-PROGRAM_FILES = ("run_supervisor.py", "run_lifecycle.py")
-"""The modules of package `workloads` the supervisor runs, mounted as SCRIPT_DIR/workloads/<file>."""
+PROGRAM_FILES = ("run_supervisor.py", "run_lifecycle.py", "export_model.py")
+"""The modules of package `workloads` the supervisor runs, mounted as SCRIPT_DIR/workloads/<file>
+(export_model.py also goes on to the Ray node that merges the model, as a job's working_dir)."""
 MODULE = "workloads.run_supervisor"
 CONFIG_FILE = "config.json"
 RECORD_SUFFIX = "-run"

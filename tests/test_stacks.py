@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from collections import Counter
 
 import pytest
@@ -312,6 +313,18 @@ def test_run_supervisor_gets_the_runs_ids_and_only_its_own_rights(stack: str, sy
     deployment = [r for r in result.registrations if r.type == "kubernetes:apps/v1:Deployment"]
     assert deployment[0].urn in job.dependencies
     assert job.inputs["supervised_attempts"] == 12 and job.inputs["budget_s"] == 0
+    # The model export (exportModel, on by default): the run's checkpoints, merged on a node with the
+    # memory for twice the fp32 shards; the program goes with the supervisor's own.
+    assert config["export"] == {"checkpoint_dir": f"{cfg.grpo.checkpoint_dir}/{config['run_id']}", "mount": "/data",
+                                "memory_bytes": 262_102_056_960, "verl_dir": cfg.verl_dir}
+    program = _manifest(result, "ConfigMap", name)["data"]
+    assert program["export_model.py"] == Path("workloads/export_model.py").read_text()
+
+
+def test_export_model_off_leaves_the_supervisor_no_export():
+    result = synth.run("a4-standard", overrides={"verl-gke:exportModel": False})
+    config = json.loads(_manifest(result, "ConfigMap", "b200-ray-cluster-supervisor")["data"]["config.json"])
+    assert config["export"] is None
 
 
 def test_pulumi_leaves_the_worker_replicas_to_the_supervisor():

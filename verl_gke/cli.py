@@ -358,6 +358,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             status, message = "UNREADABLE", str(error)
         attempts = _ray_call(url, "listing the run's attempts", lambda: _attempts(client, target.submission_id))
         timed = attempts or _own_times(client, url, target.submission_id)
+        exports = _ray_call(url, "listing the model export", lambda: _exports(client, attempts))
     gpus, dead = capacity.gpus, capacity.dead
     shortfall = "" if gpus >= expected_gpus else f"  <- {expected_gpus - gpus:g} GPUs not joined yet"
     rows = [
@@ -375,6 +376,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     if message:
         rows.append(("Job message", message))
     rows += _attempt_rows(attempts)
+    rows += [("Model export", f"{j.submission_id}  {j.status}  -> {(j.metadata or {}).get(EXPORT_META, '')}")
+             for j in exports]
     rows.append(("Spend", _spend(timed, outputs.hourly_cost_usd, time.time())))
     rows.append(("Fabric", f"{outputs.fabric_busbw_gbps:g} GB/s all-reduce bus bandwidth when the job was created"
                  if outputs.fabric_busbw_gbps is not None else "not measured (fabricCheck off, or not deployed)"))
@@ -394,6 +397,23 @@ def _attempts(client: JobSubmissionClient, submission_id: str) -> list[Any]:
         return []  # not a verl-gke run's id (--submission-id): no attempts to tell apart
     prefix = submission_id.rsplit("-", 1)[0] + "-"
     jobs = [j for j in client.list_jobs() if (j.submission_id or "").startswith(prefix)]
+    return sorted(jobs, key=lambda j: j.start_time or 0)
+
+
+EXPORT_META = "verl_gke_export"
+"""The export job's metadata key naming the model's folder (workloads/export_model.submission)."""
+
+
+def _exports(client: JobSubmissionClient, attempts: list[Any]) -> list[Any]:
+    """The run supervisor's model export of the attempts' run (workloads/run_supervisor.py tags it with
+    the run id, as it tags the attempts), oldest first."""
+    from workloads.run_supervisor import meta
+
+    runs = {meta({"metadata": j.metadata or {}}, "run_id") for j in attempts} - {""}
+    if not runs:
+        return []
+    jobs = [j for j in client.list_jobs()
+            if (j.metadata or {}).get(EXPORT_META) and meta({"metadata": j.metadata}, "run_id") in runs]
     return sorted(jobs, key=lambda j: j.start_time or 0)
 
 

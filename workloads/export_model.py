@@ -16,11 +16,14 @@ saving), not a GPU. Stdlib only at import time: it is shipped into the cluster.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -156,6 +159,20 @@ def submission(*, run_id: str, checkpoint_dir: str, step: int | None, working_di
         kwargs["entrypoint_memory"] = memory_bytes
         kwargs["entrypoint_num_cpus"] = 1
     return kwargs
+
+
+def working_dir_package() -> tuple[str, bytes]:
+    """This file as a Ray working_dir package: a zip with it at the top (Ray unpacks a gcs:// zip
+    without removing a top folder) named as Ray names its packages, `_ray_pkg_<sha1 of the zip>.zip`
+    (ray/_private/runtime_env/packaging.py get_uri_for_package). Fixed timestamps make the name
+    depend on the content only."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        entry = zipfile.ZipInfo(Path(__file__).name, date_time=(1980, 1, 1, 0, 0, 0))
+        entry.external_attr = 0o644 << 16
+        archive.writestr(entry, Path(__file__).read_bytes(), zipfile.ZIP_DEFLATED)
+    data = buffer.getvalue()
+    return f"_ray_pkg_{hashlib.sha1(data).hexdigest()}.zip", data
 
 
 def main(argv: list[str] | None = None) -> int:

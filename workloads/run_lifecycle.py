@@ -80,9 +80,21 @@ class RayJobs:
     def jobs(self) -> dict[str, dict[str, Any]]:
         return {job["submission_id"]: job for job in self._call("GET", "/api/jobs/") if job.get("submission_id")}
 
-    def submit(self, submission_id: str, entrypoint: str, runtime_env: dict[str, Any], metadata: dict[str, str]) -> None:
+    def submit(self, submission_id: str, entrypoint: str, runtime_env: dict[str, Any], metadata: dict[str, str],
+               **resources: float) -> None:
+        """`resources`: JobSubmitRequest's entrypoint_num_cpus, entrypoint_memory (bytes), ... (ray's
+        dashboard/modules/job/common.py, in 2.47 and 2.60): Ray starts the driver on a node that has them."""
         self._call("POST", "/api/jobs/", {"submission_id": submission_id, "entrypoint": entrypoint,
-                                          "runtime_env": runtime_env, "metadata": metadata})
+                                          "runtime_env": runtime_env, "metadata": metadata, **resources})
+
+    def upload_package(self, name: str, data: bytes) -> str:
+        """Stores a zip in the head's GCS as `gcs://<name>` (what JobSubmissionClient does for a local
+        working_dir: PUT /api/packages/gcs/<name>, ray's dashboard/modules/job/job_head.py) and
+        returns that URI, which a runtime env's working_dir may name."""
+        request = urllib.request.Request(f"{self.url}/api/packages/gcs/{urllib.parse.quote(name)}", data=data,
+                                         method="PUT", headers={"Content-Type": "application/octet-stream"})
+        with urllib.request.urlopen(request, timeout=self.timeout_s):
+            return f"gcs://{name}"
 
     def stop(self, submission_id: str) -> None:
         self._call("POST", f"/api/jobs/{urllib.parse.quote(submission_id)}/stop")
@@ -147,6 +159,14 @@ class RunRecord:
     """The GPU workers were released after the outcome."""
     waiting_since: float | None = None
     """Since when the supervisor waits for a whole cluster before the next attempt."""
+    export_id: str = ""
+    """The model export's Ray submission id, claimed once the run succeeded ('' before)."""
+    export_target: str = ""
+    """Where the export writes the model (the folder under the bucket's mount)."""
+    export_at: float | None = None
+    """When the export was claimed: its time bound starts there."""
+    export_outcome: str = ""
+    """'SUCCEEDED', or 'FAILED: <why>' ('' while the export is not over, or none was made)."""
     decisions: tuple[str, ...] = ()
 
     @property
@@ -385,6 +405,33 @@ def submit_claimed(ray: RayJobs, store: RecordStore, record: RunRecord, attempt:
                 raise
             time.sleep(1.0)
     mark_submitted(store, record.run_id, attempt.index)
+
+
+def claim_export(store: RecordStore, run_id: str, submission_id: str, target: str, now: float) -> RunRecord:
+    """Claims the model export of a succeeded run (the first claim stays, with its time); returns the
+    record as stored, whoever claimed."""
+
+    def change(record: RunRecord | None) -> RunRecord | None:
+        if record is None or record.outcome != SUCCEEDED or record.export_id:
+            return None
+        return replace(record, export_id=submission_id, export_target=target, export_at=now).decided(
+            f"model export claimed ({submission_id} into {target})", now)
+
+    record = store.update(run_id, change)
+    if record is None:
+        raise Conflict(f"run record of {run_id} is gone")
+    return record
+
+
+def end_export(store: RecordStore, run_id: str, outcome: str, now: float) -> RunRecord | None:
+    """Records the export's outcome (the first one stays)."""
+
+    def change(record: RunRecord | None) -> RunRecord | None:
+        if record is None or record.export_outcome:
+            return None
+        return replace(record, export_outcome=outcome).decided(f"model export ended: {outcome}", now)
+
+    return store.update(run_id, change)
 
 
 @dataclass

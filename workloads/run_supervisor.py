@@ -18,6 +18,11 @@ on where the last one stopped. Each step:
 - it failed by itself (config, OOM, code): retry at most `max_retries` times after a capped
   backoff, never after the deadline;
 - it succeeded or was stopped: end the run and release the workers (unless `release_workers` is off).
+  A run that succeeded is first merged into a Hugging Face model (`export`, workloads/export_model.py)
+  while the GPU workers are still up: a 32B model's merge needs some 260 GB of memory, which only a GPU
+  worker node has. The export is claimed in the record (one owner, a deterministic submission id that
+  Ray refuses twice), bounded by `export_timeout_s`, and its outcome recorded; a failed one is recorded
+  and the workers are released all the same.
 
 An error in a step (the head or the API unreachable, a truncated reply) is logged and the step is
 tried again after a capped backoff.
@@ -30,11 +35,13 @@ import json
 import sys
 import time
 import traceback
+import urllib.error
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from workloads import export_model
 from workloads.run_lifecycle import (  # noqa: F401 - DEADLINE_ENV, Capacity, attempt_submission, meta: re-exported
     CLAIM_GRACE_S,
     DEADLINE_ENV,
@@ -51,7 +58,9 @@ from workloads.run_lifecycle import (  # noqa: F401 - DEADLINE_ENV, Capacity, at
     RunRecord,
     attempt_submission,
     claim,
+    claim_export,
     end,
+    end_export,
     meta,
     submit_claimed,
 )
@@ -89,6 +98,11 @@ class SupervisorConfig:
     capacity_timeout_s: float = 7200.0
     """How long to wait for a whole cluster before the next attempt; past it the run ends."""
     poll_s: float = 15.0
+    export: dict[str, Any] | None = None
+    """The model export of a run that succeeded: export_model.submission's checkpoint_dir, mount,
+    memory_bytes, verl_dir and python (None: verl-gke:exportModel is off)."""
+    export_timeout_s: float = export_model.MERGE_TIMEOUT_S
+    """How long from its claim the export may take before it is stopped and recorded as failed."""
 
     @classmethod
     def from_file(cls, path: Path) -> SupervisorConfig:
@@ -275,7 +289,12 @@ class Supervisor:
     def _keep_released(self, record: RunRecord, now: float) -> None:
         # Every step: a `pulumi up` that changes the RayCluster re-applies its whole worker group
         # list (atomic in the KubeRay CRD) and brings the replicas back.
-        if not self.config.release_workers or self._live_jobs():
+        if not self._exported(record, now) or not self.config.release_workers:
+            return
+        record = self.records.get(self.config.run_id) or record
+        # An export given up on is not waited for: Ray cannot stop a job whose driver never got a node
+        # (it stays PENDING until its start timeout), and its merge publishes nothing half-written.
+        if self._live_jobs(ignore={record.export_id} if record.export_outcome else set()):
             return
         self.control.set_workers(0)
         self.workers_restored = False  # a reopened run gets them back
@@ -284,12 +303,65 @@ class Supervisor:
                 "GPU workers released", now))
             self.log(f"run supervisor: GPU workers released ({record.outcome})")
 
-    def _live_jobs(self) -> list[str]:
+    def _exported(self, record: RunRecord, now: float) -> bool:
+        """Whether the model export is over (or none is due): a run that succeeded is merged before
+        its workers go. Each step goes on from the record, so a restarted supervisor neither submits
+        the export twice nor loses its time bound."""
+        if self.config.export is None or record.outcome != SUCCEEDED or record.export_outcome:
+            return True
+        # The REST API takes no local working_dir (the SDK uploads it to the GCS first): export_model.py
+        # is uploaded here the same way, a content-addressed package in the head's GCS, so nothing
+        # besides this program (its ConfigMap) has to carry the merge program to the node.
+        name, package = export_model.working_dir_package()
+        job = export_model.submission(run_id=self.config.run_id, step=None, working_dir=f"gcs://{name}",
+                                      **self.config.export)
+        # The generation in the id: a later jobAttempt of the same run exports its own final model.
+        submission_id = f"{job.pop('submission_id')}-{self.config.generation}"
+        target = job["metadata"]["verl_gke_export"]
+        if not record.export_id:
+            record = claim_export(self.records, self.config.run_id, submission_id, target, now)
+        started = record.export_at or now
+        found = self.ray.jobs().get(record.export_id)
+        status = found["status"] if found else ""
+        if now - started >= self.config.export_timeout_s:
+            if status in LIVE:
+                self.ray.stop(record.export_id)
+            return self._end_export(f"FAILED: not done within {self.config.export_timeout_s:g} s")
+        if found is None:
+            # Not submitted yet, or a restarted head forgot it (its driver died with it): submit.
+            self.ray.upload_package(name, package)
+            job["metadata"] = {**job["metadata"], "verl-gke.run_id": self.config.run_id}
+            try:
+                self.ray.submit(record.export_id, job.pop("entrypoint"), job.pop("runtime_env"), job.pop("metadata"),
+                                **job)
+            except urllib.error.HTTPError as error:
+                error.close()
+                if record.export_id in self.ray.jobs():
+                    return False  # submitted meanwhile: Ray refuses an id twice
+                if error.code >= 500:
+                    raise  # the head is starting: the step is tried again
+                return self._end_export(f"FAILED: the head refused the export ({error.code} {error.reason})")
+            self.log(f"run supervisor: model export {record.export_id} submitted into {target}")
+            return False
+        if status in LIVE:
+            return False
+        if status == "SUCCEEDED":
+            return self._end_export("SUCCEEDED")
+        # Ray's message ends with the driver's last log line: export_model's one-line reason.
+        message = (found.get("message") or "").strip().splitlines()
+        return self._end_export(f"FAILED: {message[-1] if message else status}"[:500])
+
+    def _end_export(self, outcome: str) -> bool:
+        end_export(self.records, self.config.run_id, outcome, self.clock())
+        self.log(f"run supervisor: model export {outcome}")
+        return True
+
+    def _live_jobs(self, ignore: set[str]) -> list[str]:
         """Jobs that hold the workers now, of any run (one an interrupted update left behind, whose
-        second run was refused, say): the release waits for them. A head that does not answer runs
-        nothing that a release could break."""
+        second run was refused, say), but `ignore`: the release waits for them. A head that does not
+        answer runs nothing that a release could break."""
         try:
-            return [sid for sid, job in self.ray.jobs().items() if job.get("status") in LIVE]
+            return [sid for sid, job in self.ray.jobs().items() if job.get("status") in LIVE and sid not in ignore]
         except Exception:  # noqa: BLE001 - unreachable or gone
             return []
 
