@@ -101,7 +101,9 @@ def test_every_problem_is_reported_at_once() -> None:
     ("a4x", "meta-llama/Llama-3.1-8B-Instruct", 4),
 ])
 def test_rollout_tp_is_chosen_for_the_gpus_memory(platform: str, model: str, tp: int) -> None:
-    cfg = cfg_of(**{"verl-gke:platform": platform, "verl-gke:model": model, "verl-gke:gpuNodes": "4"})
+    # Another model than the default comes with its own commit (a config rule refuses the default's).
+    revision = {} if model == "Qwen/Qwen2.5-32B-Instruct" else {"verl-gke:modelRevision": "1" * 40}
+    cfg = cfg_of(**{"verl-gke:platform": platform, "verl-gke:model": model, "verl-gke:gpuNodes": "4", **revision})
     assert cfg.grpo.rollout_tensor_parallel_size == tp
 
 
