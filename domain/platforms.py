@@ -26,7 +26,7 @@ class VerlRelease:
     version: str
     wheel_url: str
     sha256: str
-    nccl_env: dict[str, str] = field(default_factory=dict)
+    nccl_env: dict[str, str] = field(default_factory=dict, hash=False)  # a release hashes by its wheel
     """NCCL variables verl adds to every training process's env where the job's env lacks them
     (verl/trainer/constants_ppo.py, PPO_RAY_RUNTIME_ENV): the fabric check measures with them too."""
 
