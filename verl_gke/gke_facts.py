@@ -14,9 +14,10 @@ import base64
 import binascii
 import json
 import shutil
-import subprocess
 from dataclasses import dataclass
 from typing import Any
+
+from verl_gke.commands import run_tool
 
 GCLOUD_TIMEOUT_S = 60.0
 
@@ -40,16 +41,9 @@ def describe(name: str, location: str, *, timeout_s: float = GCLOUD_TIMEOUT_S) -
                              "(install the Google Cloud CLI, or pass --dashboard-url URL)")
     command = [gcloud, "container", "clusters", "describe", name, "--location", location, "--format", "json"]
     shown = f"gcloud container clusters describe {name} --location {location}"
+    stdout = run_tool(command, shown, timeout_s, GkeLookupError)
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
-                              stdin=subprocess.DEVNULL, check=False)
-    except subprocess.TimeoutExpired:
-        raise GkeLookupError(f"`{shown}` did not finish within {timeout_s:g} s") from None
-    if done.returncode != 0:
-        last = next((line for line in reversed(done.stderr.splitlines()) if line.strip()), "no message")
-        raise GkeLookupError(f"`{shown}` failed (exit {done.returncode}): {last.strip()}")
-    try:
-        cluster = json.loads(done.stdout)
+        cluster = json.loads(stdout)
         endpoint = _reachable_endpoint(cluster)
         ca = cluster["masterAuth"]["clusterCaCertificate"]
     except (ValueError, KeyError, TypeError, AttributeError):

@@ -12,10 +12,11 @@ import base64
 import binascii
 import json
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from verl_gke.commands import run_tool
 
 SECRET_MASK = "[secret]"
 UNKNOWN_MARK = "[unknown]"
@@ -97,15 +98,7 @@ def load(outputs_file: Path | None, stack: str | None = None) -> StackOutputs:
         )
     command = [pulumi, "stack", "output", "--json", *(["--stack", stack] if stack else [])]
     source = " ".join(["pulumi stack output --json", *(["--stack", stack] if stack else [])])
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=PULUMI_TIMEOUT_S,
-                              stdin=subprocess.DEVNULL, check=False)
-    except subprocess.TimeoutExpired:
-        raise OutputsError(f"`{source}` did not finish within {PULUMI_TIMEOUT_S:g} s") from None
-    if done.returncode != 0:
-        last = next((line for line in reversed(done.stderr.splitlines()) if line.strip()), "no message")
-        raise OutputsError(f"`{source}` failed (exit {done.returncode}): {last.strip()}")
-    return from_text(done.stdout, source)
+    return from_text(run_tool(command, source, PULUMI_TIMEOUT_S, OutputsError), source)
 
 
 def from_file(path: Path) -> StackOutputs:
