@@ -109,10 +109,10 @@ def test_capacity_defaults_to_what_gpu_spot_and_reservation_meant(changes: dict[
 @pytest.mark.parametrize(("changes", "expected"), [
     ({"capacity": '["spot","spot"]', "reservation": ""},
      'verl-gke:capacity = ["spot", "spot"]: name each kind at most once, in order of preference.'),
-    ({"capacity": '["flex-start"]', "reservation": "", "platform": "a4x"},
+    ({"capacity": '["flex-start"]', "reservation": "", "platform": "a4x", "gpuNodes": "4"},
      'verl-gke:capacity = ["flex-start"]: A4X (4x NVIDIA GB200, arm64) takes only reservation, spot in verl-gke '
      '(not flex-start).'),
-    ({"capacity": '["reservation","spot"]', "platform": "a4x"},
+    ({"capacity": '["reservation","spot"]', "platform": "a4x", "gpuNodes": "4"},
      'verl-gke:capacity = ["reservation", "spot"]: A4X (4x NVIDIA GB200, arm64) nodes come from one kind at a time '
      '(a fixed-size 1x72 placement); name one.'),
     ({"capacity": '["flex-start"]', "reservation": "", "gpuSpot": "true"},

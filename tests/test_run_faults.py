@@ -340,7 +340,7 @@ def test_5_budget_is_enforced_before_every_submission_with_a_capped_backoff(head
         'keeping 1 loses the only one when a node is lost during a save; keep at least 2.',
     ]
     a4x = {**BASE_CONFIG, "verl-gke:platform": "a4x", "verl-gke:clusterMode": "standard",
-           "verl-gke:grpoMaxCheckpoints": "1"}
+           "verl-gke:gpuNodes": "4", "verl-gke:grpoMaxCheckpoints": "1"}  # 2 GB200 nodes do not fit the rollout
     assert load_config(a4x).grpo.max_checkpoints == 1  # verl 0.9.0 saves before it deletes
     # On A4X a budget runs verl 0.9.0's legacy trainer, the one that saves before the deadline.
     cfg = load_config({**a4x, "verl-gke:runBudgetHours": "6"})
@@ -443,7 +443,7 @@ def test_8_each_run_has_its_own_checkpoint_folder_and_a_finished_run_is_not_retr
 
     # What a checkpoint is valid for changes the run; where and how often it is written does not.
     others = [other(gpuNodes="4"), other(grpoLearningRate="2e-5"), other(modelRevision="1" * 40),
-              other(datasetRevision="2" * 40), other(verlInImage="true")]
+              other(datasetRevision="2" * 40), other(verlInImage="true", verlImage="example.com/me/verl@sha256:" + "0" * 64)]
     assert len({run_id, *others}) == 1 + len(others)
     assert other(jobAttempt="3") == other(grpoSaveFreq="5") == other(grpoTestFreq="5") == run_id
     command = entrypoint(base.grpo, 8, base.gpu_nodes, run_id=run_id)

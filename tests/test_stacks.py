@@ -164,9 +164,10 @@ def test_a_new_job_attempt_is_a_new_submission_and_cidrs_reach_the_control_plane
     assert retry.outputs["grpoSubmissionId"] != base.outputs["grpoSubmissionId"]
     (cluster,) = _by_type(retry, "gcp:container/cluster:Cluster")
     assert cluster.inputs["masterAuthorizedNetworksConfig"] == {
-        "cidrBlocks": [{"cidrBlock": "10.8.0.0/16", "displayName": "authorized-0"}]}
+        "cidrBlocks": [{"cidrBlock": "10.8.0.0/16", "displayName": "authorized-0"}], "gcpPublicCidrsAccessEnabled": False}
+    # By default the IP endpoint admits no outside address (the DNS endpoint is the way in).
     (default_cluster,) = _by_type(base, "gcp:container/cluster:Cluster")
-    assert "masterAuthorizedNetworksConfig" not in default_cluster.inputs
+    assert default_cluster.inputs["masterAuthorizedNetworksConfig"] == {"cidrBlocks": [], "gcpPublicCidrsAccessEnabled": False}
 
 
 def _pod_templates(obj: dict) -> list[dict]:

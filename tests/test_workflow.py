@@ -287,8 +287,8 @@ def test_the_lock_pins_the_whole_runtime_tree_by_hash() -> None:
     constraints = {}
     for line in (root / "constraints.txt").read_text().splitlines():
         if "==" in line and not line.startswith("#"):
-            name, version = line.split("==")
-            constraints[name.lower().replace("_", "-")] = version.strip()
+            name, version = line.split(";")[0].split("==")  # (an environment marker after ';')
+            constraints[name.strip().lower().replace("_", "-")] = version.strip()
     for line in (root / "requirements.txt").read_text().splitlines():
         if "==" in line:
             name, version = line.split("==")
