@@ -48,8 +48,8 @@ USER_VERL_DIR = "verl"
 
 # GCP and Kubernetes naming rules.
 _GCE_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+"""Also a DNS-1035 label's grammar (KubeRay's rule for a RayCluster name)."""
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _BUCKET = re.compile(r"^[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9]$")
 _IPV4_LIKE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$")
@@ -621,7 +621,7 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
     if not _DNS_SUBDOMAIN.match(cfg.service_account) or len(cfg.service_account) > 253:
         add("service_account", cfg.service_account, "a Kubernetes name: lowercase letters, digits, '-' or '.'.")
     # KubeRay derives "<name>-head-svc" and pod names from it; keep room under 63.
-    if not _DNS_1035.match(cfg.ray_cluster_name) or len(cfg.ray_cluster_name) > 47:
+    if not _GCE_NAME.match(cfg.ray_cluster_name) or len(cfg.ray_cluster_name) > 47:
         add("ray_cluster_name", cfg.ray_cluster_name, "at most 47 lowercase letters, digits or hyphens, starting with "
             "a letter and ending with a letter or digit (KubeRay wants a DNS-1035 label).")
     # Empty: derived from the stack and the project (domain.names).
