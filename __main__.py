@@ -26,7 +26,6 @@ from components.rdma_network import RdmaNetwork
 from components.run_supervisor import RunSupervisor
 from components.ray_training_cluster import RayTrainingCluster
 from manifests import compute_class, nccl, supervisor
-from manifests.ray_cluster import WORKER_GROUP
 from manifests.network_mapping import NetworkNames
 from domain.bucket import MOUNT_PATH
 from domain.pricing import run_cost, run_estimate_line
@@ -188,7 +187,7 @@ job_waits_for: list[pulumi.Resource] = [ray, staging]
 if cfg.run_supervisor:
     # Restarted with a new run's spec before the job provider submits it.
     job_waits_for.append(RunSupervisor("supervisor", {
-        "namespace": cfg.namespace, "ray_cluster": cfg.ray_cluster_name, "worker_group": WORKER_GROUP,
+        "namespace": cfg.namespace, "ray_cluster": cfg.ray_cluster_name,
         "config": {
             "submission_ids": submission_ids(pulumi.get_stack(), entry, job_env, cfg.job_attempt, supervised + 1),
             "run_id": run_id, "generation": cfg.job_attempt,

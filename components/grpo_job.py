@@ -426,18 +426,25 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
         run_id = spec.run_key
         started = time.monotonic()
         busbw: float | None = None
-        with _client(spec, spec.ready_timeout_s) as client:
+        # The record before the head: a run that ended has its RayCluster suspended (no head), and
+        # a reopened one is resumed by the supervisor only once the record says it is open again.
+        record = run_lifecycle.begin(records, run_id, spec.attempt, time.time())
+        if record.outcome == SUCCEEDED:
+            # A finished run applied again is done, not trained again.
+            done = record.newest.submission_id if record.newest else spec.submission_id
+            pulumi.log.info(f"GrpoJob: run {run_id} already succeeded ({done}); nothing submitted")
+            return pulumi.dynamic.CreateResult(done, spec.outs(done, "SUCCEEDED"))
+        if record.outcome:
+            raise RuntimeError(
+                f"GrpoJob: run {run_id} (jobAttempt {spec.attempt}) already ended: {record.outcome}. "
+                "Bump verl-gke:jobAttempt to run it again from its last checkpoint.")
+        with ExitStack() as stack:
+            try:
+                client = stack.enter_context(_client(spec, spec.ready_timeout_s))
+            except Exception:
+                _deploy_failed(records, run_id)  # the head never came: the supervisor releases the GPUs
+                raise
             ray = RayJobs(client.get_address(), head_access.REQUEST_TIMEOUT_S)
-            record = run_lifecycle.begin(records, run_id, spec.attempt, time.time())
-            if record.outcome == SUCCEEDED:
-                # A finished run applied again is done, not trained again.
-                done = record.newest.submission_id if record.newest else spec.submission_id
-                pulumi.log.info(f"GrpoJob: run {run_id} already succeeded ({done}); nothing submitted")
-                return pulumi.dynamic.CreateResult(done, spec.outs(done, "SUCCEEDED"))
-            if record.outcome:
-                raise RuntimeError(
-                    f"GrpoJob: run {run_id} (jobAttempt {spec.attempt}) already ended: {record.outcome}. "
-                    "Bump verl-gke:jobAttempt to run it again from its last checkpoint.")
             submission_id, job = _current(record, client.list_jobs(), spec)
             try:
                 if job is None:
@@ -485,6 +492,10 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
             pulumi.log.warn(f"GrpoJob {id_}: run record not readable: {error}")
             record = None
         newest = record.newest.submission_id if record and record.newest else None
+        if record is not None and record.released:
+            # Ended and its RayCluster suspended: no head to ask, and the record is the truth.
+            sid = newest or props.get("submission_id") or id_
+            return pulumi.dynamic.ReadResult(id_, spec.outs(sid, ended_status(record.outcome), previous))
         try:
             with _client(spec, spec.reach_timeout_s) as client:
                 jobs = client.list_jobs()
@@ -514,7 +525,10 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
         spec = _JobSpec.from_props(_spec_props(props))
         try:
             # First the record: the supervisor submits nothing more of a run that has an outcome.
-            run_lifecycle.end(spec.records(), spec.run_key, DELETED, time.time())
+            record = run_lifecycle.end(spec.records(), spec.run_key, DELETED, time.time())
+            if record is not None and record.released:
+                # Released only with no job live, and suspended since: nothing runs, and no head to ask.
+                return
             with _client(spec, spec.reach_timeout_s) as client:
                 # The run supervisor's retries of this run too: none may outlive it.
                 _stop(client, id_, *spec.attempt_ids)
@@ -528,6 +542,13 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
                 "Restore access to the head (cluster credentials, network) and run again; if the "
                 "cluster is gone for good, remove the job with `pulumi state delete`."
             ) from None
+
+
+def ended_status(outcome: str) -> str:
+    """A Ray job status for a run's recorded outcome."""
+    if outcome == SUCCEEDED:
+        return "SUCCEEDED"
+    return "STOPPED" if outcome == DELETED or outcome.endswith(" was stopped") else "FAILED"
 
 
 def _spec_props(props: Mapping[str, Any]) -> dict[str, Any]:

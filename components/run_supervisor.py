@@ -4,7 +4,7 @@ workers when the run is over. See manifests.supervisor for its objects and right
 
 Pass the cluster's Kubernetes provider in `opts.providers`. The GrpoJob should depend on this
 component: after a spec change the supervisor restarts with the new spec first, and brings back
-workers an earlier run's end released, so the job provider's readiness gate can pass.
+the RayCluster an earlier run's end suspended, so the job provider's readiness gate can pass.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ class RunSupervisorArgs(TypedDict):
     namespace: str
     ray_cluster: str
     """The RayCluster's name; its head service is `<name>-head-svc`."""
-    worker_group: str
     config: dict[str, Any]
     """SupervisorConfig's fields but head_url (the head service, filled in here)."""
 
@@ -46,7 +45,7 @@ class RunSupervisor(pulumi.ComponentResource):
         run_supervisor.SupervisorConfig(**config)
         modules = {Path(m.__file__).name: Path(m.__file__).read_text() for m in (run_supervisor, run_lifecycle, export_model)}
         spec = supervisor.SupervisorSpec(namespace=args["namespace"], ray_cluster=args["ray_cluster"],
-                                         worker_group=args["worker_group"], programs=modules, config=config)
+                                         programs=modules, config=config)
         self.labels = dict(supervisor.LABELS)
         program = supervisor.program_config_map(spec)
         program_map = k8s.core.v1.ConfigMap(f"{name}-program", metadata=program["metadata"], data=program["data"],

@@ -28,12 +28,12 @@ GCS_PORT = 6379
 DASHBOARD_PORT = 8265
 CLIENT_PORT = 10001
 
-# pulumi-kubernetes does not wait for custom resources by itself. KubeRay (1.6.2, status
-# conditions on by default) sets `RayClusterProvisioned` once every Ray pod has been ready and
-# `HeadPodReady` while the head is; `.status.state` is deprecated in their favour. Waiting for both
-# (a JSON list: all must hold) submits the GRPO job only to a complete cluster with a live head.
-WAIT_CONDITIONS = ("RayClusterProvisioned", "HeadPodReady")
-WAIT_FOR_READY = json.dumps([f"condition={condition}" for condition in WAIT_CONDITIONS])
+# No `pulumi.com/waitFor`: the run supervisor suspends the RayCluster when a run is over
+# (`spec.suspend`, a field this manifest never sets, so a later `pulumi up` leaves it to the
+# supervisor), and KubeRay 1.6.2 then turns `HeadPodReady` and `RayClusterProvisioned` False
+# (ray-operator/test/e2e/raycluster_test.go, TestRayClusterSuspend): an update of a suspended cluster
+# would wait for them in vain. The GrpoJob provider's readiness gate waits for the head and every
+# GPU worker instead, with its own deadline (ready_timeout_s).
 
 # Head sizes of the tutorial: the x86 manifests use 32G / 9Gi, the A4X one 32Gi / 20Gi.
 # The A4X head shares a GB200 node with a worker, so the platform table sizes workers around it.
@@ -172,7 +172,6 @@ def ray_cluster(spec: RayClusterSpec) -> dict[str, Any]:
         "metadata": {
             "name": spec.name,
             "namespace": spec.namespace,
-            "annotations": {"pulumi.com/waitFor": WAIT_FOR_READY},
         },
         "spec": {
             "rayVersion": spec.ray_version,

@@ -31,7 +31,6 @@ RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory"
 class SupervisorSpec:
     namespace: str
     ray_cluster: str
-    worker_group: str
     programs: dict[str, str]
     """PROGRAM_FILES' texts by file name."""
     config: dict[str, Any]
@@ -72,7 +71,7 @@ def service_account(spec: SupervisorSpec) -> dict[str, Any]:
 
 
 def role(spec: SupervisorSpec) -> dict[str, Any]:
-    """Read and patch one RayCluster (its worker replicas); read and replace (compare-and-swap on its
+    """Read and patch one RayCluster (its `spec.suspend`); read and replace (compare-and-swap on its
     resourceVersion) the run record ConfigMap: no more."""
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(spec, spec.name),
@@ -96,8 +95,7 @@ def role_binding(spec: SupervisorSpec) -> dict[str, Any]:
 def deployment(spec: SupervisorSpec) -> dict[str, Any]:
     """One pod (Recreate: never two supervisors of one run), off the GPU nodes."""
     args = ["--config", f"{SCRIPT_DIR}/{CONFIG_FILE}", "--namespace", spec.namespace,
-            "--ray-cluster", spec.ray_cluster, "--worker-group", spec.worker_group,
-            "--run-record", spec.run_record]
+            "--ray-cluster", spec.ray_cluster, "--run-record", spec.run_record]
     pod = {
         "serviceAccountName": spec.name,
         # The one pod of the stack that calls the Kubernetes API: its token is mounted.

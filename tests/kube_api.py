@@ -8,11 +8,15 @@ real one where the run lifecycle depends on it:
 - a strategic merge patch of a custom resource gets 415 Unsupported Media Type (Kubernetes docs,
   "Update API Objects in Place Using kubectl patch": strategic merge patch is not supported for
   custom resources; apiextensions-apiserver serves only json-patch, merge-patch and apply-patch);
-- a JSON merge patch (RFC 7386) replaces lists whole; server-side apply (`apply-patch+yaml`, sent as
-  JSON) of `spec.workerGroupSpecs`, which the KubeRay 1.6.2 CRD leaves without
-  `x-kubernetes-list-type` and so atomic, makes the applier the owner of the whole list: another
-  manager's apply of it without `force=true` gets 409 Conflict (Kubernetes docs, "Server-Side Apply",
-  "Conflicts" and "Merge strategy": atomic lists are replaced and owned as one field).
+- a JSON merge patch (RFC 7386) replaces lists whole, and its writer becomes the owner of every
+  field it changes (Kubernetes docs, "Server-Side Apply", "Field management": an update that is not
+  an apply takes the fields it changes from their owners);
+- server-side apply (`apply-patch+yaml`, sent as JSON) owns what it sends. Another manager's apply of
+  a field with a different value gets 409 Conflict unless `force=true`, which takes the field over;
+  a field the applier owned and no longer sends is removed; a field it never sends stays as its owner
+  left it ("Conflicts", "Merge strategy"). Ownership is kept per field of `spec`, the granularity
+  this lifecycle writes at: `spec.workerGroupSpecs`, which the KubeRay 1.6.2 CRD leaves without
+  `x-kubernetes-list-type`, is atomic (one field, owned whole), and `spec.suspend` is a scalar.
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 CUSTOM_PREFIX = "/apis/ray.io/"
-ATOMIC = ("spec", "workerGroupSpecs")
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -46,8 +49,8 @@ def merge_patch(target: Any, patch: Any) -> Any:
 class KubeApiStandIn:
     def __init__(self) -> None:
         self.objects: dict[str, dict[str, Any]] = {}
-        self.owners: dict[str, str] = {}
-        """Path of an object -> field manager owning its atomic worker group list."""
+        self.owners: dict[str, dict[str, str]] = {}
+        """Path of an object -> its `spec` fields -> the field manager owning each."""
         self.requests: list[tuple[str, str, dict[str, str], Any]] = []
         self.version = 0
         self.lock = threading.Lock()
@@ -89,15 +92,24 @@ class KubeApiStandIn:
                 if path.startswith(CUSTOM_PREFIX) and kind == "application/strategic-merge-patch+json":
                     return _status(415, "UnsupportedMediaType")
                 manager = (query.get("fieldManager") or [""])[0]
+                owners = self.owners.setdefault(path, {})
+                sent = (body.get("spec") or {}) if isinstance(body, dict) else {}
+                spec = current.get("spec") or {}
                 if kind == "application/apply-patch+yaml":
-                    owner = self.owners.get(path)
                     force = (query.get("force") or ["false"])[0] == "true"
-                    if owner and owner != manager and _touches_atomic(body) and not force:
+                    taken = [f for f, v in sent.items() if owners.get(f, manager) != manager and spec.get(f) != v]
+                    if taken and not force:
                         return _status(409, "Conflict")
-                elif kind != "application/merge-patch+json":
+                    dropped = [f for f, owner in owners.items() if owner == manager and f not in sent]
+                    merged = merge_patch(current, body)
+                    for f in dropped:
+                        merged.get("spec", {}).pop(f, None)
+                        del owners[f]
+                    owners.update(dict.fromkeys(sent, manager))
+                    return 200, self._store(path, merged)
+                if kind != "application/merge-patch+json":
                     return _status(415, "UnsupportedMediaType")
-                if _touches_atomic(body):
-                    self.owners[path] = manager
+                owners.update({f: manager for f, v in sent.items() if spec.get(f) != v})
                 return 200, self._store(path, merge_patch(current, body))
         return _status(405, "MethodNotAllowed")
 
@@ -107,10 +119,6 @@ class KubeApiStandIn:
         obj.setdefault("metadata", {})["resourceVersion"] = str(self.version)
         self.objects[path] = obj
         return copy.deepcopy(obj)
-
-
-def _touches_atomic(body: Any) -> bool:
-    return isinstance(body, dict) and ATOMIC[1] in (body.get(ATOMIC[0]) or {})
 
 
 def _status(code: int, reason: str) -> tuple[int, dict[str, Any]]:

@@ -16,7 +16,6 @@ from manifests import dra
 from manifests.storage import cache_volume, sidecar_annotations
 from manifests.ray_cluster import (
     ARM_TOLERATION,
-    WAIT_FOR_READY,
     RayClusterSpec,
     head_service_name,
     interfaces,
@@ -113,9 +112,8 @@ def _corrected(tutorial: dict[str, Any], namespace: str, autopilot: bool = False
         lifecycle = group["template"]["spec"]["containers"][0].get("lifecycle")
         if lifecycle:  # A4X: TransferQueue by hash, without pulling anything else
             lifecycle["postStart"]["exec"]["command"] = HASHED_TRANSFER_QUEUE
-    # Namespaced explicitly, and awaited by pulumi-kubernetes until ready.
-    out["metadata"] = {"name": out["metadata"]["name"], "namespace": namespace,
-                       "annotations": {"pulumi.com/waitFor": WAIT_FOR_READY}}
+    # Namespaced explicitly; not awaited by pulumi-kubernetes (the job provider's gate waits).
+    out["metadata"] = {"name": out["metadata"]["name"], "namespace": namespace}
     head_selector = _head_pod(out)["nodeSelector"]
     head_selector.pop("cloud.google.com/gke-spot", None)  # bug 6: never a Spot head
     if head_selector.get("cloud.google.com/gke-nodepool") == "default-pool":
@@ -366,12 +364,13 @@ def test_arm64_nodes_are_tolerated_only_on_arm64() -> None:
     assert ARM_TOLERATION not in x86["spec"]["workerGroupSpecs"][0]["template"]["spec"]["tolerations"]
 
 
-def test_the_wait_is_on_kuberays_conditions_not_the_deprecated_state():
-    assert json.loads(WAIT_FOR_READY) == ["condition=RayClusterProvisioned", "condition=HeadPodReady"]
+def test_the_program_never_sets_the_field_the_supervisor_owns_nor_waits_on_a_suspendable_cluster():
     from tests.k8s_schema import _crds
 
     (v1,) = [v for v in _crds()[("ray.io", "RayCluster")]["spec"]["versions"] if v["name"] == "v1"]
-    status = v1["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
-    # The pinned CRD keeps conditions as a list keyed by type, which `condition=<type>` reads.
-    assert (status["conditions"]["x-kubernetes-list-type"], status["conditions"]["x-kubernetes-list-map-keys"]) == (
-        "map", ["type"])
+    spec = v1["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    # The pinned CRD has the cluster-wide suspend, a scalar outside the atomic worker group list.
+    assert spec["suspend"] == {"type": "boolean"} and "x-kubernetes-list-type" not in spec["workerGroupSpecs"]
+    for out in (ray_cluster(TUTORIAL_X86), ray_cluster(TUTORIAL_A4X)):
+        assert "suspend" not in out["spec"]
+        assert "pulumi.com/waitFor" not in out["metadata"].get("annotations", {})

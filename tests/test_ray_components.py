@@ -14,7 +14,7 @@ from components.a4x_dra import A4xDra, A4xDraArgs
 from domain.platforms import PLATFORMS, WORKER_CPU_HEADROOM, WORKER_MEMORY_FRACTION
 from components.ray_training_cluster import RayTrainingCluster, RayTrainingClusterArgs, cluster_spec
 from manifests import dra, kuberay
-from manifests.ray_cluster import WAIT_FOR_READY, ray_cluster
+from manifests.ray_cluster import ray_cluster
 from tests.k8s_schema import validate_core, validate_custom
 from tests.mock_run import MockRun
 
@@ -61,7 +61,7 @@ def test_ray_cluster_is_the_builders_manifest_and_valid(platform: str, mode: str
     assert sent == ray_cluster(cluster_spec(args))
     validate_custom(sent)
     assert sent["metadata"]["name"] == PLATFORMS[platform].ray_cluster_name
-    assert sent["metadata"]["annotations"] == {"pulumi.com/waitFor": WAIT_FOR_READY}
+    assert "annotations" not in sent["metadata"] and "suspend" not in sent["spec"]  # the supervisor's field
     assert run.outputs == {"name": PLATFORMS[platform].ray_cluster_name,
                            "headService": f"{PLATFORMS[platform].ray_cluster_name}-head-svc",
                            "namespace": "verl"}

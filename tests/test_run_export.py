@@ -103,7 +103,7 @@ def test_a_succeeded_run_is_exported_once_across_a_restart_then_the_workers_go(r
     assert info.status == "SUCCEEDED"
     assert info.runtime_env["working_dir"].startswith("gcs://_ray_pkg_")
     assert record.export_outcome == "SUCCEEDED"
-    assert control.calls == [("set_workers", 0)]
+    assert control.calls == [("set_released", True)]
     decisions = [d.split(" ", 1)[1] for d in record.decisions]
     assert decisions.index("model export ended: SUCCEEDED") < decisions.index("GPU workers released")
     loaded = AutoModelForCausalLM.from_pretrained(bucket / run_id / "model", torch_dtype="auto")
@@ -131,7 +131,7 @@ def test_a_failed_export_is_recorded_and_the_workers_are_released(ray_cluster: R
                             records, run_id, 120)
     assert record.export_outcome == (f"FAILED: export_model: {bucket}/ck/{run_id}/latest_checkpointed_iteration.txt: "
                                      "no checkpoint yet (verl writes it after its first save)")
-    assert control.calls == [("set_workers", 0)]
+    assert control.calls == [("set_released", True)]
 
 
 def test_with_export_model_off_the_workers_are_released_at_once(ray_cluster: RayHead, records):
@@ -141,7 +141,7 @@ def test_with_export_model_off_the_workers_are_released_at_once(ray_cluster: Ray
     sup.step()
     record = records.get(run_id)
     assert record.released and (record.export_id, record.export_outcome) == ("", "")
-    assert control.calls == [("set_workers", 0)] and sup.ray.submitted == []
+    assert control.calls == [("set_released", True)] and sup.ray.submitted == []
 
 
 def test_an_export_past_its_bound_is_stopped_recorded_and_the_workers_released(ray_cluster: RayHead, records, tmp_path):
@@ -155,4 +155,4 @@ def test_an_export_past_its_bound_is_stopped_recorded_and_the_workers_released(r
     # Ray queues the stop for a driver that never got a node: the job stays PENDING until Ray's own
     # start timeout (RAY_JOB_START_TIMEOUT_SECONDS) and is not waited for; it never ran.
     assert JobSubmissionClient(ray_cluster.dashboard_url).get_job_status(record.export_id) in ("PENDING", "STOPPED")
-    assert control.calls == [("set_workers", 0)]
+    assert control.calls == [("set_released", True)]

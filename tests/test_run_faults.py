@@ -84,7 +84,7 @@ def supervisor(head: RayHead, api_url: str, spec: _JobSpec, clock: Callable[[], 
         head_url=head.dashboard_url, submission_ids=spec.attempt_ids, entrypoint=spec.entrypoint,
         runtime_env=spec.runtime_env, expected_workers=spec.expected_workers, expected_gpus=spec.expected_gpus,
         run_id=spec.run_key, generation=spec.attempt, **settings),
-        RayJobs(head.dashboard_url), KubernetesControl(api, NAMESPACE, "rc", "gpu-group"),
+        RayJobs(head.dashboard_url), KubernetesControl(api, NAMESPACE, "rc"),
         ConfigMapRecords(api, NAMESPACE, spec.record_name), log=lambda _line: None, clock=clock)
 
 
@@ -102,8 +102,9 @@ def status(head: RayHead, submission_id: str) -> str | None:
     return job["status"] if job else None
 
 
-def replicas(state: KubeApiStandIn) -> int:
-    return int(state.objects[RAY_CLUSTER]["spec"]["workerGroupSpecs"][0]["replicas"])
+def released(state: KubeApiStandIn) -> bool:
+    """Whether the RayCluster is suspended (KubeRay then deletes its pods, GPU workers included)."""
+    return bool(state.objects[RAY_CLUSTER]["spec"].get("suspend"))
 
 
 def wait_for(condition: Callable[[], Any], timeout_s: float, what: str) -> None:
@@ -179,12 +180,12 @@ def test_2_head_restart_after_the_end_keeps_the_workers_released(heads, api):
     first = supervisor(heads["head"], url, spec)
     first.step()
     assert record(url, spec).outcome == "succeeded" and record(url, spec).released
-    assert replicas(state) == 0
+    assert released(state)
     heads["head"] = restart_head(heads["head"])
     later = supervisor(heads["head"], url, spec)  # a restarted supervisor too
     for _ in range(3):
         later.step()
-    assert replicas(state) == 0
+    assert released(state)
     assert not RayJobs(heads["head"].dashboard_url).jobs()
 
 
@@ -245,10 +246,10 @@ def test_4_failed_deploy_releases_the_workers_and_a_cluster_never_whole_ends_the
         GrpoJobProvider().create(props)
     assert record(url, spec).outcome == run_lifecycle.DEPLOY_FAILED
     supervisor(heads["head"], url, spec).step()
-    assert replicas(state) == 0 and record(url, spec).released
+    assert released(state) and record(url, spec).released
 
     # A refused second run: the workers are released only once the other run no longer holds them.
-    state.objects[RAY_CLUSTER]["spec"]["workerGroupSpecs"][0]["replicas"] = 1
+    state.objects[RAY_CLUSTER]["spec"]["suspend"] = False
     props = job_props(heads["head"], url, SLEEP)
     spec = _JobSpec.from_props(props)
     other = f"verl-grpo-{props['stack']}-000000000000"
@@ -257,27 +258,27 @@ def test_4_failed_deploy_releases_the_workers_and_a_cluster_never_whole_ends_the
         GrpoJobProvider().create(props)
     watcher = supervisor(heads["head"], url, spec)
     watcher.step()
-    assert record(url, spec).outcome == run_lifecycle.DEPLOY_FAILED and replicas(state) == 1
+    assert record(url, spec).outcome == run_lifecycle.DEPLOY_FAILED and not released(state)
     RayJobs(heads["head"].dashboard_url).stop(other)
     wait_for(lambda: status(heads["head"], other) == "STOPPED", 30, "the other run's stop")
     watcher.step()
-    assert replicas(state) == 0 and record(url, spec).released
+    assert released(state) and record(url, spec).released
 
     # A deploy that died between beginning the run and claiming attempt 0 holds no GPU past the bound.
-    state.objects[RAY_CLUSTER]["spec"]["workerGroupSpecs"][0]["replicas"] = 1
+    state.objects[RAY_CLUSTER]["spec"]["suspend"] = False
     spec = _JobSpec.from_props(job_props(heads["head"], url, SLEEP, expected_workers=1, expected_gpus=1))
     run_lifecycle.begin(ConfigMapRecords(KubernetesApi(url), NAMESPACE, spec.record_name), spec.run_key, 0,
                         time.time())
     now = [time.time()]
     watcher = supervisor(heads["head"], url, spec, clock=lambda: now[0], capacity_timeout_s=600)
     watcher.step()
-    assert not record(url, spec).outcome and replicas(state) == 1
+    assert not record(url, spec).outcome and not released(state)
     now[0] += 601
     watcher.step()
-    assert record(url, spec).outcome == run_lifecycle.DEPLOY_FAILED and replicas(state) == 0
+    assert record(url, spec).outcome == run_lifecycle.DEPLOY_FAILED and released(state)
 
     # A lost attempt, and a cluster that never becomes whole: the wait ends at its bound.
-    state.objects[RAY_CLUSTER]["spec"]["workerGroupSpecs"][0]["replicas"] = 1
+    state.objects[RAY_CLUSTER]["spec"]["suspend"] = False
     props = job_props(heads["head"], url, SLEEP, expected_workers=1, expected_gpus=1)
     spec = _JobSpec.from_props(props)
     records = ConfigMapRecords(KubernetesApi(url), NAMESPACE, spec.record_name)
@@ -291,7 +292,7 @@ def test_4_failed_deploy_releases_the_workers_and_a_cluster_never_whole_ends_the
     now[0] += 601
     watcher.step()
     assert record(url, spec).outcome == "the cluster was not whole within 600 s (0 of 1 GPU workers, 0 of 1 GPUs)"
-    assert replicas(state) == 0 and record(url, spec).released
+    assert released(state) and record(url, spec).released
     assert not live(heads["head"], spec)
 
 
@@ -370,7 +371,7 @@ def test_6_no_baseline_delete_in_backoff_and_replace_with_the_same_ids(heads, ap
     now[0] += 60
     watcher.step()
     assert status(head, spec.attempt_ids[1]) is None  # nothing submitted after the delete
-    assert record(url, spec).outcome == run_lifecycle.DELETED and replicas(state) == 0
+    assert record(url, spec).outcome == run_lifecycle.DELETED and released(state)
 
     # A replace that keeps the ids (a new dashboard URL): delete stops the run, create goes on.
     props = job_props(head, url, SLEEP)
@@ -419,7 +420,7 @@ def test_7_pulumi_and_the_supervisor_never_own_the_same_field(api):
                      content_type="application/apply-patch+yaml")
     kube.request("PATCH", f"{RAY_CLUSTER}?fieldManager=pulumi-kubernetes&force=true", apply,
                  content_type="application/apply-patch+yaml")
-    assert replicas(state) == 1
+    assert not released(state)
     spec = _JobSpec.from_props({"dashboard_url": "http://127.0.0.1:9", "entrypoint": "e", "runtime_env": {},
                                 "kube_api_url": url, "namespace": NAMESPACE, "run_id": "run-done"})
     records = ConfigMapRecords(kube, NAMESPACE, spec.record_name)
@@ -431,7 +432,7 @@ def test_7_pulumi_and_the_supervisor_never_own_the_same_field(api):
                          RayJobs("http://127.0.0.1:9"), KubernetesControl(kube, NAMESPACE, "rc", "gpu-group"),
                          records, log=lambda _line: None)
     watcher.step()
-    assert replicas(state) == 0
+    assert released(state)
 
 
 def test_8_each_run_has_its_own_checkpoint_folder_and_a_finished_run_is_not_retrained(heads, api):

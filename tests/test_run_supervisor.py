@@ -54,8 +54,8 @@ class RecordingControl:
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
 
-    def set_workers(self, replicas: int) -> None:
-        self.calls.append(("set_workers", replicas))
+    def set_released(self, released: bool) -> None:
+        self.calls.append(("set_released", released))
 
 
 @pytest.fixture
@@ -129,7 +129,7 @@ def test_a_run_that_loses_its_node_is_resubmitted_and_resumes_from_its_checkpoin
     resumed = int(re.findall(r"^resumed from step (\d+)$", client.get_job_logs(spec.supervised_ids[0]), re.M)[-1])
     assert resumed >= 3  # not from scratch
     assert supervisor.done == "succeeded"
-    assert control.calls[-1] == ("set_workers", 0)  # the GPU workers are released
+    assert control.calls[-1] == ("set_released", True)  # the GPU workers are released
     record = ConfigMapRecords(KubernetesApi(url), "ray", spec.record_name).get(spec.run_key)
     assert [a.submission_id for a in record.attempts] == [first, spec.supervised_ids[0]] and record.released
 
@@ -147,7 +147,7 @@ def test_a_run_that_fails_by_itself_is_retried_only_up_to_the_bound(ray_cluster:
         ids = props_spec.attempt_ids
         assert [i in jobs for i in ids] == [True, True, False, False]  # 1 retry, then no more
         assert supervisor.done.startswith("failed by itself 2 times")
-        assert ("set_workers", 0) in control.calls
+        assert ("set_released", True) in control.calls
     finally:
         stop_node(node, ray_cluster)
 
@@ -166,7 +166,7 @@ def test_the_budget_stops_a_long_run_and_verl_is_told_its_deadline(ray_cluster: 
         supervisor = supervise(ray_cluster, url, spec, control, until=60, budget_s=4)
         assert supervisor.done == "budget of 4 s spent"
         wait_for(lambda: client.get_job_status(first) == "STOPPED", 30, "the stop")
-        assert ("set_workers", 0) in control.calls
+        assert ("set_released", True) in control.calls
     finally:
         stop_node(node, ray_cluster)
 
@@ -217,19 +217,22 @@ def test_keep_workers_leaves_them_running():
 def test_kubernetes_control_sends_exactly_these_requests(api):
     url, state = api
     path = "/apis/ray.io/v1/namespaces/ray/rayclusters/b200-ray-cluster"
-    state.put_object(path, {"metadata": {"name": "b200-ray-cluster"}, "spec": {"workerGroupSpecs": [
-        {"groupName": "other", "replicas": 1},
-        {"groupName": "gpu-group", "replicas": 2, "minReplicas": 2, "maxReplicas": 2}]}})
+    groups = [{"groupName": "gpu-group", "replicas": 2, "minReplicas": 2, "maxReplicas": 2}]
+    state.put_object(path, {"metadata": {"name": "b200-ray-cluster"}, "spec": {"workerGroupSpecs": groups}})
     version = state.objects[path]["metadata"]["resourceVersion"]
-    KubernetesControl(KubernetesApi(url, token=lambda: "tok"), "ray", "b200-ray-cluster", "gpu-group").set_workers(0)
+    KubernetesControl(KubernetesApi(url, token=lambda: "tok"), "ray", "b200-ray-cluster").set_released(True)
     (get, patch) = state.requests
     assert get[:2] == ("GET", path)
     assert patch[:2] == ("PATCH", path + "?fieldManager=verl-gke-run-supervisor")
     assert patch[2]["Content-Type"] == "application/merge-patch+json"
     assert patch[2]["Authorization"] == "Bearer tok"
-    assert patch[3] == {"metadata": {"resourceVersion": version}, "spec": {"workerGroupSpecs": [
-        {"groupName": "other", "replicas": 1},
-        {"groupName": "gpu-group", "replicas": 0, "minReplicas": 0, "maxReplicas": 2}]}}
+    # Only `spec.suspend`: the worker group list (one atomic field) stays Pulumi's.
+    assert patch[3] == {"metadata": {"resourceVersion": version}, "spec": {"suspend": True}}
+    assert state.objects[path]["spec"] == {"workerGroupSpecs": groups, "suspend": True}
+    KubernetesControl(KubernetesApi(url, token=lambda: "tok"), "ray", "b200-ray-cluster").set_released(True)
+    assert [r[0] for r in state.requests] == ["GET", "PATCH", "GET"]  # already suspended: no write
+    KubernetesControl(KubernetesApi(url, token=lambda: "tok"), "ray", "b200-ray-cluster").set_released(False)
+    assert state.requests[-1][3] == {"metadata": {"resourceVersion": str(int(version) + 1)}, "spec": {"suspend": False}}
 
 
 def test_before_a_new_runs_first_attempt_released_workers_come_back():
@@ -238,16 +241,16 @@ def test_before_a_new_runs_first_attempt_released_workers_come_back():
     supervisor = make_supervisor("http://x", spec, control, MemoryRecords(), expected_workers=2)
     supervisor.step()
     supervisor.step()
-    assert control.calls == [("set_workers", 2)]  # once, so the job provider's readiness gate can pass
+    assert control.calls == [("set_released", False)]  # once, so the job provider's readiness gate can pass
 
 
 def test_a_release_that_fails_is_tried_again():
     class Flaky(RecordingControl):
-        def set_workers(self, replicas: int) -> None:
+        def set_released(self, released: bool) -> None:
             if not self.calls:
-                self.calls.append(("failed", replicas))
+                self.calls.append(("failed", released))
                 raise OSError("API server unreachable")
-            super().set_workers(replicas)
+            super().set_released(released)
 
     records, spec = _ended()
     control = Flaky()
@@ -256,4 +259,4 @@ def test_a_release_that_fails_is_tried_again():
         supervisor.step()
     assert not records.get("r").released  # so the next step releases again
     supervisor.step()
-    assert records.get("r").released and ("set_workers", 0) in control.calls
+    assert records.get("r").released and ("set_released", True) in control.calls

@@ -7,7 +7,9 @@ compare-and-swap) is its only memory: each step reads the record, so a restarted
 on where the last one stopped. Each step:
 
 - the run ended (its outcome is in the record): make sure the GPU workers are released, nothing else,
-  whatever the head says (a head restarted after the end knows no jobs: that is no new run);
+  whatever the head says (a head restarted after the end knows no jobs: that is no new run). The
+  release suspends the RayCluster (`spec.suspend`, a field only the supervisor writes): KubeRay
+  deletes its pods, the head's too, and a later `pulumi up` does not bring them back;
 - the budget (`budget_s` from the first attempt's claim) is spent: stop the live attempt and end the
   run. verl's legacy trainer writes a last checkpoint before: every attempt carries the deadline in
   MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP;
@@ -112,35 +114,35 @@ class SupervisorConfig:
 class ClusterControl(Protocol):
     """The supervisor's only write outside its record."""
 
-    def set_workers(self, replicas: int) -> None:
-        """The RayCluster's GPU worker group to `replicas` (0 releases the GPU nodes)."""
+    def set_released(self, released: bool) -> None:
+        """Suspend the RayCluster (True: KubeRay deletes its pods, head and GPU workers, and GKE's
+        autoscaler removes the idle GPU nodes) or resume it (False)."""
 
 
 class KubernetesControl:
-    """ClusterControl through the Kubernetes API: a JSON merge patch of one RayCluster's worker
-    group list, sent with the resourceVersion it was read at (the list is atomic in the KubeRay
-    CRD, so the whole list is written; a concurrent change makes the API server answer 409 and the
-    patch is made again from a fresh read)."""
+    """ClusterControl through the Kubernetes API: a JSON merge patch of one RayCluster's
+    `spec.suspend`, sent with the resourceVersion it was read at (a concurrent write makes the API
+    server answer 409 and the patch is made again from a fresh read).
 
-    def __init__(self, api: KubernetesApi, namespace: str, ray_cluster: str, worker_group: str) -> None:
-        self.api, self.namespace, self.ray_cluster, self.worker_group = api, namespace, ray_cluster, worker_group
+    `spec.suspend` is the supervisor's field alone: the program never sets it, so a later
+    `pulumi up` (server-side apply) leaves it as it is, while the worker group list, which the
+    KubeRay CRD makes one atomic field, stays Pulumi's."""
 
-    def set_workers(self, replicas: int) -> None:
+    def __init__(self, api: KubernetesApi, namespace: str, ray_cluster: str) -> None:
+        self.api, self.namespace, self.ray_cluster = api, namespace, ray_cluster
+
+    def set_released(self, released: bool) -> None:
         from workloads.run_lifecycle import CAS_TRIES, Conflict
 
         path = f"/apis/ray.io/v1/namespaces/{self.namespace}/rayclusters/{self.ray_cluster}"
         for _ in range(CAS_TRIES):
             found = self.api.request("GET", path)
             if found is None:
-                return  # no RayCluster: no workers to release
-            groups = found["spec"]["workerGroupSpecs"]
-            ours = [g for g in groups if g.get("groupName") == self.worker_group]
-            if all((g.get("replicas"), g.get("minReplicas")) == (replicas, replicas) for g in ours):
+                return  # no RayCluster: nothing to release or resume
+            if bool(found.get("spec", {}).get("suspend")) == released:
                 return  # already so: no write
-            for group in ours:
-                group.update(replicas=replicas, minReplicas=replicas)
             patch = {"metadata": {"resourceVersion": found["metadata"]["resourceVersion"]},
-                     "spec": {"workerGroupSpecs": groups}}
+                     "spec": {"suspend": released}}
             try:
                 self.api.request("PATCH", f"{path}?fieldManager={FIELD_MANAGER}", patch,
                                  content_type="application/merge-patch+json")
@@ -277,7 +279,7 @@ class Supervisor:
 
     def _restore_workers(self) -> None:
         if not self.workers_restored and self.config.release_workers:
-            self.control.set_workers(self.config.expected_workers)
+            self.control.set_released(False)
             self.workers_restored = True
 
     def _finish(self, record: RunRecord, why: str) -> None:
@@ -287,8 +289,7 @@ class Supervisor:
         self._keep_released(record, self.clock())
 
     def _keep_released(self, record: RunRecord, now: float) -> None:
-        # Every step: a `pulumi up` that changes the RayCluster re-applies its whole worker group
-        # list (atomic in the KubeRay CRD) and brings the replicas back.
+        # Every step, idempotent: the write happens once, and again only if someone resumed the cluster.
         if not self._exported(record, now) or not self.config.release_workers:
             return
         record = self.records.get(self.config.run_id) or record
@@ -296,7 +297,7 @@ class Supervisor:
         # (it stays PENDING until its start timeout), and its merge publishes nothing half-written.
         if self._live_jobs(ignore={record.export_id} if record.export_outcome else set()):
             return
-        self.control.set_workers(0)
+        self.control.set_released(True)
         self.workers_restored = False  # a reopened run gets them back
         if not record.released:
             self.records.update(self.config.run_id, lambda r: r and replace(r, released=True).decided(
@@ -393,12 +394,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--namespace", required=True)
     parser.add_argument("--ray-cluster", required=True)
-    parser.add_argument("--worker-group", required=True)
     parser.add_argument("--run-record", required=True)
     args = parser.parse_args(argv)
     config = SupervisorConfig.from_file(args.config)
     api = KubernetesApi.in_cluster()
-    control = KubernetesControl(api, args.namespace, args.ray_cluster, args.worker_group)
+    control = KubernetesControl(api, args.namespace, args.ray_cluster)
     records = ConfigMapRecords(api, args.namespace, args.run_record)
     run_forever(Supervisor(config, RayJobs(config.head_url), control, records,
                            log=lambda line: print(line, flush=True)))
