@@ -403,36 +403,47 @@ def test_7_pulumi_and_the_supervisor_never_own_the_same_field(api):
                     {"groupName": "added", "replicas": 3}]}})
             return super().request(method, path, body, content_type)
 
-    KubernetesControl(Racing(url), NAMESPACE, "rc", "gpu-group").set_workers(0)
-    groups = state.objects[RAY_CLUSTER]["spec"]["workerGroupSpecs"]
-    assert [(g["groupName"], g["replicas"]) for g in groups] == [("gpu-group", 0), ("added", 3)]
+    KubernetesControl(Racing(url), NAMESPACE, "rc").set_released(True)
+    spec_now = state.objects[RAY_CLUSTER]["spec"]
+    assert spec_now["suspend"] is True  # the patch made again from the fresh read
+    assert [(g["groupName"], g["replicas"]) for g in spec_now["workerGroupSpecs"]] == [("gpu-group", 1), ("added", 3)]
     patches = [r for r in state.requests if r[0] == "PATCH" and r[2].get("Content-Type") == "application/merge-patch+json"]
     assert len(patches) == 2 and all(p[3]["metadata"]["resourceVersion"] for p in patches)
-    KubernetesControl(kube, NAMESPACE, "rc", "gpu-group").set_workers(0)
+    assert all(set(p[3]["spec"]) == {"suspend"} for p in patches)  # nothing but its own field
+    KubernetesControl(kube, NAMESPACE, "rc").set_released(True)
     assert len([r for r in state.requests if r[0] == "PATCH"]) == 3  # already released: no write
 
-    # A later `pulumi up` re-applies the atomic list it owned (server-side apply, patchForce) and
-    # brings the released workers back; the supervisor of the ended run takes them back at its next step.
+    # A later `pulumi up` applies the program's RayCluster, which never names spec.suspend: with or
+    # without force (Pulumi's patchForce) the released cluster stays released.
     apply = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "rc"}, "spec": {
+        "rayVersion": "2.49.0",
         "workerGroupSpecs": [{"groupName": "gpu-group", "replicas": 1, "minReplicas": 1, "maxReplicas": 1}]}}
-    with pytest.raises(Exception, match="409"):  # the list is the supervisor's since its patch
-        kube.request("PATCH", f"{RAY_CLUSTER}?fieldManager=pulumi-kubernetes", apply,
-                     content_type="application/apply-patch+yaml")
+    kube.request("PATCH", f"{RAY_CLUSTER}?fieldManager=pulumi-kubernetes", apply,
+                 content_type="application/apply-patch+yaml")
     kube.request("PATCH", f"{RAY_CLUSTER}?fieldManager=pulumi-kubernetes&force=true", apply,
                  content_type="application/apply-patch+yaml")
-    assert not released(state)
+    assert released(state) and state.objects[RAY_CLUSTER]["spec"]["rayVersion"] == "2.49.0"
+    # Were the program ever to send the field, the API server would refuse it as the supervisor's.
+    with pytest.raises(Exception, match="409"):
+        kube.request("PATCH", f"{RAY_CLUSTER}?fieldManager=pulumi-kubernetes",
+                     {**apply, "spec": {**apply["spec"], "suspend": False}}, content_type="application/apply-patch+yaml")
+    assert released(state)
+
+    # The supervisor of a run that ended with its workers released makes no write at all.
     spec = _JobSpec.from_props({"dashboard_url": "http://127.0.0.1:9", "entrypoint": "e", "runtime_env": {},
                                 "kube_api_url": url, "namespace": NAMESPACE, "run_id": "run-done"})
     records = ConfigMapRecords(kube, NAMESPACE, spec.record_name)
     run_lifecycle.begin(records, "run-done", 0, time.time())
     run_lifecycle.end(records, "run-done", "succeeded", time.time(), released=True)
+    writes = len([r for r in state.requests if r[0] == "PATCH" and RAY_CLUSTER in r[1]])
     watcher = Supervisor(SupervisorConfig(head_url="http://127.0.0.1:9", submission_ids=spec.attempt_ids,
                                           entrypoint="e", runtime_env={}, expected_workers=1, expected_gpus=1,
                                           run_id="run-done"),
-                         RayJobs("http://127.0.0.1:9"), KubernetesControl(kube, NAMESPACE, "rc", "gpu-group"),
+                         RayJobs("http://127.0.0.1:9"), KubernetesControl(kube, NAMESPACE, "rc"),
                          records, log=lambda _line: None)
     watcher.step()
     assert released(state)
+    assert len([r for r in state.requests if r[0] == "PATCH" and RAY_CLUSTER in r[1]]) == writes
 
 
 def test_8_each_run_has_its_own_checkpoint_folder_and_a_finished_run_is_not_retrained(heads, api):

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import replace
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -212,6 +213,20 @@ def test_keep_workers_leaves_them_running():
     control = RecordingControl()
     make_supervisor("http://x", spec, control, records, release_workers=False).step()
     assert control.calls == [] and not records.get("r").released
+
+
+def test_after_the_recorded_release_the_supervisor_neither_writes_nor_asks_the_head():
+    class NoHead(RayJobs):
+        def _call(self, method: str, path: str, body: Any = None) -> Any:
+            raise AssertionError("the suspended cluster has no head to ask")
+
+    records, spec = _ended()
+    records.update("r", lambda r: r and replace(r, released=True))
+    control = RecordingControl()
+    watcher = make_supervisor("http://x", spec, control, records)
+    watcher.ray = NoHead("http://x")
+    watcher.step()
+    assert control.calls == []  # a newer run's supervisor may have resumed the cluster: not undone
 
 
 def test_kubernetes_control_sends_exactly_these_requests(api):

@@ -289,8 +289,9 @@ class Supervisor:
         self._keep_released(record, self.clock())
 
     def _keep_released(self, record: RunRecord, now: float) -> None:
-        # Every step, idempotent: the write happens once, and again only if someone resumed the cluster.
-        if not self._exported(record, now) or not self.config.release_workers:
+        # Until the release is recorded. After it the RayCluster stays suspended (the program never
+        # sets the field): no head to ask, and no write that could race a newer run's supervisor.
+        if record.released or not self._exported(record, now) or not self.config.release_workers:
             return
         record = self.records.get(self.config.run_id) or record
         # An export given up on is not waited for: Ray cannot stop a job whose driver never got a node
