@@ -127,7 +127,7 @@ if gpu_class:
 storage = GcsFuseStorage("storage", {
     "project": cfg.project, "region": cfg.region,
     "bucket_name": names.bucket, "force_destroy": cfg.bucket_force_destroy,
-    "namespace": cfg.namespace, "service_account": cfg.service_account,
+    "namespace": cfg.namespace, "service_account": names.service_account,
     "hf_token_secret_id": hf_token.secret_id(pulumi.get_stack()),
     "capacity": cfg.volume_capacity, "labels": {"stack": label_value(pulumi.get_stack())},
     "k8s_provider": cluster.provider,
@@ -135,7 +135,7 @@ storage = GcsFuseStorage("storage", {
 
 # Staging runs on a CPU node while the GPU pool is still being created.
 staging = DataStaging("staging", {
-    "namespace": cfg.namespace, "service_account": cfg.service_account, "model_repo": cfg.model,
+    "namespace": cfg.namespace, "service_account": names.service_account, "model_repo": cfg.model,
     "model_revision": cfg.model_revision, "model_dir": model_dir_for(cfg.model),
     "dataset_repo": cfg.dataset, "dataset_revision": cfg.dataset_revision,
     "timeout_minutes": cfg.staging_timeout_minutes,
@@ -168,7 +168,7 @@ if a4x:
 
 ray = RayTrainingCluster("ray", {
     "platform": cfg.platform, "mode": cfg.cluster_mode, "gpu_nodes": cfg.gpu_nodes,
-    "namespace": cfg.namespace, "service_account": cfg.service_account,
+    "namespace": cfg.namespace, "service_account": names.service_account,
     "claim_name": storage.claim_name, "name": cfg.ray_cluster_name, "image": ray_image,
     "worker_cpus": cfg.worker_cpus, "worker_memory_gi": cfg.worker_memory_gi,
     "worker_spot": cfg.gpu_spot and cfg.autopilot, "compute_class": gpu_class, "nic_claims": a4x and networks is None,

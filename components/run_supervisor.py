@@ -30,7 +30,8 @@ class RunSupervisorArgs(TypedDict):
 
 
 class RunSupervisor(pulumi.ComponentResource):
-    """Program and config ConfigMap, service account, Role, RoleBinding, Deployment. The run record
+    """Program and config ConfigMap, service account, Role, the admission policy and its binding that
+    hold its RayCluster writes to spec.suspend, RoleBinding (after the policy), Deployment. The run record
     ConfigMap it reads is the GrpoJob provider's (created at the first claim)."""
 
     labels: dict[str, str]
@@ -54,10 +55,17 @@ class RunSupervisor(pulumi.ComponentResource):
         service_account = k8s.core.v1.ServiceAccount(f"{name}-account", metadata=account["metadata"], opts=child)
         role = supervisor.role(spec)
         rules = k8s.rbac.v1.Role(f"{name}-role", metadata=role["metadata"], rules=role["rules"], opts=child)
+        policy = supervisor.admission_policy(spec)
+        admission = k8s.admissionregistration.v1.ValidatingAdmissionPolicy(
+            f"{name}-admission-policy", metadata=policy["metadata"], spec=policy["spec"], opts=child)
+        policy_binding = supervisor.admission_policy_binding(spec)
+        admission_binding = k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding(
+            f"{name}-admission-binding", metadata=policy_binding["metadata"], spec=policy_binding["spec"],
+            opts=child.merge(pulumi.ResourceOptions(depends_on=[admission])))
         binding = supervisor.role_binding(spec)
         grant = k8s.rbac.v1.RoleBinding(
             f"{name}-binding", metadata=binding["metadata"], role_ref=binding["roleRef"], subjects=binding["subjects"],
-            opts=child.merge(pulumi.ResourceOptions(depends_on=[service_account, rules])))
+            opts=child.merge(pulumi.ResourceOptions(depends_on=[service_account, rules, admission_binding])))
         deployment = supervisor.deployment(spec)
         # Its pod starts with its program and its rights in place.
         k8s.apps.v1.Deployment(f"{name}-deployment", metadata=deployment["metadata"], spec=deployment["spec"],

@@ -160,7 +160,8 @@ class StackConfig(BaseModel):
     worker_memory_gi: int = Field(0, ge=0)
 
     namespace: str = "verl-gke"
-    service_account: str = "verl-ray"
+    service_account: str = ""
+    """Empty: `verl-ray-<stack slug>` (domain/names.py), so the bucket grant names no other stack's."""
     bucket_name: str = ""
     bucket_force_destroy: bool = False
     volume_capacity: str = DEFAULT_CAPACITY
@@ -618,7 +619,7 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
 
     if not _DNS_LABEL.match(cfg.namespace) or len(cfg.namespace) > 63:
         add("namespace", cfg.namespace, "a Kubernetes namespace: at most 63 lowercase letters, digits or hyphens.")
-    if not _DNS_SUBDOMAIN.match(cfg.service_account) or len(cfg.service_account) > 253:
+    if cfg.service_account and (not _DNS_SUBDOMAIN.match(cfg.service_account) or len(cfg.service_account) > 253):
         add("service_account", cfg.service_account, "a Kubernetes name: lowercase letters, digits, '-' or '.'.")
     # KubeRay derives "<name>-head-svc" and pod names from it; keep room under 63.
     if not _GCE_NAME.match(cfg.ray_cluster_name) or len(cfg.ray_cluster_name) > 47:

@@ -43,6 +43,10 @@ class StackNames:
     nat: str
     node_account_id: str
     """The nodes' dedicated service account."""
+    service_account: str
+    """The Kubernetes service account the bucket grant names. Workload Identity principals carry only
+    namespace and name, the same in every cluster of the project ("identity sameness"), and an IAM
+    allow policy cannot intersect them with a cluster; the stack's slug keeps another stack's pods out."""
 
 
 def stack_names(cfg: StackConfig, stack: str) -> StackNames:
@@ -56,4 +60,5 @@ def stack_names(cfg: StackConfig, stack: str) -> StackNames:
         router=f"{base}-router",
         nat=f"{base}-nat",
         node_account_id=f"{base}-nodes",
+        service_account=cfg.service_account or f"verl-ray-{stack_slug(stack)}",
     )

@@ -1,6 +1,7 @@
 """The run supervisor's Kubernetes objects: its program (workloads/run_supervisor.py and the
 run_lifecycle.py and export_model.py it imports) and config in a ConfigMap, a service account whose Role may read and
-replace only the run record ConfigMap and patch only this RayCluster, and a one-pod Deployment on
+replace only the run record ConfigMap and patch only this RayCluster (a ValidatingAdmissionPolicy
+lets those patches change spec.suspend only), and a one-pod Deployment on
 the CPU nodes. Pure builders. The run record itself is created by the GrpoJob provider's first
 claim (workloads/run_lifecycle.py) and outlives the stack's resources, like the checkpoints.
 """
@@ -25,6 +26,11 @@ DIGEST_ANNOTATION = "verl-gke/supervisor-sha256"
 LABELS = {"app.kubernetes.io/name": "verl-gke", "app.kubernetes.io/component": "run-supervisor"}
 """Also the labels the Ray NetworkPolicy admits to the head's job API."""
 RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}}
+RAY_CLUSTER_SPEC_FIELDS = ("authOptions", "autoscalerOptions", "enableInTreeAutoscaling", "gcsFaultToleranceOptions",
+                           "headGroupSpec", "headServiceAnnotations", "managedBy", "rayVersion", "upgradeStrategy",
+                           "workerGroupSpecs")
+"""RayCluster ray.io/v1 spec fields but suspend, from the pinned KubeRay v1.6.2 CRD (tests/k8s_schema.py;
+a test fails when the CRD's list changes). Fields the schema does not know are pruned by the API server."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,57 @@ def role(spec: SupervisorSpec) -> dict[str, Any]:
             {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [spec.run_record],
              "verbs": ["get", "update"]},
         ],
+    }
+
+
+def _unchanged(path: str) -> str:
+    """CEL: `path` is absent in both objects or equal in both."""
+    return (f"has(object.{path}) == has(oldObject.{path}) && "
+            f"(!has(object.{path}) || object.{path} == oldObject.{path})")
+
+
+def admission_policy_name(spec: SupervisorSpec) -> str:
+    """Cluster-scoped: the namespace makes it the stack's own."""
+    return f"{spec.namespace}.{spec.name}"
+
+
+def admission_policy(spec: SupervisorSpec) -> dict[str, Any]:
+    """RBAC lets the supervisor patch the whole RayCluster; this policy lets its updates change
+    spec.suspend only, so it cannot rewrite the pod templates KubeRay creates pods from.
+    Kubernetes docs, "Validating Admission Policy"
+    (https://kubernetes.io/docs/reference/access-authn-authz/validating-admission-policy/, read 2026-12-04):
+    admissionregistration.k8s.io/v1 (GA in 1.30), matchConditions filter requests, `object`/`oldObject`
+    and `request.userInfo` in CEL. Object types are not iterable in Kubernetes CEL, so each spec field is named.
+    """
+    checks = [f"spec.{f}" for f in RAY_CLUSTER_SPEC_FIELDS] + ["metadata.labels", "metadata.annotations"]
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": admission_policy_name(spec), "labels": dict(LABELS)},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": spec.namespace}},
+                "resourceRules": [{"apiGroups": ["ray.io"], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                                   "resources": ["rayclusters"], "resourceNames": [spec.ray_cluster]}],
+            },
+            "matchConditions": [{
+                "name": "run-supervisor",
+                "expression": f"request.userInfo.username == 'system:serviceaccount:{spec.namespace}:{spec.name}'",
+            }],
+            "validations": [{"expression": _unchanged(path),
+                             "message": f"the run supervisor may change only spec.suspend, not {path}"}
+                            for path in checks],
+        },
+    }
+
+
+def admission_policy_binding(spec: SupervisorSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": admission_policy_name(spec), "labels": dict(LABELS)},
+        "spec": {"policyName": admission_policy_name(spec), "validationActions": ["Deny"],
+                 "matchResources": {"namespaceSelector": {
+                     "matchLabels": {"kubernetes.io/metadata.name": spec.namespace}}}},
     }
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from domain.config import load_config
 from domain.names import MAX_SLUG, stack_names, stack_slug
+from domain.stack_files import raw_config
 from tests.conftest import BASE_CONFIG, STACKS
 
 # type -> scope of its name (global in the project, or per region / zone).
@@ -70,3 +71,26 @@ def test_every_stack_name_gives_names_within_gcps_limits(stack: str) -> None:
 
 def test_stacks_that_differ_only_in_case_or_punctuation_get_different_names() -> None:
     assert len({stack_slug(s) for s in ("a4", "A4", "a4_", "a4.", "a4-")}) == 5
+
+
+def test_each_stacks_bucket_grant_names_its_own_service_account_only(synth_stack) -> None:
+    """Workload Identity principals carry namespace and service account only (any cluster of the
+    project matches them): the per-stack service account keeps one stack's grant from another's pods."""
+    members = set()
+    for stack in STACKS:
+        cfg = load_config(raw_config(stack)[0])
+        result = synth_stack(stack)
+        (grant,) = [r for r in result.registrations if r.type == "gcp:storage/bucketIAMMember:BucketIAMMember"]
+        assert grant.inputs["member"] == (
+            "principal://iam.googleapis.com/projects/123456789012/locations/global/workloadIdentityPools/"
+            f"{cfg.project}.svc.id.goog/subject/ns/{cfg.namespace}/sa/verl-ray-{stack}")
+        assert [m["metadata"] for m in result.manifests() if m["kind"] == "ServiceAccount"
+                and m["metadata"]["name"] == f"verl-ray-{stack}"] == [{"name": f"verl-ray-{stack}",
+                                                                       "namespace": cfg.namespace}]
+        members.add(grant.inputs["member"])
+    assert len(members) == len(STACKS)
+
+
+def test_a_service_account_set_in_config_is_kept() -> None:
+    assert stack_names(load_config({**BASE_CONFIG, "verl-gke:serviceAccount": "my-ksa"}), "a4").service_account == "my-ksa"
+    assert stack_names(load_config(BASE_CONFIG), "Dev.A4x").service_account == f"verl-ray-{stack_slug('Dev.A4x')}"

@@ -300,6 +300,15 @@ def test_run_supervisor_gets_the_runs_ids_and_only_its_own_rights(stack: str, sy
         {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [f"{cfg.ray_cluster_name}-run"],
          "verbs": ["get", "update"]},
     ]
+    # Its RayCluster patches may change spec.suspend only; the Role is bound after the policy.
+    policy = _manifest(result, "ValidatingAdmissionPolicy", f"{cfg.namespace}.{name}")
+    assert policy["spec"]["matchConditions"][0]["expression"] == (
+        f"request.userInfo.username == 'system:serviceaccount:{cfg.namespace}:{name}'")
+    assert _manifest(result, "ValidatingAdmissionPolicyBinding", f"{cfg.namespace}.{name}")["spec"][
+        "validationActions"] == ["Deny"]
+    (admission,) = _by_type(result, "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding")
+    (role_binding,) = _by_type(result, "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")
+    assert admission.urn in role_binding.dependencies
     assert config["run_id"] == stack_run(cfg)[0] and config["generation"] == 0
     (job,) = _by_type(result, "pulumi-python:dynamic:GrpoJob")
     assert (job.inputs["run_id"], job.inputs["run_record"]) == (config["run_id"], f"{cfg.ray_cluster_name}-run")
