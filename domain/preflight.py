@@ -29,6 +29,15 @@ QUOTA = "gcp:cloudquota/getSQuotaInfo:getSQuotaInfo"
 GPU_QUOTA_ID = "GPUS-PER-GPU-FAMILY-per-project-region"
 """Compute Engine's quota on GPUs per GPU family and region (Cloud Quotas), which governs the newest
 families (B200, H200, GB200) instead of a per-model NVIDIA-<model>-GPUS quota."""
+PREEMPTIBLE_GPU_QUOTA_ID = "PREEMPTIBLE-GPUS-PER-GPU-FAMILY-per-project-region"
+"""The same quota for preemptible capacity, a separate pool: Spot VMs draw on it, and so do flex-start VMs
+("Flex-start VMs ... consume preemptible quota", https://cloud.google.com/blog/products/compute/
+introducing-flex-start-vms-for-the-compute-engine-instance-api, read 2026-12-04). The id follows the
+on-demand one with the PREEMPTIBLE- prefix of Compute Engine's PREEMPTIBLE_NVIDIA_<model>_GPUS metrics;
+not confirmed in Google's Cloud Quotas docs we read."""
+GPU_QUOTA_BY_KIND = {"on-demand": GPU_QUOTA_ID, "spot": PREEMPTIBLE_GPU_QUOTA_ID,
+                     "flex-start": PREEMPTIBLE_GPU_QUOTA_ID}
+"""Which GPU quota each capacity kind consumes; a reservation's machines are checked on the reservation."""
 GPU_FAMILY = {"a4": "NVIDIA_B200", "a3u": "NVIDIA_H200", "a4x": "NVIDIA_GB200"}
 """The quota's `gpu_family` dimension per platform (H200 and GB200 spelt after B200's and H100's, which
 third-party Cloud Quotas readers show; not in GKE's docs we read)."""
@@ -46,7 +55,8 @@ CHECKS = {
     MACHINE_TYPES: "the zone offers the machine type, at the size the worker requests assume",
     PROJECT_SERVICE: "the APIs verl-gke needs are enabled",
     CLUSTER: "whether the stack's cluster exists already (its GPU pool's own nodes count as free)",
-    QUOTA: "the project's GPU quota in the region covers gpuNodes x GPUs (on-demand capacity)",
+    QUOTA: "the project's GPU quota in the region covers gpuNodes x GPUs (on-demand, or preemptible for Spot "
+           "and flex-start)",
 }
 """Each live check by the invoke it makes, as synth lists the ones it could not make."""
 
@@ -181,13 +191,16 @@ def gpu_quota(cfg: StackConfig, answer: Mapping[str, Any]) -> int | None:
     return None if best is None else best[1]
 
 
-def quota_problems(cfg: StackConfig, answer: Mapping[str, Any]) -> list[str]:
-    """On-demand GPU nodes need the GPU quota; its limit, not what other VMs use of it, is all Cloud Quotas tells."""
+def quota_problems(cfg: StackConfig, answer: Mapping[str, Any], quota_id: str = GPU_QUOTA_ID) -> list[str]:
+    """GPU nodes need the quota their capacity kinds consume; its limit, not what other VMs use of it, is all
+    Cloud Quotas tells."""
     limit, need = gpu_quota(cfg, answer), cfg.gpu_nodes * cfg.facts.gpus_per_node
     if limit is None or limit >= need:
         return []
+    kinds = "on demand" if quota_id == GPU_QUOTA_ID else "on " + " or ".join(
+        k for k in cfg.capacity_kinds if GPU_QUOTA_BY_KIND.get(k) == quota_id)
     return [problem_line(config_key("gpu_nodes"), cfg.gpu_nodes,
-                         f"{need} {GPU_FAMILY[cfg.platform]} GPUs on demand, but the project's {GPU_QUOTA_ID} quota in "
+                         f"{need} {GPU_FAMILY[cfg.platform]} GPUs {kinds}, but the project's {quota_id} quota in "
                          f"{cfg.region} is {limit}; request more quota or lower gpuNodes.")]
 
 
@@ -246,20 +259,21 @@ def run_preflight(cfg: StackConfig, invoke: Invoke, stack: str | None = None) ->
     if machines is not None:
         with _unexpected_shape(result, f"machine type {cfg.facts.machine_type}"):
             result.problems += machine_type_problems(cfg, machines)
-    if "on-demand" in cfg.capacity_kinds:
+    for quota_id in dict.fromkeys(GPU_QUOTA_BY_KIND[k] for k in cfg.capacity_kinds if k in GPU_QUOTA_BY_KIND):
+        label = "GPU quota" if quota_id == GPU_QUOTA_ID else "preemptible GPU quota"
         try:  # Cloud Quotas' own API (cloudquotas.googleapis.com) may be off: then the quota goes unchecked
             quota = invoke(QUOTA, {"parent": f"projects/{cfg.project}", "service": "compute.googleapis.com",
-                                   "quotaId": GPU_QUOTA_ID})
+                                   "quotaId": quota_id})
         except Exception as error:  # noqa: BLE001 the provider's message is the user's clue
             quota = None
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            result.notes.append(f"GPU quota not checked: {first}")
+            result.notes.append(f"{label} not checked: {first}")
         if quota is not None:
-            with _unexpected_shape(result, "GPU quota"):
-                result.problems += quota_problems(cfg, quota)
+            with _unexpected_shape(result, label):
+                result.problems += quota_problems(cfg, quota, quota_id)
                 limit = gpu_quota(cfg, quota)
                 if limit is not None:
-                    result.notes.append(f"GPU quota in {cfg.region}: {limit} {GPU_FAMILY[cfg.platform]}")
+                    result.notes.append(f"{label} in {cfg.region}: {limit} {GPU_FAMILY[cfg.platform]}")
     if uses_reservation(cfg):
         try:  # a first deploy has no cluster yet: the lookup fails, and no machine is ours
             own = own_gpu_nodes(invoke(CLUSTER, {"name": cfg.cluster_name, "location": cfg.cluster_location,
@@ -383,7 +397,7 @@ def healthy_answers(cfg: StackConfig) -> Callable[[str, dict[str, Any]], dict[st
         if token == CLUSTER:
             return existing_cluster_answer(args)
         if token == QUOTA:
-            return {"quotaId": GPU_QUOTA_ID, "dimensionsInfos": [{
+            return {"quotaId": args["quotaId"], "dimensionsInfos": [{
                 "dimensions": {"gpu_family": GPU_FAMILY[cfg.platform], "region": cfg.region},
                 "details": [{"value": str(cfg.gpu_max_nodes * p.gpus_per_node)}],
                 "applicableLocations": [cfg.region]}]}

@@ -107,7 +107,7 @@ def test_on_demand_checks_the_gpu_quota_of_the_family_in_the_region():
     assert preflight.gpu_quota(cfg, _quota("64", region="europe-west4")) == 0
 
 
-def test_the_preview_stops_on_too_little_quota_and_asks_for_none_without_on_demand():
+def test_the_preview_stops_on_too_little_quota_and_spot_asks_the_preemptible_one():
     import pulumi
 
     from domain import preflight
@@ -120,8 +120,46 @@ def test_the_preview_stops_on_too_little_quota_and_asks_for_none_without_on_dema
     assert preflight.QUOTA not in enough.unchecked
     assert "preflight: GPU quota in us-central1: 16 NVIDIA_B200" in enough.log
     spot = synth.run("a4-standard", overrides={"verl-gke:capacity": '["spot"]', "verl-gke:reservation": ""})
-    assert preflight.QUOTA not in spot.unchecked
-    assert not any("GPU quota" in line for line in spot.log)
+    assert preflight.QUOTA in spot.unchecked  # asked, answered by the healthy stand-in
+    assert any(line.startswith("preflight: preemptible GPU quota in us-central1:") for line in spot.log)
+    assert not any(line.startswith("preflight: GPU quota") for line in spot.log)
+
+
+def _preemptible_quota(value: str) -> dict:
+    return {**_quota(value), "quotaId": "PREEMPTIBLE-GPUS-PER-GPU-FAMILY-per-project-region"}
+
+
+@pytest.mark.parametrize("kinds", ['["spot"]', '["flex-start"]', '["flex-start","spot"]'])
+def test_spot_and_flex_start_check_the_preemptible_gpu_quota(kinds):
+    from domain import preflight
+    from domain.config import load_config
+    from tests.conftest import BASE_CONFIG
+
+    cfg = load_config({**BASE_CONFIG, "verl-gke:capacity": kinds, "verl-gke:reservation": ""})
+    quota_id = preflight.PREEMPTIBLE_GPU_QUOTA_ID
+    assert preflight.quota_problems(cfg, _preemptible_quota("16"), quota_id) == []
+    named = " or ".join(k for k in cfg.capacity_kinds)
+    assert preflight.quota_problems(cfg, _preemptible_quota("8"), quota_id) == [
+        f"verl-gke:gpuNodes = 2: 16 NVIDIA_B200 GPUs on {named}, but the project's "
+        "PREEMPTIBLE-GPUS-PER-GPU-FAMILY-per-project-region quota in us-central1 is 8; "
+        "request more quota or lower gpuNodes."]
+
+
+def test_the_preview_stops_on_too_little_preemptible_quota_with_enough_on_demand():
+    import pulumi
+
+    from domain import preflight
+
+    answers = [_preemptible_quota("8"), _quota("16")]  # each picked by the call's quotaId
+    both = {"verl-gke:capacity": '["flex-start","spot","on-demand"]', "verl-gke:reservation": ""}
+    with pytest.raises(pulumi.RunError, match="16 NVIDIA_B200 GPUs on flex-start or spot, but the project's "
+                                              "PREEMPTIBLE-GPUS-PER-GPU-FAMILY-per-project-region quota") as error:
+        synth.run("a4-standard", overrides=both, cloud={preflight.QUOTA: answers})
+    assert "GPUs on demand" not in str(error.value)
+    enough = synth.run("a4-standard", overrides=both,
+                       cloud={preflight.QUOTA: [_preemptible_quota("16"), _quota("16")]})
+    assert "preflight: GPU quota in us-central1: 16 NVIDIA_B200" in enough.log
+    assert "preflight: preemptible GPU quota in us-central1: 16 NVIDIA_B200" in enough.log
 
 
 def test_an_unreadable_quota_is_a_note_not_a_stop():
