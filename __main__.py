@@ -176,7 +176,6 @@ ray = RayTrainingCluster("ray", {
     "install_kuberay": cfg.ray_operator == "helm", "operator_depends_on": [storage],
     "network_policy": cfg.ray_network_policy, "dashboard_cidrs": list(cfg.ray_dashboard_cidrs),
     "job_api_clients": supervisor.LABELS if cfg.run_supervisor else None,
-    "supervised_workers": cfg.run_supervisor,
 }, k8s.merge(pulumi.ResourceOptions(depends_on=ray_waits_for)))
 
 run_id, legacy_trainer = stack_run(cfg)

@@ -67,18 +67,10 @@ class RayTrainingClusterArgs(TypedDict):
     """How long `pulumi up` waits for the head and every worker to run."""
     network_policy: NotRequired[bool]
     """Let only the cluster's own pods reach its pods (default True); see manifests.network_policy."""
-    supervised_workers: NotRequired[bool]
-    """The run supervisor sets the worker replicas after creation (zero when the run is over):
-    Pulumi leaves them alone instead of fighting it."""
     job_api_clients: NotRequired[dict[str, str] | None]
     """Labels of pods that may also reach the head's Job API (the run supervisor)."""
     dashboard_cidrs: NotRequired[list[str]]
     """With the network policy: CIDRs that may also reach the dashboard and Job API (port 8265)."""
-
-
-PATCH_FORCE = "pulumi.com/patchForce"
-SUPERVISED_PATHS = ["spec.workerGroupSpecs[0].replicas", "spec.workerGroupSpecs[0].minReplicas"]
-"""What the run supervisor changes on the RayCluster (its one worker group)."""
 
 
 def cluster_spec(args: RayTrainingClusterArgs) -> RayClusterSpec:
@@ -163,19 +155,13 @@ class RayTrainingCluster(pulumi.ComponentResource):
             # The chart brings the ray.io CRDs and the operator that acts on the RayCluster.
             cluster_opts = child.merge(pulumi.ResourceOptions(depends_on=[operator]))
         timeout = f"{args.get('ready_timeout_minutes', DEFAULT_READY_TIMEOUT_MINUTES)}m"
-        manifest = ray_cluster(spec)
-        if args.get("supervised_workers", False):
-            # The supervisor's replica patch owns those fields: Pulumi's own updates take them back
-            # (the supervisor applies its release again) instead of failing on the field conflict.
-            manifest["metadata"]["annotations"][PATCH_FORCE] = "true"
         cluster = custom_resource(
             f"{name}-ray-cluster",
-            manifest,
+            ray_cluster(spec),
             opts=cluster_opts.merge(pulumi.ResourceOptions(
                 custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout),
                 # A fixed name: a replacement must delete the old cluster first.
                 delete_before_replace=True,
-                ignore_changes=SUPERVISED_PATHS if args.get("supervised_workers", False) else None,
             )),
         )
         if args.get("network_policy", True):

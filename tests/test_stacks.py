@@ -337,14 +337,18 @@ def test_export_model_off_leaves_the_supervisor_no_export():
     assert config["export"] is None
 
 
-def test_pulumi_leaves_the_worker_replicas_to_the_supervisor():
+def test_pulumi_neither_ignores_nor_forces_anything_on_the_ray_cluster():
+    """The supervisor's only write is spec.suspend, which the program never sets: no field to
+    ignore, no conflict to force through, with or without the supervisor."""
     from tests.mock_run import OptionsMonitor
 
-    for supervised, expected in (("true", ["spec.workerGroupSpecs[0].replicas", "spec.workerGroupSpecs[0].minReplicas"]),
-                                 ("false", [])):
+    for supervised in ("true", "false"):
         monitor = OptionsMonitor(synth.SynthMocks())
-        synth.run("a4-standard", overrides={"verl-gke:runSupervisor": supervised}, monitor=monitor)
-        assert monitor.sent["ray-ray-cluster"].ignore_changes == expected
+        result = synth.run("a4-standard", overrides={"verl-gke:runSupervisor": supervised}, monitor=monitor)
+        assert monitor.sent["ray-ray-cluster"].ignore_changes == []
+        cluster = _manifest(result, "RayCluster", "b200-ray-cluster")
+        assert "suspend" not in cluster["spec"]
+        assert "pulumi.com/patchForce" not in cluster["metadata"].get("annotations", {})
 
 
 def test_without_the_supervisor_nothing_of_it_is_created():

@@ -14,7 +14,7 @@ import yaml
 from manifests import supervisor
 from tests.k8s_schema import crd_paths, validate_core
 
-SPEC = supervisor.SupervisorSpec(namespace="verl", ray_cluster="b200-ray-cluster", worker_group="gpu-workers",
+SPEC = supervisor.SupervisorSpec(namespace="verl", ray_cluster="b200-ray-cluster",
                                  programs={f: "" for f in supervisor.PROGRAM_FILES}, config={})
 SA = "system:serviceaccount:verl:b200-ray-cluster-supervisor"
 CLUSTER: dict[str, Any] = {
