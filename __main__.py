@@ -181,14 +181,13 @@ ray = RayTrainingCluster("ray", {
 run_id, legacy_trainer = stack_run(cfg)
 entry = entrypoint(cfg.grpo, facts.gpus_per_node, cfg.gpu_nodes, run_id=run_id, legacy_trainer=legacy_trainer)
 job_env = runtime_env(facts, nnodes=cfg.gpu_nodes, worker_cpus=cfg.worker_cpus, verl_dir=cfg.verl_dir)
-supervised = cfg.run_max_retries + cfg.run_max_preemptions if cfg.run_supervisor else 0
 job_waits_for: list[pulumi.Resource] = [ray, staging]
 if cfg.run_supervisor:
     # Restarted with a new run's spec before the job provider submits it.
     job_waits_for.append(RunSupervisor("supervisor", {
         "namespace": cfg.namespace, "ray_cluster": cfg.ray_cluster_name,
         "config": {
-            "submission_ids": submission_ids(pulumi.get_stack(), entry, job_env, cfg.job_attempt, supervised + 1),
+            "submission_ids": submission_ids(pulumi.get_stack(), entry, job_env, cfg.job_attempt, cfg.supervised_attempts + 1),
             "run_id": run_id, "generation": cfg.job_attempt,
             "entrypoint": entry, "runtime_env": job_env, "expected_workers": cfg.gpu_nodes,
             "expected_gpus": cfg.gpu_nodes * facts.gpus_per_node, "max_retries": cfg.run_max_retries,
@@ -214,7 +213,7 @@ job = GrpoJob("grpo", {
     "expected_workers": cfg.gpu_nodes, "expected_gpus": cfg.gpu_nodes * facts.gpus_per_node,
     "fabric_check": cfg.fabric_check, "fabric_min_busbw_gbps": cfg.fabric_floor_gbps,
     "fabric_runtime_env": fabric_runtime_env(facts), "fabric_transports": list(facts.fabric_transports),
-    "budget_s": cfg.run_budget_s, "supervised_attempts": supervised,
+    "budget_s": cfg.run_budget_s, "supervised_attempts": cfg.supervised_attempts,
     "run_id": run_id, "run_record": supervisor.run_record_name(cfg.ray_cluster_name),
 }, pulumi.ResourceOptions(depends_on=job_waits_for))
 

@@ -253,6 +253,12 @@ class StackConfig(BaseModel):
         return [pricing.hourly_cost(shape, kind) for kind in self.capacity_kinds]
 
     @property
+    def supervised_attempts(self) -> int:
+        """The most attempts the run supervisor submits after the first (retries and resubmissions
+        after lost nodes); 0 without it."""
+        return self.run_max_retries + self.run_max_preemptions if self.run_supervisor else 0
+
+    @property
     def hourly_usd(self) -> float | None:
         """What the stack may cost per hour: the dearest of its capacity kinds; None when one is unknown."""
         return pricing.worst_case(self.hourly_costs)

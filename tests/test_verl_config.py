@@ -184,7 +184,15 @@ def test_the_plan_counts_steps_checkpoints_and_their_size() -> None:
         "GRPO run with verl 0.6.1: 58 steps",
         f"  run id {run_id}, checkpoints in /data/verl/checkpoints/{run_id}",
         "  checkpoints: every 10 steps and at the end: 6 saved, 2 kept, ~384 GB each, ~768 GB in the bucket",
+        # 1 + runMaxRetries 2 + runMaxPreemptions 10 attempts, each leaving its 2 kept: every step saved.
+        "  up to 6 checkpoints (~2.3 TB) stay if the run takes more attempts (up to 13; verl rotates within one "
+        "attempt): delete the older global_step_* folders once it is done",
     ]
+    # Two attempts at most leave 2 x 2 of the 6; alone, an attempt leaves what verl keeps (no line).
+    _, two = _check(**{"verl-gke:runMaxRetries": "1", "verl-gke:runMaxPreemptions": "0"})
+    assert (two.attempts, two.checkpoints_left) == (2, 4) and two.lines()[3].startswith("  up to 4 checkpoints (~1.5 TB)")
+    _, alone = _check(**{"verl-gke:runSupervisor": "false"})
+    assert (alone.attempts, alone.checkpoints_left, len(alone.lines())) == (1, 2, 3)
     _, keep_all = _check(**{"verl-gke:grpoMaxCheckpoints": "10", "verl-gke:grpoSaveFreq": "20"})
     assert (keep_all.checkpoints_saved, keep_all.checkpoints_kept) == (3, 3)
     _, none = _check(**{"verl-gke:grpoSaveFreq": "-1"})
