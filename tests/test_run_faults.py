@@ -445,6 +445,15 @@ def test_7_pulumi_and_the_supervisor_never_own_the_same_field(api):
     assert released(state)
     assert len([r for r in state.requests if r[0] == "PATCH" and RAY_CLUSTER in r[1]]) == writes
 
+    # Why the release is not a replica count: the worker group list is one atomic field, so a merge
+    # patch of one group's replicas takes the whole list, and the program's next apply conflicts on it.
+    kube.request("PATCH", f"{RAY_CLUSTER}?fieldManager=kubectl-edit", {"spec": {"workerGroupSpecs": [
+        {"groupName": "gpu-group", "replicas": 0, "minReplicas": 0, "maxReplicas": 1}]}},
+        content_type="application/merge-patch+json")
+    with pytest.raises(Exception, match="409"):
+        kube.request("PATCH", f"{RAY_CLUSTER}?fieldManager=pulumi-kubernetes", apply,
+                     content_type="application/apply-patch+yaml")
+
 
 def test_8_each_run_has_its_own_checkpoint_folder_and_a_finished_run_is_not_retrained(heads, api):
     base = load_config(BASE_CONFIG)
