@@ -11,11 +11,9 @@ floats; unknowns arrive in check/diff during preview; the default `update` would
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 import re
-import subprocess
 import time
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
@@ -32,6 +30,7 @@ from domain.run_identity import SUBMISSION_ID_PREFIX, submission_id, submission_
 from verl_gke import head_access
 from verl_gke import fabric
 from verl_gke.cluster_readiness import await_capacity
+from verl_gke.cluster_api import cluster_api
 from verl_gke.kubeconfig import is_dns_endpoint
 from workloads import run_lifecycle
 from workloads.run_lifecycle import (
@@ -83,7 +82,6 @@ LOST = "LOST"
 """Status when the head answers but no longer knows the run's newest attempt (it restarted)."""
 UNREACHABLE = "UNREACHABLE"
 """Status when the head does not answer a refresh: the resource is kept, its last status unknown."""
-TOKEN_TIMEOUT_S = 30.0
 # What the run is, and where it runs: a new cluster or head needs a new submission on it.
 _REPLACE_KEYS = ("entrypoint", "runtime_env", "attempt", "dashboard_url", "cluster_endpoint", "cluster_name",
                  "namespace", "head_service")
@@ -264,12 +262,7 @@ class _JobSpec:
         if self.kube_api_url:
             api = KubernetesApi(self.kube_api_url, timeout_s=timeout)
         elif self.cluster_endpoint and (self.cluster_ca_certificate or is_dns_endpoint(self.cluster_endpoint)):
-            server = self.cluster_endpoint if self.cluster_endpoint.startswith("https://") \
-                else f"https://{self.cluster_endpoint}"
-            # The DNS endpoint's certificate is publicly trusted (system roots); the IP endpoint's is the cluster CA's.
-            ca = None if is_dns_endpoint(self.cluster_endpoint) \
-                else base64.b64decode(self.cluster_ca_certificate or "").decode()
-            api = KubernetesApi(server, token=_gke_token, ca_data=ca, timeout_s=timeout)
+            api = cluster_api(self.cluster_endpoint, self.cluster_ca_certificate, timeout)
         else:
             return MemoryRecords()
         return ConfigMapRecords(api, self.namespace, self.record_name)
@@ -586,19 +579,6 @@ def _client(spec: _JobSpec, timeout_s: float) -> Iterator[JobSubmissionClient]:
             time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
     with stack:
         yield job_client(url, spec.address)
-
-
-def _gke_token() -> str:
-    """A token for the GKE API from gke-gcloud-auth-plugin, as kubectl gets one (no credential is kept)."""
-    from verl_gke.kubeconfig import AUTH_PLUGIN, AUTH_PLUGIN_INSTALL_HINT
-
-    try:
-        done = subprocess.run([AUTH_PLUGIN], capture_output=True, text=True, timeout=TOKEN_TIMEOUT_S, check=True)
-    except FileNotFoundError:
-        raise HeadAccessSetupError(f"{AUTH_PLUGIN} not found on PATH. {AUTH_PLUGIN_INSTALL_HINT}") from None
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as error:
-        raise HeadAccessError(f"{AUTH_PLUGIN} gave no token: {error}") from None
-    return str(json.loads(done.stdout)["status"]["token"])
 
 
 def _current(record: RunRecord, jobs: list[JobDetails], spec: _JobSpec) -> tuple[str, JobDetails | None]:

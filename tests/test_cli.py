@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -313,6 +314,54 @@ def test_status_still_shows_the_cluster_when_the_head_lost_the_job(
     assert lines[1] == "Cluster        verl-a4 in us-central1, platform a4, 2 GPU nodes x 8 GPUs"
     assert lines[5] == "GRPO job       raysubmit_doesnotexist  UNREADABLE (Pulumi last saw RUNNING)"
     assert lines[6].startswith(f"Job message    reading job raysubmit_doesnotexist at {ray_head} failed: ")
+
+
+def test_status_of_an_ended_run_whose_head_is_gone_comes_from_the_run_record(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """The run supervisor suspends the RayCluster when the run is over: no head to ask, so the
+    status comes from the run record ConfigMap (here a `kubectl proxy`-like loopback API)."""
+    from tests.kube_api import kube_api
+    from workloads import run_lifecycle
+    from workloads.run_lifecycle import ConfigMapRecords, KubernetesApi
+
+    (closed,) = free_ports(1)
+    doc = outputs_doc("verl-gke-0123456789ab-0", checkpointUri="gs://verl-data-my-project-123/verl/checkpoints/run-1")
+    outputs = write_outputs(tmp_path / "outputs.json", doc)
+    argv = ("status", "--outputs", str(outputs), "--dashboard-url", f"http://127.0.0.1:{closed}", "--head-timeout", "1")
+    with kube_api() as (url, _state):
+        records = ConfigMapRecords(KubernetesApi(url), "default", "b200-ray-cluster-run")
+        run_lifecycle.begin(records, "run-1", 0, 1_700_000_000.0)
+        run_lifecycle.claim(records, "run-1", run_lifecycle.Attempt(
+            index=0, submission_id="verl-gke-0123456789ab-0", by="pulumi-up", at=1_700_000_000.0, cause="first"), 0.0)
+        run_lifecycle.end(records, "run-1", "succeeded", 1_700_003_600.0)
+
+        # Ended but not yet released: the head should be there, so its error stands.
+        code, out, err = run(capsys, *argv, "--kube-api-url", url)
+        assert code == 1 and out == ""
+        assert error_line(err).startswith(f"verl-gke: error: Ray dashboard at http://127.0.0.1:{closed} did not answer")
+
+        records.update("run-1", lambda r: r and replace(r, released=True))
+        code, out, err = run(capsys, *argv, "--kube-api-url", url)
+        assert code == 0, err
+        assert out.splitlines() == [
+            f"Stack outputs  {outputs}",
+            "Cluster        verl-a4 in us-central1, platform a4, 2 GPU nodes x 8 GPUs",
+            "Ray head       none: the run ended and the run supervisor released the GPU workers by suspending the "
+            "RayCluster (the head and its logs went with them)",
+            "Run            run-1  ended: succeeded",
+            "Attempt 0      verl-gke-0123456789ab-0  (pulumi-up, first)",
+            "Last decision  2023-11-14T23:13:20Z run ended: succeeded",
+            "Checkpoints    gs://verl-data-my-project-123/verl/checkpoints/run-1",
+            "Resume         a new run, or `pulumi config set verl-gke:jobAttempt <n+1>` and `pulumi up`, resumes "
+            "the RayCluster",
+        ]
+
+    # No record to read either: both reasons in one line.
+    code, _, err = run(capsys, *argv, "--kube-api-url", f"http://127.0.0.1:{closed}")
+    assert code == 1
+    line = error_line(err)
+    assert line.startswith(f"verl-gke: error: Ray dashboard at http://127.0.0.1:{closed} did not answer")
+    assert "; the run record was not readable either: " in line
 
 
 @pytest.mark.ray

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO, TypeVar
 
 from verl_gke import fabric, gke_facts, metrics, stack_outputs
+from verl_gke.cluster_api import cluster_api
 from verl_gke.cluster_readiness import ClusterNotReadyError, await_capacity, read_capacity
 from verl_gke.head_access import (
     OUTAGE_WINDOW_S,
@@ -50,6 +51,8 @@ from verl_gke.stack_outputs import OutputsError, StackOutputs
 
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
+
+    from workloads.run_lifecycle import RunRecord
 
 PROG = "verl-gke"
 TERMINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
@@ -127,6 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = commands.add_parser("status", parents=[common], help="cluster, head, workers, GPUs and job, on one screen",
                                  description="Show the cluster, the Ray head, the workers and GPUs that joined, and the job status.")
+    status.add_argument("--kube-api-url", metavar="URL",
+                        help="a directly reachable Kubernetes API (e.g. `kubectl proxy`'s) to read the run record "
+                             "from when the head is gone (default: the cluster's endpoint, with your Google "
+                             "credentials)")
     status.set_defaults(handler=cmd_status)
 
     logs = commands.add_parser("logs", parents=[common], help="print the job's logs",
@@ -347,6 +354,71 @@ def cmd_status(args: argparse.Namespace) -> int:
     target = _target(args, need_outputs=True)
     outputs = target.outputs
     assert outputs is not None
+    try:
+        return _live_status(args, target, outputs)
+    except HeadAccessError as unreachable:
+        # A run that ended had its RayCluster suspended by the run supervisor: no head, but a record.
+        record = _released_run(args, outputs, unreachable)
+        if record is None:
+            raise
+        return _print_rows(_ended_rows(outputs, record))
+
+
+def _released_run(args: argparse.Namespace, outputs: StackOutputs, unreachable: HeadAccessError) -> RunRecord | None:
+    """The stack's run from its record when it ended and its GPU workers were released; else None."""
+    from manifests.ray_cluster import head_service_name
+    from manifests.supervisor import run_record_name
+    from workloads.run_lifecycle import ConfigMapRecords, KubernetesApi
+
+    ray_cluster = outputs.ray_head_service.removesuffix(head_service_name(""))
+    run_id = outputs.checkpoint_uri.rstrip("/").rsplit("/", 1)[-1]  # `<grpoCheckpointDir>/<run id>`
+    _progress(f"the Ray head did not answer; reading the run record {run_record_name(ray_cluster)}")
+    try:
+        if args.kube_api_url:
+            api = KubernetesApi(args.kube_api_url, timeout_s=args.head_timeout)
+        else:
+            facts = gke_facts.describe(outputs.cluster_name, outputs.cluster_location)
+            api = cluster_api(facts.endpoint, facts.ca_certificate, args.head_timeout)
+        record = ConfigMapRecords(api, outputs.namespace, run_record_name(ray_cluster)).get(run_id)
+    except Exception as error:  # noqa: BLE001 - the head's error is the one to report, with this one
+        raise CliError(f"{unreachable}; the run record was not readable either: {_one_line(error)}") from None
+    return record if record is not None and record.released else None
+
+
+def _ended_rows(outputs: StackOutputs, record: RunRecord) -> list[tuple[str, str]]:
+    rows = [
+        ("Stack outputs", outputs.source),
+        ("Cluster", _cluster_line(outputs)),
+        ("Ray head", "none: the run ended and the run supervisor released the GPU workers by suspending the "
+                     "RayCluster (the head and its logs went with them)"),
+        ("Run", f"{record.run_id}  ended: {record.outcome}"),
+    ]
+    rows += [(f"Attempt {a.index}", f"{a.submission_id}  ({a.by}, {a.cause}{': ' + a.reason if a.reason else ''})")
+             for a in record.attempts]
+    if record.export_id:
+        rows.append(("Model export", f"{record.export_id}  {record.export_outcome or 'not finished'}  "
+                                     f"-> {record.export_target}"))
+    if record.decisions:
+        rows.append(("Last decision", record.decisions[-1]))
+    rows += [("Checkpoints", outputs.checkpoint_uri),
+             ("Resume", "a new run, or `pulumi config set verl-gke:jobAttempt <n+1>` and `pulumi up`, resumes the "
+                        "RayCluster")]
+    return rows
+
+
+def _cluster_line(outputs: StackOutputs) -> str:
+    return (f"{outputs.cluster_name} in {outputs.cluster_location}, platform {outputs.gpu_platform}, "
+            f"{outputs.gpu_nodes} GPU nodes x {outputs.gpus_per_node} GPUs")
+
+
+def _print_rows(rows: list[tuple[str, str]]) -> int:
+    width = max(len(label) for label, _ in rows)
+    for label, value in rows:
+        print(f"{label.ljust(width)}  {value}")
+    return 0
+
+
+def _live_status(args: argparse.Namespace, target: Target, outputs: StackOutputs) -> int:
     expected_gpus = outputs.gpu_nodes * outputs.gpus_per_node
     with _head(args, outputs) as url:
         version = _ray_call(url, "reading the Ray version", lambda: _ray_version(url))
@@ -363,8 +435,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     shortfall = "" if gpus >= expected_gpus else f"  <- {expected_gpus - gpus:g} GPUs not joined yet"
     rows = [
         ("Stack outputs", outputs.source),
-        ("Cluster", f"{outputs.cluster_name} in {outputs.cluster_location}, platform {outputs.gpu_platform}, "
-                    f"{outputs.gpu_nodes} GPU nodes x {outputs.gpus_per_node} GPUs"),
+        ("Cluster", _cluster_line(outputs)),
         ("Ray head", f"{url}  Ray {version}, svc/{outputs.ray_head_service} in namespace {outputs.namespace}"),
         ("Workers", f"{capacity.workers} of {outputs.gpu_nodes} joined"
                     + (f" ({dead} dead node{'s' if dead != 1 else ''})" if dead else "")),
@@ -383,9 +454,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                  if outputs.fabric_busbw_gbps is not None else "not measured (fabricCheck off, or not deployed)"))
     rows += [("Preflight", line) for line in outputs.preflight_checks]
     rows += [("Checkpoints", outputs.checkpoint_uri), ("Dashboard", outputs.dashboard_command)]
-    width = max(len(label) for label, _ in rows)
-    for label, value in rows:
-        print(f"{label.ljust(width)}  {value}")
+    _print_rows(rows)
     return 1 if status == "UNREADABLE" else 0
 
 
