@@ -109,7 +109,9 @@ def admission_policy(spec: SupervisorSpec) -> dict[str, Any]:
     admissionregistration.k8s.io/v1 (GA in 1.30), matchConditions filter requests, `object`/`oldObject`
     and `request.userInfo` in CEL. Object types are not iterable in Kubernetes CEL, so each spec field is named.
     """
-    checks = [f"spec.{f}" for f in RAY_CLUSTER_SPEC_FIELDS] + ["metadata.labels", "metadata.annotations"]
+    # Owner references and finalizers too: a dangling owner makes the garbage collector delete the cluster.
+    checks = [f"spec.{f}" for f in RAY_CLUSTER_SPEC_FIELDS] + [
+        f"metadata.{f}" for f in ("labels", "annotations", "ownerReferences", "finalizers")]
     return {
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
         "metadata": {"name": admission_policy_name(spec), "labels": dict(LABELS)},
