@@ -35,8 +35,12 @@ class PinnedImageProvider(pulumi.dynamic.ResourceProvider):
     """Resolves the tag in `create` only."""
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.CheckResult:
+        image = news.get("image")
+        if not isinstance(image, str):
+            reason = f"image = {image!r}: must be a tagged image reference, name:tag"
+            return pulumi.dynamic.CheckResult(news, [pulumi.dynamic.CheckFailure("image", reason)])
         try:
-            parse(news.get("image") if isinstance(news.get("image"), str) else "")
+            parse(image)
         except RegistryError as error:
             return pulumi.dynamic.CheckResult(news, [pulumi.dynamic.CheckFailure("image", str(error))])
         return pulumi.dynamic.CheckResult(news, [])
