@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import base64
 import functools
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pulumi
@@ -100,3 +105,28 @@ def test_the_resource_sends_the_tag_and_gets_synths_marked_placeholder() -> None
     assert {k: v for k, v in registered.inputs.items() if k != "__provider"} == {"image": IMAGE}
     # No registry offline: synth does not make a digest up, it marks where it goes.
     assert run.outputs == {"ref": f"{IMAGE}@{synth.UNRESOLVED_DIGEST}", "digest": synth.UNRESOLVED_DIGEST}
+
+
+# What pulumi/dynamic/__main__.py's get_provider does with props["__provider"], then the calls a
+# `pulumi up` that keeps the tag makes (see tests/test_grpo_job_host.py).
+_HOST = """
+import base64, json, sys
+import dill
+request = json.load(sys.stdin)
+assert not any(p in ("", ".") or p.startswith(request["repo"] + "/tests") for p in sys.path), sys.path
+provider = dill.loads(base64.b64decode(request["provider"]))
+diff = provider.diff("id", request["olds"], {"image": request["olds"]["image"]})
+read = provider.read("id", request["olds"])
+print(json.dumps({"module": type(provider).__module__, "changes": diff.changes, "read": read.outs}))
+"""
+
+
+def test_the_provider_loads_and_answers_in_the_provider_hosts_interpreter(tmp_path: Path) -> None:
+    olds = pinned_image.outs(IMAGE, FIRST)
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "PULUMI_PROJECT": synth.PROJECT}
+    answer = subprocess.run(
+        [sys.executable, "-I", "-c", _HOST], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+        input=json.dumps({"provider": serialize_provider(PinnedImageProvider()), "olds": olds,
+                          "repo": str(Path(__file__).resolve().parent.parent)}))
+    assert answer.returncode == 0, answer.stderr
+    assert json.loads(answer.stdout) == {"module": "components.pinned_image", "changes": False, "read": olds}
