@@ -39,7 +39,7 @@ from domain.stack_files import PROJECT_DIR, raw_config
 
 PROJECT = "verl-gke"
 SECRET = "[secret]"
-UNKNOWN = "[unknown]"
+UNKNOWN = deploy_timing.UNKNOWN
 MOCK_PROJECT_NUMBER = "123456789012"
 MOCK_CA = preflight.MOCK_CA
 MOCK_ENDPOINT = preflight.MOCK_ENDPOINT
