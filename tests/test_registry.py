@@ -105,7 +105,7 @@ def test_a_private_image_is_refused_after_the_anonymous_token(hub: RegistryStand
     with pytest.raises(RegistryError) as error:
         resolve_digest("team/private:1", base_url=hub.url)
     assert str(error.value) == ("team/private:1: registry-1.docker.io refused an anonymous token for "
-                                "team/private (HTTP 401): the image is not public")
+                                "team/private (HTTP 401): the repository is not public, or does not exist")
     assert len(hub.manifest_heads()) == 2  # asked once more with the token, not in a loop
 
 
@@ -119,7 +119,7 @@ def test_a_slow_registry_fails_at_the_deadline(hub: RegistryStandIn) -> None:
 
 
 @pytest.mark.parametrize(("header", "shown"), [
-    ("sha256:" + "A" * 64, "'sha256:" + "A" * 64 + "'"),  # the spec's hex is lowercase here: refused
+    ("sha256:" + "A" * 64, "'sha256:" + "A" * 64 + "'"),  # OCI image-spec: [A-F] MUST NOT be used
     ("sha512:" + "1" * 128, "'sha512:" + "1" * 128 + "'"),
     ("", "''"),
 ])

@@ -48,6 +48,7 @@ MANIFEST_TYPES = (
 DEFAULT_TIMEOUT_S = 30.0
 """The whole resolution's deadline (challenge, token, HEAD), not each request's."""
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+"""OCI image-spec descriptor.md, "SHA-256": the encoded part MUST match [a-f0-9]{64}, never [A-F]."""
 _CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
 
 
@@ -89,8 +90,9 @@ def resolve_digest(image: str, timeout_s: float = DEFAULT_TIMEOUT_S, base_url: s
         status, answer, _ = _fetch(image, "HEAD", url, {**headers, "Authorization": f"Bearer {token}"},
                                    deadline, timeout_s)
         if status in (401, 403):
+            # Docker Hub answers so for a repository that does not exist too (it does not say which).
             raise RegistryError(f"{image}: {ref.registry} refused an anonymous token for {ref.repository} "
-                                f"(HTTP {status}): the image is not public")
+                                f"(HTTP {status}): the repository is not public, or does not exist")
     if status == 404:
         raise RegistryError(f"{image}: tag {ref.tag} not found in {ref.registry}/{ref.repository} (HTTP 404)")
     if status != 200:
@@ -105,6 +107,7 @@ def resolve_digest(image: str, timeout_s: float = DEFAULT_TIMEOUT_S, base_url: s
 def _anonymous_token(image: str, ref: ImageName, challenge: str, deadline: float, timeout_s: float) -> str:
     scheme, _, params = challenge.partition(" ")
     fields = dict(_CHALLENGE_PARAM.findall(params))
+    # No credential goes to the realm, so an http one (a loopback registry) leaks nothing.
     if scheme.lower() != "bearer" or not fields.get("realm", "").startswith(("https://", "http://")):
         raise RegistryError(f"{image}: {ref.registry} answered 401 without a Bearer challenge "
                             f"(WWW-Authenticate: {challenge!r})")
