@@ -14,7 +14,7 @@ from domain import hf_token
 from components.gpu_node_pool import GpuNodePool
 from components.grpo_job import GrpoJob
 from components.image_mirror import ImageMirror
-from domain.image_mirror import MIRROR_APIS, is_docker_hub, mirrored, registry_prefix, repository_id
+from domain.image_mirror import MIRROR_APIS, is_docker_hub, registry_prefix, repository_id
 from domain.run_identity import submission_ids
 from domain.stack_run import stack_run
 from domain.grpo_spec import entrypoint, runtime_env
@@ -147,7 +147,7 @@ mapping = NetworkMapping("network", {"nccl_installer_url": installer_url, "netwo
                          k8s.merge(pulumi.ResourceOptions(depends_on=gpu_ready)))
 
 ray_waits_for: list[pulumi.Resource] = [storage, mapping, *gpu_ready]
-ray_image = cfg.verl_image
+image_mirror: str | None = None
 if cfg.image_mirror and is_docker_hub(cfg.verl_image):
     # The nodes pull (and GKE streams) the image from the stack's remote repository of Docker Hub.
     repository = repository_id(cfg.cluster_name)
@@ -157,7 +157,7 @@ if cfg.image_mirror and is_docker_hub(cfg.verl_image):
         "project": cfg.project, "region": cfg.region, "repository_id": repository,
         "reader": pulumi.Output.concat("serviceAccount:", node_account),
     }, gcp_ready))
-    ray_image = mirrored(cfg.verl_image, registry_prefix(cfg.region, cfg.project, repository))
+    image_mirror = registry_prefix(cfg.region, cfg.project, repository)
 if a4x:
     # The DRA driver, its claim template and the ComputeDomain need no GPU node: they install while
     # the GPU pool is created (the driver's kubelet plugin starts on each GB200 node as it joins).
@@ -169,7 +169,9 @@ if a4x:
 ray = RayTrainingCluster("ray", {
     "platform": cfg.platform, "mode": cfg.cluster_mode, "gpu_nodes": cfg.gpu_nodes,
     "namespace": cfg.namespace, "service_account": names.service_account,
-    "claim_name": storage.claim_name, "name": cfg.ray_cluster_name, "image": ray_image,
+    "claim_name": storage.claim_name, "name": cfg.ray_cluster_name,
+    # A tag is pinned by digest at the first `pulumi up` (resolved on Docker Hub, pulled through the mirror).
+    "image": cfg.verl_image, "image_mirror": image_mirror,
     "worker_cpus": cfg.worker_cpus, "worker_memory_gi": cfg.worker_memory_gi,
     "worker_spot": cfg.gpu_spot and cfg.autopilot, "compute_class": gpu_class, "nic_claims": a4x and networks is None,
     "verl_dir": cfg.verl_dir,

@@ -8,6 +8,7 @@ account, the NCCL installer / network mapping, and on A4X the `A4xDra` component
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NotRequired, TypedDict, cast
 
 import pulumi
@@ -15,7 +16,9 @@ import pulumi_kubernetes as k8s
 
 from components.children import child_options, custom_resource
 from components.helm_release import pinned_release
-from domain.platforms import PLATFORMS, Platform, PlatformName
+from components.pinned_image import PinnedImage
+from domain.image_mirror import mirrored
+from domain.platforms import PLATFORMS, Platform, PlatformName, has_digest
 from manifests import kuberay
 from manifests.network_policy import ray_ingress_policy
 from manifests.ray_cluster import HEAD_NODE_POOL, RayClusterSpec, head_service_name, ray_cluster
@@ -41,7 +44,12 @@ class RayTrainingClusterArgs(TypedDict):
     name: NotRequired[str]
     """RayCluster name; default the platform's (b200-ray-cluster, h200-ray-cluster, gb200-ray-cluster)."""
     image: NotRequired[str]
-    """verl image; default the platform's pinned image."""
+    """verl image, `name:tag` or `name@sha256:...`; default the platform's (a tag). A tag is pinned by
+    digest at the first `pulumi up` (components.pinned_image) and kept until this value changes."""
+    image_mirror: NotRequired[str | None]
+    """Registry prefix of a remote repository of Docker Hub (domain.image_mirror): a Docker Hub image
+    is pulled through it, by the digest Docker Hub serves (a remote repository serves the same).
+    Default None: pulled from its own registry."""
     ray_version: NotRequired[str]
     """Ray version inside `image`; default the platform's."""
     worker_cpus: NotRequired[int]
@@ -154,10 +162,21 @@ class RayTrainingCluster(pulumi.ComponentResource):
                                       values=kuberay.helm_values(namespace=spec.namespace), opts=operator_opts)
             # The chart brings the ray.io CRDs and the operator that acts on the RayCluster.
             cluster_opts = child.merge(pulumi.ResourceOptions(depends_on=[operator]))
+        prefix = args.get("image_mirror")
+
+        def pull_ref(image: str) -> str:
+            return mirrored(image, prefix) if prefix else image
+
+        image: pulumi.Input[str] = pull_ref(spec.image)
+        if not has_digest(spec.image):
+            # Resolved against the upstream name; it needs nothing of the cluster, so it waits for nothing.
+            image = PinnedImage(f"{name}-image", {"image": spec.image},
+                                pulumi.ResourceOptions(parent=self)).ref.apply(pull_ref)
         timeout = f"{args.get('ready_timeout_minutes', DEFAULT_READY_TIMEOUT_MINUTES)}m"
         cluster = custom_resource(
             f"{name}-ray-cluster",
-            ray_cluster(spec),
+            # The builder only places the pinned ref (resolved by the engine, like claim_name).
+            ray_cluster(replace(spec, image=cast(str, image))),
             opts=cluster_opts.merge(pulumi.ResourceOptions(
                 custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout),
                 # A fixed name: a replacement must delete the old cluster first.

@@ -23,7 +23,8 @@ from domain.grpo_spec import GRPO_DEFAULTS, GrpoSpec, verl_problems
 from domain.run_identity import DELETES_BEFORE_SAVE_BELOW, verl_version_tuple
 from domain.bucket import DEFAULT_CAPACITY, MOUNT_PATH
 from domain.platforms import (
-    AUTOPILOT_SIDECAR, PINNED_IMAGE_ARCH, PLATFORMS, Mode, Platform, PlatformName, VerlRelease, is_pinned_image,
+    AUTOPILOT_SIDECAR, PINNED_IMAGE_ARCH, PLATFORMS, Mode, Platform, PlatformName, VerlRelease, has_digest,
+    is_pinned_image,
 )
 from domain import pricing
 from domain.pricing import CAPACITY_KINDS, CapacityKind
@@ -60,7 +61,6 @@ _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 _ZONE = re.compile(r"^([a-z]+-[a-z]+[0-9]+)-[a-z]$")
 _QUANTITY = re.compile(r"^[0-9]+(Ki|Mi|Gi|Ti|Pi)$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
-_DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 # A URL naming a commit (40 hex) as one path segment; no user info, query or fragment.
 _COMMIT_URL = re.compile(r"^https://[^/@?#\s]+/(?:[^/?#\s]+/)*[0-9a-f]{40}/[^?#\s]+$")
 # Ranges allowed for the CIDR keys that admit traffic: RFC 1918 and RFC 6598 (shared) space only.
@@ -650,7 +650,7 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
             "registry.example.com/team/verl@sha256:<64 hex>: lowercase path, tag of letters, digits, '_', '.', '-'.")
     elif not is_pinned_image(cfg.verl_image):
         add("verl_image", cfg.verl_image, "an image with a fixed tag (not latest) or an @sha256 digest.")
-    elif cfg.verl_image not in PINNED_IMAGE_ARCH and not _DIGEST.search(cfg.verl_image):
+    elif cfg.verl_image not in PINNED_IMAGE_ARCH and not has_digest(cfg.verl_image):
         add("verl_image", cfg.verl_image, "an image of your own must be pinned by digest "
             "(name@sha256:<64 hex>): a tag can be moved to other code that then runs on every node.")
     if cfg.nccl_installer_url and not _COMMIT_URL.match(cfg.nccl_installer_url):

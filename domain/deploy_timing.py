@@ -30,6 +30,9 @@ NODE_POOL = "gcp:container/nodePool:NodePool"
 RAY_CLUSTER = "kubernetes:ray.io/v1:RayCluster"
 GRPO_JOB = "pulumi-python:dynamic:GrpoJob"
 CONFIG_FILE = "kubernetes:yaml/v2:ConfigFile"
+AR_REPOSITORY = "gcp:artifactregistry/repository:Repository"
+UNKNOWN = "[unknown]"
+"""How synth records a value the engine does not know yet (verl_gke.synth)."""
 FLOOR_SLACK = 0.10
 """How far above GKE's floor the modeled critical path may be (the program's target)."""
 _NO_TIME = Duration(0, "a component or a provider: no cloud call of its own")
@@ -83,7 +86,7 @@ def duration(resource: Mapping[str, Any], has_gpu_pool: bool, streaming: bool = 
     if kind == NODE_POOL and resource["name"] == GPU_POOL_NAME:
         return GPU_POOL_CREATE
     if kind == RAY_CLUSTER:
-        pods = RAY_PODS_STREAMED if streaming and _streamed(resource["inputs"]) else RAY_PODS_FROM_DOCKER_HUB
+        pods = RAY_PODS_STREAMED if streaming and _streamed(resource) else RAY_PODS_FROM_DOCKER_HUB
         if has_gpu_pool:
             return pods
         return Duration(AUTOPILOT_GPU_NODES.seconds + pods.seconds, f"{AUTOPILOT_GPU_NODES.source}; {pods.source}")
@@ -93,10 +96,21 @@ def duration(resource: Mapping[str, Any], has_gpu_pool: bool, streaming: bool = 
 
 
 def _streamed(ray_cluster: Mapping[str, Any]) -> bool:
-    """Whether the GPU workers' image is served from Artifact Registry (GKE streams only those)."""
-    groups = ray_cluster.get("spec", {}).get("workerGroupSpecs", [])
+    """Whether the GPU workers' image is served from Artifact Registry (GKE streams only those). A
+    first preview does not know an image pinned at `pulumi up` (components.pinned_image): it is
+    served from there when the RayCluster waits for an Artifact Registry repository (the mirror)."""
+    groups = ray_cluster["inputs"].get("spec", {}).get("workerGroupSpecs", [])
     images = [c.get("image", "") for g in groups for c in g["template"]["spec"]["containers"]]
+    if UNKNOWN in images:
+        return any(_urn_type(urn) == AR_REPOSITORY for urn in ray_cluster.get("dependencies", []))
     return bool(images) and all(i.split("/", 1)[0].endswith(_AR_HOST_SUFFIX) for i in images)
+
+
+def _urn_type(urn: str) -> str:
+    """A resource's type from its URN, `urn:pulumi:<stack>::<project>::<parent types$>type::<name>`
+    (Pulumi docs, "Resource URNs")."""
+    parts = urn.split("::")
+    return parts[2].rsplit("$", 1)[-1] if len(parts) == 4 else ""
 
 
 def model(resources: Sequence[Mapping[str, Any]]) -> DeployModel:

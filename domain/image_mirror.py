@@ -33,14 +33,17 @@ def is_docker_hub(image: str) -> bool:
     return "." not in first and ":" not in first and first != "localhost"
 
 
-def mirrored(image: str, prefix: str) -> str:
-    """`image` (a tag or a digest) through the remote repository at `prefix`; unchanged when it is
-    not a Docker Hub image. `verlai/verl@sha256:...` -> `<prefix>/verlai/verl@sha256:...`; an official
-    image (`ubuntu:24.04`) is `library/ubuntu:24.04` upstream."""
-    if not is_docker_hub(image):
-        return image
+def docker_hub_path(image: str) -> str:
+    """A Docker Hub image's path on Docker Hub's registry, tag or digest kept: `docker.io/verlai/verl:1`
+    -> `verlai/verl:1`; an official image (`ubuntu:24.04`) is `library/ubuntu:24.04` there."""
     first, _, rest = image.partition("/")
     path = rest if first in _DOCKER_HUB_HOSTS else image
-    if "/" not in path:
-        path = f"library/{path}"
-    return f"{prefix}/{path}"
+    return path if "/" in path else f"library/{path}"
+
+
+def mirrored(image: str, prefix: str) -> str:
+    """`image` (a tag or a digest) through the remote repository at `prefix`; unchanged when it is
+    not a Docker Hub image. `verlai/verl@sha256:...` -> `<prefix>/verlai/verl@sha256:...`."""
+    if not is_docker_hub(image):
+        return image
+    return f"{prefix}/{docker_hub_path(image)}"

@@ -8,6 +8,7 @@ for the reserved share. Pure data: importable without Pulumi.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -34,6 +35,14 @@ class VerlRelease:
     def dir_name(self) -> str:
         """Where it is unpacked under the bucket mount, one directory per version."""
         return f"verl-{self.version}"
+
+
+_DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+
+
+def has_digest(image: str) -> bool:
+    """Pinned to its bytes: `name[:tag]@sha256:<64 hex>`. A tag alone can be moved."""
+    return bool(_DIGEST.search(image))
 
 
 def is_pinned_image(image: str) -> bool:
@@ -399,6 +408,8 @@ DEPLOY_DURATIONS: dict[str, Duration] = {
     "pulumi-python:dynamic:GrpoJob": Duration(
         90, "the readiness gate, the fabric check (an all-reduce of 256 MB, seconds, after NCCL set-up) and "
         f"the submission until RUNNING; {_ESTIMATE}"),
+    "pulumi-python:dynamic:PinnedImage": Duration(
+        2, f"two small HTTPS requests to the image's registry (a token, a manifest HEAD); {_ESTIMATE}"),
 }
 """Create time per resource type; a Kubernetes object not listed is one API write (KUBE_WRITE)."""
 KUBE_WRITE = Duration(2, "one Kubernetes API write, not awaited further")

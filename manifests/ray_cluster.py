@@ -119,7 +119,8 @@ class RayClusterSpec:
             )
         if self.mode not in get_args(Mode):
             out.append(f"mode = {self.mode!r}: must be one of {', '.join(get_args(Mode))}")
-        if not is_pinned_image(self.image):
+        # A value that is not a str is resolved at deploy (a digest-pinned ref): the builder only places it.
+        if isinstance(self.image, str) and not is_pinned_image(self.image):
             out.append(f"image = {self.image!r}: needs a fixed tag or digest (not 'latest')")
         for field_name in ("gpus_per_node", "worker_replicas", "worker_cpus", "worker_memory_gi",
                            "worker_ephemeral_gi", "shm_gi"):

@@ -9,6 +9,7 @@ import pytest
 from domain import deploy_timing
 from domain.platforms import DEPLOY_DURATIONS, GPU_POOL_CREATE, KUBE_WRITE
 from tests.conftest import STACKS
+from verl_gke import synth
 
 # Modeled minutes to the first training step, per stack (the durations of domain.platforms).
 MODELED_MIN = {"a4": 26.2, "a4-standard": 26.2, "a3u-standard": 26.2, "a4x": 26.0}
@@ -89,6 +90,21 @@ def test_an_image_from_artifact_registry_is_streamed() -> None:
     assert (docker_hub.seconds, streamed.seconds) == (300, 90)
     # Autopilot: GKE makes the GPU nodes once the pods wait for them.
     assert deploy_timing.duration(_ray([], "verlai/verl:x"), has_gpu_pool=False).seconds == 900
+
+
+def test_an_image_not_known_yet_is_streamed_when_the_ray_cluster_waits_for_the_mirror() -> None:
+    """A first preview knows no digest pinned at `pulumi up`: the whole image is unknown then."""
+    repository = f"urn:pulumi:a4::verl-gke::verl-gke:index:ImageMirror${deploy_timing.AR_REPOSITORY}::images-repository"
+    mirrored = _ray([], deploy_timing.UNKNOWN)
+    mirrored["dependencies"] = [repository]
+    assert deploy_timing.duration(mirrored, has_gpu_pool=True).seconds == 90
+    assert deploy_timing.duration(_ray(["gpu-pool"], deploy_timing.UNKNOWN), has_gpu_pool=True).seconds == 300
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_a_first_preview_models_the_same_time(stack: str) -> None:
+    preview = deploy_timing.model(resources(synth.run(stack, preview=True)))
+    assert round(preview.total_s / 60, 1) == MODELED_MIN[stack]
 
 
 def test_a_config_file_is_waited_for_with_its_siblings_and_unknown_kinds_are_named() -> None:

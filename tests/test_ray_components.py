@@ -4,6 +4,7 @@ in which order, and the RayCluster / DRA objects as the engine would send them (
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 import pulumi
@@ -17,8 +18,16 @@ from manifests import dra, kuberay
 from manifests.ray_cluster import ray_cluster
 from tests.k8s_schema import validate_core, validate_custom
 from tests.mock_run import MockRun
+from verl_gke import synth
 
 RAY_CLUSTER = "kubernetes:ray.io/v1:RayCluster"
+DIGEST = "sha256:" + "cd" * 32
+
+
+def pinned(image: str) -> str:
+    """What the pods get for a tagged image under the mock engine: the PinnedImage's ref, with synth's
+    marked placeholder where the registry's digest goes at the first `pulumi up`."""
+    return f"{image}@{synth.UNRESOLVED_DIGEST}"
 RELEASE = "kubernetes:helm.sh/v3:Release"
 
 
@@ -58,7 +67,9 @@ def test_ray_cluster_is_the_builders_manifest_and_valid(platform: str, mode: str
     run = deploy(args)
     registration = run.one(RAY_CLUSTER)
     sent = run.manifest(registration)
-    assert sent == ray_cluster(cluster_spec(args))
+    # The platform's image is a tag: the RayCluster gets it pinned by digest, everything else as built.
+    spec = cluster_spec(args)
+    assert sent == ray_cluster(replace(spec, image=pinned(PLATFORMS[platform].image)))
     validate_custom(sent)
     assert sent["metadata"]["name"] == PLATFORMS[platform].ray_cluster_name
     assert "annotations" not in sent["metadata"] and "suspend" not in sent["spec"]  # the supervisor's field
@@ -70,7 +81,12 @@ def test_ray_cluster_is_the_builders_manifest_and_valid(platform: str, mode: str
 def test_every_child_uses_the_one_provider_and_waits_for_the_prerequisites() -> None:
     run = deploy(ray_args("a4x", install_kuberay=True), {"namespace": "verl", "gpu_nodes": 2})
     provider = run.by_name["k8s"].urn
-    children = [r for r in run.registrations if r.custom and r.name not in ("k8s", "prerequisite")]
+    # The image's pin is no Kubernetes object and needs nothing of the cluster: it asks the registry
+    # at once, not after the GPU nodes, under its own (dynamic) provider.
+    pin = run.by_name["ray-image"]
+    assert (pin.type, pin.parent, pin.dependencies) == (synth.PINNED_IMAGE_TYPE, run.by_name["ray"].urn, [])
+    assert pin.provider != provider
+    children = [r for r in run.registrations if r.custom and r.name not in ("k8s", "prerequisite", "ray-image")]
     assert len(children) == 8  # the DRA objects, the operator, the RayCluster and its NetworkPolicy
     assert {r.provider for r in children} == {provider}
     prerequisite = run.by_name["prerequisite"].urn
@@ -97,13 +113,39 @@ def test_overrides_reach_the_manifest() -> None:
     pod = worker["template"]["spec"]
     assert sent["metadata"]["name"] == "my-ray"
     assert sent["spec"]["rayVersion"] == "2.49.1"
-    assert pod["containers"][0]["image"] == "verlai/verl:vllm011.dev7"
+    assert pod["containers"][0]["image"] == pinned("verlai/verl:vllm011.dev7")
     assert pod["containers"][0]["resources"]["requests"]["cpu"] == "200"
     assert pod["containers"][0]["resources"]["requests"]["memory"] == "2000Gi"
     assert (worker["replicas"], worker["minReplicas"], worker["maxReplicas"]) == (3, 3, 3)
     assert sent["spec"]["headGroupSpec"]["template"]["spec"]["nodeSelector"] == {"cloud.google.com/gke-nodepool": "cpu-pool"}
     assert {"name": "PYTHONPATH", "value": "/data/verl"} in pod["containers"][0]["env"]
     assert run.outputs["headService"] == "my-ray-head-svc"
+
+
+def _images(run: MockRun) -> set[str]:
+    spec = run.manifest(run.one(RAY_CLUSTER))["spec"]
+    pods = [spec["headGroupSpec"]["template"], *(g["template"] for g in spec["workerGroupSpecs"])]
+    return {c["image"] for pod in pods for c in pod["spec"]["containers"]}
+
+
+def test_a_tag_is_pinned_once_by_its_upstream_name_and_pulled_through_the_mirror() -> None:
+    prefix = "us-central1-docker.pkg.dev/p/verl-a4-docker-hub"
+    run = deploy(ray_args("a4", image="verlai/verl:vllm011.dev7", image_mirror=prefix))
+    (pin,) = run.of_type(synth.PINNED_IMAGE_TYPE)
+    assert pin.inputs["image"] == "verlai/verl:vllm011.dev7"  # Docker Hub's name: the digest is the mirror's too
+    assert pin.urn in run.one(RAY_CLUSTER).dependencies
+    assert _images(run) == {f"{prefix}/verlai/verl:vllm011.dev7@{synth.UNRESOLVED_DIGEST}"}
+    assert _images(deploy(ray_args("a4", image="verlai/verl:vllm011.dev7"))) == {pinned("verlai/verl:vllm011.dev7")}
+
+
+@pytest.mark.parametrize(("mirror", "expected"), [
+    (None, f"verlai/verl@{DIGEST}"),
+    ("us-central1-docker.pkg.dev/p/r", f"us-central1-docker.pkg.dev/p/r/verlai/verl@{DIGEST}"),
+])
+def test_an_image_with_a_digest_is_used_as_it_is(mirror: str | None, expected: str) -> None:
+    run = deploy(ray_args("a4", image=f"verlai/verl@{DIGEST}", image_mirror=mirror))
+    assert not run.of_type(synth.PINNED_IMAGE_TYPE)
+    assert _images(run) == {expected}
 
 
 def test_claim_name_output_becomes_a_dependency_and_lands_in_the_volumes() -> None:

@@ -31,6 +31,7 @@ from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
 
 from domain import deploy_timing, preflight, run_memory
+from components import pinned_image
 from components.grpo_job import planned_outs
 from domain.run_identity import whole_numbers
 from verl_gke import output_dir
@@ -38,13 +39,16 @@ from domain.stack_files import PROJECT_DIR, raw_config
 
 PROJECT = "verl-gke"
 SECRET = "[secret]"
-UNKNOWN = "[unknown]"
+UNKNOWN = deploy_timing.UNKNOWN
 MOCK_PROJECT_NUMBER = "123456789012"
 MOCK_CA = preflight.MOCK_CA
 MOCK_ENDPOINT = preflight.MOCK_ENDPOINT
 MOCK_DNS_ENDPOINT = preflight.MOCK_DNS_ENDPOINT
 
 GRPO_JOB_TYPE = "pulumi-python:dynamic:GrpoJob"
+PINNED_IMAGE_TYPE = "pulumi-python:dynamic:PinnedImage"
+UNRESOLVED_DIGEST = "[digest resolved at pulumi up]"
+"""What synth puts where the registry's digest goes: no registry is asked offline, and none is made up."""
 # Top-level fields of a Kubernetes object, in the order kubectl shows them.
 _MANIFEST_FIELDS = ("apiVersion", "kind", "metadata", "type", "immutable", "data", "stringData", "spec",
                     "rules", "roleRef", "subjects")
@@ -166,6 +170,9 @@ class SynthMocks(pulumi.runtime.Mocks):
             # submission id and dashboard command are known offline; the run's status is not.
             state = planned_outs(engine_numbers(state), UNKNOWN)
             return state["submission_id"], state
+        elif args.typ == PINNED_IMAGE_TYPE:
+            state = pinned_image.outs(state["image"], UNRESOLVED_DIGEST)
+            return state["ref"], state
         return f"{args.name}-id", state
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list[tuple[str, str]]]:
