@@ -32,7 +32,9 @@ from verl_gke import fabric
 from verl_gke.cluster_readiness import await_capacity
 from verl_gke.cluster_api import cluster_api
 from verl_gke.kubeconfig import is_dns_endpoint
-from workloads import run_lifecycle
+from manifests.ray_cluster import ray_cluster_of
+from workloads import export_model, run_lifecycle
+from workloads.run_supervisor import KubernetesControl
 from workloads.run_lifecycle import (
     CLAIM_GRACE_S,
     DEADLINE_ENV,
@@ -256,16 +258,27 @@ class _JobSpec:
         default = re.sub(r"[^a-z0-9-]", "-", f"{SUBMISSION_ID_PREFIX}-{self.stack}".lower())[:59].strip("-") + "-run"
         return self.run_record or default
 
-    def records(self) -> RecordStore:
-        """Where the run record is kept (see GrpoJobArgs.kube_api_url)."""
+    def kube_api(self) -> KubernetesApi | None:
+        """The cluster's Kubernetes API (see GrpoJobArgs.kube_api_url); None when neither is given."""
         timeout = self.reach_timeout_s
         if self.kube_api_url:
-            api = KubernetesApi(self.kube_api_url, timeout_s=timeout)
-        elif self.cluster_endpoint and (self.cluster_ca_certificate or is_dns_endpoint(self.cluster_endpoint)):
-            api = cluster_api(self.cluster_endpoint, self.cluster_ca_certificate, timeout)
-        else:
-            return MemoryRecords()
-        return ConfigMapRecords(api, self.namespace, self.record_name)
+            return KubernetesApi(self.kube_api_url, timeout_s=timeout)
+        if self.cluster_endpoint and (self.cluster_ca_certificate or is_dns_endpoint(self.cluster_endpoint)):
+            return cluster_api(self.cluster_endpoint, self.cluster_ca_certificate, timeout)
+        return None
+
+    def records(self) -> RecordStore:
+        """Where the run record is kept."""
+        api = self.kube_api()
+        return MemoryRecords() if api is None else ConfigMapRecords(api, self.namespace, self.record_name)
+
+    def resume_cluster(self) -> None:
+        """Brings back a RayCluster an earlier run's end released (suspended), before the readiness
+        gate waits for it: the same field and field manager as the supervisor's release, so one owner
+        writes `spec.suspend`, whoever runs it. Nothing to do without the API or the head service."""
+        api = self.kube_api()
+        if api is not None and self.head_service:
+            KubernetesControl(api, self.namespace, ray_cluster_of(self.head_service)).set_released(False)
 
     @property
     def address(self) -> str:
@@ -419,8 +432,8 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
         run_id = spec.run_key
         started = time.monotonic()
         busbw: float | None = None
-        # The record before the head: a run that ended has its RayCluster suspended (no head), and
-        # a reopened one is resumed by the supervisor only once the record says it is open again.
+        # The record before the head: a run that ended has its RayCluster suspended (no head); this
+        # run resumes it once the record says it has begun, so a deploy that dies before never does.
         record = run_lifecycle.begin(records, run_id, spec.attempt, time.time())
         if record.outcome == SUCCEEDED:
             # A finished run applied again is done, not trained again.
@@ -433,6 +446,7 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
                 "Bump verl-gke:jobAttempt to run it again from its last checkpoint.")
         with ExitStack() as stack:
             try:
+                spec.resume_cluster()
                 client = stack.enter_context(_client(spec, spec.ready_timeout_s))
             except Exception:
                 _deploy_failed(records, run_id)  # the head never came: the supervisor releases the GPUs
@@ -680,16 +694,18 @@ def _end_fabric_checks(client: JobSubmissionClient, spec: _JobSpec) -> None:
 
 def _refuse_a_second_run(jobs: list[JobDetails], spec: _JobSpec) -> None:
     """One stack, one live run: another run of this stack (one an interrupted update left behind,
-    say) holds the GPUs and writes the same checkpoints; so does a fabric check of the stack."""
+    say) holds the GPUs and writes the same checkpoints; so does a fabric check of the stack, and a
+    model export on this head (its merge holds a GPU node's memory; the head is the stack's own)."""
     prefix = f"{SUBMISSION_ID_PREFIX}-{spec.stack}-"
     live = sorted(j.submission_id for j in jobs if j.submission_id and _value(j.status) in LIVE and (
         j.submission_id.startswith(prefix) and j.submission_id not in spec.attempt_ids
-        or fabric.is_check_of(j.submission_id, spec.stack)))
+        or fabric.is_check_of(j.submission_id, spec.stack)
+        or j.submission_id.startswith(export_model.SUBMISSION_PREFIX)))
     if live:
         raise RuntimeError(
-            f"GrpoJob {spec.submission_id}: another run of stack {spec.stack} is live on {spec.address}: "
-            f"{', '.join(live)}. Two runs would share the GPUs and the checkpoint folder; stop it "
-            f"(`ray job stop {live[0]}` through `verl-gke dashboard`) and run again."
+            f"GrpoJob {spec.submission_id}: another run or a model export of stack {spec.stack} is live on "
+            f"{spec.address}: {', '.join(live)}. They would share the GPUs (and a run the checkpoint folder); "
+            f"let it end or stop it (`ray job stop {live[0]}` through `verl-gke dashboard`) and run again."
         )
 
 

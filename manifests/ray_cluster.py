@@ -144,9 +144,17 @@ class RayClusterSpec:
         return out
 
 
+HEAD_SERVICE_SUFFIX = "-head-svc"
+
+
 def head_service_name(cluster_name: str) -> str:
     """The head Service KubeRay creates for a RayCluster (`<name>-head-svc`)."""
-    return f"{cluster_name}-head-svc"
+    return f"{cluster_name}{HEAD_SERVICE_SUFFIX}"
+
+
+def ray_cluster_of(head_service: str) -> str:
+    """The RayCluster whose head Service this is (head_service_name's inverse)."""
+    return head_service.removesuffix(HEAD_SERVICE_SUFFIX)
 
 
 WORKER_CAPABILITIES = ("IPC_LOCK",)

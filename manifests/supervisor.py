@@ -3,7 +3,7 @@ run_lifecycle.py and export_model.py it imports) and config in a ConfigMap, a se
 replace only the run record ConfigMap and patch only this RayCluster (a ValidatingAdmissionPolicy
 lets those patches change spec.suspend only), and a one-pod Deployment on
 the CPU nodes. Pure builders. The run record itself is created by the GrpoJob provider's first
-claim (workloads/run_lifecycle.py) and outlives the stack's resources, like the checkpoints.
+claim (workloads/run_lifecycle.py) and lives as long as the namespace (`pulumi destroy` removes it).
 """
 
 from __future__ import annotations

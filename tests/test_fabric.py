@@ -140,7 +140,7 @@ def test_a_check_left_running_by_a_lost_head_is_a_live_run_the_next_create_stops
     jobs = JobSubmissionClient(two_gpu_nodes.dashboard_url).list_jobs()
     # Counted as a live run of the stack by the one-live-run check...
     props = _props(two_gpu_nodes, stack=stack, fabric_check=False, expected_workers=0)
-    with pytest.raises(RuntimeError, match=f"another run of stack {stack} is live on .*: {sid}\\. "):
+    with pytest.raises(RuntimeError, match=f"another run or a model export of stack {stack} is live on .*: {sid}\\. "):
         _refuse_a_second_run(jobs, _JobSpec.from_props(props))
     # ...which a create ends before it submits.
     result = GrpoJobProvider().create(props)

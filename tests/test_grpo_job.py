@@ -545,11 +545,28 @@ def test_create_refuses_to_start_a_second_live_run_of_the_same_stack(
     try:
         with pytest.raises(RuntimeError) as raised:
             GrpoJobProvider().create(second_props)
-        assert f"another run of stack {second_props['stack']} is live on {ray_head}: {first.id}." in str(raised.value)
+        assert f"another run or a model export of stack {second_props['stack']} is live on {ray_head}: {first.id}." in str(raised.value)
         assert _JobSpec.from_props(second_props).submission_id not in {
             j.submission_id for j in JobSubmissionClient(ray_head).list_jobs()}
     finally:
         GrpoJobProvider().delete(first.id, _outs_of(first))
+
+
+def test_create_refuses_a_run_while_a_model_export_holds_a_gpu_node(
+        ray_head: str, props: Callable[..., dict[str, Any]]) -> None:
+    """An export (the supervisor's of the last run, or `verl-gke export`) merges on a GPU worker."""
+    from workloads.export_model import SUBMISSION_PREFIX
+
+    export_id = f"{SUBMISSION_PREFIX}run-0123-final-0"
+    JobSubmissionClient(ray_head).submit_job(entrypoint=_py("import time; time.sleep(600)"), submission_id=export_id)
+    run_props = props(_py("pass"), startup_grace_s=0.0)
+    try:
+        with pytest.raises(RuntimeError) as raised:
+            GrpoJobProvider().create(run_props)
+        assert f"another run or a model export of stack {run_props['stack']} is live on {ray_head}: {export_id}." \
+            in str(raised.value)
+    finally:
+        JobSubmissionClient(ray_head).stop_job(export_id)
 
 
 def test_a_create_that_gives_up_on_a_pending_run_stops_it(ray_head: str, props: Callable[..., dict[str, Any]]) -> None:

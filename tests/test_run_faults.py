@@ -254,7 +254,7 @@ def test_4_failed_deploy_releases_the_workers_and_a_cluster_never_whole_ends_the
     spec = _JobSpec.from_props(props)
     other = f"verl-grpo-{props['stack']}-000000000000"
     RayJobs(heads["head"].dashboard_url).submit(other, SLEEP, {}, {})
-    with pytest.raises(RuntimeError, match="another run of stack"):
+    with pytest.raises(RuntimeError, match="another run or a model export of stack"):
         GrpoJobProvider().create(props)
     watcher = supervisor(heads["head"], url, spec)
     watcher.step()
@@ -453,6 +453,26 @@ def test_7_pulumi_and_the_supervisor_never_own_the_same_field(api):
     with pytest.raises(Exception, match="409"):
         kube.request("PATCH", f"{RAY_CLUSTER}?fieldManager=pulumi-kubernetes", apply,
                      content_type="application/apply-patch+yaml")
+
+
+def test_7_the_run_that_needs_a_released_cluster_resumes_it_itself(heads, api):
+    """The job provider resumes a suspended RayCluster once its run has begun (whatever the
+    supervisor's settings), with the supervisor's field manager: one owner of spec.suspend."""
+    url, state = api
+    state.objects[RAY_CLUSTER]["spec"]["suspend"] = True
+    props = job_props(heads["head"], url, QUICK, head_service="rc-head-svc")
+    spec = _JobSpec.from_props(props)
+    GrpoJobProvider().create(props)
+    assert not released(state)
+    (resume,) = [r for r in state.requests if r[0] == "PATCH" and RAY_CLUSTER in r[1]]
+    assert resume[1].endswith("?fieldManager=verl-gke-run-supervisor") and resume[3]["spec"] == {"suspend": False}
+    wait_for(lambda: status(heads["head"], spec.attempt_ids[0]) == "SUCCEEDED", 60, "the run's end")
+
+    # A run that already succeeded is reported done without bringing the GPUs back.
+    run_lifecycle.end(spec.records(), spec.run_key, run_lifecycle.SUCCEEDED, time.time(), released=True)
+    state.objects[RAY_CLUSTER]["spec"]["suspend"] = True
+    done = GrpoJobProvider().create(props)
+    assert done.outs["status"] == "SUCCEEDED" and released(state)
 
 
 def test_8_each_run_has_its_own_checkpoint_folder_and_a_finished_run_is_not_retrained(heads, api):

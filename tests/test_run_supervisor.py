@@ -250,13 +250,36 @@ def test_kubernetes_control_sends_exactly_these_requests(api):
     assert state.requests[-1][3] == {"metadata": {"resourceVersion": str(int(version) + 1)}, "spec": {"suspend": False}}
 
 
-def test_before_a_new_runs_first_attempt_released_workers_come_back():
+def test_a_run_that_has_not_begun_gets_no_workers_from_the_supervisor():
+    """`pulumi up` begins the run and resumes the cluster itself: a deploy that fails before (staging,
+    the RayCluster update, Ctrl-C) must not leave GPUs up with no run to end them."""
     spec = _JobSpec.from_props({"dashboard_url": "http://x", "entrypoint": "e", "runtime_env": {}, "run_id": "new"})
-    control = RecordingControl()
-    supervisor = make_supervisor("http://x", spec, control, MemoryRecords(), expected_workers=2)
+    control, records = RecordingControl(), MemoryRecords()
+    supervisor = make_supervisor("http://x", spec, control, records, expected_workers=2)
+    supervisor.step()
+    assert control.calls == []
+    run_lifecycle.begin(records, "new", 0, time.time())
     supervisor.step()
     supervisor.step()
-    assert control.calls == [("set_released", False)]  # once, so the job provider's readiness gate can pass
+    assert control.calls == [("set_released", False)]  # begun: once, a no-op after the provider's own resume
+
+
+def test_a_run_reopened_while_it_is_released_gets_its_workers_back():
+    class Reopening(RecordingControl):
+        def set_released(self, released: bool) -> None:
+            super().set_released(released)
+            if released:  # `pulumi up` reopens the run between the supervisor's read and its suspend
+                run_lifecycle.begin(records, "r", 0, time.time())
+
+    records = MemoryRecords()
+    run_lifecycle.begin(records, "r", 0, time.time())
+    run_lifecycle.end(records, "r", run_lifecycle.DEPLOY_FAILED, time.time())
+    spec = _JobSpec.from_props({"dashboard_url": "http://x", "entrypoint": "e", "runtime_env": {}, "run_id": "r"})
+    control = Reopening()
+    make_supervisor("http://x", spec, control, records).step()
+    assert control.calls == [("set_released", True), ("set_released", False)]
+    record = records.get("r")
+    assert record is not None and record.outcome == "" and not record.released
 
 
 def test_a_release_that_fails_is_tried_again():

@@ -366,11 +366,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _released_run(args: argparse.Namespace, outputs: StackOutputs, unreachable: HeadAccessError) -> RunRecord | None:
     """The stack's run from its record when it ended and its GPU workers were released; else None."""
-    from manifests.ray_cluster import head_service_name
+    from manifests.ray_cluster import ray_cluster_of
     from manifests.supervisor import run_record_name
     from workloads.run_lifecycle import ConfigMapRecords, KubernetesApi
 
-    ray_cluster = outputs.ray_head_service.removesuffix(head_service_name(""))
+    ray_cluster = ray_cluster_of(outputs.ray_head_service)
     run_id = outputs.checkpoint_uri.rstrip("/").rsplit("/", 1)[-1]  # `<grpoCheckpointDir>/<run id>`
     _progress(f"the Ray head did not answer; reading the run record {run_record_name(ray_cluster)}")
     try:

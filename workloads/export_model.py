@@ -132,6 +132,10 @@ def model_path(run_id: str, step: int | None = None) -> str:
     return f"{run_id}/model" if step is None else f"{run_id}/model-step-{step}"
 
 
+SUBMISSION_PREFIX = "verl-export-"
+"""Every export's Ray submission id starts so (a run's final model, or `verl-gke export --step N`)."""
+
+
 def submission(*, run_id: str, checkpoint_dir: str, step: int | None, working_dir: str,
                memory_bytes: int | None = None, mount: str = MOUNT_PREFIX, verl_dir: str | None = None,
                python: str = "python") -> dict:
@@ -151,7 +155,7 @@ def submission(*, run_id: str, checkpoint_dir: str, step: int | None, working_di
         args += ["--verl-dir", verl_dir]
     kwargs: dict = {
         "entrypoint": " ".join(args),
-        "submission_id": f"verl-export-{run_id}-{'final' if step is None else f'step-{step}'}",
+        "submission_id": f"{SUBMISSION_PREFIX}{run_id}-{'final' if step is None else f'step-{step}'}",
         "runtime_env": {"working_dir": working_dir},
         "metadata": {"verl_gke_export": target},
     }

@@ -174,9 +174,10 @@ class Supervisor:
         now = self.clock()
         record = self.records.get(self.config.run_id)
         if record is None or record.generation < self.config.generation:
-            # This run has not begun: `pulumi up` claims attempt 0 once the workers joined. Bring
-            # back workers an earlier run's end released, once.
-            return self._restore_workers()
+            # This run has not begun: `pulumi up` begins it, resumes a released cluster and claims
+            # attempt 0 once the workers joined. Nothing to do: resuming now would hold GPUs for a
+            # deploy that may never get that far.
+            return
         if record.generation > self.config.generation:
             return  # a supervisor of an older spec, about to be replaced
         if record.outcome:
@@ -294,16 +295,21 @@ class Supervisor:
         if record.released or not self._exported(record, now) or not self.config.release_workers:
             return
         record = self.records.get(self.config.run_id) or record
+        if not record.outcome:
+            return  # `pulumi up` reopened the run since this step began
         # An export given up on is not waited for: Ray cannot stop a job whose driver never got a node
         # (it stays PENDING until its start timeout), and its merge publishes nothing half-written.
         if self._live_jobs(ignore={record.export_id} if record.export_outcome else set()):
             return
         self.control.set_released(True)
         self.workers_restored = False  # a reopened run gets them back
-        if not record.released:
-            self.records.update(self.config.run_id, lambda r: r and replace(r, released=True).decided(
-                "GPU workers released", now))
-            self.log(f"run supervisor: GPU workers released ({record.outcome})")
+        released = self.records.update(self.config.run_id, lambda r: replace(r, released=True).decided(
+            "GPU workers released", now) if r and r.outcome and not r.released else r)
+        if released is not None and not released.outcome:
+            # Reopened between the read and the suspend: the reopened run needs the cluster back.
+            self._restore_workers()
+            return
+        self.log(f"run supervisor: GPU workers released ({record.outcome})")
 
     def _exported(self, record: RunRecord, now: float) -> bool:
         """Whether the model export is over (or none is due): a run that succeeded is merged before
