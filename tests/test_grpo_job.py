@@ -566,7 +566,12 @@ def test_create_refuses_a_run_while_a_model_export_holds_a_gpu_node(
         assert f"another run or a model export of stack {run_props['stack']} is live on {ray_head}: {export_id}." \
             in str(raised.value)
     finally:
-        JobSubmissionClient(ray_head).stop_job(export_id)
+        client = JobSubmissionClient(ray_head)
+        client.stop_job(export_id)
+        deadline = time.monotonic() + 30  # the next test shares the head: the export must be over
+        while not client.get_job_status(export_id).is_terminal():
+            assert time.monotonic() < deadline, f"{export_id} still live 30 s after its stop"
+            time.sleep(0.2)
 
 
 def test_a_create_that_gives_up_on_a_pending_run_stops_it(ray_head: str, props: Callable[..., dict[str, Any]]) -> None:
