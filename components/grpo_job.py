@@ -435,6 +435,11 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
         # The record before the head: a run that ended has its RayCluster suspended (no head); this
         # run resumes it once the record says it has begun, so a deploy that dies before never does.
         record = run_lifecycle.begin(records, run_id, spec.attempt, time.time())
+        if record.generation > spec.attempt:
+            # Its supervisor would watch the older generation and leave the newer one unreleased.
+            raise RuntimeError(
+                f"GrpoJob: run {run_id} is at jobAttempt {record.generation} in its run record, above this "
+                f"stack's jobAttempt {spec.attempt}. Set verl-gke:jobAttempt to {record.generation} or higher.")
         if record.outcome == SUCCEEDED:
             # A finished run applied again is done, not trained again.
             done = record.newest.submission_id if record.newest else spec.submission_id

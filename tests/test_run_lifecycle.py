@@ -63,3 +63,20 @@ def test_a_run_ended_by_a_delete_or_a_failed_deploy_is_reopened_a_finished_one_i
             assert run_lifecycle.begin(records, run_id, 0, time.time()).outcome == ("" if reopened else outcome)
             # A new generation (jobAttempt) always starts over.
             assert run_lifecycle.begin(records, run_id, 1, time.time()).outcome == ""
+
+
+def test_an_older_generation_neither_starts_over_nor_reopens_a_newer_ones_record():
+    from components.grpo_job import GrpoJobProvider
+
+    with kube_api() as (url, _):
+        records = ConfigMapRecords(KubernetesApi(url), "ray", "rc-run")
+        run_lifecycle.begin(records, "r", 2, time.time())
+        newer = run_lifecycle.end(records, "r", run_lifecycle.DEPLOY_FAILED, time.time())
+        assert run_lifecycle.begin(records, "r", 1, time.time()) == newer
+        # The job provider of a lowered jobAttempt refuses before it touches the cluster.
+        props = {"dashboard_url": "http://127.0.0.1:9", "kube_api_url": url, "namespace": "ray", "run_record": "rc-run",
+                 "run_id": "r", "attempt": 1, "entrypoint": "e", "runtime_env": {}}
+        with pytest.raises(RuntimeError, match="^GrpoJob: run r is at jobAttempt 2 in its run record, above this "
+                                               "stack's jobAttempt 1. Set verl-gke:jobAttempt to 2 or higher.$"):
+            GrpoJobProvider().create(props)
+        assert records.get("r") == newer

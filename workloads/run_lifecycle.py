@@ -321,12 +321,15 @@ class MemoryRecords(RecordStore):
 
 def begin(store: RecordStore, run_id: str, generation: int, now: float) -> RunRecord:
     """The run's record for `generation`: created when new, started over when the generation is
-    newer, reopened when an earlier `pulumi up` ended it without the run itself ending."""
+    newer, reopened when an earlier `pulumi up` ended it without the run itself ending; a record of a
+    newer generation is returned as it is."""
 
     def change(record: RunRecord | None) -> RunRecord:
         if record is None or record.generation < generation:
             return RunRecord(run_id=run_id, generation=generation).decided(
                 f"generation {generation} begun by pulumi-up", now)
+        if record.generation > generation:
+            return record  # a newer generation's: not an older spec's to reopen (the caller refuses)
         if record.outcome in REOPENABLE:
             return replace(record, outcome="", released=False, waiting_since=None).decided(
                 f"reopened by pulumi-up after: {record.outcome}", now)
