@@ -277,8 +277,14 @@ class _JobSpec:
         gate waits for it: the same field and field manager as the supervisor's release, so one owner
         writes `spec.suspend`, whoever runs it. Nothing to do without the API or the head service."""
         api = self.kube_api()
-        if api is not None and self.head_service:
-            KubernetesControl(api, self.namespace, ray_cluster_of(self.head_service)).set_released(False)
+        if api is None or not self.head_service:
+            return
+        name = ray_cluster_of(self.head_service)
+        try:
+            KubernetesControl(api, self.namespace, name).set_released(False)
+        except Exception as error:  # noqa: BLE001 - one line naming what was being done
+            raise RuntimeError(f"GrpoJob: resuming RayCluster {self.namespace}/{name} (spec.suspend: false) "
+                               f"failed: {error}") from None
 
     @property
     def address(self) -> str:
@@ -416,8 +422,12 @@ def _differs(key: str, old: Any, new: Any) -> bool:
 class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
     """Submits, adopts, refreshes and stops the GRPO Ray job."""
 
-    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.CheckResult:
+    def check(self, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.CheckResult:
         failures = [pulumi.dynamic.CheckFailure(key, reason) for key, reason in _problems(news)]
+        if (lowered := _lowered_attempt(olds, news)) is not None:
+            # Refused here, before the replace's delete stops the live run: the older generation's
+            # supervisor would not watch the newer one's record, nor release it.
+            failures.append(pulumi.dynamic.CheckFailure("attempt", lowered))
         return pulumi.dynamic.CheckResult(news, failures)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.DiffResult:
@@ -434,12 +444,17 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
         busbw: float | None = None
         # The record before the head: a run that ended has its RayCluster suspended (no head); this
         # run resumes it once the record says it has begun, so a deploy that dies before never does.
+        prior = records.get(run_id)
         record = run_lifecycle.begin(records, run_id, spec.attempt, time.time())
         if record.generation > spec.attempt:
             # Its supervisor would watch the older generation and leave the newer one unreleased.
             raise RuntimeError(
                 f"GrpoJob: run {run_id} is at jobAttempt {record.generation} in its run record, above this "
-                f"stack's jobAttempt {spec.attempt}. Set verl-gke:jobAttempt to {record.generation} or higher.")
+                f"stack's jobAttempt {spec.attempt}. Set verl-gke:jobAttempt back to {record.generation}, or above "
+                "it to start a new generation.")
+        # A reopened run's earlier attempts were all stopped when it ended: a failed create ends it again.
+        reopened = prior is not None and prior.outcome in run_lifecycle.REOPENABLE and not record.outcome
+        since = len(record.attempts) if reopened else 0
         if record.outcome == SUCCEEDED:
             # A finished run applied again is done, not trained again.
             done = record.newest.submission_id if record.newest else spec.submission_id
@@ -454,7 +469,7 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
                 spec.resume_cluster()
                 client = stack.enter_context(_client(spec, spec.ready_timeout_s))
             except Exception:
-                _deploy_failed(records, run_id)  # the head never came: the supervisor releases the GPUs
+                _deploy_failed(records, run_id, since=since)  # no head: the supervisor releases the GPUs
                 raise
             ray = RayJobs(client.get_address(), head_access.REQUEST_TIMEOUT_S)
             submission_id, job = _current(record, client.list_jobs(), spec)
@@ -476,7 +491,7 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
                     if job is None:
                         submission_id = _claim_and_submit(ray, records, record, spec)
             except Exception:
-                _deploy_failed(records, run_id)
+                _deploy_failed(records, run_id, since=since)
                 raise
             if job is not None and _value(job.status) == "SUCCEEDED":
                 run_lifecycle.end(records, run_id, SUCCEEDED, time.time())
@@ -653,13 +668,24 @@ def _claim_and_submit(ray: RayJobs, records: RecordStore, record: RunRecord, spe
     return attempt.submission_id
 
 
-def _deploy_failed(records: RecordStore, run_id: str, started: bool = False) -> None:
+def _lowered_attempt(olds: Mapping[str, Any], news: Mapping[str, Any]) -> str | None:
+    """Why a jobAttempt below the deployed one of the same run is refused; None when it is not lower."""
+    old, new = olds.get("attempt"), news.get("attempt")
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (old, new))
+    if not numbers or new >= old or olds.get("run_id") != news.get("run_id") or _is_unknown(news.get("run_id")):
+        return None
+    return (f"attempt = {new:g}: below jobAttempt {old:g} of the deployed run {news.get('run_id')}; set "
+            f"verl-gke:jobAttempt back to {old:g}, or above it to start a new generation")
+
+
+def _deploy_failed(records: RecordStore, run_id: str, started: bool = False, since: int = 0) -> None:
     """Ends the run in its record when `create` fails before any attempt of it ran (or, `started`,
-    when the one it started is stopped): the run supervisor then releases the GPU workers. The
+    when the one it started is stopped): the run supervisor then releases the GPU workers. `since`:
+    the attempts before it belong to a run this create reopened, all stopped when it ended. The
     record's own failure is only a warning: the create's error is the one to report."""
     try:
         record = records.get(run_id)
-        if record is not None and (started or not any(a.submitted for a in record.attempts)):
+        if record is not None and (started or not any(a.submitted for a in record.attempts[since:])):
             run_lifecycle.end(records, run_id, DEPLOY_FAILED, time.time())
     except Exception as error:  # noqa: BLE001
         pulumi.log.warn(f"GrpoJob: run record of {run_id} not updated after the failed create: {error}")

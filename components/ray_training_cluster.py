@@ -141,6 +141,10 @@ def _check_room_for_head(spec: RayClusterSpec, platform: Platform) -> None:
         raise ValueError("invalid RayCluster spec:\n  " + "\n  ".join(problems))
 
 
+PATCH_FORCE = "pulumi.com/patchForce"
+"""pulumi-kubernetes' annotation for a server-side apply with force (conflicting fields taken over)."""
+
+
 class RayTrainingCluster(pulumi.ComponentResource):
     """The verl RayCluster (awaited until every pod runs) and, if asked, its KubeRay operator."""
 
@@ -173,10 +177,15 @@ class RayTrainingCluster(pulumi.ComponentResource):
             image = PinnedImage(f"{name}-image", {"image": spec.image},
                                 pulumi.ResourceOptions(parent=self)).ref.apply(pull_ref)
         timeout = f"{args.get('ready_timeout_minutes', DEFAULT_READY_TIMEOUT_MINUTES)}m"
+        # The builder only places the pinned ref (resolved by the engine, like claim_name).
+        manifest = ray_cluster(replace(spec, image=cast(str, image)))
+        # Takes back fields another manager owns: verl-gke 0.3.0's supervisor released workers by
+        # writing the (atomic) worker group list, which a plain apply would now conflict on. The
+        # program never sends spec.suspend, so the release stays the run lifecycle's.
+        manifest["metadata"].setdefault("annotations", {})[PATCH_FORCE] = "true"
         cluster = custom_resource(
             f"{name}-ray-cluster",
-            # The builder only places the pinned ref (resolved by the engine, like claim_name).
-            ray_cluster(replace(spec, image=cast(str, image))),
+            manifest,
             opts=cluster_opts.merge(pulumi.ResourceOptions(
                 custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout),
                 # A fixed name: a replacement must delete the old cluster first.

@@ -86,8 +86,8 @@ class RunPlan:
             if left is not None and self.checkpoints_kept is not None and left > self.checkpoints_kept:
                 worst = f" (~{_gb(self.checkpoint_bytes * left)})" if self.checkpoint_bytes is not None else ""
                 out.append(f"  up to {left} checkpoints{worst} stay if the run takes more attempts (up to "
-                           f"{self.attempts}; verl rotates within one attempt): delete the older global_step_* "
-                           "folders once it is done")
+                           f"{self.attempts} per jobAttempt; verl rotates within one attempt): delete the older "
+                           "global_step_* folders once it is done")
         return out
 
 

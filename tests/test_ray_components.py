@@ -68,11 +68,13 @@ def test_ray_cluster_is_the_builders_manifest_and_valid(platform: str, mode: str
     registration = run.one(RAY_CLUSTER)
     sent = run.manifest(registration)
     # The platform's image is a tag: the RayCluster gets it pinned by digest, everything else as built.
+    # Applied with force (it takes back what an older supervisor owned); never with spec.suspend.
     spec = cluster_spec(args)
-    assert sent == ray_cluster(replace(spec, image=pinned(PLATFORMS[platform].image)))
+    built = ray_cluster(replace(spec, image=pinned(PLATFORMS[platform].image)))
+    assert sent == {**built, "metadata": {**built["metadata"], "annotations": {"pulumi.com/patchForce": "true"}}}
     validate_custom(sent)
     assert sent["metadata"]["name"] == PLATFORMS[platform].ray_cluster_name
-    assert "annotations" not in sent["metadata"] and "suspend" not in sent["spec"]  # the supervisor's field
+    assert "suspend" not in sent["spec"]  # the run lifecycle's field
     assert run.outputs == {"name": PLATFORMS[platform].ray_cluster_name,
                            "headService": f"{PLATFORMS[platform].ray_cluster_name}-head-svc",
                            "namespace": "verl"}

@@ -240,6 +240,9 @@ def test_3_supervisor_restart_with_a_head_restart_loses_no_run_and_no_step_error
 
 def test_4_failed_deploy_releases_the_workers_and_a_cluster_never_whole_ends_the_run(heads, api):
     url, state = api
+    # The release waits while any job holds the workers: the earlier tests' stops must have landed.
+    wait_for(lambda: not [j for j in RayJobs(heads["head"].dashboard_url).jobs().values() if j["status"] in LIVE],
+             120, "the earlier tests' jobs to end")
     props = job_props(heads["head"], url, SLEEP, expected_workers=1, expected_gpus=1, ready_timeout_s=3)
     spec = _JobSpec.from_props(props)
     with pytest.raises(TimeoutError, match="not submitted within ready_timeout_s=3 s"):

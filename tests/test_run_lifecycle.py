@@ -8,6 +8,7 @@ import time
 import pytest
 
 from tests.kube_api import kube_api
+from tests.ray_head import free_ports
 from workloads import run_lifecycle
 from workloads.run_lifecycle import Attempt, ConfigMapRecords, Conflict, KubernetesApi, RunRecord
 
@@ -77,6 +78,41 @@ def test_an_older_generation_neither_starts_over_nor_reopens_a_newer_ones_record
         props = {"dashboard_url": "http://127.0.0.1:9", "kube_api_url": url, "namespace": "ray", "run_record": "rc-run",
                  "run_id": "r", "attempt": 1, "entrypoint": "e", "runtime_env": {}}
         with pytest.raises(RuntimeError, match="^GrpoJob: run r is at jobAttempt 2 in its run record, above this "
-                                               "stack's jobAttempt 1. Set verl-gke:jobAttempt to 2 or higher.$"):
+                                               "stack's jobAttempt 1. Set verl-gke:jobAttempt back to 2, or above it to start a new generation.$"):
             GrpoJobProvider().create(props)
         assert records.get("r") == newer
+
+
+def test_a_lowered_job_attempt_of_the_same_run_is_refused_before_anything_is_deleted():
+    from components.grpo_job import GrpoJobProvider
+
+    def failures(old: dict, new: dict) -> list[tuple[str, str]]:
+        return [(f.property, f.reason) for f in GrpoJobProvider().check(old, new).failures]
+
+    base = {"dashboard_url": "http://127.0.0.1:9", "entrypoint": "e", "runtime_env": {}, "run_id": "r"}
+    # Check runs before the replace's delete: the live run is neither stopped nor left unreleased.
+    assert failures({**base, "attempt": 3.0}, {**base, "attempt": 2}) == [
+        ("attempt", "attempt = 2: below jobAttempt 3 of the deployed run r; set verl-gke:jobAttempt back to 3, "
+                    "or above it to start a new generation")]
+    assert failures({**base, "attempt": 2}, {**base, "attempt": 3}) == []
+    assert failures({**base, "attempt": 3}, {**base, "run_id": "other", "attempt": 0}) == []  # a new run starts at 0
+    assert failures({}, {**base, "attempt": 0}) == []  # the first create
+
+
+def test_a_failed_create_of_a_reopened_run_ends_it_again():
+    """Its earlier attempts were stopped when it ended: left open, the supervisor would resubmit."""
+    from components.grpo_job import GrpoJobProvider
+
+    (closed,) = free_ports(1)
+    with kube_api() as (url, _):
+        records = ConfigMapRecords(KubernetesApi(url), "ray", "rc-run")
+        run_lifecycle.begin(records, "r", 0, time.time())
+        run_lifecycle.claim(records, "r", Attempt(index=0, submission_id="s0", by="pulumi-up", at=time.time(),
+                                                  cause="first", submitted=True), 0.0)
+        run_lifecycle.end(records, "r", run_lifecycle.DELETED, time.time(), released=True)
+        props = {"dashboard_url": f"http://127.0.0.1:{closed}", "kube_api_url": url, "namespace": "ray",
+                 "run_record": "rc-run", "run_id": "r", "entrypoint": "e", "runtime_env": {}, "ready_timeout_s": 1}
+        with pytest.raises(Exception, match="did not answer"):
+            GrpoJobProvider().create(props)
+        record = records.get("r")
+        assert record is not None and record.outcome == run_lifecycle.DEPLOY_FAILED

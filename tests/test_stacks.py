@@ -337,9 +337,10 @@ def test_export_model_off_leaves_the_supervisor_no_export():
     assert config["export"] is None
 
 
-def test_pulumi_neither_ignores_nor_forces_anything_on_the_ray_cluster():
+def test_pulumi_never_sets_the_release_and_takes_back_what_an_older_supervisor_owned():
     """The supervisor's only write is spec.suspend, which the program never sets: no field to
-    ignore, no conflict to force through, with or without the supervisor."""
+    ignore. The apply is forced so that a cluster 0.3.0's supervisor released (its worker group list,
+    owned by that supervisor's field manager) is applied again instead of conflicting."""
     from tests.mock_run import OptionsMonitor
 
     for supervised in ("true", "false"):
@@ -348,7 +349,7 @@ def test_pulumi_neither_ignores_nor_forces_anything_on_the_ray_cluster():
         assert monitor.sent["ray-ray-cluster"].ignore_changes == []
         cluster = _manifest(result, "RayCluster", "b200-ray-cluster")
         assert "suspend" not in cluster["spec"]
-        assert "pulumi.com/patchForce" not in cluster["metadata"].get("annotations", {})
+        assert cluster["metadata"]["annotations"] == {"pulumi.com/patchForce": "true"}
 
 
 def test_without_the_supervisor_nothing_of_it_is_created():

@@ -185,8 +185,8 @@ def test_the_plan_counts_steps_checkpoints_and_their_size() -> None:
         f"  run id {run_id}, checkpoints in /data/verl/checkpoints/{run_id}",
         "  checkpoints: every 10 steps and at the end: 6 saved, 2 kept, ~384 GB each, ~768 GB in the bucket",
         # 1 + runMaxRetries 2 + runMaxPreemptions 10 attempts, each leaving its 2 kept: every step saved.
-        "  up to 6 checkpoints (~2.3 TB) stay if the run takes more attempts (up to 13; verl rotates within one "
-        "attempt): delete the older global_step_* folders once it is done",
+        "  up to 6 checkpoints (~2.3 TB) stay if the run takes more attempts (up to 13 per jobAttempt; verl rotates "
+        "within one attempt): delete the older global_step_* folders once it is done",
     ]
     # Two attempts at most leave 2 x 2 of the 6; alone, an attempt leaves what verl keeps (no line).
     _, two = _check(**{"verl-gke:runMaxRetries": "1", "verl-gke:runMaxPreemptions": "0"})
