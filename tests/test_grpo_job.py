@@ -487,31 +487,36 @@ def test_ray_filling_in_runtime_env_config_defaults_does_not_block_adoption(
     assert GrpoJobProvider().create(job_props).id == GrpoJobProvider().create(job_props).id
 
 
-def _cut_once_running(link: FlakyLink, head: str, submission_id: str, for_s: float) -> None:
-    """Cuts the link for `for_s` seconds once the job runs (its start has no outage window)."""
-    client = JobSubmissionClient(head)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if str(client.get_job_status(submission_id).value) == "RUNNING":
-                break
-        except RuntimeError:
-            pass  # not submitted yet
-        time.sleep(0.2)
-    time.sleep(1.0)  # let create pass from start-up to the completion polls
-    link.up.clear()
-    time.sleep(for_s)
-    link.up.set()
+def _cut_once_waiting(link: FlakyLink, monkeypatch: pytest.MonkeyPatch, for_s: float) -> None:
+    """Cuts the link for `for_s` seconds as soon as create waits for the run to complete (its start-up
+    has no outage window, so a cut there is a different test)."""
+    import components.grpo_job as grpo_job
+
+    waiting = threading.Event()
+    await_completion = grpo_job._await_completion
+
+    def entered(spec: _JobSpec, submission_id: str) -> str:
+        waiting.set()
+        return await_completion(spec, submission_id)
+
+    monkeypatch.setattr(grpo_job, "_await_completion", entered)
+
+    def cut() -> None:
+        if waiting.wait(300):
+            link.up.clear()
+            time.sleep(for_s)
+            link.up.set()
+
+    threading.Thread(target=cut, daemon=True).start()
 
 
 def test_wait_for_completion_rides_out_a_head_outage_within_its_window(
-        ray_head: str, props: Callable[..., dict[str, Any]]) -> None:
+        ray_head: str, props: Callable[..., dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
     link = FlakyLink(int(ray_head.rsplit(":", 1)[1]))
     link.up.set()
     job_props = props(_py("import time; time.sleep(12)"), dashboard_url=f"http://127.0.0.1:{link.port}",
                       startup_grace_s=0.0, wait_for_completion=True, poll_interval_s=0.5, outage_window_s=60.0)
-    threading.Thread(target=_cut_once_running, args=(link, ray_head, _JobSpec.from_props(job_props).submission_id, 5.0),
-                     daemon=True).start()
+    _cut_once_waiting(link, monkeypatch, 5.0)
     try:
         created = GrpoJobProvider().create(job_props)
     finally:
@@ -520,14 +525,13 @@ def test_wait_for_completion_rides_out_a_head_outage_within_its_window(
 
 
 def test_wait_for_completion_fails_once_the_head_is_lost_for_longer_than_its_window(
-        ray_head: str, props: Callable[..., dict[str, Any]]) -> None:
+        ray_head: str, props: Callable[..., dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
     link = FlakyLink(int(ray_head.rsplit(":", 1)[1]))
     link.up.set()
     job_props = props(_py("import time; time.sleep(60)"), dashboard_url=f"http://127.0.0.1:{link.port}",
                       startup_grace_s=0.0, wait_for_completion=True, poll_interval_s=0.5, outage_window_s=3.0,
                       ready_timeout_s=2.0)
-    threading.Thread(target=_cut_once_running, args=(link, ray_head, _JobSpec.from_props(job_props).submission_id, 600.0),
-                     daemon=True).start()
+    _cut_once_waiting(link, monkeypatch, 600.0)
     started = time.monotonic()
     try:
         with pytest.raises(RuntimeError, match=r"lost the Ray head for \d+ s \(outage_window_s=3\)"):
