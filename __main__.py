@@ -142,8 +142,8 @@ staging = DataStaging("staging", {
     "verl": cfg.staged_verl, "hf_token_secret": hf_token.secret_name(cfg.project, pulumi.get_stack()),
 }, k8s.merge(pulumi.ResourceOptions(depends_on=[storage])))
 
-installer_url = cfg.nccl_installer_url or nccl.installer_url(facts.nccl_installer[cfg.cluster_mode])
-mapping = NetworkMapping("network", {"nccl_installer_url": installer_url, "networks": networks},
+mapping = NetworkMapping("network", {"platform": facts, "networks": networks,
+                                     "nccl_installer_url": cfg.nccl_installer_url or nccl.google_installer_url(facts, cfg.cluster_mode)},
                          k8s.merge(pulumi.ResourceOptions(depends_on=gpu_ready)))
 
 ray_waits_for: list[pulumi.Resource] = [storage, mapping, *gpu_ready]

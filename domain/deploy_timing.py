@@ -30,6 +30,8 @@ NODE_POOL = "gcp:container/nodePool:NodePool"
 RAY_CLUSTER = "kubernetes:ray.io/v1:RayCluster"
 GRPO_JOB = "pulumi-python:dynamic:GrpoJob"
 CONFIG_FILE = "kubernetes:yaml/v2:ConfigFile"
+DAEMONSET = "kubernetes:apps/v1:DaemonSet"
+"""The NCCL installer where verl-gke builds it (Standard); Google's manifest (a CONFIG_FILE) on Autopilot."""
 AR_REPOSITORY = "gcp:artifactregistry/repository:Repository"
 UNKNOWN = "[unknown]"
 """How synth records a value the engine does not know yet (verl_gke.synth)."""
@@ -152,7 +154,7 @@ def model(resources: Sequence[Mapping[str, Any]]) -> DeployModel:
 
 
 def _floor_part(resource: Mapping[str, Any], has_gpu_pool: bool, streaming: bool) -> float:
-    if resource["type"] in (CLUSTER, RAY_CLUSTER, GRPO_JOB, CONFIG_FILE) or (
+    if resource["type"] in (CLUSTER, RAY_CLUSTER, GRPO_JOB, CONFIG_FILE, DAEMONSET) or (
             resource["type"] == NODE_POOL and resource["name"] == GPU_POOL_NAME):
         took = duration(resource, has_gpu_pool, streaming)
         return took.seconds if took else 0.0

@@ -90,11 +90,11 @@ _GIB_NCCL_ENV: dict[str, str] = {
     "NCCL_IB_FIFO_TC": "84",
 }
 
-# The NCCL RDMA installers (with that plugin) the tutorial applies on A4 and A3 Ultra, per cluster mode.
-_GIB_NCCL_INSTALLERS: dict[str, str] = {
-    "standard": "gpudirect-rdma/nccl-rdma-installer.yaml",
-    "autopilot": "gpudirect-rdma/nccl-rdma-installer-autopilot.yaml",
-}
+# The images of the NCCL RDMA installers (gIB plugin and its NCCL build) in Google's manifests under
+# gpudirect-rdma/ at manifests.nccl.NCCL_INSTALLER_COMMIT: nccl-rdma-installer.yaml (and -autopilot)
+# for A4 and A3 Ultra, nccl-rdma-installer-a4x.yaml for A4X. Pinned by digest at the first `pulumi up`.
+_GIB_INSTALLER_IMAGE = "us-docker.pkg.dev/gce-ai-infra/gpudirect-gib/nccl-plugin-gib:v1.1.1"
+_GIB_INSTALLER_IMAGE_ARM64 = "us-docker.pkg.dev/gce-ai-infra/gpudirect-gib/nccl-plugin-gib-arm64:v1.1.0"
 
 # The tutorial's x86 image is the moving `vllm011.latest`; `vllm011.dev7` is the fixed vLLM 0.11
 # build that verl's docs and CI name (verl commit 0958b940b). The arm64 one is the tutorial's.
@@ -154,6 +154,8 @@ class Platform:
     """The verl release the image was built for."""
     ray_version: str
     ray_cluster_name: str
+    nccl_installer_image: str
+    """The NCCL RDMA installer's image (name:tag) in Google's manifest for this platform."""
     nccl_env: dict[str, str] = field(default_factory=dict)
     ld_library_path: str = "/usr/local/nvidia/lib64"
     worker_ephemeral_storage_gi: int = 1000
@@ -161,8 +163,10 @@ class Platform:
     autopilot_supported: bool = True
     accelerator_topology: str | None = None
     """NVLink domain shape for COMPACT placement (A4X: one 72-GPU NVL72 rack, Cluster Toolkit gke-a4x)."""
-    nccl_installer: dict[str, str] = field(default_factory=dict)
-    """NCCL RDMA installer manifest per cluster mode (path under gpudirect-rdma/)."""
+    autopilot_nccl_installer: str | None = None
+    """Google's Autopilot installer manifest (path under gpudirect-rdma/), applied as written: Autopilot
+    admits its privileged, host-path pods only as Google wrote them. Standard clusters get verl-gke's
+    own DaemonSet (manifests.nccl.installer_daemonset)."""
     head_on_gpu_node: bool = False
     """The Ray head shares a GPU node with a worker (A4X: its arm64-only image runs on no CPU node)."""
     min_gke_version: str | None = None
@@ -299,12 +303,13 @@ PLATFORMS: dict[str, Platform] = {
         verl=VERL_0_6_1,
         ray_version="2.47.0",
         ray_cluster_name="b200-ray-cluster",
+        nccl_installer_image=_GIB_INSTALLER_IMAGE,
         fabric_min_busbw_gbps=200.0,
         fabric_floor_source=_RDMA_FLOOR_SOURCE,
         fabric_transports=("NET/gIB", "NET/IB"),
         gpu_memory_gb=180,
         nccl_env={**_GIB_NCCL_ENV, "NCCL_TUNER_CONFIG_PATH": "/usr/local/gib/configs/tuner_config_a4.txtpb"},
-        nccl_installer=_GIB_NCCL_INSTALLERS,
+        autopilot_nccl_installer="gpudirect-rdma/nccl-rdma-installer-autopilot.yaml",
         local_ssd_count=32,
         autopilot_max_pod=PodSize(cpu=220, memory_gi=2800, ephemeral_gi=1000),
     ),
@@ -323,13 +328,14 @@ PLATFORMS: dict[str, Platform] = {
         ray_version="2.47.0",
         # The tutorial names it b200-ray-cluster for H200 too.
         ray_cluster_name="h200-ray-cluster",
+        nccl_installer_image=_GIB_INSTALLER_IMAGE,
         fabric_min_busbw_gbps=200.0,
         fabric_floor_source=_RDMA_FLOOR_SOURCE,
         fabric_transports=("NET/gIB", "NET/IB"),
         gpu_memory_gb=141,
         # H200 needs the a3u tuner file, not the tutorial's a4 one.
         nccl_env={**_GIB_NCCL_ENV, "NCCL_TUNER_CONFIG_PATH": "/usr/local/gib/configs/tuner_config_a3u.txtpb"},
-        nccl_installer=_GIB_NCCL_INSTALLERS,
+        autopilot_nccl_installer="gpudirect-rdma/nccl-rdma-installer-autopilot.yaml",
         local_ssd_count=32,
     ),
     "a4x": Platform(
@@ -346,6 +352,7 @@ PLATFORMS: dict[str, Platform] = {
         verl=VERL_0_9_0,
         ray_version="2.49.0",
         ray_cluster_name="gb200-ray-cluster",
+        nccl_installer_image=_GIB_INSTALLER_IMAGE_ARM64,
         fabric_min_busbw_gbps=400.0,
         fabric_floor_source=(
             "above what the 4 x 400 Gb/s RoCE NICs of a node carry (200 GB/s), so a fallback from NVLink "
@@ -364,7 +371,6 @@ PLATFORMS: dict[str, Platform] = {
         # The tutorial's A4X head runs on a GB200 node beside a worker (120 + 12 vCPUs there).
         head_on_gpu_node=True,
         min_gke_version="1.34",
-        nccl_installer={"standard": "gpudirect-rdma/nccl-rdma-installer-a4x.yaml"},
     ),
 }
 
@@ -401,6 +407,8 @@ DEPLOY_DURATIONS: dict[str, Duration] = {
     "kubernetes:helm.sh/v3:Release": Duration(
         120, f"helm install with --wait: the operator's image pull and rollout on a CPU node; {_ESTIMATE}"),
     "kubernetes:yaml/v2:ConfigFile": Duration(
+        120, f"Google's NCCL installer DaemonSet's rollout on the GPU nodes (awaited); {_ESTIMATE}"),
+    "kubernetes:apps/v1:DaemonSet": Duration(
         120, f"the NCCL installer DaemonSet's rollout on the GPU nodes (awaited); {_ESTIMATE}"),
     "kubernetes:batch/v1:Job": Duration(
         600, f"staging: ~65 GB of Qwen2.5-32B from the Hugging Face Hub into the bucket; {_ESTIMATE}"),

@@ -28,6 +28,8 @@ class SentRequest:
     replace_on_changes: list[str]
     retain_on_delete: bool
     ignore_changes: list[str]
+    aliases: list[dict[str, Any]]
+    """Each alias spec as sent (name, type, parentUrn, ...; Pulumi's Alias.Spec)."""
 
 
 class OptionsMonitor(synth.RecordingMonitor):
@@ -46,6 +48,7 @@ class OptionsMonitor(synth.RecordingMonitor):
             replace_on_changes=list(request.replaceOnChanges),
             retain_on_delete=request.retainOnDelete,
             ignore_changes=list(request.ignoreChanges),
+            aliases=[json_format.MessageToDict(a.spec) for a in request.aliases],
         )
         return response
 

@@ -76,8 +76,8 @@ def standard_stack(platform: str, *, dranet: bool = False) -> Callable[[], None]
             networks = names_for(platform)
         NetworkMapping(
             "mapping",
-            {"networks": networks,
-             "nccl_installer_url": nccl.installer_url(PLATFORMS[platform].nccl_installer["standard"])},
+            {"networks": networks, "platform": PLATFORMS[platform],
+             "nccl_installer_url": nccl.google_installer_url(PLATFORMS[platform], "standard")},
             opts=pulumi.ResourceOptions(providers=[cluster.provider], depends_on=[pool]),
         )
 
@@ -460,41 +460,72 @@ def test_mapping_waits_for_the_gpu_pool_and_each_network_for_its_param_set(a4_st
     # Depending on the GpuNodePool component means waiting for the node pool inside it.
     pool = a4_standard.urn("gpu-pool")
     for r in a4_standard.registrations:
-        if r.type.startswith("kubernetes:networking.gke.io/") or r.type == "kubernetes:yaml/v2:ConfigFile":
+        if r.type.startswith("kubernetes:networking.gke.io/") or r.type == DAEMONSET:
             assert pool in r.dependencies, r.name
     assert a4_standard.urn("mapping-gkenetworkparamset-rdma-3") in a4_standard.deps("mapping-network-rdma-3")
 
 
-def test_nccl_installer_is_applied_from_the_pinned_url(a4_standard: MockRun):
-    [installer] = a4_standard.of_type("kubernetes:yaml/v2:ConfigFile")
-    assert installer.inputs["file"] == (
-        "https://raw.githubusercontent.com/GoogleCloudPlatform/container-engine-accelerators/"
-        "07a8e6c9b2208ee865a1fb9b9b246e10adfd7738/gpudirect-rdma/nccl-rdma-installer.yaml")
-    assert installer.provider == a4_standard.urn("gke-k8s")
+DAEMONSET = "kubernetes:apps/v1:DaemonSet"
+CONFIG_FILE = "kubernetes:yaml/v2:ConfigFile"
 
 
-def test_dranet_has_no_mapping_objects_but_the_a4x_installer(a4x_dranet: MockRun):
-    assert a4x_dranet.of_type("kubernetes:networking.gke.io/v1:Network") == []
-    assert a4x_dranet.of_type("kubernetes:networking.gke.io/v1:GKENetworkParamSet") == []
-    [installer] = a4x_dranet.of_type("kubernetes:yaml/v2:ConfigFile")
-    assert installer.inputs["file"].endswith(f"/{nccl.NCCL_INSTALLER_COMMIT}/gpudirect-rdma/nccl-rdma-installer-a4x.yaml")
+@pytest.mark.parametrize(("stack", "image"), [
+    ("a4_standard", "us-docker.pkg.dev/gce-ai-infra/gpudirect-gib/nccl-plugin-gib:v1.1.1"),
+    ("a4x_dranet", "us-docker.pkg.dev/gce-ai-infra/gpudirect-gib/nccl-plugin-gib-arm64:v1.1.0"),
+])
+def test_standard_installer_is_verl_gkes_daemonset_pulling_its_image_by_the_digest_pinned_at_first_up(
+        stack: str, image: str, request: pytest.FixtureRequest):
+    run: MockRun = request.getfixturevalue(stack)
+    assert run.of_type(CONFIG_FILE) == []
+    [pin] = run.of_type("pulumi-python:dynamic:PinnedImage")
+    assert (pin.name, pin.inputs["image"]) == ("mapping-nccl-installer-image", image)
+    [installer] = run.of_type(DAEMONSET)
+    assert installer.provider == run.urn("gke-k8s")
+    assert pin.urn in installer.dependencies
+    pod = MockRun.manifest(installer)["spec"]["template"]["spec"]
+    assert pod["initContainers"][0]["image"] == f"{image}@{synth.UNRESOLVED_DIGEST}"
 
 
-def test_autopilot_applies_the_mapping_and_the_autopilot_installer():
+def test_standard_installer_takes_over_the_object_the_configfile_of_0_4_applied(a4_standard: MockRun):
+    """An upgrade updates the DaemonSet in place: the alias names the yaml/v2 ConfigFile's child, which
+    pulumi-kubernetes names `<ConfigFile>:<namespace>/<name>` (provider/pkg/provider/yaml/v2/yaml.go)."""
+    # The SDK adds the DaemonSet's old API versions as type aliases itself; the named one is ours.
+    [alias] = [a for a in a4_standard.sent("mapping-nccl-rdma-installer").aliases if "name" in a]
+    config_file = a4_standard.urn("mapping").rsplit("::", 1)[0] + "$kubernetes:yaml/v2:ConfigFile::mapping-nccl-rdma-installer"
+    assert alias == {"name": "mapping-nccl-rdma-installer:kube-system/nccl-rdma-installer", "parentUrn": config_file}
+
+
+def test_autopilot_applies_the_mapping_and_googles_autopilot_installer():
     def program() -> None:
         cluster = GkeCluster("gke", cluster_args(mode="autopilot"))
         net = rdma_network("a4")
         # No GPU pool on Autopilot: the mapping waits for the VPCs it names, and goes before them.
-        NetworkMapping("mapping", {"networks": names_for("a4"),
-                                   "nccl_installer_url": nccl.installer_url(PLATFORMS["a4"].nccl_installer["autopilot"])},
+        NetworkMapping("mapping", {"networks": names_for("a4"), "platform": PLATFORMS["a4"],
+                                   "nccl_installer_url": nccl.google_installer_url(PLATFORMS["a4"], "autopilot")},
                        opts=pulumi.ResourceOptions(providers=[cluster.provider], depends_on=[net]))
 
     run = MockRun(program)
     assert run.urn("net-rdma-sub-7") in run.deps("mapping-gkenetworkparamset-rdma-7")
     assert len(run.of_type("kubernetes:networking.gke.io/v1:GKENetworkParamSet")) == 9
-    [installer] = run.of_type("kubernetes:yaml/v2:ConfigFile")
-    assert installer.inputs["file"].endswith("/gpudirect-rdma/nccl-rdma-installer-autopilot.yaml")
+    [installer] = run.of_type(CONFIG_FILE)
+    assert installer.inputs["file"] == (
+        "https://raw.githubusercontent.com/GoogleCloudPlatform/container-engine-accelerators/"
+        "07a8e6c9b2208ee865a1fb9b9b246e10adfd7738/gpudirect-rdma/nccl-rdma-installer-autopilot.yaml")
+    assert run.of_type(DAEMONSET) == run.of_type("pulumi-python:dynamic:PinnedImage") == []
     assert run.of_type("gcp:container/nodePool:NodePool") == []
+
+
+def test_a_users_installer_url_is_applied_as_is_instead():
+    url = f"https://example.com/{'1' * 40}/gpudirect-rdma/mine.yaml"
+
+    def program() -> None:
+        cluster = GkeCluster("gke", cluster_args())
+        NetworkMapping("mapping", {"platform": PLATFORMS["a4x"], "nccl_installer_url": url},
+                       opts=pulumi.ResourceOptions(providers=[cluster.provider]))
+
+    run = MockRun(program)
+    assert [r.inputs["file"] for r in run.of_type(CONFIG_FILE)] == [url]
+    assert run.of_type(DAEMONSET) == []
 
 
 # --- Whole Standard stacks: resources per type ---------------------------------------------------
@@ -510,7 +541,7 @@ def test_a4_standard_resource_counts(a4_standard: MockRun):
         "gcp:compute/firewall:Firewall": 1,
         "verl-gke:index:GpuNodePool": 1,
         "verl-gke:index:NetworkMapping": 1, "kubernetes:networking.gke.io/v1:GKENetworkParamSet": 9,
-        "kubernetes:networking.gke.io/v1:Network": 9, "kubernetes:yaml/v2:ConfigFile": 1,
+        "kubernetes:networking.gke.io/v1:Network": 9, DAEMONSET: 1, "pulumi-python:dynamic:PinnedImage": 1,
     })
 
 
@@ -519,7 +550,7 @@ def test_a4x_dranet_resource_counts(a4x_dranet: MockRun):
         "verl-gke:index:GkeCluster": 1, "gcp:container/cluster:Cluster": 1, "gcp:container/nodePool:NodePool": 2,
         "pulumi:providers:kubernetes": 1, **NODE_IDENTITY,
         "verl-gke:index:GpuNodePool": 1, "gcp:compute/resourcePolicy:ResourcePolicy": 1,
-        "verl-gke:index:NetworkMapping": 1, "kubernetes:yaml/v2:ConfigFile": 1,
+        "verl-gke:index:NetworkMapping": 1, DAEMONSET: 1, "pulumi-python:dynamic:PinnedImage": 1,
     })
 
 

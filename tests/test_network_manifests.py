@@ -1,5 +1,6 @@
-"""network-mapping.yaml and the NCCL installer URLs, as the tutorial's "Configure network mappings"
-and "Create the GKE cluster" steps define them."""
+"""network-mapping.yaml and the NCCL installer (verl-gke's DaemonSet on Standard, Google's pinned
+manifest on Autopilot), as the tutorial's "Configure network mappings" and "Create the GKE cluster"
+steps define them."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import re
 
 import pytest
 
-from domain.platforms import PLATFORMS
+from domain.platforms import PLATFORMS, has_digest
 from manifests import nccl
+from tests.k8s_schema import validate_core
 from manifests.network_mapping import NetworkNames, network_mapping
 
 NAMES = NetworkNames(gvnic_prefix="verl-gvnic", rdma_prefix="verl-rdma", rdma_nics=8)
@@ -90,19 +92,75 @@ def test_pinned_commit_is_the_last_one_with_install_nccl():
     assert nccl.NCCL_INSTALLER_COMMIT != "2da1c92ff7bd772a2c833710bb6c21dcfe6dfaae"
 
 
-@pytest.mark.parametrize(
-    ("platform", "mode", "file"),
-    [
-        ("a4", "standard", "nccl-rdma-installer.yaml"),
-        ("a4", "autopilot", "nccl-rdma-installer-autopilot.yaml"),
-        ("a3u", "standard", "nccl-rdma-installer.yaml"),
-        ("a3u", "autopilot", "nccl-rdma-installer-autopilot.yaml"),
-        ("a4x", "standard", "nccl-rdma-installer-a4x.yaml"),
-    ],
-)
-def test_each_platform_and_mode_gets_its_installer(platform, mode, file):
-    url = nccl.installer_url(PLATFORMS[platform].nccl_installer[mode])
-    assert url.endswith(f"/{nccl.NCCL_INSTALLER_COMMIT}/gpudirect-rdma/{file}")
+@pytest.mark.parametrize(("platform", "mode", "file"), [
+    ("a4", "autopilot", "nccl-rdma-installer-autopilot.yaml"),
+    ("a3u", "autopilot", "nccl-rdma-installer-autopilot.yaml"),
+    ("a4", "standard", None),
+    ("a3u", "standard", None),
+    ("a4x", "standard", None),
+])
+def test_only_autopilot_applies_googles_manifest(platform, mode, file):
+    url = nccl.google_installer_url(PLATFORMS[platform], mode)
+    assert url == (None if file is None else nccl.installer_url(f"gpudirect-rdma/{file}"))
+
+
+PINNED = "@sha256:" + "ab" * 32
+
+
+@pytest.mark.parametrize("platform", sorted(PLATFORMS))
+def test_installer_daemonset_is_a_valid_object_that_pulls_every_image_by_digest(platform):
+    image = PLATFORMS[platform].nccl_installer_image + PINNED
+    daemonset = nccl.installer_daemonset(PLATFORMS[platform], image)
+    validate_core(daemonset)
+    pod = daemonset["spec"]["template"]["spec"]
+    [init] = pod["initContainers"]
+    assert init["image"] == image
+    assert all(has_digest(c["image"]) for c in [*pod["initContainers"], *pod["containers"]])
+    assert (daemonset["metadata"]["namespace"], daemonset["metadata"]["name"]) == ("kube-system", "nccl-rdma-installer")
+
+
+@pytest.mark.parametrize(("platform", "accelerator", "arch", "image"), [
+    ("a4", "nvidia-b200", "amd64", "us-docker.pkg.dev/gce-ai-infra/gpudirect-gib/nccl-plugin-gib:v1.1.1"),
+    ("a3u", "nvidia-h200-141gb", "amd64", "us-docker.pkg.dev/gce-ai-infra/gpudirect-gib/nccl-plugin-gib:v1.1.1"),
+    ("a4x", "nvidia-gb200", "arm64", "us-docker.pkg.dev/gce-ai-infra/gpudirect-gib/nccl-plugin-gib-arm64:v1.1.0"),
+])
+def test_installer_runs_googles_image_of_the_pinned_commit_only_on_the_platforms_gpu_nodes(
+        platform, accelerator, arch, image):
+    assert PLATFORMS[platform].nccl_installer_image == image
+    pod = nccl.installer_daemonset(PLATFORMS[platform], image + PINNED)["spec"]["template"]["spec"]
+    [term] = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [
+        {"key": "cloud.google.com/gke-accelerator", "operator": "In", "values": [accelerator]},
+        {"key": "kubernetes.io/arch", "operator": "In", "values": [arch]},
+    ]
+    assert pod["tolerations"] == [{"operator": "Exists"}]
+
+
+def test_installer_puts_the_plugin_and_its_nccl_where_the_ray_workers_look():
+    pod = nccl.installer_daemonset(PLATFORMS["a4"], "x" + PINNED)["spec"]["template"]["spec"]
+    [init] = pod["initContainers"]
+    script = init["args"][0]
+    # --install-nccl: the NCCL build that ships with the plugin (the pinned commit's reason).
+    assert script.splitlines()[:2] == ["set -ex", "/scripts/container_entry.sh install --install-nccl"]
+    host = {v["name"]: v["hostPath"] for v in pod["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}
+    assert host["library-dir-host"] == {"path": "/home/kubernetes/bin/nvidia/lib64", "type": "DirectoryOrCreate"}
+    assert host["gib"] == {"path": "/home/kubernetes/bin/gib"}
+    # The driver's folder must exist already: the installer waits for GKE's driver installer.
+    assert host["nvidia-dir"] == {"path": "/home/kubernetes/bin/nvidia", "type": "Directory"}
+    assert f"cp -r /var/lib/gib/lib64/. {mounts['library-dir-host']}" in script
+    assert f"cp -r /var/lib/gib/. {mounts['gib']}" in script
+    assert mounts == {"library-dir-host": "/usr/local/home/kubernetes/bin/nvidia/lib64",
+                      "gib": "/usr/local/home/kubernetes/bin/gib"}
+    # NCCL_NET_PLUGIN and the tuner config live in the folder the gib volume fills.
+    assert PLATFORMS["a4"].nccl_env["NCCL_NET_PLUGIN"].startswith("/usr/local/gib/lib64/")
+    # Privileged and on the host's network and PIDs: the installer's script needs them; the pause
+    # container that stays has no privilege, no capability and the runtime's seccomp profile.
+    assert init["securityContext"] == {"privileged": True}
+    assert (pod["hostNetwork"], pod["hostPID"]) == (True, True)
+    assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+    assert pod["containers"] == [{"name": "pause", "image": nccl.PAUSE_IMAGE, "securityContext": {
+        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}]
 
 
 @pytest.mark.parametrize(

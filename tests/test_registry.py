@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from domain.platforms import PLATFORMS
 from tests.registry_api import DOCKER_LIST, DOCKER_MANIFEST, OCI_INDEX, SERVICE, Manifest, RegistryStandIn, serve
 from verl_gke import registry
 from verl_gke.registry import ImageName, RegistryError, parse, resolve_digest
@@ -153,3 +154,13 @@ def test_an_unreachable_registry_is_named() -> None:
         resolve_digest(IMAGE, base_url=f"http://127.0.0.1:{port}")
     assert str(error.value).startswith(
         f"{IMAGE}: HEAD http://127.0.0.1:{port}/v2/verlai/verl/manifests/vllm011.dev7 failed: ")
+
+
+@pytest.mark.parametrize("platform", ["a4", "a4x"])
+def test_the_nccl_installer_image_is_asked_for_under_its_artifact_registry_path(platform: str) -> None:
+    image = PLATFORMS[platform].nccl_installer_image
+    ref = parse(image)
+    assert (ref.registry, ref.repository.split("/")[:2]) == ("us-docker.pkg.dev", ["gce-ai-infra", "gpudirect-gib"])
+    with serve(RegistryStandIn(manifests={(ref.repository, ref.tag): Manifest(OCI_INDEX, INDEX)})) as stand_in:
+        assert resolve_digest(image, base_url=stand_in.url) == INDEX
+    assert stand_in.manifest_heads()[-1][0] == f"/v2/{ref.repository}/manifests/{ref.tag}"
