@@ -76,9 +76,7 @@ def installer_daemonset(platform: Platform, image: str) -> dict[str, Any]:
 
     `image` is the installer image by digest (`name:tag@sha256:...`). The pod spec follows Google's
     at NCCL_INSTALLER_COMMIT: a privileged init container with host network and PID runs the
-    installer's script into host paths, then an unprivileged pause container keeps the pod. The host's driver
-    folder must already exist (`Directory`): the installer waits for GKE's driver installer rather
-    than create that folder first.
+    installer's script into host paths, then an unprivileged pause container keeps the pod.
     """
     labels = {"k8s-app": NAME}
     selector = [{"key": "cloud.google.com/gke-accelerator", "operator": "In", "values": [platform.accelerator]},
@@ -89,7 +87,9 @@ def installer_daemonset(platform: Platform, image: str) -> dict[str, Any]:
         "metadata": {"name": NAME, "namespace": NAMESPACE, "labels": labels},
         "spec": {
             "selector": {"matchLabels": labels},
-            "updateStrategy": {"type": "RollingUpdate"},
+            # All at once: the pods serve nothing, and one node at a time through a whole A4X rack
+            # could outlast pulumi-kubernetes' 10-minute DaemonSet await.
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "100%"}},
             "template": {
                 "metadata": {"labels": {"name": NAME, **labels}},
                 "spec": {
@@ -107,7 +107,6 @@ def installer_daemonset(platform: Platform, image: str) -> dict[str, Any]:
                     "volumes": [
                         {"name": "library-dir-host", "hostPath": {"path": HOST_LIB64, "type": "DirectoryOrCreate"}},
                         {"name": "gib", "hostPath": {"path": HOST_GIB}},
-                        {"name": "nvidia-dir", "hostPath": {"path": HOST_LIB64.rsplit("/", 1)[0], "type": "Directory"}},
                     ],
                     "initContainers": [{
                         "name": NAME,

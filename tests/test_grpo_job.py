@@ -487,9 +487,9 @@ def test_ray_filling_in_runtime_env_config_defaults_does_not_block_adoption(
     assert GrpoJobProvider().create(job_props).id == GrpoJobProvider().create(job_props).id
 
 
-def _cut_once_waiting(link: FlakyLink, monkeypatch: pytest.MonkeyPatch, for_s: float) -> None:
+def _cut_once_waiting(link: FlakyLink, monkeypatch: pytest.MonkeyPatch, for_s: float) -> list[float]:
     """Cuts the link for `for_s` seconds as soon as create waits for the run to complete (its start-up
-    has no outage window, so a cut there is a different test)."""
+    has no outage window, so a cut there is a different test); returns where the cut's time goes."""
     import components.grpo_job as grpo_job
 
     waiting = threading.Event()
@@ -501,13 +501,17 @@ def _cut_once_waiting(link: FlakyLink, monkeypatch: pytest.MonkeyPatch, for_s: f
 
     monkeypatch.setattr(grpo_job, "_await_completion", entered)
 
+    cut_at: list[float] = []
+
     def cut() -> None:
         if waiting.wait(300):
             link.up.clear()
+            cut_at.append(time.monotonic())
             time.sleep(for_s)
             link.up.set()
 
     threading.Thread(target=cut, daemon=True).start()
+    return cut_at
 
 
 def test_wait_for_completion_rides_out_a_head_outage_within_its_window(
@@ -530,15 +534,17 @@ def test_wait_for_completion_fails_once_the_head_is_lost_for_longer_than_its_win
     link.up.set()
     job_props = props(_py("import time; time.sleep(60)"), dashboard_url=f"http://127.0.0.1:{link.port}",
                       startup_grace_s=0.0, wait_for_completion=True, poll_interval_s=0.5, outage_window_s=3.0,
-                      ready_timeout_s=2.0)
-    _cut_once_waiting(link, monkeypatch, 600.0)
-    started = time.monotonic()
+                      ready_timeout_s=10.0)
+    cut_at = _cut_once_waiting(link, monkeypatch, 600.0)
     try:
         with pytest.raises(RuntimeError, match=r"lost the Ray head for \d+ s \(outage_window_s=3\)"):
             GrpoJobProvider().create(job_props)
     finally:
         link.close()
-    assert time.monotonic() - started < 30
+    # A poll tries to reach the head for reach_timeout_s (min(REACH_TIMEOUT_S, ready_timeout_s)): the
+    # first failed poll starts the outage clock, the next one past the window ends the wait.
+    reach_s = _JobSpec.from_props(job_props).reach_timeout_s
+    assert time.monotonic() - cut_at[0] < 2 * reach_s + 3.0 + 5.0
     JobSubmissionClient(ray_head).stop_job(_JobSpec.from_props(job_props).submission_id)
 
 

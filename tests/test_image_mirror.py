@@ -59,7 +59,7 @@ def test_each_stack_pulls_the_verl_image_through_its_remote_repository(stack: st
     image = PLATFORMS["a3u" if stack.startswith("a3u") else "a4x" if stack == "a4x" else "a4"].image
     # The platform's tag is pinned by the digest Docker Hub serves at the first `pulumi up`
     # (components.pinned_image, asked with the upstream name); synth marks where that digest goes.
-    (pin,) = _by_type(result, synth.PINNED_IMAGE_TYPE)
+    (pin,) = [r for r in _by_type(result, synth.PINNED_IMAGE_TYPE) if r.name == "ray-image"]
     assert pin.inputs["image"] == image
     assert _images(result) == {f"{region}-docker.pkg.dev/{project}/{repo_id}/{image}@{synth.UNRESOLVED_DIGEST}"}
     (ray,) = _by_type(result, "kubernetes:ray.io/v1:RayCluster")
@@ -75,4 +75,5 @@ def test_the_mirror_can_be_turned_off_and_a_digest_is_kept() -> None:
     assert not set(MIRROR_APIS) & {r.inputs["service"] for r in _by_type(off, "gcp:projects/service:Service")}
     pinned = synth.run("a4-standard", overrides={"verl-gke:verlImage": f"verlai/verl@{DIGEST}"})
     assert _images(pinned) == {f"us-central1-docker.pkg.dev/replace-me-project/verl-a4-docker-hub/verlai/verl@{DIGEST}"}
-    assert not _by_type(pinned, synth.PINNED_IMAGE_TYPE)  # a digest is used as it is, nothing resolved
+    # A digest is used as it is: only the NCCL installer's image is resolved.
+    assert [r.name for r in _by_type(pinned, synth.PINNED_IMAGE_TYPE)] == ["network-nccl-installer-image"]
