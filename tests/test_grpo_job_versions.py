@@ -1,25 +1,42 @@
-"""The provider's Ray 2.60 client against real heads of the Ray versions the clusters run.
+"""The provider's Ray 2.60 client against real heads of the Ray versions the clusters run, and the model
+export as the run supervisor (REST, a gcs:// working_dir it uploads) and `verl-gke export` (the SDK, a local
+working_dir) submit it there.
 
 The pinned verl images run Ray 2.47 (A4, A3 Ultra, per the tutorial's rayVersion) and 2.49 (A4X).
 Each gets its own venv, built once by this module (ray[default] at that version, the rest of the
-tree from constraints.txt) and cached in verl-gke's cache (domain.cache).
+tree from constraints.txt) and cached in verl-gke's cache (domain.cache). The venvs have no verl:
+the exports run export_model.py to one of its own failures, before it would start verl's merger.
 """
 
 from __future__ import annotations
 
+import errno
+import json
+import os
+import re
 import shlex
 import subprocess
 import sys
 import time
+import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from ray.dashboard.modules.job.common import JOB_ACTOR_NAME_TEMPLATE
 from ray.job_submission import JobSubmissionClient
 
 from components.grpo_job import GrpoJobProvider, log_tail
-from tests.ray_head import start_head, stop_head
 from domain.cache import cache_root
+from tests.kube_api import kube_api
+from tests.ray_head import start_head, stop_head
+from tests.test_cli import outputs_doc, write_outputs
+from tests.test_run_export import succeeded_run, supervisor, until_released
+from tests.test_run_supervisor import RecordingControl
+from verl_gke import cli
+from workloads import export_model
+from workloads.run_lifecycle import ConfigMapRecords, KubernetesApi, RayJobs
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -99,3 +116,114 @@ def test_the_log_tail_is_cut_by_the_head(old_head: tuple[str, Path]) -> None:
         assert time.monotonic() < deadline
         time.sleep(0.5)
     assert log_tail(client, client.get_job_info(job_id), 3) == ["19997", "19998", "19999"]
+
+
+# --- the model export (workloads/export_model.py), as the run supervisor and `verl-gke export` submit it ---
+
+
+def driver_resources(url: str, submission_id: str) -> dict[str, float]:
+    """What the head reserved for a job's driver: its JobSupervisor actor's resources, from the state
+    API (the job's details do not show entrypoint resources)."""
+    with urllib.request.urlopen(f"{url}/api/v0/actors?detail=true&limit=10000", timeout=30) as reply:
+        actors = json.load(reply)["data"]["result"]["result"]
+    name = JOB_ACTOR_NAME_TEMPLATE.format(job_id=submission_id)  # the same in 2.47, 2.49 and 2.60
+    found = [a["required_resources"] for a in actors if a.get("name") == name]
+    assert len(found) == 1, f"{submission_id}: {len(found)} JobSupervisor actors"
+    return found[0]
+
+
+def await_reader(fifo: Path, timeout_s: float) -> int:
+    """A write end of `fifo` once a process has it open for reading (a non-blocking open fails until then)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as error:
+            assert error.errno == errno.ENXIO and time.monotonic() < deadline, f"nothing read {fifo}: {error}"
+            time.sleep(0.2)
+
+
+def test_the_supervisors_model_export_runs_and_fails_as_recorded_on_the_clusters_ray(
+        old_head: tuple[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url, venv = old_head
+    version = venv.name.split("-")[1]
+    python = str(venv / "bin" / "python")  # Ray only, no verl: the export fails before it would merge
+    with kube_api() as (kube, _state):
+        records = ConfigMapRecords(KubernetesApi(kube), "ray", "b200-ray-cluster-run")
+        run_id = succeeded_run(records)
+        checkpoints = tmp_path / "ck" / run_id
+        checkpoints.mkdir(parents=True)
+        # verl's tracker as a pipe: export_model's read of it waits for the test, so the job stays RUNNING
+        # until the test writes the step (7, of which the folder has nothing).
+        tracker = checkpoints / export_model.TRACKER
+        os.mkfifo(tracker)
+        target = f"{tmp_path}/{run_id}/model"
+        # As __main__ configures it (checkpoint_dir, mount, memory_bytes, verl_dir), and the venv's python.
+        export = {"checkpoint_dir": str(checkpoints), "mount": str(tmp_path), "memory_bytes": 10**6,
+                  "verl_dir": "/data/verl", "python": python}
+        control = RecordingControl()
+        sup = supervisor(url, records, run_id, control, export)
+        export_id = f"verl-export-{run_id}-final-0"
+        writer = None
+        try:
+            sup.step()
+            assert sup.ray.submitted == [(export_id, {"entrypoint_memory": 10**6, "entrypoint_num_cpus": 1})]
+            writer = await_reader(tracker, 120)  # the entrypoint runs under the old head
+            info = JobSubmissionClient(url).get_job_info(export_id)
+            assert str(info.status.value) == "RUNNING"
+            assert info.entrypoint == (f"{python} export_model.py --checkpoint-dir {checkpoints} --target-dir {target} "
+                                       "--verl-dir /data/verl")
+            assert info.metadata == {"verl_gke_export": target, "verl-gke.run_id": run_id}
+            assert info.runtime_env == {"working_dir": f"gcs://{export_model.working_dir_package()[0]}"}
+            assert driver_resources(url, export_id) == {"CPU": 1.0, "memory": 1e6}
+
+            # A deploy of another run is refused while the export holds the head.
+            stack = f"e{version.replace('.', '')}"
+            with pytest.raises(RuntimeError, match=rf"model export of stack {stack} is live on .*: {export_id}\. "):
+                GrpoJobProvider().create({"dashboard_url": url, "entrypoint": "true", "runtime_env": {},
+                                          "stack": stack, "startup_grace_s": 1.0})
+            assert not [j for j in JobSubmissionClient(url).list_jobs() if stack in (j.submission_id or "")]
+
+            # `verl-gke status` finds the run's export by its metadata, as the supervisor tags its attempts.
+            RayJobs(url).submit(run_id, "true", {}, {"verl-gke.run_id": run_id, "verl-gke.attempt": "0"})
+            outputs = write_outputs(tmp_path / "outputs.json", outputs_doc(run_id))
+            assert cli.main(["status", "--outputs", str(outputs), "--dashboard-url", url]) == 0
+            out = capsys.readouterr().out
+            assert re.search(rf"^Ray head +{re.escape(url)}  Ray {version},", out, re.M), out
+            assert re.search(rf"^Model export +{export_id}  RUNNING  -> {target}$", out, re.M), out
+
+            os.write(writer, b"7\n")
+        finally:
+            # On a failure above, a reader still waiting gets end-of-file: the job ends, the head is free.
+            os.close(os.open(tracker, os.O_RDWR) if writer is None else writer)
+        record = until_released(sup, records, run_id, 120)
+    assert record.export_outcome == (f"FAILED: export_model: {checkpoints}/global_step_7/actor: "
+                                     "no FSDP checkpoint at step 7 (have: none)")
+    assert control.calls == [("set_released", True)]
+
+
+def test_cli_export_reports_the_exports_failure_from_the_clusters_ray(
+        old_head: tuple[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url, venv = old_head
+    python = str(venv / "bin" / "python")
+    run_id = f"verl-grpo-c-{uuid.uuid4().hex[:12]}"
+    bucket = tmp_path / "bucket"
+    checkpoints = bucket / "verl" / "checkpoints" / run_id
+    checkpoints.mkdir(parents=True)  # the run's folder, before verl's first save
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc(
+        run_id, checkpointUri=f"gs://verl-data-my-project-123/verl/checkpoints/{run_id}"))
+    code = cli.main(["export", "--outputs", str(outputs), "--dashboard-url", url, "--bucket-mount", str(bucket),
+                     "--memory-gb", "0.001", "--python", python, "--poll", "0.5", "--timeout", "120"])
+    out, err = capsys.readouterr()
+    export_id = f"verl-export-{run_id}-final"
+    assert (code, out) == (1, ""), err
+    last = err.splitlines()[-1]
+    assert last.startswith(f"verl-gke: error: export {export_id} FAILED: "), err
+    assert last.endswith(f" | export_model: {checkpoints}/{export_model.TRACKER}: no checkpoint yet "
+                         "(verl writes it after its first save)"), err
+    info = JobSubmissionClient(url).get_job_info(export_id)
+    target = f"{bucket}/{run_id}/model"
+    assert info.entrypoint == f"{python} export_model.py --checkpoint-dir {checkpoints} --target-dir {target}"
+    assert info.metadata == {"verl_gke_export": target}
+    assert info.runtime_env["working_dir"].startswith("gcs://_ray_pkg_")  # the SDK uploaded workloads/
+    assert driver_resources(url, export_id) == {"CPU": 1.0, "memory": 1e6}
