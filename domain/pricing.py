@@ -62,7 +62,10 @@ def _machine(on_demand: float | None, spot: float | None, source: str) -> dict[C
     }
 
 
-_NO_A4_SOURCE = "no Google-published or Billing-Catalog price for this machine found in our sources"
+_NO_A4_SOURCE = (
+    "no Google-published or Billing-Catalog price for this machine found in our sources (SkyPilot's catalog, "
+    "built from the Billing Catalog, lists a4-highgpu-8g at 0.0 and a4x-highgpu-4g not at all: "
+    "https://github.com/skypilot-org/skypilot-catalog/blob/8427bbff988abdd050a9f51addd314ef31cb4e85/catalogs/v8/gcp/vms.csv)")
 
 # (machine type, region) -> capacity kind -> price of one node per hour.
 MACHINE_PRICES: dict[tuple[str, str], dict[CapacityKind, Price]] = {
