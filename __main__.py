@@ -12,7 +12,7 @@ from components.gke_cluster import DRA_V1BETA1_APIS, GkeCluster
 from components.gpu_compute_class import GpuComputeClass
 from domain import hf_token
 from components.gpu_node_pool import GpuNodePool
-from components.grpo_job import GrpoJob
+from components.grpo_job import GrpoJob, claimed_within_s
 from components.image_mirror import ImageMirror
 from domain.image_mirror import MIRROR_APIS, is_docker_hub, registry_prefix, repository_id
 from domain.run_identity import submission_ids
@@ -33,6 +33,7 @@ from domain.run_memory import merge_memory_bytes
 from domain.names import stack_names, stack_slug
 from verl_gke.fabric import fabric_runtime_env
 from workloads.export_model import model_path
+from workloads.run_supervisor import CAPACITY_TIMEOUT_S
 from workloads.stage_data import model_dir_for
 
 cfg = from_pulumi()
@@ -195,6 +196,8 @@ if cfg.run_supervisor:
             "expected_gpus": cfg.gpu_nodes * facts.gpus_per_node, "max_retries": cfg.run_max_retries,
             "max_preemptions": cfg.run_max_preemptions, "backoff_s": cfg.run_retry_backoff_seconds,
             "budget_s": cfg.run_budget_s, "release_workers": cfg.release_workers_when_done,
+            # Never ends a run as not claimed while `pulumi up` may still be in its gates.
+            "capacity_timeout_s": max(CAPACITY_TIMEOUT_S, claimed_within_s(cfg.job_ready_timeout_seconds)),
             # Merged on a node with the memory (a GPU worker for 32B), before the workers are released.
             "export": {"checkpoint_dir": f"{cfg.grpo.checkpoint_dir}/{run_id}", "mount": MOUNT_PATH,
                        "memory_bytes": merge_memory_bytes(cfg.model), "verl_dir": cfg.verl_dir}

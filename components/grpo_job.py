@@ -864,6 +864,12 @@ def _await_completion(spec: _JobSpec, submission_id: str) -> str:
         time.sleep(min(spec.poll_interval_s, max(0.0, deadline - time.monotonic())))
 
 
+def claimed_within_s(ready_timeout_s: float, fabric_timeout_s: float = fabric.TIMEOUT_S) -> float:
+    """The longest `create` takes from beginning a run to claiming its attempt 0: the head and the
+    whole cluster within ready_timeout_s, the fabric check, and a few requests' reach."""
+    return ready_timeout_s + fabric_timeout_s + REACH_TIMEOUT_S
+
+
 class GrpoJob(pulumi.dynamic.Resource, name="GrpoJob"):
     """The GRPO training run submitted to the Ray cluster; replaced when its spec changes."""
 

@@ -337,6 +337,17 @@ def test_export_model_off_leaves_the_supervisor_no_export():
     assert config["export"] is None
 
 
+@pytest.mark.parametrize(("ready_timeout_s", "capacity_timeout_s"), [
+    (1800, 7200.0),  # the default: create's gates (30 min + the fabric check's 15) fit the supervisor's 2 h
+    (10_000, 10_000 + 900.0 + 30.0),  # create may still be in its gates after 2 h: the supervisor waits longer
+])
+def test_the_supervisor_waits_for_an_unclaimed_run_as_long_as_create_may_take_to_claim_it(
+        ready_timeout_s: int, capacity_timeout_s: float):
+    result = synth.run("a4-standard", overrides={"verl-gke:jobReadyTimeoutSeconds": ready_timeout_s})
+    config = json.loads(_manifest(result, "ConfigMap", "b200-ray-cluster-supervisor")["data"]["config.json"])
+    assert config["capacity_timeout_s"] == capacity_timeout_s
+
+
 def test_pulumi_never_sets_the_release_and_takes_back_what_an_older_supervisor_owned():
     """The supervisor's only write is spec.suspend, which the program never sets: no field to
     ignore. The apply is forced so that a cluster 0.3.0's supervisor released (its worker group list,

@@ -70,6 +70,8 @@ from workloads.run_lifecycle import (  # noqa: F401 - DEADLINE_ENV, Capacity, at
 MAX_BACKOFF_S = 1800.0
 """The longest wait between two retries of a run that failed by itself, and after a failed step."""
 FIELD_MANAGER = "verl-gke-run-supervisor"
+CAPACITY_TIMEOUT_S = 7200.0
+"""The supervisor's wait for a whole cluster unless the stack's readiness timeout asks for longer."""
 
 
 @dataclass(frozen=True)
@@ -97,8 +99,9 @@ class SupervisorConfig:
     release_workers: bool = True
     settle_s: float = 60.0
     """After a failure, how long to let the head notice lost nodes before judging the cause."""
-    capacity_timeout_s: float = 7200.0
-    """How long to wait for a whole cluster before the next attempt; past it the run ends."""
+    capacity_timeout_s: float = CAPACITY_TIMEOUT_S
+    """How long to wait for a whole cluster before the next attempt, or for `pulumi up` to claim a
+    begun run's attempt 0; past it the run ends."""
     poll_s: float = 15.0
     export: dict[str, Any] | None = None
     """The model export of a run that succeeded: export_model.submission's checkpoint_dir, mount,
