@@ -33,7 +33,6 @@ from verl_gke.head_access import HeadAccessError, wait_for_dashboard
 
 # A cold head takes about 8 s on a 2-core machine; leave room for a loaded CI.
 HEAD_START_TIMEOUT_S = 90.0
-HEAD_START_TRIES = 2
 # The head can take over 10 s to exit after SIGTERM.
 HEAD_STOP_GRACE_S = 30.0
 WORKER_PORTS = 16
@@ -130,20 +129,21 @@ MULTI_NODE_ENV = {
 def start_head(ray: Path | None = None, env: dict[str, str] | None = None) -> RayHead:
     """Starts a head (of the given ray executable) in its own process group and returns once its
     dashboard answers."""
+    try:
+        return _start_head(ray, env)
+    except HeadStartError as error:
+        # A loaded 2-core CI machine now and then starts a head that never serves its dashboard;
+        # the product is not under test here, so one more head on fresh ports.
+        print(f"ray_head: {error}; starting another head", file=sys.stderr)
+        return _start_head(ray, env)
+
+
+def _start_head(ray: Path | None, env: dict[str, str] | None) -> RayHead:
     # Short path: Ray puts unix sockets under the temp dir, and their paths are limited to ~107 bytes.
-    for tries_left in reversed(range(HEAD_START_TRIES)):
-        temp_dir = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
-        with ports_held():
-            command, url = ray_start_command(temp_dir, ray)
-            try:
-                return _launch(command, url, temp_dir, env or HEAD_ENV)
-            except HeadStartError as error:
-                if not tries_left:
-                    raise
-                # A loaded 2-core CI machine now and then starts a head that never serves its
-                # dashboard; the product is not under test here, so a fresh head on fresh ports.
-                print(f"ray_head: {error}; starting another head", file=sys.stderr)
-    raise AssertionError("unreachable")
+    temp_dir = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
+    with ports_held():
+        command, url = ray_start_command(temp_dir, ray)
+        return _launch(command, url, temp_dir, env or HEAD_ENV)
 
 
 def restart_head(head: RayHead) -> RayHead:
