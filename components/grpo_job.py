@@ -444,7 +444,6 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
         busbw: float | None = None
         # The record before the head: a run that ended has its RayCluster suspended (no head); this
         # run resumes it once the record says it has begun, so a deploy that dies before never does.
-        prior = records.get(run_id)
         record = run_lifecycle.begin(records, run_id, spec.attempt, time.time())
         if record.generation > spec.attempt:
             # Its supervisor would watch the older generation and leave the newer one unreleased.
@@ -452,9 +451,6 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
                 f"GrpoJob: run {run_id} is at jobAttempt {record.generation} in its run record, above this "
                 f"stack's jobAttempt {spec.attempt}. Set verl-gke:jobAttempt back to {record.generation}, or above "
                 "it to start a new generation.")
-        # A reopened run's earlier attempts were all stopped when it ended: a failed create ends it again.
-        reopened = prior is not None and prior.outcome in run_lifecycle.REOPENABLE and not record.outcome
-        since = len(record.attempts) if reopened else 0
         if record.outcome == SUCCEEDED:
             # A finished run applied again is done, not trained again.
             done = record.newest.submission_id if record.newest else spec.submission_id
@@ -469,7 +465,7 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
                 spec.resume_cluster()
                 client = stack.enter_context(_client(spec, spec.ready_timeout_s))
             except Exception:
-                _deploy_failed(records, run_id, since=since)  # no head: the supervisor releases the GPUs
+                _deploy_failed(records, run_id, spec.attempt)  # no head: the supervisor releases the GPUs
                 raise
             ray = RayJobs(client.get_address(), head_access.REQUEST_TIMEOUT_S)
             submission_id, job = _current(record, client.list_jobs(), spec)
@@ -491,7 +487,7 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
                     if job is None:
                         submission_id = _claim_and_submit(ray, records, record, spec)
             except Exception:
-                _deploy_failed(records, run_id, since=since)
+                _deploy_failed(records, run_id, spec.attempt)
                 raise
             if job is not None and _value(job.status) == "SUCCEEDED":
                 run_lifecycle.end(records, run_id, SUCCEEDED, time.time())
@@ -503,7 +499,7 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
                 status = _await_start(client, spec, submission_id, time.monotonic() + spec.ready_timeout_s)
             except TimeoutError:
                 # A failed create leaves no resource behind in Pulumi's state: nor may it leave a run.
-                _deploy_failed(records, run_id, started=True)
+                _deploy_failed(records, run_id, spec.attempt, started=True)
                 _stop(client, submission_id)
                 raise
         if spec.wait_for_completion:
@@ -557,8 +553,10 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
                 # Released only with no job live, and suspended since: nothing runs, and no head to ask.
                 return
             with _client(spec, spec.reach_timeout_s) as client:
-                # The run supervisor's retries of this run too: none may outlive it.
-                _stop(client, id_, *spec.attempt_ids)
+                # The run supervisor's retries of this run too, and any attempt its record names: none
+                # may outlive it.
+                claimed = [a.submission_id for a in record.attempts] if record else []
+                _stop(client, id_, *spec.attempt_ids, *claimed)
         except HeadGoneError as error:
             # The Kubernetes API says the head's service is gone, and its jobs with it.
             pulumi.log.warn(f"GrpoJob {id_}: nothing to stop; {error}")
@@ -678,15 +676,15 @@ def _lowered_attempt(olds: Mapping[str, Any], news: Mapping[str, Any]) -> str | 
             f"verl-gke:jobAttempt back to {old:g}, or above it to start a new generation")
 
 
-def _deploy_failed(records: RecordStore, run_id: str, started: bool = False, since: int = 0) -> None:
-    """Ends the run in its record when `create` fails before any attempt of it ran (or, `started`,
-    when the one it started is stopped): the run supervisor then releases the GPU workers. `since`:
-    the attempts before it belong to a run this create reopened, all stopped when it ended. The
-    record's own failure is only a warning: the create's error is the one to report."""
+def _deploy_failed(records: RecordStore, run_id: str, generation: int, started: bool = False) -> None:
+    """Ends the run in its record when `create` fails before any attempt of it ran since the run began
+    or was last reopened (the earlier ones were all stopped when it ended), or, `started`, when the one
+    it started is stopped: the run supervisor then releases the GPU workers. The record's own failure
+    is only a warning: the create's error is the one to report."""
     try:
         record = records.get(run_id)
-        if record is not None and (started or not any(a.submitted for a in record.attempts[since:])):
-            run_lifecycle.end(records, run_id, DEPLOY_FAILED, time.time())
+        if record is not None and (started or not any(a.submitted for a in record.attempts[record.reopened_at:])):
+            run_lifecycle.end(records, run_id, DEPLOY_FAILED, time.time(), generation=generation)
     except Exception as error:  # noqa: BLE001
         pulumi.log.warn(f"GrpoJob: run record of {run_id} not updated after the failed create: {error}")
 

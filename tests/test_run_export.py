@@ -134,6 +134,17 @@ def test_a_failed_export_is_recorded_and_the_workers_are_released(ray_cluster: R
     assert control.calls == [("set_released", True)]
 
 
+def test_an_older_generations_success_is_exported_under_its_own_generation(ray_cluster: RayHead, records, tmp_path):
+    """A jobAttempt bump's `up` that failed before the new generation began: the new supervisor
+    exports the older generation's final model (here none was written) and releases its workers.
+    (It runs before the bound test, whose export stays PENDING: a release waits for live jobs.)"""
+    run_id = succeeded_run(records)
+    control = RecordingControl()
+    sup = supervisor(ray_cluster.dashboard_url, records, run_id, control, export_config(tmp_path, run_id), generation=1)
+    record = until_released(sup, records, run_id, 120)
+    assert (record.generation, record.export_id) == (0, f"verl-export-{run_id}-final-0")
+    assert record.export_outcome.startswith("FAILED: export_model: ") and control.calls == [("set_released", True)]
+
 def test_with_export_model_off_the_workers_are_released_at_once(ray_cluster: RayHead, records):
     run_id = succeeded_run(records)
     control = RecordingControl()
@@ -156,3 +167,4 @@ def test_an_export_past_its_bound_is_stopped_recorded_and_the_workers_released(r
     # start timeout (RAY_JOB_START_TIMEOUT_SECONDS) and is not waited for; it never ran.
     assert JobSubmissionClient(ray_cluster.dashboard_url).get_job_status(record.export_id) in ("PENDING", "STOPPED")
     assert control.calls == [("set_released", True)]
+

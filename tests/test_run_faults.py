@@ -115,8 +115,11 @@ def wait_for(condition: Callable[[], Any], timeout_s: float, what: str) -> None:
 
 
 def stop_all(head: RayHead, spec: _JobSpec) -> None:
+    """Stops the run's live attempts and waits until they ended: a release waits while any job holds
+    the workers, so a later test's would otherwise wait for this one's."""
     for sid in live(head, spec):
         RayJobs(head.dashboard_url).stop(sid)
+    wait_for(lambda: not live(head, spec), 60, "the stopped attempts to end")
 
 
 def outs(result: Any) -> dict[str, Any]:
@@ -297,6 +300,37 @@ def test_4_failed_deploy_releases_the_workers_and_a_cluster_never_whole_ends_the
     assert record(url, spec).outcome == "the cluster was not whole within 600 s (0 of 1 GPU workers, 0 of 1 GPUs)"
     assert released(state) and record(url, spec).released
     assert not live(heads["head"], spec)
+
+    # A jobAttempt bump: `pulumi up` deploys the new generation's supervisor, then the job's replace
+    # deletes the old generation (recording it) and creates the new one. An up that dies between the
+    # two leaves the older record to the new supervisor, the only one left: it releases the workers.
+    state.objects[RAY_CLUSTER]["spec"]["suspend"] = False
+    props = job_props(heads["head"], url, SLEEP)
+    old = _JobSpec.from_props(props)
+    provider = GrpoJobProvider()
+    created = provider.create(props)
+    new = _JobSpec.from_props({**props, "attempt": 1})
+    provider.delete(created.id, outs(created))
+    supervisor(heads["head"], url, new).step()
+    assert record(url, old).outcome == run_lifecycle.DELETED
+    assert released(state) and record(url, old).released
+
+    # An up that fails before the replace leaves the older generation running: the new supervisor
+    # resubmits none of its attempts (their ids are not its own) and releases it once it ends.
+    state.objects[RAY_CLUSTER]["spec"]["suspend"] = False
+    props = job_props(heads["head"], url, SLEEP)
+    old = _JobSpec.from_props(props)
+    created = GrpoJobProvider().create(props)
+    watcher = supervisor(heads["head"], url, _JobSpec.from_props({**props, "attempt": 1}))
+    watcher.step()
+    assert not record(url, old).outcome and not released(state)
+    RayJobs(heads["head"].dashboard_url).stop(created.id)
+    wait_for(lambda: status(heads["head"], created.id) == "STOPPED", 30, "the older generation's end")
+    watcher.step()
+    assert record(url, old).outcome == ("jobAttempt 0 ended under the supervisor of jobAttempt 1, which resubmits "
+                                        f"none of its attempts: {created.id} was stopped")
+    assert released(state) and record(url, old).released
+    assert [a.submission_id for a in record(url, old).attempts] == [created.id]
 
 
 def test_5_budget_is_enforced_before_every_submission_with_a_capped_backoff(heads, api):

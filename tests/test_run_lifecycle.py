@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -99,8 +100,10 @@ def test_a_lowered_job_attempt_of_the_same_run_is_refused_before_anything_is_del
     assert failures({}, {**base, "attempt": 0}) == []  # the first create
 
 
-def test_a_failed_create_of_a_reopened_run_ends_it_again():
-    """Its earlier attempts were stopped when it ended: left open, the supervisor would resubmit."""
+@pytest.mark.parametrize("reopened_by", ["this create", "an earlier create that died"])
+def test_a_failed_create_of_a_reopened_run_ends_it_again(reopened_by):
+    """Its earlier attempts were stopped when it ended: left open, the supervisor would resubmit. The
+    record says from which attempt the reopened run counts, whoever reopened it."""
     from components.grpo_job import GrpoJobProvider
 
     (closed,) = free_ports(1)
@@ -110,9 +113,29 @@ def test_a_failed_create_of_a_reopened_run_ends_it_again():
         run_lifecycle.claim(records, "r", Attempt(index=0, submission_id="s0", by="pulumi-up", at=time.time(),
                                                   cause="first", submitted=True), 0.0)
         run_lifecycle.end(records, "r", run_lifecycle.DELETED, time.time(), released=True)
+        if reopened_by != "this create":
+            assert run_lifecycle.begin(records, "r", 0, time.time()).reopened_at == 1
         props = {"dashboard_url": f"http://127.0.0.1:{closed}", "kube_api_url": url, "namespace": "ray",
                  "run_record": "rc-run", "run_id": "r", "entrypoint": "e", "runtime_env": {}, "ready_timeout_s": 1}
         with pytest.raises(Exception, match="did not answer"):
             GrpoJobProvider().create(props)
         record = records.get("r")
         assert record is not None and record.outcome == run_lifecycle.DEPLOY_FAILED
+        # A new generation counts from its first attempt.
+        assert run_lifecycle.begin(records, "r", 1, time.time()).reopened_at == 0
+
+
+def test_an_end_meant_for_one_generation_leaves_a_newer_one_open():
+    records = run_lifecycle.MemoryRecords()
+    run_lifecycle.begin(records, "r", 0, time.time())
+    run_lifecycle.begin(records, "r", 1, time.time())  # `pulumi up` began jobAttempt 1 meanwhile
+    assert run_lifecycle.end(records, "r", "stopped", time.time(), generation=0).outcome == ""
+    assert run_lifecycle.end(records, "r", "stopped", time.time(), generation=1).outcome == "stopped"
+
+
+def test_a_record_written_by_a_later_version_is_read_without_its_new_fields():
+    text = ('{"run_id": "r", "generation": 2, "outcome": "", "added_later": 1, "attempts": '
+            '[{"index": 0, "submission_id": "s0", "by": "supervisor", "at": 1.0, "cause": "c", "new": "x"}]}')
+    record = RunRecord.from_json(text)
+    assert (record.run_id, record.generation, record.attempts) == ("r", 2, (Attempt(0, "s0", "supervisor", 1.0, "c"),))
+    assert json.loads(record.to_json())["reopened_at"] == 0

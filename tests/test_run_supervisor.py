@@ -298,3 +298,17 @@ def test_a_release_that_fails_is_tried_again():
     assert not records.get("r").released  # so the next step releases again
     supervisor.step()
     assert records.get("r").released and ("set_released", True) in control.calls
+
+
+def test_an_older_generation_begun_and_never_claimed_is_ended_and_released_not_resumed():
+    """A jobAttempt bump's `pulumi up` that died after the older generation began: nobody else will
+    claim it, and its workers must not stay up for a generation that has not begun."""
+    records = MemoryRecords()
+    run_lifecycle.begin(records, "r", 0, time.time())
+    spec = _JobSpec.from_props({"dashboard_url": "http://x", "entrypoint": "e", "runtime_env": {}, "run_id": "r",
+                                "attempt": 1})
+    control = RecordingControl()
+    make_supervisor("http://x", spec, control, records, generation=1).step()
+    assert control.calls == [("set_released", True)]
+    record = records.get("r")
+    assert (record.generation, record.outcome, record.released) == (0, run_lifecycle.DEPLOY_FAILED, True)

@@ -21,7 +21,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +157,8 @@ class RunRecord:
     """Why the run ended ('' while it is not over)."""
     released: bool = False
     """The GPU workers were released after the outcome."""
+    reopened_at: int = 0
+    """The first attempt of the run since `pulumi up` last reopened it (those before were all stopped)."""
     waiting_since: float | None = None
     """Since when the supervisor waits for a whole cluster before the next attempt."""
     export_id: str = ""
@@ -178,14 +180,20 @@ class RunRecord:
 
     @classmethod
     def from_json(cls, text: str) -> RunRecord:
-        data = json.loads(text)
-        data["attempts"] = tuple(Attempt(**a) for a in data.get("attempts", ()))
+        # A later verl-gke may add fields: read what this one knows (a rolling upgrade has both).
+        data = _known(cls, json.loads(text))
+        data["attempts"] = tuple(Attempt(**_known(Attempt, a)) for a in data.get("attempts", ()))
         data["decisions"] = tuple(data.get("decisions", ()))
         return cls(**data)
 
     def decided(self, decision: str, now: float) -> RunRecord:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
         return replace(self, decisions=(*self.decisions, f"{stamp} {decision}")[-20:])
+
+
+def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in fields(cls)}
+    return {key: value for key, value in data.items() if key in names}
 
 
 class Conflict(Exception):
@@ -331,7 +339,8 @@ def begin(store: RecordStore, run_id: str, generation: int, now: float) -> RunRe
         if record.generation > generation:
             return record  # a newer generation's: not an older spec's to reopen (the caller refuses)
         if record.outcome in REOPENABLE:
-            return replace(record, outcome="", released=False, waiting_since=None).decided(
+            return replace(record, outcome="", released=False, waiting_since=None,
+                           reopened_at=len(record.attempts)).decided(
                 f"reopened by pulumi-up after: {record.outcome}", now)
         return record
 
@@ -374,11 +383,12 @@ def mark_submitted(store: RecordStore, run_id: str, index: int) -> None:
     store.update(run_id, change)
 
 
-def end(store: RecordStore, run_id: str, outcome: str, now: float, released: bool = False) -> RunRecord | None:
-    """Records the run's outcome (the first one stays)."""
+def end(store: RecordStore, run_id: str, outcome: str, now: float, released: bool = False,
+        generation: int | None = None) -> RunRecord | None:
+    """Records the run's outcome (the first one stays); with `generation`, only that generation's."""
 
     def change(record: RunRecord | None) -> RunRecord | None:
-        if record is None or record.outcome:
+        if record is None or record.outcome or generation not in (None, record.generation):
             return None
         return replace(record, outcome=outcome, released=released).decided(f"run ended: {outcome}", now)
 

@@ -24,7 +24,10 @@ on where the last one stopped. Each step:
   while the GPU workers are still up: a 32B model's merge needs some 260 GB of memory, which only a GPU
   worker node has. The export is claimed in the record (one owner, a deterministic submission id that
   Ray refuses twice), bounded by `export_timeout_s`, and its outcome recorded; a failed one is recorded
-  and the workers are released all the same.
+  and the workers are released all the same;
+- the record holds an older jobAttempt of the run (a bump's `pulumi up` failed after deploying this
+  supervisor, before its job's replace began the new generation): watch it without resubmitting or
+  resuming anything, then end it and release the workers.
 
 An error in a step (the head or the API unreachable, a truncated reply) is logged and the step is
 tried again after a capped backoff.
@@ -176,11 +179,13 @@ class Supervisor:
         """One look at the run, and what it calls for."""
         now = self.clock()
         record = self.records.get(self.config.run_id)
-        if record is None or record.generation < self.config.generation:
+        if record is None:
             # This run has not begun: `pulumi up` begins it, resumes a released cluster and claims
             # attempt 0 once the workers joined. Nothing to do: resuming now would hold GPUs for a
             # deploy that may never get that far.
             return
+        if record.generation < self.config.generation:
+            return self._superseded(record, now)
         if record.generation > self.config.generation:
             return  # a supervisor of an older spec, about to be replaced
         if record.outcome:
@@ -202,6 +207,30 @@ class Supervisor:
         if status == "STOPPED":
             return self._finish(record, f"{attempt.submission_id} was stopped")
         self._after_failure(record, attempt, job, now)
+
+    def _superseded(self, record: RunRecord, now: float) -> None:
+        """An older jobAttempt's run, this generation not begun: `pulumi up` deploys this supervisor,
+        then its job's replace ends the older run (delete) and begins this one (create). An up that
+        failed in between, or before the replace, leaves the older run here, with no supervisor of its
+        own: it is never resubmitted (its ids are not this config's) nor resumed, only watched until
+        it ends, then its workers are released."""
+        attempt = record.newest
+        if not record.outcome and attempt is not None:
+            if record.deadline and now >= record.deadline:
+                return self._budget(record, attempt, now)
+            job = self.ray.jobs().get(attempt.submission_id)
+            status = job["status"] if job else "lost"
+            if status in LIVE or (job is None and not attempt.submitted and now - attempt.at < CLAIM_GRACE_S):
+                return
+            if status == "SUCCEEDED":
+                return self._finish(record, SUCCEEDED)
+            self._finish(record, f"jobAttempt {record.generation} ended under the supervisor of jobAttempt "
+                                 f"{self.config.generation}, which resubmits none of its attempts: "
+                                 f"{attempt.submission_id} {'was stopped' if status == 'STOPPED' else status}")
+        elif not record.outcome:
+            self._finish(record, DEPLOY_FAILED)  # begun, never claimed: that up is over
+        else:
+            self._keep_released(record, now)
 
     def _unclaimed(self, record: RunRecord, now: float) -> None:
         """Begun by `pulumi up`, which claims attempt 0 after its gates (readiness, fabric check): a
@@ -288,7 +317,7 @@ class Supervisor:
 
     def _finish(self, record: RunRecord, why: str) -> None:
         # The outcome first (no one submits after it), then the release, then that it went through.
-        record = end(self.records, self.config.run_id, why, self.clock()) or record
+        record = end(self.records, self.config.run_id, why, self.clock(), generation=record.generation) or record
         self.log(f"run supervisor: run ended ({why})")
         self._keep_released(record, self.clock())
 
@@ -327,7 +356,7 @@ class Supervisor:
         job = export_model.submission(run_id=self.config.run_id, step=None, working_dir=f"gcs://{name}",
                                       **self.config.export)
         # The generation in the id: a later jobAttempt of the same run exports its own final model.
-        submission_id = f"{job.pop('submission_id')}-{self.config.generation}"
+        submission_id = f"{job.pop('submission_id')}-{record.generation}"
         target = job["metadata"]["verl_gke_export"]
         if not record.export_id:
             record = claim_export(self.records, self.config.run_id, submission_id, target, now)
@@ -378,7 +407,8 @@ class Supervisor:
 
     def _decide(self, record: RunRecord, decision: str, **changes: Any) -> None:
         now = self.clock()
-        self.records.update(self.config.run_id, lambda r: r and replace(r, **changes).decided(decision, now))
+        self.records.update(self.config.run_id, lambda r: r and r.generation == record.generation
+                            and replace(r, **changes).decided(decision, now) or None)
         self.log(f"run supervisor: {decision}")
 
 
