@@ -214,23 +214,22 @@ class Supervisor:
         failed in between, or before the replace, leaves the older run here, with no supervisor of its
         own: it is never resubmitted (its ids are not this config's) nor resumed, only watched until
         it ends, then its workers are released."""
+        if record.outcome:
+            return self._keep_released(record, now)
         attempt = record.newest
-        if not record.outcome and attempt is not None:
-            if record.deadline and now >= record.deadline:
-                return self._budget(record, attempt, now)
-            job = self.ray.jobs().get(attempt.submission_id)
-            status = job["status"] if job else "lost"
-            if status in LIVE or (job is None and not attempt.submitted and now - attempt.at < CLAIM_GRACE_S):
-                return
-            if status == "SUCCEEDED":
-                return self._finish(record, SUCCEEDED)
-            self._finish(record, f"jobAttempt {record.generation} ended under the supervisor of jobAttempt "
-                                 f"{self.config.generation}, which resubmits none of its attempts: "
-                                 f"{attempt.submission_id} {'was stopped' if status == 'STOPPED' else status}")
-        elif not record.outcome:
-            self._finish(record, DEPLOY_FAILED)  # begun, never claimed: that up is over
-        else:
-            self._keep_released(record, now)
+        if attempt is None:
+            return self._finish(record, DEPLOY_FAILED)  # begun, never claimed: that up is over
+        if record.deadline and now >= record.deadline:
+            return self._budget(record, attempt, now)
+        job = self.ray.jobs().get(attempt.submission_id)
+        status = job["status"] if job else "lost"
+        if status in LIVE or (job is None and not attempt.submitted and now - attempt.at < CLAIM_GRACE_S):
+            return
+        if status == "SUCCEEDED":
+            return self._finish(record, SUCCEEDED)
+        self._finish(record, f"jobAttempt {record.generation} ended under the supervisor of jobAttempt "
+                             f"{self.config.generation}, which resubmits none of its attempts: "
+                             f"{attempt.submission_id} {'was stopped' if status == 'STOPPED' else status}")
 
     def _unclaimed(self, record: RunRecord, now: float) -> None:
         """Begun by `pulumi up`, which claims attempt 0 after its gates (readiness, fabric check): a
@@ -407,8 +406,13 @@ class Supervisor:
 
     def _decide(self, record: RunRecord, decision: str, **changes: Any) -> None:
         now = self.clock()
-        self.records.update(self.config.run_id, lambda r: r and r.generation == record.generation
-                            and replace(r, **changes).decided(decision, now) or None)
+
+        def change(current: RunRecord | None) -> RunRecord | None:
+            if current is None or current.generation != record.generation:
+                return None  # gone, or a newer generation began meanwhile: not this decision's
+            return replace(current, **changes).decided(decision, now)
+
+        self.records.update(self.config.run_id, change)
         self.log(f"run supervisor: {decision}")
 
 
