@@ -12,7 +12,7 @@ from components.gke_cluster import DRA_V1BETA1_APIS, GkeCluster
 from components.gpu_compute_class import GpuComputeClass
 from domain import hf_token
 from components.gpu_node_pool import GpuNodePool
-from components.grpo_job import GrpoJob, claimed_within_s
+from components.grpo_job import GrpoJob
 from components.image_mirror import ImageMirror
 from domain.image_mirror import MIRROR_APIS, is_docker_hub, registry_prefix, repository_id
 from domain.run_identity import submission_ids
@@ -196,8 +196,9 @@ if cfg.run_supervisor:
             "expected_gpus": cfg.gpu_nodes * facts.gpus_per_node, "max_retries": cfg.run_max_retries,
             "max_preemptions": cfg.run_max_preemptions, "backoff_s": cfg.run_retry_backoff_seconds,
             "budget_s": cfg.run_budget_s, "release_workers": cfg.release_workers_when_done,
-            # Never ends a run as not claimed while `pulumi up` may still be in its gates.
-            "capacity_timeout_s": max(CAPACITY_TIMEOUT_S, claimed_within_s(cfg.job_ready_timeout_seconds)),
+            "capacity_timeout_s": max(CAPACITY_TIMEOUT_S, cfg.job_ready_timeout_seconds),
+            "head_outage_s": cfg.run_head_outage_seconds, "stall_s": cfg.run_stall_seconds,
+            "replace_window_s": cfg.run_replace_window_seconds,
             # Merged on a node with the memory (a GPU worker for 32B), before the workers are released.
             "export": {"checkpoint_dir": f"{cfg.grpo.checkpoint_dir}/{run_id}", "mount": MOUNT_PATH,
                        "memory_bytes": merge_memory_bytes(cfg.model), "verl_dir": cfg.verl_dir}
@@ -239,8 +240,8 @@ pulumi.export("grpoSubmissionId", job.submission_id)
 pulumi.export("grpoJobStatus", job.status)
 pulumi.export("checkpointUri", storage.bucket_name.apply(lambda b: f"gs://{b}/{checkpoint_path}"))
 # The run supervisor's export writes it once the run succeeded (workloads/run_supervisor.py, verl's
-# merger); empty until the run succeeded, and the folder appears when the export has finished.
-pulumi.export("modelUri", pulumi.Output.all(storage.bucket_name, job.status).apply(
+# merger); empty until the run record says the export SUCCEEDED (seen at `pulumi up` or refresh).
+pulumi.export("modelUri", pulumi.Output.all(storage.bucket_name, job.export_outcome).apply(
     lambda a: f"gs://{a[0]}/{model_path(run_id)}" if a[1] == "SUCCEEDED" else ""))
 pulumi.export("hourlyCostUsd", cfg.hourly_usd)
 pulumi.export("estimatedRunCostUsd", run_cost(cfg.run_budget_h, cfg.hourly_usd))

@@ -34,22 +34,18 @@ from verl_gke.cluster_api import cluster_api
 from verl_gke.kubeconfig import is_dns_endpoint
 from manifests.ray_cluster import ray_cluster_of
 from workloads import export_model, run_lifecycle
-from workloads.run_supervisor import KubernetesControl
+from workloads.kube import KubernetesApi, RayClusterControl
+from workloads.run_lease import PULUMI_UP, HeldLease, Lease, identity
 from workloads.run_lifecycle import (
-    CLAIM_GRACE_S,
     DEADLINE_ENV,
     DELETED,
     DEPLOY_FAILED,
     LIVE,
     SUCCEEDED,
-    Attempt,
-    ConfigMapRecords,
-    KubernetesApi,
-    MemoryRecords,
     RayJobs,
-    RecordStore,
-    RunRecord,
+    write_record,
 )
+from workloads.run_record import Attempt, MemoryRecords, RecordStore, RunRecord
 from verl_gke.head_access import (
     PORT_FORWARD_START_TIMEOUT_S,
     HeadAccessError,
@@ -79,7 +75,7 @@ STOP_TIMEOUT_S = 60.0
 LOG_TAIL_LINES = 20
 
 _TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
-_OUTPUT_KEYS = ("submission_id", "status", "dashboard_command", "fabric_busbw_gbps")
+_OUTPUT_KEYS = ("submission_id", "status", "dashboard_command", "fabric_busbw_gbps", "export_outcome")
 LOST = "LOST"
 """Status when the head answers but no longer knows the run's newest attempt (it restarted)."""
 UNREACHABLE = "UNREACHABLE"
@@ -164,7 +160,9 @@ class GrpoJobArgs(TypedDict, total=False):
     """The run (domain/run_identity.run_id): its record and checkpoint folder. Default: the
     submission id of the spec's attempt 0."""
     run_record: NotRequired[pulumi.Input[str | None]]
-    """The run record ConfigMap in `namespace` (default `verl-grpo-<stack>-run`)."""
+    """`<rayClusterName>-run`: the prefix of the run records in `namespace` (one ConfigMap per run,
+    `<prefix>-<12 hex>`), and so the RayCluster whose Lease says who decides (default: the head
+    service's RayCluster, else `verl-grpo-<stack>`)."""
     kube_api_url: NotRequired[pulumi.Input[str | None]]
     """The Kubernetes API the record is kept through when it is reached without credentials
     (`kubectl proxy`, a test's stand-in). Default: the cluster endpoint with the CA and a token of
@@ -254,9 +252,13 @@ class _JobSpec:
         return self.run_id or submission_id(self.stack, self.entrypoint, self.runtime_env, 0)
 
     @property
-    def record_name(self) -> str:
-        default = re.sub(r"[^a-z0-9-]", "-", f"{SUBMISSION_ID_PREFIX}-{self.stack}".lower())[:59].strip("-") + "-run"
-        return self.run_record or default
+    def ray_cluster(self) -> str:
+        """The RayCluster the run's records and Lease belong to."""
+        if self.run_record:
+            return self.run_record.removesuffix("-run")
+        if self.head_service:
+            return ray_cluster_of(self.head_service)
+        return re.sub(r"[^a-z0-9-]", "-", f"{SUBMISSION_ID_PREFIX}-{self.stack}".lower())[:40].strip("-")
 
     def kube_api(self) -> KubernetesApi | None:
         """The cluster's Kubernetes API (see GrpoJobArgs.kube_api_url); None when neither is given."""
@@ -267,24 +269,30 @@ class _JobSpec:
             return cluster_api(self.cluster_endpoint, self.cluster_ca_certificate, timeout)
         return None
 
-    def records(self) -> RecordStore:
-        """Where the run record is kept."""
+    def records(self) -> RecordStore | MemoryRecords:
+        """Where the run records are kept (for the call only without a Kubernetes API)."""
         api = self.kube_api()
-        return MemoryRecords() if api is None else ConfigMapRecords(api, self.namespace, self.record_name)
+        return MemoryRecords() if api is None else RecordStore(api, self.namespace, self.ray_cluster)
 
-    def resume_cluster(self) -> None:
+    def lease(self) -> Lease | HeldLease:
+        """The cluster's decider Lease (always held without a Kubernetes API: nothing else decides)."""
+        api = self.kube_api()
+        return HeldLease() if api is None else Lease(api, self.namespace, self.ray_cluster, identity(PULUMI_UP),
+                                                     log=pulumi.log.info)
+
+    def resume_cluster(self, lease: Lease | HeldLease) -> None:
         """Brings back a RayCluster an earlier run's end released (suspended), before the readiness
-        gate waits for it: the same field and field manager as the supervisor's release, so one owner
-        writes `spec.suspend`, whoever runs it. Nothing to do without the API or the head service."""
+        gate waits for it: the same field and field manager as the decider's release. Nothing to do
+        without the API or the head service."""
         api = self.kube_api()
         if api is None or not self.head_service:
             return
-        name = ray_cluster_of(self.head_service)
+        lease.check()
         try:
-            KubernetesControl(api, self.namespace, name).set_released(False)
+            RayClusterControl(api, self.namespace, self.ray_cluster).set_suspended(False)
         except Exception as error:  # noqa: BLE001 - one line naming what was being done
-            raise RuntimeError(f"GrpoJob: resuming RayCluster {self.namespace}/{name} (spec.suspend: false) "
-                               f"failed: {error}") from None
+            raise RuntimeError(f"GrpoJob: resuming RayCluster {self.namespace}/{self.ray_cluster} (spec.suspend: "
+                               f"false) failed: {error}") from None
 
     @property
     def address(self) -> str:
@@ -298,11 +306,14 @@ class _JobSpec:
     def reach_timeout_s(self) -> float:
         return min(REACH_TIMEOUT_S, self.ready_timeout_s)
 
-    def outs(self, submission_id: str, status: str, fabric_busbw_gbps: float | None = None) -> dict[str, Any]:
-        """Outputs: the props later calls need (read and delete get only these) and the job's state."""
+    def outs(self, submission_id: str, status: str, fabric_busbw_gbps: float | None = None,
+             export_outcome: str = "") -> dict[str, Any]:
+        """Outputs: the props later calls need (read and delete get only these), the job's state, and
+        the model export's outcome as the run record says (modelUri names a model only once SUCCEEDED)."""
         command = dashboard_command(self.namespace, self.head_service) if self.head_service else None
         return {**asdict(self), "submission_id": submission_id, "status": status,
-                "dashboard_command": command, "fabric_busbw_gbps": fabric_busbw_gbps}
+                "dashboard_command": command, "fabric_busbw_gbps": fabric_busbw_gbps,
+                "export_outcome": export_outcome}
 
     @property
     def fabric(self) -> fabric.FabricCheck:
@@ -437,88 +448,36 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
         return pulumi.dynamic.DiffResult(changes=changed, replaces=replaces, delete_before_replace=True)
 
     def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
+        """Takes the cluster's Lease (the supervisor hands it over), begins or reopens the run, resumes
+        the cluster, runs the deploy gates, submits (or adopts) the run's attempt, watches its start-up
+        grace, and releases the Lease. A create that dies anywhere leaves the record to the next
+        decider: its Lease expires and the supervisor goes on by the same rules."""
         spec = _JobSpec.from_props(props)
-        records = spec.records()
-        run_id = spec.run_key
-        started = time.monotonic()
-        busbw: float | None = None
-        # The record before the head: a run that ended has its RayCluster suspended (no head); this
-        # run resumes it once the record says it has begun, so a deploy that dies before never does.
-        record = run_lifecycle.begin(records, run_id, spec.attempt, time.time())
-        if record.generation > spec.attempt:
-            # Its supervisor would watch the older generation and leave the newer one unreleased.
-            raise RuntimeError(
-                f"GrpoJob: run {run_id} is at jobAttempt {record.generation} in its run record, above this "
-                f"stack's jobAttempt {spec.attempt}. Set verl-gke:jobAttempt back to {record.generation}, or above "
-                "it to start a new generation.")
-        if record.outcome == SUCCEEDED:
-            # A finished run applied again is done, not trained again.
-            done = record.newest.submission_id if record.newest else spec.submission_id
-            pulumi.log.info(f"GrpoJob: run {run_id} already succeeded ({done}); nothing submitted")
-            return pulumi.dynamic.CreateResult(done, spec.outs(done, "SUCCEEDED"))
-        if record.outcome:
-            raise RuntimeError(
-                f"GrpoJob: run {run_id} (jobAttempt {spec.attempt}) already ended: {record.outcome}. "
-                "Bump verl-gke:jobAttempt to run it again from its last checkpoint.")
-        with ExitStack() as stack:
-            try:
-                spec.resume_cluster()
-                client = stack.enter_context(_client(spec, spec.ready_timeout_s))
-            except Exception:
-                _deploy_failed(records, run_id, spec.attempt)  # no head: the supervisor releases the GPUs
-                raise
-            ray = RayJobs(client.get_address(), head_access.REQUEST_TIMEOUT_S)
-            submission_id, job = _current(record, client.list_jobs(), spec)
-            try:
-                if job is None:
-                    _end_fabric_checks(client, spec)
-                    _refuse_a_second_run(client.list_jobs(), spec)
-                    if spec.expected_workers:
-                        # A head that answers is not a whole cluster: a missing worker fails the run at start.
-                        await_capacity(client.get_address(), workers=spec.expected_workers, gpus=spec.expected_gpus,
-                                       deadline=started + spec.ready_timeout_s, address=spec.address,
-                                       what=f"GrpoJob {spec.submission_id} not submitted within ready_timeout_s="
-                                            f"{spec.ready_timeout_s:g} s")
-                    if spec.fabric_check:
-                        busbw = _check_fabric(client, spec)
-                    # The gates took minutes: the supervisor may have submitted meanwhile. Look again.
-                    record = records.get(run_id) or record
-                    submission_id, job = _current(record, client.list_jobs(), spec)
-                    if job is None:
-                        submission_id = _claim_and_submit(ray, records, record, spec)
-            except Exception:
-                _deploy_failed(records, run_id, spec.attempt)
-                raise
-            if job is not None and _value(job.status) == "SUCCEEDED":
-                run_lifecycle.end(records, run_id, SUCCEEDED, time.time())
-                return pulumi.dynamic.CreateResult(submission_id, spec.outs(submission_id, "SUCCEEDED", busbw))
-            if job is not None:
-                _check_adoptable(job, spec)
-            # The gates used their own time: the run gets the whole timeout to start.
-            try:
-                status = _await_start(client, spec, submission_id, time.monotonic() + spec.ready_timeout_s)
-            except TimeoutError:
-                # A failed create leaves no resource behind in Pulumi's state: nor may it leave a run.
-                _deploy_failed(records, run_id, spec.attempt, started=True)
-                _stop(client, submission_id)
-                raise
-        if spec.wait_for_completion:
-            status = _await_completion(spec, submission_id)
-        return pulumi.dynamic.CreateResult(submission_id, spec.outs(submission_id, status, busbw))
+        records, lease = spec.records(), spec.lease()
+        lease.acquire()
+        with lease.renewing():
+            submission_id, status, busbw = _create(spec, records, lease)
+        if spec.wait_for_completion and status != "SUCCEEDED":
+            submission_id, status = _await_completion(spec, records, submission_id)
+        record = records.get(spec.run_key).record
+        exported = record.export_outcome if record is not None else ""
+        return pulumi.dynamic.CreateResult(submission_id, spec.outs(submission_id, status, busbw, exported))
 
     def read(self, id_: str, props: dict[str, Any]) -> pulumi.dynamic.ReadResult:
+        """The run's newest attempt and its status, from the record and the head; writes nothing."""
         spec = _JobSpec.from_props(_spec_props(props))
         previous = props.get("fabric_busbw_gbps")
         try:
-            record = spec.records().get(spec.run_key)
+            record = spec.records().get(spec.run_key).record
         except Exception as error:  # noqa: BLE001 - a refresh reports, it never fails the stack
             pulumi.log.warn(f"GrpoJob {id_}: run record not readable: {error}")
             record = None
-        newest = record.newest.submission_id if record and record.newest else None
+        exported = record.export_outcome if record else ""
+        newest = record.attempts[-1].submission_id if record and record.attempts else None
         if record is not None and record.released:
             # Ended and its RayCluster suspended: no head to ask, and the record is the truth.
             sid = newest or props.get("submission_id") or id_
-            return pulumi.dynamic.ReadResult(id_, spec.outs(sid, ended_status(record.outcome), previous))
+            return pulumi.dynamic.ReadResult(id_, spec.outs(sid, ended_status(record.outcome), previous, exported))
         try:
             with _client(spec, spec.reach_timeout_s) as client:
                 jobs = client.list_jobs()
@@ -526,7 +485,7 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
             # Kept, not forgotten: forgetting it would make the next `up` submit beside a live run.
             pulumi.log.warn(f"GrpoJob {id_}: Ray head unreachable, status kept as {UNREACHABLE}: {error}")
             sid = newest or props.get("submission_id") or id_
-            return pulumi.dynamic.ReadResult(id_, spec.outs(sid, UNREACHABLE, previous))
+            return pulumi.dynamic.ReadResult(id_, spec.outs(sid, UNREACHABLE, previous, exported))
         on_head = [sid for sid in spec.attempt_ids if _find_job(jobs, sid) is not None]
         sid = newest or (on_head[-1] if on_head else props.get("submission_id") or id_)
         job = _find_job(jobs, sid)
@@ -536,27 +495,33 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
             status = "SUCCEEDED"
         else:
             status = LOST  # the head restarted and forgot it; the supervisor's next attempt follows
-        return pulumi.dynamic.ReadResult(id_, spec.outs(sid, status, previous))
+        return pulumi.dynamic.ReadResult(id_, spec.outs(sid, status, previous, exported))
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.UpdateResult:
         # diff replaces on every prop that touches the run, so the job and its state stay.
         spec = _JobSpec.from_props(_spec_props(news))
         return pulumi.dynamic.UpdateResult(spec.outs(olds["submission_id"], olds["status"],
-                                                     olds.get("fabric_busbw_gbps")))
+                                                     olds.get("fabric_busbw_gbps"), olds.get("export_outcome") or ""))
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
+        """Takes the Lease, records the run stopped by the stack (desired stopped: the supervisor
+        submits nothing more of it and stops what this could not), stops every attempt the record
+        names and waits for them, and releases the Lease."""
         spec = _JobSpec.from_props(_spec_props(props))
         try:
-            # First the record: the supervisor submits nothing more of a run that has an outcome.
-            record = run_lifecycle.end(spec.records(), spec.run_key, DELETED, time.time())
-            if record is not None and record.released:
-                # Released only with no job live, and suspended since: nothing runs, and no head to ask.
-                return
-            with _client(spec, spec.reach_timeout_s) as client:
-                # The run supervisor's retries of this run too, and any attempt its record names: none
-                # may outlive it.
-                claimed = [a.submission_id for a in record.attempts] if record else []
-                _stop(client, id_, *spec.attempt_ids, *claimed)
+            records, lease = spec.records(), spec.lease()
+            lease.acquire()
+            with lease.renewing():
+                record = write_record(records, spec.run_key,
+                                      lambda r: run_lifecycle.stopped_by_stack(r) if r else None, lease)
+                if record is not None and record.released:
+                    # Released only with no job live, and suspended since: nothing runs, and no head to ask.
+                    return
+                with _client(spec, spec.reach_timeout_s) as client:
+                    # The supervisor's attempts of this run too, and any its record names: none may outlive it.
+                    claimed = [a.submission_id for a in record.attempts] if record else []
+                    lease.check()
+                    _stop(client, id_, *spec.attempt_ids, *claimed)
         except HeadGoneError as error:
             # The Kubernetes API says the head's service is gone, and its jobs with it.
             pulumi.log.warn(f"GrpoJob {id_}: nothing to stop; {error}")
@@ -613,17 +578,84 @@ def _client(spec: _JobSpec, timeout_s: float) -> Iterator[JobSubmissionClient]:
         yield job_client(url, spec.address)
 
 
+def _create(spec: _JobSpec, records: RecordStore | MemoryRecords,
+            lease: Lease | HeldLease) -> tuple[str, str, float | None]:
+    """create's steps while it holds the Lease: (submission id, status, fabric bus bandwidth)."""
+    run_id = spec.run_key
+    started = time.monotonic()
+    busbw: float | None = None
+    # The record before the head: a run that ended has its RayCluster suspended (no head); this run
+    # resumes it once the record says it has begun.
+    record = write_record(records, run_id, lambda r: run_lifecycle.opened(r, run_id, spec.attempt, spec.budget_s),
+                          lease)
+    assert record is not None
+    if record.generation > spec.attempt:
+        # Its supervisor would watch the older generation and leave the newer one unreleased.
+        raise RuntimeError(
+            f"GrpoJob: run {run_id} is at jobAttempt {record.generation} in its run record, above this "
+            f"stack's jobAttempt {spec.attempt}. Set verl-gke:jobAttempt back to {record.generation}, or above "
+            "it to start a new generation.")
+    if record.outcome == SUCCEEDED:
+        # A finished run applied again is done, not trained again.
+        done = record.attempts[-1].submission_id if record.attempts else spec.submission_id
+        pulumi.log.info(f"GrpoJob: run {run_id} already succeeded ({done}); nothing submitted")
+        return done, "SUCCEEDED", None
+    if record.outcome:
+        raise RuntimeError(
+            f"GrpoJob: run {run_id} (jobAttempt {spec.attempt}) already ended: {record.outcome}. "
+            "Bump verl-gke:jobAttempt to run it again from its last checkpoint.")
+    with ExitStack() as stack:
+        try:
+            spec.resume_cluster(lease)
+            client = stack.enter_context(_client(spec, spec.ready_timeout_s))
+        except Exception:
+            _deploy_failed(records, lease, run_id)  # no head: the supervisor releases the GPUs
+            raise
+        ray = RayJobs(client.get_address(), head_access.REQUEST_TIMEOUT_S)
+        submission_id, job = _current(record, client.list_jobs(), spec)
+        try:
+            if job is None:
+                _end_fabric_checks(client, spec)
+                _refuse_a_second_run(client.list_jobs(), spec)
+                if spec.expected_workers:
+                    # A head that answers is not a whole cluster: a missing worker fails the run at start.
+                    await_capacity(client.get_address(), workers=spec.expected_workers, gpus=spec.expected_gpus,
+                                   deadline=started + spec.ready_timeout_s, address=spec.address,
+                                   what=f"GrpoJob {spec.submission_id} not submitted within ready_timeout_s="
+                                        f"{spec.ready_timeout_s:g} s")
+                if spec.fabric_check:
+                    busbw = _check_fabric(client, spec)
+                # Holding the Lease, no one else claimed or submitted meanwhile.
+                submission_id = _submit(ray, records, lease, record, spec)
+        except Exception:
+            _deploy_failed(records, lease, run_id)
+            raise
+        if job is not None and _value(job.status) == "SUCCEEDED":
+            write_record(records, run_id, lambda r: None if r is None else run_lifecycle.ended(r, SUCCEEDED), lease)
+            return submission_id, "SUCCEEDED", busbw
+        if job is not None:
+            _check_adoptable(job, spec)
+        # The gates used their own time: the run gets the whole timeout to start.
+        try:
+            status = _await_start(client, spec, submission_id, time.monotonic() + spec.ready_timeout_s)
+        except TimeoutError:
+            # A failed create leaves no resource behind in Pulumi's state: nor may it leave a run.
+            _deploy_failed(records, lease, run_id, started=True)
+            lease.check()
+            _stop(client, submission_id)
+            raise
+    return submission_id, status, busbw
+
+
 def _current(record: RunRecord, jobs: list[JobDetails], spec: _JobSpec) -> tuple[str, JobDetails | None]:
-    """The attempt to adopt, if any: the record's newest attempt while it is live, has succeeded or
-    is claimed and about to be submitted; else the newest of the run's ids the head knows and runs
-    (a record that lives only for this call knows none)."""
+    """The attempt to adopt, if any: the record's newest attempt while it is live or has succeeded;
+    else the newest of the run's ids the head knows and runs (a record that lives only for this call
+    knows none)."""
     newest = record.newest
     if newest is not None:
         job = _find_job(jobs, newest.submission_id)
         if job is not None and _value(job.status) in (*LIVE, "SUCCEEDED"):
             return newest.submission_id, job
-        if job is None and not newest.submitted and time.time() - newest.at < CLAIM_GRACE_S:
-            return newest.submission_id, _await_listed(spec, newest.submission_id)
     on_head = [job for sid in spec.attempt_ids if (job := _find_job(jobs, sid)) is not None]
     if on_head and (newest is None or on_head[-1].submission_id != newest.submission_id) \
             and _value(on_head[-1].status) in (*LIVE, "SUCCEEDED"):
@@ -631,38 +663,35 @@ def _current(record: RunRecord, jobs: list[JobDetails], spec: _JobSpec) -> tuple
     return spec.submission_id, None
 
 
-def _await_listed(spec: _JobSpec, submission_id: str) -> JobDetails | None:
-    """Another party's fresh claim: its job, once the head lists it (within the claim grace)."""
-    deadline = time.monotonic() + CLAIM_GRACE_S
-    while time.monotonic() < deadline:
-        with _client(spec, spec.reach_timeout_s) as client:
-            if (job := _find_job(client.list_jobs(), submission_id)) is not None:
-                return job
-        time.sleep(1.0)
-    return None
-
-
-def _claim_and_submit(ray: RayJobs, records: RecordStore, record: RunRecord, spec: _JobSpec) -> str:
-    """Claims the generation's next attempt and submits it; when another party claimed it first,
-    adopts theirs. Never after the budget's deadline."""
+def _submit(ray: RayJobs, records: RecordStore | MemoryRecords, lease: Lease | HeldLease, record: RunRecord,
+            spec: _JobSpec) -> str:
+    """Submits the attempt the record claimed and no one submitted (under its own id, never a new
+    one), or claims the generation's next attempt first. Never past the budget."""
     run_id = spec.run_key
-    if record.deadline and time.time() >= record.deadline:
-        raise RuntimeError(f"GrpoJob: run {run_id}: its budget ended at {time.ctime(record.deadline)}; "
-                           "nothing submitted. Bump verl-gke:jobAttempt for a new budget.")
-    index = len(record.attempts)
-    if index >= len(spec.attempt_ids):
-        raise RuntimeError(f"GrpoJob: run {run_id}: all {index} submission ids of jobAttempt {spec.attempt} "
-                           "are used; bump verl-gke:jobAttempt")
-    # The dead-node baseline a later failure of this attempt is judged by.
-    attempt = Attempt(index=index, submission_id=spec.attempt_ids[index], by="pulumi-up", at=time.time(),
-                      cause="pulumi-up", dead_nodes=ray.capacity().dead)
-    record, won = run_lifecycle.claim(records, run_id, attempt, spec.budget_s)
-    if not won:
-        if record.outcome or not record.newest:
-            raise RuntimeError(f"GrpoJob: run {run_id} ended while it was being submitted: {record.outcome}")
-        attempt = record.newest
-        pulumi.log.info(f"GrpoJob: {attempt.by} claimed attempt {attempt.index} first; adopting it")
-    run_lifecycle.submit_claimed(ray, records, record, attempt, spec.entrypoint, spec.runtime_env, spec.metadata)
+    if record.budget_s and record.budget_used_s >= record.budget_s:
+        raise RuntimeError(f"GrpoJob: run {run_id}: its budget of {record.budget_s:g} s is spent; nothing "
+                           "submitted. Bump verl-gke:jobAttempt for a new budget.")
+    newest = record.newest
+    if newest is not None and not newest.submitted:
+        attempt = newest
+        pulumi.log.info(f"GrpoJob: attempt {attempt.index} ({attempt.submission_id}) was claimed by {attempt.by} "
+                        "and not submitted: submitting it")
+    else:
+        index = len(record.attempts)
+        if index >= len(spec.attempt_ids):
+            raise RuntimeError(f"GrpoJob: run {run_id}: all {index} submission ids of jobAttempt {spec.attempt} "
+                               "are used; bump verl-gke:jobAttempt")
+        # The dead-node baseline a later failure of this attempt is judged by.
+        attempt = Attempt(index=index, submission_id=spec.attempt_ids[index], by=PULUMI_UP, cause=PULUMI_UP,
+                          dead_nodes=ray.capacity().dead)
+        claimed = write_record(records, run_id, lambda r: None if r is None else run_lifecycle.claimed(r, attempt), lease)
+        assert claimed is not None
+        record = claimed
+    ray.jobs()  # the head's clock, for the budget's deadline
+    lease.check()
+    run_lifecycle.submit_attempt(ray, record, attempt, spec.entrypoint, spec.runtime_env, spec.metadata)
+    write_record(records, run_id, lambda r: run_lifecycle.submitted(r, attempt.index)
+                 if r is not None and len(r.attempts) > attempt.index else None, lease)
     return attempt.submission_id
 
 
@@ -676,15 +705,18 @@ def _lowered_attempt(olds: Mapping[str, Any], news: Mapping[str, Any]) -> str | 
             f"verl-gke:jobAttempt back to {old:g}, or above it to start a new generation")
 
 
-def _deploy_failed(records: RecordStore, run_id: str, generation: int, started: bool = False) -> None:
-    """Ends the run in its record when `create` fails before any attempt of it ran since the run began
-    or was last reopened (the earlier ones were all stopped when it ended), or, `started`, when the one
-    it started is stopped: the run supervisor then releases the GPU workers. The record's own failure
-    is only a warning: the create's error is the one to report."""
+def _deploy_failed(records: RecordStore | MemoryRecords, lease: Lease | HeldLease, run_id: str,
+                   started: bool = False) -> None:
+    """Ends the run in its record when `create` fails before any attempt of it ran since it was last
+    opened, or, `started`, when the one it started is stopped: the run's decider then releases the
+    GPU workers. The record's own failure is only a warning: the create's error is the one to report."""
+    def change(record: RunRecord | None) -> RunRecord | None:
+        if record is None or record.outcome or not (started or not any(a.submitted for a in record.opened)):
+            return None
+        return run_lifecycle.ended(record, DEPLOY_FAILED)
+
     try:
-        record = records.get(run_id)
-        if record is not None and (started or not any(a.submitted for a in record.attempts[record.reopened_at:])):
-            run_lifecycle.end(records, run_id, DEPLOY_FAILED, time.time(), generation=generation)
+        write_record(records, run_id, change, lease)
     except Exception as error:  # noqa: BLE001
         pulumi.log.warn(f"GrpoJob: run record of {run_id} not updated after the failed create: {error}")
 
@@ -828,24 +860,38 @@ def _stop(client: JobSubmissionClient, *submission_ids: str) -> None:
             time.sleep(0.5)
 
 
-def _await_completion(spec: _JobSpec, submission_id: str) -> str:
-    """Polls until the run ends; raises with the log tail unless it SUCCEEDED.
+def _await_completion(spec: _JobSpec, records: RecordStore | MemoryRecords, submission_id: str) -> tuple[str, str]:
+    """Polls until the run ends, following it across attempts through its record (the supervisor's
+    resubmissions); returns (the last attempt, SUCCEEDED) or raises with the log tail. An attempt that
+    ended badly while the record stays open is waited past for `outage_window_s` (the decider's next
+    attempt, or its outcome), then reported.
 
     Each poll opens its own connection: one port-forward held for hours would break.
     """
     deadline = time.monotonic() + spec.completion_timeout_s
-    outage = OutageClock(spec.outage_window_s)
+    outage, undecided = OutageClock(spec.outage_window_s), OutageClock(spec.outage_window_s)
     status = "RUNNING"
     while True:
         try:
+            record = records.get(spec.run_key).record
+        except Exception as error:  # noqa: BLE001 - the head may still tell; the next poll reads again
+            pulumi.log.warn(f"GrpoJob {spec.run_key}: run record not readable: {error}")
+            record = None
+        if record is not None and record.attempts:
+            submission_id = record.attempts[-1].submission_id
+        if record is not None and record.outcome == SUCCEEDED:
+            return submission_id, "SUCCEEDED"
+        try:
             with _client(spec, spec.reach_timeout_s) as client:
-                job = client.get_job_info(submission_id)
-                status = _value(job.status)
+                status = _value(client.get_job_info(submission_id).status)
+                outage.reached()
                 if status == "SUCCEEDED":
-                    return status
-                if status in _TERMINAL:
-                    raise RuntimeError(_ended_message(client, submission_id, status, "after it started"))
-            outage.reached()
+                    return submission_id, status
+                if status in _TERMINAL and (record is None or record.outcome or undecided.lost() >= spec.outage_window_s):
+                    ended = f" (the run ended: {record.outcome})" if record is not None and record.outcome else ""
+                    raise RuntimeError(_ended_message(client, submission_id, status, "after it started") + ended)
+                if status not in _TERMINAL:
+                    undecided.reached()
         except HeadGoneError:
             raise
         except (HeadAccessError, HeadRequestError) as error:
@@ -862,12 +908,6 @@ def _await_completion(spec: _JobSpec, submission_id: str) -> str:
         time.sleep(min(spec.poll_interval_s, max(0.0, deadline - time.monotonic())))
 
 
-def claimed_within_s(ready_timeout_s: float, fabric_timeout_s: float = fabric.TIMEOUT_S) -> float:
-    """The longest `create` takes from beginning a run to claiming its attempt 0: the head and the
-    whole cluster within ready_timeout_s, the fabric check, and a few requests' reach."""
-    return ready_timeout_s + fabric_timeout_s + REACH_TIMEOUT_S
-
-
 class GrpoJob(pulumi.dynamic.Resource, name="GrpoJob"):
     """The GRPO training run submitted to the Ray cluster; replaced when its spec changes."""
 
@@ -876,6 +916,9 @@ class GrpoJob(pulumi.dynamic.Resource, name="GrpoJob"):
     dashboard_command: pulumi.Output[str]
     fabric_busbw_gbps: pulumi.Output[float | None]
     """The fabric check's all-reduce bus bandwidth in GB/s, measured before the run was submitted."""
+    export_outcome: pulumi.Output[str]
+    """The model export's outcome as the run record says at the last create or refresh ('SUCCEEDED':
+    the model is in the bucket)."""
 
     def __init__(self, name: str, args: GrpoJobArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         props: dict[str, Any] = {**args, **{key: None for key in _OUTPUT_KEYS}}

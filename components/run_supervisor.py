@@ -18,7 +18,7 @@ import pulumi_kubernetes as k8s
 from components.children import child_options
 from manifests import supervisor
 from manifests.ray_cluster import DASHBOARD_PORT, head_service_name
-from workloads import export_model, run_lifecycle, run_supervisor
+from workloads import export_model, kube, run_lease, run_lifecycle, run_record, run_supervisor
 
 
 class RunSupervisorArgs(TypedDict):
@@ -30,9 +30,10 @@ class RunSupervisorArgs(TypedDict):
 
 
 class RunSupervisor(pulumi.ComponentResource):
-    """Program and config ConfigMap, service account, Role, the admission policy and its binding that
-    hold its RayCluster writes to spec.suspend, RoleBinding (after the policy), Deployment. The run record
-    ConfigMap it reads is the GrpoJob provider's (created at the first claim)."""
+    """Program and config ConfigMap, service account, Role, the admission policies and their bindings
+    that hold its RayCluster writes to spec.suspend and its ConfigMap writes to run records,
+    RoleBinding (after the policies), Deployment. It decides for the cluster's runs while it holds
+    their Lease (docs/run-lifecycle.md)."""
 
     labels: dict[str, str]
     """What the Ray NetworkPolicy must admit to the head's Job API."""
@@ -44,7 +45,8 @@ class RunSupervisor(pulumi.ComponentResource):
         config = {**args["config"], "head_url": head_url}
         # Fails here, at preview, on a field the program does not take.
         run_supervisor.SupervisorConfig(**config)
-        modules = {Path(m.__file__).name: Path(m.__file__).read_text() for m in (run_supervisor, run_lifecycle, export_model)}
+        modules = {Path(m.__file__).name: Path(m.__file__).read_text()
+                   for m in (run_supervisor, run_lifecycle, run_record, run_lease, kube, export_model)}
         spec = supervisor.SupervisorSpec(namespace=args["namespace"], ray_cluster=args["ray_cluster"],
                                          programs=modules, config=config)
         self.labels = dict(supervisor.LABELS)
@@ -62,10 +64,19 @@ class RunSupervisor(pulumi.ComponentResource):
         admission_binding = k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding(
             f"{name}-admission-binding", metadata=policy_binding["metadata"], spec=policy_binding["spec"],
             opts=child.merge(pulumi.ResourceOptions(depends_on=[admission])))
+        record_policy = supervisor.record_admission_policy(spec)
+        records = k8s.admissionregistration.v1.ValidatingAdmissionPolicy(
+            f"{name}-record-policy", metadata=record_policy["metadata"], spec=record_policy["spec"], opts=child)
+        record_binding = supervisor.admission_policy_binding(spec, supervisor.record_policy_name(spec))
+        records_bound = k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding(
+            f"{name}-record-binding", metadata=record_binding["metadata"], spec=record_binding["spec"],
+            opts=child.merge(pulumi.ResourceOptions(depends_on=[records])))
         binding = supervisor.role_binding(spec)
+        # The rights only once both policies hold them to what they are for.
         grant = k8s.rbac.v1.RoleBinding(
             f"{name}-binding", metadata=binding["metadata"], role_ref=binding["roleRef"], subjects=binding["subjects"],
-            opts=child.merge(pulumi.ResourceOptions(depends_on=[service_account, rules, admission_binding])))
+            opts=child.merge(pulumi.ResourceOptions(depends_on=[service_account, rules, admission_binding,
+                                                                records_bound])))
         deployment = supervisor.deployment(spec)
         # Its pod starts with its program and its rights in place.
         k8s.apps.v1.Deployment(f"{name}-deployment", metadata=deployment["metadata"], spec=deployment["spec"],

@@ -191,6 +191,9 @@ class StackConfig(BaseModel):
     run_max_retries: int = Field(2, ge=0)
     run_retry_backoff_seconds: int = Field(120, ge=0)
     run_max_preemptions: int = Field(10, ge=0)
+    run_head_outage_seconds: int = Field(1800, ge=60)
+    run_stall_seconds: int = Field(10800, ge=0)
+    run_replace_window_seconds: int = Field(600, ge=0)
     run_budget_hours: int = Field(0, ge=0)
     run_budget_usd: int = Field(0, ge=0)
     release_workers_when_done: bool = True
@@ -681,7 +684,8 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
             f"as {cfg.region}-b: the subnets, NAT and GPU nodes are there.")
     for field, unit in (("staging_timeout_minutes", 60), ("job_ready_timeout_seconds", 1),
                         ("job_startup_grace_seconds", 1), ("job_outage_window_seconds", 1),
-                        ("run_retry_backoff_seconds", 1), ("run_budget_hours", 3600)):
+                        ("run_retry_backoff_seconds", 1), ("run_budget_hours", 3600),
+                        ("run_head_outage_seconds", 1), ("run_stall_seconds", 1), ("run_replace_window_seconds", 1)):
         if getattr(cfg, field) * unit > _MAX_DURATION_S:
             add(field, getattr(cfg, field),
                 f"at most {_MAX_DURATION_S // unit}: the Pulumi engine's longest duration (about 292 years).")

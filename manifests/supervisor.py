@@ -1,9 +1,10 @@
-"""The run supervisor's Kubernetes objects: its program (workloads/run_supervisor.py and the
-run_lifecycle.py and export_model.py it imports) and config in a ConfigMap, a service account whose Role may read and
-replace only the run record ConfigMap and patch only this RayCluster (a ValidatingAdmissionPolicy
-lets those patches change spec.suspend only), and a one-pod Deployment on
-the CPU nodes. Pure builders. The run record itself is created by the GrpoJob provider's first
-claim (workloads/run_lifecycle.py) and lives as long as the namespace (`pulumi destroy` removes it).
+"""The run supervisor's Kubernetes objects: its program (workloads/run_supervisor.py and the modules
+it imports) and config in a ConfigMap, a service account whose Role may keep the run records
+(ConfigMaps), its Lease and this RayCluster's `spec.suspend`, two ValidatingAdmissionPolicies that hold
+those writes to what they are for (its RayCluster patches change spec.suspend only; its ConfigMap writes
+touch run records of this cluster only, never its own program), and a one-pod Deployment on the CPU
+nodes. Pure builders. The run records (one ConfigMap per run, workloads/run_record.py) are created by
+whoever decides first for a run and live as long as the namespace (`pulumi destroy` removes them).
 """
 
 from __future__ import annotations
@@ -14,14 +15,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from manifests.staging import IMAGE, RUN_AS, SCRIPT_DIR, off_gpu_nodes, restricted_container
+from workloads.run_record import CLUSTER_LABEL, COMPONENT, LEGACY_SUFFIX
 
 NAME_SUFFIX = "-supervisor"
-PROGRAM_FILES = ("run_supervisor.py", "run_lifecycle.py", "export_model.py")
+PROGRAM_FILES = ("run_supervisor.py", "run_lifecycle.py", "run_record.py", "run_lease.py", "kube.py",
+                 "export_model.py")
 """The modules of package `workloads` the supervisor runs, mounted as SCRIPT_DIR/workloads/<file>
 (export_model.py also goes on to the Ray node that merges the model, as a job's working_dir)."""
 MODULE = "workloads.run_supervisor"
 CONFIG_FILE = "config.json"
-RECORD_SUFFIX = "-run"
 DIGEST_ANNOTATION = "verl-gke/supervisor-sha256"
 LABELS = {"app.kubernetes.io/name": "verl-gke", "app.kubernetes.io/component": "run-supervisor"}
 """Also the labels the Ray NetworkPolicy admits to the head's job API."""
@@ -47,10 +49,6 @@ class SupervisorSpec:
         return f"{self.ray_cluster}{NAME_SUFFIX}"
 
     @property
-    def run_record(self) -> str:
-        return run_record_name(self.ray_cluster)
-
-    @property
     def digest(self) -> str:
         """Changes with the program or its config, so the pod restarts with the new ones."""
         text = "".join(self.programs[f] for f in PROGRAM_FILES) + json.dumps(self.config, sort_keys=True)
@@ -58,8 +56,9 @@ class SupervisorSpec:
 
 
 def run_record_name(ray_cluster: str) -> str:
-    """The run record ConfigMap of the stack whose RayCluster this is."""
-    return f"{ray_cluster}{RECORD_SUFFIX}"
+    """The prefix of the run record ConfigMaps of the stack whose RayCluster this is
+    (`<prefix>-<12 hex of the run id>`, workloads/run_record.record_name); 0.5.1's one record."""
+    return f"{ray_cluster}{LEGACY_SUFFIX}"
 
 
 def _meta(spec: SupervisorSpec, name: str) -> dict[str, Any]:
@@ -76,16 +75,25 @@ def service_account(spec: SupervisorSpec) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(spec, spec.name)}
 
 
+def lease_name(ray_cluster: str) -> str:
+    """The Lease that says who decides for the runs on this RayCluster (workloads/run_lease.py)."""
+    return f"{ray_cluster}-decider"
+
+
 def role(spec: SupervisorSpec) -> dict[str, Any]:
-    """Read and patch one RayCluster (its `spec.suspend`); read and replace (compare-and-swap on its
-    resourceVersion) the run record ConfigMap: no more."""
+    """Read and patch one RayCluster (its `spec.suspend`); keep the run records (ConfigMaps: RBAC
+    cannot limit list and create to names, nor any verb to labels, so the record admission policy
+    holds the writes to run records of this cluster); read its own program's ConfigMap (to notice a
+    rollout); keep its Lease (create cannot be limited to a name either). No more."""
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(spec, spec.name),
         "rules": [
             {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "resourceNames": [spec.ray_cluster],
              "verbs": ["get", "patch"]},
-            {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [spec.run_record],
-             "verbs": ["get", "update"]},
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "create", "update", "delete"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+             "resourceNames": [lease_name(spec.ray_cluster)], "verbs": ["get", "update"]},
         ],
     }
 
@@ -133,13 +141,56 @@ def admission_policy(spec: SupervisorSpec) -> dict[str, Any]:
     }
 
 
-def admission_policy_binding(spec: SupervisorSpec) -> dict[str, Any]:
+def admission_policy_binding(spec: SupervisorSpec, name: str | None = None) -> dict[str, Any]:
+    name = name or admission_policy_name(spec)
     return {
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": admission_policy_name(spec), "labels": dict(LABELS)},
-        "spec": {"policyName": admission_policy_name(spec), "validationActions": ["Deny"],
+        "metadata": {"name": name, "labels": dict(LABELS)},
+        "spec": {"policyName": name, "validationActions": ["Deny"],
                  "matchResources": {"namespaceSelector": {
                      "matchLabels": {"kubernetes.io/metadata.name": spec.namespace}}}},
+    }
+
+
+def record_policy_name(spec: SupervisorSpec) -> str:
+    return f"{spec.namespace}.{spec.name}-records"
+
+
+def _is_record(obj: str, spec: SupervisorSpec) -> str:
+    """CEL: `obj` is a run record ConfigMap of this cluster (labels and name)."""
+    labels = f"{obj}.metadata.labels"
+    return (f"has({obj}.metadata.labels) && "
+            f"'app.kubernetes.io/component' in {labels} && {labels}['app.kubernetes.io/component'] == '{COMPONENT}' && "
+            f"'{CLUSTER_LABEL}' in {labels} && {labels}['{CLUSTER_LABEL}'] == '{spec.ray_cluster}' && "
+            f"{obj}.metadata.name.startsWith('{run_record_name(spec.ray_cluster)}-')")
+
+
+def record_admission_policy(spec: SupervisorSpec) -> dict[str, Any]:
+    """The supervisor's ConfigMap writes (create, update, delete) touch run records of this cluster
+    only: RBAC cannot say so, and without it the supervisor could rewrite its own program. On DELETE
+    `object` is null and `oldObject` the object (Kubernetes docs, "Validating Admission Policy",
+    variables `object` and `oldObject`)."""
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": record_policy_name(spec), "labels": dict(LABELS)},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": spec.namespace}},
+                "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"],
+                                   "operations": ["CREATE", "UPDATE", "DELETE"]}],
+            },
+            "matchConditions": [{
+                "name": "run-supervisor",
+                "expression": f"request.userInfo.username == 'system:serviceaccount:{spec.namespace}:{spec.name}'",
+            }],
+            "validations": [
+                {"expression": f"object == null || ({_is_record('object', spec)})",
+                 "message": "the run supervisor may write only run record ConfigMaps of its RayCluster"},
+                {"expression": f"oldObject == null || ({_is_record('oldObject', spec)})",
+                 "message": "the run supervisor may change or delete only run record ConfigMaps of its RayCluster"},
+            ],
+        },
     }
 
 
@@ -152,9 +203,10 @@ def role_binding(spec: SupervisorSpec) -> dict[str, Any]:
 
 
 def deployment(spec: SupervisorSpec) -> dict[str, Any]:
-    """One pod (Recreate: never two supervisors of one run), off the GPU nodes."""
+    """One pod (Recreate: a rollout never overlaps; two pods would still decide one at a time, by the
+    Lease), off the GPU nodes."""
     args = ["--config", f"{SCRIPT_DIR}/{CONFIG_FILE}", "--namespace", spec.namespace,
-            "--ray-cluster", spec.ray_cluster, "--run-record", spec.run_record]
+            "--ray-cluster", spec.ray_cluster, "--program-dir", SCRIPT_DIR]
     pod = {
         "serviceAccountName": spec.name,
         # The one pod of the stack that calls the Kubernetes API: its token is mounted.

@@ -52,7 +52,7 @@ from verl_gke.stack_outputs import OutputsError, StackOutputs
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
 
-    from workloads.run_lifecycle import RunRecord
+    from workloads.run_record import RunRecord
 
 PROG = "verl-gke"
 TERMINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
@@ -367,19 +367,19 @@ def cmd_status(args: argparse.Namespace) -> int:
 def _released_run(args: argparse.Namespace, outputs: StackOutputs, unreachable: HeadAccessError) -> RunRecord | None:
     """The stack's run from its record when it ended and its GPU workers were released; else None."""
     from manifests.ray_cluster import ray_cluster_of
-    from manifests.supervisor import run_record_name
-    from workloads.run_lifecycle import ConfigMapRecords, KubernetesApi
+    from workloads.kube import KubernetesApi
+    from workloads.run_record import RecordStore, record_name
 
     ray_cluster = ray_cluster_of(outputs.ray_head_service)
     run_id = outputs.checkpoint_uri.rstrip("/").rsplit("/", 1)[-1]  # `<grpoCheckpointDir>/<run id>`
-    _progress(f"the Ray head did not answer; reading the run record {run_record_name(ray_cluster)}")
+    _progress(f"the Ray head did not answer; reading the run record {record_name(ray_cluster, run_id)}")
     try:
         if args.kube_api_url:
             api = KubernetesApi(args.kube_api_url, timeout_s=args.head_timeout)
         else:
             facts = gke_facts.describe(outputs.cluster_name, outputs.cluster_location)
             api = cluster_api(facts.endpoint, facts.ca_certificate, args.head_timeout)
-        record = ConfigMapRecords(api, outputs.namespace, run_record_name(ray_cluster)).get(run_id)
+        record = RecordStore(api, outputs.namespace, ray_cluster).get(run_id).record
     except Exception as error:  # noqa: BLE001 - the head's error is the one to report, with this one
         raise CliError(f"{unreachable}; the run record was not readable either: {_one_line(error)}") from None
     return record if record is not None and record.released else None
@@ -476,7 +476,7 @@ EXPORT_META = "verl_gke_export"
 def _exports(client: JobSubmissionClient, attempts: list[Any]) -> list[Any]:
     """The run supervisor's model export of the attempts' run (workloads/run_supervisor.py tags it with
     the run id, as it tags the attempts), oldest first."""
-    from workloads.run_supervisor import meta
+    from workloads.run_lifecycle import meta
 
     runs = {meta({"metadata": j.metadata or {}}, "run_id") for j in attempts} - {""}
     if not runs:
@@ -488,7 +488,7 @@ def _exports(client: JobSubmissionClient, attempts: list[Any]) -> list[Any]:
 
 def _attempt_rows(attempts: list[Any]) -> list[tuple[str, str]]:
     """What the run supervisor decided, as it recorded it in each attempt's metadata."""
-    from workloads.run_supervisor import meta
+    from workloads.run_lifecycle import meta
 
     rows = []
     for job in attempts:

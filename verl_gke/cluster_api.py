@@ -1,4 +1,4 @@
-"""The cluster's API for the run record (workloads.run_lifecycle.KubernetesApi), with no credential of
+"""The cluster's API for the run record (workloads.kube.KubernetesApi), with no credential of
 its own: the token comes from gke-gcloud-auth-plugin at each request, as kubectl gets one."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import subprocess
 
 from verl_gke.head_access import HeadAccessError, HeadAccessSetupError
 from verl_gke.kubeconfig import AUTH_PLUGIN, AUTH_PLUGIN_INSTALL_HINT, is_dns_endpoint
-from workloads.run_lifecycle import KubernetesApi
+from workloads.kube import KubernetesApi
 
 TOKEN_TIMEOUT_S = 30.0
 """How long gke-gcloud-auth-plugin may take to give a token."""

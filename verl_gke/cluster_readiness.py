@@ -4,14 +4,14 @@ A head that answers is not a cluster that can train: a worker still pulling its 
 node that never came up, leaves the run to fail at start or to wait for GPUs forever. The GrpoJob
 provider submits only once the cluster is whole, `verl-gke status` shows the same count, and the
 fabric check and the run supervisor wait for it too. The count itself is the run supervisor's
-(workloads/run_supervisor.Capacity: it runs in the cluster with the standard library only).
+(workloads/run_lifecycle.Capacity: it runs in the cluster with the standard library only).
 """
 
 from __future__ import annotations
 
 import time
 
-from workloads.run_supervisor import Capacity, RayJobs
+from workloads.run_lifecycle import Capacity, RayJobs
 
 NODE_LIST_TIMEOUT_S = 30
 """Deadline of one node listing (the head's state API), for the HTTP request and the head's own."""

@@ -1,56 +1,70 @@
-"""The run lifecycle the GrpoJob provider (`pulumi up`) and the run supervisor (in the cluster) share.
+"""The run lifecycle: one pure `decide(view)` that the GrpoJob provider (`pulumi up`) and the run
+supervisor (in the cluster) share, and the step that reads the world, decides, writes the records
+and only then acts.
 
-Standard library only: it ships into the cluster beside workloads/run_supervisor.py.
-
-One durable place holds the truth about a run: the run record, a ConfigMap of the stack's
-namespace with one JSON document per run id, written only by compare-and-swap on the ConfigMap's
-resourceVersion (the API server answers 409 Conflict to a write with a stale one). It holds the
-run id, every attempt claimed (index, submission id, by whom, when, why), the budget's deadline, the
-outcome, and whether the GPU workers were released. Before either party submits an attempt it
-claims it in the record; the loser of a race adopts the winner's attempt. Nothing about a run lives
-only in a process's memory or only in the Ray head's job table (a head restarted without GCS fault
-tolerance knows no jobs).
+Standard library only: it ships into the cluster beside workloads/run_supervisor.py. Exactly one
+process decides for the runs of a RayCluster at a time: the holder of its Lease
+(workloads/run_lease.py). Desired state (which run, which generation, running or stopped, the budget)
+comes only from the stack: the provider's create and delete write it into the run's record
+(`run_id`, `generation`, `desired`, `budget_s`), the supervisor's config names the run and generation
+the stack wants and its limits. Observed state (attempts, outcome, the timers, release, export) is
+written only by the Lease holder, by the rules here. Each step: hold the Lease -> read everything
+(records, the head's job table or "unreachable", capacity, the RayCluster's suspend state) ->
+decide -> write each changed record conditionally on what was read -> only then act. A step that
+loses a race does nothing more and runs again. No decision compares two machines' clocks: durations
+are accumulators in the record, advanced by the holder's own monotonic time between its own
+consecutive steps (docs/run-lifecycle.md).
 """
 
 from __future__ import annotations
 
+import email.utils
 import json
-import ssl
+import re
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from workloads.kube import REQUEST_TIMEOUT_S, Conflict, Invalid
+from workloads.run_record import (
+    REASON_CHARS,
+    RUNNING,
+    STOPPED,
+    Attempt,
+    Gone,
+    RunRecord,
+    Stored,
+    to_prune,
+)
 
 DEADLINE_ENV = "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"
 """verl's legacy trainer saves a checkpoint when this epoch time is within one step (+60 s) of now."""
 META_PREFIX = "verl-gke."
-REQUEST_TIMEOUT_S = 30.0
 LIVE = ("PENDING", "RUNNING")
-"""Ray job states of a run that holds, or is about to hold, the GPUs."""
-RECORD_KEY_SUFFIX = ".json"
-CAS_TRIES = 8
-"""Compare-and-swap rounds before a write gives up (each loses only to another writer's success)."""
+"""Ray job states of a job that holds, or is about to hold, the GPUs."""
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+MAX_BACKOFF_S = 1800.0
+"""The longest wait between two retries of a run that failed by itself."""
 SUBMIT_RETRY_S = 60.0
 """How long a submission is retried while the head answers 5xx (its job agent still starting)."""
-CLAIM_GRACE_S = 120.0
-"""How long a claimed attempt may stay unsubmitted before another party submits it for the claimer
-(which may have died between its claim and its submission)."""
+LOG_LINES = 200
 
 # Outcomes a later `pulumi up` of the same run continues from: the run is not over.
 DELETED = "stopped by pulumi (delete or replace)"
 DEPLOY_FAILED = "deploy failed before any attempt ran"
 SUCCEEDED = "succeeded"
 REOPENABLE = (DELETED, DEPLOY_FAILED)
+STALLED = "stalled"
 
 
 @dataclass(frozen=True)
 class Capacity:
     """What the head sees: GPU workers alive, GPUs among them, and nodes it lost. The one count
-    the job provider's readiness gate, `verl-gke status` and the supervisor share."""
+    the job provider's readiness gate, `verl-gke status` and the decider share."""
 
     workers: int
     gpus: float
@@ -63,19 +77,54 @@ class Capacity:
         return f"{self.workers} of {workers} GPU workers, {self.gpus:g} of {gpus:g} GPUs"
 
 
+@dataclass(frozen=True)
+class LogState:
+    """What a live attempt's driver log says: its newest training step (verl's console logger writes
+    `step:N - ...`, verl/utils/logger/aggregate_logger.py) and whether a checkpoint is being written
+    (verl's `_save_checkpoint` prints `local_global_step_folder: ...` first and the step's metrics
+    after it, verl/trainer/ppo/ray_trainer.py in 0.6.1 and 0.9.0)."""
+
+    step: int | None = None
+    saving: bool = False
+
+
+_STEP = re.compile(r"(?:^|\s)step:(\d+)\b")
+_SAVE = "local_global_step_folder:"
+
+
+def log_state(lines: list[str]) -> LogState:
+    step, saving = None, False
+    for line in lines:
+        if (found := _STEP.search(line)) is not None:
+            step, saving = int(found.group(1)), False
+        elif _SAVE in line:
+            saving = True
+    return LogState(step, saving)
+
+
 class RayJobs:
-    """The head's job and state REST API (what ray.job_submission wraps), each call bounded."""
+    """The head's job and state REST API (what ray.job_submission wraps), each call bounded. The
+    head's clock (its HTTP `Date`) is kept from the last answer: the cluster's clock."""
 
     def __init__(self, url: str, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
+        self.head_time: float | None = None
 
-    def _call(self, method: str, path: str, body: Any = None) -> Any:
-        data = None if body is None else json.dumps(body).encode()
+    def send(self, method: str, path: str, data: bytes | None, content_type: str) -> tuple[bytes, str | None]:
+        """One request: (the body, the `Date` header); urllib's errors raise."""
         request = urllib.request.Request(self.url + path, data=data, method=method,
-                                         headers={"Content-Type": "application/json"})
+                                         headers={"Content-Type": content_type})
         with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-            return json.load(response)
+            return response.read(), response.headers.get("Date")
+
+    def _call(self, method: str, path: str, body: Any = None, raw: bool = False,
+              content_type: str = "application/json") -> Any:
+        data = body if raw else (None if body is None else json.dumps(body).encode())
+        payload, date = self.send(method, path, data, content_type)
+        if date:
+            self.head_time = email.utils.parsedate_to_datetime(date).timestamp()
+        return payload if raw else json.loads(payload)
 
     def jobs(self) -> dict[str, dict[str, Any]]:
         return {job["submission_id"]: job for job in self._call("GET", "/api/jobs/") if job.get("submission_id")}
@@ -91,10 +140,9 @@ class RayJobs:
         """Stores a zip in the head's GCS as `gcs://<name>` (what JobSubmissionClient does for a local
         working_dir: PUT /api/packages/gcs/<name>, ray's dashboard/modules/job/job_head.py) and
         returns that URI, which a runtime env's working_dir may name."""
-        request = urllib.request.Request(f"{self.url}/api/packages/gcs/{urllib.parse.quote(name)}", data=data,
-                                         method="PUT", headers={"Content-Type": "application/octet-stream"})
-        with urllib.request.urlopen(request, timeout=self.timeout_s):
-            return f"gcs://{name}"
+        self._call("PUT", f"/api/packages/gcs/{urllib.parse.quote(name)}", data, raw=True,
+                   content_type="application/octet-stream")
+        return f"gcs://{name}"
 
     def stop(self, submission_id: str) -> None:
         self._call("POST", f"/api/jobs/{urllib.parse.quote(submission_id)}/stop")
@@ -108,356 +156,645 @@ class RayJobs:
         gpus = [float((n.get("resources_total") or {}).get("GPU", 0)) for n in alive if not n.get("is_head_node")]
         return Capacity(workers=sum(1 for g in gpus if g > 0), gpus=float(sum(gpus)), dead=len(nodes) - len(alive))
 
-
-def attempt_submission(runtime_env: Mapping[str, Any], record: Mapping[str, str],
-                       deadline: float | None) -> tuple[dict[str, Any], dict[str, str]]:
-    """The runtime env and Ray job metadata an attempt is submitted with (by `pulumi up` or by the
-    supervisor): `record` under META_PREFIX, and the budget's deadline in both (verl checkpoints
-    before it; the supervisor stops the run at it)."""
-    env = json.loads(json.dumps(dict(runtime_env)))
-    metadata = {f"{META_PREFIX}{key}": value for key, value in record.items()}
-    if deadline:
-        env.setdefault("env_vars", {})[DEADLINE_ENV] = str(int(deadline))
-        metadata[f"{META_PREFIX}budget_deadline"] = str(int(deadline))
-    return env, metadata
+    def log_tail(self, job: Mapping[str, Any], lines: int = LOG_LINES) -> list[str]:
+        """The last lines of a job's driver log, cut by the head (the log may be GBs)."""
+        if not job.get("driver_node_id"):
+            return []
+        query = urllib.parse.urlencode({"submission_id": job["submission_id"], "node_id": job["driver_node_id"],
+                                        "lines": lines, "timeout": int(self.timeout_s)})
+        return self._call("GET", f"/api/v0/logs/file?{query}", raw=True).decode(errors="replace").splitlines()
 
 
 def meta(job: Mapping[str, Any], key: str) -> str:
     return str((job.get("metadata") or {}).get(META_PREFIX + key, ""))
 
 
-# --- the run record -------------------------------------------------------------------------
+def attempt_submission(runtime_env: Mapping[str, Any], record: RunRecord, attempt: Attempt,
+                       head_time: float | None) -> tuple[dict[str, Any], dict[str, str]]:
+    """The runtime env and Ray job metadata an attempt is submitted with: its run id, generation and
+    index (a lost record is rebuilt from them), why it was submitted, and with a budget the deadline
+    on the head's clock (verl checkpoints before it)."""
+    env = json.loads(json.dumps(dict(runtime_env)))
+    metadata = {f"{META_PREFIX}{key}": value for key, value in {
+        "run_id": record.run_id, "generation": str(record.generation), "attempt": str(attempt.index),
+        "cause": attempt.cause, "reason": attempt.reason,
+        "dead_nodes": "" if attempt.dead_nodes is None else str(attempt.dead_nodes)}.items()}
+    if record.budget_s and head_time is not None:
+        deadline = str(int(head_time + max(0.0, record.budget_s - record.budget_used_s)))
+        env.setdefault("env_vars", {})[DEADLINE_ENV] = deadline
+        metadata[f"{META_PREFIX}budget_deadline"] = deadline
+    return env, metadata
+
+
+# --- the transitions ---------------------------------------------------------------------------
+
+
+def opened(record: RunRecord | None, run_id: str, generation: int, budget_s: float) -> RunRecord:
+    """`pulumi up`'s create: the run's record for `generation`, desired running: new when there is
+    none or the generation is newer, reopened when an earlier `pulumi up` ended it without the run
+    itself ending (its attempts then count from here); a newer generation's is returned as it is."""
+    if record is None or record.generation < generation:
+        return RunRecord(run_id=run_id, generation=generation, budget_s=budget_s).decided(
+            f"generation {generation} begun by pulumi-up")
+    if record.generation > generation:
+        return record
+    if record.outcome in REOPENABLE:
+        return replace(record, desired=RUNNING, outcome="", released=False, waiting_s=0.0, stopped_s=0.0,
+                       outage_s=0.0, stall_s=0.0, last_step=None, grace_s=0.0, budget_s=budget_s,
+                       opened_at=len(record.attempts)).decided(f"reopened by pulumi-up after: {record.outcome}")
+    return replace(record, desired=RUNNING, budget_s=budget_s) if not record.outcome else record
+
+
+def claimed(record: RunRecord, attempt: Attempt) -> RunRecord:
+    """`attempt` claimed before it is submitted (its index is the next of the generation)."""
+    assert attempt.index == len(record.attempts) and not record.outcome
+    return replace(record, attempts=(*record.attempts, attempt), waiting_s=0.0, stall_s=0.0, last_step=None).decided(
+        f"{attempt.by} claimed attempt {attempt.index} ({attempt.submission_id}, {attempt.cause})")
+
+
+def ended(record: RunRecord, outcome: str) -> RunRecord:
+    """The run's outcome (the first one stays)."""
+    if record.outcome:
+        return record
+    return replace(record, outcome=outcome).decided(f"run ended: {outcome}")
+
+
+def stopped_by_stack(record: RunRecord) -> RunRecord:
+    """`pulumi destroy` or a replace's delete: desired stopped, and the run ended (reopenable)."""
+    return replace(ended(record, DELETED), desired=STOPPED)
+
+
+def submitted(record: RunRecord, index: int) -> RunRecord:
+    attempts = list(record.attempts)
+    attempts[index] = replace(attempts[index], submitted=True)
+    return replace(record, attempts=tuple(attempts))
+
+
+def rebuilt(run_id: str, generation: int, budget_s: float, jobs: Mapping[str, Mapping[str, Any]]) -> RunRecord | None:
+    """A lost record of `run_id` from the head's job table: each attempt carries its run id,
+    generation and index in its metadata. None when the head knows none of its attempts."""
+    found = sorted(((int(meta(j, "generation") or 0), int(meta(j, "attempt") or 0), sid, j)
+                    for sid, j in jobs.items() if meta(j, "run_id") == run_id and meta(j, "attempt").isdigit()))
+    if not found:
+        return None
+    newest_generation = max(generation, found[-1][0])
+    mine = [(index, sid, j) for gen, index, sid, j in found if gen == newest_generation]
+    attempts = []
+    for index, sid, job in mine:
+        if index != len(attempts):
+            break  # a gap: the ids after it cannot be placed
+        cause = meta(job, "cause") or "pulumi-up"
+        attempts.append(Attempt(index=index, submission_id=sid, by="pulumi-up" if cause == "pulumi-up" else "supervisor",
+                                cause=cause, reason=meta(job, "reason"),
+                                dead_nodes=int(meta(job, "dead_nodes")) if meta(job, "dead_nodes").isdigit() else None,
+                                submitted=True))
+    return RunRecord(run_id=run_id, generation=newest_generation, budget_s=budget_s,
+                     attempts=tuple(attempts)).decided(f"record rebuilt from the head's job table ({len(attempts)} "
+                                                       "attempts)")
+
+
+# --- decide ------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Attempt:
-    index: int
-    """Position in the generation's submission ids (0: the first `pulumi up`)."""
-    submission_id: str
-    by: str
-    """`pulumi-up` or `supervisor`."""
-    at: float
-    """When it was claimed (epoch seconds)."""
-    cause: str
-    reason: str = ""
-    dead_nodes: int | None = None
-    """Nodes the head had lost when the attempt was claimed: the baseline a later failure is judged by."""
-    submitted: bool = False
+class Policy:
+    """What the stack wants of the run it names, and its limits (the supervisor's config)."""
 
-
-@dataclass(frozen=True)
-class RunRecord:
     run_id: str
-    generation: int = 0
-    """verl-gke:jobAttempt: a bump starts the run's attempts over (same run id, same checkpoints)."""
-    attempts: tuple[Attempt, ...] = ()
-    deadline: float | None = None
-    """The budget's end (epoch seconds), fixed when the generation's first attempt is claimed."""
-    outcome: str = ""
-    """Why the run ended ('' while it is not over)."""
-    released: bool = False
-    """The GPU workers were released after the outcome."""
-    reopened_at: int = 0
-    """The first attempt of the run since `pulumi up` last reopened it (those before were all stopped)."""
-    waiting_since: float | None = None
-    """Since when the supervisor waits for a whole cluster before the next attempt."""
-    export_id: str = ""
-    """The model export's Ray submission id, claimed once the run succeeded ('' before)."""
-    export_target: str = ""
-    """Where the export writes the model (the folder under the bucket's mount)."""
-    export_at: float | None = None
-    """When the export was claimed: its time bound starts there."""
-    export_outcome: str = ""
-    """'SUCCEEDED', or 'FAILED: <why>' ('' while the export is not over, or none was made)."""
-    decisions: tuple[str, ...] = ()
-
-    @property
-    def newest(self) -> Attempt | None:
-        return self.attempts[-1] if self.attempts else None
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> RunRecord:
-        # A later verl-gke may add fields: read what this one knows (a rolling upgrade has both).
-        data = _known(cls, json.loads(text))
-        data["attempts"] = tuple(Attempt(**_known(Attempt, a)) for a in data.get("attempts", ()))
-        data["decisions"] = tuple(data.get("decisions", ()))
-        return cls(**data)
-
-    def decided(self, decision: str, now: float) -> RunRecord:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
-        return replace(self, decisions=(*self.decisions, f"{stamp} {decision}")[-20:])
+    generation: int
+    submission_ids: tuple[str, ...]
+    expected_workers: int = 0
+    expected_gpus: int = 0
+    max_retries: int = 2
+    max_preemptions: int = 10
+    backoff_s: float = 120.0
+    budget_s: float = 0.0
+    budget_grace_s: float = 900.0
+    settle_s: float = 60.0
+    capacity_timeout_s: float = 7200.0
+    head_outage_s: float = 1800.0
+    stall_s: float = 0.0
+    replace_window_s: float = 600.0
+    export: bool = False
+    export_timeout_s: float = 4 * 3600.0
+    release_workers: bool = True
 
 
-def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
-    names = {f.name for f in fields(cls)}
-    return {key: value for key, value in data.items() if key in names}
+@dataclass(frozen=True)
+class View:
+    """Everything one decision reads."""
+
+    records: Mapping[str, RunRecord]
+    """Every run's record on the cluster, by run id."""
+    policy: Policy | None
+    """The run the supervisor's config names (None: a decider with no run of its own)."""
+    jobs: Mapping[str, Mapping[str, Any]] | None
+    """The head's job table; None: the head did not answer."""
+    capacity: Capacity | None
+    cluster: str
+    """workloads.kube.cluster_state: absent, suspended, suspending, resuming, running."""
+    elapsed_s: float = 0.0
+    """The decider's own monotonic time since its previous step (0 right after it took the Lease)."""
+    ended_for_s: Mapping[str, float] = field(default_factory=dict)
+    """How long this process has seen each ended job ended (its own clock; restarts with it)."""
+    logs: Mapping[str, LogState] = field(default_factory=dict)
+    """The driver logs of live attempts, by submission id."""
+    export_ids: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    """run id -> (export submission id, target) for the runs whose success is exported."""
+    by: str = "supervisor"
 
 
-class Conflict(Exception):
-    """The record changed since it was read (HTTP 409 on a stale resourceVersion)."""
+@dataclass(frozen=True)
+class Effect:
+    """An action on the world, taken after the records say so: submit, stop, submit-export, suspend, resume."""
+
+    kind: str
+    run_id: str = ""
+    submission_id: str = ""
 
 
-class KubernetesApi:
-    """Bounded JSON requests to the Kubernetes API. `token` is called per request (kubelet rotates
-    the pod's token; the provider's comes from gke-gcloud-auth-plugin); None sends none (a
-    `kubectl proxy`, or a test's stand-in)."""
+@dataclass
+class _Decision:
+    view: View
+    records: dict[str, RunRecord]
+    effects: list[Effect] = field(default_factory=list)
 
-    def __init__(self, url: str, token: Callable[[], str] | None = None, ca_file: str | None = None,
-                 ca_data: str | None = None, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
-        self.url = url.rstrip("/")
-        self.token = token
-        self.timeout_s = timeout_s
-        self.ca_file, self.ca_data = ca_file, ca_data
-
-    @classmethod
-    def in_cluster(cls) -> KubernetesApi:
-        account = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-        return cls("https://kubernetes.default.svc", lambda: (account / "token").read_text().strip(),
-                   ca_file=str(account / "ca.crt"))
-
-    def request(self, method: str, path: str, body: Any = None,
-                content_type: str = "application/json") -> dict[str, Any] | None:
-        """The reply, None for 404; Conflict for 409; other HTTP errors raise."""
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"Accept": "application/json"}
-        if self.token is not None:
-            headers["Authorization"] = f"Bearer {self.token()}"
-        if body is not None:
-            headers["Content-Type"] = content_type
-        request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
-        context = (ssl.create_default_context(cafile=self.ca_file, cadata=self.ca_data)
-                   if (self.ca_file or self.ca_data) else None)
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s, context=context) as response:
-                return json.load(response)
-        except urllib.error.HTTPError as error:
-            if error.code == 404:
-                return None
-            if error.code == 409:
-                raise Conflict(f"{method} {path}: {error.code} {error.reason}") from None
-            raise
-
-
-class RecordStore:
-    """Run records by run id, with the version they were read at."""
-
-    def load(self) -> tuple[dict[str, RunRecord], str | None]:
-        raise NotImplementedError
-
-    def save(self, records: Mapping[str, RunRecord], version: str | None) -> None:
-        """Writes all records if nothing changed since `version` (None: nothing existed); else Conflict."""
-        raise NotImplementedError
-
-    def get(self, run_id: str) -> RunRecord | None:
-        return self.load()[0].get(run_id)
-
-    def update(self, run_id: str, change: Callable[[RunRecord | None], RunRecord | None]) -> RunRecord | None:
-        """Applies `change` to the run's current record and writes the result by compare-and-swap,
-        reading again and re-applying after each conflict; returns the record as stored."""
-        for _ in range(CAS_TRIES):
-            records, version = self.load()
-            old = records.get(run_id)
-            new = change(old)
-            if new is None or new == old:
-                return old
-            try:
-                self.save({**records, run_id: new}, version)
-            except Conflict:
-                continue
-            return new
-        raise Conflict(f"run record of {run_id}: still changing after {CAS_TRIES} tries")
-
-
-class ConfigMapRecords(RecordStore):
-    """The records in one ConfigMap (`data["<run id>.json"]`), replaced (PUT) with the resourceVersion
-    read, created (POST) when absent. Rights needed: get and update on it; create when it is new."""
-
-    def __init__(self, api: KubernetesApi, namespace: str, name: str) -> None:
-        self.api, self.namespace, self.name = api, namespace, name
-
-    @property
-    def _path(self) -> str:
-        return f"/api/v1/namespaces/{self.namespace}/configmaps"
-
-    def load(self) -> tuple[dict[str, RunRecord], str | None]:
-        found = self.api.request("GET", f"{self._path}/{self.name}")
-        if found is None:
-            return {}, None
-        data = found.get("data") or {}
-        records = {key.removesuffix(RECORD_KEY_SUFFIX): RunRecord.from_json(text)
-                   for key, text in data.items() if key.endswith(RECORD_KEY_SUFFIX)}
-        return records, found["metadata"]["resourceVersion"]
-
-    def save(self, records: Mapping[str, RunRecord], version: str | None) -> None:
-        body: dict[str, Any] = {
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": self.name, "namespace": self.namespace,
-                         "labels": {"app.kubernetes.io/name": "verl-gke",
-                                    "app.kubernetes.io/component": "run-record"}},
-            "data": {f"{run_id}{RECORD_KEY_SUFFIX}": record.to_json() for run_id, record in records.items()},
-        }
-        if version is None:
-            # Two creators: the API server answers the second 409 AlreadyExists.
-            self.api.request("POST", self._path, body)
-        else:
-            body["metadata"]["resourceVersion"] = version
-            self.api.request("PUT", f"{self._path}/{self.name}", body)
-
-
-class MemoryRecords(RecordStore):
-    """Records in this process only: for a provider that has no Kubernetes API to keep them in
-    (only `dashboard_url` given); the head's job table is then the only other truth."""
-
-    def __init__(self) -> None:
-        self._records: dict[str, RunRecord] = {}
-        self._version = 0
-
-    def load(self) -> tuple[dict[str, RunRecord], str | None]:
-        return dict(self._records), (str(self._version) if self._version else None)
-
-    def save(self, records: Mapping[str, RunRecord], version: str | None) -> None:
-        if version != (str(self._version) if self._version else None):
-            raise Conflict("stale version")
-        self._records, self._version = dict(records), self._version + 1
-
-
-# --- the transitions both parties make ---------------------------------------------------------
-
-
-def begin(store: RecordStore, run_id: str, generation: int, now: float) -> RunRecord:
-    """The run's record for `generation`: created when new, started over when the generation is
-    newer, reopened when an earlier `pulumi up` ended it without the run itself ending; a record of a
-    newer generation is returned as it is."""
-
-    def change(record: RunRecord | None) -> RunRecord:
-        if record is None or record.generation < generation:
-            return RunRecord(run_id=run_id, generation=generation).decided(
-                f"generation {generation} begun by pulumi-up", now)
-        if record.generation > generation:
-            return record  # a newer generation's: not an older spec's to reopen (the caller refuses)
-        if record.outcome in REOPENABLE:
-            return replace(record, outcome="", released=False, waiting_since=None,
-                           reopened_at=len(record.attempts)).decided(
-                f"reopened by pulumi-up after: {record.outcome}", now)
+    def end(self, record: RunRecord, outcome: str) -> RunRecord:
+        record = ended(record, outcome[:REASON_CHARS])
+        self.records[record.run_id] = record
         return record
 
-    result = store.update(run_id, change)
-    assert result is not None
-    return result
+
+def decide(view: View) -> tuple[dict[str, RunRecord], list[Effect]]:
+    """The records as they should be (only changed ones) and the actions to take after writing them."""
+    decision = _Decision(view, dict(view.records))
+    for run_id in sorted(view.records):
+        record = view.records[run_id]
+        if not record.outcome:
+            _open_run(decision, record)
+        elif view.jobs is not None and record.newest is not None and _status(view, record.newest) in LIVE:
+            # Over (its budget, a delete whose stop did not reach the head): nothing of it may run on.
+            decision.effects.append(Effect("stop", run_id, record.newest.submission_id))
+    _release(decision)
+    changed = {k: v for k, v in decision.records.items() if view.records.get(k) != v}
+    return changed, decision.effects
 
 
-def claim(store: RecordStore, run_id: str, attempt: Attempt, budget_s: float) -> tuple[RunRecord, bool]:
-    """Claims `attempt` (its index is the next of the generation) before it is submitted; the
-    generation's first claim fixes the budget's deadline. Returns the record and whether this
-    claim won: False when another party claimed that index (or a later one) first, or the run ended."""
-    won = False
-
-    def change(record: RunRecord | None) -> RunRecord | None:
-        nonlocal won
-        won = False
-        if record is None or record.outcome or len(record.attempts) != attempt.index:
-            return None
-        won = True
-        deadline = record.deadline or (attempt.at + budget_s if budget_s else None)
-        return replace(record, attempts=(*record.attempts, attempt), deadline=deadline,
-                       waiting_since=None).decided(
-            f"{attempt.by} claimed attempt {attempt.index} ({attempt.submission_id}, {attempt.cause})", attempt.at)
-
-    record = store.update(run_id, change)
-    if record is None:
-        raise Conflict(f"run record of {run_id} is gone")
-    return record, won
+def _status(view: View, attempt: Attempt) -> str | None:
+    job = (view.jobs or {}).get(attempt.submission_id)
+    return None if job is None else str(job.get("status"))
 
 
-def mark_submitted(store: RecordStore, run_id: str, index: int) -> None:
-    def change(record: RunRecord | None) -> RunRecord | None:
-        if record is None or len(record.attempts) <= index or record.attempts[index].submitted:
-            return None
-        attempts = list(record.attempts)
-        attempts[index] = replace(attempts[index], submitted=True)
-        return replace(record, attempts=tuple(attempts))
-
-    store.update(run_id, change)
+def _supervised(view: View, record: RunRecord) -> bool:
+    policy = view.policy
+    return policy is not None and policy.run_id == record.run_id and policy.generation == record.generation
 
 
-def end(store: RecordStore, run_id: str, outcome: str, now: float, released: bool = False,
-        generation: int | None = None) -> RunRecord | None:
-    """Records the run's outcome (the first one stays); with `generation`, only that generation's."""
+def _open_run(d: _Decision, record: RunRecord) -> None:
+    view = d.view
+    supervised = _supervised(view, record)
+    if view.jobs is None:
+        # Neither live nor ended: nothing is submitted, stopped or ended until the outage bound.
+        record = replace(record, outage_s=record.outage_s + view.elapsed_s)
+        d.records[record.run_id] = record
+        bound = view.policy.head_outage_s if view.policy else 0.0
+        if bound and record.outage_s >= bound:
+            d.end(record, f"lost: the Ray head did not answer for {record.outage_s:.0f} s")
+        elif view.cluster == "suspended" and supervised and record.newest is not None:
+            d.effects.append(Effect("resume", record.run_id))  # its head is gone: the run needs it back
+        return
+    if record.outage_s:
+        record = replace(record, outage_s=0.0)
+    attempt = record.newest
+    if attempt is None:
+        # Begun (or reopened) and nothing claimed, while this decider holds the Lease: the create that
+        # began it is over.
+        d.end(record, DEPLOY_FAILED)
+        return
+    status = _status(view, attempt)
+    if status is not None and not attempt.submitted:
+        record = submitted(record, attempt.index)
+    budget_s = record.budget_s
+    if budget_s:
+        record = replace(record, budget_used_s=record.budget_used_s + view.elapsed_s)
+    d.records[record.run_id] = record
+    if status is None and not attempt.submitted:
+        if supervised and not (budget_s and record.budget_used_s >= budget_s):
+            d.records[record.run_id] = record.decided(f"attempt {attempt.index} ({attempt.submission_id}) was "
+                                                      "claimed and not submitted: submitting it")
+            d.effects.append(Effect("submit", record.run_id, attempt.submission_id))
+        else:
+            d.end(record, f"attempt {attempt.index} ({attempt.submission_id}) was claimed and never submitted")
+        return
+    if budget_s and record.budget_used_s >= budget_s:
+        _budget(d, record, attempt, status)
+        return
+    if status in LIVE:
+        if supervised:
+            _watch_progress(d, record, attempt)
+        return
+    if not supervised:
+        _watched_end(d, record, attempt, status)
+        return
+    if status is None:
+        _next(d, record, "node-lost", f"the Ray head no longer knows {attempt.submission_id}: it restarted")
+        return
+    if status == "SUCCEEDED":
+        d.end(record, SUCCEEDED)
+    elif status == "STOPPED" and attempt.stopped_for != STALLED:
+        d.end(record, f"{attempt.submission_id} was stopped")
+    else:
+        _after_failure(d, record, attempt)
 
-    def change(record: RunRecord | None) -> RunRecord | None:
-        if record is None or record.outcome or generation not in (None, record.generation):
-            return None
-        return replace(record, outcome=outcome, released=released).decided(f"run ended: {outcome}", now)
 
-    store.update(run_id, change)
-    return store.get(run_id)
+def _watched_end(d: _Decision, record: RunRecord, attempt: Attempt, status: str | None) -> None:
+    """A run the stack no longer names (its run id or jobAttempt changed and the `up` failed before
+    the job's replace): never resubmitted nor resumed; ended once its attempt ended."""
+    if status == "SUCCEEDED":
+        d.end(record, SUCCEEDED)
+        return
+    named = d.view.policy
+    now = (f"jobAttempt {named.generation} of {named.run_id}" if named else "no run")
+    d.end(record, f"jobAttempt {record.generation} of {record.run_id} ended while the stack names {now}, so none "
+                  f"of its attempts is resubmitted: {attempt.submission_id} {status or 'lost with the head'}")
 
 
-def submit_claimed(ray: RayJobs, store: RecordStore, record: RunRecord, attempt: Attempt, entrypoint: str,
-                   runtime_env: Mapping[str, Any], extra_metadata: Mapping[str, str] | None = None) -> None:
-    """Submits a claimed attempt under its id (Ray refuses a second job under one id, so two parties
-    submitting the same claim start one run) and marks it submitted."""
-    env, metadata = attempt_submission(runtime_env, {
-        "attempt": str(attempt.index), "cause": attempt.cause, "reason": attempt.reason,
-        "dead_nodes": "" if attempt.dead_nodes is None else str(attempt.dead_nodes),
-        "run_id": record.run_id}, record.deadline)
+def _watch_progress(d: _Decision, record: RunRecord, attempt: Attempt) -> None:
+    """A live attempt with no new training step for the stall bound is stopped, as a failure."""
+    policy, log = d.view.policy, d.view.logs.get(attempt.submission_id)
+    if policy is None or not policy.stall_s or log is None:
+        return
+    if log.step != record.last_step:
+        d.records[record.run_id] = replace(record, last_step=log.step, stall_s=0.0)
+        return
+    record = replace(record, stall_s=record.stall_s + d.view.elapsed_s)
+    if record.stall_s < policy.stall_s:
+        d.records[record.run_id] = record
+        return
+    attempts = list(record.attempts)
+    attempts[attempt.index] = replace(attempt, stopped_for=STALLED)
+    d.records[record.run_id] = replace(record, attempts=tuple(attempts)).decided(
+        f"{attempt.submission_id} made no training step for {record.stall_s:.0f} s (last: {log.step}): stopping it")
+    d.effects.append(Effect("stop", record.run_id, attempt.submission_id))
+
+
+def _budget(d: _Decision, record: RunRecord, attempt: Attempt, status: str | None) -> None:
+    """Past the budget: no new attempt; the live one gets the grace to write its deadline checkpoint,
+    and is never stopped while a save is under way (unless it outlasts a second grace)."""
+    grace = d.view.policy.budget_grace_s if d.view.policy else 0.0
+    if status in LIVE:
+        record = replace(record, grace_s=record.grace_s + d.view.elapsed_s)
+        d.records[record.run_id] = record
+        saving = (log := d.view.logs.get(attempt.submission_id)) is not None and log.saving
+        if record.grace_s < grace or (saving and record.grace_s < 2 * grace):
+            return
+        d.effects.append(Effect("stop", record.run_id, attempt.submission_id))
+    d.end(record, f"budget of {record.budget_s:g} s spent")
+
+
+def _after_failure(d: _Decision, record: RunRecord, attempt: Attempt) -> None:
+    view, policy = d.view, d.view.policy
+    assert policy is not None
+    job = (view.jobs or {}).get(attempt.submission_id) or {}
+    seen_s = view.ended_for_s.get(attempt.submission_id, 0.0)
+    if seen_s < policy.settle_s:
+        return  # let the head notice lost nodes first
+    message = (job.get("message") or "").splitlines()[0] if job.get("message") else ""
+    if attempt.stopped_for == STALLED:
+        message = f"no training step for {policy.stall_s:g} s"
+    reason = f"after {attempt.submission_id}: {message}"[:REASON_CHARS]
+    capacity = view.capacity
+    lost = capacity is not None and (bool(capacity.short_of(policy.expected_workers, policy.expected_gpus)) or (
+        attempt.dead_nodes is not None and capacity.dead > attempt.dead_nodes))
+    if lost and attempt.stopped_for != STALLED:
+        _next(d, record, "node-lost", reason)
+        return
+    retries = sum(1 for a in record.opened if a.cause == "run-failed")
+    if retries >= policy.max_retries:
+        d.end(record, f"failed by itself {retries + 1} times: {message}")
+        return
+    if seen_s < min(MAX_BACKOFF_S, policy.backoff_s * 2 ** retries):
+        return
+    _next(d, record, "run-failed", reason)
+
+
+def _next(d: _Decision, record: RunRecord, cause: str, reason: str) -> None:
+    """The next attempt, once the cluster is whole (within capacity_timeout_s)."""
+    view, policy = d.view, d.view.policy
+    assert policy is not None
+    index = len(record.attempts)
+    if index >= len(policy.submission_ids):
+        d.end(record, f"no submission id left after {index} attempts")
+        return
+    if cause == "node-lost" and sum(1 for a in record.opened if a.cause == "node-lost") >= policy.max_preemptions:
+        d.end(record, f"lost nodes {policy.max_preemptions} times")
+        return
+    if view.capacity is None:
+        return
+    if short := view.capacity.short_of(policy.expected_workers, policy.expected_gpus):
+        waited = record.waiting_s + view.elapsed_s
+        if waited >= policy.capacity_timeout_s:
+            d.end(record, f"the cluster was not whole within {policy.capacity_timeout_s:g} s ({short})")
+        elif not record.waiting_s:
+            d.records[record.run_id] = replace(record, waiting_s=max(waited, 1e-9)).decided(
+                f"{reason}; waiting up to {policy.capacity_timeout_s:g} s for a whole cluster ({short})")
+        else:
+            d.records[record.run_id] = replace(record, waiting_s=waited)
+        return
+    attempt = Attempt(index=index, submission_id=policy.submission_ids[index], by=view.by, cause=cause, reason=reason,
+                      dead_nodes=view.capacity.dead)
+    d.records[record.run_id] = claimed(record, attempt)
+    d.effects.append(Effect("submit", record.run_id, attempt.submission_id))
+
+
+def _release(d: _Decision) -> None:
+    """Once every run on the cluster ended (and its export is over), suspend the RayCluster when no
+    job may run; after the release, keep it suspended until a new run begins."""
+    view, policy = d.view, d.view.policy
+    records = d.records
+    if not records or policy is None or not policy.release_workers:
+        return
+    if any(not r.outcome for r in records.values()):
+        return
+    pending = [r for r in records.values() if not r.released]
+    for record in pending:
+        if view.jobs is None and view.cluster not in ("suspended", "absent"):
+            records[record.run_id] = record = replace(record, outage_s=record.outage_s + view.elapsed_s)
+        if record.outcome == DELETED and record.stopped_s < policy.replace_window_s:
+            records[record.run_id] = replace(record, stopped_s=record.stopped_s + view.elapsed_s)
+    if any(r.outcome == DELETED and r.stopped_s < policy.replace_window_s for r in records.values() if not r.released):
+        return  # a replace's create is about to reopen it: the GPUs stay for it
+    for record in list(records.values()):
+        if not record.released and not _exported(d, record):
+            return
+    pending = [r for r in records.values() if not r.released]
+    headless = view.cluster in ("suspended", "absent", "suspending")
+    live = [sid for sid, job in (view.jobs or {}).items() if job.get("status") in LIVE
+            and sid not in {r.export_id for r in records.values() if r.export_outcome}]
+    quiet = headless or (view.jobs is not None and not live) or any(
+        r.outage_s >= policy.head_outage_s for r in pending)
+    if pending and quiet:
+        for record in pending:
+            records[record.run_id] = replace(record, released=True).decided("GPU workers released")
+        if view.cluster not in ("suspended", "suspending", "absent"):
+            d.effects.append(Effect("suspend"))
+    elif not pending and view.cluster in ("running", "resuming"):
+        # A release is final until a new run begins: a recreated (or hand-resumed) cluster goes again.
+        d.effects.append(Effect("suspend"))
+
+
+def _exported(d: _Decision, record: RunRecord) -> bool:
+    """Whether the run's model export is over (or none is due); advances it otherwise. The time
+    bound is checked before the head is asked."""
+    view, policy = d.view, d.view.policy
+    assert policy is not None
+    target = view.export_ids.get(record.run_id)
+    if record.outcome != SUCCEEDED or record.export_outcome or target is None or not policy.export:
+        return True
+    export_id, where = target
+    if not record.export_id:
+        d.records[record.run_id] = replace(record, export_id=export_id, export_target=where).decided(
+            f"model export claimed ({export_id} into {where})")
+        d.effects.append(Effect("submit-export", record.run_id, export_id))
+        return False
+    record = replace(record, export_s=record.export_s + view.elapsed_s)
+    d.records[record.run_id] = record
+    if record.export_s >= policy.export_timeout_s:
+        if view.jobs is not None and (view.jobs.get(record.export_id) or {}).get("status") in LIVE:
+            d.effects.append(Effect("stop", record.run_id, record.export_id))
+        d.records[record.run_id] = _export_ended(record, f"FAILED: not done within {policy.export_timeout_s:g} s")
+        return True
+    if view.jobs is None:
+        return False
+    job = view.jobs.get(record.export_id)
+    if job is None:
+        # Not submitted yet, or a restarted head forgot it (its driver died with it): submit.
+        d.effects.append(Effect("submit-export", record.run_id, record.export_id))
+        return False
+    status = job.get("status")
+    if status in LIVE:
+        return False
+    if status == "SUCCEEDED":
+        d.records[record.run_id] = _export_ended(record, "SUCCEEDED")
+        return True
+    # Ray's message ends with the driver's last log line: export_model's one-line reason.
+    message = (job.get("message") or "").strip().splitlines()
+    d.records[record.run_id] = _export_ended(record, f"FAILED: {message[-1] if message else status}"[:REASON_CHARS])
+    return True
+
+
+def _export_ended(record: RunRecord, outcome: str) -> RunRecord:
+    return replace(record, export_outcome=outcome).decided(f"model export ended: {outcome}")
+
+
+# --- the step ----------------------------------------------------------------------------------
+
+
+class Hands(Protocol):
+    """The decider's actions on the world, taken only after the records say so."""
+
+    def submit(self, record: RunRecord, attempt: Attempt) -> None: ...
+
+    def submit_export(self, record: RunRecord) -> str:
+        """'' once submitted (or submitted before); else why the head refused it."""
+
+    def stop(self, submission_id: str) -> None: ...
+
+    def set_suspended(self, suspended: bool) -> bool: ...
+
+
+class Store(Protocol):
+    def list(self) -> dict[str, Stored]: ...
+
+    def get(self, run_id: str) -> Stored: ...
+
+    def write(self, stored: Stored, record: RunRecord) -> Stored: ...
+
+    def delete(self, stored: Stored) -> None: ...
+
+    def legacy(self, run_id: str) -> RunRecord | None: ...
+
+
+class LeaseLike(Protocol):
+    acquired: int
+
+    def hold(self) -> bool: ...
+
+    def check(self) -> None: ...
+
+
+def submit_attempt(ray: RayJobs, record: RunRecord, attempt: Attempt, entrypoint: str,
+                   runtime_env: Mapping[str, Any], extra_metadata: Mapping[str, str] | None = None,
+                   sleep: Callable[[float], None] = time.sleep) -> None:
+    """Submits a claimed attempt under its id: Ray refuses a second job under one id, so a second
+    submission of one claim starts nothing (its refusal is taken as done)."""
+    env, metadata = attempt_submission(runtime_env, record, attempt, ray.head_time)
     give_up = time.monotonic() + SUBMIT_RETRY_S
     while True:
         try:
             ray.submit(attempt.submission_id, entrypoint, env, {**(extra_metadata or {}), **metadata})
-            break
+            return
         except urllib.error.HTTPError as error:
             error.close()
             if attempt.submission_id in ray.jobs():
-                break  # submitted by the other party meanwhile
+                return  # submitted before (a step or a create that died after it)
             # A head that just started answers 500 "No available agent to submit job" for a while.
             if error.code < 500 or time.monotonic() >= give_up:
                 raise
-            time.sleep(1.0)
-    mark_submitted(store, record.run_id, attempt.index)
-
-
-def claim_export(store: RecordStore, run_id: str, submission_id: str, target: str, now: float) -> RunRecord:
-    """Claims the model export of a succeeded run (the first claim stays, with its time); returns the
-    record as stored, whoever claimed."""
-
-    def change(record: RunRecord | None) -> RunRecord | None:
-        if record is None or record.outcome != SUCCEEDED or record.export_id:
-            return None
-        return replace(record, export_id=submission_id, export_target=target, export_at=now).decided(
-            f"model export claimed ({submission_id} into {target})", now)
-
-    record = store.update(run_id, change)
-    if record is None:
-        raise Conflict(f"run record of {run_id} is gone")
-    return record
-
-
-def end_export(store: RecordStore, run_id: str, outcome: str, now: float) -> RunRecord | None:
-    """Records the export's outcome (the first one stays)."""
-
-    def change(record: RunRecord | None) -> RunRecord | None:
-        if record is None or record.export_outcome:
-            return None
-        return replace(record, export_outcome=outcome).decided(f"model export ended: {outcome}", now)
-
-    return store.update(run_id, change)
+            sleep(1.0)
 
 
 @dataclass
-class Backoff:
-    """Capped exponential backoff for a loop that must go on after any error."""
+class Decider:
+    """One process's steps as the cluster's decider: the supervisor's loop runs them; the tests
+    interleave them with the provider's."""
 
-    base_s: float
-    cap_s: float
-    failures: int = field(default=0)
+    records: Store
+    lease: LeaseLike
+    ray: RayJobs
+    hands: Hands
+    cluster: Callable[[], str]
+    policy: Policy | None
+    export_ids: Callable[[RunRecord], tuple[str, str] | None] = lambda _r: None
+    clock: Callable[[], float] = time.monotonic
+    log: Callable[[str], None] = print
+    _last: tuple[int, float] | None = None
+    """(the Lease acquisition it counts from, the monotonic time of the previous step)."""
+    _ended_seen: dict[str, float] = field(default_factory=dict)
 
-    def next(self) -> float:
-        self.failures += 1
-        return min(self.cap_s, self.base_s * 2 ** (self.failures - 1))
+    def step(self) -> bool:
+        """One look at every run of the cluster, and what it calls for; False when this process is not
+        the decider now."""
+        if not self.lease.hold():
+            self._last = None
+            return False
+        now = self.clock()
+        elapsed = 0.0 if self._last is None or self._last[0] != self.lease.acquired else now - self._last[1]
+        self._last = (self.lease.acquired, now)
+        stored = self.records.list()
+        jobs = self._jobs()
+        stored = self._repair(stored, jobs)
+        records = {run_id: s.record for run_id, s in stored.items() if s.record is not None}
+        capacity = self.ray.capacity() if jobs is not None and any(not r.outcome for r in records.values()) else None
+        for sid, job in (jobs or {}).items():
+            if job.get("status") in TERMINAL:
+                self._ended_seen.setdefault(sid, now)
+        logs = self._logs(records, jobs)
+        view = View(records=records, policy=self.policy, jobs=jobs, capacity=capacity, cluster=self.cluster(),
+                    elapsed_s=elapsed, ended_for_s={sid: now - t for sid, t in self._ended_seen.items()},
+                    logs=logs, export_ids={r.run_id: e for r in records.values() if (e := self.export_ids(r))},
+                    by=self.lease_role)
+        changed, effects = decide(view)
+        for run_id, record in changed.items():
+            self.lease.check()
+            stored[run_id] = self.records.write(stored[run_id], record)
+            for line in record.decisions[len(records[run_id].decisions):]:
+                self.log(f"run decider: {run_id}: {line.split(' ', 1)[1]}")
+        for effect in effects:
+            self.lease.check()
+            self._act(effect, stored)
+        for old in to_prune(stored):
+            self.lease.check()
+            self.records.delete(old)
+        return True
 
-    def reset(self) -> None:
-        self.failures = 0
+    @property
+    def lease_role(self) -> str:
+        return getattr(self.lease, "role", "supervisor")
+
+    def _jobs(self) -> dict[str, dict[str, Any]] | None:
+        try:
+            return self.ray.jobs()
+        except (OSError, ValueError, urllib.error.URLError) as error:  # HTTPError is an OSError too
+            self.log(f"run decider: the Ray head did not answer: {error}")
+            return None
+
+    def _logs(self, records: Mapping[str, RunRecord], jobs: Mapping[str, Any] | None) -> dict[str, LogState]:
+        if jobs is None or self.policy is None:
+            return {}
+        out = {}
+        for record in records.values():
+            newest = record.newest
+            job = jobs.get(newest.submission_id) if newest else None
+            if job is not None and job.get("status") == "RUNNING" and not record.outcome and (
+                    self.policy.stall_s or record.budget_s):
+                try:
+                    out[newest.submission_id] = log_state(self.ray.log_tail(job))
+                except (OSError, ValueError) as error:
+                    self.log(f"run decider: the driver log of {newest.submission_id} is not readable: {error}")
+        return out
+
+    def _repair(self, stored: dict[str, Stored], jobs: Mapping[str, Any] | None) -> dict[str, Stored]:
+        """A broken record (not JSON, or immutable) is replaced; the named run's missing record is
+        rebuilt from 0.5.1's record or from the head's job table."""
+        for run_id, found in list(stored.items()):
+            if not found.broken:
+                continue
+            record = found.record or (rebuilt(run_id, self.policy.generation if self.policy else 0,
+                                              self.policy.budget_s if self.policy else 0.0, jobs) if jobs else None)
+            if record is None and jobs is None:
+                continue  # nothing to rebuild from yet
+            self.lease.check()
+            self.records.delete(found)
+            self.log(f"run decider: run record {found.name} was {'immutable' if found.immutable else 'not a record'}: "
+                     "replaced")
+            record = record or RunRecord(run_id=run_id).decided("record lost; the head knows none of its attempts")
+            stored[run_id] = self.records.write(Stored(run_id, None, found.name), record)
+        policy = self.policy
+        if policy is not None and policy.run_id not in stored:
+            record = self.records.legacy(policy.run_id)
+            if record is None and jobs is not None:
+                record = rebuilt(policy.run_id, policy.generation, policy.budget_s, jobs)
+            if record is not None:
+                self.lease.check()
+                stored[policy.run_id] = self.records.write(self.records.get(policy.run_id), record)
+        return stored
+
+    def _act(self, effect: Effect, stored: Mapping[str, Stored]) -> None:
+        if effect.kind == "suspend":
+            self.hands.set_suspended(True)
+        elif effect.kind == "resume":
+            self.hands.set_suspended(False)
+        elif effect.kind == "stop":
+            self.ray.stop(effect.submission_id)
+        else:
+            record = stored[effect.run_id].record
+            assert record is not None
+            if effect.kind == "submit-export":
+                refused = self.hands.submit_export(record)
+                if refused:
+                    self.lease.check()
+                    self.records.write(stored[effect.run_id], _export_ended(
+                        record, f"FAILED: the head refused the export ({refused})"))
+            else:
+                attempt = next(a for a in record.attempts if a.submission_id == effect.submission_id)
+                self.hands.submit(record, attempt)
+                self.log(f"run decider: submitted {attempt.submission_id} (attempt {attempt.index}, {attempt.cause})")
+                now = stored[effect.run_id]
+                if now.record is not None and not now.record.attempts[attempt.index].submitted:
+                    self.lease.check()
+                    self.records.write(now, submitted(now.record, attempt.index))
+
+
+def write_record(records: Store, run_id: str, change: Callable[[RunRecord | None], RunRecord | None],
+                 lease: LeaseLike, tries: int = 8) -> RunRecord | None:
+    """The provider's compare-and-swap: applies `change` to the record as read and writes it,
+    reading again after a conflict; returns the record as stored."""
+    for _ in range(tries):
+        found = records.get(run_id)
+        if found.broken and found.version is not None:
+            lease.check()
+            records.delete(found)
+            found = records.get(run_id)
+        new = change(found.record)
+        if new is None or new == found.record:
+            return found.record
+        lease.check()
+        try:
+            return records.write(found, new).record
+        except (Conflict, Gone):
+            continue
+        except Invalid:
+            raise
+    raise Conflict(f"run record of {run_id}: still changing after {tries} tries")
+

@@ -1,0 +1,278 @@
+"""The run record: one ConfigMap per run, the durable memory of the run lifecycle.
+
+Standard library only: it ships into the cluster with the run supervisor. Desired state (run id,
+generation, desired running or stopped, the budget) is written by the stack (the GrpoJob provider's
+create and delete); every other field only by the holder of the cluster's Lease, through
+workloads/run_lifecycle.decide. Every write is conditional on the resourceVersion read (409 when
+another write came first). No field holds a time to compare with another machine's clock: durations
+are accumulators advanced by the decider's own monotonic clock (docs/run-lifecycle.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from workloads.kube import Conflict, KubernetesApi
+
+RECORD_KEY = "record.json"
+COMPONENT = "run-record"
+CLUSTER_LABEL = "verl-gke/ray-cluster"
+RUN_ANNOTATION = "verl-gke/run-id"
+MAX_RECORD_BYTES = 256 * 1024
+"""Checked before every write: a quarter of the API server's 1 MiB object limit."""
+DECISIONS_KEPT = 20
+DECISION_CHARS = 300
+REASON_CHARS = 500
+ENDED_KEPT = 10
+"""Ended runs whose records are kept (the newest by creationTimestamp); every open run is kept."""
+LEGACY_SUFFIX = "-run"
+"""0.5.1 kept every run in one ConfigMap `<rayClusterName>-run`, a key `<run id>.json` each."""
+
+RUNNING, STOPPED = "running", "stopped"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    index: int
+    """Position in the generation's submission ids (0: `pulumi up`'s)."""
+    submission_id: str
+    by: str
+    """`pulumi-up` or `supervisor`."""
+    cause: str
+    """`pulumi-up`, `node-lost` or `run-failed`."""
+    reason: str = ""
+    dead_nodes: int | None = None
+    """Nodes the head had lost when the attempt was claimed: the baseline a later failure is judged by."""
+    submitted: bool = False
+    stopped_for: str = ""
+    """Why the decider stopped it ('stalled'): a stop of its own is a failure, not the run's end."""
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    run_id: str
+    generation: int = 0
+    """verl-gke:jobAttempt: a bump starts the run's attempts over (same run id, same checkpoints)."""
+    desired: str = RUNNING
+    budget_s: float = 0.0
+    """The stack's budget for the run (0: none); desired state like `desired`."""
+    attempts: tuple[Attempt, ...] = ()
+    opened_at: int = 0
+    """The first attempt since the run was last opened: retries and preemptions count from it."""
+    outcome: str = ""
+    """Why the run ended ('' while it has not)."""
+    released: bool = False
+    budget_used_s: float = 0.0
+    grace_s: float = 0.0
+    waiting_s: float = 0.0
+    outage_s: float = 0.0
+    stall_s: float = 0.0
+    last_step: int | None = None
+    stopped_s: float = 0.0
+    export_id: str = ""
+    export_target: str = ""
+    export_s: float = 0.0
+    export_outcome: str = ""
+    """'SUCCEEDED', or 'FAILED: <why>' ('' while the export is not over, or none was made)."""
+    decisions: tuple[str, ...] = ()
+
+    @property
+    def newest(self) -> Attempt | None:
+        """The newest attempt since the run was last opened."""
+        return self.attempts[-1] if len(self.attempts) > self.opened_at else None
+
+    @property
+    def opened(self) -> tuple[Attempt, ...]:
+        return self.attempts[self.opened_at:]
+
+    def decided(self, decision: str, now: float | None = None) -> RunRecord:
+        """With `decision` noted, stamped with the writer's clock (for people; never compared)."""
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if now is None else now))
+        line = f"{stamp} {decision}"[:DECISION_CHARS]
+        return replace(self, decisions=(*self.decisions, line)[-DECISIONS_KEPT:])
+
+    def to_json(self) -> str:
+        text = json.dumps({"version": 2, **asdict(self)}, sort_keys=True)
+        record = self
+        while len(text.encode()) > MAX_RECORD_BYTES and record.decisions:
+            record = replace(record, decisions=record.decisions[1:])
+            text = json.dumps({"version": 2, **asdict(record)}, sort_keys=True)
+        return text
+
+    @classmethod
+    def from_json(cls, text: str) -> RunRecord:
+        data = json.loads(text)
+        if not isinstance(data, dict) or not isinstance(data.get("run_id"), str):
+            raise ValueError("not a run record")
+        if data.get("version", 1) < 2:
+            return _from_v1(data)
+        # A later verl-gke may add fields: read what this one knows (a rolling upgrade has both).
+        known = _known(cls, data)
+        known["attempts"] = tuple(Attempt(**_known(Attempt, a)) for a in known.get("attempts", ()))
+        known["decisions"] = tuple(known.get("decisions", ()))
+        return cls(**known)
+
+
+def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in fields(cls)}
+    return {key: value for key, value in data.items() if key in names}
+
+
+def _from_v1(data: Mapping[str, Any]) -> RunRecord:
+    """0.5.1's record: its times were wall clocks (dropped); `reopened_at` is `opened_at`."""
+    attempts = tuple(Attempt(index=a["index"], submission_id=a["submission_id"], by=a.get("by", ""),
+                             cause=a.get("cause", ""), reason=a.get("reason", ""), dead_nodes=a.get("dead_nodes"),
+                             submitted=bool(a.get("submitted"))) for a in data.get("attempts", ()))
+    return RunRecord(run_id=data["run_id"], generation=int(data.get("generation", 0)), attempts=attempts,
+                     opened_at=int(data.get("reopened_at", 0)), outcome=data.get("outcome", ""),
+                     released=bool(data.get("released")), export_id=data.get("export_id", ""),
+                     export_target=data.get("export_target", ""), export_outcome=data.get("export_outcome", ""),
+                     decisions=tuple(data.get("decisions", ()))[-DECISIONS_KEPT:])
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A record as read: None when its text is not a record (a hand edit), with what a write needs."""
+
+    run_id: str
+    record: RunRecord | None
+    name: str
+    version: str | None = None
+    """resourceVersion read (None: not stored yet)."""
+    uid: str = ""
+    created: str = ""
+    immutable: bool = False
+
+    @property
+    def broken(self) -> bool:
+        """Cannot be written in place: replaced (deleted with a uid precondition, then created)."""
+        return self.record is None or self.immutable
+
+
+class Gone(Exception):
+    """The record was deleted between the read and the write (a PUT answered 404)."""
+
+
+def record_name(ray_cluster: str, run_id: str) -> str:
+    return f"{ray_cluster}-run-{hashlib.sha256(run_id.encode()).hexdigest()[:12]}"
+
+
+@dataclass
+class RecordStore:
+    """The records of one RayCluster's runs, in ConfigMaps of its namespace. Rights: list, get,
+    create, update and delete on ConfigMaps labelled as run records of this cluster."""
+
+    api: KubernetesApi
+    namespace: str
+    ray_cluster: str
+
+    @property
+    def _path(self) -> str:
+        return f"/api/v1/namespaces/{self.namespace}/configmaps"
+
+    @property
+    def selector(self) -> str:
+        return f"app.kubernetes.io/component={COMPONENT},{CLUSTER_LABEL}={self.ray_cluster}"
+
+    def list(self) -> dict[str, Stored]:
+        reply = self.api.request("GET", f"{self._path}?labelSelector={self.selector}") or {}
+        found = [_stored(item) for item in reply.get("items") or []]
+        return {s.run_id: s for s in found if s.run_id}
+
+    def get(self, run_id: str) -> Stored:
+        found = self.api.request("GET", f"{self._path}/{record_name(self.ray_cluster, run_id)}")
+        return _stored(found) if found is not None else Stored(run_id, None, record_name(self.ray_cluster, run_id))
+
+    def write(self, stored: Stored, record: RunRecord) -> Stored:
+        """Writes `record` if nothing changed since `stored` was read: Conflict when something did, Gone
+        when the record was deleted meanwhile; Invalid (422) is the API server's refusal."""
+        body: dict[str, Any] = {
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": stored.name, "namespace": self.namespace,
+                         "labels": {"app.kubernetes.io/name": "verl-gke", "app.kubernetes.io/component": COMPONENT,
+                                    CLUSTER_LABEL: self.ray_cluster},
+                         "annotations": {RUN_ANNOTATION: record.run_id}},
+            "data": {RECORD_KEY: record.to_json()},
+        }
+        if stored.version is None:
+            reply = self.api.request("POST", self._path, body)  # a second creator gets 409 AlreadyExists
+        else:
+            body["metadata"]["resourceVersion"] = stored.version
+            reply = self.api.request("PUT", f"{self._path}/{stored.name}", body)
+            if reply is None:
+                raise Gone(f"run record {stored.name} was deleted meanwhile")
+        assert reply is not None
+        return _stored(reply)
+
+    def delete(self, stored: Stored) -> None:
+        """Deletes the record read, not one recreated since (a uid precondition: 409 otherwise)."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": stored.uid}}
+        self.api.request("DELETE", f"{self._path}/{stored.name}", body)
+
+    def legacy(self, run_id: str) -> RunRecord | None:
+        """The run's entry in 0.5.1's single record ConfigMap, converted; None when there is none."""
+        found = self.api.request("GET", f"{self._path}/{self.ray_cluster}{LEGACY_SUFFIX}")
+        text = ((found or {}).get("data") or {}).get(f"{run_id}.json")
+        try:
+            return RunRecord.from_json(text) if text else None
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+def _stored(obj: Mapping[str, Any]) -> Stored:
+    meta = obj.get("metadata") or {}
+    text = (obj.get("data") or {}).get(RECORD_KEY)
+    try:
+        record = RunRecord.from_json(text) if text else None
+    except (ValueError, KeyError, TypeError):
+        record = None
+    run_id = (meta.get("annotations") or {}).get(RUN_ANNOTATION) or (record.run_id if record else "")
+    return Stored(run_id=run_id, record=record, name=meta.get("name", ""), version=meta.get("resourceVersion"),
+                  uid=meta.get("uid", ""), created=meta.get("creationTimestamp", ""),
+                  immutable=bool(obj.get("immutable")))
+
+
+@dataclass
+class MemoryRecords:
+    """Records in this process only: for a provider that has no Kubernetes API to keep them in
+    (only `dashboard_url` given); the head's job table is then the only other truth."""
+
+    ray_cluster: str = "memory"
+    objects: dict[str, Stored] = field(default_factory=dict)
+    serial: int = 0
+
+    def list(self) -> dict[str, Stored]:
+        return {s.run_id: s for s in self.objects.values()}
+
+    def get(self, run_id: str) -> Stored:
+        name = record_name(self.ray_cluster, run_id)
+        return self.objects.get(name) or Stored(run_id, None, name)
+
+    def write(self, stored: Stored, record: RunRecord) -> Stored:
+        current = self.objects.get(stored.name)
+        if (current.version if current else None) != stored.version:
+            raise Conflict(f"run record {stored.name}: changed since it was read")
+        self.serial += 1
+        new = Stored(record.run_id, record, stored.name, str(self.serial), uid=stored.uid or str(self.serial),
+                     created=stored.created or f"{self.serial:012d}")
+        self.objects[stored.name] = new
+        return new
+
+    def delete(self, stored: Stored) -> None:
+        self.objects.pop(stored.name, None)
+
+    def legacy(self, run_id: str) -> RunRecord | None:
+        return None
+
+
+def to_prune(stored: Mapping[str, Stored]) -> list[Stored]:
+    """Ended, released records beyond the newest ENDED_KEPT (by creationTimestamp, which the API
+    server sets); open runs and broken records are never pruned here."""
+    ended = [s for s in stored.values() if s.record is not None and s.record.outcome and s.record.released]
+    ended.sort(key=lambda s: s.created, reverse=True)
+    return ended[ENDED_KEPT:]
