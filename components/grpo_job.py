@@ -36,16 +36,8 @@ from manifests.ray_cluster import ray_cluster_of
 from workloads import export_model, run_lifecycle
 from workloads.kube import KubernetesApi, RayClusterControl
 from workloads.run_lease import PULUMI_UP, HeldLease, Lease, identity
-from workloads.run_lifecycle import (
-    DEADLINE_ENV,
-    DELETED,
-    DEPLOY_FAILED,
-    LIVE,
-    SUCCEEDED,
-    RayJobs,
-    write_record,
-)
-from workloads.run_record import Attempt, MemoryRecords, RecordStore, RunRecord
+from workloads.run_lifecycle import DEADLINE_ENV, DELETED, LIVE, SUCCEEDED, RayJobs, RunSpec
+from workloads.run_record import MemoryRecords, RecordStore
 from verl_gke.head_access import (
     PORT_FORWARD_START_TIMEOUT_S,
     HeadAccessError,
@@ -250,6 +242,12 @@ class _JobSpec:
     @property
     def run_key(self) -> str:
         return self.run_id or submission_id(self.stack, self.entrypoint, self.runtime_env, 0)
+
+    @property
+    def run(self) -> RunSpec:
+        return RunSpec(run_id=self.run_key, generation=self.attempt, submission_ids=tuple(self.attempt_ids),
+                       entrypoint=self.entrypoint, runtime_env=self.runtime_env, budget_s=self.budget_s,
+                       metadata=self.metadata)
 
     @property
     def ray_cluster(self) -> str:
@@ -511,17 +509,21 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
         try:
             records, lease = spec.records(), spec.lease()
             lease.acquire()
-            with lease.renewing():
-                record = write_record(records, spec.run_key,
-                                      lambda r: run_lifecycle.stopped_by_stack(r) if r else None, lease)
-                if record is not None and record.released:
-                    # Released only with no job live, and suspended since: nothing runs, and no head to ask.
-                    return
-                with _client(spec, spec.reach_timeout_s) as client:
-                    # The supervisor's attempts of this run too, and any its record names: none may outlive it.
-                    claimed = [a.submission_id for a in record.attempts] if record else []
-                    lease.check()
-                    _stop(client, id_, *spec.attempt_ids, *claimed)
+            with lease.renewing(), ExitStack() as stack:
+                def reach() -> RayJobs:
+                    client = stack.enter_context(_client(spec, spec.reach_timeout_s))
+                    return RayJobs(client.get_address(), head_access.REQUEST_TIMEOUT_S)
+
+                # The record first (the decider submits nothing more of a run the stack stopped), then the
+                # stops; a released run has no head to ask.
+                steps = run_lifecycle.delete_run(records, lease, spec.run, reach, also=(id_,))
+                give_up = time.monotonic() + spec.reach_timeout_s + STOP_TIMEOUT_S
+                for label in steps:
+                    if label.startswith("waiting"):
+                        if time.monotonic() >= give_up:
+                            raise RuntimeError(f"the run's attempts are still live {STOP_TIMEOUT_S:g} s after "
+                                               "they were stopped")
+                        time.sleep(0.5)
         except HeadGoneError as error:
             # The Kubernetes API says the head's service is gone, and its jobs with it.
             pulumi.log.warn(f"GrpoJob {id_}: nothing to stop; {error}")
@@ -581,118 +583,52 @@ def _client(spec: _JobSpec, timeout_s: float) -> Iterator[JobSubmissionClient]:
 def _create(spec: _JobSpec, records: RecordStore | MemoryRecords,
             lease: Lease | HeldLease) -> tuple[str, str, float | None]:
     """create's steps while it holds the Lease: (submission id, status, fabric bus bandwidth)."""
-    run_id = spec.run_key
     started = time.monotonic()
-    busbw: float | None = None
-    # The record before the head: a run that ended has its RayCluster suspended (no head); this run
-    # resumes it once the record says it has begun.
-    record = write_record(records, run_id, lambda r: run_lifecycle.opened(r, run_id, spec.attempt, spec.budget_s),
-                          lease)
-    assert record is not None
-    if record.generation > spec.attempt:
-        # Its supervisor would watch the older generation and leave the newer one unreleased.
-        raise RuntimeError(
-            f"GrpoJob: run {run_id} is at jobAttempt {record.generation} in its run record, above this "
-            f"stack's jobAttempt {spec.attempt}. Set verl-gke:jobAttempt back to {record.generation}, or above "
-            "it to start a new generation.")
-    if record.outcome == SUCCEEDED:
-        # A finished run applied again is done, not trained again.
-        done = record.attempts[-1].submission_id if record.attempts else spec.submission_id
-        pulumi.log.info(f"GrpoJob: run {run_id} already succeeded ({done}); nothing submitted")
-        return done, "SUCCEEDED", None
-    if record.outcome:
-        raise RuntimeError(
-            f"GrpoJob: run {run_id} (jobAttempt {spec.attempt}) already ended: {record.outcome}. "
-            "Bump verl-gke:jobAttempt to run it again from its last checkpoint.")
+    busbw: list[float] = []
     with ExitStack() as stack:
-        try:
+        clients: list[JobSubmissionClient] = []
+
+        def reach() -> RayJobs:
+            # The record says the run has begun: now the head (a released cluster has none) may come back.
             spec.resume_cluster(lease)
-            client = stack.enter_context(_client(spec, spec.ready_timeout_s))
-        except Exception:
-            _deploy_failed(records, lease, run_id)  # no head: the supervisor releases the GPUs
-            raise
-        ray = RayJobs(client.get_address(), head_access.REQUEST_TIMEOUT_S)
-        submission_id, job = _current(record, client.list_jobs(), spec)
+            clients.append(stack.enter_context(_client(spec, spec.ready_timeout_s)))
+            return RayJobs(clients[0].get_address(), head_access.REQUEST_TIMEOUT_S)
+
+        def gates() -> None:
+            client = clients[0]
+            _end_fabric_checks(client, spec)
+            _refuse_a_second_run(client.list_jobs(), spec)
+            if spec.expected_workers:
+                # A head that answers is not a whole cluster: a missing worker fails the run at start.
+                await_capacity(client.get_address(), workers=spec.expected_workers, gpus=spec.expected_gpus,
+                               deadline=started + spec.ready_timeout_s, address=spec.address,
+                               what=f"GrpoJob {spec.submission_id} not submitted within ready_timeout_s="
+                                    f"{spec.ready_timeout_s:g} s")
+            if spec.fabric_check:
+                busbw.append(_check_fabric(client, spec))
+
         try:
-            if job is None:
-                _end_fabric_checks(client, spec)
-                _refuse_a_second_run(client.list_jobs(), spec)
-                if spec.expected_workers:
-                    # A head that answers is not a whole cluster: a missing worker fails the run at start.
-                    await_capacity(client.get_address(), workers=spec.expected_workers, gpus=spec.expected_gpus,
-                                   deadline=started + spec.ready_timeout_s, address=spec.address,
-                                   what=f"GrpoJob {spec.submission_id} not submitted within ready_timeout_s="
-                                        f"{spec.ready_timeout_s:g} s")
-                if spec.fabric_check:
-                    busbw = _check_fabric(client, spec)
-                # Holding the Lease, no one else claimed or submitted meanwhile.
-                submission_id = _submit(ray, records, lease, record, spec)
-        except Exception:
-            _deploy_failed(records, lease, run_id)
-            raise
-        if job is not None and _value(job.status) == "SUCCEEDED":
-            write_record(records, run_id, lambda r: None if r is None else run_lifecycle.ended(r, SUCCEEDED), lease)
-            return submission_id, "SUCCEEDED", busbw
-        if job is not None:
-            _check_adoptable(job, spec)
+            created = run_lifecycle.drive(run_lifecycle.create_run(records, lease, spec.run, reach, gates))
+        except run_lifecycle.Refused as refused:
+            raise RuntimeError(f"GrpoJob: {refused}") from None
+        fabric_gbps = busbw[0] if busbw else None
+        if created.done:
+            pulumi.log.info(f"GrpoJob: run {spec.run_key} already succeeded ({created.submission_id}); nothing "
+                            "submitted")
+            return created.submission_id, "SUCCEEDED", None
+        if created.job is not None:
+            if created.job.get("status") == "SUCCEEDED":
+                return created.submission_id, "SUCCEEDED", fabric_gbps
+            _check_adoptable(created.job, spec)
         # The gates used their own time: the run gets the whole timeout to start.
         try:
-            status = _await_start(client, spec, submission_id, time.monotonic() + spec.ready_timeout_s)
+            status = _await_start(clients[0], spec, created.submission_id, time.monotonic() + spec.ready_timeout_s)
         except TimeoutError:
             # A failed create leaves no resource behind in Pulumi's state: nor may it leave a run.
-            _deploy_failed(records, lease, run_id, started=True)
-            lease.check()
-            _stop(client, submission_id)
+            ray = RayJobs(clients[0].get_address(), head_access.REQUEST_TIMEOUT_S)
+            run_lifecycle.drive(run_lifecycle.fail_start(records, lease, ray, spec.run_key, created.submission_id))
             raise
-    return submission_id, status, busbw
-
-
-def _current(record: RunRecord, jobs: list[JobDetails], spec: _JobSpec) -> tuple[str, JobDetails | None]:
-    """The attempt to adopt, if any: the record's newest attempt while it is live or has succeeded;
-    else the newest of the run's ids the head knows and runs (a record that lives only for this call
-    knows none)."""
-    newest = record.newest
-    if newest is not None:
-        job = _find_job(jobs, newest.submission_id)
-        if job is not None and _value(job.status) in (*LIVE, "SUCCEEDED"):
-            return newest.submission_id, job
-    on_head = [job for sid in spec.attempt_ids if (job := _find_job(jobs, sid)) is not None]
-    if on_head and (newest is None or on_head[-1].submission_id != newest.submission_id) \
-            and _value(on_head[-1].status) in (*LIVE, "SUCCEEDED"):
-        return str(on_head[-1].submission_id), on_head[-1]
-    return spec.submission_id, None
-
-
-def _submit(ray: RayJobs, records: RecordStore | MemoryRecords, lease: Lease | HeldLease, record: RunRecord,
-            spec: _JobSpec) -> str:
-    """Submits the attempt the record claimed and no one submitted (under its own id, never a new
-    one), or claims the generation's next attempt first. Never past the budget."""
-    run_id = spec.run_key
-    if record.budget_s and record.budget_used_s >= record.budget_s:
-        raise RuntimeError(f"GrpoJob: run {run_id}: its budget of {record.budget_s:g} s is spent; nothing "
-                           "submitted. Bump verl-gke:jobAttempt for a new budget.")
-    newest = record.newest
-    if newest is not None and not newest.submitted:
-        attempt = newest
-        pulumi.log.info(f"GrpoJob: attempt {attempt.index} ({attempt.submission_id}) was claimed by {attempt.by} "
-                        "and not submitted: submitting it")
-    else:
-        index = len(record.attempts)
-        if index >= len(spec.attempt_ids):
-            raise RuntimeError(f"GrpoJob: run {run_id}: all {index} submission ids of jobAttempt {spec.attempt} "
-                               "are used; bump verl-gke:jobAttempt")
-        # The dead-node baseline a later failure of this attempt is judged by.
-        attempt = Attempt(index=index, submission_id=spec.attempt_ids[index], by=PULUMI_UP, cause=PULUMI_UP,
-                          dead_nodes=ray.capacity().dead)
-        claimed = write_record(records, run_id, lambda r: None if r is None else run_lifecycle.claimed(r, attempt), lease)
-        assert claimed is not None
-        record = claimed
-    ray.jobs()  # the head's clock, for the budget's deadline
-    lease.check()
-    run_lifecycle.submit_attempt(ray, record, attempt, spec.entrypoint, spec.runtime_env, spec.metadata)
-    write_record(records, run_id, lambda r: run_lifecycle.submitted(r, attempt.index)
-                 if r is not None and len(r.attempts) > attempt.index else None, lease)
-    return attempt.submission_id
+    return created.submission_id, status, fabric_gbps
 
 
 def _lowered_attempt(olds: Mapping[str, Any], news: Mapping[str, Any]) -> str | None:
@@ -703,22 +639,6 @@ def _lowered_attempt(olds: Mapping[str, Any], news: Mapping[str, Any]) -> str | 
         return None
     return (f"attempt = {new:g}: below jobAttempt {old:g} of the deployed run {news.get('run_id')}; set "
             f"verl-gke:jobAttempt back to {old:g}, or above it to start a new generation")
-
-
-def _deploy_failed(records: RecordStore | MemoryRecords, lease: Lease | HeldLease, run_id: str,
-                   started: bool = False) -> None:
-    """Ends the run in its record when `create` fails before any attempt of it ran since it was last
-    opened, or, `started`, when the one it started is stopped: the run's decider then releases the
-    GPU workers. The record's own failure is only a warning: the create's error is the one to report."""
-    def change(record: RunRecord | None) -> RunRecord | None:
-        if record is None or record.outcome or not (started or not any(a.submitted for a in record.opened)):
-            return None
-        return run_lifecycle.ended(record, DEPLOY_FAILED)
-
-    try:
-        write_record(records, run_id, change, lease)
-    except Exception as error:  # noqa: BLE001
-        pulumi.log.warn(f"GrpoJob: run record of {run_id} not updated after the failed create: {error}")
 
 
 def _check_fabric(client: JobSubmissionClient, spec: _JobSpec) -> float:
@@ -770,9 +690,9 @@ def _refuse_a_second_run(jobs: list[JobDetails], spec: _JobSpec) -> None:
         )
 
 
-def _check_adoptable(job: JobDetails, spec: _JobSpec) -> None:
+def _check_adoptable(job: Mapping[str, Any], spec: _JobSpec) -> None:
     """A job under our id is ours only if it runs our spec: Ray ids say nothing about the job."""
-    theirs = {"entrypoint": job.entrypoint, "runtime_env": whole_numbers(job.runtime_env or {})}
+    theirs = {"entrypoint": job.get("entrypoint"), "runtime_env": whole_numbers(job.get("runtime_env") or {})}
     # The budget's deadline is set at submission, not part of the spec.
     theirs["runtime_env"].get("env_vars", {}).pop(DEADLINE_ENV, None)
     if not theirs["runtime_env"].get("env_vars") and "env_vars" not in spec.runtime_env:
@@ -788,7 +708,7 @@ def _check_adoptable(job: JobDetails, spec: _JobSpec) -> None:
     if not (theirs["entrypoint"] == ours["entrypoint"] and same_config
             and without_config(theirs["runtime_env"]) == without_config(ours["runtime_env"])):
         raise RuntimeError(
-            f"GrpoJob {job.submission_id}: the head already has a job under this id that runs something "
+            f"GrpoJob {job.get('submission_id')}: the head already has a job under this id that runs something "
             f"else, so it is not adopted. Its spec: {json.dumps(theirs, sort_keys=True)}; this stack's: "
             f"{json.dumps(ours, sort_keys=True)}. Stop it, or bump verl-gke:jobAttempt for a new id."
         )

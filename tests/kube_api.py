@@ -16,7 +16,25 @@ real one where the run lifecycle depends on it:
   a field the applier owned and no longer sends is removed; a field it never sends stays as its owner
   left it ("Conflicts", "Merge strategy"). Ownership is kept per field of `spec`, the granularity
   this lifecycle writes at: `spec.workerGroupSpecs`, which the KubeRay 1.6.2 CRD leaves without
-  `x-kubernetes-list-type`, is atomic (one field, owned whole), and `spec.suspend` is a scalar.
+  `x-kubernetes-list-type`, is atomic (one field, owned whole), and `spec.suspend` is a scalar;
+- a ConfigMap whose data and binaryData exceed 1 MiB is refused with 422 Invalid, and so is any
+  change of the data of an `immutable: true` ConfigMap, or unsetting `immutable` (kubernetes
+  pkg/apis/core/validation/validation.go at v1.34: `ValidateConfigMap`, totalSize >
+  core.MaxSecretSize (1 MiB); `ValidateConfigMapUpdate`, "field is immutable when `immutable` is set");
+- POST sets `metadata.uid` and `metadata.creationTimestamp` (whole seconds, never earlier than
+  the previous one);
+- DELETE honours DeleteOptions.preconditions (uid, resourceVersion): a mismatch is 409 Conflict
+  (apimachinery pkg/apis/meta/v1 `Preconditions`, checked by the generic registry store's Delete);
+- GET of a collection lists its objects as `<Kind>List`, filtered by an equality `labelSelector`
+  (`a=b,c=d`; Kubernetes docs, "Labels and Selectors", equality-based requirements);
+- Leases (coordination.k8s.io/v1) are plain objects with the same optimistic concurrency;
+- KubeRay 1.6.2's suspend is atomic (ray-operator/controllers/ray/raycluster_controller.go at v1.6.2,
+  `reconcilePods` and the status calculation; the `RayClusterStatusConditions` gate is on by default,
+  ray-operator/pkg/features/features.go): `reconcile()` is one turn of the operator: a cluster with
+  `spec.suspend` becomes `RayClusterSuspending`; a Suspending one has every pod deleted, the head's
+  included, whatever `spec.suspend` says now, and becomes `RayClusterSuspended` once none is left;
+  only a Suspended one whose `spec.suspend` is false is cleared, and its pods (a new head) come back.
+  `on_head(alive)` links the Ray side: a suspended (or deleted) cluster has no head.
 """
 
 from __future__ import annotations
@@ -24,13 +42,17 @@ from __future__ import annotations
 import copy
 import json
 import threading
+import time
 import urllib.parse
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 CUSTOM_PREFIX = "/apis/ray.io/"
+MAX_CONFIGMAP_BYTES = 1024 * 1024
+KINDS = {"configmaps": "ConfigMap", "leases": "Lease", "rayclusters": "RayCluster"}
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -53,7 +75,12 @@ class KubeApiStandIn:
         """Path of an object -> its `spec` fields -> the field manager owning each."""
         self.requests: list[tuple[str, str, dict[str, str], Any]] = []
         self.version = 0
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
+        self.created = time.time()
+        self.pods: dict[str, bool] = {}
+        """RayCluster path -> whether its pods (the head's among them) exist."""
+        self.on_head: Callable[[str, bool], None] = lambda _path, _alive: None
+        """Called with a RayCluster's path when its head goes (False) or comes back (True)."""
 
     def put_object(self, path: str, obj: dict[str, Any]) -> None:
         with self.lock:
@@ -72,20 +99,48 @@ class KubeApiStandIn:
         self.requests.append((method, raw_path, headers, body))
         with self.lock:
             current = self.objects.get(path)
+            if method == "GET" and current is None and path.rsplit("/", 1)[-1] in KINDS:
+                return 200, self._list(path, (query.get("labelSelector") or [""])[0])
             if method == "GET":
-                return (200, current) if current is not None else _status(404, "NotFound")
+                return (200, copy.deepcopy(current)) if current is not None else _status(404, "NotFound")
             if method == "POST":
                 name = body["metadata"]["name"]
                 target = f"{path}/{name}"
                 if target in self.objects:
                     return _status(409, "AlreadyExists")
-                return 201, self._store(target, body)
+                if (invalid := _invalid(None, body)) is not None:
+                    return invalid
+                created = self.created = max(self.created + 1, time.time())
+                body = copy.deepcopy(body)
+                body["metadata"].update(uid=str(uuid.uuid4()),
+                                        creationTimestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created)))
+                stored = self._store(target, body)
+                if target.startswith(CUSTOM_PREFIX):
+                    self._set_pods(target, not (body.get("spec") or {}).get("suspend"))
+                return 201, stored
             if current is None:
                 return _status(404, "NotFound")
+            if method == "DELETE":
+                wanted = (body or {}).get("preconditions") or {} if isinstance(body, dict) else {}
+                meta = current["metadata"]
+                if any(wanted.get(key) not in (None, meta.get(key)) for key in ("uid", "resourceVersion")):
+                    return _status(409, "Conflict")
+                del self.objects[path]
+                self.owners.pop(path, None)
+                if path.startswith(CUSTOM_PREFIX):
+                    self._set_pods(path, False)
+                return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success"}
             sent_version = (body.get("metadata") or {}).get("resourceVersion") if isinstance(body, dict) else None
             if sent_version is not None and sent_version != current["metadata"]["resourceVersion"]:
                 return _status(409, "Conflict")
             if method == "PUT":
+                if (invalid := _invalid(current, body)) is not None:
+                    return invalid
+                body = copy.deepcopy(body)
+                body["metadata"].update({k: current["metadata"][k] for k in ("uid", "creationTimestamp")
+                                         if k in current["metadata"]})
+                if "status" in current and "status" not in body:
+                    body["status"] = current["status"]  # the main resource's PUT leaves status as it is
                 return 200, self._store(path, body)
             if method == "PATCH":
                 kind = headers.get("Content-Type", "")
@@ -113,6 +168,43 @@ class KubeApiStandIn:
                 return 200, self._store(path, merge_patch(current, body))
         return _status(405, "MethodNotAllowed")
 
+    def _list(self, path: str, selector: str) -> dict[str, Any]:
+        wanted = dict(term.split("=", 1) for term in selector.split(",") if term)
+        items = [copy.deepcopy(obj) for key, obj in sorted(self.objects.items())
+                 if key.rsplit("/", 1)[0] == path
+                 and all((obj["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items())]
+        kind = KINDS[path.rsplit("/", 1)[-1]]
+        return {"kind": f"{kind}List", "apiVersion": "v1", "metadata": {"resourceVersion": str(self.version)},
+                "items": items}
+
+    def _set_pods(self, path: str, alive: bool) -> None:
+        if self.pods.get(path) != alive:
+            self.pods[path] = alive
+            self.on_head(path, alive)
+
+    def reconcile(self) -> None:
+        """One turn of KubeRay 1.6.2's RayCluster controller over every RayCluster (see the module doc)."""
+        with self.lock:
+            for path, cluster in list(self.objects.items()):
+                if not path.startswith(CUSTOM_PREFIX) or "/rayclusters/" not in path:
+                    continue
+                conditions = {c["type"]: c["status"] for c in (cluster.get("status") or {}).get("conditions") or []}
+                suspend = bool((cluster.get("spec") or {}).get("suspend"))
+                if conditions.get("RayClusterSuspending") == "True":
+                    self._set_pods(path, False)  # every pod, the head's too, whatever spec.suspend says now
+                    conditions.update(RayClusterSuspending="False", RayClusterSuspended="True")
+                elif conditions.get("RayClusterSuspended") == "True":
+                    if not suspend:
+                        conditions["RayClusterSuspended"] = "False"
+                        self._set_pods(path, True)
+                elif suspend:
+                    conditions["RayClusterSuspending"] = "True"
+                else:
+                    self._set_pods(path, True)
+                status = {"conditions": [{"type": k, "status": v} for k, v in sorted(conditions.items())]}
+                if status != cluster.get("status"):
+                    self._store(path, {**cluster, "status": status})
+
     def _store(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
         self.version += 1
         obj = copy.deepcopy(obj)
@@ -121,8 +213,23 @@ class KubeApiStandIn:
         return copy.deepcopy(obj)
 
 
-def _status(code: int, reason: str) -> tuple[int, dict[str, Any]]:
-    return code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code}
+def _status(code: int, reason: str, message: str = "") -> tuple[int, dict[str, Any]]:
+    return code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code,
+                  "message": message or reason}
+
+
+def _invalid(old: dict[str, Any] | None, new: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+    """The API server's ConfigMap validation (see the module doc); None when valid."""
+    if new.get("kind") != "ConfigMap":
+        return None
+    size = sum(len(k) + len(str(v).encode()) for part in ("data", "binaryData") for k, v in (new.get(part) or {}).items())
+    if size > MAX_CONFIGMAP_BYTES:
+        return _status(422, "Invalid", f"ConfigMap \"{new['metadata']['name']}\" is invalid: []: Too long: must have "
+                                       f"at most {MAX_CONFIGMAP_BYTES} bytes")
+    if old is not None and old.get("immutable") and (
+            not new.get("immutable") or (old.get("data"), old.get("binaryData")) != (new.get("data"), new.get("binaryData"))):
+        return _status(422, "Invalid", "field is immutable when `immutable` is set")
+    return None
 
 
 @contextmanager
@@ -142,7 +249,7 @@ def kube_api() -> Iterator[tuple[str, KubeApiStandIn]]:
             self.end_headers()
             self.wfile.write(data)
 
-        do_GET = do_POST = do_PUT = do_PATCH = _answer
+        do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _answer
 
         def log_message(self, *args: Any) -> None:
             pass
@@ -155,3 +262,32 @@ def kube_api() -> Iterator[tuple[str, KubeApiStandIn]]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+class InProcessApi:
+    """workloads.kube.KubernetesApi with its transport answered by a stand-in in this process (no
+    socket: thousands of requests a second), and faults on demand: `down` (the API server does not
+    answer: URLError, as urllib raises it) and `fail_next` (the next requests answer these codes)."""
+
+    def __new__(cls, state: KubeApiStandIn) -> Any:
+        import urllib.error
+
+        from workloads.kube import KubernetesApi
+
+        class Api(KubernetesApi):
+            down = False
+            fail_next: list[int] = []
+
+            def send(self, method: str, path: str, data: bytes | None, headers: dict[str, str]) -> tuple[int, Any]:
+                if self.down:
+                    raise urllib.error.URLError(ConnectionRefusedError(111, "Connection refused"))
+                if self.fail_next:
+                    code = self.fail_next.pop(0)
+                    if code >= 500:
+                        raise urllib.error.HTTPError(self.url + path, code, "injected", None, None)  # type: ignore[arg-type]
+                    return _status(code, "Injected")
+                return state.handle(method, path, headers, None if data is None else json.loads(data))
+
+        api = Api("http://in-process")
+        api.fail_next = []
+        return api

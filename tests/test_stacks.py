@@ -10,6 +10,8 @@ from collections import Counter
 
 import pytest
 
+from manifests import supervisor
+
 from domain.config import load_config
 from domain.stack_run import stack_run
 from tests.conftest import STACKS
@@ -297,18 +299,27 @@ def test_run_supervisor_gets_the_runs_ids_and_only_its_own_rights(stack: str, sy
     assert _manifest(result, "Role", name)["rules"] == [
         {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "resourceNames": [cfg.ray_cluster_name],
          "verbs": ["get", "patch"]},
-        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [f"{cfg.ray_cluster_name}-run"],
-         "verbs": ["get", "update"]},
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "create", "update", "delete"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+         "resourceNames": [f"{cfg.ray_cluster_name}-decider"], "verbs": ["get", "update"]},
     ]
-    # Its RayCluster patches may change spec.suspend only; the Role is bound after the policy.
+    # Its ConfigMap writes are held to run records of this cluster; the Role is bound after both policies.
+    records = _manifest(result, "ValidatingAdmissionPolicy", f"{cfg.namespace}.{name}-records")
+    assert records["spec"]["matchConstraints"]["resourceRules"] == [
+        {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"],
+         "operations": ["CREATE", "UPDATE", "DELETE"]}]
+    assert _manifest(result, "ValidatingAdmissionPolicyBinding", f"{cfg.namespace}.{name}-records")["spec"][
+        "policyName"] == f"{cfg.namespace}.{name}-records"
+    # Its RayCluster patches may change spec.suspend only.
     policy = _manifest(result, "ValidatingAdmissionPolicy", f"{cfg.namespace}.{name}")
     assert policy["spec"]["matchConditions"][0]["expression"] == (
         f"request.userInfo.username == 'system:serviceaccount:{cfg.namespace}:{name}'")
     assert _manifest(result, "ValidatingAdmissionPolicyBinding", f"{cfg.namespace}.{name}")["spec"][
         "validationActions"] == ["Deny"]
-    (admission,) = _by_type(result, "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding")
+    bindings = _by_type(result, "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding")
     (role_binding,) = _by_type(result, "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")
-    assert admission.urn in role_binding.dependencies
+    assert len(bindings) == 2 and all(b.urn in role_binding.dependencies for b in bindings)
     assert config["run_id"] == stack_run(cfg)[0] and config["generation"] == 0
     (job,) = _by_type(result, "pulumi-python:dynamic:GrpoJob")
     assert (job.inputs["run_id"], job.inputs["run_record"]) == (config["run_id"], f"{cfg.ray_cluster_name}-run")
@@ -328,7 +339,9 @@ def test_run_supervisor_gets_the_runs_ids_and_only_its_own_rights(stack: str, sy
     assert config["export"] == {"checkpoint_dir": f"{cfg.grpo.checkpoint_dir}/{config['run_id']}", "mount": "/data",
                                 "memory_bytes": 262_102_056_960, "verl_dir": cfg.verl_dir}
     program = _manifest(result, "ConfigMap", name)["data"]
-    assert program["export_model.py"] == Path("workloads/export_model.py").read_text()
+    assert all(program[f] == Path(f"workloads/{f}").read_text() for f in supervisor.PROGRAM_FILES)
+    # The run's decider's bounds (runHeadOutageSeconds, runStallSeconds, runReplaceWindowSeconds).
+    assert (config["head_outage_s"], config["stall_s"], config["replace_window_s"]) == (1800, 10800, 600)
 
 
 def test_export_model_off_leaves_the_supervisor_no_export():

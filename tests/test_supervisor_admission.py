@@ -124,3 +124,50 @@ def test_the_policy_applies_to_the_supervisor_only():
     assert not _matches("system:serviceaccount:verl:other")
     assert not _matches("system:serviceaccount:other-ns:b200-ray-cluster-supervisor")
     assert not _matches("system:serviceaccount:kuberay:kuberay-operator")
+
+
+RECORD = {"apiVersion": "v1", "kind": "ConfigMap",
+          "metadata": {"name": "b200-ray-cluster-run-0123456789ab", "namespace": "verl",
+                       "labels": {"app.kubernetes.io/component": "run-record",
+                                  "verl-gke/ray-cluster": "b200-ray-cluster"}},
+          "data": {"record.json": "{}"}}
+
+
+def _record_denials(old: dict[str, Any] | None, new: dict[str, Any] | None) -> list[str]:
+    env = _env()
+    activation = {"object": celpy.json_to_cel(new), "oldObject": celpy.json_to_cel(old)}
+    return [v["message"] for v in supervisor.record_admission_policy(SPEC)["spec"]["validations"]
+            if not env.program(env.compile(v["expression"])).evaluate(activation)]
+
+
+def test_the_record_policy_and_its_binding_pass_the_kubernetes_schema():
+    for version in ("1.30", "1.34"):
+        validate_core(supervisor.record_admission_policy(SPEC), version)
+        validate_core(supervisor.admission_policy_binding(SPEC, supervisor.record_policy_name(SPEC)), version)
+
+
+def test_the_supervisor_may_create_update_and_delete_its_clusters_run_records():
+    changed = copy.deepcopy(RECORD)
+    changed["data"]["record.json"] = '{"run_id": "r"}'
+    assert _record_denials(None, RECORD) == []  # create
+    assert _record_denials(RECORD, changed) == []  # update
+    assert _record_denials(RECORD, None) == []  # delete
+
+
+@pytest.mark.parametrize("target", [
+    {"metadata": {"name": "b200-ray-cluster-supervisor", "labels": {"app.kubernetes.io/component": "run-supervisor"}}},
+    {"metadata": {"name": "b200-ray-cluster-run-0123456789ab",
+                  "labels": {"app.kubernetes.io/component": "run-record", "verl-gke/ray-cluster": "other"}}},
+    {"metadata": {"name": "hf-token-settings", "labels": {"app.kubernetes.io/component": "run-record",
+                                                          "verl-gke/ray-cluster": "b200-ray-cluster"}}},
+    {"metadata": {"name": "b200-ray-cluster-run-0123456789ab"}},
+])
+def test_no_other_configmap_can_be_written_by_it(target):
+    program = {"apiVersion": "v1", "kind": "ConfigMap", **target, "data": {"run_supervisor.py": "evil"}}
+    denied = {"the run supervisor may write only run record ConfigMaps of its RayCluster",
+              "the run supervisor may change or delete only run record ConfigMaps of its RayCluster"}
+    assert set(_record_denials(None, program)) == {sorted(denied)[1]}  # create
+    assert set(_record_denials(program, program)) == denied  # update
+    assert set(_record_denials(program, None)) == {sorted(denied)[0]}  # delete
+    # Relabelling its own program as a record is an update of a non-record: denied.
+    assert _record_denials(program, {**RECORD, "metadata": {**RECORD["metadata"], "name": program["metadata"]["name"]}})

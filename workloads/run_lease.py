@@ -167,6 +167,11 @@ class Lease:
                 sleep: Callable[[float], None] = time.sleep) -> None:
         """`pulumi up`'s: asks the holder to hand over (or waits for its expiry) until it holds the
         Lease; TimeoutError naming the holder after `wait_s`."""
+        for _ in self.acquiring(wait_s):
+            sleep(poll_s)
+
+    def acquiring(self, wait_s: float = LEASE_WAIT_S) -> Iterator[str]:
+        """acquire's steps: yields while it waits (the caller sleeps, or a test interleaves)."""
         give_up = self.clock() + wait_s
         said = ""
         while True:
@@ -177,11 +182,13 @@ class Lease:
                 if self._write(found, self.holder, annotations=self._without_request(found),
                                transition=holder != self.holder):
                     return
+                yield "lost a race for the Lease"
                 continue
             annotations = (found.get("metadata") or {}).get("annotations") or {}
             if annotations.get(HANDOVER_ANNOTATION) != self.holder:
                 # The request only: the holder's renewTime is its own.
                 self._write(found, holder, annotations={**annotations, HANDOVER_ANNOTATION: self.holder}, renew=False)
+                yield "asked for the Lease"
                 continue
             waiting = f"waiting for {holder} to hand over Lease {self.namespace}/{self.name} (or for it to expire)"
             if waiting != said:
@@ -190,7 +197,7 @@ class Lease:
             if self.clock() >= give_up:
                 raise TimeoutError(f"Lease {self.namespace}/{self.name} is still held by {holder} after {wait_s:g} s: "
                                    "its holder neither handed it over nor stopped renewing it")
-            sleep(poll_s)
+            yield "waiting for the Lease"
 
     def _without_request(self, found: dict[str, Any] | None) -> dict[str, str]:
         annotations = dict(((found or {}).get("metadata") or {}).get("annotations") or {})
@@ -249,6 +256,12 @@ class HeldLease:
 
     def acquire(self, *_args: Any, **_kwargs: Any) -> None:
         pass
+
+    def acquiring(self, *_args: Any) -> Iterator[str]:
+        yield from ()
+
+    def renew(self) -> bool:
+        return True
 
     def release(self) -> None:
         pass

@@ -25,7 +25,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -798,3 +798,169 @@ def write_record(records: Store, run_id: str, change: Callable[[RunRecord | None
             raise
     raise Conflict(f"run record of {run_id}: still changing after {tries} tries")
 
+
+
+# --- `pulumi up`'s create and delete, step by step -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What `pulumi up` knows of the run it creates or deletes (the GrpoJob's props)."""
+
+    run_id: str
+    generation: int
+    submission_ids: tuple[str, ...]
+    entrypoint: str
+    runtime_env: Mapping[str, Any]
+    budget_s: float = 0.0
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Created:
+    submission_id: str
+    job: Mapping[str, Any] | None
+    """The job adopted or submitted, as the head listed it (None: just submitted)."""
+    done: bool = False
+    """The run had already succeeded: nothing submitted."""
+
+
+class Refused(RuntimeError):
+    """The run cannot be created as asked (a newer generation, an ended run, no id or budget left)."""
+
+
+def _current(record: RunRecord, jobs: Mapping[str, Mapping[str, Any]],
+             run: RunSpec) -> tuple[str, Mapping[str, Any] | None]:
+    """The attempt to adopt: the record's newest while it is live or succeeded; else the newest of the
+    run's ids the head runs (a record that lives only for this call knows none)."""
+    newest = record.newest
+    if newest is not None and (job := jobs.get(newest.submission_id)) is not None \
+            and job.get("status") in (*LIVE, "SUCCEEDED"):
+        return newest.submission_id, job
+    on_head = [sid for sid in run.submission_ids if sid in jobs]
+    if on_head and (newest is None or on_head[-1] != newest.submission_id) \
+            and jobs[on_head[-1]].get("status") in (*LIVE, "SUCCEEDED"):
+        return on_head[-1], jobs[on_head[-1]]
+    return run.submission_ids[0], None
+
+
+def deploy_failed(records: Store, lease: LeaseLike, run_id: str, started: bool = False) -> RunRecord | None:
+    """Ends the run when `create` fails before any attempt of it ran since it was last opened, or,
+    `started`, when the one it started is stopped: the run's decider then releases the GPU workers."""
+    def change(record: RunRecord | None) -> RunRecord | None:
+        if record is None or record.outcome or not (started or not any(a.submitted for a in record.opened)):
+            return None
+        return ended(record, DEPLOY_FAILED)
+
+    return write_record(records, run_id, change, lease)
+
+
+def create_run(records: Store, lease: LeaseLike, run: RunSpec, reach: Callable[[], RayJobs],
+               gates: Callable[[], None]) -> Iterator[str]:
+    """`pulumi up`'s create while it holds the Lease, one step per write or action (the provider runs
+    them through; a test interleaves them). Begins or reopens the run (desired running), then `reach`
+    resumes the cluster and reaches its head, and it adopts the run's attempt or runs the deploy
+    `gates` and submits: the claimed and unsubmitted attempt under its own id, else a new claim.
+    Returns Created (StopIteration.value). Any failure before an attempt was submitted ends the run
+    as a failed deploy."""
+    record = write_record(records, run.run_id, lambda r: opened(r, run.run_id, run.generation, run.budget_s), lease)
+    assert record is not None
+    yield "opened"
+    if record.generation > run.generation:
+        raise Refused(f"run {run.run_id} is at jobAttempt {record.generation} in its run record, above this "
+                      f"stack's jobAttempt {run.generation}. Set verl-gke:jobAttempt back to {record.generation}, or "
+                      "above it to start a new generation.")
+    if record.outcome == SUCCEEDED:
+        return Created(record.attempts[-1].submission_id if record.attempts else run.submission_ids[0], None, True)
+    if record.outcome:
+        raise Refused(f"run {run.run_id} (jobAttempt {run.generation}) already ended: {record.outcome}. "
+                      "Bump verl-gke:jobAttempt to run it again from its last checkpoint.")
+    try:
+        lease.check()
+        ray = reach()
+        yield "resumed"
+        jobs = ray.jobs()
+        submission_id, job = _current(record, jobs, run)
+        if job is None:
+            gates()
+            yield "gated"
+            submission_id = yield from _submit(records, lease, ray, record, run)
+    except Exception:
+        deploy_failed(records, lease, run.run_id)
+        raise
+    if job is not None and job.get("status") == "SUCCEEDED":
+        write_record(records, run.run_id, lambda r: None if r is None else ended(r, SUCCEEDED), lease)
+        yield "ended"
+    return Created(submission_id, job)
+
+
+def _submit(records: Store, lease: LeaseLike, ray: RayJobs, record: RunRecord, run: RunSpec) -> Iterator[str]:
+    if record.budget_s and record.budget_used_s >= record.budget_s:
+        raise Refused(f"run {run.run_id}: its budget of {record.budget_s:g} s is spent; nothing submitted. Bump "
+                      "verl-gke:jobAttempt for a new budget.")
+    attempt = record.newest
+    if attempt is None or attempt.submitted:
+        index = len(record.attempts)
+        if index >= len(run.submission_ids):
+            raise Refused(f"run {run.run_id}: all {index} submission ids of jobAttempt {run.generation} are used; "
+                          "bump verl-gke:jobAttempt")
+        # The dead-node baseline a later failure of this attempt is judged by.
+        new = Attempt(index=index, submission_id=run.submission_ids[index], by="pulumi-up", cause="pulumi-up",
+                      dead_nodes=ray.capacity().dead)
+        claim = write_record(records, run.run_id, lambda r: None if r is None or len(r.attempts) != index
+                             else claimed(r, new), lease)
+        if claim is None or len(claim.attempts) <= index or claim.attempts[index] != new:
+            raise Conflict(f"run record of {run.run_id} changed under the Lease")
+        record, attempt = claim, new
+        yield "claimed"
+    ray.jobs()  # the head's clock, for the budget's deadline
+    lease.check()
+    submit_attempt(ray, record, attempt, run.entrypoint, run.runtime_env, run.metadata)
+    yield "submitted"
+    write_record(records, run.run_id, lambda r: submitted(r, attempt.index)
+                 if r is not None and len(r.attempts) > attempt.index else None, lease)
+    yield "marked submitted"
+    return attempt.submission_id
+
+
+def fail_start(records: Store, lease: LeaseLike, ray: RayJobs, run_id: str, submission_id: str) -> Iterator[str]:
+    """The attempt `create` submitted did not start in time: the run ends (a failed deploy, which a
+    later `up` reopens) before the attempt is stopped, so nothing submits after it."""
+    deploy_failed(records, lease, run_id, started=True)
+    yield "ended"
+    lease.check()
+    ray.stop(submission_id)
+    yield "stop sent"
+
+
+def delete_run(records: Store, lease: LeaseLike, run: RunSpec, reach: Callable[[], RayJobs],
+               also: tuple[str, ...] = ()) -> Iterator[str]:
+    """`pulumi destroy` or a replace's delete while it holds the Lease: desired stopped (the run ends,
+    reopenably), then the head is reached and every attempt the record names (and `also`) is stopped;
+    yields until Ray says each ended (the caller bounds the wait). The decider stops any it could not
+    reach later."""
+    record = write_record(records, run.run_id, lambda r: None if r is None else stopped_by_stack(r), lease)
+    yield "stopped by the stack"
+    if record is not None and record.released:
+        return  # released only with no job live, and suspended since: nothing runs, no head to ask
+    ray = reach()
+    ids = tuple(dict.fromkeys((*also, *run.submission_ids, *(a.submission_id for a in (record.attempts if record else ())))))
+    jobs = ray.jobs()
+    for sid in ids:
+        if (jobs.get(sid) or {}).get("status") in LIVE:
+            lease.check()
+            ray.stop(sid)
+            yield "stop sent"
+    while any((ray.jobs().get(sid) or {}).get("status") in LIVE for sid in ids):
+        yield "waiting for the stops"
+
+
+def drive(steps: Iterator[str], sleep: Callable[[], None] = lambda: None) -> Any:
+    """Runs a step generator to its end (calling `sleep` after each waiting step); its return value."""
+    while True:
+        try:
+            label = next(steps)
+        except StopIteration as done:
+            return done.value
+        if label.startswith("waiting"):
+            sleep()
