@@ -48,6 +48,9 @@ class RayHeadStandIn:
     now: float = field(default_factory=time.time)
     """The head's own clock (its `Date`, and the jobs' times): another machine's."""
     restarts: int = 0
+    entrypoints_end: bool = False
+    """True: an entrypoint ends as its command would (the conformance script's `sys.exit(N)`, a sleep,
+    anything else at once); False: a job runs until the test ends it (`finish`, `lose_worker`)."""
 
     # --- what the test does to the head --------------------------------------------------------
 
@@ -58,7 +61,8 @@ class RayHeadStandIn:
             if job["status"] == "PENDING":
                 job.update(status="RUNNING", start_time=int(self.now * 1000), driver_node_id="head-node",
                            message="Job is currently running.")
-            elif job["status"] == "RUNNING" and (end := _entrypoint_end(job["entrypoint"])) is not None:
+            elif job["status"] == "RUNNING" and self.entrypoints_end \
+                    and (end := _entrypoint_end(job["entrypoint"])) is not None:
                 self.finish(sid, *end)
 
     def finish(self, sid: str, status: str, code: int = 0) -> None:

@@ -87,6 +87,6 @@ def script(ray: RayJobs, tick: Callable[[], None], run: str) -> list[Any]:
 def test_the_stand_in_answers_the_lifecycles_calls_as_a_real_head(ray_head: str) -> None:
     run = uuid.uuid4().hex[:8]
     real = script(RayJobs(ray_head), lambda: time.sleep(0.3), run)
-    head = RayHeadStandIn()
+    head = RayHeadStandIn(entrypoints_end=True)
     stand_in = script(head.client(), head.tick, run)
     assert stand_in == real

@@ -16,6 +16,7 @@ saving), not a GPU. Stdlib only at import time: it is shipped into the cluster.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import io
 import json
@@ -165,6 +166,7 @@ def submission(*, run_id: str, checkpoint_dir: str, step: int | None, working_di
     return kwargs
 
 
+@functools.cache
 def working_dir_package() -> tuple[str, bytes]:
     """This file as a Ray working_dir package: a zip with it at the top (Ray unpacks a gcs:// zip
     without removing a top folder) named as Ray names its packages, `_ray_pkg_<sha1 of the zip>.zip`

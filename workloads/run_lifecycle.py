@@ -52,6 +52,8 @@ MAX_BACKOFF_S = 1800.0
 SUBMIT_RETRY_S = 60.0
 """How long a submission is retried while the head answers 5xx (its job agent still starting)."""
 LOG_LINES = 200
+EXPORT_PREFIX = "verl-export-"
+"""workloads.export_model.SUBMISSION_PREFIX (the lifecycle imports no export code)."""
 
 # Outcomes a later `pulumi up` of the same run continues from: the run is not over.
 DELETED = "stopped by pulumi (delete or replace)"
@@ -192,11 +194,12 @@ def attempt_submission(runtime_env: Mapping[str, Any], record: RunRecord, attemp
 def opened(record: RunRecord | None, run_id: str, generation: int, budget_s: float) -> RunRecord:
     """`pulumi up`'s create: the run's record for `generation`, desired running: new when there is
     none or the generation is newer, reopened when an earlier `pulumi up` ended it without the run
-    itself ending (its attempts then count from here); a newer generation's is returned as it is."""
-    if record is None or record.generation < generation:
+    itself ending (its attempts then count from here); a newer generation's, or an older one that has
+    not ended (its attempt may be live), is returned as it is."""
+    if record is None or (record.generation < generation and record.outcome):
         return RunRecord(run_id=run_id, generation=generation, budget_s=budget_s).decided(
             f"generation {generation} begun by pulumi-up")
-    if record.generation > generation:
+    if record.generation != generation:
         return record
     if record.outcome in REOPENABLE:
         return replace(record, desired=RUNNING, outcome="", released=False, waiting_s=0.0, stopped_s=0.0,
@@ -251,6 +254,23 @@ def rebuilt(run_id: str, generation: int, budget_s: float, jobs: Mapping[str, Ma
     return RunRecord(run_id=run_id, generation=newest_generation, budget_s=budget_s,
                      attempts=tuple(attempts)).decided(f"record rebuilt from the head's job table ({len(attempts)} "
                                                        "attempts)")
+
+
+def adopted(record: RunRecord, jobs: Mapping[str, Mapping[str, Any]]) -> RunRecord:
+    """The record with an attempt of its run and generation that the head runs and the record does not
+    name (a record lost and begun again): the head's attempts, from their metadata, take the place of
+    the record's, and the run counts from the live one."""
+    live = [sid for sid, job in jobs.items() if job.get("status") in LIVE and meta(job, "run_id") == record.run_id
+            and meta(job, "generation") == str(record.generation) and meta(job, "attempt").isdigit()]
+    named = {a.submission_id for a in record.attempts}
+    if not live or set(live) <= named:
+        return record
+    found = rebuilt(record.run_id, record.generation, record.budget_s, jobs)
+    if found is None or not any(a.submission_id in live for a in found.attempts):
+        return record
+    index = next(a.index for a in found.attempts if a.submission_id in live)
+    return replace(record, attempts=found.attempts, opened_at=min(record.opened_at, index)).decided(
+        f"adopted {found.attempts[index].submission_id}, live on the head and not in the record")
 
 
 # --- decide ------------------------------------------------------------------------------------
@@ -345,6 +365,14 @@ def _status(view: View, attempt: Attempt) -> str | None:
     return None if job is None else str(job.get("status"))
 
 
+def others_live(jobs: Mapping[str, Mapping[str, Any]], record: RunRecord) -> list[str]:
+    """Jobs of another run or generation (an attempt, or a model export) live on the head: one cluster
+    runs one attempt at a time, and a run never starts beside another (they would share the GPUs)."""
+    return sorted(sid for sid, job in jobs.items() if job.get("status") in LIVE and meta(job, "run_id") and (
+        meta(job, "run_id") != record.run_id or meta(job, "generation") not in ("", str(record.generation))
+        or sid.startswith(EXPORT_PREFIX)))
+
+
 def _supervised(view: View, record: RunRecord) -> bool:
     policy = view.policy
     return policy is not None and policy.run_id == record.run_id and policy.generation == record.generation
@@ -365,6 +393,8 @@ def _open_run(d: _Decision, record: RunRecord) -> None:
         return
     if record.outage_s:
         record = replace(record, outage_s=0.0)
+    record = adopted(record, view.jobs)
+    d.records[record.run_id] = record
     attempt = record.newest
     if attempt is None:
         # Begun (or reopened) and nothing claimed, while this decider holds the Lease: the create that
@@ -379,6 +409,8 @@ def _open_run(d: _Decision, record: RunRecord) -> None:
         record = replace(record, budget_used_s=record.budget_used_s + view.elapsed_s)
     d.records[record.run_id] = record
     if status is None and not attempt.submitted:
+        if supervised and others_live(view.jobs, record):
+            return  # another run's job holds the cluster: not beside it
         if supervised and not (budget_s and record.budget_used_s >= budget_s):
             d.records[record.run_id] = record.decided(f"attempt {attempt.index} ({attempt.submission_id}) was "
                                                       "claimed and not submitted: submitting it")
@@ -489,8 +521,8 @@ def _next(d: _Decision, record: RunRecord, cause: str, reason: str) -> None:
     if cause == "node-lost" and sum(1 for a in record.opened if a.cause == "node-lost") >= policy.max_preemptions:
         d.end(record, f"lost nodes {policy.max_preemptions} times")
         return
-    if view.capacity is None:
-        return
+    if view.capacity is None or others_live(view.jobs or {}, record):
+        return  # another run's job holds the cluster: wait for its end (its own decider ends it)
     if short := view.capacity.short_of(policy.expected_workers, policy.expected_gpus):
         waited = record.waiting_s + view.elapsed_s
         if waited >= policy.capacity_timeout_s:
@@ -672,7 +704,10 @@ class Decider:
         elapsed = 0.0 if self._last is None or self._last[0] != self.lease.acquired else now - self._last[1]
         self._last = (self.lease.acquired, now)
         stored = self.records.list()
-        jobs = self._jobs()
+        cluster = self.cluster()
+        over = all(s.record is not None and s.record.outcome and s.record.released for s in stored.values())
+        # A suspended (or deleted) cluster has no head: once every run is over there is nothing to ask.
+        jobs = {} if over and cluster in ("suspended", "absent") else self._jobs()
         stored = self._repair(stored, jobs)
         records = {run_id: s.record for run_id, s in stored.items() if s.record is not None}
         capacity = self.ray.capacity() if jobs is not None and any(not r.outcome for r in records.values()) else None
@@ -680,7 +715,7 @@ class Decider:
             if job.get("status") in TERMINAL:
                 self._ended_seen.setdefault(sid, now)
         logs = self._logs(records, jobs)
-        view = View(records=records, policy=self.policy, jobs=jobs, capacity=capacity, cluster=self.cluster(),
+        view = View(records=records, policy=self.policy, jobs=jobs, capacity=capacity, cluster=cluster,
                     elapsed_s=elapsed, ended_for_s={sid: now - t for sid, t in self._ended_seen.items()},
                     logs=logs, export_ids={r.run_id: e for r in records.values() if (e := self.export_ids(r))},
                     by=self.lease_role)
@@ -740,14 +775,22 @@ class Decider:
                      "replaced")
             record = record or RunRecord(run_id=run_id).decided("record lost; the head knows none of its attempts")
             stored[run_id] = self.records.write(Stored(run_id, None, found.name), record)
+        # The named run, and any run live on the head, without a record: from 0.5.1's, or from the head.
         policy = self.policy
-        if policy is not None and policy.run_id not in stored:
-            record = self.records.legacy(policy.run_id)
+        wanted = {meta(j, "run_id"): int(meta(j, "generation") or 0) for j in (jobs or {}).values()
+                  if j.get("status") in LIVE and meta(j, "run_id") and meta(j, "attempt").isdigit()}
+        if policy is not None:
+            wanted.setdefault(policy.run_id, policy.generation)
+        for run_id, generation in wanted.items():
+            if run_id in stored:
+                continue
+            budget = policy.budget_s if policy is not None and policy.run_id == run_id else 0.0
+            record = self.records.legacy(run_id)
             if record is None and jobs is not None:
-                record = rebuilt(policy.run_id, policy.generation, policy.budget_s, jobs)
+                record = rebuilt(run_id, generation, budget, jobs)
             if record is not None:
                 self.lease.check()
-                stored[policy.run_id] = self.records.write(self.records.get(policy.run_id), record)
+                stored[run_id] = self.records.write(self.records.get(run_id), record)
         return stored
 
     def _act(self, effect: Effect, stored: Mapping[str, Stored]) -> None:
@@ -866,6 +909,9 @@ def create_run(records: Store, lease: LeaseLike, run: RunSpec, reach: Callable[[
     record = write_record(records, run.run_id, lambda r: opened(r, run.run_id, run.generation, run.budget_s), lease)
     assert record is not None
     yield "opened"
+    if record.generation < run.generation:
+        raise Refused(f"jobAttempt {record.generation} of run {run.run_id} has not ended: `pulumi up` ends it (the "
+                      "job's replace) before it begins a later one; its supervisor ends it when its attempt ends.")
     if record.generation > run.generation:
         raise Refused(f"run {run.run_id} is at jobAttempt {record.generation} in its run record, above this "
                       f"stack's jobAttempt {run.generation}. Set verl-gke:jobAttempt back to {record.generation}, or "
@@ -880,8 +926,14 @@ def create_run(records: Store, lease: LeaseLike, run: RunSpec, reach: Callable[[
         ray = reach()
         yield "resumed"
         jobs = ray.jobs()
+        if adopted(record, jobs) != record:
+            record = write_record(records, run.run_id, lambda r: None if r is None else adopted(r, jobs), lease) or record
+            yield "adopted"
         submission_id, job = _current(record, jobs, run)
         if job is None:
+            if others := others_live(jobs, record):
+                raise Refused(f"another run's job is live on the cluster: {', '.join(others)}. Runs would share the "
+                              "GPUs; let it end (its supervisor ends it) or stop it, and run again.")
             gates()
             yield "gated"
             submission_id = yield from _submit(records, lease, ray, record, run)

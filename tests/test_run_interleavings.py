@@ -1,0 +1,294 @@
+"""The run lifecycle's promises, checked over explored interleavings of the real code: supervisors
+(workloads/run_supervisor.decider) and `pulumi up`'s create and delete (workloads/run_lifecycle
+create_run and delete_run, what the GrpoJob provider runs), advanced one step (one write or one
+action) at a time, crashed after any of them, with faults: a second supervisor, a rollout, head
+restarts, preemptions, jobs failing or succeeding, API outages and 409/404/422 answers, records
+deleted or edited by hand, the stack's run id or jobAttempt changed mid-`up`, a RayCluster recreated,
+and every process on a clock of its own (tests/run_world.py).
+
+hypothesis' RuleBasedStateMachine plays the interleavings and shrinks a failure to the shortest
+sequence of steps that breaks a promise. CI runs EXAMPLES sequences of up to STEPS steps with a fixed
+seed (derandomized); VERL_GKE_EXPLORE=<sequences> explores further, with a random seed
+(docs/run-lifecycle.md)."""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from tests.run_world import RC_PATH, World, run_spec
+from workloads.run_lease import LEASE_DURATION_S
+from workloads.run_record import CLUSTER_LABEL, COMPONENT, RECORD_KEY
+
+EXPLORE = int(os.environ.get("VERL_GKE_EXPLORE", "0"))
+EXAMPLES = EXPLORE or 400
+STEPS = 60
+RELEASE_WITHIN_S = LEASE_DURATION_S + 120.0 + 120.0
+"""After every run ended, a supervisor that holds the Lease this long has released the GPUs: the
+replace window (120 s here) and a few steps."""
+
+
+class RunLifecycle(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.world = World()
+        self.over_held_s, self.over_holder = 0.0, ""
+        """Time one live supervisor held the Lease, with the API up, since every run on the cluster ended."""
+
+    # --- the stack ---------------------------------------------------------------------------------
+
+    @initialize(deployed=st.booleans(), budget=st.sampled_from([0.0, 0.0, 600.0]))
+    def a_stack(self, deployed: bool, budget: float) -> None:
+        """A fresh stack, or one whose first `pulumi up` went through (a run live under its supervisor)."""
+        self.world.budget_s = budget
+        self.world.desired = run_spec("run-a", 0, budget)
+        self.world.runs = {"run-a/0": self.world.desired}
+        self.world.start_supervisor(0, 0)
+        if deployed:
+            self.pulumi_up(kind="create", crash_after=None, skew=1)
+
+    @precondition(lambda self: self.world.provider is None)
+    @rule(kind=st.sampled_from(["create", "create", "delete"]),
+          crash_after=st.none() | st.integers(0, 10), skew=st.integers(0, 3))
+    def pulumi_up(self, kind: str, crash_after: int | None, skew: int) -> None:
+        """A whole `pulumi up` create (or a replace's delete) while the supervisors go on, dying after
+        its `crash_after`-th step (a write or an action) when that is set."""
+        self.world.start_provider(kind, skew)
+        for step in range(40):
+            if crash_after == step:
+                self.pulumi_up_dies()
+                return
+            if self.world.provider_step() in ("done", "failed"):
+                return
+            for slot in sorted(self.world.supervisors):
+                self.supervisor_steps(slot)
+            self.world.passes(5.0)
+
+    @precondition(lambda self: self.world.provider is None)
+    @rule(skew=st.integers(0, 3))
+    def pulumi_up_creates(self, skew: int) -> None:
+        self.world.start_provider("create", skew)
+
+    @precondition(lambda self: self.world.provider is None)
+    @rule(skew=st.integers(0, 3))
+    def pulumi_up_deletes(self, skew: int) -> None:
+        """A replace's delete, or `pulumi destroy` (of the run the stack names)."""
+        self.world.start_provider("delete", skew)
+
+    @precondition(lambda self: self.world.provider is not None)
+    @rule(steps=st.integers(1, 4))
+    def pulumi_up_goes_on(self, steps: int) -> None:
+        for _ in range(steps):
+            if self.world.provider is None or self.world.provider_step() in ("done", "failed"):
+                return
+
+    @precondition(lambda self: self.world.provider is not None)
+    @rule()
+    def pulumi_up_dies(self) -> None:
+        """Ctrl-C, a laptop that sleeps, a CI runner killed: after any write, with its Lease held."""
+        self.world.provider = None
+
+    @rule(change=st.sampled_from(["run id", "jobAttempt"]), slot=st.integers(0, 1), skew=st.integers(0, 3))
+    def the_stack_changes_its_run(self, change: str, slot: int, skew: int) -> None:
+        """`pulumi up` of a changed stack rolls the supervisor's config first (the GrpoJob's replace may
+        follow, or the `up` fail before it)."""
+        world, old = self.world, self.world.desired
+        if change == "run id":
+            world.desired = run_spec(f"run-{chr(ord(old.run_id[-1]) + 1)}", 0, world.budget_s)
+        else:
+            world.desired = run_spec(old.run_id, old.generation + 1, world.budget_s)
+        world.runs[f"{world.desired.run_id}/{world.desired.generation}"] = world.desired
+        world.supervisors.clear()  # Recreate: the old pod goes first
+        world.start_supervisor(slot, skew)
+
+    # --- supervisors -----------------------------------------------------------------------------------
+
+    @rule(slot=st.integers(0, 1))
+    def supervisor_steps(self, slot: int) -> None:
+        decider = self.world.supervisors.get(slot)
+        if decider is None:
+            return
+        try:
+            decided = decider.step()
+        except Exception as error:  # noqa: BLE001 - a failed step is retried (run_forever)
+            self.world.log.append(f"supervisor {slot}: step failed: {error!r}")
+            return
+        if decided and not self.world.api_down and self.world.head.up:
+            self._every_live_attempt_is_its_runs_newest()
+        if decided and self.over_held_s >= RELEASE_WITHIN_S and not self.world.head.live():
+            assert self.world.suspended() in (True, None), (
+                f"every run ended {self.over_held_s:g} s ago under this supervisor, and the cluster is still up")
+
+    @rule(slot=st.integers(0, 1), skew=st.integers(0, 3))
+    def a_supervisor_starts(self, slot: int, skew: int) -> None:
+        """A restart (OOM, eviction, a node gone), a second replica (a hand scale), a rollout's pod."""
+        self.world.start_supervisor(slot, skew)
+
+    @rule(slot=st.integers(0, 1))
+    def a_supervisor_dies(self, slot: int) -> None:
+        self.world.supervisors.pop(slot, None)
+
+    # --- the cluster -------------------------------------------------------------------------------------
+
+    @rule(seconds=st.sampled_from([1.0, 5.0, 15.0, 30.0, 60.0, 100.0, 400.0, 700.0]))
+    def time_passes(self, seconds: float) -> None:
+        world = self.world
+        world.passes(seconds)
+        holder = ((world.kube.objects.get("/apis/coordination.k8s.io/v1/namespaces/ray/leases/rc-decider") or {})
+                  .get("spec") or {}).get("holderIdentity", "")
+        records = world.records()
+        if records and all(r is not None and r.outcome for r in records.values()) and not world.api_down \
+                and holder == self.over_holder and any(d.lease.holder == holder for d in world.supervisors.values()):
+            self.over_held_s += seconds
+        else:
+            self.over_held_s, self.over_holder = 0.0, holder
+
+    @rule()
+    def the_attempt_fails(self) -> None:
+        for sid in self.world.live_attempts():
+            self.world.head.finish(sid, "FAILED", 1)
+
+    @rule()
+    def the_attempt_succeeds(self) -> None:
+        for sid in self.world.head.live():
+            self.world.head.finish(sid, "SUCCEEDED")
+            if sid.startswith("verl-export-"):
+                self.world.exported.add(sid)
+
+    @rule(fault=st.sampled_from(["preemption", "node back", "head restart", "link cut", "API outage",
+                                 "supervisor 0 cut off", "supervisor 1 cut off", "pulumi up cut off",
+                                 "API 409", "API 404", "API 422", "API 500", "RayCluster recreated",
+                                 "record deleted", "record not JSON", "record immutable"]),
+          rounds=st.integers(1, 3), which=st.integers(0, 3))
+    def a_fault(self, fault: str, rounds: int, which: int) -> None:
+        """One fault (all kinds together weigh as one rule, so runs also get far without them)."""
+        world = self.world
+        if fault == "preemption":
+            world.head.lose_worker()
+        elif fault == "node back" and world.pods:
+            world.head.workers = 2
+        elif fault == "head restart" and world.pods:
+            world.head.restart()
+        elif fault == "link cut":
+            # A port-forward or NetworkPolicy outage for `rounds` of everyone's steps.
+            world.set_link(False)
+            self.everyone_steps(rounds)
+            world.set_link(True)
+        elif fault == "API outage":
+            world.api_down = True
+            self.everyone_steps(rounds)
+            world.api_down = False
+        elif fault.endswith(" cut off"):
+            world.cut.add(fault.removesuffix(" cut off"))
+            self.everyone_steps(rounds * 3)
+            world.cut.clear()
+        elif fault.startswith("API "):
+            world.fail_next.extend([int(fault[4:])] * rounds)
+        elif fault == "RayCluster recreated":
+            self._recreate_the_raycluster()
+        elif fault.startswith("record "):
+            self._edit_a_record(fault.removeprefix("record "), which)
+
+    @rule(rounds=st.integers(1, 6))
+    def everyone_steps(self, rounds: int) -> None:
+        """Ordinary operation: `pulumi up` (if one runs) and every supervisor take a step, 15 s pass."""
+        for _ in range(rounds):
+            if self.world.provider is not None:
+                self.pulumi_up_goes_on(1)
+            for slot in sorted(self.world.supervisors):
+                self.supervisor_steps(slot)
+            self.time_passes(15.0)
+
+    @rule(code=st.sampled_from([409, 404, 422, 500]), count=st.integers(1, 3))
+    def the_api_answers(self, code: int, count: int) -> None:
+        self.world.fail_next.extend([code] * count)
+
+    def _recreate_the_raycluster(self) -> None:
+        """`up --replace` of the RayCluster, or a delete by hand and an `up`: it comes back unsuspended."""
+        kube = self.world.kube
+        self.world.by_hand = True
+        if RC_PATH in kube.objects:
+            kube.handle("DELETE", RC_PATH, {}, None)
+        self.world.by_hand = False
+        kube.handle("POST", RC_PATH.rsplit("/", 1)[0], {}, {
+            "apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "rc", "namespace": "ray"},
+            "spec": {"workerGroupSpecs": [{"groupName": "gpu", "replicas": 2}]}})
+
+    def _edit_a_record(self, how: str, which: int) -> None:
+        kube = self.world.kube
+        paths = sorted(p for p, o in kube.objects.items() if "/configmaps/" in p
+                       and (o["metadata"].get("labels") or {}).get(CLUSTER_LABEL) == "rc"
+                       and (o["metadata"].get("labels") or {}).get("app.kubernetes.io/component") == COMPONENT)
+        if not paths:
+            return
+        path = paths[which % len(paths)]
+        if how == "deleted":
+            kube.handle("DELETE", path, {}, None)
+        elif how == "not JSON":
+            kube.objects[path]["data"] = {RECORD_KEY: "{broken"}
+        else:
+            kube.objects[path]["immutable"] = True
+
+    # --- the promises --------------------------------------------------------------------------------
+
+    @invariant()
+    def one_decider_at_a_time(self) -> None:
+        deciders = self.world.deciders()
+        assert len(deciders) <= 1, f"{deciders} may all act now"
+
+    @invariant()
+    def nothing_is_suspended_under_a_live_job(self) -> None:
+        assert not self.world.suspended_under, f"the release took the head of live {self.world.suspended_under}"
+
+    @invariant()
+    def an_attempt_is_stopped_only_for_a_reason(self) -> None:
+        """A budget, the stack's delete, a stall, a start that failed, the head lost past its bound."""
+        assert not self.world.bad_stops, self.world.bad_stops
+
+    @invariant()
+    def never_two_live_attempts_on_the_cluster(self) -> None:
+        live = self.world.live_attempts()
+        assert len(live) <= 1, f"live at once: {live}"
+
+    @invariant()
+    def every_attempt_trains_its_own_run(self) -> None:
+        """No run resumes another's checkpoint: an id runs with the run (and generation) it belongs to."""
+        for sid in self.world.head.jobs:
+            owner = self.world.owner(sid)
+            if owner is not None:
+                assert self.world.job_run(sid) == (owner.run_id, str(owner.generation)), sid
+
+    @invariant()
+    def attempts_count_from_the_runs_last_opening(self) -> None:
+        for record in self.world.records().values():
+            if record is None:
+                continue
+            opened = record.opened
+            assert sum(a.cause == "run-failed" for a in opened) <= 1, record
+            assert sum(a.cause == "node-lost" for a in opened) <= 2, record
+
+    @invariant()
+    def a_model_is_named_only_once_it_exists(self) -> None:
+        for record in self.world.records().values():
+            if record is not None and record.export_outcome == "SUCCEEDED":
+                assert record.export_id in self.world.exported, record
+
+    def _every_live_attempt_is_its_runs_newest(self) -> None:
+        """No live run without a decider: after a supervisor's step, every attempt live on the head is
+        the newest of a run whose record is open (so its budget, failures and release are decided)."""
+        records = self.world.records()
+        for sid in self.world.live_attempts():
+            owner = self.world.owner(sid)
+            assert owner is not None
+            record = records.get(owner.run_id)
+            assert record is not None and not record.outcome and record.attempts \
+                and record.attempts[-1].submission_id == sid, (sid, record)
+
+
+RunLifecycle.TestCase.settings = settings(
+    max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, derandomize=not EXPLORE, database=None,
+    suppress_health_check=list(HealthCheck))
+test_run_lifecycle_promises_hold_over_explored_interleavings = RunLifecycle.TestCase
