@@ -321,26 +321,26 @@ def test_status_of_an_ended_run_whose_head_is_gone_comes_from_the_run_record(
     """The run supervisor suspends the RayCluster when the run is over: no head to ask, so the
     status comes from the run record ConfigMap (here a `kubectl proxy`-like loopback API)."""
     from tests.kube_api import kube_api
-    from workloads import run_lifecycle
-    from workloads.run_lifecycle import ConfigMapRecords, KubernetesApi
+    from workloads.kube import KubernetesApi
+    from workloads.run_record import Attempt, RecordStore, RunRecord
 
     (closed,) = free_ports(1)
     doc = outputs_doc("verl-gke-0123456789ab-0", checkpointUri="gs://verl-data-my-project-123/verl/checkpoints/run-1")
     outputs = write_outputs(tmp_path / "outputs.json", doc)
     argv = ("status", "--outputs", str(outputs), "--dashboard-url", f"http://127.0.0.1:{closed}", "--head-timeout", "1")
     with kube_api() as (url, _state):
-        records = ConfigMapRecords(KubernetesApi(url), "default", "b200-ray-cluster-run")
-        run_lifecycle.begin(records, "run-1", 0, 1_700_000_000.0)
-        run_lifecycle.claim(records, "run-1", run_lifecycle.Attempt(
-            index=0, submission_id="verl-gke-0123456789ab-0", by="pulumi-up", at=1_700_000_000.0, cause="first"), 0.0)
-        run_lifecycle.end(records, "run-1", "succeeded", 1_700_003_600.0)
+        records = RecordStore(KubernetesApi(url), "default", "b200-ray-cluster")
+        ended = RunRecord("run-1", attempts=(Attempt(index=0, submission_id="verl-gke-0123456789ab-0", by="pulumi-up",
+                                                     cause="first", submitted=True),),
+                          outcome="succeeded").decided("run ended: succeeded", 1_700_003_600.0)
+        stored = records.write(records.get("run-1"), ended)
 
         # Ended but not yet released: the head should be there, so its error stands.
         code, out, err = run(capsys, *argv, "--kube-api-url", url)
         assert code == 1 and out == ""
         assert error_line(err).startswith(f"verl-gke: error: Ray dashboard at http://127.0.0.1:{closed} did not answer")
 
-        records.update("run-1", lambda r: r and replace(r, released=True))
+        records.write(stored, replace(ended, released=True))
         code, out, err = run(capsys, *argv, "--kube-api-url", url)
         assert code == 0, err
         assert out.splitlines() == [

@@ -1,141 +1,563 @@
-"""The run record's compare-and-swap and claims, against the Kubernetes API stand-in (no Ray)."""
+"""The run lifecycle's rules, one test per rule and one per fault of the design's "Why" list (named
+`test_item<N>_...`), against the real supervisor and provider steps in one process
+(tests/run_world.py: the API server and KubeRay stand-in, the Ray job-table stand-in). Each item's
+scenario failed on 0.5.1 (docs/run-lifecycle.md, "What 0.5.1 did")."""
 
 from __future__ import annotations
 
 import json
-import threading
-import time
+from dataclasses import replace
 
 import pytest
 
-from tests.kube_api import kube_api
-from tests.ray_head import free_ports
+from tests.kube_api import InProcessApi, KubeApiStandIn
+from tests.run_world import NS, RC, RC_PATH, World, run_spec
 from workloads import run_lifecycle
-from workloads.run_lifecycle import Attempt, ConfigMapRecords, Conflict, KubernetesApi, RunRecord
+from workloads.kube import Invalid, cluster_state
+from workloads.run_lease import DECIDE_MARGIN_S, HANDOVER_ANNOTATION, LEASE_DURATION_S, Lease
+from workloads.run_lifecycle import (
+    DELETED,
+    DEPLOY_FAILED,
+    SUCCEEDED,
+    Capacity,
+    Policy,
+    View,
+    decide,
+    log_state,
+)
+from workloads.run_record import (
+    ENDED_KEPT,
+    MAX_RECORD_BYTES,
+    RECORD_KEY,
+    Attempt,
+    Gone,
+    RecordStore,
+    RunRecord,
+    record_name,
+    to_prune,
+)
+from workloads.run_supervisor import STEP_BACKOFF_CAP_S, run_forever
+
+LEASE = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/{RC}-decider"
 
 
-def test_a_write_with_a_stale_resource_version_is_refused_and_update_reads_again():
-    with kube_api() as (url, state):
-        records = ConfigMapRecords(KubernetesApi(url), "ray", "rc-run")
-        records.save({"a": RunRecord("a")}, None)
-        stale = records.load()[1]
-        records.save({"a": RunRecord("a", generation=1)}, stale)
-        with pytest.raises(Conflict):
-            records.save({"a": RunRecord("a", generation=2)}, stale)
-        with pytest.raises(Conflict):
-            records.save({"b": RunRecord("b")}, None)  # a second creator: 409 AlreadyExists
-        assert records.update("a", lambda r: r and RunRecord("a", generation=r.generation + 5)).generation == 6
-        puts = [r for r in state.requests if r[0] == "PUT"]
-        assert all(r[3]["metadata"]["resourceVersion"] for r in puts)
+def steps(world: World, rounds: int = 1, seconds: float = 15.0) -> None:
+    """Every supervisor takes a step, then time passes."""
+    for _ in range(rounds):
+        for decider in list(world.supervisors.values()):
+            decider.step()
+        world.passes(seconds)
 
 
-def test_of_two_parties_claiming_the_same_attempt_one_wins_and_the_other_adopts():
-    with kube_api() as (url, _):
-        records = ConfigMapRecords(KubernetesApi(url), "ray", "rc-run")
-        run_lifecycle.begin(records, "run-1", 0, time.time())
-        results: dict[str, tuple[RunRecord, bool]] = {}
-        start = threading.Barrier(2)
-
-        def claim(by: str) -> None:
-            start.wait()
-            attempt = Attempt(0, "verl-grpo-s-0", by, time.time(), by)
-            results[by] = run_lifecycle.claim(records, "run-1", attempt, 3600)
-
-        threads = [threading.Thread(target=claim, args=(by,)) for by in ("pulumi-up", "supervisor")]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        assert sorted(won for _, won in results.values()) == [False, True]
-        stored = records.get("run-1")
-        assert len(stored.attempts) == 1
-        winner = next(by for by, (_, won) in results.items() if won)
-        assert stored.attempts[0].by == winner
-        assert stored.deadline == pytest.approx(stored.attempts[0].at + 3600)
+def pulumi_up(world: World, kind: str = "create", between: object = None, skew: int = 1) -> str:
+    """A whole create or delete; `between(label)` runs after each of its steps (another process's turn)."""
+    world.start_provider(kind, skew)
+    while True:
+        label = world.provider_step()
+        if label in ("done", "failed"):
+            return label
+        if callable(between):
+            between(label)
+        world.passes(1.0)
 
 
-def test_a_run_ended_by_a_delete_or_a_failed_deploy_is_reopened_a_finished_one_is_not():
-    with kube_api() as (url, _):
-        records = ConfigMapRecords(KubernetesApi(url), "ray", "rc-run")
-        for outcome, reopened in ((run_lifecycle.DELETED, True), (run_lifecycle.DEPLOY_FAILED, True),
-                                  ("succeeded", False), ("budget of 3600 s spent", False)):
-            run_id = f"run-{abs(hash(outcome))}"
-            run_lifecycle.begin(records, run_id, 0, time.time())
-            run_lifecycle.end(records, run_id, outcome, time.time())
-            assert run_lifecycle.begin(records, run_id, 0, time.time()).outcome == ("" if reopened else outcome)
-            # A new generation (jobAttempt) always starts over.
-            assert run_lifecycle.begin(records, run_id, 1, time.time()).outcome == ""
+def record(world: World, run_id: str = "run-a") -> RunRecord:
+    found = world.records()[run_id]
+    assert found is not None
+    return found
 
 
-def test_an_older_generation_neither_starts_over_nor_reopens_a_newer_ones_record():
-    from components.grpo_job import GrpoJobProvider
-
-    with kube_api() as (url, _):
-        records = ConfigMapRecords(KubernetesApi(url), "ray", "rc-run")
-        run_lifecycle.begin(records, "r", 2, time.time())
-        newer = run_lifecycle.end(records, "r", run_lifecycle.DEPLOY_FAILED, time.time())
-        assert run_lifecycle.begin(records, "r", 1, time.time()) == newer
-        # The job provider of a lowered jobAttempt refuses before it touches the cluster.
-        props = {"dashboard_url": "http://127.0.0.1:9", "kube_api_url": url, "namespace": "ray", "run_record": "rc-run",
-                 "run_id": "r", "attempt": 1, "entrypoint": "e", "runtime_env": {}}
-        with pytest.raises(RuntimeError, match="^GrpoJob: run r is at jobAttempt 2 in its run record, above this "
-                                               "stack's jobAttempt 1. Set verl-gke:jobAttempt back to 2, or above it to start a new generation.$"):
-            GrpoJobProvider().create(props)
-        assert records.get("r") == newer
+def deployed(**budget: float) -> World:
+    """A stack whose first `pulumi up` went through: attempt 0 RUNNING, the supervisor holding the Lease."""
+    world = World()
+    world.budget_s = budget.get("budget_s", 0.0)
+    world.desired = run_spec("run-a", 0, world.budget_s)
+    world.runs = {"run-a/0": world.desired}
+    world.start_supervisor(0, 0)
+    assert pulumi_up(world) == "done"
+    steps(world)
+    assert world.head.live() == [world.desired.submission_ids[0]]
+    return world
 
 
-def test_a_lowered_job_attempt_of_the_same_run_is_refused_before_anything_is_deleted():
-    from components.grpo_job import GrpoJobProvider
-
-    def failures(old: dict, new: dict) -> list[tuple[str, str]]:
-        return [(f.property, f.reason) for f in GrpoJobProvider().check(old, new).failures]
-
-    base = {"dashboard_url": "http://127.0.0.1:9", "entrypoint": "e", "runtime_env": {}, "run_id": "r"}
-    # Check runs before the replace's delete: the live run is neither stopped nor left unreleased.
-    assert failures({**base, "attempt": 3.0}, {**base, "attempt": 2}) == [
-        ("attempt", "attempt = 2: below jobAttempt 3 of the deployed run r; set verl-gke:jobAttempt back to 3, "
-                    "or above it to start a new generation")]
-    assert failures({**base, "attempt": 2}, {**base, "attempt": 3}) == []
-    assert failures({**base, "attempt": 3}, {**base, "run_id": "other", "attempt": 0}) == []  # a new run starts at 0
-    assert failures({}, {**base, "attempt": 0}) == []  # the first create
+# --- the Lease ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("reopened_by", ["this create", "an earlier create that died"])
-def test_a_failed_create_of_a_reopened_run_ends_it_again(reopened_by):
-    """Its earlier attempts were stopped when it ended: left open, the supervisor would resubmit. The
-    record says from which attempt the reopened run counts, whoever reopened it."""
-    from components.grpo_job import GrpoJobProvider
-
-    (closed,) = free_ports(1)
-    with kube_api() as (url, _):
-        records = ConfigMapRecords(KubernetesApi(url), "ray", "rc-run")
-        run_lifecycle.begin(records, "r", 0, time.time())
-        run_lifecycle.claim(records, "r", Attempt(index=0, submission_id="s0", by="pulumi-up", at=time.time(),
-                                                  cause="first", submitted=True), 0.0)
-        run_lifecycle.end(records, "r", run_lifecycle.DELETED, time.time(), released=True)
-        if reopened_by != "this create":
-            assert run_lifecycle.begin(records, "r", 0, time.time()).reopened_at == 1
-        props = {"dashboard_url": f"http://127.0.0.1:{closed}", "kube_api_url": url, "namespace": "ray",
-                 "run_record": "rc-run", "run_id": "r", "entrypoint": "e", "runtime_env": {}, "ready_timeout_s": 1}
-        with pytest.raises(Exception, match="did not answer"):
-            GrpoJobProvider().create(props)
-        record = records.get("r")
-        assert record is not None and record.outcome == run_lifecycle.DEPLOY_FAILED
-        # A new generation counts from its first attempt.
-        assert run_lifecycle.begin(records, "r", 1, time.time()).reopened_at == 0
+def test_expiry_is_judged_on_the_observers_clock_not_the_renew_time():
+    kube = KubeApiStandIn()
+    now = {"a": 0.0, "b": 5_000.0}
+    a = Lease(InProcessApi(kube), NS, RC, "supervisor/a", clock=lambda: now["a"], log=lambda _: None)
+    b = Lease(InProcessApi(kube), NS, RC, "supervisor/b", clock=lambda: now["b"], log=lambda _: None)
+    assert a.hold() and not b.hold()
+    # A renewTime from a clock far in the past (another machine's) changes nothing: only versions count.
+    kube.objects[LEASE]["spec"]["renewTime"] = "1970-01-01T00:00:00.000000Z"
+    now["b"] += LEASE_DURATION_S - 1
+    assert not b.hold()
+    now["b"] += 1
+    assert b.hold() and kube.objects[LEASE]["spec"]["holderIdentity"] == "supervisor/b"
 
 
-def test_an_end_meant_for_one_generation_leaves_a_newer_one_open():
-    records = run_lifecycle.MemoryRecords()
-    run_lifecycle.begin(records, "r", 0, time.time())
-    run_lifecycle.begin(records, "r", 1, time.time())  # `pulumi up` began jobAttempt 1 meanwhile
-    assert run_lifecycle.end(records, "r", "stopped", time.time(), generation=0).outcome == ""
-    assert run_lifecycle.end(records, "r", "stopped", time.time(), generation=1).outcome == "stopped"
+def test_a_holder_that_cannot_renew_stops_acting_before_anyone_may_take_over():
+    """Clocks 1% apart, the worst NTP allows: the holder's last action lands before the observer's
+    expiry (DECIDE_MARGIN_S covers a request's timeout and the rate)."""
+    kube = KubeApiStandIn()
+    t = [0.0]
+    holder_api = InProcessApi(kube)
+    holder = Lease(holder_api, NS, RC, "supervisor/slow", clock=lambda: 0.99 * t[0], log=lambda _: None)
+    observer = Lease(InProcessApi(kube), NS, RC, "supervisor/fast", clock=lambda: 1.01 * t[0], log=lambda _: None)
+    assert holder.hold() and not observer.hold()
+    holder_api.down = True  # a partition: the holder cannot renew
+    while holder.valid():
+        t[0] += 0.5
+        assert not observer.hold()
+    last_action_lands = t[0] + 30.0  # an action checked at the last valid instant, in flight up to its timeout
+    while not observer.hold():
+        t[0] += 0.5
+    assert t[0] > last_action_lands
+    assert DECIDE_MARGIN_S == 35.0
 
 
-def test_a_record_written_by_a_later_version_is_read_without_its_new_fields():
-    text = ('{"run_id": "r", "generation": 2, "outcome": "", "added_later": 1, "attempts": '
-            '[{"index": 0, "submission_id": "s0", "by": "supervisor", "at": 1.0, "cause": "c", "new": "x"}]}')
-    record = RunRecord.from_json(text)
-    assert (record.run_id, record.generation, record.attempts) == ("r", 2, (Attempt(0, "s0", "supervisor", 1.0, "c"),))
-    assert json.loads(record.to_json())["reopened_at"] == 0
+def test_pulumi_up_asks_the_supervisor_which_hands_the_lease_over_at_its_next_step():
+    world = World()
+    world.start_supervisor(0, 0)
+    steps(world)
+    world.start_provider("create", 1)
+    assert world.provider_step() == "asked for the Lease"
+    assert world.kube.objects[LEASE]["metadata"]["annotations"][HANDOVER_ANNOTATION].startswith("pulumi-up/")
+    assert world.provider_step() == "waiting for the Lease"
+    assert world.supervisors[0].step() is False  # starts nothing new: hands over
+    assert world.provider_step() == "acquired"
+    assert world.deciders() == ["pulumi up"]
+    while world.provider_step() not in ("done", "failed"):
+        pass
+    assert world.kube.objects[LEASE]["spec"]["holderIdentity"] == ""  # left free: the supervisor takes it at once
+    assert world.supervisors[0].step() is True
+
+
+def test_pulumi_up_takes_a_dead_holders_lease_after_expiry_and_says_what_it_waits_for():
+    world = World()
+    world.start_supervisor(0, 0)
+    steps(world)
+    del world.supervisors[0]  # dies holding the Lease
+    world.start_provider("create", 1)
+    labels = [world.provider_step()]
+    while labels[-1] != "acquired":
+        world.passes(15.0)
+        labels.append(world.provider_step())
+    assert labels[:2] == ["asked for the Lease", "waiting for the Lease"]
+    assert any(line.startswith("waiting for supervisor/pod-0/") for line in world.log)
+    assert 90 <= world.t <= 120
+
+
+# --- the records ------------------------------------------------------------------------------------
+
+
+def test_one_record_per_run_found_by_its_labels():
+    world = deployed()
+    assert pulumi_up(world, "delete", skew=2) == "done"
+    world.desired = run_spec("run-b", 0)
+    world.runs["run-b/0"] = world.desired
+    assert pulumi_up(world) == "done"
+    names = sorted(p.rsplit("/", 1)[1] for p in world.kube.objects if "/configmaps/" in p)
+    assert names == sorted([record_name(RC, "run-a"), record_name(RC, "run-b")])
+    assert sorted(world.records()) == ["run-a", "run-b"]
+
+
+def test_a_record_is_bounded_before_it_is_written():
+    big = RunRecord("r", decisions=tuple("x" * 290 for _ in range(20)), attempts=tuple(
+        Attempt(i, f"s{i}", "supervisor", "run-failed", "y" * 500) for i in range(13)))
+    assert len(big.to_json()) < MAX_RECORD_BYTES
+    assert len(big.decided("z" * 1000).decisions) == 20 and len(big.decided("z" * 1000).decisions[-1]) == 300
+
+
+def test_the_api_servers_1_mib_limit_is_422_not_a_conflict():
+    api = InProcessApi(KubeApiStandIn())
+    with pytest.raises(Invalid, match="at most 1048576 bytes"):
+        api.request("POST", f"/api/v1/namespaces/{NS}/configmaps", {
+            "kind": "ConfigMap", "metadata": {"name": "big"}, "data": {"a": "x" * (1024 * 1024)}})
+    # A record over the cap is refused before it is sent (the decider bounds what it writes).
+    store = RecordStore(api, NS, RC)
+    with pytest.raises(Invalid, match=f"over {MAX_RECORD_BYTES} bytes"):
+        store.write(store.get("r"), RunRecord("r", attempts=(Attempt(0, "s0", "x", "y", "z" * MAX_RECORD_BYTES),)))
+
+
+def test_a_put_answered_404_is_gone_never_success():
+    kube = KubeApiStandIn()
+    store = RecordStore(InProcessApi(kube), NS, RC)
+    stored = store.write(store.get("r"), RunRecord("r"))
+    kube.handle("DELETE", f"/api/v1/namespaces/{NS}/configmaps/{stored.name}", {}, None)
+    with pytest.raises(Gone):
+        store.write(stored, RunRecord("r", generation=1))
+
+
+def test_a_delete_with_a_uid_precondition_leaves_a_recreated_record_alone():
+    kube = KubeApiStandIn()
+    store = RecordStore(InProcessApi(kube), NS, RC)
+    old = store.write(store.get("r"), RunRecord("r"))
+    store.delete(old)
+    new = store.write(store.get("r"), RunRecord("r", generation=1))
+    with pytest.raises(run_lifecycle.Conflict):
+        store.delete(old)
+    assert store.get("r").record == new.record
+
+
+def test_pruning_keeps_every_open_run_and_the_newest_ended_ones():
+    kube = KubeApiStandIn()
+    store = RecordStore(InProcessApi(kube), NS, RC)
+    for i in range(ENDED_KEPT + 3):
+        store.write(store.get(f"old-{i:02d}"), RunRecord(f"old-{i:02d}", outcome="succeeded", released=True))
+    store.write(store.get("open"), RunRecord("open"))
+    pruned = sorted(s.run_id for s in to_prune(store.list()))
+    assert pruned == ["old-00", "old-01", "old-02"]
+
+
+def test_a_record_of_0_5_1_is_read_once_and_converted():
+    text = json.dumps({"run_id": "r", "generation": 1, "reopened_at": 1, "deadline": 1.7e9, "outcome": "",
+                       "attempts": [{"index": 0, "submission_id": "s0", "by": "pulumi-up", "at": 1.7e9,
+                                     "cause": "pulumi-up", "submitted": True},
+                                    {"index": 1, "submission_id": "s1", "by": "supervisor", "at": 1.7e9,
+                                     "cause": "node-lost", "submitted": True}]})
+    converted = RunRecord.from_json(text)
+    assert (converted.generation, converted.opened_at, [a.submission_id for a in converted.attempts]) == (1, 1,
+                                                                                                          ["s0", "s1"])
+    assert converted.budget_used_s == 0.0  # a wall-clock deadline is not carried over
+
+
+# --- decide, rule by rule ------------------------------------------------------------------------------
+
+
+POLICY = Policy(run_id="r", generation=0, submission_ids=("s0", "s1", "s2", "s3"), expected_workers=2,
+                expected_gpus=16, max_retries=1, max_preemptions=2, backoff_s=30.0, settle_s=15.0,
+                capacity_timeout_s=600.0, head_outage_s=900.0, stall_s=3600.0, replace_window_s=120.0)
+RUNNING_0 = RunRecord("r", attempts=(Attempt(0, "s0", "pulumi-up", "pulumi-up", dead_nodes=0, submitted=True),))
+
+
+def job(sid: str, status: str, **more: object) -> dict:
+    return {"submission_id": sid, "status": status, "metadata": {"verl-gke.run_id": "r", "verl-gke.generation": "0",
+                                                                  "verl-gke.attempt": sid[1:]}, **more}
+
+
+def view(record: RunRecord, jobs: dict | None, **more: object) -> View:
+    base = {"records": {record.run_id: record}, "policy": POLICY, "jobs": jobs,
+            "capacity": Capacity(workers=2, gpus=16, dead=0), "cluster": "running", "elapsed_s": 15.0}
+    return View(**{**base, **more})  # type: ignore[arg-type]
+
+
+def test_a_begun_run_nobody_claimed_is_a_failed_deploy_once_the_decider_holds_the_lease():
+    changed, effects = decide(view(RunRecord("r"), {}))
+    # No job on the head: released in the same step.
+    assert (changed["r"].outcome, changed["r"].released) == (DEPLOY_FAILED, True)
+    assert [e.kind for e in effects] == ["suspend"]
+
+
+def test_a_live_attempt_is_left_alone():
+    assert decide(view(RUNNING_0, {"s0": job("s0", "RUNNING")})) == ({}, [])
+
+
+def test_the_next_attempt_waits_for_a_whole_cluster_then_is_claimed_before_it_is_submitted():
+    failed = {"s0": job("s0", "FAILED", message="worker died")}
+    short = Capacity(workers=1, gpus=8, dead=1)
+    changed, effects = decide(view(RUNNING_0, failed, capacity=short, ended_for_s={"s0": 20.0}))
+    assert changed["r"].waiting_s > 0 and effects == []
+    changed, effects = decide(view(changed["r"], failed, ended_for_s={"s0": 40.0},
+                                   capacity=Capacity(workers=2, gpus=16, dead=1)))
+    assert [(a.index, a.cause, a.submitted) for a in changed["r"].attempts] == [(0, "pulumi-up", True),
+                                                                              (1, "node-lost", False)]
+    assert [(e.kind, e.submission_id) for e in effects] == [("submit", "s1")]
+
+
+def test_the_capacity_wait_is_bounded_by_its_accumulator():
+    waiting = replace(RUNNING_0, waiting_s=590.0)
+    changed, _ = decide(view(waiting, {"s0": job("s0", "FAILED")}, capacity=Capacity(1, 8, 1),
+                             ended_for_s={"s0": 999.0}))
+    assert changed["r"].outcome == "the cluster was not whole within 600 s (1 of 2 GPU workers, 8 of 16 GPUs)"
+
+
+def test_a_run_that_failed_by_itself_waits_its_backoff_on_the_deciders_own_clock():
+    failed = {"s0": job("s0", "FAILED", message="OOM")}
+    assert decide(view(RUNNING_0, failed, ended_for_s={"s0": 29.0})) == ({}, [])
+    changed, effects = decide(view(RUNNING_0, failed, ended_for_s={"s0": 30.0}))
+    assert changed["r"].attempts[-1].cause == "run-failed" and effects[0].kind == "submit"
+
+
+def test_a_head_that_does_not_answer_is_neither_live_nor_ended_until_its_bound():
+    changed, effects = decide(view(RUNNING_0, None))
+    assert changed["r"].outage_s == 15.0 and not changed["r"].outcome and effects == []
+    changed, effects = decide(view(replace(RUNNING_0, outage_s=890.0), None))
+    assert changed["r"].outcome == "lost: the Ray head did not answer for 905 s"
+    assert changed["r"].released and [e.kind for e in effects] == ["suspend"]  # past the bound: released
+
+
+def test_the_driver_log_tells_the_step_and_a_save_under_way():
+    assert log_state(["step:3 - a:1", "local_global_step_folder: /ck/global_step_4"]) == run_lifecycle.LogState(3, True)
+    assert log_state(["local_global_step_folder: x", "step:4 - a:1"]) == run_lifecycle.LogState(4, False)
+    assert log_state(["nothing"]) == run_lifecycle.LogState(None, False)
+
+
+# --- the faults of the design's "Why" list, each as it happened -----------------------------------------
+
+
+def test_item1_a_same_run_replace_keeps_its_gpus_and_its_run():
+    """A replace (delete, then create) of the same run with a supervisor step in between, and during
+    the create's gates: 0.5.1 recorded "was stopped", released, and the create's claim lost ("Bump
+    jobAttempt"); now the run is reopened, the GPUs stay for the replace window, and nothing is
+    resubmitted while `pulumi up` holds the Lease."""
+    world = deployed()
+    first = world.desired.submission_ids[0]
+    assert pulumi_up(world, "delete") == "done"
+    assert record(world).outcome == DELETED and world.head.jobs[first]["status"] == "STOPPED"
+    steps(world, rounds=2)  # the supervisor's steps between the delete and the create
+    assert world.suspended() is False and not record(world).released  # the replace window
+    assert pulumi_up(world, between=lambda _label: world.supervisors[0].step()) == "done"
+    now = record(world)
+    assert (now.outcome, now.opened_at, [a.index for a in now.opened]) == ("", 1, [1])
+    assert world.head.live() == [world.desired.submission_ids[1]] and world.suspended() is False
+    # A run stopped by a delete whose create never came: released once the window passed.
+    assert pulumi_up(world, "delete") == "done"
+    steps(world, rounds=10)
+    assert record(world).released and world.suspended() is True
+
+
+def test_item1_variant_an_old_attempt_that_failed_is_not_resubmitted_during_the_gates():
+    world = deployed()
+    world.head.finish(world.desired.submission_ids[0], "FAILED", 1)
+    labels: list[str] = []
+
+    def supervisor_between(label: str) -> None:
+        labels.append(label)
+        world.passes(60.0)  # the gates (the fabric check) take minutes
+        world.supervisors[0].step()
+
+    assert pulumi_up(world, "delete") == "done"
+    assert pulumi_up(world, between=supervisor_between) == "done"
+    assert [a.by for a in record(world).attempts] == ["pulumi-up", "pulumi-up"]
+    assert len(world.live_attempts()) == 1
+
+
+def test_item2_a_claim_whose_claimer_died_is_submitted_under_its_own_id_once():
+    """0.5.1: after 120 s `pulumi up` claimed k+1 beside the dead supervisor's k, which another read
+    then submitted: two live attempts. Now whoever decides next submits k itself, never k+1."""
+    world = deployed()
+    world.head.lose_worker()
+    world.head.workers = 2
+    original = world.supervisors[0].hands.submit
+
+    def dies_before_submitting(*_args: object) -> None:
+        raise SystemExit("OOM-killed between the claim and the submission")
+
+    world.supervisors[0].hands.submit = dies_before_submitting  # type: ignore[method-assign]
+    with pytest.raises(SystemExit):
+        steps(world, rounds=3)
+    claimed = record(world).attempts[-1]
+    assert (claimed.index, claimed.submitted) == (1, False) and not world.head.live()
+    del world.supervisors[0]
+    world.passes(200.0)  # far past 0.5.1's claim grace
+    assert pulumi_up(world) == "done"  # the stack's next `up` (or the next supervisor: the same rule)
+    assert world.head.live() == [claimed.submission_id]
+    assert [a.submission_id for a in record(world).attempts] == list(world.desired.submission_ids[:2])
+    assert original is not None
+
+
+def test_item3_a_run_whose_id_changed_mid_up_is_watched_to_its_end_and_released():
+    """The supervisor's config rolls to run-b, the `up` fails before the job's replace: 0.5.1's new
+    supervisor found no record of run-b and left run-a unsupervised; now run-a is watched: never
+    resubmitted, ended when its attempt ends, then released."""
+    world = deployed()
+    world.desired = run_spec("run-b", 0)
+    world.runs["run-b/0"] = world.desired
+    world.supervisors.clear()  # killed: its Lease expires
+    world.start_supervisor(0, 2)
+    steps(world, rounds=8)
+    assert world.head.live() == [run_spec("run-a", 0).submission_ids[0]]
+    world.head.lose_worker()
+    world.head.workers = 2
+    steps(world, rounds=4)
+    assert not world.head.live()  # no resubmission of a run the stack no longer names
+    assert record(world).outcome.startswith("jobAttempt 0 of run-a ended while the stack names jobAttempt 0 of "
+                                            "run-b, so none of its attempts is resubmitted")
+    assert record(world).released and world.suspended() is True
+
+
+def test_item4_a_second_supervisor_never_undoes_a_release():
+    """0.5.1: a stale read of a second replica un-suspended the cluster after the other released it."""
+    world = deployed()
+    world.start_supervisor(1, 3)  # a hand scale, or a pod replaced on a NotReady node
+    world.head.finish(world.desired.submission_ids[0], "STOPPED")
+    steps(world, rounds=3)
+    assert record(world).released and world.suspended() is True
+    steps(world, rounds=20)
+    assert world.suspended() is True
+    assert len([line for line in world.log if "took Lease" in line]) == 1  # the first one decides throughout
+
+
+def test_item5_an_unreachable_head_is_not_released_under_a_live_job_nor_kept_forever():
+    world = deployed()
+    world.set_link(False)
+    steps(world, rounds=50)  # 750 s: under the 900 s bound
+    assert not record(world).outcome and world.suspended() is False
+    steps(world, rounds=12)
+    assert record(world).outcome.startswith("lost: the Ray head did not answer for ")
+    assert record(world).released and world.suspended() is True
+
+
+def test_item5_the_exports_bound_is_checked_before_the_head_is_asked():
+    world = deployed()
+    world.head.finish(world.desired.submission_ids[0], "SUCCEEDED")
+    steps(world)
+    assert record(world).export_id and world.head.live() == [record(world).export_id]
+    world.set_link(False)  # the head never answers again
+    config = world.configs[0]
+    steps(world, rounds=int(config.export_timeout_s // 15) + 2)
+    assert record(world).export_outcome == f"FAILED: not done within {config.export_timeout_s:g} s"
+    assert record(world).released and world.suspended() is True
+
+
+def test_item6_a_deleted_record_of_a_live_run_is_rebuilt_from_the_head():
+    world = deployed()
+    path = next(p for p in world.kube.objects if "/configmaps/" in p)
+    world.kube.handle("DELETE", path, {}, None)
+    steps(world)
+    rebuilt = record(world)
+    assert [a.submission_id for a in rebuilt.attempts] == [world.desired.submission_ids[0]]
+    assert "record rebuilt from the head's job table (1 attempts)" in rebuilt.decisions[-1]
+    world.head.finish(world.desired.submission_ids[0], "STOPPED")
+    steps(world, rounds=2)
+    assert record(world).released and world.suspended() is True
+
+
+@pytest.mark.parametrize("how", ["not JSON", "immutable"])
+def test_item6_a_broken_record_is_replaced_not_retried_forever(how: str):
+    world = deployed()
+    path = next(p for p in world.kube.objects if "/configmaps/" in p)
+    if how == "not JSON":
+        world.kube.objects[path]["data"] = {RECORD_KEY: "{broken"}
+    else:
+        world.kube.objects[path]["immutable"] = True
+    steps(world)
+    assert not world.kube.objects[path].get("immutable")
+    assert [a.submission_id for a in record(world).attempts] == [world.desired.submission_ids[0]]
+
+
+def test_item6_a_claim_against_a_record_deleted_mid_write_submits_nothing():
+    """0.5.1 took a PUT answered 404 for success: its claim "won" and submitted."""
+    world = deployed()
+    world.head.lose_worker()  # a preemption: the next attempt is claimed once the node is back
+    world.head.workers = 2
+    decider = world.supervisors[0]
+    steps(world, rounds=1)  # sees it ended (the settle runs on its own clock)
+    write = decider.records.write
+
+    def deleted_meanwhile(stored, new):  # type: ignore[no-untyped-def]
+        world.kube.handle("DELETE", f"/api/v1/namespaces/{NS}/configmaps/{stored.name}", {}, None)
+        return write(stored, new)
+
+    decider.records.write = deleted_meanwhile  # type: ignore[method-assign]
+    world.passes(60.0)
+    with pytest.raises(Gone):
+        decider.step()  # the claim's PUT is answered 404
+    assert not world.head.live() and world.records() == {}
+
+
+def test_item7_a_recreated_raycluster_of_a_released_run_is_suspended_again():
+    world = deployed()
+    world.head.finish(world.desired.submission_ids[0], "STOPPED")
+    steps(world, rounds=2)
+    assert world.suspended() is True
+    world.kube.handle("DELETE", RC_PATH, {}, None)
+    steps(world)  # a 404 is "nothing now"
+    world.kube.handle("POST", RC_PATH.rsplit("/", 1)[0], {}, {
+        "apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": RC, "namespace": NS}, "spec": {}})
+    assert world.suspended() is False
+    steps(world)
+    assert world.suspended() is True
+
+
+def test_item7_kuberays_suspend_is_atomic_a_resume_while_suspending_loses_the_head():
+    kube = KubeApiStandIn()
+    heads: list[bool] = []
+    kube.on_head = lambda _path, alive: heads.append(alive)
+    kube.handle("POST", RC_PATH.rsplit("/", 1)[0], {}, {"metadata": {"name": RC}, "spec": {}})
+    api = InProcessApi(kube)
+    control = run_lifecycle_control(api)
+    control.set_suspended(True)
+    kube.reconcile()
+    assert cluster_state(kube.get(RC_PATH)) == "suspending"
+    control.set_suspended(False)  # flipped back while Suspending
+    kube.reconcile()
+    assert heads == [True, False] and cluster_state(kube.get(RC_PATH)) == "resuming"
+    kube.reconcile()
+    assert heads == [True, False, True] and cluster_state(kube.get(RC_PATH)) == "running"
+
+
+def run_lifecycle_control(api: object) -> object:
+    from workloads.kube import RayClusterControl
+
+    return RayClusterControl(api, NS, RC)  # type: ignore[arg-type]
+
+
+def test_item8_a_failed_step_is_retried_within_a_minute():
+    class Failing:
+        log = staticmethod(lambda _line: None)
+        lease = None
+
+        def step(self) -> bool:
+            raise OSError("the head is restarting")
+
+    pauses: list[float] = []
+    run_forever(Failing(), poll_s=15.0, sleep=pauses.append, steps=8)  # type: ignore[arg-type]
+    assert pauses == [15.0, 15.0, 20.0, 40.0, 60.0, 60.0, 60.0, 60.0] and max(pauses) == STEP_BACKOFF_CAP_S
+
+
+def test_item8_a_reopened_run_counts_its_retries_from_the_reopening():
+    world = deployed()
+    world.head.finish(world.desired.submission_ids[0], "FAILED", 1)
+    steps(world, rounds=4)  # one retry (max_retries 1)
+    assert [a.cause for a in record(world).attempts] == ["pulumi-up", "run-failed"]
+    assert pulumi_up(world, "delete") == "done"
+    assert pulumi_up(world) == "done"
+    assert record(world).opened_at == 2
+    world.head.finish(world.desired.submission_ids[2], "FAILED", 1)
+    steps(world, rounds=4)
+    assert [a.cause for a in record(world).opened] == ["pulumi-up", "run-failed"]  # a retry again, not "2 times"
+
+
+def test_item8_a_stalled_attempt_is_stopped_and_counted_as_a_failure():
+    stalled = replace(RUNNING_0, last_step=7, stall_s=3590.0)
+    logs = {"s0": run_lifecycle.LogState(7, False)}
+    changed, effects = decide(view(stalled, {"s0": job("s0", "RUNNING")}, logs=logs))
+    assert changed["r"].attempts[0].stopped_for == "stalled" and [(e.kind, e.submission_id) for e in effects] == [
+        ("stop", "s0")]
+    stopped = {"s0": job("s0", "STOPPED")}
+    changed, effects = decide(view(changed["r"], stopped, ended_for_s={"s0": 999.0}))
+    assert changed["r"].attempts[-1].cause == "run-failed" and not changed["r"].outcome
+    assert changed["r"].attempts[-1].reason == "after s0: no training step for 3600 s"
+
+
+def test_item8_the_budget_stop_waits_for_a_checkpoint_being_written():
+    spent = replace(RUNNING_0, budget_s=3600.0, budget_used_s=3600.0, grace_s=900.0)
+    policy = replace(POLICY, budget_grace_s=900.0)
+    live = {"s0": job("s0", "RUNNING")}
+    saving = {"s0": run_lifecycle.LogState(9, True)}
+    changed, effects = decide(view(spent, live, policy=policy, logs=saving))
+    assert effects == [] and not changed["r"].outcome  # the save under way goes on
+    changed, effects = decide(view(spent, live, policy=policy, logs={"s0": run_lifecycle.LogState(10, False)}))
+    assert [(e.kind, e.submission_id) for e in effects] == [("stop", "s0")]
+    assert changed["r"].outcome == "budget of 3600 s spent"
+
+
+def test_item8_the_budget_deadline_is_on_the_heads_clock():
+    world = deployed(budget_s=3600.0)
+    world.head.now += 12_345.0  # the cluster's clock, far from any laptop's
+    (sid,) = world.head.live()
+    deadline = int(world.head.jobs[sid]["runtime_env"]["env_vars"][run_lifecycle.DEADLINE_ENV])
+    assert abs(deadline - (world.head.now - 12_345.0 + 3600.0)) < 60
+
+
+def test_item8_a_model_is_named_only_once_its_export_succeeded():
+    world = deployed()
+    world.head.finish(world.desired.submission_ids[0], "SUCCEEDED")
+    steps(world)
+    assert record(world).outcome == SUCCEEDED and record(world).export_outcome == ""
+    world.head.finish(record(world).export_id, "FAILED", 1)
+    steps(world)
+    assert record(world).export_outcome.startswith("FAILED")

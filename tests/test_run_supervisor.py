@@ -11,7 +11,6 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import replace
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,15 +22,10 @@ from components.grpo_job import GrpoJobProvider, _JobSpec
 from tests.kube_api import KubeApiStandIn, kube_api
 from tests.ray_head import RayHead, start_node, stop_node
 from workloads import run_lifecycle
-from workloads.run_lifecycle import Attempt, ConfigMapRecords, KubernetesApi, MemoryRecords, RunRecord
-from workloads.run_supervisor import (
-    DEADLINE_ENV,
-    KubernetesControl,
-    RayJobs,
-    Supervisor,
-    SupervisorConfig,
-    meta,
-)
+from workloads.kube import KubernetesApi, RayClusterControl
+from workloads.run_lifecycle import DEADLINE_ENV, Decider, RayJobs, meta
+from workloads.run_record import Attempt, RecordStore, RunRecord
+from workloads.run_supervisor import SupervisorConfig, decider
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
@@ -52,11 +46,19 @@ print("resumed from step", ray.get(train.remote()))
 
 
 class RecordingControl:
+    """The RayCluster's suspend, noted here (RayClusterControl itself is tested against the API stand-in)."""
+
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
+        self.suspended = False
 
-    def set_released(self, released: bool) -> None:
-        self.calls.append(("set_released", released))
+    def set_suspended(self, suspended: bool) -> bool:
+        self.calls.append(("set_suspended", suspended))
+        self.suspended = suspended
+        return True
+
+    def state(self) -> str:
+        return "suspended" if self.suspended else "running"
 
 
 @pytest.fixture
@@ -77,21 +79,30 @@ def start_run(head: RayHead, api_url: str, entry: str, **extra: Any) -> tuple[_J
     return _JobSpec.from_props(props), result.id
 
 
-def make_supervisor(head_url: str, spec: _JobSpec, control: RecordingControl, records: Any, **config: Any) -> Supervisor:
+def make_supervisor(head_url: str, spec: _JobSpec, control: RecordingControl, api_url: str, **config: Any) -> Decider:
     settings = {"max_retries": 1, "backoff_s": 1.0, "settle_s": 20.0, "poll_s": 0.5, "capacity_timeout_s": 120.0,
                 "budget_grace_s": 0.0, "expected_workers": 1, "expected_gpus": 1, **config}
-    return Supervisor(SupervisorConfig(
+    return decider(SupervisorConfig(
         head_url=head_url, submission_ids=spec.attempt_ids, entrypoint=spec.entrypoint, runtime_env=spec.runtime_env,
-        run_id=spec.run_key, **settings), RayJobs(head_url), control, records, log=lambda _line: None)
+        run_id=spec.run_key, generation=spec.attempt, **settings), KubernetesApi(api_url), "ray", spec.ray_cluster,
+        log=lambda _line: None, control=control)
+
+
+def records_of(api_url: str, spec: _JobSpec) -> RecordStore:
+    return RecordStore(KubernetesApi(api_url), "ray", spec.ray_cluster)
+
+
+def record_of(api_url: str, spec: _JobSpec) -> RunRecord:
+    found = records_of(api_url, spec).get(spec.run_key).record
+    assert found is not None
+    return found
 
 
 def supervise(head: RayHead, api_url: str, spec: _JobSpec, control: RecordingControl, until: float,
-              **config: Any) -> Supervisor:
-    records = ConfigMapRecords(KubernetesApi(api_url), "ray", spec.record_name)
-    supervisor = make_supervisor(head.dashboard_url, spec, control, records, **config)
+              **config: Any) -> Decider:
+    supervisor = make_supervisor(head.dashboard_url, spec, control, api_url, **config)
     deadline = time.monotonic() + until
-    while not (supervisor.done and (records.get(spec.run_key) or RunRecord("")).released) \
-            and time.monotonic() < deadline:
+    while not record_of(api_url, spec).released and time.monotonic() < deadline:
         supervisor.step()
         time.sleep(0.5)
     return supervisor
@@ -117,7 +128,7 @@ def test_a_run_that_loses_its_node_is_resubmitted_and_resumes_from_its_checkpoin
     threading.Timer(25, lambda: replacement.append(start_node(ray_cluster, gpus=1))).start()
     control = RecordingControl()
     try:
-        supervisor = supervise(ray_cluster, url, spec, control, until=200)
+        supervise(ray_cluster, url, spec, control, until=200)
     finally:
         wait_for(lambda: replacement, 90, "the replacement node")
         stop_node(replacement[0], ray_cluster)
@@ -129,9 +140,9 @@ def test_a_run_that_loses_its_node_is_resubmitted_and_resumes_from_its_checkpoin
     assert meta(second.__dict__, "reason").startswith(f"after {first}")
     resumed = int(re.findall(r"^resumed from step (\d+)$", client.get_job_logs(spec.supervised_ids[0]), re.M)[-1])
     assert resumed >= 3  # not from scratch
-    assert supervisor.done == "succeeded"
-    assert control.calls[-1] == ("set_released", True)  # the GPU workers are released
-    record = ConfigMapRecords(KubernetesApi(url), "ray", spec.record_name).get(spec.run_key)
+    record = record_of(url, spec)
+    assert record.outcome == "succeeded"
+    assert control.calls[-1] == ("set_suspended", True)  # the GPU workers are released
     assert [a.submission_id for a in record.attempts] == [first, spec.supervised_ids[0]] and record.released
 
 
@@ -143,12 +154,12 @@ def test_a_run_that_fails_by_itself_is_retried_only_up_to_the_bound(ray_cluster:
         crash = f"{shlex.quote(sys.executable)} -c 'import sys, time; time.sleep(3); sys.exit(3)'"
         props_spec, first = start_run(ray_cluster, url, crash, startup_grace_s=0)
         control = RecordingControl()
-        supervisor = supervise(ray_cluster, url, props_spec, control, until=120, settle_s=0.5)
+        supervise(ray_cluster, url, props_spec, control, until=120, settle_s=0.5)
         jobs = {j.submission_id for j in JobSubmissionClient(ray_cluster.dashboard_url).list_jobs()}
         ids = props_spec.attempt_ids
         assert [i in jobs for i in ids] == [True, True, False, False]  # 1 retry, then no more
-        assert supervisor.done.startswith("failed by itself 2 times")
-        assert ("set_released", True) in control.calls
+        assert record_of(url, props_spec).outcome.startswith("failed by itself 2 times")
+        assert ("set_suspended", True) in control.calls
     finally:
         stop_node(node, ray_cluster)
 
@@ -164,10 +175,10 @@ def test_the_budget_stops_a_long_run_and_verl_is_told_its_deadline(ray_cluster: 
         assert meta(job.__dict__, "budget_deadline") == str(deadline)
         assert abs(deadline - (time.time() + 4)) < 10
         control = RecordingControl()
-        supervisor = supervise(ray_cluster, url, spec, control, until=60, budget_s=4)
-        assert supervisor.done == "budget of 4 s spent"
+        supervise(ray_cluster, url, spec, control, until=60, budget_s=4)
+        assert record_of(url, spec).outcome == "budget of 4 s spent"
         wait_for(lambda: client.get_job_status(first) == "STOPPED", 30, "the stop")
-        assert ("set_released", True) in control.calls
+        assert ("set_suspended", True) in control.calls
     finally:
         stop_node(node, ray_cluster)
 
@@ -180,12 +191,8 @@ def test_status_lists_every_attempt_and_why_it_was_submitted(ray_cluster: RayHea
         client = JobSubmissionClient(ray_cluster.dashboard_url)
         client.stop_job(first)
         wait_for(lambda: client.get_job_status(first) == "STOPPED", 30, "the stop")
-        records = ConfigMapRecords(KubernetesApi(url), "ray", spec.record_name)
-        attempt = Attempt(1, spec.attempt_ids[1], "supervisor", time.time(), "node-lost", "test")
-        record, won = run_lifecycle.claim(records, spec.run_key, attempt, 0)
-        assert won
-        run_lifecycle.submit_claimed(RayJobs(ray_cluster.dashboard_url), records, record, attempt, spec.entrypoint,
-                                     spec.runtime_env)
+        claim_and_submit(ray_cluster.dashboard_url, url, spec, Attempt(1, spec.attempt_ids[1], "supervisor",
+                                                                       "node-lost", "test"))
         wait_for(lambda: client.get_job_status(spec.attempt_ids[1]) == "RUNNING", 60, "attempt 1 to run")
         from tests.test_cli import outputs_doc, write_outputs
         from verl_gke import cli
@@ -200,33 +207,15 @@ def test_status_lists_every_attempt_and_why_it_was_submitted(ray_cluster: RayHea
         stop_node(node, ray_cluster)
 
 
-def _ended(run_id: str = "r") -> tuple[MemoryRecords, _JobSpec]:
-    spec = _JobSpec.from_props({"dashboard_url": "http://x", "entrypoint": "e", "runtime_env": {}, "run_id": run_id})
-    records = MemoryRecords()
-    run_lifecycle.begin(records, run_id, 0, time.time())
-    run_lifecycle.end(records, run_id, "succeeded", time.time())
-    return records, spec
-
-
-def test_keep_workers_leaves_them_running():
-    records, spec = _ended()
-    control = RecordingControl()
-    make_supervisor("http://x", spec, control, records, release_workers=False).step()
-    assert control.calls == [] and not records.get("r").released
-
-
-def test_after_the_recorded_release_the_supervisor_neither_writes_nor_asks_the_head():
-    class NoHead(RayJobs):
-        def _call(self, method: str, path: str, body: Any = None) -> Any:
-            raise AssertionError("the suspended cluster has no head to ask")
-
-    records, spec = _ended()
-    records.update("r", lambda r: r and replace(r, released=True))
-    control = RecordingControl()
-    watcher = make_supervisor("http://x", spec, control, records)
-    watcher.ray = NoHead("http://x")
-    watcher.step()
-    assert control.calls == []  # a newer run's supervisor may have resumed the cluster: not undone
+def claim_and_submit(head_url: str, api_url: str, spec: _JobSpec, attempt: Attempt) -> RunRecord:
+    """What the decider does for a next attempt: the claim in the record, then the submission."""
+    records = records_of(api_url, spec)
+    found = records.get(spec.run_key)
+    assert found.record is not None
+    record = records.write(found, run_lifecycle.claimed(found.record, attempt)).record
+    assert record is not None
+    run_lifecycle.submit_attempt(RayJobs(head_url), record, attempt, spec.entrypoint, spec.runtime_env)
+    return record
 
 
 def test_kubernetes_control_sends_exactly_these_requests(api):
@@ -235,7 +224,7 @@ def test_kubernetes_control_sends_exactly_these_requests(api):
     groups = [{"groupName": "gpu-group", "replicas": 2, "minReplicas": 2, "maxReplicas": 2}]
     state.put_object(path, {"metadata": {"name": "b200-ray-cluster"}, "spec": {"workerGroupSpecs": groups}})
     version = state.objects[path]["metadata"]["resourceVersion"]
-    KubernetesControl(KubernetesApi(url, token=lambda: "tok"), "ray", "b200-ray-cluster").set_released(True)
+    RayClusterControl(KubernetesApi(url, token=lambda: "tok"), "ray", "b200-ray-cluster").set_suspended(True)
     (get, patch) = state.requests
     assert get[:2] == ("GET", path)
     assert patch[:2] == ("PATCH", path + "?fieldManager=verl-gke-run-supervisor")
@@ -244,71 +233,9 @@ def test_kubernetes_control_sends_exactly_these_requests(api):
     # Only `spec.suspend`: the worker group list (one atomic field) stays Pulumi's.
     assert patch[3] == {"metadata": {"resourceVersion": version}, "spec": {"suspend": True}}
     assert state.objects[path]["spec"] == {"workerGroupSpecs": groups, "suspend": True}
-    KubernetesControl(KubernetesApi(url, token=lambda: "tok"), "ray", "b200-ray-cluster").set_released(True)
+    RayClusterControl(KubernetesApi(url, token=lambda: "tok"), "ray", "b200-ray-cluster").set_suspended(True)
     assert [r[0] for r in state.requests] == ["GET", "PATCH", "GET"]  # already suspended: no write
-    KubernetesControl(KubernetesApi(url, token=lambda: "tok"), "ray", "b200-ray-cluster").set_released(False)
+    RayClusterControl(KubernetesApi(url, token=lambda: "tok"), "ray", "b200-ray-cluster").set_suspended(False)
     assert state.requests[-1][3] == {"metadata": {"resourceVersion": str(int(version) + 1)}, "spec": {"suspend": False}}
-
-
-def test_a_run_that_has_not_begun_gets_no_workers_from_the_supervisor():
-    """`pulumi up` begins the run and resumes the cluster itself: a deploy that fails before (staging,
-    the RayCluster update, Ctrl-C) must not leave GPUs up with no run to end them."""
-    spec = _JobSpec.from_props({"dashboard_url": "http://x", "entrypoint": "e", "runtime_env": {}, "run_id": "new"})
-    control, records = RecordingControl(), MemoryRecords()
-    supervisor = make_supervisor("http://x", spec, control, records, expected_workers=2)
-    supervisor.step()
-    assert control.calls == []
-    run_lifecycle.begin(records, "new", 0, time.time())
-    supervisor.step()
-    supervisor.step()
-    assert control.calls == [("set_released", False)]  # begun: once, a no-op after the provider's own resume
-
-
-def test_a_run_reopened_while_it_is_released_gets_its_workers_back():
-    class Reopening(RecordingControl):
-        def set_released(self, released: bool) -> None:
-            super().set_released(released)
-            if released:  # `pulumi up` reopens the run between the supervisor's read and its suspend
-                run_lifecycle.begin(records, "r", 0, time.time())
-
-    records = MemoryRecords()
-    run_lifecycle.begin(records, "r", 0, time.time())
-    run_lifecycle.end(records, "r", run_lifecycle.DEPLOY_FAILED, time.time())
-    spec = _JobSpec.from_props({"dashboard_url": "http://x", "entrypoint": "e", "runtime_env": {}, "run_id": "r"})
-    control = Reopening()
-    make_supervisor("http://x", spec, control, records).step()
-    assert control.calls == [("set_released", True), ("set_released", False)]
-    record = records.get("r")
-    assert record is not None and record.outcome == "" and not record.released
-
-
-def test_a_release_that_fails_is_tried_again():
-    class Flaky(RecordingControl):
-        def set_released(self, released: bool) -> None:
-            if not self.calls:
-                self.calls.append(("failed", released))
-                raise OSError("API server unreachable")
-            super().set_released(released)
-
-    records, spec = _ended()
-    control = Flaky()
-    supervisor = make_supervisor("http://x", spec, control, records)
-    with pytest.raises(OSError):
-        supervisor.step()
-    assert not records.get("r").released  # so the next step releases again
-    supervisor.step()
-    assert records.get("r").released and ("set_released", True) in control.calls
-
-
-def test_an_older_generation_begun_and_never_claimed_is_ended_and_released_not_resumed():
-    """A jobAttempt bump's `pulumi up` that died after the older generation began: nobody else will
-    claim it, and its workers must not stay up for a generation that has not begun."""
-    records = MemoryRecords()
-    run_lifecycle.begin(records, "r", 0, time.time())
-    spec = _JobSpec.from_props({"dashboard_url": "http://x", "entrypoint": "e", "runtime_env": {}, "run_id": "r",
-                                "attempt": 1})
-    control = RecordingControl()
-    make_supervisor("http://x", spec, control, records, generation=1).step()
-    assert control.calls == [("set_released", True)]
-    record = records.get("r")
-    assert (record.generation, record.outcome, record.released) == (0, run_lifecycle.DEPLOY_FAILED, True)
+    # No RayCluster: nothing to suspend, said so (not an error: checked again at the next step).
+    assert RayClusterControl(KubernetesApi(url), "ray", "gone").set_suspended(True) is False

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from workloads.kube import Conflict, KubernetesApi
+from workloads.kube import Conflict, Invalid, KubernetesApi
 
 RECORD_KEY = "record.json"
 COMPONENT = "run-record"
@@ -199,6 +199,8 @@ class RecordStore:
                          "annotations": {RUN_ANNOTATION: record.run_id}},
             "data": {RECORD_KEY: record.to_json()},
         }
+        if len(body["data"][RECORD_KEY].encode()) > MAX_RECORD_BYTES:
+            raise Invalid(f"run record {stored.name}: over {MAX_RECORD_BYTES} bytes even without its decisions")
         if stored.version is None:
             reply = self.api.request("POST", self._path, body)  # a second creator gets 409 AlreadyExists
         else:
