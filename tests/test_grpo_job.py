@@ -27,7 +27,7 @@ from pulumi.runtime import rpc
 from ray.job_submission import JobSubmissionClient
 
 from components.grpo_job import GrpoJob, GrpoJobProvider, _JobSpec
-from workloads.run_lifecycle import ConfigMapRecords
+from workloads.run_record import RecordStore
 from tests.kube_api import kube_api
 from tests.ray_head import FlakyLink, free_ports, kubectl_record
 
@@ -295,7 +295,7 @@ def test_the_run_record_is_read_on_the_clusters_endpoint(endpoint: str, ca: str 
                                 "cluster_name": "verl", "head_service": "h", "cluster_endpoint": endpoint,
                                 "cluster_ca_certificate": ca})
     records = spec.records()
-    assert isinstance(records, ConfigMapRecords)
+    assert isinstance(records, RecordStore)
     assert (records.api.url, records.api.ca_data) == (f"https://{endpoint}", ca_data)
 
 

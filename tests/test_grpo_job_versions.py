@@ -36,7 +36,9 @@ from tests.test_run_export import succeeded_run, supervisor, until_released
 from tests.test_run_supervisor import RecordingControl
 from verl_gke import cli
 from workloads import export_model
-from workloads.run_lifecycle import ConfigMapRecords, KubernetesApi, RayJobs
+from workloads.kube import KubernetesApi
+from workloads.run_lifecycle import RayJobs
+from workloads.run_record import RecordStore
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -149,7 +151,7 @@ def test_the_supervisors_model_export_runs_and_fails_as_recorded_on_the_clusters
     version = venv.name.split("-")[1]
     python = str(venv / "bin" / "python")  # Ray only, no verl: the export fails before it would merge
     with kube_api() as (kube, _state):
-        records = ConfigMapRecords(KubernetesApi(kube), "ray", "b200-ray-cluster-run")
+        records = RecordStore(KubernetesApi(kube), "ray", "b200-ray-cluster")
         run_id = succeeded_run(records)
         checkpoints = tmp_path / "ck" / run_id
         checkpoints.mkdir(parents=True)
@@ -199,7 +201,7 @@ def test_the_supervisors_model_export_runs_and_fails_as_recorded_on_the_clusters
         record = until_released(sup, records, run_id, 120)
     assert record.export_outcome == (f"FAILED: export_model: {checkpoints}/global_step_7/actor: "
                                      "no FSDP checkpoint at step 7 (have: none)")
-    assert control.calls == [("set_released", True)]
+    assert control.calls == [("set_suspended", True)]
 
 
 def test_cli_export_reports_the_exports_failure_from_the_clusters_ray(

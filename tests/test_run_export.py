@@ -20,9 +20,10 @@ from tests.kube_api import kube_api
 from tests.ray_head import RayHead
 from tests.test_export_model import tiny_checkpoint
 from tests.test_run_supervisor import RecordingControl
-from workloads import run_lifecycle
-from workloads.run_lifecycle import SUCCEEDED, ConfigMapRecords, KubernetesApi, RayJobs, RunRecord
-from workloads.run_supervisor import Supervisor, SupervisorConfig
+from workloads.kube import KubernetesApi
+from workloads.run_lifecycle import SUCCEEDED, Decider, RayJobs
+from workloads.run_record import RecordStore, RunRecord
+from workloads.run_supervisor import SupervisorConfig, decider
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 # The module's own head (ray_cluster): the last test leaves a job Ray cannot stop (see there), which
@@ -44,27 +45,28 @@ class CountingJobs(RayJobs):
 @pytest.fixture
 def records():
     with kube_api() as (url, _state):
-        yield ConfigMapRecords(KubernetesApi(url), "ray", "b200-ray-cluster-run")
+        yield RecordStore(KubernetesApi(url), "ray", "b200-ray-cluster")
 
 
-def succeeded_run(records: ConfigMapRecords) -> str:
+def succeeded_run(records: RecordStore) -> str:
+    """A run whose attempt succeeded (each test's run on a cluster, and so a Lease, of its own)."""
     run_id = f"verl-grpo-t-{uuid.uuid4().hex[:12]}"  # the session's head is shared: ids of its own
-    run_lifecycle.begin(records, run_id, 0, time.time())
-    run_lifecycle.end(records, run_id, SUCCEEDED, time.time())
+    records.ray_cluster = f"rc-{run_id[-12:]}"
+    records.write(records.get(run_id), RunRecord(run_id, outcome=SUCCEEDED))
     return run_id
 
 
-def supervisor(head: str, records: ConfigMapRecords, run_id: str, control: RecordingControl,
-               export: dict[str, Any] | None, **config: Any) -> Supervisor:
-    return Supervisor(SupervisorConfig(
+def supervisor(head: str, records: RecordStore, run_id: str, control: RecordingControl,
+               export: dict[str, Any] | None, **config: Any) -> Decider:
+    return decider(SupervisorConfig(
         head_url=head, submission_ids=[run_id], entrypoint="unused", runtime_env={}, expected_workers=1,
-        expected_gpus=1, run_id=run_id, export=export, poll_s=0.5, **config),
-        CountingJobs(head), control, records, log=lambda _line: None)
+        expected_gpus=1, run_id=run_id, export=export, poll_s=0.5, **config), records.api, "ray", records.ray_cluster,
+        log=lambda _line: None, ray=CountingJobs(head), control=control)
 
 
-def until_released(sup: Supervisor, records: ConfigMapRecords, run_id: str, timeout_s: float) -> RunRecord:
+def until_released(sup: Decider, records: RecordStore, run_id: str, timeout_s: float) -> RunRecord:
     deadline = time.monotonic() + timeout_s
-    while not (record := records.get(run_id)).released:
+    while not (record := records.get(run_id).record).released:
         assert time.monotonic() < deadline, f"not released within {timeout_s} s: {record}"
         sup.step()
         time.sleep(0.5)
@@ -88,9 +90,10 @@ def test_a_succeeded_run_is_exported_once_across_a_restart_then_the_workers_go(r
     export = export_config(bucket, run_id, memory_bytes=10**6)
     control = RecordingControl()
     first = supervisor(ray_cluster.dashboard_url, records, run_id, control, export)
-    first.step()  # claims and submits, then "dies"
+    first.step()  # claims and submits, then "dies" (SIGTERM: the Lease is left free)
+    first.lease.release()
     export_id = f"verl-export-{run_id}-final-0"
-    record = records.get(run_id)
+    record = records.get(run_id).record
     assert (record.export_id, record.export_target, record.export_outcome) == (export_id, f"{bucket}/{run_id}/model", "")
     assert first.ray.submitted == [(export_id, {"entrypoint_memory": 10**6, "entrypoint_num_cpus": 1})]
     assert control.calls == [] and not record.released  # the workers stay while the merge runs
@@ -103,7 +106,7 @@ def test_a_succeeded_run_is_exported_once_across_a_restart_then_the_workers_go(r
     assert info.status == "SUCCEEDED"
     assert info.runtime_env["working_dir"].startswith("gcs://_ray_pkg_")
     assert record.export_outcome == "SUCCEEDED"
-    assert control.calls == [("set_released", True)]
+    assert control.calls == [("set_suspended", True)]
     decisions = [d.split(" ", 1)[1] for d in record.decisions]
     assert decisions.index("model export ended: SUCCEEDED") < decisions.index("GPU workers released")
     loaded = AutoModelForCausalLM.from_pretrained(bucket / run_id / "model", torch_dtype="auto")
@@ -131,7 +134,7 @@ def test_a_failed_export_is_recorded_and_the_workers_are_released(ray_cluster: R
                             records, run_id, 120)
     assert record.export_outcome == (f"FAILED: export_model: {bucket}/ck/{run_id}/latest_checkpointed_iteration.txt: "
                                      "no checkpoint yet (verl writes it after its first save)")
-    assert control.calls == [("set_released", True)]
+    assert control.calls == [("set_suspended", True)]
 
 
 def test_an_older_generations_success_is_exported_under_its_own_generation(ray_cluster: RayHead, records, tmp_path):
@@ -143,16 +146,16 @@ def test_an_older_generations_success_is_exported_under_its_own_generation(ray_c
     sup = supervisor(ray_cluster.dashboard_url, records, run_id, control, export_config(tmp_path, run_id), generation=1)
     record = until_released(sup, records, run_id, 120)
     assert (record.generation, record.export_id) == (0, f"verl-export-{run_id}-final-0")
-    assert record.export_outcome.startswith("FAILED: export_model: ") and control.calls == [("set_released", True)]
+    assert record.export_outcome.startswith("FAILED: export_model: ") and control.calls == [("set_suspended", True)]
 
 def test_with_export_model_off_the_workers_are_released_at_once(ray_cluster: RayHead, records):
     run_id = succeeded_run(records)
     control = RecordingControl()
     sup = supervisor(ray_cluster.dashboard_url, records, run_id, control, None)
     sup.step()
-    record = records.get(run_id)
+    record = records.get(run_id).record
     assert record.released and (record.export_id, record.export_outcome) == ("", "")
-    assert control.calls == [("set_released", True)] and sup.ray.submitted == []
+    assert control.calls == [("set_suspended", True)] and sup.ray.submitted == []
 
 
 def test_an_export_past_its_bound_is_stopped_recorded_and_the_workers_released(ray_cluster: RayHead, records, tmp_path):
@@ -166,5 +169,5 @@ def test_an_export_past_its_bound_is_stopped_recorded_and_the_workers_released(r
     # Ray queues the stop for a driver that never got a node: the job stays PENDING until Ray's own
     # start timeout (RAY_JOB_START_TIMEOUT_SECONDS) and is not waited for; it never ran.
     assert JobSubmissionClient(ray_cluster.dashboard_url).get_job_status(record.export_id) in ("PENDING", "STOPPED")
-    assert control.calls == [("set_released", True)]
+    assert control.calls == [("set_suspended", True)]
 

@@ -1,7 +1,8 @@
 """One test per fault of issue "One owner per run", named after it: the GrpoJob provider and the run
-supervisor against real Ray processes on 127.0.0.1 (a head restart is a kill and a new head on the
-same ports, as a KubeRay head pod restart without GCS fault tolerance) and the loopback Kubernetes
-API stand-in (tests/kube_api.py) that keeps the run record and the RayCluster.
+supervisor's decider against real Ray processes on 127.0.0.1 (a head restart is a kill and a new head
+on the same ports, as a KubeRay head pod restart without GCS fault tolerance) and the loopback
+Kubernetes API stand-in (tests/kube_api.py) that keeps the run records, the Lease and the RayCluster.
+Each scenario has a RayCluster (and so a Lease and records) of its own.
 
 Invariants asserted: at most one live attempt of a run at any moment, no run lost, the GPU workers
 released on every terminal path, each run in its own checkpoint folder."""
@@ -16,6 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -30,22 +32,16 @@ from domain.verl_wheel import config_dir
 from domain.stack_run import stack_run
 from tests.conftest import BASE_CONFIG
 from tests.kube_api import KubeApiStandIn, kube_api
-from tests.ray_head import MULTI_NODE_ENV, RayHead, restart_head, start_head, start_node, stop_head, stop_node
+from tests.ray_head import MULTI_NODE_ENV, RayHead, restart_head, start_head, stop_head
 from workloads import run_lifecycle
-from workloads.run_lifecycle import (
-    LIVE,
-    Attempt,
-    ConfigMapRecords,
-    KubernetesApi,
-    RayJobs,
-    RunRecord,
-)
-from workloads.run_supervisor import MAX_BACKOFF_S, KubernetesControl, Supervisor, SupervisorConfig, run_forever
+from workloads.kube import KubernetesApi, RayClusterControl
+from workloads.run_lifecycle import LIVE, Decider, RayJobs
+from workloads.run_record import Attempt, RecordStore, RunRecord
+from workloads.run_supervisor import SupervisorConfig, decider, run_forever
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 
 NAMESPACE = "ray"
-RAY_CLUSTER = f"/apis/ray.io/v1/namespaces/{NAMESPACE}/rayclusters/rc"
 SLEEP = f"{shlex.quote(sys.executable)} -c 'import time; time.sleep(300)'"
 CRASH = f"{shlex.quote(sys.executable)} -c 'import sys, time; time.sleep(2); sys.exit(3)'"
 QUICK = f"{shlex.quote(sys.executable)} -c pass"
@@ -63,33 +59,74 @@ def heads() -> Iterator[dict[str, RayHead]]:
 
 @pytest.fixture
 def api() -> Iterator[tuple[str, KubeApiStandIn]]:
-    with kube_api() as (url, state):
-        state.put_object(RAY_CLUSTER, {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "rc"},
-                                       "spec": {"workerGroupSpecs": [{"groupName": "gpu-group", "replicas": 1,
-                                                                      "minReplicas": 1, "maxReplicas": 1}]}})
-        yield url, state
+    with kube_api() as found:
+        yield found
 
 
-def job_props(head: RayHead, api_url: str, entry: str, **extra: Any) -> dict[str, Any]:
-    return {"dashboard_url": head.dashboard_url, "kube_api_url": api_url, "namespace": NAMESPACE,
-            "stack": f"t{uuid.uuid4().hex[:8]}", "entrypoint": entry, "runtime_env": {}, "startup_grace_s": 0,
-            "ready_timeout_s": 60, "supervised_attempts": 3, **extra}
+def cluster_path(name: str) -> str:
+    return f"/apis/ray.io/v1/namespaces/{NAMESPACE}/rayclusters/{name}"
 
 
-def supervisor(head: RayHead, api_url: str, spec: _JobSpec, clock: Callable[[], float] = time.time,
-               **config: Any) -> Supervisor:
-    settings = {"settle_s": 0.0, "poll_s": 0.2, "backoff_s": 1.0, "budget_grace_s": 0.0, **config}
-    api = KubernetesApi(api_url)
-    return Supervisor(SupervisorConfig(
+def job_props(head: RayHead, api: tuple[str, KubeApiStandIn], entry: str, **extra: Any) -> dict[str, Any]:
+    """Props of a stack of its own, on a RayCluster of its own (its records and Lease with it)."""
+    url, state = api
+    stack = f"t{uuid.uuid4().hex[:8]}"
+    name = f"rc-{stack}"
+    state.put_object(cluster_path(name), {
+        "apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": name},
+        "spec": {"workerGroupSpecs": [{"groupName": "gpu-group", "replicas": 1, "minReplicas": 1, "maxReplicas": 1}]}})
+    return {"dashboard_url": head.dashboard_url, "kube_api_url": url, "namespace": NAMESPACE, "stack": stack,
+            "head_service": f"{name}-head-svc", "run_record": f"{name}-run", "entrypoint": entry, "runtime_env": {},
+            "startup_grace_s": 0, "ready_timeout_s": 60, "supervised_attempts": 3, **extra}
+
+
+def supervisor(head: RayHead, api_url: str, spec: _JobSpec, clock: Callable[[], float] = time.monotonic,
+               **config: Any) -> Decider:
+    settings = {"settle_s": 0.0, "poll_s": 0.2, "backoff_s": 1.0, "budget_grace_s": 0.0, "replace_window_s": 0.0,
+                **config}
+    return decider(SupervisorConfig(
         head_url=head.dashboard_url, submission_ids=spec.attempt_ids, entrypoint=spec.entrypoint,
         runtime_env=spec.runtime_env, expected_workers=spec.expected_workers, expected_gpus=spec.expected_gpus,
-        run_id=spec.run_key, generation=spec.attempt, **settings),
-        RayJobs(head.dashboard_url), KubernetesControl(api, NAMESPACE, "rc"),
-        ConfigMapRecords(api, NAMESPACE, spec.record_name), log=lambda _line: None, clock=clock)
+        run_id=spec.run_key, generation=spec.attempt, **settings), KubernetesApi(api_url), NAMESPACE,
+        spec.ray_cluster, log=lambda _line: None, ray=RayJobs(head.dashboard_url), clock=clock)
+
+
+@contextmanager
+def supervising(running: Decider) -> Iterator[None]:
+    """The supervisor stepping in the background, as in its pod (it hands the Lease to `pulumi up`)."""
+    done = threading.Event()
+
+    def loop() -> None:
+        while not done.is_set():
+            try:
+                running.step()
+            except Exception:  # noqa: BLE001 - run_forever logs and goes on
+                pass
+            done.wait(0.2)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=60)
+
+
+def records(api_url: str, spec: _JobSpec) -> RecordStore:
+    return RecordStore(KubernetesApi(api_url), NAMESPACE, spec.ray_cluster)
 
 
 def record(api_url: str, spec: _JobSpec) -> RunRecord | None:
-    return ConfigMapRecords(KubernetesApi(api_url), NAMESPACE, spec.record_name).get(spec.run_key)
+    return records(api_url, spec).get(spec.run_key).record
+
+
+def write(api_url: str, spec: _JobSpec, change: Callable[[RunRecord | None], RunRecord]) -> RunRecord:
+    store = records(api_url, spec)
+    found = store.get(spec.run_key)
+    written = store.write(found, change(found.record)).record
+    assert written is not None
+    return written
 
 
 def live(head: RayHead, spec: _JobSpec) -> list[str]:
@@ -102,9 +139,9 @@ def status(head: RayHead, submission_id: str) -> str | None:
     return job["status"] if job else None
 
 
-def released(state: KubeApiStandIn) -> bool:
+def released(state: KubeApiStandIn, spec: _JobSpec) -> bool:
     """Whether the RayCluster is suspended (KubeRay then deletes its pods, GPU workers included)."""
-    return bool(state.objects[RAY_CLUSTER]["spec"].get("suspend"))
+    return bool(state.objects[cluster_path(spec.ray_cluster)]["spec"].get("suspend"))
 
 
 def wait_for(condition: Callable[[], Any], timeout_s: float, what: str) -> None:
@@ -128,7 +165,7 @@ def outs(result: Any) -> dict[str, Any]:
 
 def test_1_head_restart_then_refresh_and_up_leave_one_live_attempt(heads, api):
     url, _ = api
-    props = job_props(heads["head"], url, SLEEP)
+    props = job_props(heads["head"], api, SLEEP)
     spec = _JobSpec.from_props(props)
     provider = GrpoJobProvider()
     created = provider.create(props)
@@ -137,59 +174,35 @@ def test_1_head_restart_then_refresh_and_up_leave_one_live_attempt(heads, api):
     # The refresh keeps the resource: Pulumi does not forget it and run `create` beside the run.
     read = provider.read(created.id, outs(created))
     assert (read.id, outs(read)["status"]) == (created.id, "LOST")
-    supervisor(head, url, spec).step()  # the supervisor resubmits the lost run
+    running = supervisor(head, url, spec)
+    running.step()  # the supervisor resubmits the lost run
     assert live(head, spec) == [spec.attempt_ids[1]]
-    # Even if `create` runs again, it adopts the supervisor's attempt.
-    again = provider.create(props)
+    # Even if `create` runs again (the supervisor hands it the Lease), it adopts the supervisor's attempt.
+    with supervising(running):
+        again = provider.create(props)
     assert again.id == spec.attempt_ids[1]
     assert live(head, spec) == [spec.attempt_ids[1]]
+    assert [(a.index, a.by) for a in record(url, spec).attempts] == [(0, "pulumi-up"), (1, "supervisor")]
     stop_all(head, spec)
-
-    # `create` looks again after its gates: a run claimed meanwhile is adopted, not doubled.
-    props = job_props(head, url, SLEEP, expected_workers=1, expected_gpus=1)
-    spec = _JobSpec.from_props(props)
-    records = ConfigMapRecords(KubernetesApi(url), NAMESPACE, spec.record_name)
-    nodes: list = []
-
-    def meanwhile() -> None:
-        time.sleep(2)
-        rec = run_lifecycle.begin(records, spec.run_key, 0, time.time())
-        attempt = Attempt(index=0, submission_id=spec.attempt_ids[0], by="supervisor", at=time.time(), cause="test")
-        rec, won = run_lifecycle.claim(records, spec.run_key, attempt, 0)
-        assert won
-        run_lifecycle.submit_claimed(RayJobs(head.dashboard_url), records, rec, attempt, spec.entrypoint, {})
-        nodes.append(start_node(head, gpus=1))
-
-    thread = threading.Thread(target=meanwhile)
-    thread.start()
-    try:
-        adopted = GrpoJobProvider().create(props)
-        assert adopted.id == spec.attempt_ids[0]
-        assert live(head, spec) == [spec.attempt_ids[0]]
-        assert [a.by for a in record(url, spec).attempts] == ["supervisor"]
-    finally:
-        thread.join()
-        stop_all(head, spec)
-        for node in nodes:
-            stop_node(node)
 
 
 def test_2_head_restart_after_the_end_keeps_the_workers_released(heads, api):
     url, state = api
-    props = job_props(heads["head"], url, QUICK)
+    props = job_props(heads["head"], api, QUICK)
     spec = _JobSpec.from_props(props)
     GrpoJobProvider().create(props)
     wait_for(lambda: status(heads["head"], spec.attempt_ids[0]) == "SUCCEEDED", 60, "the run's end")
     first = supervisor(heads["head"], url, spec)
     first.step()
     assert record(url, spec).outcome == "succeeded" and record(url, spec).released
-    assert released(state)
+    assert released(state, spec)
+    first.lease.release()
     heads["head"] = restart_head(heads["head"])
     later = supervisor(heads["head"], url, spec)  # a restarted supervisor too
     for _ in range(3):
         later.step()
-    assert released(state)
-    assert not RayJobs(heads["head"].dashboard_url).jobs()
+    assert released(state, spec)
+    assert not [sid for sid in RayJobs(heads["head"].dashboard_url).jobs() if sid in spec.attempt_ids]
 
 
 class _Truncated(BaseHTTPRequestHandler):
@@ -210,12 +223,14 @@ class _Truncated(BaseHTTPRequestHandler):
 
 def test_3_supervisor_restart_with_a_head_restart_loses_no_run_and_no_step_error_ends_it(heads, api):
     url, _ = api
-    props = job_props(heads["head"], url, SLEEP)
+    props = job_props(heads["head"], api, SLEEP)
     spec = _JobSpec.from_props(props)
     GrpoJobProvider().create(props)
-    supervisor(heads["head"], url, spec).step()  # the first supervisor, then evicted: its memory is gone
+    first = supervisor(heads["head"], url, spec)
+    first.step()
+    first.lease.release()  # evicted (SIGTERM: it leaves the Lease free), and its memory is gone
     heads["head"] = restart_head(heads["head"])
-    supervisor(heads["head"], url, spec).step()  # a new one rebuilds from the record
+    assert supervisor(heads["head"], url, spec).step()  # a new one rebuilds from the record
     assert live(heads["head"], spec) == [spec.attempt_ids[1]]
     assert [(a.index, a.by, a.cause) for a in record(url, spec).attempts] == [
         (0, "pulumi-up", "pulumi-up"), (1, "supervisor", "node-lost")]
@@ -224,21 +239,22 @@ def test_3_supervisor_restart_with_a_head_restart_loses_no_run_and_no_step_error
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Truncated)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        spec = _JobSpec.from_props(job_props(heads["head"], url, SLEEP))
+        spec = _JobSpec.from_props(job_props(heads["head"], api, SLEEP))
         broken = supervisor(heads["head"], url, spec)
         broken.ray = RayJobs(f"http://127.0.0.1:{server.server_port}", timeout_s=5)
-        run_lifecycle.begin(broken.records, spec.run_key, 0, time.time())
-        run_lifecycle.claim(broken.records, spec.run_key, Attempt(0, spec.attempt_ids[0], "pulumi-up", time.time(),
-                                                                   "pulumi-up", submitted=True), 0)
         lines: list[str] = []
         broken.log = lines.append
+        write(url, spec, lambda _r: RunRecord(spec.run_key, attempts=(
+            Attempt(0, spec.attempt_ids[0], "pulumi-up", "pulumi-up", submitted=True),)))
         pauses: list[float] = []
-        run_forever(broken, sleep=pauses.append, steps=3)
+        run_forever(broken, poll_s=0.2, sleep=pauses.append, steps=3)
     finally:
         server.shutdown()
         server.server_close()
-    assert len(lines) == 3 and all("step failed" in line and "IncompleteRead" in line for line in lines)
-    assert pauses == [5.0, 10.0, 20.0]  # capped exponential backoff, and it goes on
+    # A truncated reply is the head not answering: the run stays open, the step goes on.
+    assert len(lines) == 4 and all(line.startswith("run decider: the Ray head did not answer: IncompleteRead")
+                                   for line in lines[1:])
+    assert not record(url, spec).outcome and record(url, spec).outage_s > 0 and pauses == [0.2, 0.2, 0.2]
 
 
 def test_4_failed_deploy_releases_the_workers_and_a_cluster_never_whole_ends_the_run(heads, api):
@@ -246,17 +262,16 @@ def test_4_failed_deploy_releases_the_workers_and_a_cluster_never_whole_ends_the
     # The release waits while any job holds the workers: the earlier tests' stops must have landed.
     wait_for(lambda: not [j for j in RayJobs(heads["head"].dashboard_url).jobs().values() if j["status"] in LIVE],
              120, "the earlier tests' jobs to end")
-    props = job_props(heads["head"], url, SLEEP, expected_workers=1, expected_gpus=1, ready_timeout_s=3)
+    props = job_props(heads["head"], api, SLEEP, expected_workers=1, expected_gpus=1, ready_timeout_s=3)
     spec = _JobSpec.from_props(props)
     with pytest.raises(TimeoutError, match="not submitted within ready_timeout_s=3 s"):
         GrpoJobProvider().create(props)
     assert record(url, spec).outcome == run_lifecycle.DEPLOY_FAILED
     supervisor(heads["head"], url, spec).step()
-    assert released(state) and record(url, spec).released
+    assert released(state, spec) and record(url, spec).released
 
     # A refused second run: the workers are released only once the other run no longer holds them.
-    state.objects[RAY_CLUSTER]["spec"]["suspend"] = False
-    props = job_props(heads["head"], url, SLEEP)
+    props = job_props(heads["head"], api, SLEEP)
     spec = _JobSpec.from_props(props)
     other = f"verl-grpo-{props['stack']}-000000000000"
     RayJobs(heads["head"].dashboard_url).submit(other, SLEEP, {}, {})
@@ -264,48 +279,34 @@ def test_4_failed_deploy_releases_the_workers_and_a_cluster_never_whole_ends_the
         GrpoJobProvider().create(props)
     watcher = supervisor(heads["head"], url, spec)
     watcher.step()
-    assert record(url, spec).outcome == run_lifecycle.DEPLOY_FAILED and not released(state)
+    assert record(url, spec).outcome == run_lifecycle.DEPLOY_FAILED and not released(state, spec)
     RayJobs(heads["head"].dashboard_url).stop(other)
     wait_for(lambda: status(heads["head"], other) == "STOPPED", 30, "the other run's stop")
     watcher.step()
-    assert released(state) and record(url, spec).released
+    assert released(state, spec) and record(url, spec).released
 
-    # A deploy that died between beginning the run and claiming attempt 0 holds no GPU past the bound.
-    state.objects[RAY_CLUSTER]["spec"]["suspend"] = False
-    spec = _JobSpec.from_props(job_props(heads["head"], url, SLEEP, expected_workers=1, expected_gpus=1))
-    run_lifecycle.begin(ConfigMapRecords(KubernetesApi(url), NAMESPACE, spec.record_name), spec.run_key, 0,
-                        time.time())
-    now = [time.time()]
-    watcher = supervisor(heads["head"], url, spec, clock=lambda: now[0], capacity_timeout_s=600)
-    watcher.step()
-    assert not record(url, spec).outcome and not released(state)
-    now[0] += 601
-    watcher.step()
-    assert record(url, spec).outcome == run_lifecycle.DEPLOY_FAILED and released(state)
-
-    # A lost attempt, and a cluster that never becomes whole: the wait ends at its bound.
-    state.objects[RAY_CLUSTER]["spec"]["suspend"] = False
-    props = job_props(heads["head"], url, SLEEP, expected_workers=1, expected_gpus=1)
+    # A lost attempt, and a cluster that never becomes whole: the wait ends at its bound, on the
+    # decider's own clock.
+    props = job_props(heads["head"], api, SLEEP, expected_workers=1, expected_gpus=1)
     spec = _JobSpec.from_props(props)
-    records = ConfigMapRecords(KubernetesApi(url), NAMESPACE, spec.record_name)
-    run_lifecycle.begin(records, spec.run_key, 0, time.time())
-    run_lifecycle.claim(records, spec.run_key, Attempt(0, spec.attempt_ids[0], "pulumi-up", time.time(), "pulumi-up",
-                                                        submitted=True), 0)
-    now = [time.time()]
+    write(url, spec, lambda _r: RunRecord(spec.run_key, attempts=(
+        Attempt(0, spec.attempt_ids[0], "pulumi-up", "pulumi-up", submitted=True),)))
+    now = [0.0]
     watcher = supervisor(heads["head"], url, spec, clock=lambda: now[0], capacity_timeout_s=600)
     watcher.step()
-    assert record(url, spec).waiting_since == now[0] and not record(url, spec).outcome
-    now[0] += 601
+    now[0] += 300
+    watcher.step()
+    assert record(url, spec).waiting_s == 300 and not record(url, spec).outcome
+    now[0] += 301
     watcher.step()
     assert record(url, spec).outcome == "the cluster was not whole within 600 s (0 of 1 GPU workers, 0 of 1 GPUs)"
-    assert released(state) and record(url, spec).released
+    assert released(state, spec) and record(url, spec).released
     assert not live(heads["head"], spec)
 
     # A jobAttempt bump: `pulumi up` deploys the new generation's supervisor, then the job's replace
     # deletes the old generation (recording it) and creates the new one. An up that dies between the
     # two leaves the older record to the new supervisor, the only one left: it releases the workers.
-    state.objects[RAY_CLUSTER]["spec"]["suspend"] = False
-    props = job_props(heads["head"], url, SLEEP)
+    props = job_props(heads["head"], api, SLEEP)
     old = _JobSpec.from_props(props)
     provider = GrpoJobProvider()
     created = provider.create(props)
@@ -313,58 +314,48 @@ def test_4_failed_deploy_releases_the_workers_and_a_cluster_never_whole_ends_the
     provider.delete(created.id, outs(created))
     supervisor(heads["head"], url, new).step()
     assert record(url, old).outcome == run_lifecycle.DELETED
-    assert released(state) and record(url, old).released
+    assert released(state, old) and record(url, old).released
 
     # An up that fails before the replace leaves the older generation running: the new supervisor
     # resubmits none of its attempts (their ids are not its own) and releases it once it ends.
-    state.objects[RAY_CLUSTER]["spec"]["suspend"] = False
-    props = job_props(heads["head"], url, SLEEP)
+    props = job_props(heads["head"], api, SLEEP)
     old = _JobSpec.from_props(props)
     created = GrpoJobProvider().create(props)
     watcher = supervisor(heads["head"], url, _JobSpec.from_props({**props, "attempt": 1}))
     watcher.step()
-    assert not record(url, old).outcome and not released(state)
+    assert not record(url, old).outcome and not released(state, old)
     RayJobs(heads["head"].dashboard_url).stop(created.id)
     wait_for(lambda: status(heads["head"], created.id) == "STOPPED", 30, "the older generation's end")
     watcher.step()
-    assert record(url, old).outcome == ("jobAttempt 0 ended under the supervisor of jobAttempt 1, which resubmits "
-                                        f"none of its attempts: {created.id} was stopped")
-    assert released(state) and record(url, old).released
+    assert record(url, old).outcome == (f"jobAttempt 0 of {old.run_key} ended while the stack names jobAttempt 1 of "
+                                        f"{old.run_key}, so none of its attempts is resubmitted: {created.id} STOPPED")
+    assert released(state, old) and record(url, old).released
     assert [a.submission_id for a in record(url, old).attempts] == [created.id]
 
 
-def test_5_budget_is_enforced_before_every_submission_with_a_capped_backoff(heads, api):
+def test_5_budget_is_enforced_before_every_submission(heads, api):
     url, _ = api
     head = heads["head"]
 
-    def failed_attempt(budget_s: float) -> tuple[_JobSpec, ConfigMapRecords]:
-        spec = _JobSpec.from_props(job_props(head, url, CRASH, budget_s=budget_s))
-        records = ConfigMapRecords(KubernetesApi(url), NAMESPACE, spec.record_name)
-        run_lifecycle.begin(records, spec.run_key, 0, time.time())
-        attempt = Attempt(0, spec.attempt_ids[0], "pulumi-up", time.time(), "pulumi-up",
+    def failed_attempt(budget_s: float) -> _JobSpec:
+        spec = _JobSpec.from_props(job_props(head, api, CRASH, budget_s=budget_s))
+        attempt = Attempt(0, spec.attempt_ids[0], "pulumi-up", "pulumi-up",
                           dead_nodes=RayJobs(head.dashboard_url).capacity().dead)
-        rec, _ = run_lifecycle.claim(records, spec.run_key, attempt, budget_s)
-        run_lifecycle.submit_claimed(RayJobs(head.dashboard_url), records, rec, attempt, spec.entrypoint, {})
+        claimed = write(url, spec, lambda _r: run_lifecycle.claimed(RunRecord(spec.run_key, budget_s=budget_s),
+                                                                    attempt))
+        run_lifecycle.submit_attempt(RayJobs(head.dashboard_url), claimed, attempt, spec.entrypoint, {})
         wait_for(lambda: status(head, spec.attempt_ids[0]) == "FAILED", 60, "the attempt's failure")
-        return spec, records
+        return spec
 
-    # After the deadline (here, during the backoff), no attempt is submitted.
-    spec, _ = failed_attempt(budget_s=1)
-    supervisor(head, url, spec, budget_s=1, max_retries=3).step()
+    # The budget spent (here, during the backoff): no attempt is submitted.
+    spec = failed_attempt(budget_s=1)
+    now = [0.0]
+    watcher = supervisor(head, url, spec, clock=lambda: now[0], budget_s=1, max_retries=3, backoff_s=30.0)
+    watcher.step()
+    now[0] += 2
+    watcher.step()
     assert record(url, spec).outcome == "budget of 1 s spent"
     assert status(head, spec.attempt_ids[1]) is None
-
-    # runRetryBackoffSeconds 3600 would wait 3600, 7200, ... s: the wait is capped.
-    spec, _ = failed_attempt(budget_s=0)
-    ended = RayJobs(head.dashboard_url).jobs()[spec.attempt_ids[0]]["end_time"] / 1000
-    now = [ended + MAX_BACKOFF_S - 5]
-    watcher = supervisor(head, url, spec, clock=lambda: now[0], backoff_s=3600.0, max_retries=10)
-    watcher.step()
-    assert status(head, spec.attempt_ids[1]) is None
-    now[0] = ended + MAX_BACKOFF_S + 1
-    watcher.step()
-    assert status(head, spec.attempt_ids[1]) is not None
-    stop_all(head, spec)
 
     # Refused where nothing would enforce the budget, or where its stop would lose the whole run.
     with pytest.raises(ConfigError) as caught:
@@ -391,125 +382,110 @@ def test_5_budget_is_enforced_before_every_submission_with_a_capped_backoff(head
     assert trainer["use_v1"] is True
 
 
-def test_6_no_baseline_delete_in_backoff_and_replace_with_the_same_ids(heads, api):
+def test_6_no_resubmission_after_a_delete_and_a_replace_with_the_same_ids(heads, api):
     url, state = api
     head = heads["head"]
     # Attempt 0 has a dead-node baseline: a later failure is judged against it.
-    props = job_props(head, url, CRASH)
+    props = job_props(head, api, CRASH)
     spec = _JobSpec.from_props(props)
     provider = GrpoJobProvider()
     created = provider.create(props)
     assert record(url, spec).attempts[0].dead_nodes == RayJobs(head.dashboard_url).capacity().dead
     wait_for(lambda: status(head, created.id) == "FAILED", 60, "the failure")
-    now = [time.time()]
+    now = [0.0]
     watcher = supervisor(head, url, spec, clock=lambda: now[0], backoff_s=30.0)
     watcher.step()  # in its backoff
+    watcher.lease.release()  # (its pod is gone: `pulumi up` need not wait for its Lease to expire)
     provider.delete(created.id, outs(created))
     now[0] += 60
     watcher.step()
     assert status(head, spec.attempt_ids[1]) is None  # nothing submitted after the delete
-    assert record(url, spec).outcome == run_lifecycle.DELETED and released(state)
+    assert record(url, spec).outcome == run_lifecycle.DELETED and released(state, spec)
 
     # A replace that keeps the ids (a new dashboard URL): delete stops the run, create goes on.
-    props = job_props(head, url, SLEEP)
+    props = job_props(head, api, SLEEP)
     spec = _JobSpec.from_props(props)
     created = provider.create(props)
     provider.delete(created.id, outs(created))
     assert status(head, created.id) == "STOPPED"
     again = provider.create(props)
     assert again.id == spec.attempt_ids[1] and live(head, spec) == [spec.attempt_ids[1]]
+    assert record(url, spec).opened_at == 1
     stop_all(head, spec)
 
 
 def test_7_pulumi_and_the_supervisor_never_own_the_same_field(api):
     url, state = api
     kube = KubernetesApi(url)
+    props = job_props(RayHead(None, "http://127.0.0.1:9", None), api, "e")  # type: ignore[arg-type]
+    path = cluster_path(_JobSpec.from_props(props).ray_cluster)
+    name = path.rsplit("/", 1)[1]
     # A strategic merge patch of a custom resource is refused, as by the real API server.
     with pytest.raises(Exception, match="415"):
-        kube.request("PATCH", RAY_CLUSTER, {"spec": {}}, content_type="application/strategic-merge-patch+json")
+        kube.request("PATCH", path, {"spec": {}}, content_type="application/strategic-merge-patch+json")
 
-    # Someone else writes the RayCluster between the supervisor's read and its patch: 409, read again.
+    # Someone else writes the RayCluster between the decider's read and its patch: 409, read again.
     class Racing(KubernetesApi):
         raced = False
 
-        def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+        def request(self, method: str, path_: str, body: Any = None, content_type: str = "application/json") -> Any:
             if method == "PATCH" and not self.raced:
                 self.raced = True
-                state.put_object(RAY_CLUSTER, {**state.get(RAY_CLUSTER), "spec": {"workerGroupSpecs": [
+                state.put_object(path, {**state.get(path), "spec": {"workerGroupSpecs": [
                     {"groupName": "gpu-group", "replicas": 1, "minReplicas": 1, "maxReplicas": 1},
                     {"groupName": "added", "replicas": 3}]}})
-            return super().request(method, path, body, content_type)
+            return super().request(method, path_, body, content_type)
 
-    KubernetesControl(Racing(url), NAMESPACE, "rc").set_released(True)
-    spec_now = state.objects[RAY_CLUSTER]["spec"]
+    RayClusterControl(Racing(url), NAMESPACE, name).set_suspended(True)
+    spec_now = state.objects[path]["spec"]
     assert spec_now["suspend"] is True  # the patch made again from the fresh read
     assert [(g["groupName"], g["replicas"]) for g in spec_now["workerGroupSpecs"]] == [("gpu-group", 1), ("added", 3)]
     patches = [r for r in state.requests if r[0] == "PATCH" and r[2].get("Content-Type") == "application/merge-patch+json"]
     assert len(patches) == 2 and all(p[3]["metadata"]["resourceVersion"] for p in patches)
     assert all(set(p[3]["spec"]) == {"suspend"} for p in patches)  # nothing but its own field
-    KubernetesControl(kube, NAMESPACE, "rc").set_released(True)
-    assert len([r for r in state.requests if r[0] == "PATCH"]) == 3  # already released: no write
 
     # A later `pulumi up` applies the program's RayCluster, which never names spec.suspend: with or
     # without force (Pulumi's patchForce) the released cluster stays released.
-    apply = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "rc"}, "spec": {
+    apply = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": name}, "spec": {
         "rayVersion": "2.49.0",
         "workerGroupSpecs": [{"groupName": "gpu-group", "replicas": 1, "minReplicas": 1, "maxReplicas": 1}]}}
-    kube.request("PATCH", f"{RAY_CLUSTER}?fieldManager=pulumi-kubernetes", apply,
+    kube.request("PATCH", f"{path}?fieldManager=pulumi-kubernetes", apply, content_type="application/apply-patch+yaml")
+    kube.request("PATCH", f"{path}?fieldManager=pulumi-kubernetes&force=true", apply,
                  content_type="application/apply-patch+yaml")
-    kube.request("PATCH", f"{RAY_CLUSTER}?fieldManager=pulumi-kubernetes&force=true", apply,
-                 content_type="application/apply-patch+yaml")
-    assert released(state) and state.objects[RAY_CLUSTER]["spec"]["rayVersion"] == "2.49.0"
+    assert state.objects[path]["spec"]["suspend"] is True and state.objects[path]["spec"]["rayVersion"] == "2.49.0"
     # Were the program ever to send the field, the API server would refuse it as the supervisor's.
     with pytest.raises(Exception, match="409"):
-        kube.request("PATCH", f"{RAY_CLUSTER}?fieldManager=pulumi-kubernetes",
+        kube.request("PATCH", f"{path}?fieldManager=pulumi-kubernetes",
                      {**apply, "spec": {**apply["spec"], "suspend": False}}, content_type="application/apply-patch+yaml")
-    assert released(state)
-
-    # The supervisor of a run that ended with its workers released makes no write at all.
-    spec = _JobSpec.from_props({"dashboard_url": "http://127.0.0.1:9", "entrypoint": "e", "runtime_env": {},
-                                "kube_api_url": url, "namespace": NAMESPACE, "run_id": "run-done"})
-    records = ConfigMapRecords(kube, NAMESPACE, spec.record_name)
-    run_lifecycle.begin(records, "run-done", 0, time.time())
-    run_lifecycle.end(records, "run-done", "succeeded", time.time(), released=True)
-    writes = len([r for r in state.requests if r[0] == "PATCH" and RAY_CLUSTER in r[1]])
-    watcher = Supervisor(SupervisorConfig(head_url="http://127.0.0.1:9", submission_ids=spec.attempt_ids,
-                                          entrypoint="e", runtime_env={}, expected_workers=1, expected_gpus=1,
-                                          run_id="run-done"),
-                         RayJobs("http://127.0.0.1:9"), KubernetesControl(kube, NAMESPACE, "rc"),
-                         records, log=lambda _line: None)
-    watcher.step()
-    assert released(state)
-    assert len([r for r in state.requests if r[0] == "PATCH" and RAY_CLUSTER in r[1]]) == writes
 
     # Why the release is not a replica count: the worker group list is one atomic field, so a merge
     # patch of one group's replicas takes the whole list, and the program's next apply conflicts on it.
-    kube.request("PATCH", f"{RAY_CLUSTER}?fieldManager=kubectl-edit", {"spec": {"workerGroupSpecs": [
+    kube.request("PATCH", f"{path}?fieldManager=kubectl-edit", {"spec": {"workerGroupSpecs": [
         {"groupName": "gpu-group", "replicas": 0, "minReplicas": 0, "maxReplicas": 1}]}},
         content_type="application/merge-patch+json")
     with pytest.raises(Exception, match="409"):
-        kube.request("PATCH", f"{RAY_CLUSTER}?fieldManager=pulumi-kubernetes", apply,
-                     content_type="application/apply-patch+yaml")
+        kube.request("PATCH", f"{path}?fieldManager=pulumi-kubernetes", apply, content_type="application/apply-patch+yaml")
 
 
 def test_7_the_run_that_needs_a_released_cluster_resumes_it_itself(heads, api):
     """The job provider resumes a suspended RayCluster once its run has begun (whatever the
-    supervisor's settings), with the supervisor's field manager: one owner of spec.suspend."""
+    supervisor's settings), with the decider's field manager: one owner of spec.suspend."""
     url, state = api
-    state.objects[RAY_CLUSTER]["spec"]["suspend"] = True
-    props = job_props(heads["head"], url, QUICK, head_service="rc-head-svc")
+    props = job_props(heads["head"], api, QUICK)
     spec = _JobSpec.from_props(props)
+    path = cluster_path(spec.ray_cluster)
+    state.objects[path]["spec"]["suspend"] = True
     GrpoJobProvider().create(props)
-    assert not released(state)
-    (resume,) = [r for r in state.requests if r[0] == "PATCH" and RAY_CLUSTER in r[1]]
+    assert not released(state, spec)
+    (resume,) = [r for r in state.requests if r[0] == "PATCH" and path in r[1]]
     assert resume[1].endswith("?fieldManager=verl-gke-run-supervisor") and resume[3]["spec"] == {"suspend": False}
     wait_for(lambda: status(heads["head"], spec.attempt_ids[0]) == "SUCCEEDED", 60, "the run's end")
 
     # A run that already succeeded is reported done without bringing the GPUs back.
-    run_lifecycle.end(spec.records(), spec.run_key, run_lifecycle.SUCCEEDED, time.time(), released=True)
-    state.objects[RAY_CLUSTER]["spec"]["suspend"] = True
+    write(url, spec, lambda r: run_lifecycle.replace(run_lifecycle.ended(r, run_lifecycle.SUCCEEDED), released=True))
+    state.objects[path]["spec"]["suspend"] = True
     done = GrpoJobProvider().create(props)
-    assert done.outs["status"] == "SUCCEEDED" and released(state)
+    assert done.outs["status"] == "SUCCEEDED" and released(state, spec)
 
 
 def test_8_each_run_has_its_own_checkpoint_folder_and_a_finished_run_is_not_retrained(heads, api):
@@ -529,11 +505,13 @@ def test_8_each_run_has_its_own_checkpoint_folder_and_a_finished_run_is_not_retr
 
     # A run whose record says it succeeded is reported done when applied again, not trained again.
     url, _ = api
-    props = job_props(heads["head"], url, QUICK)
+    props = job_props(heads["head"], api, QUICK)
     spec = _JobSpec.from_props(props)
     GrpoJobProvider().create(props)
     wait_for(lambda: status(heads["head"], spec.attempt_ids[0]) == "SUCCEEDED", 60, "the run's end")
-    supervisor(heads["head"], url, spec).step()
+    watcher = supervisor(heads["head"], url, spec)
+    watcher.step()
+    watcher.lease.release()
     again = GrpoJobProvider().create({**props, "attempt": 0})
     assert (again.id, outs(again)["status"]) == (spec.attempt_ids[0], "SUCCEEDED")
     assert len(record(url, spec).attempts) == 1
@@ -542,16 +520,15 @@ def test_8_each_run_has_its_own_checkpoint_folder_and_a_finished_run_is_not_retr
 def test_9_read_reports_the_newest_attempt_and_keeps_the_resource_when_the_head_is_unreachable(heads, api):
     url, _ = api
     head = heads["head"]
-    props = job_props(head, url, SLEEP)
+    props = job_props(head, api, SLEEP)
     spec = _JobSpec.from_props(props)
     provider = GrpoJobProvider()
     created = provider.create(props)
     RayJobs(head.dashboard_url).stop(created.id)
     wait_for(lambda: status(head, created.id) == "STOPPED", 30, "the stop")
-    records = ConfigMapRecords(KubernetesApi(url), NAMESPACE, spec.record_name)
-    attempt = Attempt(1, spec.attempt_ids[1], "supervisor", time.time(), "node-lost")
-    rec, _ = run_lifecycle.claim(records, spec.run_key, attempt, 0)
-    run_lifecycle.submit_claimed(RayJobs(head.dashboard_url), records, rec, attempt, spec.entrypoint, {})
+    attempt = Attempt(1, spec.attempt_ids[1], "supervisor", "node-lost")
+    claimed = write(url, spec, lambda r: run_lifecycle.claimed(r, attempt))
+    run_lifecycle.submit_attempt(RayJobs(head.dashboard_url), claimed, attempt, spec.entrypoint, {})
     wait_for(lambda: status(head, spec.attempt_ids[1]) == "RUNNING", 60, "the supervisor's attempt to run")
     read = provider.read(created.id, outs(created))
     assert (read.id, outs(read)["submission_id"], outs(read)["status"]) == (created.id, spec.attempt_ids[1], "RUNNING")

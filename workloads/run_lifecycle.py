@@ -19,6 +19,7 @@ consecutive steps (docs/run-lifecycle.md).
 from __future__ import annotations
 
 import email.utils
+import http.client
 import json
 import re
 import time
@@ -740,8 +741,8 @@ class Decider:
     def _jobs(self) -> dict[str, dict[str, Any]] | None:
         try:
             return self.ray.jobs()
-        except (OSError, ValueError, urllib.error.URLError) as error:  # HTTPError is an OSError too
-            self.log(f"run decider: the Ray head did not answer: {error}")
+        except (OSError, ValueError, http.client.HTTPException) as error:  # HTTPError, URLError are OSErrors
+            self.log(f"run decider: the Ray head did not answer: {error!r}"[:REASON_CHARS])
             return None
 
     def _logs(self, records: Mapping[str, RunRecord], jobs: Mapping[str, Any] | None) -> dict[str, LogState]:
@@ -931,11 +932,11 @@ def create_run(records: Store, lease: LeaseLike, run: RunSpec, reach: Callable[[
             yield "adopted"
         submission_id, job = _current(record, jobs, run)
         if job is None:
-            if others := others_live(jobs, record):
-                raise Refused(f"another run's job is live on the cluster: {', '.join(others)}. Runs would share the "
-                              "GPUs; let it end (its supervisor ends it) or stop it, and run again.")
             gates()
             yield "gated"
+            if others := others_live(ray.jobs(), record):
+                raise Refused(f"another run's job is live on the cluster: {', '.join(others)}. Runs would share the "
+                              "GPUs; let it end (its supervisor ends it) or stop it, and run again.")
             submission_id = yield from _submit(records, lease, ray, record, run)
     except Exception:
         deploy_failed(records, lease, run.run_id)

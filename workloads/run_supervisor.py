@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import signal
 import sys
 import time
 import traceback
@@ -250,7 +251,13 @@ def main(argv: list[str] | None = None) -> int:
     files = {path.name: path.read_text() for path in (args.program_dir / "workloads").glob("*.py")}
     files[args.config.name] = args.config.read_text()
     fresh = Freshness(api, args.namespace, f"{args.ray_cluster}{SUPERVISOR_SUFFIX}", program_digest(files))
-    run_forever(decider(config, api, args.namespace, args.ray_cluster, log=log), config.poll_s, stale=fresh.stale)
+    supervisor = decider(config, api, args.namespace, args.ray_cluster, log=log)
+    # A pod deleted (a rollout, a drain) leaves the Lease free at once instead of after its expiry.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        run_forever(supervisor, config.poll_s, stale=fresh.stale)
+    finally:
+        supervisor.lease.release()
     return 0
 
 
