@@ -290,5 +290,6 @@ class RunLifecycle(RuleBasedStateMachine):
 
 RunLifecycle.TestCase.settings = settings(
     max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, derandomize=not EXPLORE, database=None,
+    print_blob=True,
     suppress_health_check=list(HealthCheck))
 test_run_lifecycle_promises_hold_over_explored_interleavings = RunLifecycle.TestCase

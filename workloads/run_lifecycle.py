@@ -241,7 +241,8 @@ def rebuilt(run_id: str, generation: int, budget_s: float, jobs: Mapping[str, Ma
                     for sid, j in jobs.items() if meta(j, "run_id") == run_id and meta(j, "attempt").isdigit()))
     if not found:
         return None
-    newest_generation = max(generation, found[-1][0])
+    # The head's newest generation of the run (the stack's may not have begun: then it is an older one's).
+    newest_generation = found[-1][0]
     mine = [(index, sid, j) for gen, index, sid, j in found if gen == newest_generation]
     attempts = []
     for index, sid, job in mine:
@@ -252,8 +253,10 @@ def rebuilt(run_id: str, generation: int, budget_s: float, jobs: Mapping[str, Ma
                                 cause=cause, reason=meta(job, "reason"),
                                 dead_nodes=int(meta(job, "dead_nodes")) if meta(job, "dead_nodes").isdigit() else None,
                                 submitted=True))
-    return RunRecord(run_id=run_id, generation=newest_generation, budget_s=budget_s,
-                     attempts=tuple(attempts)).decided(f"record rebuilt from the head's job table ({len(attempts)} "
+    if not attempts:
+        return None
+    return RunRecord(run_id=run_id, generation=newest_generation, budget_s=budget_s if newest_generation == generation
+                     else 0.0, attempts=tuple(attempts)).decided(f"record rebuilt from the head's job table ({len(attempts)} "
                                                        "attempts)")
 
 
@@ -999,6 +1002,13 @@ def delete_run(records: Store, lease: LeaseLike, run: RunSpec, reach: Callable[[
     ray = reach()
     ids = tuple(dict.fromkeys((*also, *run.submission_ids, *(a.submission_id for a in (record.attempts if record else ())))))
     jobs = ray.jobs()
+    newest = record.newest if record is not None else None
+    if newest is not None and record is not None and record.outcome == DELETED \
+            and (jobs.get(newest.submission_id) or {}).get("status") == "SUCCEEDED":
+        # It had succeeded before the delete: a later `up` must not train it again.
+        write_record(records, run.run_id, lambda r: None if r is None or r.outcome != DELETED else replace(
+            r, outcome=SUCCEEDED).decided(f"{newest.submission_id} had succeeded before the delete"), lease)
+        yield "succeeded before"
     for sid in ids:
         if (jobs.get(sid) or {}).get("status") in LIVE:
             lease.check()
