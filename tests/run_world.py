@@ -250,6 +250,8 @@ class World:
     # --- what the promises look at -----------------------------------------------------------------
 
     def _judge_stop(self, submission_id: str) -> None:
+        if self.provider is not None and self.provider.kind == "delete":
+            return  # the stack's delete: desired stopped, whatever the record says
         owner = self.owner(submission_id)
         job = self.head.jobs.get(submission_id)
         if owner is None or job is None or job["status"] not in ("PENDING", "RUNNING"):

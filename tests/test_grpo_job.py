@@ -495,9 +495,9 @@ def _cut_once_waiting(link: FlakyLink, monkeypatch: pytest.MonkeyPatch, for_s: f
     waiting = threading.Event()
     await_completion = grpo_job._await_completion
 
-    def entered(spec: _JobSpec, submission_id: str) -> str:
+    def entered(spec: _JobSpec, records: Any, submission_id: str) -> tuple[str, str]:
         waiting.set()
-        return await_completion(spec, submission_id)
+        return await_completion(spec, records, submission_id)
 
     monkeypatch.setattr(grpo_job, "_await_completion", entered)
 

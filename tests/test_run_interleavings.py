@@ -118,6 +118,8 @@ class RunLifecycle(RuleBasedStateMachine):
             return
         if decided and not self.world.api_down and self.world.head.up:
             self._every_live_attempt_is_its_runs_newest()
+        if decider.lease.holder != self.over_holder:
+            self.over_held_s, self.over_holder = 0.0, decider.lease.holder  # a new holder counts from now
         if decided and self.over_held_s >= RELEASE_WITHIN_S and not self.world.head.live():
             assert self.world.suspended() in (True, None), (
                 f"every run ended {self.over_held_s:g} s ago under this supervisor, and the cluster is still up")

@@ -241,8 +241,9 @@ def rebuilt(run_id: str, generation: int, budget_s: float, jobs: Mapping[str, Ma
                     for sid, j in jobs.items() if meta(j, "run_id") == run_id and meta(j, "attempt").isdigit()))
     if not found:
         return None
-    # The head's newest generation of the run (the stack's may not have begun: then it is an older one's).
-    newest_generation = found[-1][0]
+    # The generation the head runs, else its newest (the stack's may not have begun: an older one's).
+    live = [gen for gen, _index, _sid, job in found if job.get("status") in LIVE]
+    newest_generation = live[-1] if live else found[-1][0]
     mine = [(index, sid, j) for gen, index, sid, j in found if gen == newest_generation]
     attempts = []
     for index, sid, job in mine:
@@ -781,15 +782,21 @@ class Decider:
             stored[run_id] = self.records.write(Stored(run_id, None, found.name), record)
         # The named run, and any run live on the head, without a record: from 0.5.1's, or from the head.
         policy = self.policy
-        wanted = {meta(j, "run_id"): int(meta(j, "generation") or 0) for j in (jobs or {}).values()
-                  if j.get("status") in LIVE and meta(j, "run_id") and meta(j, "attempt").isdigit()}
+        live = {meta(j, "run_id"): int(meta(j, "generation") or 0) for j in (jobs or {}).values()
+                if j.get("status") in LIVE and meta(j, "run_id") and meta(j, "attempt").isdigit()}
+        wanted = dict(live)
         if policy is not None:
             wanted.setdefault(policy.run_id, policy.generation)
         for run_id, generation in wanted.items():
-            if run_id in stored:
+            found = stored[run_id].record if run_id in stored else None
+            # A record begun for another generation while this one's attempt runs (its record was lost,
+            # then a later `up` began one) gives way to the live generation's, if it ran nothing.
+            replaced = found is not None and live.get(run_id) == generation != found.generation \
+                and not any(a.submitted for a in found.attempts)
+            if run_id in stored and not replaced:
                 continue
             budget = policy.budget_s if policy is not None and policy.run_id == run_id else 0.0
-            record = self.records.legacy(run_id)
+            record = None if replaced else self.records.legacy(run_id)
             if record is None and jobs is not None:
                 record = rebuilt(run_id, generation, budget, jobs)
             if record is not None:
