@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 import math
 import re
+import http.client
 import time
+import urllib.error
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
@@ -511,8 +513,7 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
             lease.acquire()
             with lease.renewing(), ExitStack() as stack:
                 def reach() -> RayJobs:
-                    client = stack.enter_context(_client(spec, spec.reach_timeout_s))
-                    return RayJobs(client.get_address(), head_access.REQUEST_TIMEOUT_S)
+                    return _head_jobs(stack.enter_context(_client(spec, spec.reach_timeout_s)), spec)
 
                 # The record first (the decider submits nothing more of a run the stack stopped), then the
                 # stops; a released run has no head to ask.
@@ -592,7 +593,7 @@ def _create(spec: _JobSpec, records: RecordStore | MemoryRecords,
             # The record says the run has begun: now the head (a released cluster has none) may come back.
             spec.resume_cluster(lease)
             clients.append(stack.enter_context(_client(spec, spec.ready_timeout_s)))
-            return RayJobs(clients[0].get_address(), head_access.REQUEST_TIMEOUT_S)
+            return _head_jobs(clients[0], spec)
 
         def gates() -> None:
             client = clients[0]
@@ -625,10 +626,28 @@ def _create(spec: _JobSpec, records: RecordStore | MemoryRecords,
             status = _await_start(clients[0], spec, created.submission_id, time.monotonic() + spec.ready_timeout_s)
         except TimeoutError:
             # A failed create leaves no resource behind in Pulumi's state: nor may it leave a run.
-            ray = RayJobs(clients[0].get_address(), head_access.REQUEST_TIMEOUT_S)
-            run_lifecycle.drive(run_lifecycle.fail_start(records, lease, ray, spec.run_key, created.submission_id))
+            run_lifecycle.drive(run_lifecycle.fail_start(records, lease, _head_jobs(clients[0], spec), spec.run_key,
+                                                         created.submission_id),
+                                sleep=lambda: time.sleep(0.5), timeout_s=STOP_TIMEOUT_S)
             raise
     return created.submission_id, status, fabric_gbps
+
+
+def _head_jobs(client: JobSubmissionClient, spec: _JobSpec) -> RayJobs:
+    """The run lifecycle's REST client on the head `client` reached, each request bounded; a stall or
+    a broken connection raises HeadRequestError naming the head and the request, as the SDK's does."""
+
+    class Named(RayJobs):
+        def send(self, method: str, path: str, data: bytes | None, content_type: str) -> tuple[bytes, str | None]:
+            try:
+                return super().send(method, path, data, content_type)
+            except urllib.error.HTTPError:
+                raise
+            except (OSError, http.client.HTTPException) as error:
+                raise HeadRequestError(f"Ray head at {spec.address}: {method} {path.split('?')[0]} got no answer "
+                                       f"within {self.timeout_s:g} s ({type(error).__name__})") from None
+
+    return Named(client.get_address(), head_access.REQUEST_TIMEOUT_S)
 
 
 def _lowered_attempt(olds: Mapping[str, Any], news: Mapping[str, Any]) -> str | None:

@@ -42,7 +42,7 @@ class Clock:
 
 
 def run_spec(run_id: str, generation: int, budget_s: float = 0.0) -> RunSpec:
-    ids = tuple(submission_ids(f"s-{run_id}", "train", {}, generation, IDS))
+    ids = tuple(submission_ids("s", f"train {run_id}", {}, generation, IDS))  # one stack, one id prefix
     return RunSpec(run_id=run_id, generation=generation, submission_ids=ids, entrypoint=f"train {run_id}",
                    runtime_env={}, budget_s=budget_s)
 

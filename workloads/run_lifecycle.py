@@ -370,12 +370,25 @@ def _status(view: View, attempt: Attempt) -> str | None:
     return None if job is None else str(job.get("status"))
 
 
-def others_live(jobs: Mapping[str, Mapping[str, Any]], record: RunRecord) -> list[str]:
-    """Jobs of another run or generation (an attempt, or a model export) live on the head: one cluster
-    runs one attempt at a time, and a run never starts beside another (they would share the GPUs)."""
-    return sorted(sid for sid, job in jobs.items() if job.get("status") in LIVE and meta(job, "run_id") and (
-        meta(job, "run_id") != record.run_id or meta(job, "generation") not in ("", str(record.generation))
-        or sid.startswith(EXPORT_PREFIX)))
+def others_live(jobs: Mapping[str, Mapping[str, Any]], record: RunRecord, stack: str,
+                known: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """Jobs of another run or generation of this cluster (ids under the stack's prefix `stack`, or of a
+    run with a record here: an attempt, or a model export) live on the head: one cluster runs one
+    attempt at a time, and a run never starts beside another (they would share the GPUs)."""
+    return sorted(sid for sid, job in jobs.items() if job.get("status") in LIVE and meta(job, "run_id")
+                  and (sid.startswith(stack) or meta(job, "run_id") in known) and (
+                      meta(job, "run_id") != record.run_id
+                      or meta(job, "generation") not in ("", str(record.generation)) or sid.startswith(EXPORT_PREFIX)))
+
+
+def stack_prefix(submission_ids: tuple[str, ...] | list[str]) -> str:
+    """`verl-grpo-<stack>-`: what every attempt id of the stack starts with (domain/run_identity.py)."""
+    return submission_ids[0].rsplit("-", 1)[0] + "-" if submission_ids else "\0"
+
+
+def _others(view: View, record: RunRecord) -> list[str]:
+    ids = view.policy.submission_ids if view.policy else tuple(a.submission_id for a in record.attempts)
+    return others_live(view.jobs or {}, record, stack_prefix(ids), set(view.records))
 
 
 def _supervised(view: View, record: RunRecord) -> bool:
@@ -414,7 +427,7 @@ def _open_run(d: _Decision, record: RunRecord) -> None:
         record = replace(record, budget_used_s=record.budget_used_s + view.elapsed_s)
     d.records[record.run_id] = record
     if status is None and not attempt.submitted:
-        if supervised and others_live(view.jobs, record):
+        if supervised and _others(view, record):
             return  # another run's job holds the cluster: not beside it
         if supervised and not (budget_s and record.budget_used_s >= budget_s):
             d.records[record.run_id] = record.decided(f"attempt {attempt.index} ({attempt.submission_id}) was "
@@ -526,7 +539,7 @@ def _next(d: _Decision, record: RunRecord, cause: str, reason: str) -> None:
     if cause == "node-lost" and sum(1 for a in record.opened if a.cause == "node-lost") >= policy.max_preemptions:
         d.end(record, f"lost nodes {policy.max_preemptions} times")
         return
-    if view.capacity is None or others_live(view.jobs or {}, record):
+    if view.capacity is None or _others(view, record):
         return  # another run's job holds the cluster: wait for its end (its own decider ends it)
     if short := view.capacity.short_of(policy.expected_workers, policy.expected_gpus):
         waited = record.waiting_s + view.elapsed_s
@@ -944,7 +957,7 @@ def create_run(records: Store, lease: LeaseLike, run: RunSpec, reach: Callable[[
         if job is None:
             gates()
             yield "gated"
-            if others := others_live(ray.jobs(), record):
+            if others := others_live(ray.jobs(), record, stack_prefix(run.submission_ids), set(records.list())):
                 raise Refused(f"another run's job is live on the cluster: {', '.join(others)}. Runs would share the "
                               "GPUs; let it end (its supervisor ends it) or stop it, and run again.")
             submission_id = yield from _submit(records, lease, ray, record, run)
@@ -988,12 +1001,15 @@ def _submit(records: Store, lease: LeaseLike, ray: RayJobs, record: RunRecord, r
 
 def fail_start(records: Store, lease: LeaseLike, ray: RayJobs, run_id: str, submission_id: str) -> Iterator[str]:
     """The attempt `create` submitted did not start in time: the run ends (a failed deploy, which a
-    later `up` reopens) before the attempt is stopped, so nothing submits after it."""
+    later `up` reopens) before the attempt is stopped, so nothing submits after it; yields until Ray
+    says it ended (the caller bounds the wait)."""
     deploy_failed(records, lease, run_id, started=True)
     yield "ended"
     lease.check()
     ray.stop(submission_id)
     yield "stop sent"
+    while (ray.jobs().get(submission_id) or {}).get("status") in LIVE:
+        yield "waiting for the stop"
 
 
 def delete_run(records: Store, lease: LeaseLike, run: RunSpec, reach: Callable[[], RayJobs],
@@ -1025,12 +1041,17 @@ def delete_run(records: Store, lease: LeaseLike, run: RunSpec, reach: Callable[[
         yield "waiting for the stops"
 
 
-def drive(steps: Iterator[str], sleep: Callable[[], None] = lambda: None) -> Any:
-    """Runs a step generator to its end (calling `sleep` after each waiting step); its return value."""
+def drive(steps: Iterator[str], sleep: Callable[[], None] = lambda: None, timeout_s: float | None = None,
+          clock: Callable[[], float] = time.monotonic) -> Any:
+    """Runs a step generator to its end, calling `sleep` after each waiting step (TimeoutError once
+    its waits took `timeout_s`); returns its return value."""
+    give_up = None if timeout_s is None else clock() + timeout_s
     while True:
         try:
             label = next(steps)
         except StopIteration as done:
             return done.value
         if label.startswith("waiting"):
+            if give_up is not None and clock() >= give_up:
+                raise TimeoutError(f"still {label.removeprefix('waiting for ')} after {timeout_s:g} s")
             sleep()
