@@ -222,11 +222,11 @@ def test_diff_replaces_on_the_run_changing_not_on_timeouts() -> None:
     assert again.changes is True and again.replaces == ["attempt"] and again.delete_before_replace is True
 
 
-@pytest.mark.parametrize("key", ["dashboard_url", "cluster_endpoint", "cluster_name", "namespace", "head_service"])
+# How the head is reached (dashboard_url, cluster_endpoint) updates in place: tests/test_pulumi_lifecycle.py.
+@pytest.mark.parametrize("key", ["cluster_name", "namespace", "head_service"])
 def test_diff_replaces_when_where_the_job_runs_changes(key: str) -> None:
     olds = {**_stored(), **CLUSTER, "submission_id": "verl-grpo-a4-x", "status": "RUNNING"}
-    moved = GrpoJobProvider().diff("id", olds, {**olds, key: "http://elsewhere:8265" if key == "dashboard_url"
-                                                else "other"})
+    moved = GrpoJobProvider().diff("id", olds, {**olds, key: "other"})
     assert moved.replaces == [key] and moved.delete_before_replace is True
 
 
