@@ -175,18 +175,21 @@ def test_an_existing_cluster_is_identified_by_its_path() -> None:
         f"projects/{cfg.project}/locations/{cfg.cluster_location}/clusters/{cfg.cluster_name}")
 
 
+def _built_in(type_: str) -> bool:
+    """A Kubernetes kind of the API server itself: the core group or a `*.k8s.io` one."""
+    group = type_.split(":")[1].rsplit("/", 1)[0]
+    return "." not in group or group.endswith(".k8s.io")
+
+
 def test_fixed_name_custom_objects_and_helm_releases_are_deleted_before_they_are_replaced() -> None:
     """A replacement the object's own diff does not decide (a replaced provider, `up --replace`)
     creates first. Built-in kinds: the provider's `Diff` deletes a same-named object first; custom
     resources go through the same `Diff`, Helm releases through helm_release.go's, which never does."""
     for stack in ("a4-standard", "a4x"):
         result, monitor = _run(stack)
-        fixed = [r for r in result.registrations if r.type == HELM_RELEASE
-                 or (r.type.startswith("kubernetes:") and r.custom and not r.type.startswith(
-                     ("kubernetes:core/", "kubernetes:apps/", "kubernetes:batch/", "kubernetes:rbac.",
-                      "kubernetes:networking.k8s.io/", "kubernetes:admissionregistration.", "kubernetes:resource.k8s.io/",
-                      "kubernetes:yaml/")))]
-        assert {r.type for r in fixed} >= {HELM_RELEASE, RAY_CLUSTER} if stack == "a4x" else {RAY_CLUSTER}
+        fixed = [r for r in result.registrations if r.custom and r.type.startswith("kubernetes:")
+                 and not _built_in(r.type)]
+        assert {r.type for r in fixed} >= ({HELM_RELEASE, RAY_CLUSTER} if stack == "a4x" else {RAY_CLUSTER})
         assert [r.urn for r in fixed if monitor.sent[r.name].delete_before_replace is not True] == []
 
 
