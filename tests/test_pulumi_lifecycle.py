@@ -47,9 +47,20 @@ def _run(stack: str, overrides: dict[str, Any] | None = None, preview: bool = Fa
     return synth.run(stack, overrides=overrides, preview=preview, monitor=monitor), monitor
 
 
+_RUNS: dict[tuple[str, tuple[tuple[str, Any], ...]], tuple[synth.SynthResult, OptionsMonitor]] = {}
+
+
+def _deployed(stack: str, **overrides: Any) -> tuple[synth.SynthResult, OptionsMonitor]:
+    """One run per stack and config for the module (the program reads no environment here)."""
+    key = (stack, tuple(sorted(overrides.items())))
+    if key not in _RUNS:
+        _RUNS[key] = _run(stack, {f"verl-gke:{k}": v for k, v in overrides.items()})
+    return _RUNS[key]
+
+
 @pytest.fixture(scope="module")
 def standard() -> tuple[synth.SynthResult, OptionsMonitor]:
-    return _run("a4-standard")
+    return _deployed("a4-standard")
 
 
 def engine_urn(urn: str, stack: str) -> str:
@@ -133,7 +144,7 @@ def test_the_kubernetes_provider_is_identified_by_its_cluster_not_by_how_it_is_r
     whose fixed names then fail with AlreadyExists."""
     result, monitor = standard
     dns = _provider_inputs(monitor, result)
-    ip_result, ip_monitor = _run("a4-standard", {"verl-gke:controlPlaneEndpoint": "ip"})
+    ip_result, ip_monitor = _deployed("a4-standard", controlPlaneEndpoint="ip")
     ip = _provider_inputs(ip_monitor, ip_result)
     cluster = _one(result, CLUSTER)
     assert dns["clusterIdentifier"] == ip["clusterIdentifier"] == f"{cluster.name}-id"  # the cluster's id
@@ -168,9 +179,8 @@ def test_an_existing_cluster_is_identified_by_its_path() -> None:
     from domain.config import load_config
     from domain.stack_files import raw_config
 
-    overrides = {"verl-gke:existingCluster": True}
-    cfg = load_config(raw_config("a4-standard", overrides=overrides)[0])
-    result, monitor = _run("a4-standard", overrides)
+    cfg = load_config(raw_config("a4-standard", overrides={"verl-gke:existingCluster": True})[0])
+    result, monitor = _deployed("a4-standard", existingCluster=True)
     assert _provider_inputs(monitor, result)["clusterIdentifier"] == (
         f"projects/{cfg.project}/locations/{cfg.cluster_location}/clusters/{cfg.cluster_name}")
 
@@ -186,7 +196,7 @@ def test_fixed_name_custom_objects_and_helm_releases_are_deleted_before_they_are
     creates first. Built-in kinds: the provider's `Diff` deletes a same-named object first; custom
     resources go through the same `Diff`, Helm releases through helm_release.go's, which never does."""
     for stack in ("a4-standard", "a4x"):
-        result, monitor = _run(stack)
+        result, monitor = _deployed(stack)
         fixed = [r for r in result.registrations if r.custom and r.type.startswith("kubernetes:")
                  and not _built_in(r.type)]
         assert {r.type for r in fixed} >= ({HELM_RELEASE, RAY_CLUSTER} if stack == "a4x" else {RAY_CLUSTER})
@@ -228,7 +238,7 @@ def test_deletion_protection_protects_the_cluster_in_pulumi_too(protected) -> No
     """GKE checks deletionProtection only when the cluster itself is deleted, last; the engine
     refuses a protected resource's delete in `DeleteStep.Apply`, which a destroy's preview runs
     too, and a failed preview stops the destroy before any delete."""
-    result, monitor = _run("a4-standard", {"verl-gke:deletionProtection": protected})
+    result, monitor = _deployed("a4-standard", **({"deletionProtection": True} if protected else {}))
     cluster = _one(result, CLUSTER)
     assert cluster.inputs["deletionProtection"] is protected
     assert monitor.sent[cluster.name].protect is protected
@@ -250,7 +260,7 @@ def test_the_run_is_replaced_with_what_it_runs_on_and_stopped_first(stack) -> No
     shows the run's replacement); `continueStepsFromDiff`: a delete-before-replace of that resource
     deletes its cascades (replaceWith, deletedWith) before every other dependent and before it, in
     no set order among themselves, so the run must be the only one."""
-    result, monitor = _run(stack)
+    result, monitor = _deployed(stack)
     job = _one(result, synth.GRPO_JOB_TYPE)
     roots = [_one(result, CLUSTER).urn, _one(result, RAY_CLUSTER).urn,
              *[r.urn for r in result.registrations if r.type == NODE_POOL and "cpu-pool" not in r.name]]
@@ -307,7 +317,7 @@ def test_a_forced_replacement_of_the_bucket_creates_first_so_it_is_never_forgott
     """A named bucket replaced delete-first would be forgotten (retained) or deleted (force_destroy)
     before its create fails with 409; created first, the create fails and the state keeps it. The
     option overrides the provider's choice (`continueStepsFromDiff`)."""
-    result, monitor = _run("a4-standard", {"verl-gke:bucketForceDestroy": force_destroy})
+    result, monitor = _deployed("a4-standard", **({"bucketForceDestroy": True} if force_destroy else {}))
     bucket = _one(result, BUCKET)
     assert monitor.sent[bucket.name].delete_before_replace is False
     assert monitor.sent[bucket.name].retain_on_delete is (not force_destroy)
@@ -339,7 +349,7 @@ RESUMING = {"spec": {"suspend": False}, "status": {"state": "suspended", "readyW
 
 @pytest.mark.parametrize("stack", ["a4-standard", "a4x"])
 def test_the_ray_cluster_is_awaited_until_ready_and_never_on_a_suspended_one(stack) -> None:
-    result, monitor = _run(stack)
+    result, monitor = _deployed(stack)
     ray = _one(result, RAY_CLUSTER)
     expression = ray.inputs["metadata"]["annotations"][WAIT_FOR]
     assert not wait_for_satisfied(expression, PROVISIONING)
