@@ -104,6 +104,10 @@ class PodSize:
 AUTOPILOT_SIDECAR = PodSize(cpu=2, memory_gi=16, ephemeral_gi=100)
 """The GCS FUSE sidecar on Autopilot (requests = limits, GKE's guidance for training); its requests
 count toward the pod's against Autopilot's per-accelerator maxima."""
+CHECKPOINT_COPIER = PodSize(cpu=1, memory_gi=1, ephemeral_gi=1)
+"""The checkpoint copier beside every GPU worker (workloads/checkpoints.py `copy`; requests = limits): a
+Python loop copying files through the GCS FUSE mount, whose own work is the FUSE sidecar's. Taken from
+the worker's share of the node, on Standard and Autopilot alike."""
 
 GPU_POOL_NAME = "gpu-pool"
 """The Standard GPU node pool's name, in every stack with one capacity kind."""
@@ -254,8 +258,9 @@ class Platform:
         """The Autopilot worker container's requests: the pod ceiling less the GCS FUSE sidecar."""
         if self.autopilot_max_pod is None:
             return None
-        top, car = self.autopilot_max_pod, AUTOPILOT_SIDECAR
-        return PodSize(top.cpu - car.cpu, top.memory_gi - car.memory_gi, top.ephemeral_gi - car.ephemeral_gi)
+        top, car, copier = self.autopilot_max_pod, AUTOPILOT_SIDECAR, CHECKPOINT_COPIER
+        return PodSize(top.cpu - car.cpu - copier.cpu, top.memory_gi - car.memory_gi - copier.memory_gi,
+                       top.ephemeral_gi - car.ephemeral_gi - copier.ephemeral_gi)
 
     def worker_ephemeral_gi(self, mode: Mode) -> int:
         worker = self.autopilot_worker if mode == "autopilot" else None
@@ -279,24 +284,26 @@ class Platform:
 
     @property
     def max_worker_cpus(self) -> int:
-        """The largest CPU request a worker can get scheduled with (beside the head where it shares the node)."""
-        return math.floor(self.allocatable_cpu - self.head_cpus)
+        """The largest CPU request a worker can get scheduled with (beside its checkpoint copier, and the head
+        where it shares the node)."""
+        return math.floor(self.allocatable_cpu - self.head_cpus - CHECKPOINT_COPIER.cpu)
 
     @property
     def max_worker_memory_gi(self) -> int:
-        return math.floor(self.allocatable_memory_gib - self.head_memory_gi)
+        return math.floor(self.allocatable_memory_gib - self.head_memory_gi - CHECKPOINT_COPIER.memory_gi)
 
     @property
     def worker_cpus(self) -> int:
-        """CPU request of a Ray worker: allocatable minus room for DaemonSets, the gcsfuse sidecar and,
-        where it shares the node, the Ray head."""
-        return math.floor(self.allocatable_cpu) - WORKER_CPU_HEADROOM - self.head_cpus
+        """CPU request of a Ray worker: allocatable minus room for DaemonSets, the gcsfuse sidecar, the
+        checkpoint copier and, where it shares the node, the Ray head."""
+        return math.floor(self.allocatable_cpu) - WORKER_CPU_HEADROOM - self.head_cpus - CHECKPOINT_COPIER.cpu
 
     @property
     def worker_memory_gi(self) -> int:
         """Memory request of a Ray worker, with headroom for DaemonSets, the gcsfuse sidecar and, where it
         shares the node, the Ray head."""
-        return math.floor(self.allocatable_memory_gib * WORKER_MEMORY_FRACTION) - self.head_memory_gi
+        return (math.floor(self.allocatable_memory_gib * WORKER_MEMORY_FRACTION) - self.head_memory_gi
+                - CHECKPOINT_COPIER.memory_gi)
 
 
 # Room left on a GPU node for GKE's DaemonSets (device plugin, NCCL installer, logging,
