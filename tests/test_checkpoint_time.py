@@ -69,3 +69,15 @@ def test_a_line_names_the_figures_and_the_assumptions() -> None:
     assert t.line() == ("checkpoint time: 6 saves x 6 s to local disk + 48 s for the last copy to the bucket = 84 s "
                         "of GPU time (straight to the bucket: 288 s); assumed 2 GB/s per rank into the page cache, "
                         "2 GB/s per node to the bucket")
+
+
+@pytest.mark.parametrize(("platform", "share"), [
+    # The default A4 and A3 Ultra stacks: 2 nodes, 192 GB each: 6 x 12 s + 96 s = 168 s (straight: 576 s).
+    ("a4", 168 / (2465 + 168)),    # 6.4 %: above the 5 % target at the bucket rate's low end
+    ("a3u", 168 / (4060 + 168)),   # 4.0 %
+])
+def test_the_default_two_node_stacks(platform: str, share: float) -> None:
+    t = checkpoint_time(PLATFORMS[platform], checkpoint_bytes=CKPT, nodes=2, saves=6)
+    assert (t.total_s, t.bucket_total_s) == (168.0, 576.0)
+    assert t.share(RUN_S[platform]) == pytest.approx(share)
+

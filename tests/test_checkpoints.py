@@ -164,7 +164,7 @@ def test_a_copier_killed_mid_copy_leaves_no_record_and_its_restart_completes_the
     verl_saves(world["nodes"], world["head"], "a1", 20, size=100_000)
     ck.announce(launch, "a1", 10, log)
     ck.copy_once(world["nodes"][0], world["bucket"], "node0", log)
-    # node1's copier dies 1,000 bytes into its first file: a real process, SIGKILL at that line.
+    # node1's copier dies 1,000 bytes into a file: a real process, SIGKILL at that line.
     dies = ("import os, shutil, signal, sys\n"
             "from workloads import checkpoints as c\n"
             "def copy(reader, writer, n):\n"
@@ -175,8 +175,7 @@ def test_a_copier_killed_mid_copy_leaves_no_record_and_its_restart_completes_the
                           timeout=60, capture_output=True)
     assert done.returncode == -signal.SIGKILL
     step = world["run"] / "global_step_20"
-    assert sorted(p.name for p in (step / "actor").iterdir() if p.stat().st_size == 1000) == [
-        f"extra_state_world_size_{WORLD}_rank_2.pt"]
+    assert [p for p in (step / "actor").iterdir() if p.stat().st_size == 1000]  # half-copied files
     assert not (step / ck.STATE_DIR / ck.PARTS_DIR / "node1.json").exists()
     assert not (step / ck.MARKER).exists()
     assert ck.resume_step(world["run"], WORLD) == 10  # the half-copied one is never used
