@@ -148,6 +148,18 @@ def test_a_node_copies_nothing_verl_has_not_announced(world: dict) -> None:
     assert (world["nodes"][0] / RUN / "a1" / "global_step_10").is_dir()
 
 
+def test_saves_the_head_missed_announcing_are_announced_at_its_next_look(world: dict) -> None:
+    """The bucket stalled while verl saved step 10: at the next look verl is at 20, and both go."""
+    _, log = _logs()
+    launch = _start_attempt(world, "a1")
+    verl_saves(world["nodes"], world["head"], "a1", 10)
+    verl_saves(world["nodes"], world["head"], "a1", 20)
+    assert ck.announce(launch, "a1", 0, log) == 20
+    for i, node in enumerate(world["nodes"]):
+        ck.copy_once(node, world["bucket"], f"node{i}", log)
+    assert ck.complete_steps(world["run"], WORLD) == [10, 20]
+
+
 def test_an_earlier_attempts_local_saves_are_dropped_not_copied(world: dict) -> None:
     _, log = _logs()
     verl_saves(world["nodes"], world["head"], "old", 20)

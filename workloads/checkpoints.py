@@ -348,20 +348,22 @@ def plan_launch(command: Sequence[str], attempt: str, local_root: Path) -> Launc
 
 
 def announce(launch: Launch, attempt: str, announced: int, log: Callable[[str], None]) -> int:
-    """Announce each save verl finished since `announced`; return the newest one announced."""
+    """Announce every save verl finished (its tracker at or past it) and this pod has not announced yet,
+    oldest first, with the head's own files; return the newest one announced."""
     try:
-        step = int((launch.local_dir / TRACKER).read_text().strip())
+        tracker = int((launch.local_dir / TRACKER).read_text().strip())
     except (OSError, ValueError):
         return announced
-    if step <= announced:
-        return announced
-    local_step = launch.local_dir / f"global_step_{step}"
-    write_json(launch.run_dir / local_step.name / STATE_DIR / SAVED_FILE,
-               {"attempt": attempt, "world_size": launch.world_size, "step": step})
-    log(f"step {step}: saved by verl on every node, copying")
-    publish_part(launch.run_dir, local_step, step, attempt, HEAD_PART, log)
-    shutil.rmtree(local_step, ignore_errors=True)
-    return step
+    pending = sorted((step, p) for p in launch.local_dir.glob("global_step_*")
+                     if (step := step_of(p.name)) is not None and step <= tracker)
+    for step, local_step in pending:
+        write_json(launch.run_dir / local_step.name / STATE_DIR / SAVED_FILE,
+                   {"attempt": attempt, "world_size": launch.world_size, "step": step})
+        log(f"step {step}: saved by verl on every node, copying")
+        publish_part(launch.run_dir, local_step, step, attempt, HEAD_PART, log)
+        shutil.rmtree(local_step, ignore_errors=True)
+        announced = max(announced, step)
+    return announced
 
 
 def wait_complete(run_dir: Path, step: int, deadline_s: float, poll_s: float, log: Callable[[str], None]) -> bool:
@@ -441,6 +443,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CheckpointError as e:
         print(f"verl-gke checkpoints: failed: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # the bucket mount failed before verl started: the attempt fails, a retry may not
+        print(f"verl-gke checkpoints: failed: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
