@@ -19,7 +19,7 @@ from components.children import child_options, custom_resource
 from components.helm_release import pinned_release
 from components.pinned_image import PinnedImage
 from domain.image_mirror import mirrored
-from domain.platforms import PLATFORMS, Platform, PlatformName, has_digest
+from domain.platforms import CHECKPOINT_COPIER, PLATFORMS, Platform, PlatformName, has_digest
 from manifests import checkpoints, kuberay
 from manifests.network_policy import ray_ingress_policy
 from manifests.ray_cluster import HEAD_NODE_POOL, RayClusterSpec, head_service_name, ray_cluster
@@ -75,8 +75,9 @@ class RayTrainingClusterArgs(TypedDict):
     install_kuberay: NotRequired[bool]
     """Install the namespace-scoped KubeRay operator Helm chart (only without the Ray add-on)."""
     operator_depends_on: NotRequired[list[pulumi.Resource]]
-    """What the operator's release waits for (its namespace's owner), instead of everything the
-    RayCluster waits for: it needs no GPU node, so it installs while the GPU pool is created."""
+    """What the operator's release and the checkpoint program's ConfigMap wait for (their namespace's
+    owner), instead of everything the RayCluster waits for: they need no GPU node, so they are written
+    while the GPU pool is created."""
     ready_timeout_minutes: NotRequired[int]
     """How long `pulumi up` waits for the head and every worker to run."""
     network_policy: NotRequired[bool]
@@ -143,12 +144,14 @@ def _check_room_for_head(spec: RayClusterSpec, platform: Platform) -> None:
     if spec.worker_cpus > cpus:
         problems.append(
             f"worker_cpus = {spec.worker_cpus}: an A4X node has {platform.allocatable_cpu:.2f} allocatable vCPUs "
-            f"and also runs the Ray head ({platform.head_cpus}); request at most {cpus}"
+            f"and also runs the Ray head ({platform.head_cpus}) and the checkpoint copier ({CHECKPOINT_COPIER.cpu}); "
+            f"request at most {cpus}"
         )
     if spec.worker_memory_gi > memory_gi:
         problems.append(
             f"worker_memory_gi = {spec.worker_memory_gi}: an A4X node has {platform.allocatable_memory_gib:.2f}Gi "
-            f"allocatable and also runs the Ray head ({platform.head_memory_gi}Gi); request at most {memory_gi}"
+            f"allocatable and also runs the Ray head ({platform.head_memory_gi}Gi) and the checkpoint copier "
+            f"({CHECKPOINT_COPIER.memory_gi}Gi); request at most {memory_gi}"
         )
     if problems:
         raise ValueError("invalid RayCluster spec:\n  " + "\n  ".join(problems))
@@ -190,9 +193,13 @@ class RayTrainingCluster(pulumi.ComponentResource):
             image = PinnedImage(f"{name}-image", {"image": spec.image},
                                 pulumi.ResourceOptions(parent=self)).ref.apply(pull_ref)
         if spec.checkpoint_root:
+            # Needs only the namespace, as the operator: written while the GPU pool is created.
+            program_opts = child
+            if "operator_depends_on" in args:
+                program_opts = pulumi.ResourceOptions(parent=self, depends_on=args["operator_depends_on"])
             program = checkpoints.program_config_map(namespace=spec.namespace, program=checkpoint_program())
             program_map = k8s.core.v1.ConfigMap(f"{name}-checkpoint-program", metadata=program["metadata"],
-                                                data=program["data"], opts=child)
+                                                data=program["data"], opts=program_opts)
             cluster_opts = cluster_opts.merge(pulumi.ResourceOptions(depends_on=[program_map]))
         timeout = f"{args.get('ready_timeout_minutes', DEFAULT_READY_TIMEOUT_MINUTES)}m"
         # The builder only places the pinned ref (resolved by the engine, like claim_name).
