@@ -129,21 +129,27 @@ def test_the_export_job_runs_on_the_head_unless_it_asks_for_memory() -> None:
     assert (big["entrypoint_memory"], big["entrypoint_num_cpus"]) == (260 * 10**9, 1)
 
 
-def test_model_uri_is_empty_until_the_run_succeeds() -> None:
+def test_model_uri_is_empty_until_the_runs_export_succeeded() -> None:
     from verl_gke import synth
 
-    class Succeeded(synth.SynthMocks):
-        """The provider's answer once the run has SUCCEEDED."""
+    def answering(status: str, export_outcome: str) -> synth.RecordingMonitor:
+        class Answer(synth.SynthMocks):
+            """The provider's answer: the run's status and its record's export outcome."""
 
-        def new_resource(self, args):
-            id_, state = super().new_resource(args)
-            if args.typ == synth.GRPO_JOB_TYPE:
-                state["status"] = "SUCCEEDED"
-            return id_, state
+            def new_resource(self, args):
+                id_, state = super().new_resource(args)
+                if args.typ == synth.GRPO_JOB_TYPE:
+                    state.update(status=status, export_outcome=export_outcome)
+                return id_, state
+
+        return synth.RecordingMonitor(Answer())
 
     running = synth.run("a4-standard")
     assert running.outputs["modelUri"] == ""
-    done = synth.run("a4-standard", monitor=synth.RecordingMonitor(Succeeded()))
+    # The run succeeded, the export did not (or has not yet): no model to name.
+    for outcome in ("", "FAILED: export_model: no checkpoint yet"):
+        assert synth.run("a4-standard", monitor=answering("SUCCEEDED", outcome)).outputs["modelUri"] == ""
+    done = synth.run("a4-standard", monitor=answering("SUCCEEDED", "SUCCEEDED"))
     run_id = done.outputs["checkpointUri"].rsplit("/", 1)[1]  # the run's id names its checkpoint folder
     assert done.outputs["modelUri"] == f"gs://{done.outputs['bucketName']}/{run_id}/model"
 
