@@ -649,8 +649,8 @@ def _head_jobs(client: JobSubmissionClient, spec: _JobSpec) -> RayJobs:
                 if method != "GET":
                     raise  # a submission's refusal is read by the lifecycle (an id used once, a head starting)
                 error.close()
-                raise HeadRequestError(f"Ray head at {spec.address}: {method} {path.split('?')[0]} answered "
-                                       f"{error.code} {error.reason}") from None
+                raise RuntimeError(f"Ray head at {spec.address}: {method} {path.split('?')[0]} answered "
+                                   f"{error.code} {error.reason}") from None
             except (OSError, http.client.HTTPException) as error:
                 raise HeadRequestError(f"Ray head at {spec.address}: {method} {path.split('?')[0]} got no answer "
                                        f"within {self.timeout_s:g} s ({type(error).__name__})") from None
