@@ -34,7 +34,7 @@ import time
 import traceback
 import urllib.error
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -100,13 +100,10 @@ class SupervisorConfig:
 
     @property
     def policy(self) -> Policy:
-        return Policy(run_id=self.run_id, generation=self.generation, submission_ids=tuple(self.submission_ids),
-                      expected_workers=self.expected_workers, expected_gpus=self.expected_gpus,
-                      max_retries=self.max_retries, max_preemptions=self.max_preemptions, backoff_s=self.backoff_s,
-                      budget_s=self.budget_s, budget_grace_s=self.budget_grace_s, settle_s=self.settle_s,
-                      capacity_timeout_s=self.capacity_timeout_s, head_outage_s=self.head_outage_s,
-                      stall_s=self.stall_s, replace_window_s=self.replace_window_s, export=self.export is not None,
-                      export_timeout_s=self.export_timeout_s, release_workers=self.release_workers)
+        """The rules' limits: the fields both have, the ids, and whether an export is due."""
+        shared = {f.name for f in fields(Policy)} & {f.name for f in fields(self)} - {"submission_ids", "export"}
+        return Policy(**{name: getattr(self, name) for name in shared}, submission_ids=tuple(self.submission_ids),
+                      export=self.export is not None)
 
     def export_job(self, run_id: str, generation: int) -> dict[str, Any] | None:
         """The export's Ray job for the run's `generation` (the generation in the id: a later
