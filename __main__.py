@@ -17,7 +17,7 @@ from components.image_mirror import ImageMirror
 from domain.image_mirror import MIRROR_APIS, is_docker_hub, registry_prefix, repository_id
 from domain.run_identity import submission_ids
 from domain.stack_run import stack_run
-from domain.grpo_spec import entrypoint, runtime_env
+from domain.grpo_spec import CHECKPOINT_DIR, entrypoint, runtime_env
 from components.network_mapping import NetworkMapping
 from domain.preflight import REQUIRED_APIS, STACK_LABEL
 from components.preflight import check_live_project
@@ -182,7 +182,8 @@ ray = RayTrainingCluster("ray", {
 }, k8s.merge(pulumi.ResourceOptions(depends_on=ray_waits_for)))
 
 run_id, legacy_trainer = stack_run(cfg)
-entry = entrypoint(cfg.grpo, facts.gpus_per_node, cfg.gpu_nodes, run_id=run_id, legacy_trainer=legacy_trainer)
+entry = entrypoint(cfg.verl, run_id=run_id, legacy_trainer=legacy_trainer)
+checkpoint_dir = f"{cfg.verl.get(CHECKPOINT_DIR)}/{run_id}"
 job_env = runtime_env(facts, nnodes=cfg.gpu_nodes, worker_cpus=cfg.worker_cpus, verl_dir=cfg.verl_dir)
 job_waits_for: list[pulumi.Resource] = [ray, staging]
 if cfg.run_supervisor:
@@ -199,7 +200,7 @@ if cfg.run_supervisor:
             # Never ends a run as not claimed while `pulumi up` may still be in its gates.
             "capacity_timeout_s": max(CAPACITY_TIMEOUT_S, claimed_within_s(cfg.job_ready_timeout_seconds)),
             # Merged on a node with the memory (a GPU worker for 32B), before the workers are released.
-            "export": {"checkpoint_dir": f"{cfg.grpo.checkpoint_dir}/{run_id}", "mount": MOUNT_PATH,
+            "export": {"checkpoint_dir": checkpoint_dir, "mount": MOUNT_PATH,
                        "memory_bytes": merge_memory_bytes(cfg.model), "verl_dir": cfg.verl_dir}
             if cfg.export_model else None,
         },
@@ -222,7 +223,7 @@ job = GrpoJob("grpo", {
     "run_id": run_id, "run_record": supervisor.run_record_name(cfg.ray_cluster_name),
 }, pulumi.ResourceOptions(depends_on=job_waits_for))
 
-checkpoint_path = f"{cfg.grpo.checkpoint_dir.removeprefix(f'{MOUNT_PATH}/')}/{run_id}"
+checkpoint_path = checkpoint_dir.removeprefix(f"{MOUNT_PATH}/")
 pulumi.export("clusterName", cluster.name)
 pulumi.export("clusterLocation", cluster.location)
 pulumi.export("clusterEndpoint", cluster.endpoint)
