@@ -33,7 +33,7 @@ def test_every_key_is_declared_with_type_and_description():
 
 
 # The project schema's config types (pulumi/pulumi sdk/go/common/workspace/project.json `simpleConfigType`,
-# `object` since #20129/#20132 of July 2025, in 3.260 and later) and what ValidateConfigValue (project.go)
+# `object` since 3.186/3.187, pulumi/pulumi #20129 and #20132) and what ValidateConfigValue (project.go)
 # accepts for each: `object` takes any map, its content unchecked.
 _CLI_TYPES = {"string": str, "integer": int, "boolean": bool, "array": list, "object": dict}
 
