@@ -85,6 +85,14 @@ def test_the_pulumi_cli_accepts_every_stack_file_as_it_is(stack: str):
     assert cli_stack_config_errors(DECLARED, stack, read_stack_file(stack_file(stack))) == []
 
 
+def test_the_cli_takes_a_map_of_verl_paths_under_verl_gke_verl_and_nothing_else():
+    assert DECLARED["config"]["verl-gke:verl"]["type"] == "object"
+    nested = {"verl-gke:verl": {"data": {"train_batch_size": 128}, "trainer": {"logger": ["console"]}}}
+    assert cli_stack_config_errors(DECLARED, "s", nested) == []
+    assert cli_stack_config_errors(DECLARED, "s", {"verl-gke:verl": "data.train_batch_size=128"}) == [
+        "Stack 's' with configuration key 'verl-gke:verl' must be of type 'object'"]
+
+
 def test_no_key_is_secret_so_no_secret_ever_needs_a_stack_value():
     assert [k for k, d in DECLARED["config"].items() if d.get("secret")] == []
     assert [k for k, d in DECLARED["config"].items() if "default" not in d] == []
