@@ -413,7 +413,7 @@ def _key_of_loc(loc: list[str]) -> str:
 
 def _as_field_values(raw: Mapping[str, Any]) -> dict[str, Any]:
     """Raw `namespace:key` strings -> model input (aliases), lists decoded; verl-gke:verl as given, the
-    keys it replaced and verl paths set without --path left out (reported by _verl_key_problems)."""
+    keys it replaced and verl paths set without --path left out (reported by _verl_key_problem)."""
     data: dict[str, Any] = {}
     for full_key, value in raw.items():
         ns, _, key = full_key.partition(":")
