@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -125,6 +125,18 @@ OWNED: dict[str, str] = {
 """Paths verl-gke sets itself, and why a user may not."""
 
 _A, _R, _F = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "actor_rollout_ref.ref."
+_SIZES = ("data.train_batch_size", "data.max_prompt_length", "data.max_response_length", _A + "ppo_mini_batch_size",
+          _A + "ppo_max_token_len_per_gpu", _A + "ulysses_sequence_parallel_size", _R + "tensor_model_parallel_size",
+          _R + "n", _R + "max_num_seqs", _R + "log_prob_max_token_len_per_gpu", _F + "log_prob_max_token_len_per_gpu",
+          "trainer.total_epochs")
+_MICRO_SIZES = (_A + "ppo_micro_batch_size_per_gpu", _R + "log_prob_micro_batch_size_per_gpu",
+                _F + "log_prob_micro_batch_size_per_gpu")
+BOUNDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    **{path: (lambda v: v >= 1, "at least 1") for path in _SIZES},
+    **{path: (lambda v: v is None or v >= 1, "at least 1, or null") for path in _MICRO_SIZES},
+    _R + "gpu_memory_utilization": (lambda v: 0 < v <= 1, "greater than 0 and at most 1 (a share of the GPU's memory)"),
+}
+"""The sizes and shares the run's rules divide by or take a share of: what verl-gke:verl may set them to."""
 RENAMED: dict[str, tuple[str, ...]] = {
     "grpoTrainBatchSize": ("data.train_batch_size",),
     "grpoMaxPromptLength": ("data.max_prompt_length",),

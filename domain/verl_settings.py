@@ -18,7 +18,7 @@ import difflib
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -340,11 +340,12 @@ def has_interpolation(value: Any) -> bool:
     return False
 
 
-def check(given: Mapping[str, Any], release: VerlRelease,
-          owned: Mapping[str, str]) -> tuple[dict[str, Any], list[Problem]]:
+def check(given: Mapping[str, Any], release: VerlRelease, owned: Mapping[str, str],
+          bounds: Mapping[str, tuple[Callable[[Any], bool], str]]) -> tuple[dict[str, Any], list[Problem]]:
     """({path: value as verl takes it} of the accepted entries, every problem of the others).
 
-    `owned` maps a path verl-gke sets itself to why it does (the key to set instead)."""
+    `owned` maps a path verl-gke sets itself to why it does (the key to set instead); `bounds` a path to
+    a test its value must pass and what the test allows."""
     accepted: dict[str, Any] = {}
     problems: list[Problem] = []
     defaults = defaults_of(release)
@@ -371,6 +372,9 @@ def check(given: Mapping[str, Any], release: VerlRelease,
             default = _resolved(defaults, path)
             problems.append(Problem(path, value, f"must be {kind.describe()} (verl {release.version}'s default: "
                                     f"{json.dumps(default, default=str)})."))
+            continue
+        if path in bounds and not bounds[path][0](typed):
+            problems.append(Problem(path, value, f"must be {bounds[path][1]}."))
             continue
         accepted[path] = typed
     return accepted, problems

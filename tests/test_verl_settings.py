@@ -96,6 +96,18 @@ def test_the_dataclass_behind_a_node_decides_its_type_not_the_yaml_default() -> 
         A + "entropy_coeff") == 0.01
 
 
+def test_sizes_the_rules_divide_by_must_be_positive_and_the_memory_share_a_share() -> None:
+    assert refused({R + "tensor_model_parallel_size": 0, A + "ppo_max_token_len_per_gpu": -1,
+                    R + "gpu_memory_utilization": 1.5, A + "ppo_micro_batch_size_per_gpu": 0}) == [
+        "verl-gke:verl.actor_rollout_ref.rollout.tensor_model_parallel_size = 0: must be at least 1.",
+        "verl-gke:verl.actor_rollout_ref.rollout.gpu_memory_utilization = 1.5: must be greater than 0 and at most 1 "
+        "(a share of the GPU's memory).",
+        "verl-gke:verl.actor_rollout_ref.actor.ppo_max_token_len_per_gpu = -1: must be at least 1.",
+        "verl-gke:verl.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 0: must be at least 1, or null.",
+    ]
+    assert cfg_with({A + "ppo_micro_batch_size_per_gpu": None}).verl.get(A + "ppo_micro_batch_size_per_gpu") is None
+
+
 @pytest.mark.parametrize(("path", "why"), sorted(grpo_spec.OWNED.items()))
 def test_paths_verl_gke_sets_itself_are_refused_with_the_key_to_set(path: str, why: str) -> None:
     assert refused({path: "x"}) == [f'verl-gke:verl.{path} = "x": {why}']
