@@ -27,7 +27,7 @@ from components.run_supervisor import RunSupervisor
 from components.ray_training_cluster import RayTrainingCluster
 from manifests import compute_class, nccl, supervisor
 from manifests.network_mapping import NetworkNames
-from domain.bucket import MOUNT_PATH
+from domain.bucket import MOUNT_PATH, run_checkpoint_dir
 from domain.pricing import run_cost, run_estimate_line
 from domain.run_memory import merge_memory_bytes
 from domain.names import stack_names, stack_slug
@@ -175,7 +175,7 @@ ray = RayTrainingCluster("ray", {
     "image": cfg.verl_image, "image_mirror": image_mirror,
     "worker_cpus": cfg.worker_cpus, "worker_memory_gi": cfg.worker_memory_gi,
     "worker_spot": cfg.gpu_spot and cfg.autopilot, "compute_class": gpu_class, "nic_claims": a4x and networks is None,
-    "verl_dir": cfg.verl_dir,
+    "verl_dir": cfg.verl_dir, "checkpoint_root": cfg.verl.get(CHECKPOINT_DIR),
     "install_kuberay": cfg.ray_operator == "helm", "operator_depends_on": [storage],
     "network_policy": cfg.ray_network_policy, "dashboard_cidrs": list(cfg.ray_dashboard_cidrs),
     "job_api_clients": supervisor.LABELS if cfg.run_supervisor else None,
@@ -183,7 +183,7 @@ ray = RayTrainingCluster("ray", {
 
 run_id, legacy_trainer = stack_run(cfg)
 entry = entrypoint(cfg.verl, run_id=run_id, legacy_trainer=legacy_trainer)
-checkpoint_dir = f"{cfg.verl.get(CHECKPOINT_DIR)}/{run_id}"
+checkpoint_dir = run_checkpoint_dir(cfg.verl.get(CHECKPOINT_DIR), run_id)
 job_env = runtime_env(facts, nnodes=cfg.gpu_nodes, worker_cpus=cfg.worker_cpus, verl_dir=cfg.verl_dir)
 job_waits_for: list[pulumi.Resource] = [ray, staging]
 if cfg.run_supervisor:
@@ -221,7 +221,10 @@ job = GrpoJob("grpo", {
     "fabric_runtime_env": fabric_runtime_env(facts), "fabric_transports": list(facts.fabric_transports),
     "budget_s": cfg.run_budget_s, "supervised_attempts": cfg.supervised_attempts,
     "run_id": run_id, "run_record": supervisor.run_record_name(cfg.ray_cluster_name),
-}, pulumi.ResourceOptions(depends_on=job_waits_for))
+}, pulumi.ResourceOptions(depends_on=job_waits_for,
+                          # Their replacement deletes the workers: the run is stopped first, then resubmitted.
+                          replace_with=[*([cluster.cluster] if cluster.cluster else []),
+                                        *(pool.node_pool for pool in gpu_pools), ray.ray_cluster]))
 
 checkpoint_path = checkpoint_dir.removeprefix(f"{MOUNT_PATH}/")
 pulumi.export("clusterName", cluster.name)

@@ -19,7 +19,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
 from domain import run_memory, verl_settings
-from domain.bucket import MOUNT_PATH
+from domain.bucket import MOUNT_PATH, run_checkpoint_dir
 from domain.platforms import Platform
 from domain.verl_settings import Problem, VerlSettings
 from workloads.stage_data import model_dir_for
@@ -278,8 +278,8 @@ def overrides(run: VerlSettings, *, run_id: str = "", legacy_trainer: bool = Fal
     honours the budget's deadline, domain/run_identity.py) unless the user chose trainer.use_v1."""
     out = []
     for key, value in run.values:
-        if key == CHECKPOINT_DIR and run_id:
-            value = f"{value}/{run_id}"
+        if key == CHECKPOINT_DIR:
+            value = run_checkpoint_dir(str(value), run_id)
         out.append(Override(key, value, key in run.added))
     if legacy_trainer and USE_V1 not in run.given:
         out.append(Override(USE_V1, False))
@@ -312,10 +312,20 @@ def render(value: object) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+# --- checkpoints on local disk (docs/checkpoints-and-a4x.md) ------------------------------------------------
+# verl's settings stay the run's (trainer.default_local_dir names the run's folder on the bucket); the
+# launcher moves them per attempt: saves to the node's local disk, resume from the bucket's newest complete
+# checkpoint (workloads/checkpoints.py, shipped at CHECKPOINT_PROGRAM on every Ray pod).
+CHECKPOINT_PROGRAM_DIR = "/opt/verl-gke"
+CHECKPOINT_PROGRAM = f"{CHECKPOINT_PROGRAM_DIR}/checkpoints.py"
+CHECKPOINT_LAUNCHER = ("python3", CHECKPOINT_PROGRAM, "launch", "--")
+
+
 def entrypoint(run: VerlSettings, *, run_id: str = "", legacy_trainer: bool = False) -> str:
-    """The shell command Ray runs: `python3 -m verl.trainer.main_ppo` with quoted overrides."""
+    """The shell command Ray runs: `python3 -m verl.trainer.main_ppo` with quoted overrides, through the
+    checkpoint launcher."""
     args = [o.arg for o in overrides(run, run_id=run_id, legacy_trainer=legacy_trainer)]
-    return " ".join(["python3", "-m", VERL_ENTRY_MODULE, *(shlex.quote(a) for a in args)])
+    return " ".join([*CHECKPOINT_LAUNCHER, "python3", "-m", VERL_ENTRY_MODULE, *(shlex.quote(a) for a in args)])
 
 
 def runtime_env(platform: Platform, *, nnodes: int, worker_cpus: int,

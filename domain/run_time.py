@@ -2,8 +2,8 @@
 
 One step of verl's GRPO on its colocated GPUs (the hybrid engine): vLLM generates every response (the
 rollout), the actor (and the reference policy, when there is one) computes the log-probs of every token, the
-actor updates on every token, and the new weights go back to vLLM. Then every `save_freq` steps a checkpoint is
-written while the GPUs wait. Each formula is a plain function of the run's own numbers:
+actor updates on every token, and the new weights go back to vLLM. Each formula is a plain function of the
+run's own numbers:
 
     tokens a step        T = sequences x (prompt + response tokens)
     update FLOPs         (6 + 2 with gradient checkpointing) x parameters x T     (forward, backward, recompute)
@@ -12,11 +12,11 @@ written while the GPUs wait. Each formula is a plain function of the run's own n
     rollout seconds      sequences x response tokens / (GPUs x decode rate);
                          decode rate a GPU = peak x DECODE_SHARE / (2 x parameters)
     step seconds         rollout + log-probs + update + STEP_OVERHEAD_S
-    checkpoint seconds   checkpoint bytes / (nodes x CHECKPOINT_WRITE_BYTES_PER_S)
-    run seconds          steps x step + checkpoints x checkpoint
+    run seconds          steps x step + the GPU time the checkpoints cost (domain/checkpoint_time.py)
 
-Every assumption is here, named once; the GPUs' peak FLOP/s are platform facts (domain/platforms.py). The
-figures are a model to plan with, not a measurement: `measured_ratio` holds a measured step against it.
+Every assumption of the step is here, named once; the checkpoints' are in domain/checkpoint_time.py, the
+GPUs' peak FLOP/s platform facts (domain/platforms.py). The figures are a model to plan with, not a
+measurement: `measured_ratio` holds a measured step against it.
 Pure: numbers in, numbers out.
 """
 
@@ -39,8 +39,6 @@ replica (max_num_seqs sized to the requests a replica gets): the decode rate."""
 STEP_OVERHEAD_S = 10.0
 """Each step's fixed time besides the three passes: the weight sync from FSDP to vLLM, vLLM's wake-up and
 sleep, the reward, advantages and scheduling."""
-CHECKPOINT_WRITE_BYTES_PER_S = 4e9
-"""What a node writes to the bucket through GCS FUSE while the GPUs wait (2-5 GB/s a node)."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +50,6 @@ class Assumptions:
     response_tokens: int = RESPONSE_TOKENS
     decode_share: float = DECODE_SHARE
     step_overhead_s: float = STEP_OVERHEAD_S
-    checkpoint_write_bytes_per_s: float = CHECKPOINT_WRITE_BYTES_PER_S
 
     @classmethod
     def for_platform(cls, platform: str) -> Assumptions:
@@ -67,7 +64,6 @@ class RunShape:
     sequences: int
     """Sequences a step: train_batch_size x rollout.n."""
     n_gpus: int
-    nodes: int
     peak_flops: float
     """Dense bf16 FLOP/s of one GPU."""
     reference: bool
@@ -75,8 +71,8 @@ class RunShape:
     recompute: bool
     """Gradient checkpointing: the update recomputes each layer's forward."""
     steps: int | None
-    checkpoints: int | None
-    checkpoint_bytes: float | None
+    checkpoint_s: float
+    """GPU time all the run's checkpoints cost (domain/checkpoint_time.py's total)."""
 
 
 @dataclass(frozen=True)
@@ -89,8 +85,6 @@ class RunTime:
     log_prob_s: float
     update_s: float
     overhead_s: float
-    checkpoint_s: float | None
-    """One checkpoint; None without its size."""
 
     @property
     def step_s(self) -> float:
@@ -103,11 +97,10 @@ class RunTime:
 
     @property
     def run_s(self) -> float | None:
-        """Every step and every checkpoint; None when the steps are not known."""
+        """Every step and the checkpoints' GPU time; None when the steps are not known."""
         if self.shape.steps is None:
             return None
-        saves = (self.shape.checkpoints or 0) * (self.checkpoint_s or 0.0)
-        return self.shape.steps * self.step_s + saves
+        return self.shape.steps * self.step_s + self.shape.checkpoint_s
 
     @property
     def gpu_hours(self) -> float | None:
@@ -131,20 +124,17 @@ class RunTime:
         if self.run_s is None:
             run = "run time unknown (steps unknown)"
         else:
-            saves = (f" and {s.checkpoints} checkpoints (~{self.checkpoint_s:.0f} s each)"
-                     if s.checkpoints and self.checkpoint_s is not None else "")
+            saves = f" and checkpoints ({s.checkpoint_s:.0f} s)" if s.checkpoint_s else ""
             cost = self.cost_usd(usd_per_hour)
             run = (f"{s.steps} steps{saves} ~{self.run_s / 60:.0f} min, {self.gpu_hours:.1f} GPU-hours, "
                    + (f"~${cost:,.2f} at ${usd_per_hour:,.2f}/h" if cost is not None else "cost unknown (price unknown)"))
-        write = (f"; checkpoints of {s.checkpoint_bytes / 1e9:.0f} GB written at "
-                 f"{a.checkpoint_write_bytes_per_s / 1e9:g} GB/s a node" if s.checkpoint_bytes else "")
         return [
             f"Modeled run: {step}; {run}",
             f"  assumptions (domain/run_time.py): training at {a.mfu:.0%} MFU of {s.peak_flops / 1e15:g} PFLOP/s bf16 "
             f"a GPU; {a.prompt_tokens + a.response_tokens} tokens a sequence ({a.prompt_tokens} prompt + "
             f"{a.response_tokens} response), {s.sequences} sequences a step; decode ~{self.decode_tokens_per_s:,.0f} "
             f"tokens/s a GPU ({a.decode_share:.0%} of peak); {a.step_overhead_s:g} s a step for weight sync and "
-            f"overhead{write}",
+            "overhead; checkpoints as above (domain/checkpoint_time.py)",
         ]
 
 
@@ -161,6 +151,4 @@ def model(shape: RunShape, assumptions: Assumptions) -> RunTime:
     update = (6 + (2 if shape.recompute else 0)) * shape.params * tokens / rate
     log_prob = 2 * shape.params * tokens * (2 if shape.reference else 1) / rate
     rollout = shape.sequences * a.response_tokens / (shape.n_gpus * decode_rate(shape, a))
-    checkpoint = (shape.checkpoint_bytes / (shape.nodes * a.checkpoint_write_bytes_per_s)
-                  if shape.checkpoint_bytes else None)
-    return RunTime(shape, a, rollout, log_prob, update, a.step_overhead_s, checkpoint)
+    return RunTime(shape, a, rollout, log_prob, update, a.step_overhead_s)

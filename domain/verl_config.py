@@ -17,6 +17,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig
 
 from domain import run_memory, run_time
+from domain.checkpoint_time import CheckpointTime, checkpoint_time
 from domain.config import StackConfig, config_key, problem_line
 from domain.grpo_spec import Override, overrides
 from domain.run_time import RunTime
@@ -47,23 +48,14 @@ class RunPlan:
     run_id: str = ""
     checkpoint_folder: str = ""
     """Where the run's checkpoints go: verl's trainer.default_local_dir, `<verl.trainer.default_local_dir>/<run id>`."""
-    attempts: int = 1
-    """The most attempts the run can have (the supervisor's retries and resubmissions after lost nodes)."""
+    checkpoint_time: CheckpointTime | None = None
+    """The GPU time the saves cost (domain/checkpoint_time.py); None when their size or count is unknown."""
     time: RunTime | None = None
     """The modeled step and run time; None for a model not in the model table."""
     hourly_usd: float | None = None
     """The stack's price per hour, for the run's cost; None when unknown."""
     settings: tuple[str, ...] = ()
     """The job's verl settings, `path=value`, the user's marked."""
-
-    @property
-    def checkpoints_left(self) -> int | None:
-        """The most checkpoints the run can leave in its folder: verl's rotation keeps a list in memory
-        and deletes only what the same attempt saved, so each attempt can leave its kept ones behind,
-        up to every step saved (an attempt saving a step again writes the same folder)."""
-        if self.checkpoints_saved is None or self.checkpoints_kept is None:
-            return None
-        return min(self.checkpoints_saved, self.checkpoints_kept * self.attempts)
 
     def lines(self) -> list[str]:
         """The plan as a few lines for synth's summary and `pulumi up`'s log."""
@@ -78,14 +70,11 @@ class RunPlan:
             if self.checkpoint_bytes is not None and self.checkpoints_kept is not None:
                 size = (f", ~{_gb(self.checkpoint_bytes)} each, "
                         f"~{_gb(self.checkpoint_bytes * self.checkpoints_kept)} in the bucket")
+            # Kept across attempts too: the bucket's rotation is workloads/checkpoints.py's, not verl's.
             out.append(f"  checkpoints: every {self.save_freq} steps and at the end: "
                        f"{self.checkpoints_saved} saved, {self.checkpoints_kept} kept{size}")
-            left = self.checkpoints_left
-            if left is not None and self.checkpoints_kept is not None and left > self.checkpoints_kept:
-                worst = f" (~{_gb(self.checkpoint_bytes * left)})" if self.checkpoint_bytes is not None else ""
-                out.append(f"  up to {left} checkpoints{worst} stay if the run takes more attempts (up to "
-                           f"{self.attempts} per jobAttempt; verl rotates within one attempt): delete the older "
-                           "global_step_* folders once it is done")
+            if self.checkpoint_time is not None:
+                out.append(f"  {self.checkpoint_time.line()}")
         out += self.time.lines(self.hourly_usd) if self.time else ["Modeled run: not made (the model is not in the "
                                                                    "model table)"]
         if self.settings:
@@ -155,18 +144,21 @@ def _plan(cfg: StackConfig, composed: DictConfig, warnings: list[str], run_id: s
     billions = _BILLIONS.search(cfg.model.rsplit("/", 1)[-1])
     params = shape.params if shape else int(float(billions.group(1)) * 1e9) if billions else None
     size = params * CHECKPOINT_BYTES_PER_PARAM if params else None
+    timing = (checkpoint_time(cfg.facts, checkpoint_bytes=size, nodes=cfg.gpu_nodes, saves=saved)
+              if size is not None and saved else None)
     time = None
     if shape and cfg.facts.peak_bf16_flops:
         time = run_time.model(run_time.RunShape(
             params=shape.params, sequences=int(composed.data.train_batch_size * composed.actor_rollout_ref.rollout.n),
-            n_gpus=cfg.facts.gpus_per_node * cfg.gpu_nodes, nodes=cfg.gpu_nodes, peak_flops=cfg.facts.peak_bf16_flops,
+            n_gpus=cfg.facts.gpus_per_node * cfg.gpu_nodes, peak_flops=cfg.facts.peak_bf16_flops,
             reference=run_memory.has_reference(cfg.verl),
             recompute=bool(composed.actor_rollout_ref.model.enable_gradient_checkpointing),
-            steps=steps, checkpoints=saved, checkpoint_bytes=size), run_time.Assumptions.for_platform(cfg.platform))
+            steps=steps, checkpoint_s=timing.total_s if timing else 0.0),
+            run_time.Assumptions.for_platform(cfg.platform))
     shown = [f"{'*' if o.key in cfg.verl.given else ' '} {o.arg}" for o in overrides(cfg.verl)]
     return RunPlan(cfg.verl.version, steps, save_freq, saved, kept, size, warnings, run_id=run_id,
-                   checkpoint_folder=str(trainer.default_local_dir), attempts=1 + cfg.supervised_attempts,
-                   time=time, hourly_usd=cfg.hourly_usd, settings=tuple(shown))
+                   checkpoint_folder=str(trainer.default_local_dir), checkpoint_time=timing, time=time,
+                   hourly_usd=cfg.hourly_usd, settings=tuple(shown))
 
 
 def _one_line(error: BaseException) -> str:

@@ -12,7 +12,7 @@ import pytest
 
 from domain import grpo_spec
 from domain.config import ConfigError, load_config
-from domain.grpo_spec import RENAMED, entrypoint
+from domain.grpo_spec import CHECKPOINT_LAUNCHER, RENAMED, entrypoint
 from domain.stack_files import raw_config
 from domain.stack_run import stack_run
 from tests.conftest import BASE_CONFIG, verl_value
@@ -34,7 +34,9 @@ def refused(paths: dict[str, Any] | str, **config: str) -> list[str]:
 
 
 def job_args(cfg) -> list[str]:
-    return shlex.split(entrypoint(cfg.verl))[3:]
+    words = shlex.split(entrypoint(cfg.verl))
+    assert words[:7] == [*CHECKPOINT_LAUNCHER, "python3", "-m", "verl.trainer.main_ppo"]
+    return words[7:]
 
 
 def test_a_verl_path_sets_verls_own_key_on_the_jobs_command_line() -> None:
