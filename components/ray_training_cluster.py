@@ -69,7 +69,7 @@ class RayTrainingClusterArgs(TypedDict):
     verl_dir: NotRequired[str | None]
     """A verl tree on the bucket first on every Ray process's path; None (default) when the image has verl."""
     checkpoint_root: NotRequired[str | None]
-    """The checkpoint folder on the bucket mount (grpoCheckpointDir): verl saves on each pod's local disk and
+    """The checkpoint folder on the bucket mount (verl-gke:verl.trainer.default_local_dir): verl saves on each pod's local disk and
     a copier beside every GPU worker copies each save there; the job runs verl through the checkpoint
     launcher (domain.grpo_spec.entrypoint). None (default): neither."""
     install_kuberay: NotRequired[bool]

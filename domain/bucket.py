@@ -11,6 +11,6 @@ the run's checkpoint folder on the bucket."""
 
 
 def run_checkpoint_dir(checkpoint_dir: str, run_id: str) -> str:
-    """The run's checkpoint folder on the bucket mount: `<grpoCheckpointDir>/<run id>` (a checkpoint is
+    """The run's checkpoint folder on the bucket mount: `<verl.trainer.default_local_dir>/<run id>` (a checkpoint is
     valid for one run only)."""
     return f"{checkpoint_dir}/{run_id}" if run_id else checkpoint_dir

@@ -64,6 +64,11 @@ class VerlRelease:
     nccl_env: dict[str, str] = field(default_factory=dict, hash=False)  # a release hashes by its wheel
     """NCCL variables verl adds to every training process's env where the job's env lacks them
     (verl/trainer/constants_ppo.py, PPO_RAY_RUNTIME_ENV): the fabric check measures with them too."""
+    defers_gradient_sync: bool = False
+    """The actor's FSDP engine skips the gradient reduce-scatter on every micro-batch of a mini-batch but
+    the last, with no switch, so each GPU holds an unsharded fp32 gradient of the whole model meanwhile
+    (verl 0.9.0 verl/workers/engine/fsdp/transformer_impl.py, `_gradient_sync_context` in
+    `forward_backward_batch`: FSDP2 `set_requires_gradient_sync(False)`, reduce dtype fp32 by default)."""
     ci_vllm: VllmSource | None = field(default=None, hash=False)
     """The vLLM verl's own CI ran this release with, where a platform's image carries another one."""
 
@@ -165,6 +170,7 @@ VERL_0_9_0 = VerlRelease(
     "verl-0.9.0-py3-none-any.whl",
     "6e9374db1e2ab346a0aafe9a202bee1b239a042def2f2ccd6db2a4cd04c6308b",
     ci_vllm=VLLM_0_24_0,
+    defers_gradient_sync=True,
 )
 
 
@@ -236,11 +242,22 @@ class Platform:
     fabric_transports: tuple[str, ...] = ()
     """NCCL transports (as its `via ...` log lines name them) the fabric check must see between nodes;
     any other `NET/...` (NET/Socket: TCP) fails it."""
-    gpu_memory_gb: int = 0
-    """HBM per GPU, 10^9 bytes, as GCP's accelerator-optimized machine table lists it per machine
-    (A4 1,440 GB / 8 B200; A3 Ultra 1,128 GB / 8 H200; A4X 744 GB / 4 GB200)."""
+    gpu_memory_mib: int = 0
+    """HBM per GPU as the device reports it (nvidia-smi's memory.total, MiB): what CUDA, PyTorch and vLLM's
+    gpu_memory_utilization count in. GCP's machine table rounds it (180 / 141 / 186 "GB" a GPU)."""
+    peak_bf16_flops: float = 0.0
+    """Dense bf16 tensor-core FLOP/s of one GPU (no sparsity), from NVIDIA's specifications: the run-time
+    model's ceiling (domain/run_time.py)."""
     image_vllm: VllmSource | None = None
     """The source of the image's vLLM where it is not the one verl's CI ran `verl` with (A4X)."""
+
+    @property
+    def gpu_memory_bytes(self) -> int:
+        return self.gpu_memory_mib * 2**20
+
+    @property
+    def gpu_memory_gib(self) -> float:
+        return self.gpu_memory_mib / 1024
 
     @property
     def allocatable_cpu(self) -> float:
@@ -355,7 +372,9 @@ PLATFORMS: dict[str, Platform] = {
         fabric_min_busbw_gbps=200.0,
         fabric_floor_source=_RDMA_FLOOR_SOURCE,
         fabric_transports=("NET/gIB", "NET/IB"),
-        gpu_memory_gb=180,
+        # nvidia-smi on B200: 183359MiB (179 GiB); NVIDIA HGX B200 (1,000 W): 2.25 PFLOP/s dense bf16.
+        gpu_memory_mib=183_359,
+        peak_bf16_flops=2.25e15,
         nccl_env={**_GIB_NCCL_ENV, "NCCL_TUNER_CONFIG_PATH": "/usr/local/gib/configs/tuner_config_a4.txtpb"},
         autopilot_nccl_installer="gpudirect-rdma/nccl-rdma-installer-autopilot.yaml",
         local_ssd_count=32,
@@ -380,7 +399,9 @@ PLATFORMS: dict[str, Platform] = {
         fabric_min_busbw_gbps=200.0,
         fabric_floor_source=_RDMA_FLOOR_SOURCE,
         fabric_transports=("NET/gIB", "NET/IB"),
-        gpu_memory_gb=141,
+        # nvidia-smi on H200: 143771MiB (140 GiB); NVIDIA H200 SXM: 989 TFLOP/s dense bf16 (1,979 sparse).
+        gpu_memory_mib=143_771,
+        peak_bf16_flops=0.989e15,
         # H200 needs the a3u tuner file, not the tutorial's a4 one.
         nccl_env={**_GIB_NCCL_ENV, "NCCL_TUNER_CONFIG_PATH": "/usr/local/gib/configs/tuner_config_a3u.txtpb"},
         autopilot_nccl_installer="gpudirect-rdma/nccl-rdma-installer-autopilot.yaml",
@@ -409,7 +430,9 @@ PLATFORMS: dict[str, Platform] = {
         # Inside one NVL72 rack NCCL reaches the other nodes' GPUs over NVLink (MNNVL); the tutorial
         # tells users to look for `via P2P/MNNVL` in the log.
         fabric_transports=("P2P/MNNVL",),
-        gpu_memory_gb=186,
+        # nvidia-smi on GB200: 189471MiB (185 GiB); NVIDIA GB200 NVL72: 2.5 PFLOP/s dense bf16 a GPU (5 sparse).
+        gpu_memory_mib=189_471,
+        peak_bf16_flops=2.5e15,
         # The tutorial's A4X runtime env: the gcp NCCL env plugin picks the rest.
         nccl_env={"NCCL_ENV_PLUGIN": "gcp"},
         ld_library_path="/usr/local/nvidia/lib64:/usr/local/gib/lib64",

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Callable
+import json
+from typing import Any, Callable
 
 import pytest
 
@@ -50,6 +51,19 @@ BASE_CONFIG = {
     "gcp:zone": "us-central1-b",
     "verl-gke:reservation": "my-reservation",
 }
+
+
+def verl_value(paths: dict[str, Any]) -> str:
+    """verl-gke:verl as the engine hands it over after `pulumi config set --path verl-gke:verl.<path> <value>`
+    for each path: JSON of the nested map."""
+    root: dict[str, Any] = {}
+    for path, value in paths.items():
+        *parents, leaf = path.split(".")
+        node = root
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return json.dumps(root)
 
 
 @pytest.fixture(scope="session")

@@ -40,7 +40,7 @@ def test_the_job_runs_verl_through_the_checkpoint_launcher(synth_stack, stack: s
     assert words[4:7] == ["python3", "-m", VERL_ENTRY_MODULE]
     cfg = load_config(raw_config(stack)[0])
     # verl's own setting still names the run's folder on the bucket; the launcher moves it per attempt.
-    assert f"trainer.default_local_dir={cfg.grpo.checkpoint_dir}/{stack_run(cfg)[0]}" in words
+    assert f"trainer.default_local_dir={cfg.verl.get('trainer.default_local_dir')}/{stack_run(cfg)[0]}" in words
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -67,7 +67,7 @@ def test_every_ray_pod_has_the_local_folder_and_every_worker_its_copier(synth_st
         assert pod["metadata"]["annotations"]["verl-gke/checkpoints-sha256"] == manifest.digest(
             program["data"]["checkpoints.py"])
     assert copier["command"] == ["python3", "/opt/verl-gke/checkpoints.py", "copy", "--local-root",
-                                 "/local-checkpoints", "--bucket-root", cfg.grpo.checkpoint_dir]
+                                 "/local-checkpoints", "--bucket-root", cfg.verl.get("trainer.default_local_dir")]
     assert {"name": "training-bucket-vol", "mountPath": "/data"} in copier["volumeMounts"]
     assert copier["image"] == ray_worker["image"]
     assert copier["resources"]["requests"] == copier["resources"]["limits"] == {

@@ -336,7 +336,7 @@ def test_run_supervisor_gets_the_runs_ids_and_only_its_own_rights(stack: str, sy
     assert job.inputs["supervised_attempts"] == 12 and job.inputs["budget_s"] == 0
     # The model export (exportModel, on by default): the run's checkpoints, merged on a node with the
     # memory for twice the fp32 shards; the program goes with the supervisor's own.
-    assert config["export"] == {"checkpoint_dir": f"{cfg.grpo.checkpoint_dir}/{config['run_id']}", "mount": "/data",
+    assert config["export"] == {"checkpoint_dir": f"/data/verl/checkpoints/{config['run_id']}", "mount": "/data",
                                 "memory_bytes": 262_102_056_960, "verl_dir": cfg.verl_dir}
     program = _manifest(result, "ConfigMap", name)["data"]
     assert all(program[f] == Path(f"workloads/{f}").read_text() for f in supervisor.PROGRAM_FILES)
