@@ -57,6 +57,10 @@ _IPV4_LIKE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$")
 # GCS bucket names: 3-63 characters, or up to 222 with dots and at most 63 between them.
 _MAX_BUCKET_PART = 63
 _PROJECT_ID = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
+# A node pool's specific reservation affinity value (Compute Engine ReservationAffinity.values: a name in the
+# project, or projects/<owner>/reservations/<name> for a shared one), or a block of it (GKE's A4/A3 Ultra guides).
+_RESERVATION = re.compile(r"^(?:projects/(?P<project>[^/]+)/reservations/)?(?P<name>[^/]+)"
+                          r"(?:/reservationBlocks/(?P<block>[^/]+))?$")
 _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 _ZONE = re.compile(r"^([a-z]+-[a-z]+[0-9]+)-[a-z]$")
 _QUANTITY = re.compile(r"^[0-9]+(Ki|Mi|Gi|Ti|Pi)$")
@@ -720,6 +724,19 @@ PLATFORM_CAPACITY: dict[str, tuple[CapacityKind, ...]] = {
 }
 
 
+def reservation_problem(reservation: str) -> str | None:
+    """The forms GKE takes for a specific reservation, each name a GCE name; None when `reservation` is one."""
+    match = _RESERVATION.match(reservation)
+    names = [match.group("name"), *([match.group("block")] if match.group("block") else [])] if match else []
+    if match and all(_GCE_NAME.match(n) and len(n) <= _MAX_GCE_NAME for n in names) and (
+            match.group("project") is None or _PROJECT_ID.match(match.group("project"))):
+        return None
+    return problem_line(config_key("reservation"), reservation,
+                        "the reservation's name (my-reservation), a block of it (my-reservation/reservationBlocks/"
+                        "<block>), or a shared one as projects/<owner project>/reservations/<name>[/reservationBlocks/"
+                        "<block>]: names of 1-63 lowercase letters, digits or hyphens, starting with a letter.")
+
+
 def capacity_problems(cfg: StackConfig) -> list[str]:
     """verl-gke:capacity against the platform, the legacy gpuSpot/reservation keys and the budget."""
     out: list[str] = []
@@ -741,6 +758,8 @@ def capacity_problems(cfg: StackConfig) -> list[str]:
             out.append(problem_line(config_key("gpu_spot"), True, f"gpuSpot means capacity [\"spot\"]; with "
                                     f"capacity {json.dumps(list(kinds))} set, drop gpuSpot."))
     reserve = "reservation" in kinds
+    if cfg.reservation and (malformed := reservation_problem(cfg.reservation)):
+        out.append(malformed)
     if reserve and not cfg.reservation:
         if cfg.capacity:
             out.append(problem_line(config_key("reservation"), cfg.reservation,

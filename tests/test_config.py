@@ -181,6 +181,24 @@ def test_standard_needs_a_reservation_but_autopilot_and_existing_clusters_do_not
     assert "consume a reservation" in only_problem(reservation="")
 
 
+@pytest.mark.parametrize("name", ["my-reservation", "projects/other-proj-1/reservations/my-reservation",
+                                  "my-reservation/reservationBlocks/block-1",
+                                  "projects/other-proj-1/reservations/my-reservation/reservationBlocks/block-1"])
+def test_a_reservation_is_named_in_a_form_gke_takes(name: str):
+    assert load_config(config(reservation=name)).reservation == name
+
+
+@pytest.mark.parametrize("name", ["projects/other-proj/reservations", "projects/other-proj/reservations/",
+                                  "My_Reservation", "zones/us-central1-b/reservations/r", "r/blocks/b",
+                                  "projects/x/reservations/r"])
+def test_a_malformed_reservation_name_is_refused_with_the_expected_form(name: str):
+    assert only_problem(reservation=name) == (
+        f'verl-gke:reservation = "{name}": the reservation\'s name (my-reservation), a block of it '
+        "(my-reservation/reservationBlocks/<block>), or a shared one as projects/<owner project>/reservations/"
+        "<name>[/reservationBlocks/<block>]: names of 1-63 lowercase letters, digits or hyphens, starting with a "
+        "letter.")
+
+
 def test_spot_pools_take_no_reservation():
     load_config(config(reservation="", gpuSpot="true"))
     assert only_problem(gpuSpot="true") == (
