@@ -7,6 +7,7 @@ the key, the bad value and what is allowed. `from_pulumi()` reads the running st
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import json
 import posixpath
@@ -23,16 +24,20 @@ from domain.grpo_spec import GRPO_DEFAULTS, GrpoSpec, verl_problems
 from domain.run_identity import DELETES_BEFORE_SAVE_BELOW, verl_version_tuple
 from domain.bucket import DEFAULT_CAPACITY, MOUNT_PATH
 from domain.platforms import (
-    AUTOPILOT_SIDECAR, PINNED_IMAGE_ARCH, PLATFORMS, Mode, Platform, PlatformName, VerlRelease, has_digest,
-    is_pinned_image,
+    AUTOPILOT_SIDECAR, CPU_MACHINE_SERIES, LOCAL_SSD_SERIES, PINNED_IMAGE_ARCH, PLATFORMS, Mode, Platform,
+    PlatformName, VerlRelease, has_digest, is_pinned_image,
 )
 from domain import pricing
 from domain.pricing import CAPACITY_KINDS, CapacityKind
+from domain.problems import ConfigError, problem_line
+from domain.pulumi_config import Declared, TypeProblem, from_engine
+from domain.stack_files import declared_types
 from workloads.stage_data import (
     DEFAULT_DATASET_REPO,
     DEFAULT_DATASET_REVISION,
     DEFAULT_MODEL_REPO,
     DEFAULT_MODEL_REVISION,
+    dataset_problem,
     is_repo_id,
     model_dir_for,
 )
@@ -87,6 +92,14 @@ _MAX_IMAGE_NAME = 255
 # waits (the job provider) stop at the same bound on 64-bit Linux (threading.TIMEOUT_MAX).
 _MAX_DURATION_S = (2**63 - 1) // 10**9
 
+MAX_VALUE_BYTES = 131_072
+"""Linux's MAX_ARG_STRLEN (32 pages, include/uapi/linux/binfmts.h): the longest single argument a process
+takes. The run's command line (the job's entrypoint, verl's overrides in it) is one argument of `sh -c`,
+so no config value can be longer."""
+MAX_ATTEMPT_RETRIES = 100
+"""runMaxRetries and runMaxPreemptions at most: beyond it a run fails for a reason another attempt does not fix."""
+_CPU_MACHINE = re.compile(r"^(?P<series>[a-z][a-z0-9]*)-(?P<type>[a-z]+)-(?P<vcpus>[1-9][0-9]*)(?P<lssd>-lssd)?$")
+
 # GKE's max cluster name length; GCE resource names are at most 63 characters.
 _MAX_CLUSTER_NAME = 40
 _MAX_GCE_NAME = 63
@@ -98,15 +111,6 @@ def camel(snake: str) -> str:
     """`a4x_networking` -> `a4xNetworking` (pydantic's to_camel would give `a4XNetworking`)."""
     first, *rest = snake.split("_")
     return first + "".join(part[:1].upper() + part[1:] for part in rest)
-
-
-class ConfigError(Exception):
-    """A stack config that must not be deployed; `str()` is the message for the user."""
-
-    def __init__(self, problems: list[str], source: str = "The stack config") -> None:
-        self.problems = problems
-        noun = "problem" if len(problems) == 1 else "problems"
-        super().__init__(f"{source} has {len(problems)} {noun}:\n" + "\n".join(f"  {p}" for p in problems))
 
 
 class StackConfig(BaseModel):
@@ -372,11 +376,6 @@ def _unset(value: Any) -> bool:
     return value in (None, "", 0, "0", "auto", [], ())
 
 
-def problem_line(key: str, value: Any, message: str) -> str:
-    """One problem as users read it: `key = value: what is allowed`."""
-    return f"{key} = {json.dumps(value)}: {message}"
-
-
 def config_key(field: str) -> str:
     """The full config key of a StackConfig field name or a `grpo.<field>` path."""
     if field in GCP_FIELDS:
@@ -398,7 +397,11 @@ _FRIENDLY = {
 }
 
 
-def _pydantic_problems(error: ValidationError, raw: Mapping[str, Any]) -> list[str]:
+_BOUNDS = {"greater_than_equal": ("ge", "at least"), "less_than_equal": ("le", "at most"),
+           "greater_than": ("gt", "more than"), "less_than": ("lt", "less than")}
+
+
+def _pydantic_problems(error: ValidationError, values: Mapping[str, Any], known: Iterable[str]) -> list[str]:
     out = []
     for e in error.errors():
         loc = [str(p) for p in e["loc"] if not isinstance(p, int)]
@@ -406,10 +409,15 @@ def _pydantic_problems(error: ValidationError, raw: Mapping[str, Any]) -> list[s
             out.append(e["msg"])
             continue
         key = _key_of_loc(loc)
-        value = raw.get(key, e.get("input"))
+        value = values.get(key, e.get("input"))
         if e["type"] == "extra_forbidden":
             # No value: a misspelt secret key would print the secret.
-            out.append(f"{key}: unknown key; see Pulumi.yaml for the keys verl-gke reads")
+            nearest = nearest_key(key, known)
+            out.append(f"{key}: unknown key; did you mean {nearest}? (Pulumi.yaml lists every key verl-gke reads)"
+                       if nearest else f"{key}: unknown key; see Pulumi.yaml for the keys verl-gke reads")
+        elif e["type"] in _BOUNDS:
+            bound, words = _BOUNDS[e["type"]]
+            out.append(problem_line(key, value, f"must be {words} {e.get('ctx', {}).get(bound)}."))
         elif e["type"] == "literal_error":
             allowed = e.get("ctx", {}).get("expected", "")
             out.append(problem_line(key, value, f"must be one of {allowed}"))
@@ -419,6 +427,31 @@ def _pydantic_problems(error: ValidationError, raw: Mapping[str, Any]) -> list[s
         else:
             out.append(problem_line(key, value, _FRIENDLY.get(e["type"], e["msg"].lower())))
     return out
+
+
+def nearest_key(key: str, known: Iterable[str]) -> str | None:
+    """The known key a misspelt `key` most likely meant (compared without the namespace, ignoring case)."""
+    names = {k.partition(":")[2].lower(): k for k in known if k.partition(":")[0] == key.partition(":")[0]}
+    found = difflib.get_close_matches(key.partition(":")[2].lower(), names, n=1, cutoff=0.8)
+    return names[found[0]] if found else None
+
+
+def typed_values(raw: Mapping[str, Any], declared: Mapping[str, Declared],
+                 secret_keys: Iterable[str] = ()) -> tuple[dict[str, Any], list[str]]:
+    """Raw config text -> values of the types Pulumi.yaml declares, read as the Pulumi CLI reads them
+    (domain.pulumi_config), and one problem per value it would refuse (that key left out)."""
+    typed: dict[str, Any] = {}
+    problems = []
+    secret = set(secret_keys)
+    for key, value in raw.items():
+        if key not in declared or key in secret or not isinstance(value, str):
+            typed[key] = value
+            continue
+        try:
+            typed[key] = from_engine(value, declared[key])
+        except TypeProblem as problem:
+            problems.append(problem_line(key, value, str(problem)))
+    return typed, problems
 
 
 def _key_of_loc(loc: list[str]) -> str:
@@ -471,27 +504,36 @@ def _decode(value: Any) -> Any:
 
 
 def load_config(raw: Mapping[str, Any], source: str = "The stack config",
-                secret_keys: Iterable[str] = ()) -> StackConfig:
+                secret_keys: Iterable[str] = (), declared: Mapping[str, Declared] | None = None) -> StackConfig:
     """Validate raw config (`{"verl-gke:gpuNodes": "2", "gcp:project": ...}`) into a StackConfig.
 
-    One pass: key names, types and every cross-field rule are all reported together. The values
-    of `secret_keys` (and the token) never appear in a message.
+    One pass: key names, types (as `declared` in Pulumi.yaml, the project's own by default) and every
+    cross-field rule are all reported together. The values of `secret_keys` (and the token) never
+    appear in a message.
     """
+    if declared is None:
+        declared = declared_types()
     problems = _key_problems(raw)
     if HF_TOKEN_KEY in raw:  # never its value
         problems.append(f"{HF_TOKEN_KEY}: no longer read, and a token in Pulumi config ends up in its state: "
                         f"`pulumi config rm {HF_TOKEN_KEY}`, then store the token in Secret Manager with "
                         "`gcloud secrets versions add verl-gke-<stack>-hf-token --project <project> --data-file=-`.")
-    data = _as_field_values(raw)
+    large = {k for k, v in raw.items() if k.startswith(f"{NAMESPACE}:") and len(str(v).encode()) > MAX_VALUE_BYTES}
+    # No value: it is long, and may be a secret.
+    problems += [f"{key}: {len(str(raw[key]).encode()):,} bytes; at most {MAX_VALUE_BYTES:,} (Linux's MAX_ARG_STRLEN: "
+                 "the run's command line is one argument of `sh -c`)." for key in sorted(large)]
+    typed, type_problems = typed_values({k: v for k, v in raw.items() if k not in large}, declared, secret_keys)
+    data = _as_field_values(typed)
     problems += [f"gcp:{k} is not set: run `pulumi config set gcp:{k} <value>`"
                  for k in GCP_FIELDS if not data.get(k)]
+    problems += type_problems
     for k in GCP_FIELDS:
         data.setdefault(k, "")
     cfg = None
     try:
         cfg = StackConfig.model_validate(data)
     except ValidationError as error:
-        problems += _pydantic_problems(error, raw)
+        problems += _pydantic_problems(error, typed, declared)
         # Check the rest against defaults for what is invalid, so one run names every problem.
         cfg = _validate_without(data, error)
     if cfg is not None:
@@ -562,10 +604,13 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
 
     if not _PROJECT_ID.match(cfg.project):
         add("project", cfg.project, "a GCP project id: 6-30 lowercase letters, digits or hyphens, starting with a letter.")
-    if not _REGION.match(cfg.region):
-        add("region", cfg.region, "a GCP region such as us-central1.")
     zone = _ZONE.match(cfg.zone)
-    if not zone or zone.group(1) != cfg.region:
+    if not _REGION.match(cfg.region):  # no zone can be named from it: the zone's own region is the hint
+        add("region", cfg.region, "a GCP region such as us-central1" + (
+            f" (the region of gcp:zone {cfg.zone})." if zone else "."))
+        if not zone:
+            add("zone", cfg.zone, "a GCP zone such as us-central1-b.")
+    elif not zone or zone.group(1) != cfg.region:
         add("zone", cfg.zone, f"must be a zone of region {cfg.region}, such as {cfg.region}-b.")
 
     if cfg.autopilot and not p.autopilot_supported:
@@ -586,6 +631,8 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
     if cfg.upgrade_exclusion_start and not _is_utc_time(cfg.upgrade_exclusion_start):
         add("upgrade_exclusion_start", cfg.upgrade_exclusion_start,
             "an RFC3339 UTC time such as 2026-12-01T00:00:00Z, or empty for no exclusion.")
+    if machine_problem := cpu_machine_problem(cfg.cpu_machine_type):
+        add("cpu_machine_type", cfg.cpu_machine_type, machine_problem)
     if cfg.cpu_min_nodes > cfg.cpu_max_nodes:
         add("cpu_min_nodes", cfg.cpu_min_nodes, f"must be <= cpuMaxNodes ({cfg.cpu_max_nodes}).")
     if p.max_placement_nodes and cfg.gpu_max_nodes > p.max_placement_nodes:
@@ -703,6 +750,17 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
         if not is_repo_id(getattr(cfg, field)):
             add(field, getattr(cfg, field), "a Hugging Face repo id such as Qwen/Qwen2.5-32B-Instruct: owner/name "
                 "of letters, digits, '.', '_' or '-', without '--' or '..'.")
+    if is_repo_id(cfg.dataset) and (unstageable := dataset_problem(cfg.dataset)):
+        add("dataset", cfg.dataset, unstageable)
+    if cfg.fabric_min_bus_bandwidth_gbps > p.fabric_line_rate_gbps:
+        add("fabric_min_bus_bandwidth_gbps", cfg.fabric_min_bus_bandwidth_gbps,
+            f"above the {p.fabric_line_rate_gbps:g} GB/s an {p.title} node's fabric carries ({p.fabric_links}), so no "
+            f"fabric passes: at most {p.fabric_line_rate_gbps:g} (0: the platform's {p.fabric_min_busbw_gbps:g}).")
+    for field in ("run_max_retries", "run_max_preemptions"):
+        if getattr(cfg, field) > MAX_ATTEMPT_RETRIES:
+            add(field, getattr(cfg, field), f"at most {MAX_ATTEMPT_RETRIES}: a run that needs more attempts fails for "
+                "a reason another attempt cannot fix, and each one restarts from the last checkpoint on GPUs that "
+                "are paid for.")
     built_for = PINNED_IMAGE_ARCH.get(cfg.verl_image)
     if built_for and built_for != p.arch:
         add("verl_image", cfg.verl_image, f"is built for {built_for} only; {p.title} nodes are {p.arch}: use "
@@ -778,6 +836,25 @@ def capacity_problems(cfg: StackConfig) -> list[str]:
                                 f"needs the stack's hourly price, which the price table lacks ({unknown}); "
                                 "set runBudgetHours instead."))
     return out
+
+
+def cpu_machine_problem(machine: str) -> str | None:
+    """What is wrong with a CPU pool machine type, naming the nearest one verl-gke takes; None if it is one
+    (`<series>-<type>-<vCPUs>[-lssd]` of domain.platforms.CPU_MACHINE_SERIES; GKE checks the vCPU count)."""
+    match = _CPU_MACHINE.match(machine)
+    if match and match.group("type") in CPU_MACHINE_SERIES.get(match.group("series"), ()) and (
+            not match.group("lssd") or match.group("series") in LOCAL_SSD_SERIES):
+        return None
+    vcpus = match.group("vcpus") if match else "16"
+    known = [f"{series}-{kind}-{vcpus}{lssd}" for series, kinds in CPU_MACHINE_SERIES.items() for kind in kinds
+             for lssd in ("", *(("-lssd",) if series in LOCAL_SSD_SERIES else ()))]
+    nearest = difflib.get_close_matches(machine, known, n=1, cutoff=0.8)
+    many = [s for s, kinds in CPU_MACHINE_SERIES.items() if len(kinds) > 1]
+    return ((f"did you mean {nearest[0]}? " if nearest else "")
+            + "A Compute Engine machine type <series>-<type>-<vCPUs> of an x86 series: "
+            + ", ".join(f"{s} ({', '.join(kinds)})" for s, kinds in CPU_MACHINE_SERIES.items() if len(kinds) == 1)
+            + f", {', '.join(many)} ({', '.join(CPU_MACHINE_SERIES[many[0]])}); "
+            + f"{', '.join(LOCAL_SSD_SERIES[:-1])} and {LOCAL_SSD_SERIES[-1]} also with -lssd.")
 
 
 def _is_image_reference(image: str) -> bool:

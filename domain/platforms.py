@@ -190,6 +190,10 @@ class Platform:
     """Cluster Toolkit's gke-a4, gke-a3-ultragpu and gke-a4x GPU pools (a4/a3ultra/a4x_node_pool_disk_size_gb)."""
     fabric_floor_source: str = ""
     """Where fabric_min_busbw_gbps comes from."""
+    fabric_line_rate_gbps: float = 0.0
+    """The most an all-reduce across nodes can reach (GB/s): the line rate of what carries it, `fabric_links`.
+    A floor above it fails every fabric."""
+    fabric_links: str = ""
     fabric_transports: tuple[str, ...] = ()
     """NCCL transports (as its `via ...` log lines name them) the fabric check must see between nodes;
     any other `NET/...` (NET/Socket: TCP) fails it."""
@@ -306,6 +310,8 @@ PLATFORMS: dict[str, Platform] = {
         nccl_installer_image=_GIB_INSTALLER_IMAGE,
         fabric_min_busbw_gbps=200.0,
         fabric_floor_source=_RDMA_FLOOR_SOURCE,
+        fabric_line_rate_gbps=400.0,
+        fabric_links="8 x 400 Gb/s RoCE NICs",
         fabric_transports=("NET/gIB", "NET/IB"),
         gpu_memory_gb=180,
         nccl_env={**_GIB_NCCL_ENV, "NCCL_TUNER_CONFIG_PATH": "/usr/local/gib/configs/tuner_config_a4.txtpb"},
@@ -331,6 +337,8 @@ PLATFORMS: dict[str, Platform] = {
         nccl_installer_image=_GIB_INSTALLER_IMAGE,
         fabric_min_busbw_gbps=200.0,
         fabric_floor_source=_RDMA_FLOOR_SOURCE,
+        fabric_line_rate_gbps=400.0,
+        fabric_links="8 x 400 Gb/s RoCE NICs",
         fabric_transports=("NET/gIB", "NET/IB"),
         gpu_memory_gb=141,
         # H200 needs the a3u tuner file, not the tutorial's a4 one.
@@ -354,6 +362,8 @@ PLATFORMS: dict[str, Platform] = {
         ray_cluster_name="gb200-ray-cluster",
         nccl_installer_image=_GIB_INSTALLER_IMAGE_ARM64,
         fabric_min_busbw_gbps=400.0,
+        fabric_line_rate_gbps=900.0,
+        fabric_links="NVLink 5: 900 GB/s per GPU and direction",
         fabric_floor_source=(
             "above what the 4 x 400 Gb/s RoCE NICs of a node carry (200 GB/s), so a fallback from NVLink "
             "fails; below NVLink 5's 900 GB/s per GPU and direction (NVIDIA GB200 NVL72 specifications)"),
@@ -373,6 +383,18 @@ PLATFORMS: dict[str, Platform] = {
         min_gke_version="1.34",
     ),
 }
+
+
+CPU_MACHINE_SERIES: dict[str, tuple[str, ...]] = {
+    "c2": ("standard",), **{series: ("standard", "highcpu", "highmem")
+                            for series in ("c2d", "c3", "c3d", "c4", "e2", "n1", "n2", "n2d", "n4")},
+}
+"""x86 machine series (and their types) the CPU pool takes, `<series>-<type>-<vCPUs>`: the pool runs the
+amd64 Ray head and staging (Compute Engine's general-purpose and compute-optimized machine families,
+https://cloud.google.com/compute/docs/machine-resource). Which vCPU counts a series offers is
+checked by GKE when it creates the pool."""
+LOCAL_SSD_SERIES = ("c3", "c3d", "c4")
+"""Series with `-lssd` machine types (bundled Local SSD)."""
 
 
 @dataclass(frozen=True)

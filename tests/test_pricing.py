@@ -123,7 +123,7 @@ def test_capacity_defaults_to_what_gpu_spot_and_reservation_meant(changes: dict[
      'verl-gke:reservation = "my-reservation": capacity ["flex-start", "spot"] takes no reservation; add '
      '"reservation" or leave this empty.'),
     ({"capacity": '["cheap"]'},
-     'verl-gke:capacity = "[\\"cheap\\"]": must be one of \'reservation\', \'flex-start\', \'spot\' or \'on-demand\''),
+     'verl-gke:capacity = ["cheap"]: must be one of \'reservation\', \'flex-start\', \'spot\' or \'on-demand\''),
 ])
 def test_capacity_rules_name_the_key_in_one_line(changes: dict[str, str], expected: str):
     assert problems(**changes) == [expected]

@@ -11,6 +11,7 @@ import yaml
 from domain.config import NAMESPACE, ConfigError, StackConfig, config_key, load_config
 from domain.grpo_spec import GrpoSpec
 from domain.platforms import PLATFORMS
+from domain.pulumi_config import TypeProblem, declarations, from_engine, shape_problem
 from tests.conftest import BASE_CONFIG
 from domain.stack_files import PROJECT_DIR, engine_string, project_defaults, read_stack_file, stack_file, stack_names
 
@@ -32,9 +33,6 @@ def test_every_key_is_declared_with_type_and_description():
     for key, decl in DECLARED["config"].items():
         assert decl.get("type") in ("string", "integer", "boolean", "array"), key
         assert decl.get("description"), key
-
-
-_CLI_TYPES = {"string": str, "integer": int, "boolean": bool, "array": list}
 
 
 def cli_stack_config_errors(project: dict, stack: str, stack_config: dict) -> list[str]:
@@ -59,9 +57,13 @@ def cli_stack_config_errors(project: dict, stack: str, stack_config: dict) -> li
         if decl.get("secret") and not secure:
             errors.append(f"Stack '{stack}' with configuration key '{full}' must be encrypted as it's secret")
         if not secure and "type" in decl:
-            expected = _CLI_TYPES[decl["type"]]
-            if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-                errors.append(f"Stack '{stack}' with configuration key '{full}' must be of type '{decl['type']}'")
+            declared = declarations({full: decl})[full]
+            try:
+                if shape_problem(value, declared):
+                    raise TypeProblem(declared.name)
+                from_engine(engine_string(value), declared)
+            except TypeProblem:
+                errors.append(f"Stack '{stack}' with configuration key '{full}' must be of type '{declared.name}'")
     return errors
 
 

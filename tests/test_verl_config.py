@@ -210,7 +210,7 @@ def test_max_checkpoints_reaches_verl_for_actor_and_critic() -> None:
     cfg = load_config({**BASE_CONFIG, "verl-gke:grpoMaxCheckpoints": "3"})
     composed = compose_run(config_dir(cfg.facts.verl), args_of(cfg))
     assert (composed.trainer.max_actor_ckpt_to_keep, composed.trainer.max_critic_ckpt_to_keep) == (3, 3)
-    with pytest.raises(ConfigError, match='grpoMaxCheckpoints = "0": input should be greater than or equal to 1'):
+    with pytest.raises(ConfigError, match="grpoMaxCheckpoints = 0: must be at least 1."):
         load_config({**BASE_CONFIG, "verl-gke:grpoMaxCheckpoints": "0"})
 
 

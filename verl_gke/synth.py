@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import runpy
 import signal
 import sys
@@ -35,7 +36,7 @@ from components import pinned_image
 from components.grpo_job import planned_outs
 from domain.run_identity import whole_numbers
 from verl_gke import output_dir
-from domain.stack_files import PROJECT_DIR, raw_config
+from domain.stack_files import PROJECT_DIR, declared_types, raw_config, stack_names
 
 PROJECT = "verl-gke"
 SECRET = "[secret]"
@@ -361,8 +362,9 @@ def run(stack: str, project_dir: Path = PROJECT_DIR, overrides: dict[str, Any] |
     from domain.config import ConfigError, load_config, placeholders
 
     raw, secret_keys = raw_config(stack, project_dir, overrides)
+    declared = declared_types(project_dir)
     try:
-        healthy = preflight.healthy_answers(load_config(raw))
+        healthy = preflight.healthy_answers(load_config(raw, declared=declared))
     except ConfigError:
         healthy = None  # the program reports the config's problems itself
     monitor = monitor or RecordingMonitor(SynthMocks(cloud, healthy))
@@ -373,7 +375,7 @@ def run(stack: str, project_dir: Path = PROJECT_DIR, overrides: dict[str, Any] |
         lambda: runpy.run_path(str(project_dir / "__main__.py"), run_name="__main__"),
         stack=stack, config=raw, secret_keys=secret_keys, preview=preview, monitor=monitor, log=log)
     unchecked = list(getattr(monitor.mocks, "unchecked", []))
-    cfg = load_config(raw)
+    cfg = load_config(raw, declared=declared)
     modeled = [run_memory.summary_line(cfg.grpo, cfg.facts, cfg.model, cfg.gpu_nodes),
                *deploy_timing.model([r.__dict__ for r in registrations]).lines()]
     return SynthResult(stack, registrations, outputs, placeholders(raw, cfg), log, unchecked, modeled)
@@ -443,6 +445,15 @@ def read_cloud_answers(path: Path) -> dict[str, Any]:
     return answers
 
 
+_STACK_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+"""A Pulumi stack name (pulumi/pulumi sdk/go/common/tokens, ValidateStackName; no '/' outside an org path)."""
+
+
+def _progress(stack: str, message: str) -> None:
+    """What synth is doing, on stderr (stdout is the summary)."""
+    print(f"synth: {stack}: {message}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     from domain.config import ConfigError
 
@@ -459,6 +470,10 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         parser.error(f"--set takes NAMESPACE:KEY=VALUE, got {bad[0]!r}")
     overrides = dict(item.split("=", 1) for item in args.set)
+    if not _STACK_NAME.match(args.stack) or args.stack in (".", ".."):
+        print(f"synth failed: stack {args.stack!r}: a Pulumi stack name is letters, digits, '-', '_' or '.'; "
+              f"stacks here: {', '.join(stack_names())}", file=sys.stderr)
+        return 2
     try:
         output_dir.check(out_dir)
     except output_dir.OutputDirError as error:
@@ -469,13 +484,23 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"synth failed: {error}", file=sys.stderr)
         return 2
+    _progress(args.stack, f"reading Pulumi.{args.stack}.yaml and running the program under Pulumi's mock engine "
+                          "(offline: no cloud call, no credential)")
     try:
         result = run(args.stack, overrides=overrides, cloud=cloud)
     except (ConfigError, pulumi.RunError, FileNotFoundError) as error:
         output_dir.clear(out_dir)
         print(f"synth failed: {error}", file=sys.stderr)
         return 2
-    write(result, out_dir)
+    files = render(result)
+    _progress(args.stack, f"writing {len(files)} files to {out_dir}")
+    try:
+        output_dir.replace(out_dir, files)
+    except (output_dir.OutputDirError, OSError) as error:
+        reason = error if isinstance(error, output_dir.OutputDirError) else \
+            f"--out {out_dir}: cannot write there ({error.strerror or error}: {error.filename or out_dir})"
+        print(f"synth failed: {reason}", file=sys.stderr)
+        return 2
     print(summary(result, out_dir))
     return 0
 
