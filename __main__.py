@@ -41,7 +41,7 @@ live = check_live_project(cfg)
 # Before anything is created: what the stack costs per hour, by capacity kind, and the run's estimate.
 for cost in cfg.hourly_costs:
     pulumi.log.info(f"price per hour, GPU nodes on {cost.line()}")
-pulumi.log.info(f"run estimate: {run_estimate_line(cfg.hourly_usd, cfg.run_budget_h)}")
+pulumi.log.info(f"run estimate: {run_estimate_line(cfg.hourly_usd, cfg.run_budget_h, cfg.price_unknown or '')}")
 facts = cfg.facts
 a4x = cfg.platform == "a4x"
 builds_infra = not cfg.existing_cluster

@@ -164,6 +164,8 @@ class StackConfig(BaseModel):
     reservation: str = ""
     capacity: tuple[CapacityKind, ...] = ()
     """Where GPU nodes come from, in order of preference; empty: from gpuSpot and reservation."""
+    gpu_node_hourly_usd: dict[CapacityKind, float] = Field(default_factory=dict)
+    """capacity kind -> the user's price of one GPU node per hour (domain.pricing.PRICE_KEY)."""
     worker_cpus: int = Field(0, ge=0)
     worker_memory_gi: int = Field(0, ge=0)
 
@@ -257,8 +259,15 @@ class StackConfig(BaseModel):
             machine_type=self.facts.machine_type, cpu_machine_type=self.cpu_machine_type, region=self.region,
             gpu_nodes=self.gpu_nodes, cpu_nodes=0 if self.autopilot else self.cpu_min_nodes,
             nat=self.private_nodes and self.cloud_nat and not self.existing_cluster,
-            bucket_gb=_gigabytes(self.volume_capacity), autopilot=self.autopilot)
+            bucket_gb=_gigabytes(self.volume_capacity), autopilot=self.autopilot,
+            your_prices=self.gpu_node_hourly_usd)
         return [pricing.hourly_cost(shape, kind) for kind in self.capacity_kinds]
+
+    @property
+    def price_unknown(self) -> str | None:
+        """Why the stack's hourly price is unknown (domain.pricing.unknown_price), or None when it is known."""
+        kinds = [c.kind for c in self.hourly_costs if c.usd is None]
+        return pricing.unknown_price(self.facts.machine_type, kinds, self.region) if kinds else None
 
     @property
     def supervised_attempts(self) -> int:
@@ -830,11 +839,14 @@ def capacity_problems(cfg: StackConfig) -> list[str]:
                    else f"capacity {json.dumps(list(kinds))} takes no reservation; add \"reservation\" or leave "
                    "this empty.")
         out.append(problem_line(config_key("reservation"), cfg.reservation, message))
-    if cfg.run_budget_usd and cfg.hourly_usd is None:
-        unknown = "; ".join(c.line() for c in cfg.hourly_costs if c.usd is None)
+    if cfg.run_budget_usd and cfg.price_unknown:
         out.append(problem_line(config_key("run_budget_usd"), cfg.run_budget_usd,
-                                f"needs the stack's hourly price, which the price table lacks ({unknown}); "
-                                "set runBudgetHours instead."))
+                                f"needs the stack's hourly price, which is {cfg.price_unknown}; or set runBudgetHours."))
+    prices = cfg.gpu_node_hourly_usd
+    if any(not 0 < usd <= pricing.MAX_NODE_USD_PER_HOUR for usd in prices.values()):
+        out.append(problem_line(config_key("gpu_node_hourly_usd"), prices, "each price more than 0 and at most "
+                                f"{pricing.MAX_NODE_USD_PER_HOUR:g} USD per GPU node-hour (A3 Ultra's list price is "
+                                "$83.49)."))
     return out
 
 

@@ -822,4 +822,6 @@ def test_spend_runs_from_the_first_attempts_start_to_now_or_the_last_end() -> No
     assert cli._spend([first, retry], 100.0, now_s=99_999.0) == \
         "$200.00 since the first attempt started, at $100.00/h (run ended)"
     assert cli._spend([], 100.0, now_s=0.0) == "nothing yet ($100.00/h once the run starts)"
-    assert cli._spend([first], None, now_s=0.0) == "unknown (no hourlyCostUsd: the price table lacks this stack's price)"
+    assert cli._spend([first], None, now_s=0.0) == (
+        "unknown: the stack outputs have no hourlyCostUsd; set verl-gke:gpuNodeHourlyUsd (USD per GPU node-hour, by "
+        "capacity kind) and run `pulumi up`")

@@ -31,7 +31,7 @@ def test_every_key_is_declared_with_type_and_description():
     expected = {config_key(f) for f in fields} | {config_key(f"grpo.{f}") for f in GrpoSpec.model_fields}
     assert set(DECLARED["config"]) == expected
     for key, decl in DECLARED["config"].items():
-        assert decl.get("type") in ("string", "integer", "boolean", "array"), key
+        assert decl.get("type") in ("string", "integer", "boolean", "array", "object"), key
         assert decl.get("description"), key
 
 

@@ -514,10 +514,10 @@ def _own_times(client: JobSubmissionClient, url: str, submission_id: str) -> lis
 def _spend(attempts: list[Any], usd_per_hour: float | None, now_s: float) -> str:
     """The run's cost so far: from its first attempt's start (Ray's job info) to its last attempt's end, or
     now, at the stack's hourly price (hourlyCostUsd)."""
-    from domain.pricing import spend_so_far
+    from domain.pricing import SET_PRICE, spend_so_far
 
     if usd_per_hour is None:
-        return "unknown (no hourlyCostUsd: the price table lacks this stack's price)"
+        return f"unknown: the stack outputs have no hourlyCostUsd; {SET_PRICE} and run `pulumi up`"
     started = [j.start_time for j in attempts if j.start_time]
     if not started:
         return f"nothing yet (${usd_per_hour:.2f}/h once the run starts)"
