@@ -87,7 +87,7 @@ cluster = GkeCluster("gke", {
     "cpu_min_nodes": cfg.cpu_min_nodes, "cpu_max_nodes": cfg.cpu_max_nodes,
     "existing": cfg.existing_cluster, "master_authorized_cidrs": cfg.master_authorized_cidrs,
     "control_plane_endpoint": cfg.control_plane_endpoint,
-    "upgrade_exclusion_start": cfg.upgrade_exclusion_start or None, "gpu_metrics": cfg.gpu_metrics,
+    "upgrade_exclusion_start": cfg.upgrade_exclusion_start, "gpu_metrics": cfg.gpu_metrics,
     "dedicated_node_service_account": cfg.dedicated_node_service_account, "private_nodes": cfg.private_nodes,
     # The NVIDIA DRA driver 25.3 still speaks resource.k8s.io/v1beta1 (Cluster Toolkit gke-a4x).
     "k8s_beta_apis": DRA_V1BETA1_APIS if a4x else [],

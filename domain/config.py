@@ -14,12 +14,12 @@ import posixpath
 import re
 import urllib.parse
 from collections.abc import Iterable, Mapping
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from domain import gke_versions, run_memory
+from domain import gke_versions, run_memory, upgrade_exclusion
 from domain.grpo_spec import GRPO_DEFAULTS, GrpoSpec, verl_problems
 from domain.run_identity import DELETES_BEFORE_SAVE_BELOW, verl_version_tuple
 from domain.bucket import DEFAULT_CAPACITY, MOUNT_PATH
@@ -76,8 +76,6 @@ _COMMIT_URL = re.compile(r"^https://[^/@?#\s]+/(?:[^/?#\s]+/)*[0-9a-f]{40}/[^?#\
 PRIVATE_RANGES = tuple(ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
                                                           "100.64.0.0/10"))
 _ADMITTING_CIDR_FIELDS = ("internal_source_range", "master_authorized_cidrs", "ray_dashboard_cidrs")
-# GKE returns times in UTC "Zulu" form; any other form is a permanent diff (pulumi-gcp docs).
-_RFC3339_UTC = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$")
 
 # An image reference as container registries parse it (github.com/distribution/reference,
 # regexp.go and normalize.go): [domain[:port]/]path[:tag][@digest]. The first component is a domain
@@ -141,7 +139,7 @@ class StackConfig(BaseModel):
     cloud_nat: bool = True
     image_streaming: bool = True
     image_mirror: bool = True
-    upgrade_exclusion_start: str = "2026-12-01T00:00:00Z"
+    upgrade_exclusion_start: str = upgrade_exclusion.AT_FIRST_UP
     ray_operator: Literal["addon", "helm"] = "addon"
     cpu_machine_type: str = "c2-standard-16"
     cpu_min_nodes: int = Field(1, ge=0)
@@ -512,8 +510,8 @@ def _decode(value: Any) -> Any:
     return value
 
 
-def load_config(raw: Mapping[str, Any], source: str = "The stack config",
-                secret_keys: Iterable[str] = (), declared: Mapping[str, Declared] | None = None) -> StackConfig:
+def load_config(raw: Mapping[str, Any], source: str = "The stack config", secret_keys: Iterable[str] = (),
+                declared: Mapping[str, Declared] | None = None, now: datetime | None = None) -> StackConfig:
     """Validate raw config (`{"verl-gke:gpuNodes": "2", "gcp:project": ...}`) into a StackConfig.
 
     One pass: key names, types (as `declared` in Pulumi.yaml, the project's own by default) and every
@@ -547,7 +545,7 @@ def load_config(raw: Mapping[str, Any], source: str = "The stack config",
         cfg = _validate_without(data, error)
     if cfg is not None:
         reported = {_key_of_line(line) for line in problems}
-        problems += [line for line in semantic_problems(cfg) if _key_of_line(line) not in reported]
+        problems += [line for line in semantic_problems(cfg, now) if _key_of_line(line) not in reported]
     if problems:
         secrets = [str(raw[k]) for k in {*secret_keys, HF_TOKEN_KEY} if raw.get(k)]
         raise ConfigError([_redacted(line, secrets) for line in problems], source)
@@ -603,8 +601,9 @@ def config_warnings(raw: Mapping[str, Any]) -> list[str]:
             for key in sorted(raw) if key.startswith("gcp:") and key not in GCP_KEYS]
 
 
-def semantic_problems(cfg: StackConfig) -> list[str]:
-    """Every cross-field rule, each problem naming its key, value and what is allowed."""
+def semantic_problems(cfg: StackConfig, now: datetime | None = None) -> list[str]:
+    """Every cross-field rule, each problem naming its key, value and what is allowed (dates against `now`)."""
+    now = now or datetime.now(timezone.utc)
     out: list[str] = []
     p = cfg.facts
 
@@ -637,9 +636,8 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
             if gke_versions.below_floor(cfg.kubernetes_version, floor):
                 add("kubernetes_version", cfg.kubernetes_version, f"{feature} needs {floor} or newer.")
                 break
-    if cfg.upgrade_exclusion_start and not _is_utc_time(cfg.upgrade_exclusion_start):
-        add("upgrade_exclusion_start", cfg.upgrade_exclusion_start,
-            "an RFC3339 UTC time such as 2026-12-01T00:00:00Z, or empty for no exclusion.")
+    if exclusion := upgrade_exclusion.start_problem(cfg.upgrade_exclusion_start, now):
+        add("upgrade_exclusion_start", cfg.upgrade_exclusion_start, exclusion)
     if machine_problem := cpu_machine_problem(cfg.cpu_machine_type):
         add("cpu_machine_type", cfg.cpu_machine_type, machine_problem)
     if cfg.cpu_min_nodes > cfg.cpu_max_nodes:
@@ -874,17 +872,6 @@ def _is_image_reference(image: str) -> bool:
     last = name.rsplit("/", 1)[-1]
     name = name[:len(name) - len(last)] + last.split(":", 1)[0]  # without the tag
     return bool(_IMAGE_REFERENCE.match(image)) and len(name) <= _MAX_IMAGE_NAME
-
-
-def _is_utc_time(text: str) -> bool:
-    """RFC3339 in UTC "Zulu" form and a real instant (2026-02-30 is not)."""
-    if not _RFC3339_UTC.match(text):
-        return False
-    try:
-        datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ")
-    except ValueError:
-        return False
-    return True
 
 
 def _zones_of(location: str, region: str) -> tuple[str, ...]:

@@ -438,6 +438,7 @@ DEPLOY_DURATIONS: dict[str, Duration] = {
     "pulumi-python:dynamic:GrpoJob": Duration(
         90, "the readiness gate, the fabric check (an all-reduce of 256 MB, seconds, after NCCL set-up) and "
         f"the submission until RUNNING; {_ESTIMATE}"),
+    "pulumi-python:dynamic:UpgradeExclusionStart": Duration(1, "reads the deploying machine's clock, no cloud call"),
     "pulumi-python:dynamic:PinnedImage": Duration(
         2, f"two small HTTPS requests to the image's registry (a token, a manifest HEAD); {_ESTIMATE}"),
 }

@@ -482,11 +482,11 @@ def test_a_reservation_placeholder_the_stack_never_reads_blocks_nothing(unused: 
     assert placeholders(raw, load_config(raw)) == []
 
 
-def test_upgrade_exclusion_start_is_utc_rfc3339_or_empty():
+def test_upgrade_exclusion_start_is_utc_rfc3339_empty_or_none():
     assert load_config(config(upgradeExclusionStart="")).upgrade_exclusion_start == ""
     assert only_problem(upgradeExclusionStart="2026-12-01 00:00") == (
-        'verl-gke:upgradeExclusionStart = "2026-12-01 00:00": an RFC3339 UTC time such as 2026-12-01T00:00:00Z, '
-        "or empty for no exclusion.")
+        'verl-gke:upgradeExclusionStart = "2026-12-01 00:00": an RFC3339 UTC time such as 2027-03-01T00:00:00Z, '
+        "empty (from the cluster's first `pulumi up`) or none (no exclusion).")
 
 
 def test_the_cluster_subnets_ranges_may_not_overlap_the_gpu_subnets():

@@ -48,6 +48,7 @@ MOCK_DNS_ENDPOINT = preflight.MOCK_DNS_ENDPOINT
 
 GRPO_JOB_TYPE = "pulumi-python:dynamic:GrpoJob"
 PINNED_IMAGE_TYPE = "pulumi-python:dynamic:PinnedImage"
+EXCLUSION_START_TYPE = "pulumi-python:dynamic:UpgradeExclusionStart"
 UNRESOLVED_DIGEST = "[digest resolved at pulumi up]"
 """What synth puts where the registry's digest goes: no registry is asked offline, and none is made up."""
 # Top-level fields of a Kubernetes object, in the order kubectl shows them.
@@ -174,6 +175,9 @@ class SynthMocks(pulumi.runtime.Mocks):
         elif args.typ == PINNED_IMAGE_TYPE:
             state = pinned_image.outs(state["image"], UNRESOLVED_DIGEST)
             return state["ref"], state
+        elif args.typ == EXCLUSION_START_TYPE:
+            # Read from the clock at the first `pulumi up`: offline there is none, and none is made up.
+            return f"{state['cluster']}@first-up", {**state, "start": rpc.UNKNOWN}
         return f"{args.name}-id", state
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list[tuple[str, str]]]:
