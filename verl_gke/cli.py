@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TextIO, TypeVar
 
 from verl_gke import fabric, gke_facts, metrics, stack_outputs
 from verl_gke.cluster_api import cluster_api
-from verl_gke.cluster_readiness import ClusterNotReadyError, await_capacity, read_capacity
+from verl_gke.cluster_readiness import ClusterNotReadyError, await_capacity, duration, read_capacity
 from verl_gke.head_access import (
     OUTAGE_WINDOW_S,
     HeadAccessError,
@@ -499,7 +499,7 @@ def _attempt_rows(attempts: list[Any]) -> list[tuple[str, str]]:
     deadline = next((meta({"metadata": j.metadata or {}}, "budget_deadline") for j in attempts), "")
     if deadline:
         left = float(deadline) - time.time()
-        rows.append(("Budget", f"{_duration(left)} left" if left > 0 else "spent"))
+        rows.append(("Budget", f"{duration(left)} left" if left > 0 else "spent"))
     return rows
 
 
@@ -593,34 +593,28 @@ def cmd_wait(args: argparse.Namespace) -> int:
                     outage.reached()
                     elapsed = time.monotonic() - started
                     if reported is None or reported[0] != status or elapsed - reported[1] >= _REPORT_EVERY_S:
-                        _progress(f"job {target.submission_id}: {status} after {_duration(elapsed)}")
+                        _progress(f"job {target.submission_id}: {status} after {duration(elapsed)}")
                         reported = (status, elapsed)
                     if status in TERMINAL_STATUSES:
                         break
                     if args.timeout is not None and elapsed + args.poll > args.timeout:
-                        raise CliError(f"job {target.submission_id} is still {status} after {_duration(elapsed)} "
+                        raise CliError(f"job {target.submission_id} is still {status} after {duration(elapsed)} "
                                        f"(--timeout {args.timeout:g} s)")
                     time.sleep(args.poll)
             break
         except (HeadAccessError, HeadRequestError) as error:
             # A head restart or a dropped port-forward must not fail a wait that may last a day.
             if (lost := outage.lost()) >= args.outage_window:
-                raise HeadUnreachable(f"lost the Ray head for {_duration(lost)} "
+                raise HeadUnreachable(f"lost the Ray head for {duration(lost)} "
                                       f"(--outage-window {args.outage_window:g} s): {_one_line(error)}") from None
             _progress(f"head unreachable ({_one_line(error)}); reconnecting for up to "
-                      f"{_duration(args.outage_window - lost)}")
+                      f"{duration(args.outage_window - lost)}")
             time.sleep(min(args.poll, RECONNECT_PAUSE_S))
     if status != "SUCCEEDED":
         raise CliError(f"job {target.submission_id} ended {status}"
                        + (f": {message}" if message else ""))
     print(f"job {target.submission_id} SUCCEEDED")
     return 0
-
-
-def _duration(seconds: float) -> str:
-    minutes, secs = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pulumi
 import yaml
@@ -449,6 +449,17 @@ def read_cloud_answers(path: Path) -> dict[str, Any]:
     return answers
 
 
+class _UsageError(Exception):
+    """A wrong command line: one line, nothing tried."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a wrong command line is one line (no usage block), as the CLI's."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(message)
+
+
 _STACK_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 """A Pulumi stack name (pulumi/pulumi sdk/go/common/tokens, ValidateStackName; no '/' outside an org path)."""
 
@@ -461,18 +472,22 @@ def _progress(stack: str, message: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     from domain.config import ConfigError
 
-    parser = argparse.ArgumentParser(prog="synth", description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="synth", description=__doc__.split("\n\n")[0])
     parser.add_argument("stack", help="stack name, e.g. a4-standard (reads Pulumi.<stack>.yaml)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default dist/<stack>)")
     parser.add_argument("--cloud", type=Path, default=None, metavar="FILE",
                         help="JSON object: invoke token -> the provider's answer, for the live checks")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value for this synth only, e.g. verl-gke:gpuNodes=4")
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+        bad = [item for item in args.set if "=" not in item or ":" not in item.split("=", 1)[0]]
+        if bad:
+            parser.error(f"--set takes NAMESPACE:KEY=VALUE, got {bad[0]!r}")
+    except _UsageError as error:
+        print(f"synth failed: {error} (see synth --help)", file=sys.stderr)
+        return 2
     out_dir = args.out or PROJECT_DIR / "dist" / args.stack
-    bad = [item for item in args.set if "=" not in item or ":" not in item.split("=", 1)[0]]
-    if bad:
-        parser.error(f"--set takes NAMESPACE:KEY=VALUE, got {bad[0]!r}")
     overrides = dict(item.split("=", 1) for item in args.set)
     if not _STACK_NAME.match(args.stack) or args.stack in (".", ".."):
         print(f"synth failed: stack {args.stack!r}: a Pulumi stack name is letters, digits, '-', '_' or '.'; "
