@@ -7,6 +7,7 @@
     verl-gke metrics     verl's per-step metrics as a table, a reward plot and a verdict
     verl-gke fabric      all-reduce across every GPU worker: the fabric's bus bandwidth, on demand
     verl-gke export      a checkpoint as a Hugging Face model in the bucket (verl's own merger, as a Ray job)
+    verl-gke --version   the installed version
 
 The stack outputs come from `pulumi stack output --json` or `--outputs FILE`; the head is
 reached the way the GrpoJob provider reaches it (verl_gke.head_access): a port-forward through
@@ -126,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Errors are one line on stderr. Exit status: 0 done, 1 the command failed, 2 a wrong "
                "command line, 3 `wait` lost the head for its outage window, 130 interrupted.",
     )
+    parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     status = commands.add_parser("status", parents=[common], help="cluster, head, workers, GPUs and job, on one screen",
@@ -209,6 +211,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(PROG)
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed: `pip install -e .`)"
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -289,9 +300,9 @@ def _head(args: argparse.Namespace, outputs: StackOutputs | None, timeout_s: flo
     else:
         assert outputs is not None, "_target loads the outputs whenever --dashboard-url is absent"
         if outputs.offline:
-            raise CliError(f"{outputs.source} holds offline outputs from `make synth` (no real cluster CA): "
-                           "there is no cluster to reach; use a deployed stack's outputs "
-                           "(`pulumi stack output --json`) or --dashboard-url URL")
+            raise CliError(f"{outputs.source} holds synth's offline outputs: nothing is deployed to reach. "
+                           f"`verl-gke status --outputs {outputs.source}` shows what they name; --dashboard-url URL "
+                           "runs this command against a Ray head of your own (e.g. `ray start --head`)")
         # The outputs name the cluster; its endpoint and CA come from GKE, never from the outputs.
         _progress(f"reading the endpoint and CA of cluster {outputs.cluster_name} in {outputs.cluster_location} "
                   "from GKE")
@@ -354,6 +365,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     target = _target(args, need_outputs=True)
     outputs = target.outputs
     assert outputs is not None
+    if outputs.offline and not args.dashboard_url:
+        return _print_rows(_offline_rows(outputs))
     try:
         return _live_status(args, target, outputs)
     except HeadAccessError as unreachable:
@@ -404,6 +417,21 @@ def _ended_rows(outputs: StackOutputs, record: RunRecord) -> list[tuple[str, str
              ("Resume", "a new run, or `pulumi config set verl-gke:jobAttempt <n+1>` and `pulumi up`, resumes the "
                         "RayCluster")]
     return rows
+
+
+def _offline_rows(outputs: StackOutputs) -> list[tuple[str, str]]:
+    """What synth's outputs name (`dist/<stack>/outputs.json`): the stack as `pulumi up` would make it."""
+    return [
+        ("Stack outputs", f"{outputs.source}: synth's offline outputs, nothing deployed"),
+        ("Cluster", _cluster_line(outputs)),
+        ("Ray head", f"none: `pulumi up` creates svc/{outputs.ray_head_service} in namespace {outputs.namespace}"),
+        ("GRPO job", f"{outputs.grpo_submission_id}  not submitted (the run's first attempt)"),
+        ("Price", f"${outputs.hourly_cost_usd:.2f}/h" if outputs.hourly_cost_usd is not None
+         else _spend([], None, 0.0)),
+        ("Preflight", "not checked offline (`pulumi preview` checks the live project)"),
+        ("Checkpoints", outputs.checkpoint_uri),
+        ("Dashboard", outputs.dashboard_command),
+    ]
 
 
 def _cluster_line(outputs: StackOutputs) -> str:
