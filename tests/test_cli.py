@@ -819,10 +819,10 @@ def test_synths_outputs_with_a_dashboard_url_follow_the_job_they_name(
     submission_id = json.loads(synth_outputs.read_text())["grpoSubmissionId"]
     client = JobSubmissionClient(ray_head)
     if submission_id not in [j.submission_id for j in client.list_jobs()]:
-        client.submit_job(entrypoint="echo trying the CLI on synth's outputs", submission_id=submission_id)
+        client.submit_job(entrypoint="echo trying the CLI on the outputs of synth", submission_id=submission_id)
     assert wait_until_done(ray_head, submission_id) == JobStatus.SUCCEEDED
     code, out, _ = run(capsys, "logs", "--outputs", str(synth_outputs), "--dashboard-url", ray_head)
-    assert (code, out) == (0, "trying the CLI on synth's outputs\n")
+    assert (code, out) == (0, "trying the CLI on the outputs of synth\n")
     code, out, _ = run(capsys, "wait", "--outputs", str(synth_outputs), "--dashboard-url", ray_head)
     assert (code, out) == (0, f"job {submission_id} SUCCEEDED\n")
 
