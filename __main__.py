@@ -17,7 +17,7 @@ from components.image_mirror import ImageMirror
 from domain.image_mirror import MIRROR_APIS, is_docker_hub, registry_prefix, repository_id
 from domain.run_identity import submission_ids
 from domain.stack_run import stack_run
-from domain.grpo_spec import entrypoint, runtime_env
+from domain.grpo_spec import CHECKPOINT_DIR, entrypoint, runtime_env
 from components.network_mapping import NetworkMapping
 from domain.preflight import REQUIRED_APIS, STACK_LABEL
 from components.preflight import check_live_project
@@ -27,7 +27,7 @@ from components.run_supervisor import RunSupervisor
 from components.ray_training_cluster import RayTrainingCluster
 from manifests import compute_class, nccl, supervisor
 from manifests.network_mapping import NetworkNames
-from domain.bucket import MOUNT_PATH
+from domain.bucket import MOUNT_PATH, run_checkpoint_dir
 from domain.pricing import run_cost, run_estimate_line
 from domain.run_memory import merge_memory_bytes
 from domain.names import stack_names, stack_slug
@@ -175,14 +175,15 @@ ray = RayTrainingCluster("ray", {
     "image": cfg.verl_image, "image_mirror": image_mirror,
     "worker_cpus": cfg.worker_cpus, "worker_memory_gi": cfg.worker_memory_gi,
     "worker_spot": cfg.gpu_spot and cfg.autopilot, "compute_class": gpu_class, "nic_claims": a4x and networks is None,
-    "verl_dir": cfg.verl_dir,
+    "verl_dir": cfg.verl_dir, "checkpoint_root": cfg.verl.get(CHECKPOINT_DIR),
     "install_kuberay": cfg.ray_operator == "helm", "operator_depends_on": [storage],
     "network_policy": cfg.ray_network_policy, "dashboard_cidrs": list(cfg.ray_dashboard_cidrs),
     "job_api_clients": supervisor.LABELS if cfg.run_supervisor else None,
 }, k8s.merge(pulumi.ResourceOptions(depends_on=ray_waits_for)))
 
 run_id, legacy_trainer = stack_run(cfg)
-entry = entrypoint(cfg.grpo, facts.gpus_per_node, cfg.gpu_nodes, run_id=run_id, legacy_trainer=legacy_trainer)
+entry = entrypoint(cfg.verl, run_id=run_id, legacy_trainer=legacy_trainer)
+checkpoint_dir = run_checkpoint_dir(cfg.verl.get(CHECKPOINT_DIR), run_id)
 job_env = runtime_env(facts, nnodes=cfg.gpu_nodes, worker_cpus=cfg.worker_cpus, verl_dir=cfg.verl_dir)
 job_waits_for: list[pulumi.Resource] = [ray, staging]
 if cfg.run_supervisor:
@@ -199,7 +200,7 @@ if cfg.run_supervisor:
             # Never ends a run as not claimed while `pulumi up` may still be in its gates.
             "capacity_timeout_s": max(CAPACITY_TIMEOUT_S, claimed_within_s(cfg.job_ready_timeout_seconds)),
             # Merged on a node with the memory (a GPU worker for 32B), before the workers are released.
-            "export": {"checkpoint_dir": f"{cfg.grpo.checkpoint_dir}/{run_id}", "mount": MOUNT_PATH,
+            "export": {"checkpoint_dir": checkpoint_dir, "mount": MOUNT_PATH,
                        "memory_bytes": merge_memory_bytes(cfg.model), "verl_dir": cfg.verl_dir}
             if cfg.export_model else None,
         },
@@ -220,9 +221,12 @@ job = GrpoJob("grpo", {
     "fabric_runtime_env": fabric_runtime_env(facts), "fabric_transports": list(facts.fabric_transports),
     "budget_s": cfg.run_budget_s, "supervised_attempts": cfg.supervised_attempts,
     "run_id": run_id, "run_record": supervisor.run_record_name(cfg.ray_cluster_name),
-}, pulumi.ResourceOptions(depends_on=job_waits_for))
+}, pulumi.ResourceOptions(depends_on=job_waits_for,
+                          # Their replacement deletes the workers: the run is stopped first, then resubmitted.
+                          replace_with=[*([cluster.cluster] if cluster.cluster else []),
+                                        *(pool.node_pool for pool in gpu_pools), ray.ray_cluster]))
 
-checkpoint_path = f"{cfg.grpo.checkpoint_dir.removeprefix(f'{MOUNT_PATH}/')}/{run_id}"
+checkpoint_path = checkpoint_dir.removeprefix(f"{MOUNT_PATH}/")
 pulumi.export("clusterName", cluster.name)
 pulumi.export("clusterLocation", cluster.location)
 pulumi.export("clusterEndpoint", cluster.endpoint)

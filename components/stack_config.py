@@ -29,7 +29,7 @@ def from_pulumi(allow_placeholders: bool | None = None) -> StackConfig:
         raise pulumi.RunError(str(error)) from None
     for warning in config_warnings(raw):
         pulumi.log.warn(warning)
-    problems, plan = verl_run_check(cfg, raw)
+    problems, plan = verl_run_check(cfg)
     if problems:
         raise pulumi.RunError(str(ConfigError(problems, source)))
     if plan is not None:

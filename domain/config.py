@@ -12,6 +12,7 @@ import ipaddress
 import json
 import posixpath
 import re
+import shlex
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
@@ -19,13 +20,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from domain import gke_versions, run_memory, upgrade_exclusion
-from domain.grpo_spec import GRPO_DEFAULTS, GrpoSpec, verl_problems
+from domain import gke_versions, grpo_spec, run_memory, upgrade_exclusion, verl_settings
+from domain.grpo_spec import verl_problems
 from domain.run_identity import DELETES_BEFORE_SAVE_BELOW, verl_version_tuple
+from domain.verl_settings import VerlSettings
+from domain.verl_wheel import VerlUnavailable
 from domain.bucket import DEFAULT_CAPACITY, MOUNT_PATH
 from domain.platforms import (
-    AUTOPILOT_SIDECAR, CPU_MACHINE_SERIES, LOCAL_SSD_SERIES, PINNED_IMAGE_ARCH, PLATFORMS, Mode, Platform,
-    PlatformName, VerlRelease, has_digest, is_pinned_image,
+    AUTOPILOT_SIDECAR, CHECKPOINT_COPIER, CPU_MACHINE_SERIES, LOCAL_SSD_SERIES, PINNED_IMAGE_ARCH, PLATFORMS, Mode,
+    Platform, PlatformName, VerlRelease, has_digest, is_pinned_image,
 )
 from domain import pricing
 from domain.pricing import CAPACITY_KINDS, CapacityKind
@@ -39,13 +42,13 @@ from workloads.stage_data import (
     DEFAULT_MODEL_REVISION,
     dataset_problem,
     is_repo_id,
-    model_dir_for,
 )
 
 NAMESPACE = "verl-gke"
 PLACEHOLDER_MARK = "replace-me"
 HF_TOKEN_KEY = f"{NAMESPACE}:hfToken"
-GRPO_PREFIX = "grpo"
+VERL_KEY = f"{NAMESPACE}:verl"
+"""verl's own settings by verl's config paths (domain/verl_settings.py)."""
 GCP_FIELDS = ("project", "region", "zone")
 """The StackConfig fields read from the `gcp:` namespace."""
 GCP_KEYS = tuple(f"gcp:{field}" for field in GCP_FIELDS)
@@ -116,7 +119,7 @@ class StackConfig(BaseModel):
     except project/region/zone, which come from the `gcp:` namespace."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=camel,
-                              populate_by_name=True)
+                              populate_by_name=True, arbitrary_types_allowed=True)
 
     project: str
     region: str
@@ -205,7 +208,8 @@ class StackConfig(BaseModel):
     export_model: bool = True
     fabric_min_bus_bandwidth_gbps: int = Field(0, ge=0)
 
-    grpo: GrpoSpec
+    verl: VerlSettings
+    """The run's verl config: the platform's defaults under verl-gke:verl, composed with the pinned verl's."""
 
     @model_validator(mode="before")
     @classmethod
@@ -228,8 +232,10 @@ class StackConfig(BaseModel):
                              ("workerMemoryGi", worker.memory_gi if worker else platform.worker_memory_gi)):
             if _unset(data.get(key)):
                 data[key] = default
-        data["grpo"] = _grpo_values(data.get("grpo", {}), platform, str(data.get("model", DEFAULT_MODEL_REPO)),
-                                    data.get("gpuNodes"))
+        if not isinstance(data.get("verl"), VerlSettings):
+            given, _ = verl_given(data.get("verl", {}), platform)
+            data["verl"] = grpo_spec.run_settings(platform, str(data.get("model", DEFAULT_MODEL_REPO)),
+                                                  _nodes(data.get("gpuNodes")), given)
         return data
 
     @property
@@ -343,29 +349,11 @@ def _rdma_nics(platform: Platform, a4x_networking: str) -> int:
     return platform.rdma_nics
 
 
-def _grpo_values(given: Mapping[str, Any], platform: Platform, model: str, gpu_nodes: Any) -> dict[str, Any]:
-    """GRPO fields with the per-platform defaults (the tutorial's math, the execution profile) under
-    the user's values. 0 (integers) and "auto" (booleans) in config mean: the platform's default."""
-    defaults = GRPO_DEFAULTS[platform.name]
-    values: dict[str, Any] = {
-        "ppo_mini_batch_size": defaults.ppo_mini_batch_size,
-        "ppo_micro_batch_size_per_gpu": defaults.ppo_micro_batch_size_per_gpu,
-        "rollout_log_prob_micro_batch_size_per_gpu": defaults.rollout_log_prob_micro_batch_size_per_gpu,
-        "ref_log_prob_micro_batch_size_per_gpu": defaults.ref_log_prob_micro_batch_size_per_gpu,
-        "use_kl_loss": defaults.use_kl_loss,
-        "val_before_train": defaults.val_before_train,
-        "rollout_tensor_parallel_size": run_memory.rollout_tp(platform, model, given, _nodes(gpu_nodes)),
-        "use_remove_padding": defaults.use_remove_padding,
-        "use_dynamic_bsz": defaults.use_dynamic_bsz,
-        "ppo_max_token_len_per_gpu": defaults.ppo_max_token_len_per_gpu,
-        "log_prob_max_token_len_per_gpu": defaults.log_prob_max_token_len_per_gpu,
-        "model_path": f"{MOUNT_PATH}/{model_dir_for(model)}",
-        "checkpoint_dir": f"{MOUNT_PATH}/verl/checkpoints",
-    }
-    for field, value in given.items():
-        if not (field in values and _unset(value)):
-            values[field] = value
-    return values
+def verl_given(value: Any, platform: Platform) -> tuple[dict[str, Any], list[verl_settings.Problem]]:
+    """verl-gke:verl's entries that verl takes, as it takes them, and the problems of the others."""
+    flat, problems = verl_settings.decode(value)
+    accepted, more = verl_settings.check(flat, platform.verl, grpo_spec.OWNED, grpo_spec.BOUNDS)
+    return accepted, problems + more
 
 
 def _nodes(value: Any) -> int:
@@ -384,12 +372,11 @@ def _unset(value: Any) -> bool:
 
 
 def config_key(field: str) -> str:
-    """The full config key of a StackConfig field name or a `grpo.<field>` path."""
+    """The full config key of a StackConfig field name or a `verl.<verl path>`."""
     if field in GCP_FIELDS:
         return f"gcp:{field}"
-    if field.startswith("grpo."):
-        grpo_field = camel(field.split(".", 1)[1])
-        return f"{NAMESPACE}:{GRPO_PREFIX}{grpo_field[:1].upper()}{grpo_field[1:]}"
+    if field.startswith("verl."):
+        return f"{NAMESPACE}:{field}"
     return f"{NAMESPACE}:{camel(field)}"
 
 
@@ -462,8 +449,6 @@ def typed_values(raw: Mapping[str, Any], declared: Mapping[str, Declared],
 
 
 def _key_of_loc(loc: list[str]) -> str:
-    if loc[0] == "grpo" and len(loc) > 1:
-        return config_key("grpo." + loc[1])
     if loc[0] in GCP_FIELDS:
         return config_key(loc[0])
     # pydantic reports aliased fields by their alias already.
@@ -471,33 +456,48 @@ def _key_of_loc(loc: list[str]) -> str:
 
 
 def _as_field_values(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """Raw `namespace:key` strings -> model input (aliases), lists decoded, grpo grouped."""
+    """Raw `namespace:key` strings -> model input (aliases), lists decoded; verl-gke:verl as given, the
+    keys it replaced and verl paths set without --path left out (reported by _verl_key_problem)."""
     data: dict[str, Any] = {}
-    grpo: dict[str, Any] = {}
     for full_key, value in raw.items():
         ns, _, key = full_key.partition(":")
         if ns == "gcp" and key in GCP_FIELDS:
             data[key] = value
-        elif ns != NAMESPACE or full_key == HF_TOKEN_KEY:
+        elif ns != NAMESPACE or full_key == HF_TOKEN_KEY or _verl_key_problem(full_key, value):
             continue
-        elif grpo_field := grpo_field_of(full_key):
-            grpo[grpo_field.removeprefix("grpo.")] = _decode(value)
+        elif full_key == VERL_KEY:
+            data["verl"] = value
         else:
             data[key] = _decode(value)
-    data["grpo"] = grpo
     return data
 
 
-def grpo_field_of(full_key: str) -> str | None:
-    """`verl-gke:grpoKlCoef` -> `grpo.kl_coef`; None for a key that is not a grpo* key."""
-    ns, _, key = full_key.partition(":")
-    if ns != NAMESPACE or not (key.startswith(GRPO_PREFIX) and key[len(GRPO_PREFIX):][:1].isupper()):
-        return None
-    return "grpo." + _snake(key[len(GRPO_PREFIX):])
+def _verl_key_problem(full_key: str, value: Any) -> str | None:
+    """A key of the old grpo* family, or a verl path set without --path: what to do instead."""
+    key = full_key.partition(":")[2]
+    if key in grpo_spec.RENAMED:
+        return _renamed_line(full_key, value, grpo_spec.RENAMED[key])
+    if full_key.startswith(VERL_KEY + "."):
+        return (f"{full_key}: a verl path is set inside verl-gke:verl: `pulumi config rm {full_key}`, then "
+                f"`pulumi config set --path {full_key} {shlex.quote(str(value))}`")
+    return None
 
 
-def _snake(camel: str) -> str:
-    return re.sub(r"(?<!^)([A-Z])", r"_\1", camel).lower()
+def _renamed_line(full_key: str, value: Any, paths: tuple[str, ...]) -> str:
+    """`verl-gke:grpoX = v: replaced by verl-gke:verl.<path>: <the commands>`."""
+    if not paths:  # grpoExtraOverrides: each `key=value` item is a path of its own
+        items = _decode(value)
+        items = [i for i in items if isinstance(i, str) and "=" in i] if isinstance(items, list) else []
+        sets = [f"`pulumi config set --path {VERL_KEY}.{k.lstrip('+')} {shlex.quote(v)}`"
+                for k, _, v in (i.partition("=") for i in items)]
+        return problem_line(full_key, _decode(value), f"replaced by {VERL_KEY}.<verl path>, one per override: "
+                            f"`pulumi config rm {full_key}`" + "".join(f", then {c}" for c in sets))
+    new = " and ".join(f"{VERL_KEY}.{p}" for p in paths)
+    if _unset(value):  # 0 / auto / "": the platform's default, which is now what an unset path means
+        return problem_line(full_key, value, f"replaced by {new}; unset means the platform's default: "
+                            f"`pulumi config rm {full_key}`")
+    sets = ", then ".join(f"`pulumi config set --path {VERL_KEY}.{p} {shlex.quote(str(value))}`" for p in paths)
+    return problem_line(full_key, value, f"replaced by {new}: `pulumi config rm {full_key}`, then {sets}")
 
 
 def _decode(value: Any) -> Any:
@@ -521,6 +521,7 @@ def load_config(raw: Mapping[str, Any], source: str = "The stack config", secret
     if declared is None:
         declared = declared_types()
     problems = _key_problems(raw)
+    problems += [line for key, value in raw.items() if (line := _verl_key_problem(key, value))]
     if HF_TOKEN_KEY in raw:  # never its value
         problems.append(f"{HF_TOKEN_KEY}: no longer read, and a token in Pulumi config ends up in its state: "
                         f"`pulumi config rm {HF_TOKEN_KEY}`, then store the token in Secret Manager with "
@@ -536,6 +537,13 @@ def load_config(raw: Mapping[str, Any], source: str = "The stack config", secret
     problems += type_problems
     for k in GCP_FIELDS:
         data.setdefault(k, "")
+    platform = PLATFORMS.get(str(data.get("platform", "a4")), PLATFORMS["a4"])
+    try:
+        _, verl_problems_ = verl_given(data.get("verl", {}), platform)
+    except VerlUnavailable as e:
+        raise ConfigError([*problems, f"{VERL_KEY}: cannot be checked against verl's own config: {e}"], source) from None
+    problems += [problem_line(config_key(f"verl.{p.path}") if p.path else VERL_KEY, p.value, p.message)
+                 for p in verl_problems_]
     cfg = None
     try:
         cfg = StackConfig.model_validate(data)
@@ -554,12 +562,10 @@ def load_config(raw: Mapping[str, Any], source: str = "The stack config", secret
 
 
 def _validate_without(data: dict[str, Any], error: ValidationError) -> StackConfig | None:
-    trimmed = {**data, "grpo": dict(data.get("grpo", {}))}
+    trimmed = dict(data)
     for e in error.errors():
         loc = [str(part) for part in e["loc"] if not isinstance(part, int)]
-        if len(loc) > 1 and loc[0] == "grpo":
-            trimmed["grpo"].pop(loc[1], None)
-        elif loc:
+        if loc:
             trimmed.pop(loc[0], None)
     try:
         return StackConfig.model_validate(trimmed)
@@ -672,14 +678,14 @@ def semantic_problems(cfg: StackConfig, now: datetime | None = None) -> list[str
     elif cfg.worker_memory_gi <= p.shm_size_gi:
         add("worker_memory_gi", cfg.worker_memory_gi,
             f"must exceed the {p.shm_size_gi}Gi /dev/shm that counts against it.")
-    if cfg.autopilot and p.autopilot_max_pod:
-        top, car = p.autopilot_max_pod, AUTOPILOT_SIDECAR
-        for field, value, most, unit in (("worker_cpus", cfg.worker_cpus, top.cpu - car.cpu, " vCPUs"),
-                                         ("worker_memory_gi", cfg.worker_memory_gi, top.memory_gi - car.memory_gi, "Gi")):
-            if value > most:
+    if cfg.autopilot and p.autopilot_max_pod and p.autopilot_worker:
+        top, car, copier, most = p.autopilot_max_pod, AUTOPILOT_SIDECAR, CHECKPOINT_COPIER, p.autopilot_worker
+        for field, value, limit, unit in (("worker_cpus", cfg.worker_cpus, most.cpu, " vCPUs"),
+                                          ("worker_memory_gi", cfg.worker_memory_gi, most.memory_gi, "Gi")):
+            if value > limit:
                 add(field, value, f"Autopilot admits a {p.accelerator} worker pod of at most {top.cpu} vCPUs / "
-                    f"{top.memory_gi}Gi, the GCS FUSE sidecar's {car.cpu} vCPUs / {car.memory_gi}Gi included: "
-                    f"at most {most}{unit}.")
+                    f"{top.memory_gi}Gi, the GCS FUSE sidecar's {car.cpu} vCPUs / {car.memory_gi}Gi and the "
+                    f"checkpoint copier's {copier.cpu} vCPU / {copier.memory_gi}Gi included: at most {limit}{unit}.")
 
     if not _DNS_LABEL.match(cfg.namespace) or len(cfg.namespace) > 63:
         add("namespace", cfg.namespace, "a Kubernetes namespace: at most 63 lowercase letters, digits or hyphens.")
@@ -743,15 +749,10 @@ def semantic_problems(cfg: StackConfig, now: datetime | None = None) -> list[str
         if getattr(cfg, field) * unit > _MAX_DURATION_S:
             add(field, getattr(cfg, field),
                 f"at most {_MAX_DURATION_S // unit}: the Pulumi engine's longest duration (about 292 years).")
-    resolvers = [o for o in cfg.grpo.extra_overrides if "${" in o]
-    if resolvers:
-        add("grpo.extra_overrides", resolvers, "no Hydra/OmegaConf interpolations (${...}): they are resolved on "
-            "the deployer's machine at preview (${oc.env:...} reads its environment) and printed. Write values.")
-
-    for field in ("checkpoint_dir", "model_path", "train_files", "val_files"):
-        value = getattr(cfg.grpo, field)
-        if posixpath.normpath(value) != value or not value.startswith(f"{MOUNT_PATH}/"):
-            add(f"grpo.{field}", value, f"an absolute path under the bucket mount {MOUNT_PATH}/ that every node "
+    for path in grpo_spec.BUCKET_PATHS:
+        value = cfg.verl.get(path)
+        if not isinstance(value, str) or posixpath.normpath(value) != value or not value.startswith(f"{MOUNT_PATH}/"):
+            add(f"verl.{path}", value, f"an absolute path under the bucket mount {MOUNT_PATH}/ that every node "
                 "shares, written plainly (no '..', '.', '//' or trailing '/').")
     for field in ("model", "dataset"):
         if not is_repo_id(getattr(cfg, field)):
@@ -773,11 +774,11 @@ def semantic_problems(cfg: StackConfig, now: datetime | None = None) -> list[str
         add("verl_image", cfg.verl_image, f"is built for {built_for} only; {p.title} nodes are {p.arch}: use "
             f"{p.image} or an image built for {p.arch}.")
     out.extend(_run_problems(cfg))
-    for problem in verl_problems(cfg.grpo, p.gpus_per_node, cfg.gpu_nodes):
-        add(f"grpo.{problem.field}", getattr(cfg.grpo, problem.field), problem.message)
-    # One line per phase that would not fit, naming the keys that size it.
-    for fields, message in run_memory.problems(cfg.grpo, p, cfg.model, cfg.gpu_nodes):
-        named = ", ".join(f"{config_key('grpo.' + f)} = {json.dumps(getattr(cfg.grpo, f))}" for f in fields)
+    for problem in verl_problems(cfg.verl, p.gpus_per_node, cfg.gpu_nodes):
+        add(f"verl.{problem.path}", problem.value, problem.message)
+    # One line per phase that would not fit, naming the paths that size it.
+    for paths, message in run_memory.problems(cfg.verl, p, cfg.model, cfg.gpu_nodes):
+        named = ", ".join(f"{config_key('verl.' + path)} = {json.dumps(cfg.verl.get(path))}" for path in paths)
         out.append(f"{named}: {message}")
     return out
 
@@ -888,15 +889,19 @@ def _run_problems(cfg: StackConfig) -> list[str]:
         if not cfg.run_supervisor:
             out.append(problem_line(config_key(field), budget,
                                     "needs runSupervisor: true: only the run supervisor stops a run at its budget."))
-    if budgets and cfg.grpo.save_freq <= 0:
-        out.append(problem_line(config_key("grpo.save_freq"), cfg.grpo.save_freq,
+    save_freq = cfg.verl.get("trainer.save_freq")
+    if budgets and save_freq <= 0:
+        out.append(problem_line(config_key("verl.trainer.save_freq"), save_freq,
                                 f"must be a positive number of steps with {camel(budgets[0][0])}: verl writes its "
                                 "deadline checkpoint only when it saves at all, so the stop would lose the whole run."))
-    version = cfg.facts.verl.version
-    if cfg.grpo.max_checkpoints == 1 and verl_version_tuple(version) < DELETES_BEFORE_SAVE_BELOW:
-        out.append(problem_line(config_key("grpo.max_checkpoints"), 1,
-                                f"verl {version} deletes its oldest checkpoint before it writes the next: keeping 1 "
-                                "loses the only one when a node is lost during a save; keep at least 2."))
+    version = cfg.verl.version
+    if verl_version_tuple(version) < DELETES_BEFORE_SAVE_BELOW:
+        for path in ("trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep"):
+            if cfg.verl.get(path) == 1:
+                out.append(problem_line(config_key(f"verl.{path}"), 1,
+                                        f"verl {version} deletes its oldest checkpoint before it writes the next: "
+                                        "keeping 1 loses the only one when a node is lost during a save; keep at "
+                                        "least 2."))
     return out
 
 

@@ -1,19 +1,28 @@
-"""The GRPO run: verl's overrides as a typed model, its validation, entrypoint and runtime env.
+"""The GRPO run: its verl settings per platform, verl's batch rules, the entrypoint and runtime env.
 
 Pure (no Pulumi): the program builds it from stack config, the job provider receives only the
 rendered `entrypoint` and `runtime_env`. Defaults are the tutorial's two `ray job submit`
-commands (A4/A3 Ultra and A4X); verl's own checks run before anything is
-provisioned.
+commands (A4/A3 Ultra and A4X); the user's `verl-gke:verl` values go over them
+(domain/verl_settings.py), and verl's own checks run before anything is provisioned.
 """
 
 from __future__ import annotations
 
+import math
 import shlex
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pydantic import BaseModel, ConfigDict, Field
+from functools import lru_cache
+from typing import Any
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+
+from domain import run_memory, verl_settings
+from domain.bucket import MOUNT_PATH, run_checkpoint_dir
 from domain.platforms import Platform
-from domain.bucket import MOUNT_PATH
+from domain.verl_settings import Problem, VerlSettings
+from workloads.stage_data import model_dir_for
 
 VERL_ENTRY_MODULE = "verl.trainer.main_ppo"
 
@@ -28,42 +37,6 @@ def verl_path_env(verl_dir: str) -> dict[str, str]:
     return {"PYTHONPATH": verl_dir, "PYTHONPYCACHEPREFIX": PYCACHE_DIR}
 
 
-class GrpoSpec(BaseModel):
-    """Every override of the tutorial's job commands, plus resume and free extra overrides."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-    train_batch_size: int = Field(256, ge=1)
-    max_prompt_length: int = Field(512, ge=1)
-    max_response_length: int = Field(512, ge=1)
-    learning_rate: float = Field(1e-5, gt=0)
-    ppo_mini_batch_size: int = Field(ge=1)
-    ppo_micro_batch_size_per_gpu: int = Field(ge=1)
-    rollout_log_prob_micro_batch_size_per_gpu: int = Field(ge=1)
-    ref_log_prob_micro_batch_size_per_gpu: int = Field(ge=1)
-    rollout_tensor_parallel_size: int = Field(ge=1)
-    gpu_memory_utilization: float = Field(0.6, gt=0, le=1)
-    rollout_n: int = Field(8, ge=1)
-    kl_coef: float = Field(0.001, ge=0)
-    use_kl_loss: bool | None = None
-    val_before_train: bool | None = None
-    ulysses_sequence_parallel_size: int = Field(1, ge=1)
-    use_remove_padding: bool | None = None
-    use_dynamic_bsz: bool | None = None
-    ppo_max_token_len_per_gpu: int | None = Field(None, ge=1)
-    log_prob_max_token_len_per_gpu: int | None = Field(None, ge=1)
-    total_epochs: int = Field(2, ge=1)
-    save_freq: int = Field(10, ge=-1)
-    test_freq: int = Field(10, ge=-1)
-    logger: str = "console"
-    train_files: str = f"{MOUNT_PATH}/gsm8k/train.parquet"
-    val_files: str = f"{MOUNT_PATH}/gsm8k/test.parquet"
-    model_path: str
-    checkpoint_dir: str
-    max_checkpoints: int = Field(2, ge=1)
-    extra_overrides: tuple[str, ...] = ()
-
-
 MATH_KEYS = (
     "algorithm.adv_estimator", "data.train_batch_size", "data.max_prompt_length", "data.max_response_length",
     "actor_rollout_ref.actor.optim.lr", "actor_rollout_ref.actor.ppo_mini_batch_size",
@@ -75,203 +48,284 @@ MATH_KEYS = (
 )
 """verl keys that decide what is trained; the execution profile changes none of them."""
 
+CHECKPOINT_DIR = "trainer.default_local_dir"
+"""Where the run's checkpoints go; verl-gke appends the run id (each run its own folder)."""
+USE_V1 = "trainer.use_v1"
+BUCKET_PATHS = ("data.train_files", "data.val_files", "actor_rollout_ref.model.path", CHECKPOINT_DIR)
+"""Paths every node must read (or write) alike: under the bucket mount."""
 
-@dataclass(frozen=True)
-class PlatformGrpoDefaults:
-    """The run's defaults per platform: the tutorial's math (mini batch, KL loss, validation) and an
-    execution profile that only changes how fast it runs."""
-
-    ppo_mini_batch_size: int
-    ppo_micro_batch_size_per_gpu: int
-    rollout_log_prob_micro_batch_size_per_gpu: int
-    ref_log_prob_micro_batch_size_per_gpu: int
-    use_kl_loss: bool | None
-    val_before_train: bool | None
-    use_remove_padding: bool = True
-    """Pack sequences without pad tokens (verl 0.6.1's default is false; the GSM8K prompts and answers
-    fill well under half of the 512 + 512 padded length)."""
-    use_dynamic_bsz: bool = True
-    """Micro batches by token count instead of sequence count (actor update and log-prob passes)."""
-    ppo_max_token_len_per_gpu: int = 16384
-    """Tokens per actor-update micro batch (verl's default budget); the memory estimate checks it."""
-    log_prob_max_token_len_per_gpu: int = 32768
-    """Tokens per log-prob micro batch: forward only, no activations kept, so twice the update's."""
-
-
-GRPO_DEFAULTS: dict[str, PlatformGrpoDefaults] = {
-    # Math: tutorial's A4 / A3 Ultra `ray job submit` (mini batch 256, no KL loss, no validation
-    # before training). Micro batches: verl's 32B example (examples/ppo_trainer/run_qwen2.5-32b.sh:
-    # 8 for the update, 16 for log-probs), used by verl only where dynamic batch size is off.
-    "a4": PlatformGrpoDefaults(256, 8, 16, 16, None, False),
-    "a3u": PlatformGrpoDefaults(256, 8, 16, 16, None, False),
-    # tutorial: A4X `ray job submit` inside the head pod (its micro batches are verl's example's already)
-    "a4x": PlatformGrpoDefaults(64, 8, 16, 16, True, None),
+# The run's settings in command-line order: the tutorial's `ray job submit` for A4 / A3 Ultra (mini batch
+# 256, no KL loss, no validation before training) with an execution profile that changes only how fast it
+# runs (verl's 32B example examples/ppo_trainer/run_qwen2.5-32b.sh: micro batches 8 and 16, used by verl
+# only where dynamic batch size is off; remove-padding and token-budget micro batches, which the GSM8K
+# prompts and answers fill well under half of 512 + 512). None: not set (verl's default) unless a
+# platform or verl-gke sets it.
+_SETTINGS: dict[str, Any] = {
+    "algorithm.adv_estimator": "grpo",
+    "data.train_files": f"{MOUNT_PATH}/gsm8k/train.parquet",
+    "data.val_files": f"{MOUNT_PATH}/gsm8k/test.parquet",
+    "data.train_batch_size": 256,
+    "data.max_prompt_length": 512,
+    "data.max_response_length": 512,
+    "actor_rollout_ref.model.path": None,  # where staging puts the model
+    "actor_rollout_ref.model.use_remove_padding": True,
+    "actor_rollout_ref.actor.optim.lr": 1e-5,
+    "actor_rollout_ref.actor.ppo_mini_batch_size": 256,
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 8,
+    "actor_rollout_ref.actor.use_kl_loss": None,
+    "actor_rollout_ref.actor.use_dynamic_bsz": True,
+    # Tokens per actor-update micro batch (verl's default budget).
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 16384,
+    "actor_rollout_ref.actor.strategy": "fsdp2",
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": None,
+    "actor_rollout_ref.rollout.name": "vllm",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 16,
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": None,  # chosen for the GPU's memory
+    "actor_rollout_ref.rollout.gpu_memory_utilization": 0.6,
+    "actor_rollout_ref.rollout.n": 8,
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": True,
+    # Log-prob passes are forward only, no activations kept: twice the update's budget.
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": 32768,
+    "actor_rollout_ref.rollout.max_num_seqs": None,  # sized to the requests each replica gets
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 16,
+    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": True,
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": 32768,
+    "algorithm.kl_ctrl.kl_coef": 0.001,
+    "trainer.logger": ["console"],
+    "trainer.val_before_train": None,
+    "trainer.n_gpus_per_node": None,  # the platform's
+    "trainer.nnodes": None,  # gpuNodes
+    "trainer.save_freq": 10,
+    "trainer.test_freq": 10,
+    "trainer.total_epochs": 2,
+    CHECKPOINT_DIR: f"{MOUNT_PATH}/verl/checkpoints",
+    # verl keeps every checkpoint unless told (~390 GB each for a 32B model with optimizer state).
+    "trainer.max_actor_ckpt_to_keep": 2,
+    "trainer.max_critic_ckpt_to_keep": 2,
+    # A resubmitted run (after a preemption) resumes from the latest checkpoint.
+    "trainer.resume_mode": "auto",
+    USE_V1: None,  # false where the budget's deadline needs verl's legacy trainer
 }
+PLATFORM_SETTINGS: dict[str, dict[str, Any]] = {
+    "a4": {"trainer.val_before_train": False},
+    "a3u": {"trainer.val_before_train": False},
+    # The tutorial's A4X `ray job submit` inside the head pod: mini batch 64 with the KL loss. The update's
+    # token budget holds a whole mini-batch share of a GPU (64 x 8 / 16 GPUs x (512 + 512) = 32,768 tokens),
+    # so a mini-batch is one micro-batch: verl 0.9.0 keeps an unsharded fp32 gradient across micro-batches
+    # (VerlRelease.defers_gradient_sync), ~122 GiB of a 185 GiB GB200.
+    "a4x": {"actor_rollout_ref.actor.ppo_mini_batch_size": 64, "actor_rollout_ref.actor.use_kl_loss": True,
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 32768},
+}
+OWNED: dict[str, str] = {
+    "trainer.nnodes": "verl-gke sets it from verl-gke:gpuNodes; set that key instead.",
+    "trainer.n_gpus_per_node": "verl-gke sets it from verl-gke:platform (the GPUs of its machine type).",
+    "trainer.resume_mode": "verl-gke owns it: a resubmitted run (after a preemption) must resume from its "
+                           "latest checkpoint.",
+}
+"""Paths verl-gke sets itself, and why a user may not."""
+
+_A, _R, _F = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "actor_rollout_ref.ref."
+_SIZES = ("data.train_batch_size", "data.max_prompt_length", "data.max_response_length", _A + "ppo_mini_batch_size",
+          _A + "ppo_max_token_len_per_gpu", _A + "ulysses_sequence_parallel_size", _R + "tensor_model_parallel_size",
+          _R + "n", _R + "max_num_seqs", _R + "log_prob_max_token_len_per_gpu", _F + "log_prob_max_token_len_per_gpu",
+          "trainer.total_epochs")
+_MICRO_SIZES = (_A + "ppo_micro_batch_size_per_gpu", _R + "log_prob_micro_batch_size_per_gpu",
+                _F + "log_prob_micro_batch_size_per_gpu")
+BOUNDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    **{path: (lambda v: v >= 1, "at least 1") for path in _SIZES},
+    **{path: (lambda v: v is None or v >= 1, "at least 1, or null") for path in _MICRO_SIZES},
+    _R + "gpu_memory_utilization": (lambda v: 0 < v <= 1, "greater than 0 and at most 1 (a share of the GPU's memory)"),
+}
+"""The sizes and shares the run's rules divide by or take a share of: what verl-gke:verl may set them to."""
+RENAMED: dict[str, tuple[str, ...]] = {
+    "grpoTrainBatchSize": ("data.train_batch_size",),
+    "grpoMaxPromptLength": ("data.max_prompt_length",),
+    "grpoMaxResponseLength": ("data.max_response_length",),
+    "grpoLearningRate": (_A + "optim.lr",),
+    "grpoPpoMiniBatchSize": (_A + "ppo_mini_batch_size",),
+    "grpoPpoMicroBatchSizePerGpu": (_A + "ppo_micro_batch_size_per_gpu",),
+    "grpoRolloutLogProbMicroBatchSizePerGpu": (_R + "log_prob_micro_batch_size_per_gpu",),
+    "grpoRefLogProbMicroBatchSizePerGpu": (_F + "log_prob_micro_batch_size_per_gpu",),
+    "grpoRolloutTensorParallelSize": (_R + "tensor_model_parallel_size",),
+    "grpoGpuMemoryUtilization": (_R + "gpu_memory_utilization",),
+    "grpoRolloutN": (_R + "n",),
+    "grpoKlCoef": ("algorithm.kl_ctrl.kl_coef",),
+    "grpoUseKlLoss": (_A + "use_kl_loss",),
+    "grpoValBeforeTrain": ("trainer.val_before_train",),
+    "grpoUlyssesSequenceParallelSize": (_A + "ulysses_sequence_parallel_size",),
+    "grpoUseRemovePadding": ("actor_rollout_ref.model.use_remove_padding",),
+    "grpoUseDynamicBsz": (_A + "use_dynamic_bsz", _R + "log_prob_use_dynamic_bsz", _F + "log_prob_use_dynamic_bsz"),
+    "grpoPpoMaxTokenLenPerGpu": (_A + "ppo_max_token_len_per_gpu",),
+    "grpoLogProbMaxTokenLenPerGpu": (_R + "log_prob_max_token_len_per_gpu", _F + "log_prob_max_token_len_per_gpu"),
+    "grpoTotalEpochs": ("trainer.total_epochs",),
+    "grpoSaveFreq": ("trainer.save_freq",),
+    "grpoTestFreq": ("trainer.test_freq",),
+    "grpoLogger": ("trainer.logger",),
+    "grpoTrainFiles": ("data.train_files",),
+    "grpoValFiles": ("data.val_files",),
+    "grpoModelPath": ("actor_rollout_ref.model.path",),
+    "grpoCheckpointDir": (CHECKPOINT_DIR,),
+    "grpoMaxCheckpoints": ("trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep"),
+    "grpoExtraOverrides": (),  # each `key=value` item becomes verl-gke:verl.<key>
+}
+"""verl-gke 0.5's grpo* keys (verl-gke:<key>) and the verl paths that replace them."""
 
 
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with a field of the spec, named by its GrpoSpec field."""
+def defaults(platform: Platform, model: str) -> dict[str, Any]:
+    """The platform's settings before the derived ones (rollout TP, max_num_seqs), unset ones left out."""
+    given = {**_SETTINGS, **PLATFORM_SETTINGS[platform.name],
+             "actor_rollout_ref.model.path": f"{MOUNT_PATH}/{model_dir_for(model)}",
+             "trainer.n_gpus_per_node": platform.gpus_per_node}
+    return {path: value for path, value in given.items() if value is not None}
 
-    field: str
-    message: str
+
+def run_settings(platform: Platform, model: str, nnodes: int, given: Mapping[str, Any]) -> VerlSettings:
+    """The run's verl settings: the platform's defaults under the user's `given` values (checked already,
+    domain/verl_settings.check), the rollout tensor parallel size and vLLM's max_num_seqs derived from
+    them where the user did not set them, in command-line order (the user's new paths last)."""
+    values = {**defaults(platform, model), "trainer.nnodes": nnodes, **given}
+    get = values.get
+    batch, n = get("data.train_batch_size"), get("actor_rollout_ref.rollout.n")
+    tp_path, seqs_path = "actor_rollout_ref.rollout.tensor_model_parallel_size", "actor_rollout_ref.rollout.max_num_seqs"
+    if tp_path not in values:
+        values[tp_path] = run_memory.rollout_tp(
+            platform, model, util=get("actor_rollout_ref.rollout.gpu_memory_utilization"), batch=batch, n=n,
+            seq=get("data.max_prompt_length") + get("data.max_response_length"), nnodes=nnodes)
+    if seqs_path not in values:
+        values[seqs_path] = requests_per_replica(batch, n, platform.gpus_per_node * nnodes, values[tp_path])
+    order = {path: i for i, path in enumerate(_SETTINGS)}
+    ordered = sorted(values.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
+    return verl_settings.settings(platform.verl, ordered, given=given)
 
 
-def verl_problems(spec: GrpoSpec, gpus_per_node: int, nnodes: int) -> list[Problem]:
-    """verl's batch rules, before any GPU is paid for.
+def requests_per_replica(batch: int, n: int, n_gpus: int, tp: int) -> int:
+    """The rollout requests each vLLM replica gets in one step: the batch's prompts x n responses shared by
+    the n_gpus / tp replicas (verl 0.9.0 defaults `rollout.max_num_seqs` to 256, below the 512 each of the
+    4 replicas gets at batch 256 x 8 on 16 GPUs, so half would wait for a slot)."""
+    return max(1, math.ceil(batch * n / max(n_gpus // max(tp, 1), 1)))
+
+
+def verl_problems(run: VerlSettings, gpus_per_node: int, nnodes: int) -> list[Problem]:
+    """verl's batch rules, before any GPU is paid for, read from the composed config.
 
     Three restate verl's `validate_config` (the program cannot import verl: it needs torch), which
     checks them only without dynamic batch size; the program keeps them either way;
     tests/test_verl_config.py holds their verdicts equal to verl's own. The rest verl checks only
     in its workers, once the GPUs are allocated: verl has no earlier rule for them."""
     n_gpus = gpus_per_node * nnodes
-    tp = spec.rollout_tensor_parallel_size
-    sp = spec.ulysses_sequence_parallel_size
+    actor = "actor_rollout_ref.actor."
+    batch, n = run.get("data.train_batch_size"), run.get("actor_rollout_ref.rollout.n")
+    mini, micro = run.get(actor + "ppo_mini_batch_size"), run.get(actor + "ppo_micro_batch_size_per_gpu")
+    tp = run.get("actor_rollout_ref.rollout.tensor_model_parallel_size")
+    sp = run.get(actor + "ulysses_sequence_parallel_size") or 1
     out: list[Problem] = []
+
+    def add(path: str, message: str) -> None:
+        out.append(Problem(path, run.get(path), message))
+
     # validate_config: real_train_batch_size divisible by the minimal batch (n_gpus).
-    if (spec.train_batch_size * spec.rollout_n) % n_gpus:
-        out.append(Problem(
-            "train_batch_size",
-            f"train_batch_size x rollout.n ({spec.train_batch_size * spec.rollout_n}) must be "
-            f"divisible by the {n_gpus} GPUs ({nnodes} nodes x {gpus_per_node})."))
+    if (batch * n) % n_gpus:
+        add("data.train_batch_size", f"data.train_batch_size x actor_rollout_ref.rollout.n ({batch * n}) must be "
+            f"divisible by the {n_gpus} GPUs ({nnodes} nodes x {gpus_per_node}).")
     # validate_config (ActorConfig.validate): train_batch_size >= ppo_mini_batch_size.
-    if spec.ppo_mini_batch_size > spec.train_batch_size:
-        out.append(Problem(
-            "ppo_mini_batch_size",
-            f"must be <= train_batch_size ({spec.train_batch_size})."))
+    if mini > batch:
+        add(actor + "ppo_mini_batch_size", f"must be <= data.train_batch_size ({batch}).")
     # Only after allocation (rollout worker): world size divisible by TP; TP within a node.
     if n_gpus % tp:
-        out.append(Problem(
-            "rollout_tensor_parallel_size",
-            f"must divide the {n_gpus} GPUs of the cluster."))
+        add("actor_rollout_ref.rollout.tensor_model_parallel_size", f"must divide the {n_gpus} GPUs of the cluster.")
     elif n_gpus // tp > 1 and gpus_per_node % tp:
-        out.append(Problem(
-            "rollout_tensor_parallel_size",
-            f"must divide the {gpus_per_node} GPUs per node when rollout runs data parallel."))
+        add("actor_rollout_ref.rollout.tensor_model_parallel_size",
+            f"must divide the {gpus_per_node} GPUs per node when rollout runs data parallel.")
     # validate_config (ActorConfig.validate): Ulysses needs use_remove_padding.
-    if sp > 1 and not spec.use_remove_padding:
-        out.append(Problem(
-            "ulysses_sequence_parallel_size",
-            "Ulysses sequence parallel > 1 needs use_remove_padding = true."))
+    if sp > 1 and not run.get("actor_rollout_ref.model.use_remove_padding"):
+        add(actor + "ulysses_sequence_parallel_size",
+            "Ulysses sequence parallel > 1 needs actor_rollout_ref.model.use_remove_padding = true.")
     # Only after allocation (FSDP worker): the device mesh splits the GPUs by the Ulysses size, and
     # the normalized mini batch must split into data-parallel ranks and micro batches.
     if n_gpus % sp:
-        out.append(Problem(
-            "ulysses_sequence_parallel_size", f"must divide the {n_gpus} GPUs of the cluster."))
+        add(actor + "ulysses_sequence_parallel_size", f"must divide the {n_gpus} GPUs of the cluster.")
         return out
     dp = n_gpus // sp
-    rollouts = spec.ppo_mini_batch_size * spec.rollout_n
+    rollouts = mini * n
     if rollouts % dp:
-        out.append(Problem(
-            "ppo_mini_batch_size",
-            f"ppo_mini_batch_size x rollout.n ({rollouts}) must be divisible by the "
-            f"data-parallel size ({dp})."))
-    elif (rollouts // dp) % spec.ppo_micro_batch_size_per_gpu:
-        out.append(Problem(
-            "ppo_micro_batch_size_per_gpu",
-            f"must divide the per-GPU mini batch ({rollouts // dp} = "
-            f"ppo_mini_batch_size x rollout.n / {dp})."))
+        add(actor + "ppo_mini_batch_size",
+            f"ppo_mini_batch_size x rollout.n ({rollouts}) must be divisible by the data-parallel size ({dp}).")
+    elif micro and (rollouts // dp) % micro:
+        add(actor + "ppo_micro_batch_size_per_gpu",
+            f"must divide the per-GPU mini batch ({rollouts // dp} = ppo_mini_batch_size x rollout.n / {dp}).")
     return out
 
 
 @dataclass(frozen=True)
 class Override:
-    """One `key=value` of the job's command line and the config that sets it."""
+    """One `key=value` of the job's command line."""
 
     key: str
-    """verl's dotted config key."""
+    """verl's dotted config path."""
     value: object
-    source: str
-    """The StackConfig field that sets it (`grpo.<field>`, `gpu_nodes`, `platform`), `managed` for a
-    value verl-gke must own, or "" for verl-gke's fixed choice that an extra override may change."""
+    added: bool = False
+    """A key new to verl's config (inside a map it leaves open): Hydra wants `+key=value`."""
 
     @property
     def arg(self) -> str:
         """`key=value` as Hydra reads it on the command line."""
-        return f"{self.key}={_render(self.value)}"
+        return f"{'+' if self.added else ''}{self.key}={render(self.value)}"
 
 
-def overrides(spec: GrpoSpec, gpus_per_node: int, nnodes: int, *, run_id: str = "",
-              legacy_trainer: bool = False) -> list[Override]:
-    """The run's overrides in command-line order, unset (None) ones left out. With `run_id`, the
-    run's checkpoints go to `<checkpoint_dir>/<run_id>`; `legacy_trainer` runs verl's legacy
-    trainer (the one that honours the budget's deadline, domain/run_identity.py)."""
-    return [o for o in _all_overrides(spec, gpus_per_node, nnodes, run_id, legacy_trainer) if o.value is not None]
+def overrides(run: VerlSettings, *, run_id: str = "", legacy_trainer: bool = False) -> list[Override]:
+    """The run's overrides in command-line order. With `run_id`, the run's checkpoints go to
+    `<trainer.default_local_dir>/<run_id>`; `legacy_trainer` runs verl's legacy trainer (the one that
+    honours the budget's deadline, domain/run_identity.py) unless the user chose trainer.use_v1."""
+    out = []
+    for key, value in run.values:
+        if key == CHECKPOINT_DIR:
+            value = run_checkpoint_dir(str(value), run_id)
+        out.append(Override(key, value, key in run.added))
+    if legacy_trainer and USE_V1 not in run.given:
+        out.append(Override(USE_V1, False))
+    return out
 
 
-def override_sources(spec: GrpoSpec, gpus_per_node: int, nnodes: int) -> dict[str, str]:
-    """verl key -> what sets it, for every key verl-gke owns (set now or not)."""
-    return {o.key: o.source for o in _all_overrides(spec, gpus_per_node, nnodes) if o.source}
+@lru_cache(maxsize=1)
+def _parser() -> OverridesParser:
+    return OverridesParser.create()
 
 
-def _all_overrides(spec: GrpoSpec, gpus_per_node: int, nnodes: int, run_id: str = "",
-                   legacy_trainer: bool = False) -> list[Override]:
-    def grpo(key: str, field: str) -> Override:
-        return Override(key, getattr(spec, field), f"grpo.{field}")
-
-    sp = spec.ulysses_sequence_parallel_size
-    return [
-        Override("algorithm.adv_estimator", "grpo", ""),
-        grpo("data.train_files", "train_files"),
-        grpo("data.val_files", "val_files"),
-        grpo("data.train_batch_size", "train_batch_size"),
-        grpo("data.max_prompt_length", "max_prompt_length"),
-        grpo("data.max_response_length", "max_response_length"),
-        grpo("actor_rollout_ref.model.path", "model_path"),
-        grpo("actor_rollout_ref.model.use_remove_padding", "use_remove_padding"),
-        grpo("actor_rollout_ref.actor.optim.lr", "learning_rate"),
-        grpo("actor_rollout_ref.actor.ppo_mini_batch_size", "ppo_mini_batch_size"),
-        grpo("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size_per_gpu"),
-        grpo("actor_rollout_ref.actor.use_kl_loss", "use_kl_loss"),
-        grpo("actor_rollout_ref.actor.use_dynamic_bsz", "use_dynamic_bsz"),
-        grpo("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "ppo_max_token_len_per_gpu"),
-        Override("actor_rollout_ref.actor.strategy", "fsdp2", ""),
-        Override("actor_rollout_ref.actor.ulysses_sequence_parallel_size", sp if sp > 1 else None,
-                 "grpo.ulysses_sequence_parallel_size"),
-        Override("actor_rollout_ref.rollout.name", "vllm", ""),
-        grpo("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-             "rollout_log_prob_micro_batch_size_per_gpu"),
-        grpo("actor_rollout_ref.rollout.tensor_model_parallel_size", "rollout_tensor_parallel_size"),
-        grpo("actor_rollout_ref.rollout.gpu_memory_utilization", "gpu_memory_utilization"),
-        grpo("actor_rollout_ref.rollout.n", "rollout_n"),
-        grpo("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", "use_dynamic_bsz"),
-        grpo("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu"),
-        grpo("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "ref_log_prob_micro_batch_size_per_gpu"),
-        grpo("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", "use_dynamic_bsz"),
-        grpo("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu"),
-        grpo("algorithm.kl_ctrl.kl_coef", "kl_coef"),
-        grpo("trainer.logger", "logger"),
-        grpo("trainer.val_before_train", "val_before_train"),
-        Override("trainer.n_gpus_per_node", gpus_per_node, "platform"),
-        Override("trainer.nnodes", nnodes, "gpu_nodes"),
-        grpo("trainer.save_freq", "save_freq"),
-        grpo("trainer.test_freq", "test_freq"),
-        grpo("trainer.total_epochs", "total_epochs"),
-        # Each run its own folder: a checkpoint is valid for one run only.
-        Override("trainer.default_local_dir", f"{spec.checkpoint_dir}/{run_id}" if run_id else spec.checkpoint_dir,
-                 "grpo.checkpoint_dir"),
-        # verl keeps every checkpoint unless told (~390 GB each for a 32B model with optimizer state).
-        grpo("trainer.max_actor_ckpt_to_keep", "max_checkpoints"),
-        grpo("trainer.max_critic_ckpt_to_keep", "max_checkpoints"),
-        # A resubmitted run (after a preemption) resumes from the latest checkpoint.
-        Override("trainer.resume_mode", "auto", "managed"),
-        Override("trainer.use_v1", False if legacy_trainer else None, ""),
-    ]
-
-
-def _render(value: object) -> str:
-    """A value as Hydra reads it on the command line."""
+def render(value: object) -> str:
+    """A value as Hydra reads it back on the command line: True/False, null, [a,b]; a string bare where
+    Hydra reads it back as that same string, else quoted."""
     if isinstance(value, bool):
         return "True" if value else "False"
-    return str(value)
+    if value is None:
+        return "null"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(render(v) for v in value) + "]"
+    text = str(value)
+    if not isinstance(value, str):
+        return text
+    try:
+        [parsed] = _parser().parse_overrides([f"k={text}"])
+        if parsed.value() == value and not parsed.is_sweep_override():
+            return text
+    except HydraException:
+        pass
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def entrypoint(spec: GrpoSpec, gpus_per_node: int, nnodes: int, *, run_id: str = "",
-               legacy_trainer: bool = False) -> str:
-    """The shell command Ray runs: `python3 -m verl.trainer.main_ppo` with quoted overrides."""
-    args = [o.arg for o in overrides(spec, gpus_per_node, nnodes, run_id=run_id, legacy_trainer=legacy_trainer)]
-    args.extend(spec.extra_overrides)
-    return " ".join(["python3", "-m", VERL_ENTRY_MODULE, *(shlex.quote(a) for a in args)])
+# --- checkpoints on local disk (docs/checkpoints-and-a4x.md) ------------------------------------------------
+# verl's settings stay the run's (trainer.default_local_dir names the run's folder on the bucket); the
+# launcher moves them per attempt: saves to the node's local disk, resume from the bucket's newest complete
+# checkpoint (workloads/checkpoints.py, shipped at CHECKPOINT_PROGRAM on every Ray pod).
+CHECKPOINT_PROGRAM_DIR = "/opt/verl-gke"
+CHECKPOINT_PROGRAM = f"{CHECKPOINT_PROGRAM_DIR}/checkpoints.py"
+CHECKPOINT_LAUNCHER = ("python3", CHECKPOINT_PROGRAM, "launch", "--")
+
+
+def entrypoint(run: VerlSettings, *, run_id: str = "", legacy_trainer: bool = False) -> str:
+    """The shell command Ray runs: `python3 -m verl.trainer.main_ppo` with quoted overrides, through the
+    checkpoint launcher."""
+    args = [o.arg for o in overrides(run, run_id=run_id, legacy_trainer=legacy_trainer)]
+    return " ".join([*CHECKPOINT_LAUNCHER, "python3", "-m", VERL_ENTRY_MODULE, *(shlex.quote(a) for a in args)])
 
 
 def runtime_env(platform: Platform, *, nnodes: int, worker_cpus: int,

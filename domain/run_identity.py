@@ -50,10 +50,12 @@ NOT_IN_RUN_ID = frozenset({
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
-    "actor_rollout_ref.rollout.gpu_memory_utilization",
+    "actor_rollout_ref.rollout.gpu_memory_utilization", "actor_rollout_ref.rollout.max_num_seqs",
+    # Labels.
+    "trainer.project_name", "trainer.experiment_name",
 })
-"""Overrides that do not change what a checkpoint is valid for; every other one does (and every
-extra override, whose effect verl-gke cannot judge)."""
+"""Overrides that do not change what a checkpoint is valid for; every other one does (every verl path a
+user sets, whose effect verl-gke cannot judge, included)."""
 
 V1_TRAINER_FROM = (0, 9)
 """verl 0.9.0 runs its V1 trainer by default (`trainer.use_v1: true` in verl/trainer/config/ppo_trainer.yaml);
@@ -75,7 +77,7 @@ def legacy_trainer_for_deadline(verl_version: str, budget: bool) -> bool:
 
 
 def run_id(*, model: str, model_revision: str, dataset: str, dataset_revision: str, verl: str,
-           gpus_per_node: int, nnodes: int, overrides: list[tuple[str, object]], extra: tuple[str, ...]) -> str:
+           gpus_per_node: int, nnodes: int, overrides: list[tuple[str, object]]) -> str:
     """`run-<12 hex>` of what a checkpoint is valid for: the model and dataset at their revisions,
     the world size (FSDP shards are per world size), the verl that wrote it, and every override that
     changes the math. Every attempt of the run (the supervisor's, a new jobAttempt) shares it, and so
@@ -84,7 +86,8 @@ def run_id(*, model: str, model_revision: str, dataset: str, dataset_revision: s
         "model": [model, model_revision], "dataset": [dataset, dataset_revision], "verl": verl,
         "world": [nnodes, gpus_per_node],
         "overrides": sorted([key, whole_numbers(value)] for key, value in overrides if key not in NOT_IN_RUN_ID),
-        "extra": list(extra),
+        # verl-gke 0.5's extra overrides, now verl paths like the others: kept so that ids stay as they were.
+        "extra": [],
     }
     canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
     return f"{RUN_ID_PREFIX}-{hashlib.sha256(canonical.encode()).hexdigest()[:12]}"

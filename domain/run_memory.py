@@ -7,7 +7,8 @@ engine), so a GPU must hold, at its peak, the larger of two phases:
   verl's FSDP workers load the actor in fp32 and compute in bf16), the reference policy's bf16
   shard, two gathered bf16 layers (FSDP prefetch), one micro batch's activations with gradient
   checkpointing (verl's default, `enable_gradient_checkpointing: true`) and its bf16 logits and
-  their gradient;
+  their gradient; and, where verl defers the gradient sync across the micro-batches of a mini-batch
+  (VerlRelease.defers_gradient_sync: verl 0.9.0), an unsharded fp32 gradient of the whole model;
 - rollout: the actor's weights and optimizer state that stay on the GPU (verl offloads neither by
   default; gradients are freed) plus vLLM's whole budget, `gpu_memory_utilization` x the GPU's
   memory (vLLM >= 0.10 refuses to start unless that much is free, and holds the rollout weights
@@ -18,24 +19,24 @@ context and NCCL buffers are what the margin is for.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
 from dataclasses import dataclass
-from typing import Any
 
-from domain.grpo_spec import GrpoSpec
 from domain.platforms import Platform
+from domain.verl_settings import VerlSettings
 
-GB = 1e9
+GIB = 2**30
+"""Memory is counted in the units the devices report (nvidia-smi's MiB, CUDA's bytes)."""
 MARGIN = 0.10
 """Share of a GPU's memory an estimate must leave free."""
-VLLM_NON_KV_GB = 4.0
+VLLM_NON_KV_GIB = 4.0
 """vLLM's own use inside its budget besides weights and KV cache (profiled activations, CUDA graphs,
-sampler): a few GB at verl's max_num_batched_tokens (8192)."""
+sampler): a few GiB at verl's max_num_batched_tokens (8192)."""
 TP_CHOICES = (1, 2, 4, 8)
 WEIGHT_SHARE_MAX = 0.25
 """Largest share of vLLM's budget the rollout weight shard may take: every decode step reads the whole
 shard once for the batch, so a replica whose weights fill its budget has little KV cache to batch
-sequences over (a 32B model in bf16 gets TP 4 on 141-186 GB GPUs at 0.6, as verl's 32B example runs)."""
+sequences over (a 32B model in bf16 gets TP 4 on 140-185 GiB GPUs at 0.6, as verl's 32B example runs)."""
 # Bytes per parameter of the actor state under FSDP: fp32 weights 4, fp32 gradients 4, AdamW 8.
 _WEIGHTS, _GRADS, _ADAM = 4, 4, 8
 _BF16 = 2
@@ -89,7 +90,9 @@ class Phase:
     parts: dict[str, float]
     """What takes the memory, in bytes."""
     keys: tuple[str, ...]
-    """The grpo fields that size this phase (named when it does not fit)."""
+    """The verl paths that size this phase (named when it does not fit)."""
+    why: str = ""
+    """What to do about it, when it does not fit."""
 
     @property
     def total(self) -> float:
@@ -98,56 +101,85 @@ class Phase:
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    gpu_gb: float
+    gpu_bytes: float
     phases: tuple[Phase, ...]
-    kv_cache_gb: float
+    kv_cache_bytes: float
     """vLLM's KV cache per GPU: its budget less the rollout weight shard and its own use."""
     sequence_len: int
 
     @property
-    def limit_gb(self) -> float:
-        return self.gpu_gb * (1 - MARGIN)
+    def limit_bytes(self) -> float:
+        return self.gpu_bytes * (1 - MARGIN)
 
     @property
     def peak(self) -> Phase:
         return max(self.phases, key=lambda p: p.total)
 
     def line(self) -> str:
-        parts = ", ".join(f"{p.name} {p.total / GB:.0f}" for p in self.phases)
-        return (f"GPU memory estimate per GPU: peak {self.peak.total / GB:.0f} GB ({self.peak.name}) of "
-                f"{self.gpu_gb:.0f} GB, limit {self.limit_gb:.0f} GB with a {MARGIN:.0%} margin "
-                f"(phases in GB: {parts})")
+        parts = ", ".join(f"{p.name} {p.total / GIB:.0f}" for p in self.phases)
+        return (f"GPU memory estimate per GPU: peak {self.peak.total / GIB:.0f} GiB ({self.peak.name}) of "
+                f"{self.gpu_bytes / GIB:.0f} GiB, limit {self.limit_bytes / GIB:.0f} GiB with a {MARGIN:.0%} margin "
+                f"(phases in GiB: {parts})")
 
 
-def _tokens(dynamic: bool, max_tokens: int | None, micro: int, seq: int) -> int:
+def _tokens(dynamic: bool, max_tokens: int | None, micro: int | None, seq: int) -> int:
     """Tokens of the largest micro batch: packed up to the budget (a longer sequence goes alone), or
     micro x the padded length."""
     if dynamic and max_tokens:
         return max(max_tokens, seq)
-    return micro * seq
+    return (micro or 1) * seq
 
 
-def estimate(spec: GrpoSpec, shape: ModelShape, gpu_gb: float, n_gpus: int,
-             ref_model: bool) -> MemoryEstimate:
-    """The per-GPU memory of each phase of the run on `n_gpus` GPUs of `gpu_gb` each."""
-    params, seq = shape.params, spec.max_prompt_length + spec.max_response_length
-    dynamic = bool(spec.use_dynamic_bsz)
+def update_micro_batches(run: VerlSettings, n_gpus: int) -> tuple[int, int]:
+    """(the most micro-batches a GPU's share of one mini-batch takes in the actor update, that share in tokens
+    at full length). verl splits it by ppo_max_token_len_per_gpu x the Ulysses size with dynamic batch size
+    (verl/utils/seqlen_balancing.py rearrange_micro_batches: ceil(tokens / budget), the largest across
+    data-parallel ranks), else by ppo_micro_batch_size_per_gpu."""
+    actor = "actor_rollout_ref.actor."
+    sp = run.get(actor + "ulysses_sequence_parallel_size") or 1
+    seq = run.get("data.max_prompt_length") + run.get("data.max_response_length")
+    sequences = math.ceil(run.get(actor + "ppo_mini_batch_size") * run.get("actor_rollout_ref.rollout.n")
+                          / max(n_gpus // sp, 1))
+    if run.get(actor + "use_dynamic_bsz"):
+        return max(1, math.ceil(sequences * seq / (run.get(actor + "ppo_max_token_len_per_gpu") * sp))), sequences * seq
+    return max(1, math.ceil(sequences / (run.get(actor + "ppo_micro_batch_size_per_gpu") or 1))), sequences * seq
+
+
+def estimate(run: VerlSettings, shape: ModelShape, gpu_bytes: float, n_gpus: int) -> MemoryEstimate:
+    """The per-GPU memory of each phase of the run on `n_gpus` GPUs of `gpu_bytes` each, from verl's
+    composed config."""
+    actor, rollout, ref_ = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "actor_rollout_ref.ref."
+    params, seq = shape.params, run.get("data.max_prompt_length") + run.get("data.max_response_length")
+    dynamic = bool(run.get(actor + "use_dynamic_bsz"))
     resident = params * (_WEIGHTS + _ADAM) / n_gpus
-    ref = params * _BF16 / n_gpus if ref_model else 0.0
+    ref = params * _BF16 / n_gpus if has_reference(run) else 0.0
     gathered = 2 * shape.layer_params * _BF16
-    train_tokens = _tokens(dynamic, spec.ppo_max_token_len_per_gpu, spec.ppo_micro_batch_size_per_gpu, seq)
+    train_tokens = _tokens(dynamic, run.get(actor + "ppo_max_token_len_per_gpu"),
+                           run.get(actor + "ppo_micro_batch_size_per_gpu"), seq)
     layer_values = _ATTN_VALUES * shape.hidden + _MLP_VALUES * shape.intermediate
-    training = Phase("training", {
+    update_keys = (actor + "ppo_max_token_len_per_gpu",) if dynamic else (actor + "ppo_micro_batch_size_per_gpu",)
+    training = {
         "actor state": resident + params * _GRADS / n_gpus,
         "reference": ref,
         "gathered layers": gathered,
         "checkpointed activations": train_tokens * shape.hidden * _BF16 * shape.layers,
         "recomputed layer": train_tokens * layer_values * _BF16,
         "logits and their gradient": train_tokens * shape.vocab * 2 * _BF16,
-    }, ("ppo_max_token_len_per_gpu",) if dynamic else ("ppo_micro_batch_size_per_gpu",))
-    lp_tokens = max(_tokens(dynamic, spec.log_prob_max_token_len_per_gpu, micro, seq)
-                    for micro in (spec.rollout_log_prob_micro_batch_size_per_gpu,
-                                  spec.ref_log_prob_micro_batch_size_per_gpu))
+    }
+    micro_batches, share = update_micro_batches(run, n_gpus)
+    why = "lower it or add GPU nodes"
+    if micro_batches > 1 and run.release.defers_gradient_sync:
+        # Every micro-batch but the last keeps its whole-model gradient unsharded, in the fp32 reduce dtype.
+        training["unsharded fp32 gradient"] = params * _GRADS
+        update_keys = (actor + "ppo_mini_batch_size", *update_keys)
+        why = (f"verl {run.version} keeps an unsharded fp32 gradient of the whole model while a mini-batch takes "
+               f"several micro-batches ({micro_batches} here: a GPU's share of a mini-batch is up to {share} tokens); "
+               f"make ppo_max_token_len_per_gpu x the Ulysses size at least that share (one micro-batch), lower "
+               f"ppo_mini_batch_size or add GPU nodes")
+    lp_dynamic = [bool(run.get(role + "log_prob_use_dynamic_bsz")) for role in (rollout, ref_)]
+    lp_tokens = max(_tokens(d, run.get(role + "log_prob_max_token_len_per_gpu"),
+                            run.get(role + "log_prob_micro_batch_size_per_gpu"), seq)
+                    for d, role in zip(lp_dynamic, (rollout, ref_)))
     log_prob = Phase("log-prob", {
         "actor state": resident,
         "reference": ref,
@@ -155,13 +187,14 @@ def estimate(spec: GrpoSpec, shape: ModelShape, gpu_gb: float, n_gpus: int,
         "layer activations": lp_tokens * layer_values * _BF16,
         # bf16 logits and the fp32 log-softmax verl takes of them.
         "logits": lp_tokens * shape.vocab * (_BF16 + 4),
-    }, ("log_prob_max_token_len_per_gpu",) if dynamic else
-        ("rollout_log_prob_micro_batch_size_per_gpu", "ref_log_prob_micro_batch_size_per_gpu"))
-    vllm = spec.gpu_memory_utilization * gpu_gb * GB
-    rollout = Phase("rollout", {"actor state": resident, "reference": ref, "vLLM": vllm},
-                    ("gpu_memory_utilization",))
-    kv = vllm - params * _BF16 / spec.rollout_tensor_parallel_size - VLLM_NON_KV_GB * GB
-    return MemoryEstimate(gpu_gb, (training, log_prob, rollout), kv / GB, seq)
+    }, tuple(role + ("log_prob_max_token_len_per_gpu" if d else "log_prob_micro_batch_size_per_gpu")
+             for d, role in zip(lp_dynamic, (rollout, ref_))), "lower it or add GPU nodes")
+    vllm = run.get(rollout + "gpu_memory_utilization") * gpu_bytes
+    rollout_phase = Phase("rollout", {"actor state": resident, "reference": ref, "vLLM": vllm},
+                          (rollout + "gpu_memory_utilization",), "lower it or add GPU nodes")
+    kv = vllm - params * _BF16 / run.get(rollout + "tensor_model_parallel_size") - VLLM_NON_KV_GIB * GIB
+    return MemoryEstimate(gpu_bytes, (Phase("training", training, update_keys, why), log_prob, rollout_phase),
+                          kv, seq)
 
 
 def kv_bytes_per_token_per_gpu(shape: ModelShape, tp: int) -> float:
@@ -169,81 +202,66 @@ def kv_bytes_per_token_per_gpu(shape: ModelShape, tp: int) -> float:
     return shape.kv_bytes_per_token * max(shape.kv_heads // tp, 1) / shape.kv_heads
 
 
-def has_reference(spec: GrpoSpec) -> bool:
+def has_reference(run: VerlSettings) -> bool:
     """verl builds the reference policy only for a KL loss or in-reward KL (main_ppo)."""
-    in_reward = any(o.replace(" ", "").lower() == "algorithm.use_kl_in_reward=true" for o in spec.extra_overrides)
-    return bool(spec.use_kl_loss) or in_reward
+    return bool(run.get("actor_rollout_ref.actor.use_kl_loss") or run.get("algorithm.use_kl_in_reward"))
 
 
-def for_run(spec: GrpoSpec, platform: Platform, model: str, nnodes: int) -> MemoryEstimate | None:
+def for_run(run: VerlSettings, platform: Platform, model: str, nnodes: int) -> MemoryEstimate | None:
     """The run's estimate; None for a model not in MODELS."""
     shape = MODELS.get(model)
-    if shape is None or not platform.gpu_memory_gb:
+    if shape is None or not platform.gpu_memory_mib:
         return None
-    return estimate(spec, shape, platform.gpu_memory_gb, platform.gpus_per_node * nnodes, has_reference(spec))
+    return estimate(run, shape, platform.gpu_memory_bytes, platform.gpus_per_node * nnodes)
 
 
-def summary_line(spec: GrpoSpec, platform: Platform, model: str, nnodes: int) -> str:
-    est = for_run(spec, platform, model, nnodes)
+def summary_line(run: VerlSettings, platform: Platform, model: str, nnodes: int) -> str:
+    est = for_run(run, platform, model, nnodes)
     return est.line() if est else f"GPU memory estimate per GPU: not made ({model} is not in the model table)"
 
 
-def problems(spec: GrpoSpec, platform: Platform, model: str, nnodes: int) -> list[tuple[tuple[str, ...], str]]:
-    """(grpo fields, message) for each phase that would not fit the GPU with the margin."""
-    est = for_run(spec, platform, model, nnodes)
+def problems(run: VerlSettings, platform: Platform, model: str, nnodes: int) -> list[tuple[tuple[str, ...], str]]:
+    """(verl paths, message) for each phase that would not fit the GPU with the margin."""
+    est = for_run(run, platform, model, nnodes)
     if est is None:
         return []
     shape = MODELS[model]
     out = []
     for phase in est.phases:
-        if phase.total > est.limit_gb * GB:
+        if phase.total > est.limit_bytes:
             top = sorted(((k, v) for k, v in phase.parts.items() if v), key=lambda kv: -kv[1])[:3]
-            why = ", ".join(f"{name} {value / GB:.0f}" for name, value in top)
-            out.append((phase.keys, f"the {phase.name} phase needs ~{phase.total / GB:.0f} GB per GPU "
-                        f"({why} GB) of the {platform.gpu_memory_gb} GB {platform.accelerator}, over the "
-                        f"{est.limit_gb:.0f} GB limit ({MARGIN:.0%} margin): lower it or add GPU nodes"))
-    tokens = est.kv_cache_gb * GB / kv_bytes_per_token_per_gpu(shape, spec.rollout_tensor_parallel_size)
+            parts = ", ".join(f"{name} {value / GIB:.0f}" for name, value in top)
+            out.append((phase.keys, f"the {phase.name} phase needs ~{phase.total / GIB:.0f} GiB per GPU "
+                        f"({parts} GiB) of the {platform.gpu_memory_gib:.0f} GiB {platform.accelerator}, over the "
+                        f"{est.limit_bytes / GIB:.0f} GiB limit ({MARGIN:.0%} margin): {phase.why}"))
+    tp = run.get("actor_rollout_ref.rollout.tensor_model_parallel_size")
+    tokens = est.kv_cache_bytes / kv_bytes_per_token_per_gpu(shape, tp)
     if tokens < est.sequence_len:
-        out.append((("rollout_tensor_parallel_size", "gpu_memory_utilization"),
-                    f"vLLM's KV cache (~{max(est.kv_cache_gb, 0):.0f} GB per GPU) holds {max(int(tokens), 0)} tokens, "
-                    f"fewer than one sequence ({est.sequence_len}): vLLM refuses to start; raise either"))
+        out.append((("actor_rollout_ref.rollout.tensor_model_parallel_size",
+                     "actor_rollout_ref.rollout.gpu_memory_utilization"),
+                    f"vLLM's KV cache (~{max(est.kv_cache_bytes / GIB, 0):.0f} GiB per GPU) holds {max(int(tokens), 0)} "
+                    f"tokens, fewer than one sequence ({est.sequence_len}): vLLM refuses to start; raise either"))
     return out
 
 
-def rollout_tp(platform: Platform, model: str, values: Mapping[str, Any], nnodes: int) -> int:
+def rollout_tp(platform: Platform, model: str, *, util: float, batch: int, n: int, seq: int, nnodes: int) -> int:
     """The smallest rollout tensor parallel size whose weight shard takes at most WEIGHT_SHARE_MAX of
     vLLM's budget and whose KV cache holds each replica's share of a whole rollout batch at full
     length (so the batch decodes without preemption): more replicas where memory allows. The
-    platform's GPUs per node for a model not in MODELS.
-
-    `values` are the grpo fields as given (strings from config, or defaults); unreadable ones count as
-    their defaults here and are reported by their own field."""
+    platform's GPUs per node for a model not in MODELS."""
     shape = MODELS.get(model)
-    if shape is None or not platform.gpu_memory_gb:
+    if shape is None or not platform.gpu_memory_mib:
         return platform.gpus_per_node
-    util = _number(values.get("gpu_memory_utilization"), float, "gpu_memory_utilization")
-    batch = _number(values.get("train_batch_size"), int, "train_batch_size")
-    n = _number(values.get("rollout_n"), int, "rollout_n")
-    seq = (_number(values.get("max_prompt_length"), int, "max_prompt_length")
-           + _number(values.get("max_response_length"), int, "max_response_length"))
     n_gpus = platform.gpus_per_node * nnodes
     for tp in TP_CHOICES:
         if tp > platform.gpus_per_node:
             break
-        budget, shard = util * platform.gpu_memory_gb * GB, shape.params * _BF16 / tp
-        kv = budget - shard - VLLM_NON_KV_GB * GB
+        budget, shard = util * platform.gpu_memory_bytes, shape.params * _BF16 / tp
+        kv = budget - shard - VLLM_NON_KV_GIB * GIB
         share = batch * n * seq / max(n_gpus // tp, 1)
         if shard <= WEIGHT_SHARE_MAX * budget and kv >= share * kv_bytes_per_token_per_gpu(shape, tp):
             return tp
     return platform.gpus_per_node
-
-
-def _number(value: Any, kind: type, field: str) -> Any:
-    default = GrpoSpec.model_fields[field].default
-    try:
-        return kind(value) if value not in (None, "") else default
-    except (TypeError, ValueError):
-        return default
 
 
 MERGE_BYTES_PER_PARAM = 8

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Callable
+import json
+from typing import Any, Callable
 
 import pytest
 
@@ -13,7 +14,7 @@ pytest_plugins = ["tests.ray_head"]
 
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist (make test), the controller fills the download caches the workers share
-    (the pinned verl wheels, the CRD files) before any worker starts, so that no two workers write
+    (the pinned verl wheels, the vLLM sources, the CRD files) before any worker starts, so that no two workers write
     one cache entry at once. A failure here is left to the tests that need the entry to report."""
     if not config.pluginmanager.hasplugin("xdist") or not config.getoption("numprocesses", None):
         return
@@ -27,6 +28,14 @@ def pytest_configure(config: pytest.Config) -> None:
         try:
             unpacked(release)
         except VerlUnavailable:
+            pass
+    from tests import vllm_source
+    from workloads.stage_data import StagingError
+
+    for source in {s for p in PLATFORMS.values() for s in (p.image_vllm, p.verl.ci_vllm) if s}:
+        try:
+            vllm_source.unpacked(source)
+        except (StagingError, OSError):
             pass
     try:
         crd_paths()
@@ -42,6 +51,19 @@ BASE_CONFIG = {
     "gcp:zone": "us-central1-b",
     "verl-gke:reservation": "my-reservation",
 }
+
+
+def verl_value(paths: dict[str, Any]) -> str:
+    """verl-gke:verl as the engine hands it over after `pulumi config set --path verl-gke:verl.<path> <value>`
+    for each path: JSON of the nested map."""
+    root: dict[str, Any] = {}
+    for path, value in paths.items():
+        *parents, leaf = path.split(".")
+        node = root
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return json.dumps(root)
 
 
 @pytest.fixture(scope="session")

@@ -36,7 +36,7 @@ CONFIG_CASES = [
     ("verl-gke:runMaxPreemptions", "1000", "a4-standard"),
     ("verl-gke:upgradeExclusionStart", "2999-01-01T00:00:00Z", "a4-standard"),
     ("verl-gke:upgradeExclusionStart", "tomorrow", "a4-standard"),
-    ("verl-gke:grpoExtraOverrides", json.dumps(["+trainer.x=" + "y" * 140_000]), "a4-standard"),
+    ("verl-gke:verl", json.dumps({"trainer": {"experiment_name": "y" * 140_000}}), "a4-standard"),
     ("verl-gke:capacity", "spot", "a4-standard"),
     ("verl-gke:capacity", '["cheap"]', "a4-standard"),
     ("verl-gke:gpuNodeHourlyUsd", '{"reservation": -1}', "a4-standard"),

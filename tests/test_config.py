@@ -7,7 +7,9 @@ import json
 import pytest
 
 from domain.config import ConfigError, load_config, placeholders
-from tests.conftest import BASE_CONFIG
+from tests.conftest import BASE_CONFIG, verl_value
+
+A = "actor_rollout_ref.actor."
 
 
 def json_list(items) -> str:
@@ -28,6 +30,11 @@ def problems(**changes: str) -> list[str]:
     return caught.value.problems
 
 
+def verl(**paths: object) -> dict[str, str]:
+    """`verl=...` for config(): verl paths given with `__` for `.` (data__train_batch_size=128)."""
+    return {"verl": verl_value({k.replace("__", "."): v for k, v in paths.items()})}
+
+
 def only_problem(**changes: str) -> str:
     found = problems(**changes)
     assert len(found) == 1, found
@@ -40,30 +47,32 @@ def test_base_config_is_valid_with_the_tutorials_defaults():
     assert cfg.bucket_name == ""  # derived from the stack: domain.names
     assert cfg.cluster_location == "us-central1"
     assert cfg.rdma_subnet_cidrs == tuple(f"192.168.{i}.0/24" for i in range(1, 9))
-    assert cfg.grpo.train_batch_size == 256 and cfg.grpo.ppo_mini_batch_size == 256
-    # The execution profile: rollout TP chosen for a 32B model on 180 GB B200s, no padding, dynamic batches.
-    assert cfg.grpo.rollout_tensor_parallel_size == 4
-    assert (cfg.grpo.use_remove_padding, cfg.grpo.use_dynamic_bsz) == (True, True)
-    assert cfg.grpo.model_path == "/data/Qwen2.5-32B-Instruct"
+    get = cfg.verl.get
+    assert get("data.train_batch_size") == 256 and get(A + "ppo_mini_batch_size") == 256
+    # The execution profile: rollout TP chosen for a 32B model on 179 GiB B200s, no padding, dynamic batches.
+    assert get("actor_rollout_ref.rollout.tensor_model_parallel_size") == 4
+    assert (get("actor_rollout_ref.model.use_remove_padding"), get(A + "use_dynamic_bsz")) == (True, True)
+    assert get("actor_rollout_ref.model.path") == "/data/Qwen2.5-32B-Instruct"
 
 
 def test_a4x_defaults_are_the_tutorials_a4x_job():
     cfg = load_config(config(platform="a4x", gpuNodes="4", gpuMaxNodes="4"))
-    g = cfg.grpo
-    assert (g.ppo_mini_batch_size, g.ppo_micro_batch_size_per_gpu) == (64, 8)
-    assert (g.rollout_log_prob_micro_batch_size_per_gpu, g.ref_log_prob_micro_batch_size_per_gpu) == (16, 16)
-    assert (g.rollout_tensor_parallel_size, g.use_kl_loss) == (4, True)
+    get = cfg.verl.get
+    assert (get(A + "ppo_mini_batch_size"), get(A + "ppo_micro_batch_size_per_gpu")) == (64, 8)
+    assert (get("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"),
+            get("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu")) == (16, 16)
+    assert (get("actor_rollout_ref.rollout.tensor_model_parallel_size"), get(A + "use_kl_loss")) == (4, True)
     assert cfg.rdma_nics == 0 and cfg.rdma_subnet_cidrs == ()
     assert cfg.verl_image == "verlai/verl:vllm023.aarch64.dev1"
 
 
 def test_all_problems_are_reported_at_once():
     found = problems(platform="a4x", gpuNodes="4", clusterMode="autopilot", gcp__zone="europe-west4-a",
-                     grpoTrainBatchSize="255", grpoRolloutN="4")
+                     **verl(data__train_batch_size=255, actor_rollout_ref__rollout__n=4))
     assert len(found) == 3
     assert any(p.startswith('verl-gke:clusterMode = "autopilot": A4X') for p in found)
     assert any(p.startswith('gcp:zone = "europe-west4-a"') for p in found)
-    assert any(p.startswith("verl-gke:grpoTrainBatchSize = 255") for p in found)
+    assert any(p.startswith("verl-gke:verl.data.train_batch_size = 255") for p in found)
 
 
 def test_message_names_the_file_and_count():
@@ -265,20 +274,20 @@ def test_cidr_syntax_and_count():
 
 
 def test_requests_must_fit_the_machine():
-    assert load_config(config(platform="a3u")).worker_memory_gi == 2553  # not the tutorial's 2800Gi
+    assert load_config(config(platform="a3u")).worker_memory_gi == 2552  # not the tutorial's 2800Gi
     load_config(config(workerCpus="200", workerMemoryGi="2000"))
     assert only_problem(workerCpus="224") == ('verl-gke:workerCpus = 224: each a4-highgpu-8g node has 223.37 '
-                                              'allocatable vCPUs; request at most 223 (default 220).')
-    assert "request at most 2687 (default 2553)" in only_problem(platform="a3u", workerMemoryGi="2800")
+                                              'allocatable vCPUs; request at most 222 (default 219).')
+    assert "request at most 2686 (default 2552)" in only_problem(platform="a3u", workerMemoryGi="2800")
 
 
 def test_a4x_workers_leave_room_for_the_head():
     a4x = {"platform": "a4x", "gpuNodes": "4"}
     cfg = load_config(config(**a4x))
-    assert (cfg.worker_cpus, cfg.worker_memory_gi) == (124, 727)
-    load_config(config(**a4x, workerCpus="127", workerMemoryGi="767"))
-    assert "request at most 127 beside the Ray head (default 124)" in only_problem(**a4x, workerCpus="128")
-    assert "request at most 767 beside the Ray head (default 727)" in only_problem(**a4x, workerMemoryGi="768")
+    assert (cfg.worker_cpus, cfg.worker_memory_gi) == (123, 726)
+    load_config(config(**a4x, workerCpus="126", workerMemoryGi="766"))
+    assert "request at most 126 beside the Ray head (default 123)" in only_problem(**a4x, workerCpus="127")
+    assert "request at most 766 beside the Ray head (default 726)" in only_problem(**a4x, workerMemoryGi="767")
     assert "/dev/shm" in only_problem(workerMemoryGi="200")
 
 
@@ -351,14 +360,6 @@ def test_credentials_in_the_dashboard_url_are_refused_and_never_printed(url: str
     assert "hunter2" not in line
 
 
-def test_hydra_interpolations_in_extra_overrides_are_refused():
-    line = only_problem(grpoExtraOverrides='["trainer.project_name=${oc.env:HF_TOKEN}", "trainer.total_epochs=2"]')
-    assert line.startswith('verl-gke:grpoExtraOverrides = ["trainer.project_name=${oc.env:HF_TOKEN}"]: '
-                           "no Hydra/OmegaConf interpolations")
-    cfg = load_config(config(grpoExtraOverrides='["trainer.project_name=gsm8k"]'))
-    assert cfg.grpo.extra_overrides == ("trainer.project_name=gsm8k",)
-
-
 def test_master_authorized_cidrs_must_be_cidrs():
     cfg = load_config(config(masterAuthorizedCidrs='["10.8.0.0/16", "192.168.0.0/16"]'))
     assert cfg.master_authorized_cidrs == ("10.8.0.0/16", "192.168.0.0/16")  # may overlap the VPCs
@@ -396,10 +397,12 @@ def test_job_attempt_is_a_whole_number_from_zero():
     assert only_problem(jobAttempt="-1") == "verl-gke:jobAttempt = -1: must be at least 0."
 
 
-@pytest.mark.parametrize("key", ["grpoCheckpointDir", "grpoModelPath", "grpoTrainFiles", "grpoValFiles"])
+@pytest.mark.parametrize("key", ["trainer.default_local_dir", "actor_rollout_ref.model.path", "data.train_files",
+                                 "data.val_files"])
 @pytest.mark.parametrize("path", ["/data/../etc", "/data/./x", "/data//x", "/data/x/", "data/x", "/tmp/x", "/data"])
 def test_run_paths_stay_plainly_under_the_bucket_mount(key: str, path: str):
-    assert only_problem(**{key: path}).startswith(f'verl-gke:{key} = "{path}": an absolute path under the bucket mount')
+    assert only_problem(verl=verl_value({key: path})).startswith(
+        f'verl-gke:verl.{key} = "{path}": an absolute path under the bucket mount')
 
 
 @pytest.mark.parametrize("model", ["Qwen/../etc", "Qwen/Qwen 2.5 32B", "Qwen2.5-32B-Instruct", "Qwen/a--b",
@@ -407,7 +410,7 @@ def test_run_paths_stay_plainly_under_the_bucket_mount(key: str, path: str):
 def test_model_and_dataset_are_hub_repo_ids_as_the_staging_job_requires(model: str):
     from workloads import stage_data
 
-    assert only_problem(model=model, grpoModelPath="/data/m").startswith(
+    assert only_problem(model=model, **verl(actor_rollout_ref__model__path="/data/m")).startswith(
         f'verl-gke:model = "{model}": a Hugging Face repo id')
     assert only_problem(dataset=model).startswith(f'verl-gke:dataset = "{model}": a Hugging Face repo id')
     with pytest.raises(stage_data.StagingError, match="is not a Hub repo id"):
@@ -433,41 +436,45 @@ def test_the_x86_image_on_a4x_and_the_arm_image_on_a4_are_rejected():
 
 
 def test_checkpoint_dir_on_the_bucket():
-    load_config(config(grpoCheckpointDir="/data/runs/ckpt"))
-    assert "under the bucket mount /data/" in only_problem(grpoCheckpointDir="/tmp/ckpt")
+    assert load_config(config(**verl(trainer__default_local_dir="/data/runs/ckpt"))).verl.get(
+        "trainer.default_local_dir") == "/data/runs/ckpt"
+    assert "under the bucket mount /data/" in only_problem(**verl(trainer__default_local_dir="/tmp/ckpt"))
 
 
 # verl's rules: 2 nodes x 8 GPUs = 16 GPUs unless said otherwise.
 def test_batch_times_n_divisible_by_gpus():
-    valid = {"grpoRolloutN": "5", "grpoPpoMiniBatchSize": "128", "grpoPpoMicroBatchSizePerGpu": "8"}
-    load_config(config(grpoTrainBatchSize="256", **valid))
-    assert only_problem(grpoTrainBatchSize="250", **valid) == (
-        "verl-gke:grpoTrainBatchSize = 250: train_batch_size x rollout.n (1250) must be divisible "
-        "by the 16 GPUs (2 nodes x 8).")
+    valid = {"actor_rollout_ref__rollout__n": 5, "actor_rollout_ref__actor__ppo_mini_batch_size": 128}
+    load_config(config(**verl(data__train_batch_size=256, **valid)))
+    assert only_problem(**verl(data__train_batch_size=250, **valid)) == (
+        "verl-gke:verl.data.train_batch_size = 250: data.train_batch_size x actor_rollout_ref.rollout.n (1250) must "
+        "be divisible by the 16 GPUs (2 nodes x 8).")
 
 
 def test_mini_batch_not_above_train_batch():
-    load_config(config(grpoPpoMiniBatchSize="128", grpoPpoMicroBatchSizePerGpu="32"))
-    assert "must be <= train_batch_size (256)" in only_problem(grpoPpoMiniBatchSize="512")
+    load_config(config(**verl(actor_rollout_ref__actor__ppo_mini_batch_size=128)))
+    assert "must be <= data.train_batch_size (256)" in only_problem(
+        **verl(actor_rollout_ref__actor__ppo_mini_batch_size=512))
 
 
 def test_rollout_tp_divides_gpus_per_node():
-    load_config(config(grpoRolloutTensorParallelSize="4"))
-    assert "must divide the 16 GPUs" in only_problem(grpoRolloutTensorParallelSize="3")
-    assert "GPUs per node" in only_problem(grpoRolloutTensorParallelSize="16", gpuNodes="4")
+    load_config(config(**verl(actor_rollout_ref__rollout__tensor_model_parallel_size=4)))
+    assert "must divide the 16 GPUs" in only_problem(**verl(actor_rollout_ref__rollout__tensor_model_parallel_size=3))
+    assert "GPUs per node" in only_problem(gpuNodes="4", **verl(actor_rollout_ref__rollout__tensor_model_parallel_size=16))
 
 
 def test_mini_batch_times_n_divisible_by_data_parallel():
-    assert "data-parallel size (16)" in only_problem(grpoPpoMiniBatchSize="3")
+    assert "data-parallel size (16)" in only_problem(**verl(actor_rollout_ref__actor__ppo_mini_batch_size=3))
 
 
 def test_micro_batch_divides_per_gpu_mini_batch():
-    assert "per-GPU mini batch (128" in only_problem(grpoPpoMicroBatchSizePerGpu="48")
+    assert "per-GPU mini batch (128" in only_problem(**verl(actor_rollout_ref__actor__ppo_micro_batch_size_per_gpu=48))
 
 
 def test_ulysses_needs_remove_padding():
-    load_config(config(grpoUlyssesSequenceParallelSize="2", grpoUseRemovePadding="true"))
-    assert "needs use_remove_padding" in only_problem(grpoUlyssesSequenceParallelSize="2", grpoUseRemovePadding="false")
+    on = {"actor_rollout_ref__actor__ulysses_sequence_parallel_size": 2}
+    load_config(config(**verl(**on)))
+    assert "needs actor_rollout_ref.model.use_remove_padding" in only_problem(
+        **verl(**on, actor_rollout_ref__model__use_remove_padding=False))
 
 
 def test_placeholders_listed():
@@ -566,8 +573,8 @@ def test_images_inside_the_grammar_pass(image: str):
 
 @pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e999"])
 def test_a_number_that_is_not_finite_is_refused(value: str):
-    assert only_problem(grpoLearningRate=value).startswith("verl-gke:grpoLearningRate = ")
-    assert "a finite number" in only_problem(grpoLearningRate=value)
+    line = only_problem(**verl(actor_rollout_ref__actor__optim__lr=value))
+    assert line == f'verl-gke:verl.actor_rollout_ref.actor.optim.lr = "{value}": must be a number (verl 0.6.1\'s default: 1e-06).'
 
 
 @pytest.mark.parametrize(("key", "limit"), [("stagingTimeoutMinutes", 153722867), ("jobReadyTimeoutSeconds", 9223372036),
@@ -667,9 +674,9 @@ def test_a_dataset_staging_would_refuse_is_refused_at_synth():
 
 
 def test_a_value_larger_than_a_command_line_argument_is_refused():
-    huge = json.dumps(["+trainer.x=" + "y" * 140_000])
-    assert only_problem(grpoExtraOverrides=huge) == (
-        f"verl-gke:grpoExtraOverrides: {len(huge):,} bytes; at most 131,072 (Linux's MAX_ARG_STRLEN: the run's "
+    huge = json.dumps({"trainer": {"experiment_name": "y" * 140_000}})
+    assert only_problem(verl=huge) == (
+        f"verl-gke:verl: {len(huge):,} bytes; at most 131,072 (Linux's MAX_ARG_STRLEN: the run's "
         "command line is one argument of `sh -c`).")
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import shlex
 
 from domain.config import load_config
-from domain.grpo_spec import entrypoint, runtime_env
+from domain.grpo_spec import CHECKPOINT_LAUNCHER, entrypoint, runtime_env
 from domain.platforms import PLATFORMS
-from tests.conftest import BASE_CONFIG
+from tests.conftest import BASE_CONFIG, verl_value
 
 # The tutorial's A4/A3 Ultra `ray job submit` overrides, plus resume_mode=auto and keeping two checkpoints.
 TUTORIAL_A4 = [
@@ -45,8 +45,8 @@ TUTORIAL_A4 = [
 
 def _args(command: str) -> list[str]:
     words = shlex.split(command)
-    assert words[:3] == ["python3", "-m", "verl.trainer.main_ppo"]
-    return words[3:]
+    assert words[:7] == [*CHECKPOINT_LAUNCHER, "python3", "-m", "verl.trainer.main_ppo"]
+    return words[7:]
 
 
 # The execution profile in place of the tutorial's micro batches and rollout TP 8 (same math).
@@ -62,18 +62,22 @@ PROFILE_A4 = {
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": "32768",
     "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": "True",
     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": "32768",
+    # vLLM takes every request of its replica at once: 256 x 8 / (16 GPUs / TP 4).
+    "actor_rollout_ref.rollout.max_num_seqs": "512",
+    # verl's own type for it (a list; verl also reads one string).
+    "trainer.logger": "[console]",
 }
 
 
 def test_a4_entrypoint_is_the_tutorials_with_the_execution_profile():
     cfg = load_config(BASE_CONFIG)
     tutorial = dict(a.split("=", 1) for a in TUTORIAL_A4)
-    assert dict(a.split("=", 1) for a in _args(entrypoint(cfg.grpo, 8, cfg.gpu_nodes))) == {**tutorial, **PROFILE_A4}
+    assert dict(a.split("=", 1) for a in _args(entrypoint(cfg.verl))) == {**tutorial, **PROFILE_A4}
 
 
 def test_a4x_entrypoint_has_the_tutorials_a4x_overrides():
     cfg = load_config({**BASE_CONFIG, "verl-gke:platform": "a4x", "verl-gke:gpuNodes": "4"})
-    args = _args(entrypoint(cfg.grpo, 4, cfg.gpu_nodes))
+    args = _args(entrypoint(cfg.verl))
     for expected in ("actor_rollout_ref.actor.ppo_mini_batch_size=64",
                      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
                      "actor_rollout_ref.actor.use_kl_loss=True",
@@ -82,17 +86,21 @@ def test_a4x_entrypoint_has_the_tutorials_a4x_overrides():
                      "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
                      "actor_rollout_ref.model.use_remove_padding=True",
                      "actor_rollout_ref.actor.use_dynamic_bsz=True",
+                     # One micro-batch a mini-batch: 64 x 8 / 16 GPUs x (512 + 512) tokens.
+                     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=32768",
+                     "actor_rollout_ref.rollout.max_num_seqs=512",
                      "trainer.n_gpus_per_node=4", "trainer.nnodes=4"):
         assert expected in args
     assert not any(a.startswith("trainer.val_before_train") for a in args)
 
 
-def test_extra_overrides_are_quoted_and_cannot_inject_commands():
-    cfg = load_config({**BASE_CONFIG, "verl-gke:grpoExtraOverrides":
-                       '["trainer.experiment_name=run 1; rm -rf /", "trainer.project_name=gsm8k"]'})
-    command = entrypoint(cfg.grpo, 8, 2)
-    assert "'trainer.experiment_name=run 1; rm -rf /'" in command
-    assert _args(command)[-2:] == ["trainer.experiment_name=run 1; rm -rf /", "trainer.project_name=gsm8k"]
+def test_verl_values_are_quoted_and_cannot_inject_commands():
+    cfg = load_config({**BASE_CONFIG, "verl-gke:verl": verl_value(
+        {"trainer.experiment_name": "run 1; rm -rf /", "trainer.project_name": "gsm8k"})})
+    command = entrypoint(cfg.verl)
+    # Quoted for the shell, and for Hydra where its grammar would read the text otherwise (the space).
+    assert "'trainer.experiment_name='\"'\"'run 1; rm -rf /'\"'\"''" in command
+    assert _args(command)[-2:] == ["trainer.experiment_name='run 1; rm -rf /'", "trainer.project_name=gsm8k"]
 
 
 def test_runtime_env_has_the_platform_nccl_settings_and_no_broken_keys():
@@ -114,3 +122,19 @@ def test_a4_uses_the_b200_tuner_and_a4x_the_gcp_env_plugin():
     assert a4x["NCCL_ENV_PLUGIN"] == "gcp" and "NCCL_TUNER_CONFIG_PATH" not in a4x
     assert a4x["LD_LIBRARY_PATH"] == "/usr/local/nvidia/lib64:/usr/local/gib/lib64"
     assert a4x["PYTHONPATH"] == "/data/verl"
+
+
+def test_max_num_seqs_is_the_requests_each_rollout_replica_gets() -> None:
+    # verl 0.9.0 (A4X) defaults rollout.max_num_seqs to 256; each of the 4 TP-4 replicas on 16 GPUs gets
+    # 256 prompts x 8 responses / 4 = 512 requests a step.
+    from domain.verl_settings import defaults_of
+
+    a4x = load_config({**BASE_CONFIG, "verl-gke:platform": "a4x", "verl-gke:gpuNodes": "4"})
+    assert defaults_of(a4x.verl.release).actor_rollout_ref.rollout.max_num_seqs == 256
+    assert "actor_rollout_ref.rollout.max_num_seqs=512" in _args(entrypoint(a4x.verl))
+    # Follows the batch, n and TP the user sets, unless the user sets it too.
+    tp8 = load_config({**BASE_CONFIG, "verl-gke:verl": verl_value(
+        {"actor_rollout_ref.rollout.tensor_model_parallel_size": 8, "actor_rollout_ref.rollout.n": 4})})
+    assert tp8.verl.get("actor_rollout_ref.rollout.max_num_seqs") == 256 * 4 // 2
+    mine = load_config({**BASE_CONFIG, "verl-gke:verl": verl_value({"actor_rollout_ref.rollout.max_num_seqs": 300})})
+    assert mine.verl.get("actor_rollout_ref.rollout.max_num_seqs") == 300

@@ -28,7 +28,7 @@ from domain.grpo_spec import entrypoint
 from domain.platforms import VERL_0_9_0
 from domain.verl_wheel import config_dir
 from domain.stack_run import stack_run
-from tests.conftest import BASE_CONFIG
+from tests.conftest import BASE_CONFIG, verl_value
 from tests.kube_api import KubeApiStandIn, kube_api
 from tests.ray_head import MULTI_NODE_ENV, RayHead, restart_head, start_head, start_node, stop_head, stop_node
 from workloads import run_lifecycle
@@ -369,22 +369,23 @@ def test_5_budget_is_enforced_before_every_submission_with_a_capped_backoff(head
     # Refused where nothing would enforce the budget, or where its stop would lose the whole run.
     with pytest.raises(ConfigError) as caught:
         load_config({**BASE_CONFIG, "verl-gke:runBudgetHours": "6", "verl-gke:runSupervisor": "false",
-                     "verl-gke:grpoSaveFreq": "-1", "verl-gke:grpoMaxCheckpoints": "1"})
+                     "verl-gke:verl": verl_value({"trainer.save_freq": -1, "trainer.max_actor_ckpt_to_keep": 1,
+                                                  "trainer.max_critic_ckpt_to_keep": 1})})
     assert caught.value.problems == [
         'verl-gke:runBudgetHours = 6: needs runSupervisor: true: only the run supervisor stops a run at its budget.',
-        'verl-gke:grpoSaveFreq = -1: must be a positive number of steps with runBudgetHours: verl writes its '
-        'deadline checkpoint only when it saves at all, so the stop would lose the whole run.',
-        'verl-gke:grpoMaxCheckpoints = 1: verl 0.6.1 deletes its oldest checkpoint before it writes the next: '
-        'keeping 1 loses the only one when a node is lost during a save; keep at least 2.',
+        'verl-gke:verl.trainer.save_freq = -1: must be a positive number of steps with runBudgetHours: verl writes '
+        'its deadline checkpoint only when it saves at all, so the stop would lose the whole run.',
+        *[f'verl-gke:verl.trainer.max_{role}_ckpt_to_keep = 1: verl 0.6.1 deletes its oldest checkpoint before it '
+          'writes the next: keeping 1 loses the only one when a node is lost during a save; keep at least 2.'
+          for role in ("actor", "critic")],
     ]
-    a4x = {**BASE_CONFIG, "verl-gke:platform": "a4x", "verl-gke:clusterMode": "standard",
-           "verl-gke:gpuNodes": "4", "verl-gke:grpoMaxCheckpoints": "1"}  # 2 GB200 nodes do not fit the rollout
-    assert load_config(a4x).grpo.max_checkpoints == 1  # verl 0.9.0 saves before it deletes
+    a4x = {**BASE_CONFIG, "verl-gke:platform": "a4x", "verl-gke:clusterMode": "standard", "verl-gke:gpuNodes": "4",
+           "verl-gke:verl": verl_value({"trainer.max_actor_ckpt_to_keep": 1})}  # 2 GB200 nodes do not fit the rollout
+    assert load_config(a4x).verl.get("trainer.max_actor_ckpt_to_keep") == 1  # verl 0.9.0 saves before it deletes
     # On A4X a budget runs verl 0.9.0's legacy trainer, the one that saves before the deadline.
     cfg = load_config({**a4x, "verl-gke:runBudgetHours": "6"})
     run_id, legacy = stack_run(cfg)
-    assert legacy and "trainer.use_v1=False" in entrypoint(cfg.grpo, 4, cfg.gpu_nodes, run_id=run_id,
-                                                          legacy_trainer=legacy).split()
+    assert legacy and "trainer.use_v1=False" in entrypoint(cfg.verl, run_id=run_id, legacy_trainer=legacy).split()
     assert stack_run(load_config(a4x))[1] is False
     # The key exists in the pinned verl 0.9.0 (Hydra refuses an override of an unknown key), on by default.
     trainer = yaml.safe_load((config_dir(VERL_0_9_0) / "ppo_trainer.yaml").read_text())["trainer"]
@@ -519,12 +520,15 @@ def test_8_each_run_has_its_own_checkpoint_folder_and_a_finished_run_is_not_retr
     def other(**changes: str) -> str:
         return stack_run(load_config({**BASE_CONFIG, **{f"verl-gke:{k}": v for k, v in changes.items()}}))[0]
 
+    def verl(path: str, value: object) -> str:
+        return other(verl=verl_value({path: value}))
+
     # What a checkpoint is valid for changes the run; where and how often it is written does not.
-    others = [other(gpuNodes="4"), other(grpoLearningRate="2e-5"), other(modelRevision="1" * 40),
+    others = [other(gpuNodes="4"), verl("actor_rollout_ref.actor.optim.lr", "2e-5"), other(modelRevision="1" * 40),
               other(datasetRevision="2" * 40), other(verlInImage="true", verlImage="example.com/me/verl@sha256:" + "0" * 64)]
     assert len({run_id, *others}) == 1 + len(others)
-    assert other(jobAttempt="3") == other(grpoSaveFreq="5") == other(grpoTestFreq="5") == run_id
-    command = entrypoint(base.grpo, 8, base.gpu_nodes, run_id=run_id)
+    assert other(jobAttempt="3") == verl("trainer.save_freq", 5) == verl("trainer.test_freq", 5) == run_id
+    command = entrypoint(base.verl, run_id=run_id)
     assert f"trainer.default_local_dir=/data/verl/checkpoints/{run_id}" in command.split()
 
     # A run whose record says it succeeded is reported done when applied again, not trained again.

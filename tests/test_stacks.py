@@ -325,7 +325,7 @@ def test_run_supervisor_gets_the_runs_ids_and_only_its_own_rights(stack: str, sy
     assert job.inputs["supervised_attempts"] == 12 and job.inputs["budget_s"] == 0
     # The model export (exportModel, on by default): the run's checkpoints, merged on a node with the
     # memory for twice the fp32 shards; the program goes with the supervisor's own.
-    assert config["export"] == {"checkpoint_dir": f"{cfg.grpo.checkpoint_dir}/{config['run_id']}", "mount": "/data",
+    assert config["export"] == {"checkpoint_dir": f"/data/verl/checkpoints/{config['run_id']}", "mount": "/data",
                                 "memory_bytes": 262_102_056_960, "verl_dir": cfg.verl_dir}
     program = _manifest(result, "ConfigMap", name)["data"]
     assert program["export_model.py"] == Path("workloads/export_model.py").read_text()
@@ -360,7 +360,8 @@ def test_pulumi_never_sets_the_release_and_takes_back_what_an_older_supervisor_o
         assert monitor.sent["ray-ray-cluster"].ignore_changes == []
         cluster = _manifest(result, "RayCluster", "b200-ray-cluster")
         assert "suspend" not in cluster["spec"]
-        assert cluster["metadata"]["annotations"] == {"pulumi.com/patchForce": "true"}
+        assert cluster["metadata"]["annotations"] == {"pulumi.com/patchForce": "true",
+                                                      "pulumi.com/waitFor": "jsonpath={.status.state}"}
 
 
 def test_without_the_supervisor_nothing_of_it_is_created():
@@ -421,14 +422,14 @@ def test_autopilot_worker_sizes_above_the_ceiling_are_refused():
     from tests.conftest import BASE_CONFIG
 
     auto = {**BASE_CONFIG, "verl-gke:clusterMode": "autopilot", "verl-gke:gpuSpot": "true", "verl-gke:reservation": ""}
-    assert (load_config(auto).worker_cpus, load_config(auto).worker_memory_gi) == (218, 2784)
+    assert (load_config(auto).worker_cpus, load_config(auto).worker_memory_gi) == (217, 2783)
     with pytest.raises(ConfigError) as caught:
         load_config({**auto, "verl-gke:workerCpus": "220", "verl-gke:workerMemoryGi": "3433"})
     assert caught.value.problems == [
         "verl-gke:workerCpus = 220: Autopilot admits a nvidia-b200 worker pod of at most 220 vCPUs / 2800Gi, the GCS "
-        "FUSE sidecar's 2 vCPUs / 16Gi included: at most 218 vCPUs.",
+        "FUSE sidecar's 2 vCPUs / 16Gi and the checkpoint copier's 1 vCPU / 1Gi included: at most 217 vCPUs.",
         "verl-gke:workerMemoryGi = 3433: Autopilot admits a nvidia-b200 worker pod of at most 220 vCPUs / 2800Gi, the "
-        "GCS FUSE sidecar's 2 vCPUs / 16Gi included: at most 2784Gi."]
+        "GCS FUSE sidecar's 2 vCPUs / 16Gi and the checkpoint copier's 1 vCPU / 1Gi included: at most 2783Gi."]
 
 
 def test_a_stack_of_an_earlier_version_keeps_its_cluster_on_the_default_network():

@@ -76,13 +76,13 @@ def _synth_cli(*args: str) -> subprocess.CompletedProcess[str]:
 def test_cli_rejects_bad_config_without_traceback(tmp_path: Path):
     out = tmp_path / "a4x"
     run = _synth_cli("a4x", "--out", str(out), "--set", "verl-gke:clusterMode=autopilot",
-                     "--set", "verl-gke:grpoTrainBatchSize=255")
+                     "--set", 'verl-gke:verl={"data": {"train_batch_size": 255}}')
     assert run.returncode != 0
     assert "Traceback" not in run.stderr + run.stdout
     assert run.stderr.split("\n", 1)[1].startswith("synth failed: Pulumi.a4x.yaml has 3 problems:\n")
     assert '  verl-gke:rayOperator = "helm": Autopilot clusters use' in run.stderr
     assert '  verl-gke:clusterMode = "autopilot": A4X' in run.stderr
-    assert "  verl-gke:grpoTrainBatchSize = 255: train_batch_size x rollout.n (2040)" in run.stderr
+    assert "  verl-gke:verl.data.train_batch_size = 255: data.train_batch_size x actor_rollout_ref.rollout.n (2040)" in run.stderr
     assert not out.exists()
 
 

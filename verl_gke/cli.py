@@ -384,7 +384,7 @@ def _released_run(args: argparse.Namespace, outputs: StackOutputs, unreachable: 
     from workloads.run_lifecycle import ConfigMapRecords, KubernetesApi
 
     ray_cluster = ray_cluster_of(outputs.ray_head_service)
-    run_id = outputs.checkpoint_uri.rstrip("/").rsplit("/", 1)[-1]  # `<grpoCheckpointDir>/<run id>`
+    run_id = outputs.checkpoint_uri.rstrip("/").rsplit("/", 1)[-1]  # `<verl.trainer.default_local_dir>/<run id>`
     _progress(f"the Ray head did not answer; reading the run record {run_record_name(ray_cluster)}")
     try:
         if args.kube_api_url:

@@ -380,7 +380,7 @@ def run(stack: str, project_dir: Path = PROJECT_DIR, overrides: dict[str, Any] |
         stack=stack, config=raw, secret_keys=secret_keys, preview=preview, monitor=monitor, log=log)
     unchecked = list(getattr(monitor.mocks, "unchecked", []))
     cfg = load_config(raw, declared=declared)
-    modeled = [run_memory.summary_line(cfg.grpo, cfg.facts, cfg.model, cfg.gpu_nodes),
+    modeled = [run_memory.summary_line(cfg.verl, cfg.facts, cfg.model, cfg.gpu_nodes),
                *deploy_timing.model([r.__dict__ for r in registrations]).lines()]
     return SynthResult(stack, registrations, outputs, placeholders(raw, cfg), log, unchecked, modeled)
 

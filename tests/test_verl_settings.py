@@ -1,0 +1,219 @@
+"""verl's settings by verl's names: `verl-gke:verl`, checked against the pinned verl's composed config;
+the grpo* keys it replaced refused with their new form; `${` refused in every value that reaches verl."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from domain import grpo_spec
+from domain.config import ConfigError, load_config
+from domain.grpo_spec import CHECKPOINT_LAUNCHER, RENAMED, entrypoint
+from domain.stack_files import raw_config
+from domain.stack_run import stack_run
+from tests.conftest import BASE_CONFIG, verl_value
+from verl_gke import synth
+
+A, R = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout."
+KEY = "verl-gke:verl"
+
+
+def cfg_with(paths: dict[str, Any] | str, **config: str):
+    value = paths if isinstance(paths, str) else verl_value(paths)
+    return load_config({**BASE_CONFIG, KEY: value, **config})
+
+
+def refused(paths: dict[str, Any] | str, **config: str) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        cfg_with(paths, **config)
+    return caught.value.problems
+
+
+def job_args(cfg) -> list[str]:
+    words = shlex.split(entrypoint(cfg.verl))
+    assert words[:7] == [*CHECKPOINT_LAUNCHER, "python3", "-m", "verl.trainer.main_ppo"]
+    return words[7:]
+
+
+def test_a_verl_path_sets_verls_own_key_on_the_jobs_command_line() -> None:
+    # `pulumi config set --path verl-gke:verl.data.train_batch_size 128` (and the mini batch with it).
+    cfg = cfg_with({"data.train_batch_size": 128, A + "ppo_mini_batch_size": 128})
+    assert "data.train_batch_size=128" in job_args(cfg)
+    assert "actor_rollout_ref.actor.ppo_mini_batch_size=128" in job_args(cfg)
+    assert cfg.verl.given == {"data.train_batch_size", A + "ppo_mini_batch_size"}
+
+
+def test_values_as_the_cli_stores_them_are_read_as_the_types_verl_declares() -> None:
+    # `--path` stores true/false as booleans, integers as numbers and the rest as strings (pulumi config set --help).
+    cfg = cfg_with('{"actor_rollout_ref": {"actor": {"optim": {"lr": "2e-5"}, "use_kl_loss": true},'
+                   ' "rollout": {"gpu_memory_utilization": "0.5"}}, "trainer": {"experiment_name": 2024}}')
+    get = cfg.verl.get
+    assert (get(A + "optim.lr"), get(A + "use_kl_loss"), get(R + "gpu_memory_utilization")) == (2e-5, True, 0.5)
+    assert get("trainer.experiment_name") == "2024"  # verl's is a string: the CLI's number is its text
+    assert {"actor_rollout_ref.actor.optim.lr=2e-05", "trainer.experiment_name='2024'"} <= set(job_args(cfg))
+
+
+def test_nested_and_dotted_keys_are_the_same_path_and_may_be_set_once() -> None:
+    dotted = cfg_with('{"data.train_batch_size": 512}')
+    assert dotted.verl.get("data.train_batch_size") == 512
+    assert refused('{"data.max_prompt_length": 256, "data": {"max_prompt_length": 128}}') == [
+        "verl-gke:verl.data.max_prompt_length = 128: is set twice (nested and dotted); set it once."]
+
+
+def test_a_path_verl_lacks_is_refused_with_the_nearest_one_it_has() -> None:
+    assert refused({"data.train_batch_sise": 128, "actor.ppo_mini_batch_size": 64, "trainer.colour": "red"}) == [
+        "verl-gke:verl.data.train_batch_sise = 128: verl 0.6.1's config has no data.train_batch_sise; did you mean "
+        "data.train_batch_size?",
+        "verl-gke:verl.actor.ppo_mini_batch_size = 64: verl 0.6.1's config has no actor.ppo_mini_batch_size; did you "
+        "mean actor_rollout_ref.actor.ppo_mini_batch_size?",
+        'verl-gke:verl.trainer.colour = "red": verl 0.6.1\'s config has no trainer.colour',
+    ]
+
+
+def test_every_wrong_type_is_named_at_once_with_what_verl_takes() -> None:
+    assert refused({"data.train_batch_size": "lots", A + "use_dynamic_bsz": "yes", A + "optim.lr": [1],
+                    "data.train_files": ["/data/a.parquet"], A + "ppo_micro_batch_size_per_gpu": 2.5,
+                    "trainer.logger": True}) == [
+        'verl-gke:verl.data.train_batch_size = "lots": must be a whole number (verl 0.6.1\'s default: 1024).',
+        'verl-gke:verl.data.train_files = ["/data/a.parquet"]: must be a string (verl 0.6.1\'s default: '
+        '"~/data/rlhf/gsm8k/train.parquet").',
+        'verl-gke:verl.actor_rollout_ref.actor.use_dynamic_bsz = "yes": must be true or false (verl 0.6.1\'s '
+        "default: false).",
+        "verl-gke:verl.actor_rollout_ref.actor.optim.lr = [1]: must be a number (verl 0.6.1's default: 1e-06).",
+        # verl's dataclass declares Optional[int] (its YAML default is null).
+        "verl-gke:verl.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 2.5: must be a whole number or null "
+        "(verl 0.6.1's default: null).",
+        'verl-gke:verl.trainer.logger = true: must be a string or a list (verl 0.6.1\'s default: ["console", "wandb"]).',
+    ]
+
+
+def test_the_dataclass_behind_a_node_decides_its_type_not_the_yaml_default() -> None:
+    # entropy_coeff is `0` in verl's YAML and `float` in ActorConfig: 0.01 is a value verl takes.
+    assert cfg_with({A + "entropy_coeff": 0.01}).verl.get(A + "entropy_coeff") == 0.01
+    assert cfg_with({A + "entropy_coeff": 0.01}, **{"verl-gke:platform": "a4x", "verl-gke:gpuNodes": "4"}).verl.get(
+        A + "entropy_coeff") == 0.01
+
+
+def test_sizes_the_rules_divide_by_must_be_positive_and_the_memory_share_a_share() -> None:
+    assert refused({R + "tensor_model_parallel_size": 0, A + "ppo_max_token_len_per_gpu": -1,
+                    R + "gpu_memory_utilization": 1.5, A + "ppo_micro_batch_size_per_gpu": 0}) == [
+        "verl-gke:verl.actor_rollout_ref.rollout.tensor_model_parallel_size = 0: must be at least 1.",
+        "verl-gke:verl.actor_rollout_ref.rollout.gpu_memory_utilization = 1.5: must be greater than 0 and at most 1 "
+        "(a share of the GPU's memory).",
+        "verl-gke:verl.actor_rollout_ref.actor.ppo_max_token_len_per_gpu = -1: must be at least 1.",
+        "verl-gke:verl.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 0: must be at least 1, or null.",
+    ]
+    assert cfg_with({A + "ppo_micro_batch_size_per_gpu": None}).verl.get(A + "ppo_micro_batch_size_per_gpu") is None
+
+
+@pytest.mark.parametrize(("path", "why"), sorted(grpo_spec.OWNED.items()))
+def test_paths_verl_gke_sets_itself_are_refused_with_the_key_to_set(path: str, why: str) -> None:
+    assert refused({path: "x"}) == [f'verl-gke:verl.{path} = "x": {why}']
+
+
+@pytest.mark.parametrize("value", ['"a string"', "[1, 2]", "{not json"])
+def test_a_value_that_is_not_a_map_is_refused(value: str) -> None:
+    [line] = refused(value)
+    assert line.startswith("verl-gke:verl = ") and "a map of verl config paths" in line
+
+
+def test_a_verl_path_set_without_path_flag_is_refused_with_the_command() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config({**BASE_CONFIG, "verl-gke:verl.data.train_batch_size": "128"})
+    assert caught.value.problems == [
+        "verl-gke:verl.data.train_batch_size: a verl path is set inside verl-gke:verl: `pulumi config rm "
+        "verl-gke:verl.data.train_batch_size`, then `pulumi config set --path verl-gke:verl.data.train_batch_size 128`"]
+
+
+# Each of verl-gke 0.5's grpo* keys, a value a user may have set, and the line that names its new form.
+OLD_KEYS = {
+    "grpoTrainBatchSize": ("128", "replaced by verl-gke:verl.data.train_batch_size: `pulumi config rm "
+                           "verl-gke:grpoTrainBatchSize`, then `pulumi config set --path "
+                           "verl-gke:verl.data.train_batch_size 128`"),
+    "grpoMaxCheckpoints": ("3", "replaced by verl-gke:verl.trainer.max_actor_ckpt_to_keep and "
+                           "verl-gke:verl.trainer.max_critic_ckpt_to_keep: `pulumi config rm verl-gke:grpoMaxCheckpoints`, "
+                           "then `pulumi config set --path verl-gke:verl.trainer.max_actor_ckpt_to_keep 3`, then `pulumi "
+                           "config set --path verl-gke:verl.trainer.max_critic_ckpt_to_keep 3`"),
+    "grpoUseKlLoss": ("auto", "replaced by verl-gke:verl.actor_rollout_ref.actor.use_kl_loss; unset means the "
+                      "platform's default: `pulumi config rm verl-gke:grpoUseKlLoss`"),
+    "grpoCheckpointDir": ("/data/my runs", "replaced by verl-gke:verl.trainer.default_local_dir: `pulumi config rm "
+                          "verl-gke:grpoCheckpointDir`, then `pulumi config set --path "
+                          "verl-gke:verl.trainer.default_local_dir '/data/my runs'`"),
+    "grpoExtraOverrides": ('["trainer.project_name=gsm8k", "+trainer.tag=a b"]',
+                           "replaced by verl-gke:verl.<verl path>, one per override: `pulumi config rm "
+                           "verl-gke:grpoExtraOverrides`, then `pulumi config set --path "
+                           "verl-gke:verl.trainer.project_name gsm8k`, then `pulumi config set --path "
+                           "verl-gke:verl.trainer.tag 'a b'`"),
+}
+
+
+def test_each_of_the_29_grpo_keys_is_refused_with_one_line_naming_its_new_form() -> None:
+    assert len(RENAMED) == 29
+    raw = {**BASE_CONFIG, **{f"verl-gke:{key}": "7" for key in RENAMED}}
+    with pytest.raises(ConfigError) as caught:
+        load_config(raw)
+    assert len(caught.value.problems) == 29
+    for key, line in zip(RENAMED, caught.value.problems):
+        new = [f"verl-gke:verl.{path}" for path in RENAMED[key]] or ["verl-gke:verl.<verl path>"]
+        assert line.startswith(f'verl-gke:{key} = "7": replaced by {" and ".join(new)}'), line
+
+
+@pytest.mark.parametrize("key", sorted(OLD_KEYS))
+def test_an_old_key_names_the_commands_that_move_its_value(key: str) -> None:
+    value, message = OLD_KEYS[key]
+    with pytest.raises(ConfigError) as caught:
+        load_config({**BASE_CONFIG, f"verl-gke:{key}": value})
+    shown = json.loads(value) if value.startswith("[") else value
+    assert caught.value.problems == [f"verl-gke:{key} = {json.dumps(shown)}: {message}"]
+
+
+def test_every_new_form_is_a_path_of_each_pinned_verls_config() -> None:
+    from domain.platforms import PLATFORMS
+    from domain.verl_settings import is_known
+
+    for release in {p.verl for p in PLATFORMS.values()}:
+        assert [p for paths in RENAMED.values() for p in paths if not is_known(release, p)] == []
+
+
+def test_the_defaults_of_the_stacks_keep_0_5_1s_run_ids() -> None:
+    """An unchanged A4 or A3 Ultra stack resumes its run after the upgrade: the same id, the same folder. A4X's
+    changes: its update token budget is now a whole mini-batch share (one micro-batch, no unsharded gradient)."""
+    ids = {stack: stack_run(load_config(raw_config(stack)[0]))[0] for stack in ("a4", "a4-standard", "a3u-standard")}
+    assert ids == {"a4": "run-632c7d78917f", "a4-standard": "run-632c7d78917f", "a3u-standard": "run-632c7d78917f"}
+    assert stack_run(load_config(raw_config("a4x")[0]))[0] != "run-9207001fb3ed"
+
+
+def test_a_label_or_the_request_cap_leaves_the_run_id_alone_and_a_math_key_changes_it() -> None:
+    base = stack_run(load_config(BASE_CONFIG))[0]
+    assert stack_run(cfg_with({"trainer.project_name": "mine", R + "max_num_seqs": 1024}))[0] == base
+    assert stack_run(cfg_with({A + "optim.lr": 2e-5}))[0] != base
+
+
+# Issue 40 item 4: no string that reaches verl or the job may hold a Hydra interpolation.
+@pytest.mark.parametrize("paths", [
+    {"trainer.default_local_dir": "/data/${oc.env:HF_TOKEN}"},
+    {"trainer.logger": ["console", "${oc.env:HF_TOKEN}"]},
+    {"trainer.project_name": "${trainer.experiment_name}"},
+    {"actor_rollout_ref.model.path": "/data/${oc.env:HOME,x}"},
+    {R + "engine_kwargs.vllm.${oc.env:HF_TOKEN}": 1},
+])
+def test_an_interpolation_anywhere_in_verl_settings_is_refused_naming_the_key(paths: dict[str, Any]) -> None:
+    [(path, value)] = paths.items()
+    assert refused(paths) == [
+        f"verl-gke:verl.{path} = {json.dumps(value)}: no Hydra/OmegaConf interpolation (${{...}}): it would be "
+        "resolved where the config is read (${oc.env:...} reads that machine's environment). Write the value itself."]
+
+
+def test_synth_never_resolves_or_prints_an_environment_variable(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VERL_GKE_CANARY", "canary-value-never-printed")
+    value = verl_value({"trainer.default_local_dir": "/data/${oc.env:VERL_GKE_CANARY}",
+                        "trainer.logger": "${oc.env:VERL_GKE_CANARY}"})
+    assert synth.main(["a4", "--out", str(tmp_path), "--set", f"{KEY}={value}"]) == 2
+    out, err = capsys.readouterr()
+    assert "canary-value-never-printed" not in out + err
+    assert err.count("no Hydra/OmegaConf interpolation") == 2 and "Traceback" not in err
