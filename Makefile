@@ -8,14 +8,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.runtime-installed
 TESTSET := $(VENV)/.tests-installed
-PIP := $(BIN)/pip install --quiet --disable-pip-version-check
+PIP := $(BIN)/pip install --progress-bar off --disable-pip-version-check
 
 .PHONY: synth synth-all test lint bench clean deploy-venv
 
 # The runtime: what synth, `pulumi up` (the provider host runs in this venv) and the verl-gke CLI import.
 $(RUNTIME): requirements.txt constraints.txt pyproject.toml
 	@echo "verl-gke: installing the pinned runtime into $(VENV) (pulumi, pulumi-gcp, pulumi-kubernetes,"
-	@echo "verl-gke: ray, hydra-core): a few minutes, once"
+	@echo "verl-gke: ray, hydra-core): a few minutes, once; pip lists each package as it collects it"
 	test -x $(BIN)/python || $(MKVENV) $(VENV)
 	$(PIP) -r requirements.txt -c constraints.txt
 	touch $(RUNTIME)
@@ -30,7 +30,8 @@ deploy-venv:
 
 # The tests and lint on top: torch (CPU build) alone first from its index, then the rest from PyPI.
 $(TESTSET): $(RUNTIME) requirements-torch.txt requirements-dev.txt constraints.txt
-	@echo "verl-gke: installing the test set into $(VENV) (pytest, ruff, schema checkers, torch CPU, transformers): once"
+	@echo "verl-gke: installing the test set into $(VENV) (pytest, ruff, schema checkers, torch CPU, transformers): once;"
+	@echo "verl-gke: pip lists each package as it collects it"
 	$(PIP) --no-deps -r requirements-torch.txt -c constraints.txt
 	$(PIP) -r requirements-dev.txt -c constraints.txt
 	touch $(TESTSET)

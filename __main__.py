@@ -41,7 +41,7 @@ live = check_live_project(cfg)
 # Before anything is created: what the stack costs per hour, by capacity kind, and the run's estimate.
 for cost in cfg.hourly_costs:
     pulumi.log.info(f"price per hour, GPU nodes on {cost.line()}")
-pulumi.log.info(f"run estimate: {run_estimate_line(cfg.hourly_usd, cfg.run_budget_h)}")
+pulumi.log.info(f"run estimate: {run_estimate_line(cfg.hourly_usd, cfg.run_budget_h, cfg.price_unknown or '')}")
 facts = cfg.facts
 a4x = cfg.platform == "a4x"
 builds_infra = not cfg.existing_cluster
@@ -87,7 +87,7 @@ cluster = GkeCluster("gke", {
     "cpu_min_nodes": cfg.cpu_min_nodes, "cpu_max_nodes": cfg.cpu_max_nodes,
     "existing": cfg.existing_cluster, "master_authorized_cidrs": cfg.master_authorized_cidrs,
     "control_plane_endpoint": cfg.control_plane_endpoint,
-    "upgrade_exclusion_start": cfg.upgrade_exclusion_start or None, "gpu_metrics": cfg.gpu_metrics,
+    "upgrade_exclusion_start": cfg.upgrade_exclusion_start, "gpu_metrics": cfg.gpu_metrics,
     "dedicated_node_service_account": cfg.dedicated_node_service_account, "private_nodes": cfg.private_nodes,
     # The NVIDIA DRA driver 25.3 still speaks resource.k8s.io/v1beta1 (Cluster Toolkit gke-a4x).
     "k8s_beta_apis": DRA_V1BETA1_APIS if a4x else [],
@@ -253,4 +253,4 @@ pulumi.export("gpuPlatform", cfg.platform)
 pulumi.export("gpuNodes", cfg.gpu_nodes)
 pulumi.export("gpusPerNode", facts.gpus_per_node)
 pulumi.export("fabricBusBandwidthGbps", job.fabric_busbw_gbps)
-pulumi.export("preflightChecks", live.notes)
+pulumi.export("preflightChecks", live.checks)

@@ -14,6 +14,8 @@ import pulumi_kubernetes as k8s
 from pulumi_gcp import container, projects, serviceaccount
 
 from components.children import child_options
+from components.upgrade_exclusion import UpgradeExclusionStart
+from domain import upgrade_exclusion
 from manifests.ray_cluster import HEAD_NODE_POOL
 from domain.platforms import Mode
 from verl_gke.kubeconfig import gke_kubeconfig
@@ -53,18 +55,13 @@ DELETE_UNREACHABLE_ENV = "PULUMI_K8S_DELETE_UNREACHABLE"
 Configure); the installed SDK puts it into those inputs on a program run (provider.py)."""
 
 MAINTENANCE_WINDOW_START = "03:00"
-UPGRADE_EXCLUSION_NAME = "verl-gke-no-minor-or-node-upgrades"
-"""Cluster Toolkit's gke-a4, gke-a3-ultragpu and gke-a4x blueprints set this exclusion scope."""
-UPGRADE_EXCLUSION_DAYS = 30
-"""The exclusion ends this long after it starts (Cluster Toolkit's runs until end of support, which
-keeps node security patches away for the cluster's life): a run gets a month without node
-upgrades, then nodes take patches again; move upgradeExclusionStart for the next run."""
 
 
-def exclusion_end(start: str) -> str:
-    """`start` (RFC3339 UTC, `...Z`) plus UPGRADE_EXCLUSION_DAYS, in the same form."""
-    begins = datetime.datetime.strptime(start, "%Y-%m-%dT%H:%M:%SZ")
-    return (begins + datetime.timedelta(days=UPGRADE_EXCLUSION_DAYS)).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _log_window(start: str) -> str:
+    """Says when the exclusion runs, or that it is over (at preview and up, once its start is known)."""
+    level, line = upgrade_exclusion.window_line(start, datetime.datetime.now(datetime.timezone.utc))
+    (pulumi.log.warn if level == "warning" else pulumi.log.info)(line)
+    return start
 
 
 def _open_dns_endpoint(configs: Sequence[container.outputs.GetClusterControlPlaneEndpointsConfigResult] | None
@@ -134,8 +131,9 @@ class GkeClusterArgs(TypedDict):
     resource_labels: NotRequired[dict[str, str]]
     """GCP labels on the cluster (the owning stack: domain.preflight.STACK_LABEL)."""
     upgrade_exclusion_start: NotRequired[str | None]
-    """When set (RFC3339), no minor or node auto-upgrades for UPGRADE_EXCLUSION_DAYS from then: an
-    auto-upgrade drains GPU nodes in mid-run. Control-plane patches still apply."""
+    """No minor or node auto-upgrades for domain.upgrade_exclusion.DAYS from then (an auto-upgrade drains GPU
+    nodes in mid-run; control-plane patches still apply): an RFC3339 UTC time, or "" (AT_FIRST_UP) for the
+    cluster's first `pulumi up` (UpgradeExclusionStart). None, absent or "none": no exclusion."""
 
 
 class GkeCluster(pulumi.ComponentResource):
@@ -230,7 +228,12 @@ class GkeCluster(pulumi.ComponentResource):
         authorized = args.get("master_authorized_cidrs") or []
         dns = args.get("control_plane_endpoint", "dns") == "dns"
         beta_apis = args.get("k8s_beta_apis")
-        exclusion_start = args.get("upgrade_exclusion_start")
+        exclusion_start: pulumi.Input[str] | None = args.get("upgrade_exclusion_start")
+        if exclusion_start == upgrade_exclusion.AT_FIRST_UP:
+            exclusion_start = UpgradeExclusionStart(f"{name}-upgrade-exclusion", {
+                "cluster": args["name"], "location": args["location"]}, opts=cluster_opts).start
+        elif exclusion_start == upgrade_exclusion.OFF:
+            exclusion_start = None
         node_identity: dict[str, object] = {}
         if args.get("dedicated_node_service_account", True):
             account = serviceaccount.Account(
@@ -258,12 +261,12 @@ class GkeCluster(pulumi.ComponentResource):
                 # GKE wants a window beside an exclusion; patches land at 03:00 UTC.
                 "daily_maintenance_window": {"start_time": MAINTENANCE_WINDOW_START},
                 "maintenance_exclusions": [{
-                    "exclusion_name": UPGRADE_EXCLUSION_NAME,
-                    "start_time": exclusion_start,
-                    "end_time": exclusion_end(exclusion_start),
-                    "exclusion_options": {"scope": "NO_MINOR_OR_NODE_UPGRADES"},
+                    "exclusion_name": upgrade_exclusion.NAME,
+                    "start_time": pulumi.Output.from_input(exclusion_start).apply(_log_window),
+                    "end_time": pulumi.Output.from_input(exclusion_start).apply(upgrade_exclusion.end),
+                    "exclusion_options": {"scope": upgrade_exclusion.SCOPE},
                 }],
-            } if exclusion_start else None,
+            } if exclusion_start is not None else None,
             monitoring_config={
                 "enable_components": [*MONITORING_COMPONENTS, "DCGM"],
                 "managed_prometheus": {"enabled": True},

@@ -7,6 +7,7 @@ the key, the bad value and what is allowed. `from_pulumi()` reads the running st
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import json
 import posixpath
@@ -14,28 +15,32 @@ import re
 import shlex
 import urllib.parse
 from collections.abc import Iterable, Mapping
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from domain import gke_versions, grpo_spec, run_memory, verl_settings
+from domain import gke_versions, grpo_spec, run_memory, upgrade_exclusion, verl_settings
 from domain.grpo_spec import verl_problems
 from domain.run_identity import DELETES_BEFORE_SAVE_BELOW, verl_version_tuple
 from domain.verl_settings import VerlSettings
 from domain.verl_wheel import VerlUnavailable
 from domain.bucket import DEFAULT_CAPACITY, MOUNT_PATH
 from domain.platforms import (
-    AUTOPILOT_SIDECAR, CHECKPOINT_COPIER, PINNED_IMAGE_ARCH, PLATFORMS, Mode, Platform, PlatformName, VerlRelease,
-    has_digest, is_pinned_image,
+    AUTOPILOT_SIDECAR, CHECKPOINT_COPIER, CPU_MACHINE_SERIES, LOCAL_SSD_SERIES, PINNED_IMAGE_ARCH, PLATFORMS, Mode,
+    Platform, PlatformName, VerlRelease, has_digest, is_pinned_image,
 )
 from domain import pricing
 from domain.pricing import CAPACITY_KINDS, CapacityKind
+from domain.problems import ConfigError, problem_line
+from domain.pulumi_config import Declared, TypeProblem, from_engine
+from domain.stack_files import declared_types
 from workloads.stage_data import (
     DEFAULT_DATASET_REPO,
     DEFAULT_DATASET_REVISION,
     DEFAULT_MODEL_REPO,
     DEFAULT_MODEL_REVISION,
+    dataset_problem,
     is_repo_id,
 )
 
@@ -60,6 +65,10 @@ _IPV4_LIKE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$")
 # GCS bucket names: 3-63 characters, or up to 222 with dots and at most 63 between them.
 _MAX_BUCKET_PART = 63
 _PROJECT_ID = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
+# A node pool's specific reservation affinity value (Compute Engine ReservationAffinity.values: a name in the
+# project, or projects/<owner>/reservations/<name> for a shared one), or a block of it (GKE's A4/A3 Ultra guides).
+_RESERVATION = re.compile(r"^(?:projects/(?P<project>[^/]+)/reservations/)?(?P<name>[^/]+)"
+                          r"(?:/reservationBlocks/(?P<block>[^/]+))?$")
 _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 _ZONE = re.compile(r"^([a-z]+-[a-z]+[0-9]+)-[a-z]$")
 _QUANTITY = re.compile(r"^[0-9]+(Ki|Mi|Gi|Ti|Pi)$")
@@ -70,8 +79,6 @@ _COMMIT_URL = re.compile(r"^https://[^/@?#\s]+/(?:[^/?#\s]+/)*[0-9a-f]{40}/[^?#\
 PRIVATE_RANGES = tuple(ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
                                                           "100.64.0.0/10"))
 _ADMITTING_CIDR_FIELDS = ("internal_source_range", "master_authorized_cidrs", "ray_dashboard_cidrs")
-# GKE returns times in UTC "Zulu" form; any other form is a permanent diff (pulumi-gcp docs).
-_RFC3339_UTC = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$")
 
 # An image reference as container registries parse it (github.com/distribution/reference,
 # regexp.go and normalize.go): [domain[:port]/]path[:tag][@digest]. The first component is a domain
@@ -86,6 +93,14 @@ _MAX_IMAGE_NAME = 255
 # waits (the job provider) stop at the same bound on 64-bit Linux (threading.TIMEOUT_MAX).
 _MAX_DURATION_S = (2**63 - 1) // 10**9
 
+MAX_VALUE_BYTES = 131_072
+"""Linux's MAX_ARG_STRLEN (32 pages, include/uapi/linux/binfmts.h): the longest single argument a process
+takes. The run's command line (the job's entrypoint, verl's overrides in it) is one argument of `sh -c`,
+so no config value can be longer."""
+MAX_ATTEMPT_RETRIES = 100
+"""runMaxRetries and runMaxPreemptions at most: beyond it a run fails for a reason another attempt does not fix."""
+_CPU_MACHINE = re.compile(r"^(?P<series>[a-z][a-z0-9]*)-(?P<type>[a-z]+)-(?P<vcpus>[1-9][0-9]*)(?P<lssd>-lssd)?$")
+
 # GKE's max cluster name length; GCE resource names are at most 63 characters.
 _MAX_CLUSTER_NAME = 40
 _MAX_GCE_NAME = 63
@@ -97,15 +112,6 @@ def camel(snake: str) -> str:
     """`a4x_networking` -> `a4xNetworking` (pydantic's to_camel would give `a4XNetworking`)."""
     first, *rest = snake.split("_")
     return first + "".join(part[:1].upper() + part[1:] for part in rest)
-
-
-class ConfigError(Exception):
-    """A stack config that must not be deployed; `str()` is the message for the user."""
-
-    def __init__(self, problems: list[str], source: str = "The stack config") -> None:
-        self.problems = problems
-        noun = "problem" if len(problems) == 1 else "problems"
-        super().__init__(f"{source} has {len(problems)} {noun}:\n" + "\n".join(f"  {p}" for p in problems))
 
 
 class StackConfig(BaseModel):
@@ -136,7 +142,7 @@ class StackConfig(BaseModel):
     cloud_nat: bool = True
     image_streaming: bool = True
     image_mirror: bool = True
-    upgrade_exclusion_start: str = "2026-12-01T00:00:00Z"
+    upgrade_exclusion_start: str = upgrade_exclusion.AT_FIRST_UP
     ray_operator: Literal["addon", "helm"] = "addon"
     cpu_machine_type: str = "c2-standard-16"
     cpu_min_nodes: int = Field(1, ge=0)
@@ -159,6 +165,8 @@ class StackConfig(BaseModel):
     reservation: str = ""
     capacity: tuple[CapacityKind, ...] = ()
     """Where GPU nodes come from, in order of preference; empty: from gpuSpot and reservation."""
+    gpu_node_hourly_usd: dict[CapacityKind, float] = Field(default_factory=dict)
+    """capacity kind -> the user's price of one GPU node per hour (domain.pricing.PRICE_KEY)."""
     worker_cpus: int = Field(0, ge=0)
     worker_memory_gi: int = Field(0, ge=0)
 
@@ -258,8 +266,15 @@ class StackConfig(BaseModel):
             machine_type=self.facts.machine_type, cpu_machine_type=self.cpu_machine_type, region=self.region,
             gpu_nodes=self.gpu_nodes, cpu_nodes=0 if self.autopilot else self.cpu_min_nodes,
             nat=self.private_nodes and self.cloud_nat and not self.existing_cluster,
-            bucket_gb=_gigabytes(self.volume_capacity), autopilot=self.autopilot)
+            bucket_gb=_gigabytes(self.volume_capacity), autopilot=self.autopilot,
+            your_prices=self.gpu_node_hourly_usd)
         return [pricing.hourly_cost(shape, kind) for kind in self.capacity_kinds]
+
+    @property
+    def price_unknown(self) -> str | None:
+        """Why the stack's hourly price is unknown (domain.pricing.unknown_price), or None when it is known."""
+        kinds = [c.kind for c in self.hourly_costs if c.usd is None]
+        return pricing.unknown_price(self.facts.machine_type, kinds, self.region) if kinds else None
 
     @property
     def supervised_attempts(self) -> int:
@@ -359,11 +374,6 @@ def _unset(value: Any) -> bool:
     return value in (None, "", 0, "0", "auto", [], ())
 
 
-def problem_line(key: str, value: Any, message: str) -> str:
-    """One problem as users read it: `key = value: what is allowed`."""
-    return f"{key} = {json.dumps(value)}: {message}"
-
-
 def config_key(field: str) -> str:
     """The full config key of a StackConfig field name or a `verl.<verl path>`."""
     if field in GCP_FIELDS:
@@ -384,7 +394,11 @@ _FRIENDLY = {
 }
 
 
-def _pydantic_problems(error: ValidationError, raw: Mapping[str, Any]) -> list[str]:
+_BOUNDS = {"greater_than_equal": ("ge", "at least"), "less_than_equal": ("le", "at most"),
+           "greater_than": ("gt", "more than"), "less_than": ("lt", "less than")}
+
+
+def _pydantic_problems(error: ValidationError, values: Mapping[str, Any], known: Iterable[str]) -> list[str]:
     out = []
     for e in error.errors():
         loc = [str(p) for p in e["loc"] if not isinstance(p, int)]
@@ -392,10 +406,15 @@ def _pydantic_problems(error: ValidationError, raw: Mapping[str, Any]) -> list[s
             out.append(e["msg"])
             continue
         key = _key_of_loc(loc)
-        value = raw.get(key, e.get("input"))
+        value = values.get(key, e.get("input"))
         if e["type"] == "extra_forbidden":
             # No value: a misspelt secret key would print the secret.
-            out.append(f"{key}: unknown key; see Pulumi.yaml for the keys verl-gke reads")
+            nearest = nearest_key(key, known)
+            out.append(f"{key}: unknown key; did you mean {nearest}? (Pulumi.yaml lists every key verl-gke reads)"
+                       if nearest else f"{key}: unknown key; see Pulumi.yaml for the keys verl-gke reads")
+        elif e["type"] in _BOUNDS:
+            bound, words = _BOUNDS[e["type"]]
+            out.append(problem_line(key, value, f"must be {words} {e.get('ctx', {}).get(bound)}."))
         elif e["type"] == "literal_error":
             allowed = e.get("ctx", {}).get("expected", "")
             out.append(problem_line(key, value, f"must be one of {allowed}"))
@@ -405,6 +424,31 @@ def _pydantic_problems(error: ValidationError, raw: Mapping[str, Any]) -> list[s
         else:
             out.append(problem_line(key, value, _FRIENDLY.get(e["type"], e["msg"].lower())))
     return out
+
+
+def nearest_key(key: str, known: Iterable[str]) -> str | None:
+    """The known key a misspelt `key` most likely meant (compared without the namespace, ignoring case)."""
+    names = {k.partition(":")[2].lower(): k for k in known if k.partition(":")[0] == key.partition(":")[0]}
+    found = difflib.get_close_matches(key.partition(":")[2].lower(), names, n=1, cutoff=0.8)
+    return names[found[0]] if found else None
+
+
+def typed_values(raw: Mapping[str, Any], declared: Mapping[str, Declared],
+                 secret_keys: Iterable[str] = ()) -> tuple[dict[str, Any], list[str]]:
+    """Raw config text -> values of the types Pulumi.yaml declares, read as the Pulumi CLI reads them
+    (domain.pulumi_config), and one problem per value it would refuse (that key left out)."""
+    typed: dict[str, Any] = {}
+    problems = []
+    secret = set(secret_keys)
+    for key, value in raw.items():
+        if key not in declared or key in secret or not isinstance(value, str):
+            typed[key] = value
+            continue
+        try:
+            typed[key] = from_engine(value, declared[key])
+        except TypeProblem as problem:
+            problems.append(problem_line(key, value, str(problem)))
+    return typed, problems
 
 
 def _key_of_loc(loc: list[str]) -> str:
@@ -469,22 +513,31 @@ def _decode(value: Any) -> Any:
     return value
 
 
-def load_config(raw: Mapping[str, Any], source: str = "The stack config",
-                secret_keys: Iterable[str] = ()) -> StackConfig:
+def load_config(raw: Mapping[str, Any], source: str = "The stack config", secret_keys: Iterable[str] = (),
+                declared: Mapping[str, Declared] | None = None, now: datetime | None = None) -> StackConfig:
     """Validate raw config (`{"verl-gke:gpuNodes": "2", "gcp:project": ...}`) into a StackConfig.
 
-    One pass: key names, types and every cross-field rule are all reported together. The values
-    of `secret_keys` (and the token) never appear in a message.
+    One pass: key names, types (as `declared` in Pulumi.yaml, the project's own by default) and every
+    cross-field rule are all reported together. The values of `secret_keys` (and the token) never
+    appear in a message.
     """
+    if declared is None:
+        declared = declared_types()
     problems = _key_problems(raw)
     problems += [line for key, value in raw.items() if (line := _verl_key_problem(key, value))]
     if HF_TOKEN_KEY in raw:  # never its value
         problems.append(f"{HF_TOKEN_KEY}: no longer read, and a token in Pulumi config ends up in its state: "
                         f"`pulumi config rm {HF_TOKEN_KEY}`, then store the token in Secret Manager with "
                         "`gcloud secrets versions add verl-gke-<stack>-hf-token --project <project> --data-file=-`.")
-    data = _as_field_values(raw)
+    large = {k for k, v in raw.items() if k.startswith(f"{NAMESPACE}:") and len(str(v).encode()) > MAX_VALUE_BYTES}
+    # No value: it is long, and may be a secret.
+    problems += [f"{key}: {len(str(raw[key]).encode()):,} bytes; at most {MAX_VALUE_BYTES:,} (Linux's MAX_ARG_STRLEN: "
+                 "the run's command line is one argument of `sh -c`)." for key in sorted(large)]
+    typed, type_problems = typed_values({k: v for k, v in raw.items() if k not in large}, declared, secret_keys)
+    data = _as_field_values(typed)
     problems += [f"gcp:{k} is not set: run `pulumi config set gcp:{k} <value>`"
                  for k in GCP_FIELDS if not data.get(k)]
+    problems += type_problems
     for k in GCP_FIELDS:
         data.setdefault(k, "")
     platform = PLATFORMS.get(str(data.get("platform", "a4")), PLATFORMS["a4"])
@@ -498,12 +551,12 @@ def load_config(raw: Mapping[str, Any], source: str = "The stack config",
     try:
         cfg = StackConfig.model_validate(data)
     except ValidationError as error:
-        problems += _pydantic_problems(error, raw)
+        problems += _pydantic_problems(error, typed, declared)
         # Check the rest against defaults for what is invalid, so one run names every problem.
         cfg = _validate_without(data, error)
     if cfg is not None:
         reported = {_key_of_line(line) for line in problems}
-        problems += [line for line in semantic_problems(cfg) if _key_of_line(line) not in reported]
+        problems += [line for line in semantic_problems(cfg, now) if _key_of_line(line) not in reported]
     if problems:
         secrets = [str(raw[k]) for k in {*secret_keys, HF_TOKEN_KEY} if raw.get(k)]
         raise ConfigError([_redacted(line, secrets) for line in problems], source)
@@ -557,8 +610,9 @@ def config_warnings(raw: Mapping[str, Any]) -> list[str]:
             for key in sorted(raw) if key.startswith("gcp:") and key not in GCP_KEYS]
 
 
-def semantic_problems(cfg: StackConfig) -> list[str]:
-    """Every cross-field rule, each problem naming its key, value and what is allowed."""
+def semantic_problems(cfg: StackConfig, now: datetime | None = None) -> list[str]:
+    """Every cross-field rule, each problem naming its key, value and what is allowed (dates against `now`)."""
+    now = now or datetime.now(timezone.utc)
     out: list[str] = []
     p = cfg.facts
 
@@ -567,10 +621,13 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
 
     if not _PROJECT_ID.match(cfg.project):
         add("project", cfg.project, "a GCP project id: 6-30 lowercase letters, digits or hyphens, starting with a letter.")
-    if not _REGION.match(cfg.region):
-        add("region", cfg.region, "a GCP region such as us-central1.")
     zone = _ZONE.match(cfg.zone)
-    if not zone or zone.group(1) != cfg.region:
+    if not _REGION.match(cfg.region):  # no zone can be named from it: the zone's own region is the hint
+        add("region", cfg.region, "a GCP region such as us-central1" + (
+            f" (the region of gcp:zone {cfg.zone})." if zone else "."))
+        if not zone:
+            add("zone", cfg.zone, "a GCP zone such as us-central1-b.")
+    elif not zone or zone.group(1) != cfg.region:
         add("zone", cfg.zone, f"must be a zone of region {cfg.region}, such as {cfg.region}-b.")
 
     if cfg.autopilot and not p.autopilot_supported:
@@ -588,9 +645,10 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
             if gke_versions.below_floor(cfg.kubernetes_version, floor):
                 add("kubernetes_version", cfg.kubernetes_version, f"{feature} needs {floor} or newer.")
                 break
-    if cfg.upgrade_exclusion_start and not _is_utc_time(cfg.upgrade_exclusion_start):
-        add("upgrade_exclusion_start", cfg.upgrade_exclusion_start,
-            "an RFC3339 UTC time such as 2026-12-01T00:00:00Z, or empty for no exclusion.")
+    if exclusion := upgrade_exclusion.start_problem(cfg.upgrade_exclusion_start, now):
+        add("upgrade_exclusion_start", cfg.upgrade_exclusion_start, exclusion)
+    if machine_problem := cpu_machine_problem(cfg.cpu_machine_type):
+        add("cpu_machine_type", cfg.cpu_machine_type, machine_problem)
     if cfg.cpu_min_nodes > cfg.cpu_max_nodes:
         add("cpu_min_nodes", cfg.cpu_min_nodes, f"must be <= cpuMaxNodes ({cfg.cpu_max_nodes}).")
     if p.max_placement_nodes and cfg.gpu_max_nodes > p.max_placement_nodes:
@@ -704,6 +762,17 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
         if not is_repo_id(getattr(cfg, field)):
             add(field, getattr(cfg, field), "a Hugging Face repo id such as Qwen/Qwen2.5-32B-Instruct: owner/name "
                 "of letters, digits, '.', '_' or '-', without '--' or '..'.")
+    if is_repo_id(cfg.dataset) and (unstageable := dataset_problem(cfg.dataset)):
+        add("dataset", cfg.dataset, unstageable)
+    if cfg.fabric_min_bus_bandwidth_gbps > p.fabric_line_rate_gbps:
+        add("fabric_min_bus_bandwidth_gbps", cfg.fabric_min_bus_bandwidth_gbps,
+            f"above the {p.fabric_line_rate_gbps:g} GB/s an {p.title} node's fabric carries ({p.fabric_links}), so no "
+            f"fabric passes: at most {p.fabric_line_rate_gbps:g} (0: the platform's {p.fabric_min_busbw_gbps:g}).")
+    for field in ("run_max_retries", "run_max_preemptions"):
+        if getattr(cfg, field) > MAX_ATTEMPT_RETRIES:
+            add(field, getattr(cfg, field), f"at most {MAX_ATTEMPT_RETRIES}: a run that needs more attempts fails for "
+                "a reason another attempt cannot fix, and each one restarts from the last checkpoint on GPUs that "
+                "are paid for.")
     built_for = PINNED_IMAGE_ARCH.get(cfg.verl_image)
     if built_for and built_for != p.arch:
         add("verl_image", cfg.verl_image, f"is built for {built_for} only; {p.title} nodes are {p.arch}: use "
@@ -723,6 +792,19 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
 PLATFORM_CAPACITY: dict[str, tuple[CapacityKind, ...]] = {
     "a4": CAPACITY_KINDS, "a3u": CAPACITY_KINDS, "a4x": ("reservation", "spot"),
 }
+
+
+def reservation_problem(reservation: str) -> str | None:
+    """The forms GKE takes for a specific reservation, each name a GCE name; None when `reservation` is one."""
+    match = _RESERVATION.match(reservation)
+    names = [match.group("name"), *([match.group("block")] if match.group("block") else [])] if match else []
+    if match and all(_GCE_NAME.match(n) and len(n) <= _MAX_GCE_NAME for n in names) and (
+            match.group("project") is None or _PROJECT_ID.match(match.group("project"))):
+        return None
+    return problem_line(config_key("reservation"), reservation,
+                        "the reservation's name (my-reservation), a block of it (my-reservation/reservationBlocks/"
+                        "<block>), or a shared one as projects/<owner project>/reservations/<name>[/reservationBlocks/"
+                        "<block>]: names of 1-63 lowercase letters, digits or hyphens, starting with a letter.")
 
 
 def capacity_problems(cfg: StackConfig) -> list[str]:
@@ -746,6 +828,8 @@ def capacity_problems(cfg: StackConfig) -> list[str]:
             out.append(problem_line(config_key("gpu_spot"), True, f"gpuSpot means capacity [\"spot\"]; with "
                                     f"capacity {json.dumps(list(kinds))} set, drop gpuSpot."))
     reserve = "reservation" in kinds
+    if cfg.reservation and (malformed := reservation_problem(cfg.reservation)):
+        out.append(malformed)
     if reserve and not cfg.reservation:
         if cfg.capacity:
             out.append(problem_line(config_key("reservation"), cfg.reservation,
@@ -758,12 +842,34 @@ def capacity_problems(cfg: StackConfig) -> list[str]:
                    else f"capacity {json.dumps(list(kinds))} takes no reservation; add \"reservation\" or leave "
                    "this empty.")
         out.append(problem_line(config_key("reservation"), cfg.reservation, message))
-    if cfg.run_budget_usd and cfg.hourly_usd is None:
-        unknown = "; ".join(c.line() for c in cfg.hourly_costs if c.usd is None)
+    if cfg.run_budget_usd and cfg.price_unknown:
         out.append(problem_line(config_key("run_budget_usd"), cfg.run_budget_usd,
-                                f"needs the stack's hourly price, which the price table lacks ({unknown}); "
-                                "set runBudgetHours instead."))
+                                f"needs the stack's hourly price, which is {cfg.price_unknown}; or set runBudgetHours."))
+    prices = cfg.gpu_node_hourly_usd
+    if any(not 0 < usd <= pricing.MAX_NODE_USD_PER_HOUR for usd in prices.values()):
+        out.append(problem_line(config_key("gpu_node_hourly_usd"), prices, "each price more than 0 and at most "
+                                f"{pricing.MAX_NODE_USD_PER_HOUR:g} USD per GPU node-hour (A3 Ultra's list price is "
+                                "$83.49)."))
     return out
+
+
+def cpu_machine_problem(machine: str) -> str | None:
+    """What is wrong with a CPU pool machine type, naming the nearest one verl-gke takes; None if it is one
+    (`<series>-<type>-<vCPUs>[-lssd]` of domain.platforms.CPU_MACHINE_SERIES; GKE checks the vCPU count)."""
+    match = _CPU_MACHINE.match(machine)
+    if match and match.group("type") in CPU_MACHINE_SERIES.get(match.group("series"), ()) and (
+            not match.group("lssd") or match.group("series") in LOCAL_SSD_SERIES):
+        return None
+    vcpus = match.group("vcpus") if match else "16"
+    known = [f"{series}-{kind}-{vcpus}{lssd}" for series, kinds in CPU_MACHINE_SERIES.items() for kind in kinds
+             for lssd in ("", *(("-lssd",) if series in LOCAL_SSD_SERIES else ()))]
+    nearest = difflib.get_close_matches(machine, known, n=1, cutoff=0.8)
+    many = [s for s, kinds in CPU_MACHINE_SERIES.items() if len(kinds) > 1]
+    return ((f"did you mean {nearest[0]}? " if nearest else "")
+            + "A Compute Engine machine type <series>-<type>-<vCPUs> of an x86 series: "
+            + ", ".join(f"{s} ({', '.join(kinds)})" for s, kinds in CPU_MACHINE_SERIES.items() if len(kinds) == 1)
+            + f", {', '.join(many)} ({', '.join(CPU_MACHINE_SERIES[many[0]])}); "
+            + f"{', '.join(LOCAL_SSD_SERIES[:-1])} and {LOCAL_SSD_SERIES[-1]} also with -lssd.")
 
 
 def _is_image_reference(image: str) -> bool:
@@ -771,17 +877,6 @@ def _is_image_reference(image: str) -> bool:
     last = name.rsplit("/", 1)[-1]
     name = name[:len(name) - len(last)] + last.split(":", 1)[0]  # without the tag
     return bool(_IMAGE_REFERENCE.match(image)) and len(name) <= _MAX_IMAGE_NAME
-
-
-def _is_utc_time(text: str) -> bool:
-    """RFC3339 in UTC "Zulu" form and a real instant (2026-02-30 is not)."""
-    if not _RFC3339_UTC.match(text):
-        return False
-    try:
-        datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ")
-    except ValueError:
-        return False
-    return True
 
 
 def _zones_of(location: str, region: str) -> tuple[str, ...]:

@@ -239,6 +239,10 @@ class Platform:
     """Cluster Toolkit's gke-a4, gke-a3-ultragpu and gke-a4x GPU pools (a4/a3ultra/a4x_node_pool_disk_size_gb)."""
     fabric_floor_source: str = ""
     """Where fabric_min_busbw_gbps comes from."""
+    fabric_line_rate_gbps: float = 0.0
+    """The most an all-reduce across nodes can reach (GB/s): the line rate of what carries it, `fabric_links`.
+    A floor above it fails every fabric."""
+    fabric_links: str = ""
     fabric_transports: tuple[str, ...] = ()
     """NCCL transports (as its `via ...` log lines name them) the fabric check must see between nodes;
     any other `NET/...` (NET/Socket: TCP) fails it."""
@@ -371,6 +375,8 @@ PLATFORMS: dict[str, Platform] = {
         nccl_installer_image=_GIB_INSTALLER_IMAGE,
         fabric_min_busbw_gbps=200.0,
         fabric_floor_source=_RDMA_FLOOR_SOURCE,
+        fabric_line_rate_gbps=400.0,
+        fabric_links="8 x 400 Gb/s RoCE NICs",
         fabric_transports=("NET/gIB", "NET/IB"),
         # nvidia-smi on B200: 183359MiB (179 GiB); NVIDIA HGX B200 (1,000 W): 2.25 PFLOP/s dense bf16.
         gpu_memory_mib=183_359,
@@ -398,6 +404,8 @@ PLATFORMS: dict[str, Platform] = {
         nccl_installer_image=_GIB_INSTALLER_IMAGE,
         fabric_min_busbw_gbps=200.0,
         fabric_floor_source=_RDMA_FLOOR_SOURCE,
+        fabric_line_rate_gbps=400.0,
+        fabric_links="8 x 400 Gb/s RoCE NICs",
         fabric_transports=("NET/gIB", "NET/IB"),
         # nvidia-smi on H200: 143771MiB (140 GiB); NVIDIA H200 SXM: 989 TFLOP/s dense bf16 (1,979 sparse).
         gpu_memory_mib=143_771,
@@ -424,6 +432,8 @@ PLATFORMS: dict[str, Platform] = {
         ray_cluster_name="gb200-ray-cluster",
         nccl_installer_image=_GIB_INSTALLER_IMAGE_ARM64,
         fabric_min_busbw_gbps=400.0,
+        fabric_line_rate_gbps=900.0,
+        fabric_links="NVLink 5: 900 GB/s per GPU and direction",
         fabric_floor_source=(
             "above what the 4 x 400 Gb/s RoCE NICs of a node carry (200 GB/s), so a fallback from NVLink "
             "fails; below NVLink 5's 900 GB/s per GPU and direction (NVIDIA GB200 NVL72 specifications)"),
@@ -445,6 +455,18 @@ PLATFORMS: dict[str, Platform] = {
         min_gke_version="1.34",
     ),
 }
+
+
+CPU_MACHINE_SERIES: dict[str, tuple[str, ...]] = {
+    "c2": ("standard",), **{series: ("standard", "highcpu", "highmem")
+                            for series in ("c2d", "c3", "c3d", "c4", "e2", "n1", "n2", "n2d", "n4")},
+}
+"""x86 machine series (and their types) the CPU pool takes, `<series>-<type>-<vCPUs>`: the pool runs the
+amd64 Ray head and staging (Compute Engine's general-purpose and compute-optimized machine families,
+https://cloud.google.com/compute/docs/machine-resource). Which vCPU counts a series offers is
+checked by GKE when it creates the pool."""
+LOCAL_SSD_SERIES = ("c3", "c3d", "c4")
+"""Series with `-lssd` machine types (bundled Local SSD)."""
 
 
 @dataclass(frozen=True)
@@ -488,6 +510,7 @@ DEPLOY_DURATIONS: dict[str, Duration] = {
     "pulumi-python:dynamic:GrpoJob": Duration(
         90, "the readiness gate, the fabric check (an all-reduce of 256 MB, seconds, after NCCL set-up) and "
         f"the submission until RUNNING; {_ESTIMATE}"),
+    "pulumi-python:dynamic:UpgradeExclusionStart": Duration(1, "reads the deploying machine's clock, no cloud call"),
     "pulumi-python:dynamic:PinnedImage": Duration(
         2, f"two small HTTPS requests to the image's registry (a token, a manifest HEAD); {_ESTIMATE}"),
 }

@@ -3,7 +3,9 @@
 
 Each check turns the provider's answer into config problems that name the key, as the offline
 rules do. The program stops on any of them. Offline (synth), `--cloud FILE` answers the invokes;
-without it `healthy_answers` stands in and synth lists the checks it could not make.
+without it `healthy_answers` stands in so that the program runs: its answers carry STAND_IN and are
+never taken as checks (no check, note or value comes from them), and synth lists the checks it could
+not make.
 """
 
 from __future__ import annotations
@@ -66,14 +68,20 @@ _API_DISABLED = re.compile(r"SERVICE_DISABLED|has not been used in project|is di
 Invoke = Callable[[str, dict[str, Any]], dict[str, Any]]
 """Token and args -> the provider's answer (camelCase keys); raises when the invoke fails."""
 
+STAND_IN = "verlGkeStandIn"
+"""Set in every answer of the offline stand-in (healthy_answers): no provider answers with it."""
+
 
 @dataclass
 class PreflightResult:
     gke_version: str | None = None
-    """The control-plane version chosen from the channel (None: an existing cluster, or no answer)."""
+    """The control-plane version chosen from the channel (None: an existing cluster, no answer, or offline)."""
     problems: list[str] = field(default_factory=list)
+    checks: list[str] = field(default_factory=list)
+    """The checks that passed, in words that depend on the config alone: the stack output
+    `preflightChecks`, the same on every `pulumi up` of an unchanged stack."""
     notes: list[str] = field(default_factory=list)
-    """What was checked, for `pulumi preview`'s log and `verl-gke status`."""
+    """This run's figures (machines free, the version picked, the quota) and checks deferred, for the log."""
 
 
 def version_problem(cfg: StackConfig, answer: Mapping[str, Any]) -> str:
@@ -88,8 +96,7 @@ def version_problem(cfg: StackConfig, answer: Mapping[str, Any]) -> str:
 
 
 def reservation_target(cfg: StackConfig) -> tuple[str, str]:
-    """(project, name) of the reservation: a shared one is `projects/<owner>/reservations/<name>`,
-    and a block of it `<name>/reservationBlocks/<block>`."""
+    """(project, name) of the reservation (domain.config.reservation_problem names the forms)."""
     parts = cfg.reservation.split("/")
     if len(parts) >= 4 and parts[0] == "projects" and parts[2] == "reservations":
         return parts[1], parts[3]
@@ -219,46 +226,68 @@ def run_preflight(cfg: StackConfig, invoke: Invoke, stack: str | None = None) ->
             result.problems += own_cluster_problems(cfg, stack, invoke)
         return result
 
-    def ask(token: str, args: dict[str, Any], what: str) -> dict[str, Any] | None:
+    def ask(token: str, args: dict[str, Any], what: str, field_: str) -> dict[str, Any] | None:
+        """The provider's answer; None when there is none to check against (a failure, reported under
+        `field_`'s key, an API still off, or the offline stand-in)."""
         try:
-            return invoke(token, args)
+            answer = invoke(token, args)
         except Exception as error:  # noqa: BLE001 the provider's own message is the user's clue
-            message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            message = provider_message(error, token)
             if cfg.enable_apis and _API_DISABLED.search(message):
                 result.notes.append(f"not checked yet ({what}): an API is still off; this update enables it")
                 return None
-            result.problems.append(f"{what}: the provider said: {message}")
+            result.problems.append(problem_line(config_key(field_), getattr(cfg, field_),
+                                                f"{what}: the provider said: {message}"))
             return None
+        return None if answer.get(STAND_IN) else answer
+
+    def passed(found: list[str], check: str) -> None:
+        result.problems += found
+        if not found:
+            result.checks.append(check)
 
     if not cfg.enable_apis:
-        for service in (*REQUIRED_APIS, *MIRROR_APIS) if cfg.image_mirror else REQUIRED_APIS:
-            answer = ask(PROJECT_SERVICE, {"project": cfg.project, "service": service}, f"API {service}")
+        services = (*REQUIRED_APIS, *MIRROR_APIS) if cfg.image_mirror else REQUIRED_APIS
+        answers = {s: ask(PROJECT_SERVICE, {"project": cfg.project, "service": s}, f"API {s}", "enable_apis")
+                   for s in services}
+        found: list[str] = []
+        for service, answer in answers.items():
             if answer is not None:
-                with _unexpected_shape(result, f"API {service}"):
-                    result.problems += api_problems(service, answer)
-    versions = ask(ENGINE_VERSIONS, {"location": cfg.cluster_location, "project": cfg.project},
-                   "GKE versions of the release channel")
+                with _unexpected_shape(result, f"API {service}", cfg, "enable_apis"):
+                    found += api_problems(service, answer)
+        if all(answer is not None for answer in answers.values()):
+            passed(found, f"APIs: the {len(services)} APIs verl-gke needs are enabled")
+        else:
+            result.problems += found
+    what = "GKE versions of the release channel"
+    versions = ask(ENGINE_VERSIONS, {"location": cfg.cluster_location, "project": cfg.project}, what,
+                   "release_channel")
     if versions is None and not result.problems:
-        # A new project's first `up`: the container API is being enabled by this very update, so the
-        # channel could not be asked. Never create below a feature's floor (ignore_changes on the
+        # Offline, or a new project's first `up` (the container API is being enabled by this very update):
+        # the channel could not be asked. Never create below a feature's floor (ignore_changes on the
         # version means a later pick would not correct it): take the floor, or the version asked for.
         result.gke_version = fallback_version(cfg)
-        if result.gke_version:
+        if result.gke_version and any("an API is still off" in note for note in result.notes):
             result.notes.append(f"GKE versions not checked yet (an API is still off): the cluster is created at "
                                 f"{result.gke_version}, the highest floor of this stack")
     if versions is not None:
-        with _unexpected_shape(result, "GKE versions of the release channel"):
+        with _unexpected_shape(result, what, cfg, "release_channel"):
             result.gke_version = gke_versions.choose(cfg.kubernetes_version, cfg.release_channel, cfg.gke_floors,
                                                      versions)
             if result.gke_version is None:
                 result.problems.append(version_problem(cfg, versions))
             else:
+                matching = f"matches kubernetesVersion {cfg.kubernetes_version} and " if cfg.kubernetes_version else ""
+                result.checks.append(f"GKE version: the {cfg.release_channel} channel offers one that {matching}"
+                                     "every feature's floor allows")
                 result.notes.append(f"GKE {result.gke_version} from the {cfg.release_channel} channel")
-    machines = ask(MACHINE_TYPES, {"filter": f"name = {cfg.facts.machine_type}", "project": cfg.project,
-                                   "zone": cfg.zone}, f"machine type {cfg.facts.machine_type}")
+    machine = cfg.facts.machine_type
+    machines = ask(MACHINE_TYPES, {"filter": f"name = {machine}", "project": cfg.project, "zone": cfg.zone},
+                   f"machine type {machine}", "zone")
     if machines is not None:
-        with _unexpected_shape(result, f"machine type {cfg.facts.machine_type}"):
-            result.problems += machine_type_problems(cfg, machines)
+        with _unexpected_shape(result, f"machine type {machine}", cfg, "zone"):
+            passed(machine_type_problems(cfg, machines),
+                   f"machine type: {cfg.zone} offers {machine} at the size the worker requests assume")
     for quota_id in dict.fromkeys(GPU_QUOTA_BY_KIND[k] for k in cfg.capacity_kinds if k in GPU_QUOTA_BY_KIND):
         label = "GPU quota" if quota_id == GPU_QUOTA_ID else "preemptible GPU quota"
         try:  # Cloud Quotas' own API (cloudquotas.googleapis.com) may be off: then the quota goes unchecked
@@ -266,12 +295,13 @@ def run_preflight(cfg: StackConfig, invoke: Invoke, stack: str | None = None) ->
                                    "quotaId": quota_id})
         except Exception as error:  # noqa: BLE001 the provider's message is the user's clue
             quota = None
-            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            result.notes.append(f"{label} not checked: {first}")
-        if quota is not None:
-            with _unexpected_shape(result, label):
-                result.problems += quota_problems(cfg, quota, quota_id)
+            result.notes.append(f"{label} not checked: {provider_message(error, QUOTA)}")
+        if quota is not None and not quota.get(STAND_IN):
+            with _unexpected_shape(result, label, cfg, "gpu_nodes"):
                 limit = gpu_quota(cfg, quota)
+                need = cfg.gpu_nodes * cfg.facts.gpus_per_node
+                passed(quota_problems(cfg, quota, quota_id),
+                       f"{label} in {cfg.region} covers {need} {GPU_FAMILY[cfg.platform]} GPUs")
                 if limit is not None:
                     result.notes.append(f"{label} in {cfg.region}: {limit} {GPU_FAMILY[cfg.platform]}")
     if uses_reservation(cfg):
@@ -281,27 +311,39 @@ def run_preflight(cfg: StackConfig, invoke: Invoke, stack: str | None = None) ->
         except Exception:  # noqa: BLE001 not found, or not readable: count none as ours
             own = 0
         project, name = reservation_target(cfg)
-        answer = ask(RESERVATION, {"name": name, "project": project, "zone": cfg.zone}, f"reservation {name}")
+        answer = ask(RESERVATION, {"name": name, "project": project, "zone": cfg.zone},
+                     f"reservation {name} in project {project}, zone {cfg.zone}", "reservation")
         if answer is not None:
-            with _unexpected_shape(result, f"reservation {name}"):
+            with _unexpected_shape(result, f"reservation {name}", cfg, "reservation"):
                 found = reservation_problems(cfg, answer, own)
-                result.problems += found
+                passed(found, f"reservation {name}: in {cfg.zone}, READY, {machine}, at least {cfg.gpu_nodes} "
+                              "machines free")
                 if not found:
                     specific = answer["specificReservations"][0]
                     count, in_use = int(specific["count"]), int(specific.get("inUseCount", 0))
                     free = count - max(0, in_use - own)
-                    result.notes.append(f"reservation {name}: {free} of {count} {cfg.facts.machine_type} free"
+                    result.notes.append(f"reservation {name}: {free} of {count} {machine} free"
                                         + (f" ({own} of them this stack's GPU nodes)" if own else ""))
     return result
 
 
+def provider_message(error: BaseException, token: str) -> str:
+    """The provider's own words in a failed invoke, on one line: without the SDK's `invoke of <token>
+    failed: ` prefix and the empty `()` it adds when the failure names no property."""
+    text = str(error).strip()
+    message = text.splitlines()[0] if text else type(error).__name__
+    return message.removeprefix(f"invoke of {token} failed: ").removesuffix(" ()")
+
+
 @contextmanager
-def _unexpected_shape(result: PreflightResult, what: str) -> Iterator[None]:
-    """An answer the checks cannot read (a hand-written `--cloud` file) is one problem, not a traceback."""
+def _unexpected_shape(result: PreflightResult, what: str, cfg: StackConfig, field_: str) -> Iterator[None]:
+    """An answer the checks cannot read (a hand-written `--cloud` file) is one problem under the key the
+    check concerns, not a traceback."""
     try:
         yield
     except (AttributeError, TypeError, ValueError, KeyError, IndexError) as error:
-        result.problems.append(f"{what}: the answer has an unexpected shape ({type(error).__name__}: {error})")
+        result.problems.append(problem_line(config_key(field_), getattr(cfg, field_), f"{what}: the answer has an "
+                                            f"unexpected shape ({type(error).__name__}: {error})"))
 
 
 STACK_LABEL = "verl-gke-stack"
@@ -381,6 +423,10 @@ def healthy_answers(cfg: StackConfig) -> Callable[[str, dict[str, Any]], dict[st
     version = max([version, *(f for _, f in cfg.gke_floors if gke_versions.is_exact(f))], key=gke_versions.version_key)
 
     def answer(token: str, args: dict[str, Any]) -> dict[str, Any] | None:
+        found = healthy(token, args)
+        return None if found is None else {**found, STAND_IN: True}
+
+    def healthy(token: str, args: dict[str, Any]) -> dict[str, Any] | None:
         if token == RESERVATION:
             return {"name": args["name"], "zone": args["zone"], "status": "READY", "specificReservations": [{
                 "count": cfg.gpu_max_nodes, "inUseCount": 0,

@@ -9,11 +9,25 @@ this is an estimate for planning, not a bill.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 CapacityKind = Literal["reservation", "flex-start", "spot", "on-demand"]
 CAPACITY_KINDS: tuple[CapacityKind, ...] = ("reservation", "flex-start", "spot", "on-demand")
+
+PRICE_KEY = "verl-gke:gpuNodeHourlyUsd"
+"""Where the user states the GPU nodes' price per capacity kind (a negotiated one, or one the table lacks)."""
+MAX_NODE_USD_PER_HOUR = 1000.0
+"""A typo guard on a stated price: no GPU node lists near it (A3 Ultra: $83.49 on demand, MACHINE_PRICES)."""
+
+
+SET_PRICE = f"set {PRICE_KEY} (USD per GPU node-hour, by capacity kind)"
+
+
+def unknown_price(machine_type: str, kinds: Sequence[str], region: str) -> str:
+    """The one sentence every place says when the GPU nodes' price is unknown, naming the key that sets it."""
+    return f"unknown: verl-gke's price table has no {machine_type} price on {' or '.join(kinds)} in {region}; {SET_PRICE}"
 
 FLEX_START_MAX_HOURS = 7 * 24
 """Flex-start (Dynamic Workload Scheduler) nodes run at most seven days (GKE "About flex-start
@@ -111,6 +125,8 @@ class StackShape:
     bucket_gb: float
     """Data kept in the bucket, for its storage price."""
     autopilot: bool = False
+    your_prices: Mapping[str, float] = field(default_factory=dict)
+    """capacity kind -> the user's price of one GPU node per hour (PRICE_KEY); it replaces the table's."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +136,11 @@ class HourlyCost:
     kind: CapacityKind
     parts: dict[str, float]
     unknown: tuple[str, ...]
+    """Parts left out of the total (their price depends on use, or is not in the table)."""
+    gpu_unknown: str | None = None
+    """unknown_price()'s sentence when the GPU nodes' price is unknown: then there is no total."""
+    yours: bool = False
+    """The GPU nodes are priced at the user's PRICE_KEY, not the table's."""
 
     @property
     def gpu_known(self) -> bool:
@@ -132,21 +153,23 @@ class HourlyCost:
 
     def line(self) -> str:
         if self.usd is None:
-            return f"{self.kind}: unknown ({'; '.join(self.unknown)})"
-        parts = ", ".join(f"{name} ${usd:.2f}" for name, usd in self.parts.items())
+            return f"{self.kind}: {self.gpu_unknown}"
+        parts = ", ".join(f"{name} ${usd:.2f}" + (f" at {PRICE_KEY}" if name == "gpu nodes" and self.yours else "")
+                          for name, usd in self.parts.items())
         left_out = f"; not included: {', '.join(self.unknown)}" if self.unknown else ""
         return f"{self.kind}: ${self.usd:.2f}/h ({parts}{left_out})"
 
 
 def hourly_cost(shape: StackShape, kind: CapacityKind) -> HourlyCost:
-    """The stack's price per hour while its GPU nodes run on `kind`."""
+    """The stack's price per hour while its GPU nodes run on `kind`: at the user's price for it, else the table's."""
     parts: dict[str, float] = {}
     unknown: list[str] = []
     gpu = MACHINE_PRICES.get((shape.machine_type, shape.region), {}).get(kind)
-    if gpu is not None and gpu.usd_per_hour is not None:
+    yours = shape.your_prices.get(kind)
+    if yours is not None:
+        parts["gpu nodes"] = shape.gpu_nodes * yours
+    elif gpu is not None and gpu.usd_per_hour is not None:
         parts["gpu nodes"] = shape.gpu_nodes * gpu.usd_per_hour
-    else:
-        unknown.append(f"{shape.machine_type} {kind} in {shape.region}")
     if shape.autopilot:
         unknown.append("Autopilot's CPU pods and any accelerator premium")
     elif shape.cpu_nodes:
@@ -165,7 +188,8 @@ def hourly_cost(shape: StackShape, kind: CapacityKind) -> HourlyCost:
         parts["bucket"] = shape.bucket_gb * gcs / HOURS_PER_MONTH
     else:
         unknown.append(f"GCS storage in {shape.region}")
-    return HourlyCost(kind, parts, tuple(unknown))
+    missing = None if "gpu nodes" in parts else unknown_price(shape.machine_type, [kind], shape.region)
+    return HourlyCost(kind, parts, tuple(unknown), missing, yours is not None)
 
 
 def worst_case(costs: list[HourlyCost]) -> float | None:
@@ -203,10 +227,11 @@ def spend_so_far(started_at_s: float, now_s: float, usd_per_hour: float) -> floa
     return round(max(0.0, now_s - started_at_s) / 3600 * usd_per_hour, 2)
 
 
-def run_estimate_line(usd_per_hour: float | None, hours: float | None) -> str:
-    """The run's estimate as preview and synth print it."""
+def run_estimate_line(usd_per_hour: float | None, hours: float | None, unknown: str = "") -> str:
+    """The run's estimate as preview and synth print it; `unknown`: unknown_price()'s sentence when there is no
+    price."""
     if usd_per_hour is None:
-        return "unknown: the price table lacks the GPU nodes' price for a capacity kind of this stack"
+        return unknown
     if hours is None:
         return (f"no bound (no runBudgetHours, runBudgetUsd or flex-start): ${usd_per_hour:.2f} for every hour "
                 "the GPU nodes run")

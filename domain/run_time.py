@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from domain.pricing import PRICE_KEY
+
 MFU: dict[str, float] = {"a3u": 0.40, "a4": 0.30, "a4x": 0.30}
 """Share of the GPUs' dense bf16 peak the training passes reach, by platform: ~40% on H200 for FSDP2 in bf16 on
 a 32B dense model; Blackwell's bf16 peak is 2.3-2.5x Hopper's but the same stack (no FP8, FSDP2 collectives,
@@ -127,7 +129,8 @@ class RunTime:
             saves = f" and checkpoints ({s.checkpoint_s:.0f} s)" if s.checkpoint_s else ""
             cost = self.cost_usd(usd_per_hour)
             run = (f"{s.steps} steps{saves} ~{self.run_s / 60:.0f} min, {self.gpu_hours:.1f} GPU-hours, "
-                   + (f"~${cost:,.2f} at ${usd_per_hour:,.2f}/h" if cost is not None else "cost unknown (price unknown)"))
+                   + (f"~${cost:,.2f} at ${usd_per_hour:,.2f}/h" if cost is not None
+                      else f"cost unknown (no price: set {PRICE_KEY})"))
         return [
             f"Modeled run: {step}; {run}",
             f"  assumptions (domain/run_time.py): training at {a.mfu:.0%} MFU of {s.peak_flops / 1e15:g} PFLOP/s bf16 "

@@ -6,32 +6,38 @@ value as a string (arrays as JSON). `synth` and the tests do the same here.
 
 from __future__ import annotations
 
-import json
+import functools
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from domain.config import ConfigError
+from domain.problems import ConfigError, problem_line
+from domain.pulumi_config import (  # noqa: F401 engine_string: the engine's text of a value, for readers of stack files
+    Declared, declarations, engine_string, is_secure, read_stack_yaml, shape_problem,
+)
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 
 
-def engine_string(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (list, dict)):
-        return json.dumps(value)
-    return str(value)
-
-
-def project_defaults(project_dir: Path = PROJECT_DIR) -> dict[str, Any]:
-    """The declared defaults of Pulumi.yaml, as raw YAML values."""
+def _project_config(project_dir: Path) -> dict[str, Any]:
     project = _load_yaml(project_dir / "Pulumi.yaml") or {}
     if not isinstance(project, dict) or not isinstance(project.get("config") or {}, dict):
         raise ConfigError(["Pulumi.yaml: the top level must be a mapping whose `config:` maps keys to declarations"],
                           "Pulumi.yaml")
-    return {key: decl["default"] for key, decl in project.get("config", {}).items() if "default" in decl}
+    return project.get("config") or {}
+
+
+def project_defaults(project_dir: Path = PROJECT_DIR) -> dict[str, Any]:
+    """The declared defaults of Pulumi.yaml, as raw YAML values."""
+    return {key: decl["default"] for key, decl in _project_config(project_dir).items()
+            if isinstance(decl, dict) and "default" in decl}
+
+
+@functools.cache
+def declared_types(project_dir: Path = PROJECT_DIR) -> dict[str, Declared]:
+    """Each key's type as Pulumi.yaml declares it, which the Pulumi CLI enforces on every stack value."""
+    return declarations(_project_config(project_dir))
 
 
 def stack_file(stack: str, project_dir: Path = PROJECT_DIR) -> Path:
@@ -50,7 +56,7 @@ def _load_yaml(path: Path) -> Any:
     """A YAML file's content; ConfigError naming the file (and line and column) when it is not UTF-8
     or not YAML."""
     try:
-        return yaml.safe_load(path.read_bytes().decode("utf-8"))
+        return read_stack_yaml(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as error:
         raise ConfigError([f"{path.name}: not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset "
                            f"{error.start}); save it as UTF-8"], path.name) from None
@@ -92,7 +98,13 @@ def raw_config(stack: str, project_dir: Path = PROJECT_DIR,
         known = ", ".join(stack_names(project_dir))
         raise FileNotFoundError(f"no stack file {path.name}; stacks: {known}")
     config = read_stack_file(path)
+    declared = declared_types(project_dir)
+    shapes = [(key, value, shape_problem(value, declared[key])) for key, value in config.items() if key in declared]
+    problems = [f"{key}: {problem}" if value is None else problem_line(key, value, problem)
+                for key, value, problem in shapes if problem]
+    if problems:
+        raise ConfigError(problems, path.name)
     merged: dict[str, Any] = {**project_defaults(project_dir), **config, **(overrides or {})}
-    secret_keys = [k for k, v in merged.items() if isinstance(v, dict) and "secure" in v]
+    secret_keys = [k for k, v in merged.items() if is_secure(v)]
     raw = {k: ("[encrypted]" if k in secret_keys else engine_string(v)) for k, v in merged.items()}
     return raw, secret_keys

@@ -776,15 +776,64 @@ def test_wait_exits_3_not_1_when_the_head_stays_unreachable(
     assert time.monotonic() - started < 15
 
 
-def test_offline_outputs_from_synth_are_named_as_such(capsys: pytest.CaptureFixture[str], synth_stack: Any,
-                                                      tmp_path: Path) -> None:
-    outputs = tmp_path / "outputs.json"
-    outputs.write_text(json.dumps(synth_stack("a4-standard").outputs))
-    code, _, err = run(capsys, "status", "--outputs", str(outputs))
+@pytest.fixture
+def synth_outputs(synth_stack: Any, tmp_path: Path) -> Path:
+    """dist/a4-standard/outputs.json as `make synth` writes it."""
+    from verl_gke import synth
+
+    synth.write(synth_stack("a4-standard"), tmp_path / "dist")
+    return tmp_path / "dist" / "outputs.json"
+
+
+def test_status_shows_what_synths_outputs_name_and_that_nothing_is_deployed(
+        capsys: pytest.CaptureFixture[str], synth_outputs: Path) -> None:
+    doc = json.loads(synth_outputs.read_text())
+    code, out, err = run(capsys, "status", "--outputs", str(synth_outputs))
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        f"Stack outputs  {synth_outputs}: synth's offline outputs, nothing deployed",
+        "Cluster        verl-a4 in us-central1, platform a4, 2 GPU nodes x 8 GPUs",
+        "Ray head       none: `pulumi up` creates svc/b200-ray-cluster-head-svc in namespace verl-gke",
+        f"GRPO job       {doc['grpoSubmissionId']}  not submitted (the run's first attempt)",
+        "Price          unknown: the stack outputs have no hourlyCostUsd; set verl-gke:gpuNodeHourlyUsd (USD per GPU "
+        "node-hour, by capacity kind) and run `pulumi up`",
+        "Preflight      not checked offline (`pulumi preview` checks the live project)",
+        f"Checkpoints    {doc['checkpointUri']}",
+        f"Dashboard      {doc['dashboardCommand']}",
+    ]
+
+
+def test_a_command_that_needs_a_head_says_how_to_try_it_on_synths_outputs(
+        capsys: pytest.CaptureFixture[str], synth_outputs: Path) -> None:
+    code, _, err = run(capsys, "logs", "--outputs", str(synth_outputs))
     assert code == 1
-    assert error_line(err) == (f"verl-gke: error: {outputs} holds offline outputs from `make synth` (no real "
-                               "cluster CA): there is no cluster to reach; use a deployed stack's outputs "
-                               "(`pulumi stack output --json`) or --dashboard-url URL")
+    assert error_line(err) == (
+        f"verl-gke: error: {synth_outputs} holds synth's offline outputs: nothing is deployed to reach. `verl-gke "
+        f"status --outputs {synth_outputs}` shows what they name; --dashboard-url URL runs this command against a "
+        "Ray head of your own (e.g. `ray start --head`)")
+
+
+@pytest.mark.ray
+def test_synths_outputs_with_a_dashboard_url_follow_the_job_they_name(
+        capsys: pytest.CaptureFixture[str], ray_head: str, synth_outputs: Path) -> None:
+    submission_id = json.loads(synth_outputs.read_text())["grpoSubmissionId"]
+    client = JobSubmissionClient(ray_head)
+    if submission_id not in [j.submission_id for j in client.list_jobs()]:
+        client.submit_job(entrypoint="echo trying the CLI on the outputs of synth", submission_id=submission_id)
+    assert wait_until_done(ray_head, submission_id) == JobStatus.SUCCEEDED
+    code, out, _ = run(capsys, "logs", "--outputs", str(synth_outputs), "--dashboard-url", ray_head)
+    assert code == 0 and "trying the CLI on the outputs of synth" in out.splitlines()
+    code, out, _ = run(capsys, "wait", "--outputs", str(synth_outputs), "--dashboard-url", ray_head)
+    assert (code, out) == (0, f"job {submission_id} SUCCEEDED\n")
+
+
+def test_version_names_the_installed_package(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out == f"verl-gke {version('verl-gke')}\n"
 
 
 @pytest.mark.ray
@@ -822,4 +871,6 @@ def test_spend_runs_from_the_first_attempts_start_to_now_or_the_last_end() -> No
     assert cli._spend([first, retry], 100.0, now_s=99_999.0) == \
         "$200.00 since the first attempt started, at $100.00/h (run ended)"
     assert cli._spend([], 100.0, now_s=0.0) == "nothing yet ($100.00/h once the run starts)"
-    assert cli._spend([first], None, now_s=0.0) == "unknown (no hourlyCostUsd: the price table lacks this stack's price)"
+    assert cli._spend([first], None, now_s=0.0) == (
+        "unknown: the stack outputs have no hourlyCostUsd; set verl-gke:gpuNodeHourlyUsd (USD per GPU node-hour, by "
+        "capacity kind) and run `pulumi up`")

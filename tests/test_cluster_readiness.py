@@ -3,6 +3,7 @@ joins with `ray start --address` (its GPUs are logical Ray resources: no device 
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 import threading
@@ -81,3 +82,20 @@ def test_a_head_that_lists_nothing_is_named_at_the_deadline():
                        address="svc/x", what="fabric check")
     assert str(caught.value).startswith("fabric check: the Ray cluster at svc/x has no node listing (last node "
                                         "listing failed: ")
+
+
+def test_the_wait_says_what_it_waits_for_and_what_is_missing_once_a_minute(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+    from verl_gke import cluster_readiness
+
+    monkeypatch.setattr(cluster_readiness, "PROGRESS_EVERY_S", 1.0)  # once a minute, scaled down
+    monkeypatch.setattr(cluster_readiness, "POLL_S", 0.1)
+    with pytest.raises(ClusterNotReadyError):
+        await_capacity("http://127.0.0.1:9", workers=1, gpus=2, deadline=time.monotonic() + 2.5,
+                       address="svc/x", what="GrpoJob j")
+    lines = capsys.readouterr().err.splitlines()
+    assert 3 <= len(lines) <= 4, lines  # at once, then each second
+    for line in lines:
+        assert re.fullmatch(r"GrpoJob j: waiting for 1 GPU worker with 2 GPUs to join the Ray cluster at svc/x: "
+                            r"no node listing \(last node listing failed: .+\) after 0m0\ds \(0m0\ds left\)",
+                            line), line

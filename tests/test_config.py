@@ -86,7 +86,6 @@ def test_message_names_the_file_and_count():
     ("gpuNodes", "two", "must be a whole number"),
     ("gpuSpot", "maybe", "must be true or false"),
     ("clusterMode", "serverless", "must be one of 'autopilot' or 'standard'"),
-    ("gpuNodes", "0", "greater than or equal to 1"),
 ])
 def test_malformed_values_name_key_and_value(key: str, value: str, fragment: str):
     message = only_problem(**{key: value})
@@ -188,6 +187,24 @@ def test_standard_needs_a_reservation_but_autopilot_and_existing_clusters_do_not
     load_config(config(reservation="", clusterMode="autopilot"))
     load_config(config(reservation="", existingCluster="true"))
     assert "consume a reservation" in only_problem(reservation="")
+
+
+@pytest.mark.parametrize("name", ["my-reservation", "projects/other-proj-1/reservations/my-reservation",
+                                  "my-reservation/reservationBlocks/block-1",
+                                  "projects/other-proj-1/reservations/my-reservation/reservationBlocks/block-1"])
+def test_a_reservation_is_named_in_a_form_gke_takes(name: str):
+    assert load_config(config(reservation=name)).reservation == name
+
+
+@pytest.mark.parametrize("name", ["projects/other-proj/reservations", "projects/other-proj/reservations/",
+                                  "My_Reservation", "zones/us-central1-b/reservations/r", "r/blocks/b",
+                                  "projects/x/reservations/r"])
+def test_a_malformed_reservation_name_is_refused_with_the_expected_form(name: str):
+    assert only_problem(reservation=name) == (
+        f'verl-gke:reservation = "{name}": the reservation\'s name (my-reservation), a block of it '
+        "(my-reservation/reservationBlocks/<block>), or a shared one as projects/<owner project>/reservations/"
+        "<name>[/reservationBlocks/<block>]: names of 1-63 lowercase letters, digits or hyphens, starting with a "
+        "letter.")
 
 
 def test_spot_pools_take_no_reservation():
@@ -377,7 +394,7 @@ def test_private_and_shared_ranges_are_admitted():
 
 def test_job_attempt_is_a_whole_number_from_zero():
     assert load_config(config(jobAttempt="2")).job_attempt == 2
-    assert "greater than or equal to 0" in only_problem(jobAttempt="-1")
+    assert only_problem(jobAttempt="-1") == "verl-gke:jobAttempt = -1: must be at least 0."
 
 
 @pytest.mark.parametrize("key", ["trainer.default_local_dir", "actor_rollout_ref.model.path", "data.train_files",
@@ -472,11 +489,11 @@ def test_a_reservation_placeholder_the_stack_never_reads_blocks_nothing(unused: 
     assert placeholders(raw, load_config(raw)) == []
 
 
-def test_upgrade_exclusion_start_is_utc_rfc3339_or_empty():
+def test_upgrade_exclusion_start_is_utc_rfc3339_empty_or_none():
     assert load_config(config(upgradeExclusionStart="")).upgrade_exclusion_start == ""
     assert only_problem(upgradeExclusionStart="2026-12-01 00:00") == (
-        'verl-gke:upgradeExclusionStart = "2026-12-01 00:00": an RFC3339 UTC time such as 2026-12-01T00:00:00Z, '
-        "or empty for no exclusion.")
+        'verl-gke:upgradeExclusionStart = "2026-12-01 00:00": an RFC3339 UTC time such as 2027-03-01T00:00:00Z, '
+        "empty (from the cluster's first `pulumi up`) or none (no exclusion).")
 
 
 def test_the_cluster_subnets_ranges_may_not_overlap_the_gpu_subnets():
@@ -585,3 +602,92 @@ def test_an_image_name_longer_than_registries_take_is_refused():
 def test_the_cluster_network_is_empty_or_a_vpc_name():
     assert load_config(config(clusterNetwork="default")).cluster_network == "default"
     assert "the name of an existing VPC" in only_problem(clusterNetwork="Default Net")
+
+
+# --- Pulumi's declared types, our words ---------------------------------------------------------
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    # pulumi/pulumi sdk/go/common/workspace/project.go ValidateConfigValue: a boolean is the text
+    # "true" or "false" (or a YAML boolean), an integer what strconv.Atoi reads.
+    ("runSupervisor", "yes", "must be true or false (Pulumi's boolean type: `pulumi up` refuses any other spelling)."),
+    ("runSupervisor", "True", "must be true or false (Pulumi's boolean type: `pulumi up` refuses any other spelling)."),
+    ("gpuNodes", "4.5", "must be a whole number such as 2 (Pulumi's integer type)."),
+    ("gpuNodes", "1_000", "must be a whole number such as 2 (Pulumi's integer type)."),
+    ("gpuNodes", "0x10", "must be a whole number such as 2 (Pulumi's integer type)."),
+    ("gpuNodes", " 4", "must be a whole number such as 2 (Pulumi's integer type)."),
+    ("gpuNodes", "9223372036854775808", "must be a whole number such as 2 (Pulumi's integer type)."),
+    ("capacity", "spot", 'must be a list such as ["a", "b"] (Pulumi\'s array type: a YAML list in the stack file).'),
+    ("capacity", '["spot", 1]', "must be a list of strings (Pulumi's array<string> type)."),
+])
+def test_values_are_read_with_the_types_the_pulumi_cli_enforces(key: str, value: str, message: str):
+    assert only_problem(**{key: value}) == f"verl-gke:{key} = {json.dumps(value)}: {message}"
+
+
+def test_what_the_pulumi_cli_takes_is_taken():
+    cfg = load_config(config(gpuNodes="+4", gpuMaxNodes="010", runSupervisor="false", capacity='["reservation"]'))
+    assert (cfg.gpu_nodes, cfg.gpu_max_nodes, cfg.run_supervisor, cfg.capacity) == (4, 10, False, ("reservation",))
+
+
+def test_an_unknown_key_names_the_nearest_known_one():
+    assert only_problem(gpuNode="4") == (
+        "verl-gke:gpuNode: unknown key; did you mean verl-gke:gpuNodes? (Pulumi.yaml lists every key verl-gke reads)")
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("gpuNodes", "0", "must be at least 1."),
+    ("cpuMinNodes", "-1", "must be at least 0."),
+])
+def test_bounds_are_said_in_our_words(key: str, value: str, message: str):
+    assert only_problem(**{key: value}) == f"verl-gke:{key} = {value}: {message}"
+
+
+def test_a_bad_region_suggests_no_zone_made_from_it():
+    assert problems(gcp__region="us-central") == [
+        'gcp:region = "us-central": a GCP region such as us-central1 (the region of gcp:zone us-central1-b).']
+    assert problems(gcp__region="us-central", gcp__zone="b") == ['gcp:region = "us-central": a GCP region such as '
+                                                                'us-central1.', 'gcp:zone = "b": a GCP zone such as '
+                                                                'us-central1-b.']
+
+
+def test_a_misspelt_cpu_machine_type_names_the_nearest_one():
+    assert only_problem(cpuMachineType="c2-standrad-16") == (
+        'verl-gke:cpuMachineType = "c2-standrad-16": did you mean c2-standard-16? A Compute Engine machine type '
+        "<series>-<type>-<vCPUs> of an x86 series: c2 (standard), c2d, c3, c3d, c4, e2, n1, n2, n2d, n4 (standard, "
+        "highcpu, highmem); c3, c3d and c4 also with -lssd.")
+
+
+@pytest.mark.parametrize("machine", ["c2-standard-16", "n2-highmem-32", "c3-standard-22-lssd", "e2-standard-8"])
+def test_cpu_machine_types_of_the_x86_series_are_taken(machine: str):
+    assert load_config(config(cpuMachineType=machine)).cpu_machine_type == machine
+
+
+def test_a_dataset_staging_would_refuse_is_refused_at_synth():
+    from workloads.stage_data import dataset_problem
+
+    found = only_problem(dataset="hendrycks/competition_math", datasetRevision="a" * 40)
+    assert found == f'verl-gke:dataset = "hendrycks/competition_math": {dataset_problem("hendrycks/competition_math")}'
+    assert dataset_problem("hendrycks/competition_math") == (
+        "staging turns only GSM8K into verl's rows (scored by verl's GSM8K reward): openai/gsm8k or a copy of it in "
+        "its layout (a repo whose name contains gsm8k, with main/train-* and main/test-* parquet shards of question "
+        "and answer).")
+    assert dataset_problem("openai/gsm8k") is None and dataset_problem("me/gsm8k-clean") is None
+
+
+def test_a_value_larger_than_a_command_line_argument_is_refused():
+    huge = json.dumps({"trainer": {"experiment_name": "y" * 140_000}})
+    assert only_problem(verl=huge) == (
+        f"verl-gke:verl: {len(huge):,} bytes; at most 131,072 (Linux's MAX_ARG_STRLEN: the run's "
+        "command line is one argument of `sh -c`).")
+
+
+def test_a_fabric_floor_above_the_line_rate_is_refused():
+    assert only_problem(fabricMinBusBandwidthGbps="500") == (
+        "verl-gke:fabricMinBusBandwidthGbps = 500: above the 400 GB/s an A4 (8x NVIDIA B200) node's fabric carries "
+        "(8 x 400 Gb/s RoCE NICs), so no fabric passes: at most 400 (0: the platform's 200).")
+
+
+@pytest.mark.parametrize("key", ["runMaxRetries", "runMaxPreemptions"])
+def test_retries_beyond_reason_are_refused(key: str):
+    assert only_problem(**{key: "1000"}) == (
+        f"verl-gke:{key} = 1000: at most 100: a run that needs more attempts fails for a reason another attempt "
+        "cannot fix, and each one restarts from the last checkpoint on GPUs that are paid for.")

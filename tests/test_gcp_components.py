@@ -564,15 +564,21 @@ def test_children_are_parented_to_their_component(a4_standard: MockRun):
 
 
 def test_no_minor_or_node_auto_upgrade_drains_the_gpu_nodes_of_a_stack(synth_stack: Any) -> None:
+    """No fixed date: the exclusion starts at the cluster's first `pulumi up` (unknown offline)."""
     for stack in ("a4", "a4-standard", "a3u-standard", "a4x"):
-        cluster = next(r.inputs for r in synth_stack(stack).registrations if r.type == "gcp:container/cluster:Cluster")
-        assert cluster["maintenancePolicy"] == {
+        registrations = synth_stack(stack).registrations
+        (cluster,) = [r for r in registrations if r.type == "gcp:container/cluster:Cluster"]
+        assert cluster.inputs["maintenancePolicy"] == {
             "dailyMaintenanceWindow": {"startTime": "03:00"},
             "maintenanceExclusions": [{
-                "exclusionName": "verl-gke-no-minor-or-node-upgrades", "startTime": "2026-12-01T00:00:00Z",
-                "endTime": "2026-12-31T00:00:00Z", "exclusionOptions": {"scope": "NO_MINOR_OR_NODE_UPGRADES"},
+                "exclusionName": "verl-gke-no-minor-or-node-upgrades", "startTime": "[unknown]",
+                "endTime": "[unknown]", "exclusionOptions": {"scope": "NO_MINOR_OR_NODE_UPGRADES"},
             }],
         }, stack
+        (start,) = [r for r in registrations if r.type == "pulumi-python:dynamic:UpgradeExclusionStart"]
+        assert start.parent == cluster.parent and start.urn in cluster.dependencies, stack
+        assert (start.inputs["cluster"], start.inputs["location"]) == (cluster.inputs["name"],
+                                                                      cluster.inputs["location"])
 
 
 @pytest.mark.parametrize("start, end", [("2026-12-01T00:00:00Z", "2026-12-31T00:00:00Z"),
@@ -584,8 +590,9 @@ def test_the_exclusion_ends_thirty_days_after_it_starts_so_nodes_get_patches_aga
     assert "endTimeBehavior" not in exclusion["exclusionOptions"]
 
 
-def test_an_empty_exclusion_start_leaves_gkes_upgrade_policy_alone() -> None:
-    run = MockRun(lambda: GkeCluster("gke", cluster_args(upgrade_exclusion_start=None)))
+@pytest.mark.parametrize("start", [None, "none"])
+def test_no_exclusion_leaves_gkes_upgrade_policy_alone(start: str | None) -> None:
+    run = MockRun(lambda: GkeCluster("gke", cluster_args(upgrade_exclusion_start=start)))
     assert "maintenancePolicy" not in run.inputs("gke-cluster")
 
 

@@ -83,6 +83,35 @@ def test_offline_without_answers_lists_every_check_it_could_not_make():
     assert "gcp:compute/getReservation:getReservation" in summary
 
 
+@pytest.mark.parametrize("stack", ["a4", "a4-standard"])
+def test_offline_synth_shows_no_answer_the_stand_in_invented(stack: str, synth_stack):
+    """Offline, the healthy stand-in answers only so that the program runs: no figure of it is printed,
+    exported as a check or used as an input (the stand-in's channel version, free machines, quota)."""
+    result = synth_stack(stack)
+    assert [line for line in result.log if line.startswith("preflight:")] == []
+    assert result.outputs["preflightChecks"] == []
+    (cluster,) = [r for r in result.registrations if r.type == "gcp:container/cluster:Cluster"]
+    assert "minMasterVersion" not in cluster.inputs  # the stand-in's version would be invented
+    text = synth.summary(result, Path("dist"))
+    for invented in ("of 10 a4-highgpu-8g free", "GPU quota in us-central1", "1.34.1-gke.1829001"):
+        assert invented not in text, invented
+
+
+def test_preflight_checks_hold_what_was_checked_and_stay_the_same_when_only_figures_move():
+    """The output is part of every `pulumi up`'s diff: the figures that move between runs (machines in
+    use, the channel's default) go to the log, the output names the checks that passed."""
+    first = synth_with(GOOD)
+    later = synth_with({**GOOD, RESERVATION: reservation(inUseCount=1),
+                        ENGINE_VERSIONS: {**VERSIONS, "releaseChannelDefaultVersion": {"REGULAR": "1.35.0-gke.1500000"}}})
+    assert first.outputs["preflightChecks"] == later.outputs["preflightChecks"] == [
+        "GKE version: the REGULAR channel offers one that every feature's floor allows",
+        "machine type: us-central1-b offers a4-highgpu-8g at the size the worker requests assume",
+        "reservation my-reservation: in us-central1-b, READY, a4-highgpu-8g, at least 2 machines free",
+    ]
+    assert "preflight: reservation my-reservation: 4 of 4 a4-highgpu-8g free" in first.log
+    assert "preflight: reservation my-reservation: 3 of 4 a4-highgpu-8g free" in later.log
+
+
 # --- reservation ------------------------------------------------------------------------------
 
 def test_reservation_for_another_machine_type():
@@ -125,8 +154,9 @@ def test_reservation_with_other_accelerators():
 
 def test_missing_reservation_is_the_providers_error_under_the_key():
     text = problems_of({**GOOD, RESERVATION: {"error": "googleapi: Error 404: The resource 'my-reservation' was not found"}})
-    assert "reservation my-reservation: the provider said: invoke of gcp:compute/getReservation:getReservation failed: " \
-           "googleapi: Error 404: The resource 'my-reservation' was not found" in text
+    assert ('  verl-gke:reservation = "my-reservation": reservation my-reservation in project my-project-123, zone '
+            "us-central1-b: the provider said: googleapi: Error 404: The resource 'my-reservation' was not found\n"
+            in text + "\n")
     assert 'verl-gke:reservation = "my-reservation": no such reservation in zone us-central1-b.' in problems_of(
         {**GOOD, RESERVATION: {}})
 
@@ -302,7 +332,8 @@ def test_a_first_up_on_a_new_project_creates_the_cluster_at_the_stacks_floor():
     assert cluster_version(result) == DRANET_MIN_GKE
     assert (f"preflight: GKE versions not checked yet (an API is still off): the cluster is created at "
             f"{DRANET_MIN_GKE}, the highest floor of this stack") in result.log
-    assert any("not checked yet (reservation my-reservation)" in line for line in result.log)
+    assert any("not checked yet (reservation my-reservation in project my-project-123, zone us-central1-a)" in line
+               for line in result.log)
     # Without floors the channel's default stands; a configured version wins over the floor.
     plain = synth.run(STACK, overrides={**REAL}, cloud=new_project_answers("my-project-123"))
     assert "minMasterVersion" not in [r for r in plain.registrations if r.type == "gcp:container/cluster:Cluster"][0].inputs
@@ -339,12 +370,14 @@ def test_the_cluster_carries_its_stacks_label(synth_stack):
 @pytest.mark.parametrize(("token", "answer", "message"), [
     (RESERVATION, "x", 'the answer to gcp:compute/getReservation:getReservation must be a JSON object'),
     (MACHINE_TYPES, [1, 2], 'the answer to gcp:compute/getMachineTypes:getMachineTypes must be a JSON object'),
-    (RESERVATION, {"name": "r", "specificReservations": "x"}, "reservation my-reservation: the answer has an "
-                                                               "unexpected shape (AttributeError"),
+    (RESERVATION, {"name": "r", "specificReservations": "x"},
+     'verl-gke:reservation = "my-reservation": reservation my-reservation: the answer has an unexpected shape '
+     '(AttributeError'),
     (MACHINE_TYPES, {"machineTypes": [{"name": "a4-highgpu-8g", "guestCpus": "many"}]},
-     "machine type a4-highgpu-8g: the answer has an unexpected shape (ValueError"),
+     'gcp:zone = "us-central1-b": machine type a4-highgpu-8g: the answer has an unexpected shape (ValueError'),
     (ENGINE_VERSIONS, {"releaseChannelDefaultVersion": "x"},
-     "GKE versions of the release channel: the answer has an unexpected shape (AttributeError"),
+     'verl-gke:releaseChannel = "REGULAR": GKE versions of the release channel: the answer has an unexpected '
+     'shape (AttributeError'),
 ])
 def test_cloud_answers_of_the_wrong_shape_are_one_line_each(tmp_path: Path, token: str, answer: Any, message: str):
     answers = tmp_path / "cloud.json"

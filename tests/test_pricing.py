@@ -43,7 +43,7 @@ def test_an_unknown_gpu_price_makes_the_whole_price_unknown_and_says_why():
     shape = pricing.StackShape("a4-highgpu-8g", "c2-standard-16", "us-central1", 2, 1, True, 0.0)
     cost = pricing.hourly_cost(shape, "reservation")
     assert cost.usd is None
-    assert cost.line().startswith("reservation: unknown (a4-highgpu-8g reservation in us-central1")
+    assert cost.line() == f"reservation: {UNKNOWN_A4}"  # what is left out besides is not mixed in
     flex = pricing.hourly_cost(pricing.StackShape("a3-ultragpu-8g", "c2-standard-16", "us-central1", 2, 1, True, 0.0),
                                "flex-start")
     assert flex.usd is None
@@ -89,11 +89,45 @@ def test_several_kinds_cost_what_the_dearest_costs_and_flex_start_bounds_the_run
     assert flex.hourly_usd is None and flex.run_budget_h == 168
 
 
+UNKNOWN_A4 = ("unknown: verl-gke's price table has no a4-highgpu-8g price on reservation in us-central1; set "
+              "verl-gke:gpuNodeHourlyUsd (USD per GPU node-hour, by capacity kind)")
+
+
 def test_a_dollar_budget_without_a_price_is_refused_in_one_line():
-    [line] = problems(platform="a4", runBudgetUsd="500")
-    assert line.startswith("verl-gke:runBudgetUsd = 500: needs the stack's hourly price, which the price table lacks "
-                           "(reservation: unknown (a4-highgpu-8g reservation in us-central1")
-    assert line.endswith("set runBudgetHours instead.")
+    assert problems(platform="a4", runBudgetUsd="500") == [
+        f"verl-gke:runBudgetUsd = 500: needs the stack's hourly price, which is {UNKNOWN_A4}; or set runBudgetHours."]
+
+
+def test_an_unknown_price_is_one_sentence_naming_the_key_that_sets_it():
+    cfg = load_config(config(platform="a4"))
+    assert [c.line() for c in cfg.hourly_costs] == [f"reservation: {UNKNOWN_A4}"]
+    assert pricing.run_estimate_line(cfg.hourly_usd, cfg.run_budget_h, cfg.price_unknown) == UNKNOWN_A4
+
+
+def test_your_price_per_capacity_kind_prices_every_stack_and_its_dollar_budget():
+    cfg = load_config(config(platform="a4", gpuNodeHourlyUsd='{"reservation": 60, "spot": 25.5}', runBudgetUsd="500"))
+    # 2 x 60 + c2-standard-16 0.835232 + GKE 0.10 + NAT 0.0092 + 768Gi bucket 0.0226.
+    assert cfg.hourly_usd == 120.97 and cfg.price_unknown is None
+    assert cfg.run_budget_h == pytest.approx(500 / 120.97)
+    assert cfg.hourly_costs[0].line() == (
+        "reservation: $120.97/h (gpu nodes $120.00 at verl-gke:gpuNodeHourlyUsd, cpu nodes $0.84, gke $0.10, "
+        "nat $0.01, bucket $0.02; not included: NAT data processing ($0.045/GiB))")
+    # Your price replaces the table's where it has one too.
+    assert load_config(config(gpuNodeHourlyUsd='{"reservation": 60}')).hourly_usd == 120.97
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ('{"reservation": 0.0}', "each price more than 0 and at most 1000 USD per GPU node-hour (A3 Ultra's list price "
+                           "is $83.49)."),
+    ('{"reservation": 5000.0}', "each price more than 0 and at most 1000 USD per GPU node-hour (A3 Ultra's list "
+                              "price is $83.49)."),
+    ('{"cheap": 5}', "must be one of 'reservation', 'flex-start', 'spot' or 'on-demand'"),
+    ('{"spot": "low"}', "must be a number"),
+])
+def test_a_price_that_is_no_price_is_refused_naming_the_key(value: str, message: str):
+    import json
+
+    assert problems(gpuNodeHourlyUsd=value) == [f"verl-gke:gpuNodeHourlyUsd = {json.dumps(json.loads(value))}: {message}"]
 
 
 @pytest.mark.parametrize(("changes", "kinds"), [
@@ -123,7 +157,7 @@ def test_capacity_defaults_to_what_gpu_spot_and_reservation_meant(changes: dict[
      'verl-gke:reservation = "my-reservation": capacity ["flex-start", "spot"] takes no reservation; add '
      '"reservation" or leave this empty.'),
     ({"capacity": '["cheap"]'},
-     'verl-gke:capacity = "[\\"cheap\\"]": must be one of \'reservation\', \'flex-start\', \'spot\' or \'on-demand\''),
+     'verl-gke:capacity = ["cheap"]: must be one of \'reservation\', \'flex-start\', \'spot\' or \'on-demand\''),
 ])
 def test_capacity_rules_name_the_key_in_one_line(changes: dict[str, str], expected: str):
     assert problems(**changes) == [expected]

@@ -10,6 +10,7 @@ import yaml
 
 from domain.config import NAMESPACE, ConfigError, StackConfig, config_key, load_config
 from domain.platforms import PLATFORMS
+from domain.pulumi_config import TypeProblem, declarations, from_engine, shape_problem
 from tests.conftest import BASE_CONFIG
 from domain.stack_files import PROJECT_DIR, engine_string, project_defaults, read_stack_file, stack_file, stack_names
 
@@ -60,9 +61,13 @@ def cli_stack_config_errors(project: dict, stack: str, stack_config: dict) -> li
         if decl.get("secret") and not secure:
             errors.append(f"Stack '{stack}' with configuration key '{full}' must be encrypted as it's secret")
         if not secure and "type" in decl:
-            expected = _CLI_TYPES[decl["type"]]
-            if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-                errors.append(f"Stack '{stack}' with configuration key '{full}' must be of type '{decl['type']}'")
+            declared = declarations({full: decl})[full]
+            try:
+                if shape_problem(value, declared):
+                    raise TypeProblem(declared.name)
+                from_engine(engine_string(value), declared)
+            except TypeProblem:
+                errors.append(f"Stack '{stack}' with configuration key '{full}' must be of type '{declared.name}'")
     return errors
 
 

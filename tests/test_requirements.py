@@ -119,3 +119,12 @@ def test_make_synth_installs_only_the_runtime_and_make_test_adds_the_test_set() 
         "$(PIP) --no-deps -r requirements-torch.txt -c constraints.txt",
         "$(PIP) -r requirements-dev.txt -c constraints.txt",
     ]
+
+
+def test_the_first_install_shows_each_package_as_pip_collects_it() -> None:
+    """A first install takes minutes: pip's own lines (each package collected, downloaded, installed) are its
+    progress, so the install is not quiet."""
+    makefile = (ROOT / "Makefile").read_text()
+    (pip,) = [line for line in makefile.splitlines() if line.startswith("PIP :=")]
+    assert pip == "PIP := $(BIN)/pip install --progress-bar off --disable-pip-version-check"
+    assert "pip lists each package" in "".join(_rule(makefile, "$(RUNTIME)")[1])

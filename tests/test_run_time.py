@@ -47,7 +47,7 @@ def test_the_assumptions_are_this_modules_and_named_in_what_synth_prints() -> No
                                                                                               10.0)
     assert run_time.model(SHAPE, ASSUME).lines(None) == [
         "Modeled run: step ~10 s (rollout 0, log-probs 0, update 0, weight sync and overhead 10); 10 steps and "
-        "checkpoints (4 s) ~2 min, 0.1 GPU-hours, cost unknown (price unknown)",
+        "checkpoints (4 s) ~2 min, 0.1 GPU-hours, cost unknown (no price: set verl-gke:gpuNodeHourlyUsd)",
         "  assumptions (domain/run_time.py): training at 50% MFU of 1 PFLOP/s bf16 a GPU; 200 tokens a sequence (100 "
         "prompt + 100 response), 100 sequences a step; decode ~100,000 tokens/s a GPU (20% of peak); 10 s a step for "
         "weight sync and overhead; checkpoints as above (domain/checkpoint_time.py)",
@@ -81,4 +81,4 @@ def test_synth_prints_the_cost_with_a_price_and_says_when_the_price_is_unknown(s
     assert a3u.endswith(f"~${t.cost_usd(cfg.hourly_usd):,.2f} at ${cfg.hourly_usd:,.2f}/h")
     assert t.cost_usd(cfg.hourly_usd) == round(t.run_s / 3600 * cfg.hourly_usd, 2)
     [a4] = [line for line in synth_stack("a4-standard").log if line.startswith("Modeled run: ")]
-    assert a4.endswith("cost unknown (price unknown)")
+    assert a4.endswith("cost unknown (no price: set verl-gke:gpuNodeHourlyUsd)")

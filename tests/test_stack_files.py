@@ -55,7 +55,7 @@ def test_synth_of_a_broken_stack_file_exits_2_with_one_line_and_clears_its_old_o
         assert synth.main(["broken-by-test", "--out", str(out)]) == 2
     finally:
         bad.unlink()
-    err = capsys.readouterr().err
+    err = capsys.readouterr().err.split("\n", 1)[1]  # after what synth was doing
     assert err.startswith("synth failed: Pulumi.broken-by-test.yaml has 1 problem:\n"
                           "  Pulumi.broken-by-test.yaml: not valid YAML at line 3, column 1: ")
     assert "Traceback" not in err
@@ -75,3 +75,37 @@ def test_a_project_file_that_is_not_utf8_is_one_problem(project: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         stack_files.raw_config("ok", project)
     assert caught.value.problems == ["Pulumi.yaml: not UTF-8 text (byte 0xe9 at offset 31); save it as UTF-8"]
+
+
+@pytest.mark.parametrize(("yaml_value", "engine"), [
+    # yaml.v3 (YAML 1.2) as the Pulumi CLI reads a stack file, then config.Value's text (object.go
+    # MarshalString): a timestamp stays its text, `yes` stays a string, 4.0 is the number 4.
+    ("2027-03-01T00:00:00Z", "2027-03-01T00:00:00Z"),
+    ("yes", "yes"),
+    ("True", "true"),
+    ("4.0", "4"),
+    ("1_000", "1000"),
+    ("0x10", "16"),
+    ('"4"', "4"),
+])
+def test_stack_file_values_reach_the_program_as_the_pulumi_cli_passes_them(project: Path, yaml_value: str,
+                                                                           engine: str) -> None:
+    (project / "Pulumi.t.yaml").write_text(f"config:\n  verl-gke:x: {yaml_value}\n")
+    raw, _ = stack_files.raw_config("t", project)
+    assert raw["verl-gke:x"] == engine
+
+
+@pytest.mark.parametrize(("line", "problem"), [
+    ("verl-gke:capacity: spot", 'verl-gke:capacity = "spot": must be a YAML list in the stack file (Pulumi.yaml '
+                                "declares it array<string>; Pulumi refuses a single value)."),
+    ("verl-gke:clusterName: [a, b]", 'verl-gke:clusterName = ["a", "b"]: must be one value, not a YAML list or '
+                                     "mapping (Pulumi.yaml declares it string)."),
+    ("verl-gke:gpuNodes:", "verl-gke:gpuNodes: empty; give it a value or remove the line (Pulumi refuses an empty "
+                           "integer)."),
+])
+def test_a_stack_file_value_of_the_wrong_shape_is_refused_as_pulumi_would(project: Path, line: str,
+                                                                         problem: str) -> None:
+    (project / "Pulumi.t.yaml").write_text(f"config:\n  {line}\n")
+    with pytest.raises(ConfigError) as caught:
+        stack_files.raw_config("t", project)
+    assert caught.value.problems == [problem]

@@ -268,7 +268,7 @@ def test_job_waits_for_the_whole_cluster_and_measures_its_fabric_first(stack: st
     assert env.get("NCCL_CUMEM_ENABLE") == ("0" if cfg.facts.verl.version == "0.6.1" else None)
     outputs = synth_stack(stack).outputs
     assert outputs["fabricBusBandwidthGbps"] == "[unknown]"
-    assert outputs["preflightChecks"][0].startswith("GKE 1.")
+    assert outputs["preflightChecks"] == []  # offline: nothing was checked against a live project
 
 
 def test_fabric_floor_from_config_or_off():

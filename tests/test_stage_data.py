@@ -469,6 +469,8 @@ def test_missing_data_root_is_permanent(hub: DirHub, tmp_path: Path, capsys: pyt
         ({"model_revision": "main"}, "--model-revision 'main' is not a commit SHA (40 lowercase hex digits); pin one"),
         ({"dataset_revision": "A" * 40}, f"--dataset-revision '{'A' * 40}' is not a commit SHA"),
         ({"model_repo": "Qwen2.5-32B"}, "--model-repo 'Qwen2.5-32B' is not a Hub repo id like owner/name"),
+        ({"dataset_repo": "hendrycks/competition_math"},
+         "--dataset-repo 'hendrycks/competition_math': staging turns only GSM8K into verl's rows"),
         ({"model_dir": "../etc"}, "--model-dir '../etc' must be one directory name"),
         ({"model_dir": "gsm8k"}, "--model-dir 'gsm8k' must be one directory name"),
         ({"workers": "0"}, "--workers 0 must be 1..64"),

@@ -79,7 +79,7 @@ def test_cli_rejects_bad_config_without_traceback(tmp_path: Path):
                      "--set", 'verl-gke:verl={"data": {"train_batch_size": 255}}')
     assert run.returncode != 0
     assert "Traceback" not in run.stderr + run.stdout
-    assert run.stderr.startswith("synth failed: Pulumi.a4x.yaml has 3 problems:\n")
+    assert run.stderr.split("\n", 1)[1].startswith("synth failed: Pulumi.a4x.yaml has 3 problems:\n")
     assert '  verl-gke:rayOperator = "helm": Autopilot clusters use' in run.stderr
     assert '  verl-gke:clusterMode = "autopilot": A4X' in run.stderr
     assert "  verl-gke:verl.data.train_batch_size = 255: data.train_batch_size x actor_rollout_ref.rollout.n (2040)" in run.stderr
@@ -202,3 +202,14 @@ def test_the_job_provider_gets_numbers_as_floats():
 def test_an_existing_clusters_ca_is_public_too():
     result = synth.run("a4-standard", overrides={"verl-gke:existingCluster": "true"})
     assert result.outputs["clusterCaCertificate"] == synth.MOCK_CA
+
+
+def test_synth_says_what_it_is_doing_while_it_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    out = tmp_path / "a4"
+    assert synth.main(["a4", "--out", str(out)]) == 0
+    written = len(json.loads((out / ".verl-gke-synth.json").read_text())["files"])
+    assert capsys.readouterr().err.splitlines() == [
+        "synth: a4: reading Pulumi.a4.yaml and running the program under Pulumi's mock engine (offline: no cloud "
+        "call, no credential)",
+        f"synth: a4: writing {written} files to {out}",
+    ]

@@ -113,3 +113,30 @@ def test_a_malformed_marker_deletes_nothing(tmp_path: Path, listed, capsys: pyte
     assert err == (f"synth failed: --out {out}: {output_dir.MARKER} is not synth's file list "
                    "(`files` must be a list of file names)\n")
     assert sorted(p.name for p in out.iterdir()) == before
+
+
+def test_a_marker_listing_a_folder_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    (out / "manifests").mkdir(parents=True)
+    (out / "manifests" / "mine.yaml").write_text("mine")
+    (out / output_dir.MARKER).write_text(json.dumps({"files": ["manifests"]}))
+    assert synth.main(["a4", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (f"synth failed: --out {out}: {output_dir.MARKER} lists 'manifests', which is "
+                                       "a folder, not a file synth wrote; remove that line or the marker\n")
+    assert (out / "manifests" / "mine.yaml").read_text() == "mine"
+
+
+def test_an_out_folder_that_cannot_be_made_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "file.txt").write_text("mine")
+    out = tmp_path / "file.txt" / "sub"
+    assert synth.main(["a4", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].startswith(f"synth failed: --out {out}: cannot write there (")
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("stack", ["a4\x00", "../a4", ""])
+def test_a_stack_name_pulumi_would_refuse_is_one_line(stack: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert synth.main([stack]) == 2
+    assert capsys.readouterr().err == (f"synth failed: stack {stack!r}: a Pulumi stack name is letters, digits, '-', "
+                                       "'_' or '.'; stacks here: a3u-standard, a4, a4-standard, a4x\n")

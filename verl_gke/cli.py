@@ -7,6 +7,7 @@
     verl-gke metrics     verl's per-step metrics as a table, a reward plot and a verdict
     verl-gke fabric      all-reduce across every GPU worker: the fabric's bus bandwidth, on demand
     verl-gke export      a checkpoint as a Hugging Face model in the bucket (verl's own merger, as a Ray job)
+    verl-gke --version   the installed version
 
 The stack outputs come from `pulumi stack output --json` or `--outputs FILE`; the head is
 reached the way the GrpoJob provider reaches it (verl_gke.head_access): a port-forward through
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TextIO, TypeVar
 
 from verl_gke import fabric, gke_facts, metrics, stack_outputs
 from verl_gke.cluster_api import cluster_api
-from verl_gke.cluster_readiness import ClusterNotReadyError, await_capacity, read_capacity
+from verl_gke.cluster_readiness import ClusterNotReadyError, await_capacity, duration, read_capacity
 from verl_gke.head_access import (
     OUTAGE_WINDOW_S,
     HeadAccessError,
@@ -126,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Errors are one line on stderr. Exit status: 0 done, 1 the command failed, 2 a wrong "
                "command line, 3 `wait` lost the head for its outage window, 130 interrupted.",
     )
+    parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     status = commands.add_parser("status", parents=[common], help="cluster, head, workers, GPUs and job, on one screen",
@@ -209,6 +211,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(PROG)
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed: `pip install -e .`)"
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -289,9 +300,9 @@ def _head(args: argparse.Namespace, outputs: StackOutputs | None, timeout_s: flo
     else:
         assert outputs is not None, "_target loads the outputs whenever --dashboard-url is absent"
         if outputs.offline:
-            raise CliError(f"{outputs.source} holds offline outputs from `make synth` (no real cluster CA): "
-                           "there is no cluster to reach; use a deployed stack's outputs "
-                           "(`pulumi stack output --json`) or --dashboard-url URL")
+            raise CliError(f"{outputs.source} holds synth's offline outputs: nothing is deployed to reach. "
+                           f"`verl-gke status --outputs {outputs.source}` shows what they name; --dashboard-url URL "
+                           "runs this command against a Ray head of your own (e.g. `ray start --head`)")
         # The outputs name the cluster; its endpoint and CA come from GKE, never from the outputs.
         _progress(f"reading the endpoint and CA of cluster {outputs.cluster_name} in {outputs.cluster_location} "
                   "from GKE")
@@ -354,6 +365,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     target = _target(args, need_outputs=True)
     outputs = target.outputs
     assert outputs is not None
+    if outputs.offline and not args.dashboard_url:
+        return _print_rows(_offline_rows(outputs))
     try:
         return _live_status(args, target, outputs)
     except HeadAccessError as unreachable:
@@ -404,6 +417,21 @@ def _ended_rows(outputs: StackOutputs, record: RunRecord) -> list[tuple[str, str
              ("Resume", "a new run, or `pulumi config set verl-gke:jobAttempt <n+1>` and `pulumi up`, resumes the "
                         "RayCluster")]
     return rows
+
+
+def _offline_rows(outputs: StackOutputs) -> list[tuple[str, str]]:
+    """What synth's outputs name (`dist/<stack>/outputs.json`): the stack as `pulumi up` would make it."""
+    return [
+        ("Stack outputs", f"{outputs.source}: synth's offline outputs, nothing deployed"),
+        ("Cluster", _cluster_line(outputs)),
+        ("Ray head", f"none: `pulumi up` creates svc/{outputs.ray_head_service} in namespace {outputs.namespace}"),
+        ("GRPO job", f"{outputs.grpo_submission_id}  not submitted (the run's first attempt)"),
+        ("Price", f"${outputs.hourly_cost_usd:.2f}/h" if outputs.hourly_cost_usd is not None
+         else _spend([], None, 0.0)),
+        ("Preflight", "not checked offline (`pulumi preview` checks the live project)"),
+        ("Checkpoints", outputs.checkpoint_uri),
+        ("Dashboard", outputs.dashboard_command),
+    ]
 
 
 def _cluster_line(outputs: StackOutputs) -> str:
@@ -499,7 +527,7 @@ def _attempt_rows(attempts: list[Any]) -> list[tuple[str, str]]:
     deadline = next((meta({"metadata": j.metadata or {}}, "budget_deadline") for j in attempts), "")
     if deadline:
         left = float(deadline) - time.time()
-        rows.append(("Budget", f"{_duration(left)} left" if left > 0 else "spent"))
+        rows.append(("Budget", f"{duration(left)} left" if left > 0 else "spent"))
     return rows
 
 
@@ -514,10 +542,10 @@ def _own_times(client: JobSubmissionClient, url: str, submission_id: str) -> lis
 def _spend(attempts: list[Any], usd_per_hour: float | None, now_s: float) -> str:
     """The run's cost so far: from its first attempt's start (Ray's job info) to its last attempt's end, or
     now, at the stack's hourly price (hourlyCostUsd)."""
-    from domain.pricing import spend_so_far
+    from domain.pricing import SET_PRICE, spend_so_far
 
     if usd_per_hour is None:
-        return "unknown (no hourlyCostUsd: the price table lacks this stack's price)"
+        return f"unknown: the stack outputs have no hourlyCostUsd; {SET_PRICE} and run `pulumi up`"
     started = [j.start_time for j in attempts if j.start_time]
     if not started:
         return f"nothing yet (${usd_per_hour:.2f}/h once the run starts)"
@@ -593,34 +621,28 @@ def cmd_wait(args: argparse.Namespace) -> int:
                     outage.reached()
                     elapsed = time.monotonic() - started
                     if reported is None or reported[0] != status or elapsed - reported[1] >= _REPORT_EVERY_S:
-                        _progress(f"job {target.submission_id}: {status} after {_duration(elapsed)}")
+                        _progress(f"job {target.submission_id}: {status} after {duration(elapsed)}")
                         reported = (status, elapsed)
                     if status in TERMINAL_STATUSES:
                         break
                     if args.timeout is not None and elapsed + args.poll > args.timeout:
-                        raise CliError(f"job {target.submission_id} is still {status} after {_duration(elapsed)} "
+                        raise CliError(f"job {target.submission_id} is still {status} after {duration(elapsed)} "
                                        f"(--timeout {args.timeout:g} s)")
                     time.sleep(args.poll)
             break
         except (HeadAccessError, HeadRequestError) as error:
             # A head restart or a dropped port-forward must not fail a wait that may last a day.
             if (lost := outage.lost()) >= args.outage_window:
-                raise HeadUnreachable(f"lost the Ray head for {_duration(lost)} "
+                raise HeadUnreachable(f"lost the Ray head for {duration(lost)} "
                                       f"(--outage-window {args.outage_window:g} s): {_one_line(error)}") from None
             _progress(f"head unreachable ({_one_line(error)}); reconnecting for up to "
-                      f"{_duration(args.outage_window - lost)}")
+                      f"{duration(args.outage_window - lost)}")
             time.sleep(min(args.poll, RECONNECT_PAUSE_S))
     if status != "SUCCEEDED":
         raise CliError(f"job {target.submission_id} ended {status}"
                        + (f": {message}" if message else ""))
     print(f"job {target.submission_id} SUCCEEDED")
     return 0
-
-
-def _duration(seconds: float) -> str:
-    minutes, secs = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:

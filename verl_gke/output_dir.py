@@ -29,7 +29,7 @@ def _own_files(out_dir: Path) -> list[Path]:
                              "give an empty or new folder")
     try:
         listed = json.loads(marker.read_text())["files"]
-    except (ValueError, KeyError, TypeError) as error:
+    except (ValueError, KeyError, TypeError, OSError) as error:
         raise OutputDirError(f"--out {out_dir}: {MARKER} is not synth's file list ({error})") from None
     # A string would be read letter by letter: files synth never wrote.
     if not isinstance(listed, list) or not all(isinstance(name, str) for name in listed):
@@ -41,6 +41,9 @@ def _own_files(out_dir: Path) -> list[Path]:
         path = (out_dir / name).resolve()
         if not path.is_relative_to(root) or path == root:
             raise OutputDirError(f"--out {out_dir}: {MARKER} lists a path outside it: {name!r}")
+        if path.is_dir():  # synth writes files only: a folder there is the user's
+            raise OutputDirError(f"--out {out_dir}: {MARKER} lists {name!r}, which is a folder, not a file synth "
+                                 "wrote; remove that line or the marker")
         files.append(path)
     return [*files, marker]
 

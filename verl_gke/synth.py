@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import runpy
 import signal
 import sys
@@ -20,7 +21,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pulumi
 import yaml
@@ -35,7 +36,7 @@ from components import pinned_image
 from components.grpo_job import planned_outs
 from domain.run_identity import whole_numbers
 from verl_gke import output_dir
-from domain.stack_files import PROJECT_DIR, raw_config
+from domain.stack_files import PROJECT_DIR, declared_types, raw_config, stack_names
 
 PROJECT = "verl-gke"
 SECRET = "[secret]"
@@ -47,6 +48,7 @@ MOCK_DNS_ENDPOINT = preflight.MOCK_DNS_ENDPOINT
 
 GRPO_JOB_TYPE = "pulumi-python:dynamic:GrpoJob"
 PINNED_IMAGE_TYPE = "pulumi-python:dynamic:PinnedImage"
+EXCLUSION_START_TYPE = "pulumi-python:dynamic:UpgradeExclusionStart"
 UNRESOLVED_DIGEST = "[digest resolved at pulumi up]"
 """What synth puts where the registry's digest goes: no registry is asked offline, and none is made up."""
 # Top-level fields of a Kubernetes object, in the order kubectl shows them.
@@ -173,6 +175,9 @@ class SynthMocks(pulumi.runtime.Mocks):
         elif args.typ == PINNED_IMAGE_TYPE:
             state = pinned_image.outs(state["image"], UNRESOLVED_DIGEST)
             return state["ref"], state
+        elif args.typ == EXCLUSION_START_TYPE:
+            # Read from the clock at the first `pulumi up`: offline there is none, and none is made up.
+            return f"{state['cluster']}@first-up", {**state, "start": rpc.UNKNOWN}
         return f"{args.name}-id", state
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list[tuple[str, str]]]:
@@ -361,8 +366,9 @@ def run(stack: str, project_dir: Path = PROJECT_DIR, overrides: dict[str, Any] |
     from domain.config import ConfigError, load_config, placeholders
 
     raw, secret_keys = raw_config(stack, project_dir, overrides)
+    declared = declared_types(project_dir)
     try:
-        healthy = preflight.healthy_answers(load_config(raw))
+        healthy = preflight.healthy_answers(load_config(raw, declared=declared))
     except ConfigError:
         healthy = None  # the program reports the config's problems itself
     monitor = monitor or RecordingMonitor(SynthMocks(cloud, healthy))
@@ -373,7 +379,7 @@ def run(stack: str, project_dir: Path = PROJECT_DIR, overrides: dict[str, Any] |
         lambda: runpy.run_path(str(project_dir / "__main__.py"), run_name="__main__"),
         stack=stack, config=raw, secret_keys=secret_keys, preview=preview, monitor=monitor, log=log)
     unchecked = list(getattr(monitor.mocks, "unchecked", []))
-    cfg = load_config(raw)
+    cfg = load_config(raw, declared=declared)
     modeled = [run_memory.summary_line(cfg.verl, cfg.facts, cfg.model, cfg.gpu_nodes),
                *deploy_timing.model([r.__dict__ for r in registrations]).lines()]
     return SynthResult(stack, registrations, outputs, placeholders(raw, cfg), log, unchecked, modeled)
@@ -443,22 +449,50 @@ def read_cloud_answers(path: Path) -> dict[str, Any]:
     return answers
 
 
+class _UsageError(Exception):
+    """A wrong command line: one line, nothing tried."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a wrong command line is one line (no usage block), as the CLI's."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(message)
+
+
+_STACK_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+"""A Pulumi stack name (pulumi/pulumi sdk/go/common/tokens, ValidateStackName; no '/' outside an org path)."""
+
+
+def _progress(stack: str, message: str) -> None:
+    """What synth is doing, on stderr (stdout is the summary)."""
+    print(f"synth: {stack}: {message}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     from domain.config import ConfigError
 
-    parser = argparse.ArgumentParser(prog="synth", description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="synth", description=__doc__.split("\n\n")[0])
     parser.add_argument("stack", help="stack name, e.g. a4-standard (reads Pulumi.<stack>.yaml)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default dist/<stack>)")
     parser.add_argument("--cloud", type=Path, default=None, metavar="FILE",
                         help="JSON object: invoke token -> the provider's answer, for the live checks")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value for this synth only, e.g. verl-gke:gpuNodes=4")
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+        bad = [item for item in args.set if "=" not in item or ":" not in item.split("=", 1)[0]]
+        if bad:
+            parser.error(f"--set takes NAMESPACE:KEY=VALUE, got {bad[0]!r}")
+    except _UsageError as error:
+        print(f"synth failed: {error} (see synth --help)", file=sys.stderr)
+        return 2
     out_dir = args.out or PROJECT_DIR / "dist" / args.stack
-    bad = [item for item in args.set if "=" not in item or ":" not in item.split("=", 1)[0]]
-    if bad:
-        parser.error(f"--set takes NAMESPACE:KEY=VALUE, got {bad[0]!r}")
     overrides = dict(item.split("=", 1) for item in args.set)
+    if not _STACK_NAME.match(args.stack) or args.stack in (".", ".."):
+        print(f"synth failed: stack {args.stack!r}: a Pulumi stack name is letters, digits, '-', '_' or '.'; "
+              f"stacks here: {', '.join(stack_names())}", file=sys.stderr)
+        return 2
     try:
         output_dir.check(out_dir)
     except output_dir.OutputDirError as error:
@@ -469,13 +503,23 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"synth failed: {error}", file=sys.stderr)
         return 2
+    _progress(args.stack, f"reading Pulumi.{args.stack}.yaml and running the program under Pulumi's mock engine "
+                          "(offline: no cloud call, no credential)")
     try:
         result = run(args.stack, overrides=overrides, cloud=cloud)
     except (ConfigError, pulumi.RunError, FileNotFoundError) as error:
         output_dir.clear(out_dir)
         print(f"synth failed: {error}", file=sys.stderr)
         return 2
-    write(result, out_dir)
+    files = render(result)
+    _progress(args.stack, f"writing {len(files)} files to {out_dir}")
+    try:
+        output_dir.replace(out_dir, files)
+    except (output_dir.OutputDirError, OSError) as error:
+        reason = error if isinstance(error, output_dir.OutputDirError) else \
+            f"--out {out_dir}: cannot write there ({error.strerror or error}: {error.filename or out_dir})"
+        print(f"synth failed: {reason}", file=sys.stderr)
+        return 2
     print(summary(result, out_dir))
     return 0
 

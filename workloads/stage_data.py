@@ -183,6 +183,17 @@ def is_repo_id(value: str) -> bool:
             and len(value.split("/")[1]) <= _MAX_REPO_NAME and not value.endswith((".", ".git")))
 
 
+def dataset_problem(repo: str) -> str | None:
+    """Why staging cannot stage `repo` (a repo id), or None. It turns GSM8K's rows into verl's, tagged
+    for verl's GSM8K reward, so the dataset must be GSM8K: the Pulumi program refuses others at synth and
+    preview, and staging at start (the layout itself is checked on the Hub's files, split_files)."""
+    if "gsm8k" in repo.split("/", 1)[-1].lower():
+        return None
+    return ("staging turns only GSM8K into verl's rows (scored by verl's GSM8K reward): openai/gsm8k or a copy of "
+            "it in its layout (a repo whose name contains gsm8k, with main/train-* and main/test-* parquet shards "
+            "of question and answer).")
+
+
 def model_dir_for(repo: str) -> str:
     """The tutorial's directory for a model: its repo name (Qwen/Qwen2.5-32B-Instruct -> Qwen2.5-32B-Instruct)."""
     return repo.rsplit("/", 1)[-1]
@@ -680,6 +691,8 @@ def parse_args(argv: Sequence[str]) -> Settings:
     for flag, value in (("--model-repo", a.model_repo), ("--dataset-repo", a.dataset_repo)):
         if not is_repo_id(value):
             problems.append(f"{flag} {value!r} is not a Hub repo id like owner/name")
+    if is_repo_id(a.dataset_repo) and (problem := dataset_problem(a.dataset_repo)):
+        problems.append(f"--dataset-repo {a.dataset_repo!r}: {problem}")
     for flag, value in (("--model-revision", a.model_revision), ("--dataset-revision", a.dataset_revision)):
         if not _SHA_RE.fullmatch(value):
             problems.append(f"{flag} {value!r} is not a commit SHA (40 lowercase hex digits); pin one")

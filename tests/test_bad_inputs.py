@@ -1,0 +1,109 @@
+"""A new user's bad inputs, the way they meet them (a stack file plus `--set`, synth's flags): each one is
+refused in one clean line that names its key or flag, never a traceback or a validator's own words."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from domain.config import ConfigError, load_config
+from domain.stack_files import raw_config
+from verl_gke import output_dir, synth
+
+REAL = {"gcp:project": "my-project-123", "verl-gke:reservation": "my-reservation"}
+# Words of the libraries under us, which a user should never have to read.
+FOREIGN = ("Traceback", "Input should", "input should", "validation error", "type=", "pydantic", "Error(")
+
+CONFIG_CASES = [
+    # (key, value, stack[, other keys set with it]): the one line names `key`.
+    ("gcp:region", "us-central", "a4-standard"),
+    ("gcp:zone", "us-central1", "a4-standard"),
+    ("gcp:project", "My_Project", "a4-standard"),
+    ("verl-gke:gpuNode", "4", "a4-standard"),
+    ("verl-gke:gpuNodes", "0", "a4-standard"),
+    ("verl-gke:gpuNodes", "two", "a4-standard"),
+    ("verl-gke:gpuNodes", "4.5", "a4-standard"),
+    ("verl-gke:gpuNodes", "16", "a4-standard"),
+    ("verl-gke:runSupervisor", "yes", "a4-standard"),
+    ("verl-gke:gpuSpot", "maybe", "a4"),
+    ("verl-gke:cpuMachineType", "c2-standrad-16", "a4-standard"),
+    ("verl-gke:reservation", "projects/other-proj/reservations", "a4-standard"),
+    ("verl-gke:dataset", "hendrycks/competition_math", "a4-standard", {"verl-gke:datasetRevision": "a" * 40}),
+    ("verl-gke:fabricMinBusBandwidthGbps", "1000", "a4-standard"),
+    ("verl-gke:runMaxRetries", "1000", "a4-standard"),
+    ("verl-gke:runMaxPreemptions", "1000", "a4-standard"),
+    ("verl-gke:upgradeExclusionStart", "2999-01-01T00:00:00Z", "a4-standard"),
+    ("verl-gke:upgradeExclusionStart", "tomorrow", "a4-standard"),
+    ("verl-gke:verl", json.dumps({"trainer": {"experiment_name": "y" * 140_000}}), "a4-standard"),
+    ("verl-gke:capacity", "spot", "a4-standard"),
+    ("verl-gke:capacity", '["cheap"]', "a4-standard"),
+    ("verl-gke:gpuNodeHourlyUsd", '{"reservation": -1}', "a4-standard"),
+    ("verl-gke:gpuNodeHourlyUsd", "[1]", "a4-standard"),
+    ("verl-gke:runBudgetUsd", "500", "a4-standard"),
+    ("verl-gke:clusterMode", "serverless", "a4-standard"),
+    ("verl-gke:platform", "h100", "a4-standard"),
+    ("verl-gke:clusterName", "UPPER", "a4-standard"),
+    ("verl-gke:bucketName", "goog-bucket", "a4-standard"),
+    ("verl-gke:namespace", "Bad_NS", "a4-standard"),
+    ("verl-gke:volumeCapacity", "768GB", "a4-standard"),
+    ("verl-gke:nodeSubnetCidr", "10.0.0.0/33", "a4-standard"),
+    ("verl-gke:masterAuthorizedCidrs", '["0.0.0.0/0"]', "a4-standard"),
+    ("verl-gke:stagingTimeoutMinutes", "0", "a4-standard"),
+    ("verl-gke:jobDashboardUrl", "ftp://head", "a4-standard"),
+    ("verl-gke:verlImage", "verlai/verl:latest", "a4-standard"),
+    ("verl-gke:kubernetesVersion", "latest", "a4-standard"),
+    ("verl-gke:modelRevision", "main", "a4-standard"),
+    ("verl-gke:workerCpus", "9999", "a4-standard"),
+    ("verl-gke:jobAttempt", "-1", "a4-standard"),
+    ("verl-gke:releaseChannel", "FAST", "a4-standard"),
+    ("verl-gke:existingCluster", "1", "a4-standard"),
+    ("verl-gke:jobReadyTimeoutSeconds", "9223372036854775807", "a4-standard"),
+    ("gpuNodes", "4", "a4-standard"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "stack", "more"), [(*case, {})[:4] for case in CONFIG_CASES])
+def test_each_bad_value_is_one_clean_line_naming_its_key(key: str, value: str, stack: str, more: dict[str, str]):
+    raw, secret_keys = raw_config(stack, overrides={**REAL, **more, key: value})
+    with pytest.raises(ConfigError) as caught:
+        load_config(raw, f"Pulumi.{stack}.yaml", secret_keys)
+    [line] = caught.value.problems
+    assert line.split(" ", 1)[0].rstrip(":") == key, line
+    assert not [word for word in FOREIGN if word in line], line
+
+
+def _marker_listing_a_folder(tmp_path: Path) -> list[str]:
+    out = tmp_path / "out"
+    (out / "manifests").mkdir(parents=True)
+    (out / output_dir.MARKER).write_text(json.dumps({"files": ["manifests"]}))
+    return ["a4", "--out", str(out)]
+
+
+def _cloud_file(tmp_path: Path, text: str) -> list[str]:
+    (tmp_path / "cloud.json").write_text(text)
+    return ["a4", "--out", str(tmp_path / "out"), "--cloud", str(tmp_path / "cloud.json")]
+
+
+FLAG_CASES = [
+    ("--out", _marker_listing_a_folder),
+    ("--out", lambda tmp: ["a4", "--out", str(tmp / "file.txt" / "sub")]),
+    ("--cloud", lambda tmp: ["a4", "--out", str(tmp / "out"), "--cloud", str(tmp / "none.json")]),
+    ("--cloud", lambda tmp: _cloud_file(tmp, "[1]")),
+    ("--cloud", lambda tmp: _cloud_file(tmp, '{"gcp:compute/getReservation:getReservation": 3}')),
+    ("--set", lambda tmp: ["a4", "--out", str(tmp / "out"), "--set", "gpuNodes"]),
+    ("--bogus", lambda tmp: ["a4", "--bogus"]),
+    ("stack", lambda tmp: ["../a4"]),
+]
+
+
+@pytest.mark.parametrize(("flag", "argv"), FLAG_CASES)
+def test_each_bad_flag_is_one_clean_line_naming_it(flag: str, argv, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]):
+    (tmp_path / "file.txt").write_text("mine")
+    assert synth.main(argv(tmp_path)) == 2
+    captured = capsys.readouterr()
+    [line] = [line for line in captured.err.splitlines() if not line.startswith("synth: ")]
+    assert line.startswith("synth failed: ") and flag in line, line
+    assert captured.out == "" and not [word for word in FOREIGN if word in line], line
