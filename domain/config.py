@@ -23,8 +23,8 @@ from domain.grpo_spec import GRPO_DEFAULTS, GrpoSpec, verl_problems
 from domain.run_identity import DELETES_BEFORE_SAVE_BELOW, verl_version_tuple
 from domain.bucket import DEFAULT_CAPACITY, MOUNT_PATH
 from domain.platforms import (
-    AUTOPILOT_SIDECAR, PINNED_IMAGE_ARCH, PLATFORMS, Mode, Platform, PlatformName, VerlRelease, has_digest,
-    is_pinned_image,
+    AUTOPILOT_SIDECAR, NCCL_INSTALLER_REPO, PINNED_IMAGE_ARCH, PLATFORMS, Mode, Platform, PlatformName, VerlRelease,
+    has_digest, is_nccl_installer_url, is_pinned_image,
 )
 from domain import pricing
 from domain.pricing import CAPACITY_KINDS, CapacityKind
@@ -61,12 +61,13 @@ _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 _ZONE = re.compile(r"^([a-z]+-[a-z]+[0-9]+)-[a-z]$")
 _QUANTITY = re.compile(r"^[0-9]+(Ki|Mi|Gi|Ti|Pi)$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
-# A URL naming a commit (40 hex) as one path segment; no user info, query or fragment.
-_COMMIT_URL = re.compile(r"^https://[^/@?#\s]+/(?:[^/?#\s]+/)*[0-9a-f]{40}/[^?#\s]+$")
 # Ranges allowed for the CIDR keys that admit traffic: RFC 1918 and RFC 6598 (shared) space only.
 PRIVATE_RANGES = tuple(ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
                                                           "100.64.0.0/10"))
 _ADMITTING_CIDR_FIELDS = ("internal_source_range", "master_authorized_cidrs", "ray_dashboard_cidrs")
+DASHBOARD_CIDR_MIN_PREFIX = 16
+"""The widest range rayDashboardCidrs admits to the Ray Job API (a /16): a VPN's or a bastion's range."""
+_CLUSTER_RANGE_FIELDS = ("node_subnet_cidr", "pod_cidr", "service_cidr")
 # GKE returns times in UTC "Zulu" form; any other form is a permanent diff (pulumi-gcp docs).
 _RFC3339_UTC = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$")
 
@@ -653,10 +654,10 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
     elif cfg.verl_image not in PINNED_IMAGE_ARCH and not has_digest(cfg.verl_image):
         add("verl_image", cfg.verl_image, "an image of your own must be pinned by digest "
             "(name@sha256:<64 hex>): a tag can be moved to other code that then runs on every node.")
-    if cfg.nccl_installer_url and not _COMMIT_URL.match(cfg.nccl_installer_url):
+    if cfg.nccl_installer_url and not is_nccl_installer_url(cfg.nccl_installer_url):
         add("nccl_installer_url", _without_credentials(cfg.nccl_installer_url),
-            "an https:// URL pinned to a commit: one path segment is a 40-hex commit (no branch or tag), "
-            "no user info, query or fragment.")
+            f"a manifest of Google's installers at a commit: {NCCL_INSTALLER_REPO}/<40-hex commit>/gpudirect-rdma/"
+            "<file>.yaml (no branch, tag, other host or repository, query or fragment).")
     if cfg.job_dashboard_url:
         url = _without_credentials(cfg.job_dashboard_url)
         if not re.match(r"^https?://[^\s/]+", cfg.job_dashboard_url):
@@ -844,6 +845,8 @@ def _cidr_problems(cfg: StackConfig) -> list[str]:
             out.append(problem_line(config_key(field), text, "a private range (inside 10.0.0.0/8, 172.16.0.0/12, "
                                     "192.168.0.0/16 or 100.64.0.0/10): this key admits traffic, never from the "
                                     "internet."))
+        if field == "ray_dashboard_cidrs":
+            out += _dashboard_cidr_problems(text, net, nets)
         if field not in _ADMITTING_CIDR_FIELDS:
             for other_field, other in nets:
                 if net.overlaps(other):
@@ -860,6 +863,22 @@ def _cidr_problems(cfg: StackConfig) -> list[str]:
     if len(cfg.rdma_subnet_cidrs) != cfg.rdma_nics:
         out.append(problem_line(config_key("rdma_subnet_cidrs"), list(cfg.rdma_subnet_cidrs),
                             f"{cfg.facts.title} needs exactly {cfg.rdma_nics} RDMA subnets, one per NIC."))
+    return out
+
+
+def _dashboard_cidr_problems(text: str, net: ipaddress.IPv4Network,
+                             nets: list[tuple[str, ipaddress.IPv4Network]]) -> list[str]:
+    """A range admitted to the Job API must hold neither the cluster's own nodes, pods and services
+    (those of every namespace) nor a whole address space."""
+    out = [problem_line(config_key("ray_dashboard_cidrs"), text,
+                        f"overlaps {other} ({config_key(field)}): it would admit the cluster's own nodes or pods, "
+                        "of every namespace, to the Ray Job API.")
+           for field, other in nets if field in _CLUSTER_RANGE_FIELDS and net.overlaps(other)]
+    if net.prefixlen < DASHBOARD_CIDR_MIN_PREFIX:
+        out.append(problem_line(config_key("ray_dashboard_cidrs"), text,
+                                f"at most {2 ** (32 - DASHBOARD_CIDR_MIN_PREFIX)} addresses (a /{DASHBOARD_CIDR_MIN_PREFIX}"
+                                " or narrower): the callers of the Job API are a VPN's or a bastion's range, not a "
+                                "whole private address space."))
     return out
 
 

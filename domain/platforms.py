@@ -90,6 +90,17 @@ _GIB_NCCL_ENV: dict[str, str] = {
     "NCCL_IB_FIFO_TC": "84",
 }
 
+NCCL_INSTALLER_REPO = "https://raw.githubusercontent.com/GoogleCloudPlatform/container-engine-accelerators"
+"""Google's NCCL RDMA installer manifests (the tutorial applies them from here)."""
+_INSTALLER_URL = re.compile(rf"^{re.escape(NCCL_INSTALLER_REPO)}/[0-9a-f]{{40}}/gpudirect-rdma/[A-Za-z0-9._-]+\.yaml$")
+
+
+def is_nccl_installer_url(url: str) -> bool:
+    """A manifest of Google's installers at a commit: that repository, a 40-hex commit, a file under
+    gpudirect-rdma/; no other host or repository, branch, tag, query or fragment."""
+    return bool(_INSTALLER_URL.match(url))
+
+
 # The images of the NCCL RDMA installers (gIB plugin and its NCCL build) in Google's manifests under
 # gpudirect-rdma/ at manifests.nccl.NCCL_INSTALLER_COMMIT: nccl-rdma-installer.yaml (and -autopilot)
 # for A4 and A3 Ultra, nccl-rdma-installer-a4x.yaml for A4X. Pinned by digest at the first `pulumi up`.

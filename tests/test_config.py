@@ -298,9 +298,10 @@ def test_an_image_of_ones_own_must_be_pinned_by_digest(image: str):
 
 
 def test_urls_and_quantities():
-    assert "https:// URL" in only_problem(ncclInstallerUrl="http://example.com/x.yaml")
+    assert "a manifest of Google's installers at a commit" in only_problem(ncclInstallerUrl="http://example.com/x.yaml")
     assert "http(s) URL" in only_problem(jobDashboardUrl="ray-head:8265")
-    load_config(config(jobDashboardUrl="http://10.0.0.5:8265", rayDashboardCidrs='["10.0.0.0/8"]', volumeCapacity="1Ti"))
+    load_config(config(jobDashboardUrl="http://10.200.0.5:8265", rayDashboardCidrs='["10.200.0.0/16"]',
+                       volumeCapacity="1Ti"))
     assert "a Kubernetes quantity" in only_problem(volumeCapacity="768GB")
 
 
@@ -315,12 +316,20 @@ RAW = "https://raw.githubusercontent.com/GoogleCloudPlatform/container-engine-ac
     (f"{RAW}/{COMMIT.upper()}/gpudirect-rdma/x.yaml", False),
     (f"{RAW}/{COMMIT}/x.yaml?token=abc", False),
     (f"https://{COMMIT}/x.yaml", False),
+    # Any host with a 40-hex path segment is not Google's repository.
+    (f"https://evil.example/{COMMIT}/gpudirect-rdma/nccl-rdma-installer.yaml", False),
+    (f"https://raw.githubusercontent.com/attacker/container-engine-accelerators/{COMMIT}/gpudirect-rdma/x.yaml", False),
+    (f"https://evil.example/GoogleCloudPlatform/container-engine-accelerators/{COMMIT}/gpudirect-rdma/x.yaml", False),
+    (f"{RAW}/{COMMIT}/gpudirect-tcpx/x.yaml", False),
+    (f"{RAW}/{COMMIT}/gpudirect-rdma/sub/x.yaml", False),
 ])
-def test_nccl_installer_url_must_name_a_commit(url: str, ok: bool):
+def test_nccl_installer_url_must_be_googles_installer_at_a_commit(url: str, ok: bool):
     if ok:
         assert load_config(config(ncclInstallerUrl=url)).nccl_installer_url == url
     else:
-        assert "pinned to a commit: one path segment is a 40-hex commit" in only_problem(ncclInstallerUrl=url)
+        assert only_problem(ncclInstallerUrl=url).endswith(
+            f": a manifest of Google's installers at a commit: {RAW}/<40-hex commit>/gpudirect-rdma/<file>.yaml "
+            "(no branch, tag, other host or repository, query or fragment).")
 
 
 @pytest.mark.parametrize("url, shown", [
@@ -368,10 +377,24 @@ def test_cidrs_that_admit_traffic_must_be_private(key: str, value: str, shown: s
 
 
 def test_private_and_shared_ranges_are_admitted():
-    cfg = load_config(config(rayDashboardCidrs='["100.64.0.0/10", "172.16.4.0/24"]', internalSourceRange="10.0.0.0/8",
+    cfg = load_config(config(rayDashboardCidrs='["100.64.0.0/16", "172.16.4.0/24"]', internalSourceRange="10.0.0.0/8",
                              gvnicSubnetCidr="10.1.0.0/24",
                              rdmaSubnetCidrs=json_list(f"10.2.{i}.0/24" for i in range(8))))
-    assert cfg.ray_dashboard_cidrs == ("100.64.0.0/10", "172.16.4.0/24")
+    assert cfg.ray_dashboard_cidrs == ("100.64.0.0/16", "172.16.4.0/24")
+
+
+@pytest.mark.parametrize("cidr, why", [
+    ("10.0.0.0/8", "overlaps 10.0.0.0/20 (verl-gke:nodeSubnetCidr): it would admit the cluster's own nodes or pods, "
+                   "of every namespace, to the Ray Job API."),
+    ("10.6.0.0/16", "overlaps 10.4.0.0/14 (verl-gke:podCidr): it would admit the cluster's own nodes or pods, "
+                    "of every namespace, to the Ray Job API."),
+    ("10.0.32.0/24", "overlaps 10.0.32.0/20 (verl-gke:serviceCidr): it would admit the cluster's own nodes or pods, "
+                     "of every namespace, to the Ray Job API."),
+    ("172.16.0.0/12", "at most 65536 addresses (a /16 or narrower): the callers of the Job API are a VPN's or a "
+                      "bastion's range, not a whole private address space."),
+])
+def test_dashboard_cidrs_admit_neither_the_clusters_own_ranges_nor_a_whole_address_space(cidr: str, why: str):
+    assert f'verl-gke:rayDashboardCidrs = "{cidr}": {why}' in problems(rayDashboardCidrs=f'["{cidr}"]')
 
 
 def test_job_attempt_is_a_whole_number_from_zero():
@@ -515,7 +538,7 @@ def test_a_dashboard_url_the_stacks_network_policy_blocks_is_refused():
     assert only_problem(jobDashboardUrl="http://10.0.0.5:8265") == (
         'verl-gke:jobDashboardUrl = "http://10.0.0.5:8265": the stack\'s NetworkPolicy admits only the Ray pods '
         'to port 8265; add the caller\'s range to rayDashboardCidrs, or set rayNetworkPolicy to false.')
-    load_config(config(jobDashboardUrl="http://10.0.0.5:8265", rayDashboardCidrs='["10.0.0.0/8"]'))
+    load_config(config(jobDashboardUrl="http://10.200.0.5:8265", rayDashboardCidrs='["10.200.0.0/16"]'))
     load_config(config(jobDashboardUrl="http://10.0.0.5:8265", rayNetworkPolicy="false"))
 
 
