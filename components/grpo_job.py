@@ -32,6 +32,7 @@ from verl_gke import fabric
 from verl_gke.cluster_readiness import await_capacity
 from verl_gke.cluster_api import cluster_api
 from verl_gke.kubeconfig import is_dns_endpoint
+from verl_gke.log_text import inert
 from manifests.ray_cluster import ray_cluster_of
 from workloads import export_model, run_lifecycle
 from workloads.run_supervisor import KubernetesControl
@@ -786,7 +787,7 @@ def _await_start(client: JobSubmissionClient, spec: _JobSpec, submission_id: str
 def _ended_message(client: JobSubmissionClient, submission_id: str, status: str, when: str) -> str:
     job = client.get_job_info(submission_id)
     # Ray's message embeds up to 20,000 chars of logs after its first line: keep that line.
-    message = (job.message or "no message").splitlines()[0]
+    message = inert(job.message or "no message").splitlines()[0]
     tail = log_tail(client, job, LOG_TAIL_LINES)
     return (f"GRPO job {submission_id} {status} {when}: {message}\n"
             f"last {len(tail)} log lines:\n" + "\n".join(tail))
@@ -804,7 +805,8 @@ def log_tail(client: JobSubmissionClient, job: JobDetails, lines: int) -> list[s
         return [f"(no log tail: {e})"]
     if response.status_code != 200:
         return [f"(no log tail: the head answered HTTP {response.status_code})"]
-    return response.text.splitlines()[-lines:]
+    # Shown by `pulumi up` in a terminal or a CI log: written by the job, so made inert.
+    return inert(response.text).splitlines()[-lines:]
 
 
 def _value(status: Any) -> str:

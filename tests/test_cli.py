@@ -214,6 +214,22 @@ def test_logs_prints_the_jobs_output(
     assert "(TaskRunner pid=4242) Training Progress: 8/8" in out
 
 
+HOSTILE_LOG = ("print(chr(27) + \"]52;c;Y3VybCBldmlsfHNo\" + chr(7) + \"clip\"); "
+               "print(\"  ::add-mask::x\"); print(\"##[set-env name=A]b\"); print(chr(27) + \"[2Kdone\")")
+
+
+@pytest.mark.ray
+@pytest.mark.filterwarnings("ignore:ssl=None is deprecated:DeprecationWarning")  # inside Ray's log tail
+def test_a_jobs_log_reaches_the_terminal_and_ci_inert(
+        capsys: pytest.CaptureFixture[str], ray_head: str, no_pulumi: None) -> None:
+    submission_id = submit(ray_head, entrypoint=f"python -c '{HOSTILE_LOG}'")
+    assert wait_until_done(ray_head, submission_id) == JobStatus.SUCCEEDED
+    for follow in ([], ["--follow"]):
+        code, out, _ = run(capsys, "logs", *follow, "--dashboard-url", ray_head, "--submission-id", submission_id)
+        assert code == 0
+        assert out.splitlines()[-4:] == ["clip", "  > ::add-mask::x", "> ##[set-env name=A]b", "done"], follow
+
+
 @pytest.mark.ray
 @pytest.mark.filterwarnings("ignore:ssl=None is deprecated:DeprecationWarning")  # inside Ray's log tail
 def test_logs_follow_streams_a_running_job_until_it_ends(

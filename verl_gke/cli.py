@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TextIO, TypeVar
 from verl_gke import fabric, gke_facts, metrics, stack_outputs
 from verl_gke.cluster_api import cluster_api
 from verl_gke.cluster_readiness import ClusterNotReadyError, await_capacity, read_capacity
+from verl_gke.log_text import InertLines, inert
 from verl_gke.head_access import (
     OUTAGE_WINDOW_S,
     HeadAccessError,
@@ -339,7 +340,7 @@ def _ray_call(url: str, what: str, call: Callable[[], _T]) -> _T:
 def _job_info(client: JobSubmissionClient, url: str, submission_id: str) -> tuple[str, str]:
     """(status, message) of the job, with a clear error if the head does not know it."""
     info = _ray_call(url, f"reading job {submission_id}", lambda: client.get_job_info(submission_id))
-    return str(info.status), _first_line(info.message or "")
+    return str(info.status), _first_line(inert(info.message or ""))
 
 
 def _progress(message: str) -> None:
@@ -540,7 +541,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         if not args.follow:
             text = _ray_call(url, f"reading the logs of job {target.submission_id}",
                              lambda: client.get_job_logs(target.submission_id))
-            sys.stdout.write(text)
+            sys.stdout.write(inert(text))
             return 0
         _job_info(client, url, target.submission_id)  # a clear error for an unknown job
         _ray_call(url, f"following the logs of job {target.submission_id}",
@@ -559,6 +560,7 @@ async def _tail(client: JobSubmissionClient, submission_id: str, out: TextIO) ->
     status, so a head that stopped answering ends the command instead of hanging it."""
     stream = client.tail_job_logs(submission_id).__aiter__()
     pending: asyncio.Future[str] | None = None
+    lines = InertLines()
     try:
         while True:
             pending = pending or asyncio.ensure_future(stream.__anext__())
@@ -569,9 +571,10 @@ async def _tail(client: JobSubmissionClient, submission_id: str, out: TextIO) ->
             try:
                 chunk = pending.result()
             except StopAsyncIteration:
+                out.write(lines.flush())
                 return
             pending = None
-            out.write(chunk)
+            out.write(lines.feed(chunk))
             out.flush()
     finally:
         if pending is not None:
@@ -742,7 +745,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             time.sleep(args.poll)
         if status != "SUCCEEDED":
             logs = _ray_call(url, "reading the export's logs", lambda: client.get_job_logs(kwargs["submission_id"]))
-            tail = " | ".join(logs.strip().splitlines()[-3:])
+            tail = " | ".join(inert(logs).strip().splitlines()[-3:])
             raise CliError(f"export {kwargs['submission_id']} {status}: {tail}")
     print(uri)
     return 0
