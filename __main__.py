@@ -14,12 +14,12 @@ from domain import hf_token
 from components.gpu_node_pool import GpuNodePool
 from components.grpo_job import GrpoJob, claimed_within_s
 from components.image_mirror import ImageMirror
-from domain.image_mirror import MIRROR_APIS, is_docker_hub, registry_prefix, repository_id
+from domain.image_mirror import is_docker_hub, registry_prefix, repository_id
 from domain.run_identity import submission_ids
 from domain.stack_run import stack_run
 from domain.grpo_spec import entrypoint, runtime_env
 from components.network_mapping import NetworkMapping
-from domain.preflight import REQUIRED_APIS, STACK_LABEL
+from domain.preflight import STACK_LABEL, required_apis
 from components.preflight import check_live_project
 from components.project_apis import ProjectApis
 from components.rdma_network import RdmaNetwork
@@ -48,8 +48,7 @@ builds_infra = not cfg.existing_cluster
 names = stack_names(cfg, pulumi.get_stack())
 networks = NetworkNames(names.gvnic_prefix, names.rdma_prefix, cfg.rdma_nics) if cfg.rdma_nics else None
 
-services = (*REQUIRED_APIS, *MIRROR_APIS) if cfg.image_mirror else REQUIRED_APIS
-apis = ProjectApis("apis", {"project": cfg.project, "services": services}) if cfg.enable_apis else None
+apis = ProjectApis("apis", {"project": cfg.project, "services": required_apis(cfg)}) if cfg.enable_apis else None
 gcp_ready = pulumi.ResourceOptions(depends_on=apis.services if apis else [])
 
 rdma = None
@@ -88,6 +87,7 @@ cluster = GkeCluster("gke", {
     "existing": cfg.existing_cluster, "master_authorized_cidrs": cfg.master_authorized_cidrs,
     "control_plane_endpoint": cfg.control_plane_endpoint,
     "upgrade_exclusion_start": cfg.upgrade_exclusion_start or None, "gpu_metrics": cfg.gpu_metrics,
+    "binary_authorization": cfg.binary_authorization,
     "dedicated_node_service_account": cfg.dedicated_node_service_account, "private_nodes": cfg.private_nodes,
     # The NVIDIA DRA driver 25.3 still speaks resource.k8s.io/v1beta1 (Cluster Toolkit gke-a4x).
     "k8s_beta_apis": DRA_V1BETA1_APIS if a4x else [],

@@ -134,6 +134,7 @@ class StackConfig(BaseModel):
     cloud_nat: bool = True
     image_streaming: bool = True
     image_mirror: bool = True
+    binary_authorization: bool = False
     upgrade_exclusion_start: str = "2026-12-01T00:00:00Z"
     ray_operator: Literal["addon", "helm"] = "addon"
     cpu_machine_type: str = "c2-standard-16"

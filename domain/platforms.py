@@ -204,6 +204,11 @@ class Platform:
     fabric_transports: tuple[str, ...] = ()
     """NCCL transports (as its `via ...` log lines name them) the fabric check must see between nodes;
     any other `NET/...` (NET/Socket: TCP) fails it."""
+    secure_boot: bool = True
+    """Shielded VM Secure Boot on the GPU nodes (only signed boot components and kernel modules load; GKE's own
+    GPU driver install is signed). Cluster Toolkit's gke-a4, gke-a3-ultragpu and gke-a4x blueprints keep
+    gke-node-pool's `enable_secure_boot` default, true (cluster-toolkit 1047080, 2026-06-25); False only for a
+    family that cannot boot so, or for drivers GKE does not install."""
     gpu_memory_gb: int = 0
     """HBM per GPU, 10^9 bytes, as GCP's accelerator-optimized machine table lists it per machine
     (A4 1,440 GB / 8 B200; A3 Ultra 1,128 GB / 8 H200; A4X 744 GB / 4 GB200)."""
