@@ -27,7 +27,7 @@ from components.run_supervisor import RunSupervisor
 from components.ray_training_cluster import RayTrainingCluster
 from manifests import compute_class, nccl, supervisor
 from manifests.network_mapping import NetworkNames
-from domain.bucket import MOUNT_PATH
+from domain.bucket import MOUNT_PATH, ray_writable_prefixes
 from domain.pricing import run_cost, run_estimate_line
 from domain.run_memory import merge_memory_bytes
 from domain.names import stack_names, stack_slug
@@ -129,6 +129,8 @@ storage = GcsFuseStorage("storage", {
     "project": cfg.project, "region": cfg.region,
     "bucket_name": names.bucket, "force_destroy": cfg.bucket_force_destroy,
     "namespace": cfg.namespace, "service_account": names.service_account,
+    "staging_service_account": names.staging_service_account,
+    "ray_writable_prefixes": ray_writable_prefixes(cfg.grpo.checkpoint_dir),
     "hf_token_secret_id": hf_token.secret_id(pulumi.get_stack()),
     "capacity": cfg.volume_capacity, "labels": {"stack": label_value(pulumi.get_stack())},
     "k8s_provider": cluster.provider,
@@ -136,7 +138,7 @@ storage = GcsFuseStorage("storage", {
 
 # Staging runs on a CPU node while the GPU pool is still being created.
 staging = DataStaging("staging", {
-    "namespace": cfg.namespace, "service_account": names.service_account, "model_repo": cfg.model,
+    "namespace": cfg.namespace, "service_account": names.staging_service_account, "model_repo": cfg.model,
     "model_revision": cfg.model_revision, "model_dir": model_dir_for(cfg.model),
     "dataset_repo": cfg.dataset, "dataset_revision": cfg.dataset_revision,
     "timeout_minutes": cfg.staging_timeout_minutes,

@@ -12,7 +12,7 @@ import json
 import posixpath
 import re
 import urllib.parse
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any, Literal
 
@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from domain import gke_versions, run_memory
 from domain.grpo_spec import GRPO_DEFAULTS, GrpoSpec, verl_problems
 from domain.run_identity import DELETES_BEFORE_SAVE_BELOW, verl_version_tuple
-from domain.bucket import DEFAULT_CAPACITY, MOUNT_PATH
+from domain.bucket import DEFAULT_CAPACITY, MOUNT_PATH, ray_writable_prefixes
 from domain.platforms import (
     AUTOPILOT_SIDECAR, NCCL_INSTALLER_REPO, PINNED_IMAGE_ARCH, PLATFORMS, Mode, Platform, PlatformName, VerlRelease,
     has_digest, is_nccl_installer_url, is_pinned_image,
@@ -29,6 +29,7 @@ from domain.platforms import (
 from domain import pricing
 from domain.pricing import CAPACITY_KINDS, CapacityKind
 from workloads.stage_data import (
+    DATASET_DIR,
     DEFAULT_DATASET_REPO,
     DEFAULT_DATASET_REVISION,
     DEFAULT_MODEL_REPO,
@@ -627,8 +628,10 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
 
     if not _DNS_LABEL.match(cfg.namespace) or len(cfg.namespace) > 63:
         add("namespace", cfg.namespace, "a Kubernetes namespace: at most 63 lowercase letters, digits or hyphens.")
-    if cfg.service_account and (not _DNS_SUBDOMAIN.match(cfg.service_account) or len(cfg.service_account) > 253):
-        add("service_account", cfg.service_account, "a Kubernetes name: lowercase letters, digits, '-' or '.'.")
+    # The staging Job's account is this name with `-staging` (domain.names).
+    if cfg.service_account and (not _DNS_SUBDOMAIN.match(cfg.service_account) or len(cfg.service_account) > 245):
+        add("service_account", cfg.service_account, "a Kubernetes name: lowercase letters, digits, '-' or '.', "
+            "at most 245 characters.")
     # KubeRay derives "<name>-head-svc" and pod names from it; keep room under 63.
     if not _GCE_NAME.match(cfg.ray_cluster_name) or len(cfg.ray_cluster_name) > 47:
         add("ray_cluster_name", cfg.ray_cluster_name, "at most 47 lowercase letters, digits or hyphens, starting with "
@@ -692,11 +695,16 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
         add("grpo.extra_overrides", resolvers, "no Hydra/OmegaConf interpolations (${...}): they are resolved on "
             "the deployer's machine at preview (${oc.env:...} reads its environment) and printed. Write values.")
 
+    plain = []
     for field in ("checkpoint_dir", "model_path", "train_files", "val_files"):
         value = getattr(cfg.grpo, field)
         if posixpath.normpath(value) != value or not value.startswith(f"{MOUNT_PATH}/"):
             add(f"grpo.{field}", value, f"an absolute path under the bucket mount {MOUNT_PATH}/ that every node "
                 "shares, written plainly (no '..', '.', '//' or trailing '/').")
+        else:
+            plain.append(field)
+    if "checkpoint_dir" in plain:
+        _write_boundary_problems(cfg, [f for f in plain if f != "checkpoint_dir"], add)
     for field in ("model", "dataset"):
         if not is_repo_id(getattr(cfg, field)):
             add(field, getattr(cfg, field), "a Hugging Face repo id such as Qwen/Qwen2.5-32B-Instruct: owner/name "
@@ -865,6 +873,28 @@ def _cidr_problems(cfg: StackConfig) -> list[str]:
         out.append(problem_line(config_key("rdma_subnet_cidrs"), list(cfg.rdma_subnet_cidrs),
                             f"{cfg.facts.title} needs exactly {cfg.rdma_nics} RDMA subnets, one per NIC."))
     return out
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder.rstrip("/") or path.startswith(folder.rstrip("/") + "/")
+
+
+def _write_boundary_problems(cfg: StackConfig, read_fields: list[str], add: Callable[..., None]) -> None:
+    """What the Ray pods may write (domain.bucket's layout) and what they run stay apart: the checkpoint
+    dir outside the staged folders, the model and data a run reads outside the writable ones."""
+    staged = [f"{MOUNT_PATH}/{model_dir_for(cfg.model)}", f"{MOUNT_PATH}/{DATASET_DIR}"]
+    if cfg.staged_verl is not None:
+        staged.append(f"{MOUNT_PATH}/{cfg.staged_verl.dir_name}")
+    if any(_under(cfg.grpo.checkpoint_dir, folder) for folder in staged):
+        add("grpo.checkpoint_dir", cfg.grpo.checkpoint_dir, f"outside what staging writes ({', '.join(staged)}): the "
+            "Ray pods may write the checkpoint dir, never the model, the data or the code they run.")
+        return
+    writable = ray_writable_prefixes(cfg.grpo.checkpoint_dir)
+    for field in read_fields:
+        value = getattr(cfg.grpo, field)
+        if any(_under(value, f"{MOUNT_PATH}/{prefix}") for prefix in writable):
+            add(f"grpo.{field}", value, f"outside the folders the Ray pods may write ({', '.join(writable)}): a job "
+                "could replace what the next run loads.")
 
 
 def _dashboard_cidr_problems(text: str, net: ipaddress.IPv4Network,

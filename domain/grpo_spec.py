@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from domain.platforms import Platform
-from domain.bucket import MOUNT_PATH
+from domain.bucket import HF_CACHE_DIR, MOUNT_PATH
 
 VERL_ENTRY_MODULE = "verl.trainer.main_ppo"
 
@@ -284,7 +284,7 @@ def runtime_env(platform: Platform, *, nnodes: int, worker_cpus: int,
         "LD_LIBRARY_PATH": platform.ld_library_path,
         "NCCL_DEBUG": "INFO",
         **platform.nccl_env,
-        "HF_HOME": f"{MOUNT_PATH}/huggingface_cache",
+        "HF_HOME": f"{MOUNT_PATH}/{HF_CACHE_DIR}",
         "GLOO_SOCKET_IFNAME": "eth0",
         "NUM_WORKERS": str(nnodes),
         "CPUS_PER_WORKER": str(worker_cpus),

@@ -412,6 +412,8 @@ DEPLOY_DURATIONS: dict[str, Duration] = {
     "gcp:projects/iAMMember:IAMMember": Duration(10, f"IAM policy read-modify-write; {_ESTIMATE}"),
     "gcp:storage/bucket:Bucket": Duration(5, f"one Cloud Storage call; {_ESTIMATE}"),
     "gcp:storage/bucketIAMMember:BucketIAMMember": Duration(5, f"one Cloud Storage call; {_ESTIMATE}"),
+    "gcp:storage/managedFolder:ManagedFolder": Duration(5, f"one Cloud Storage call; {_ESTIMATE}"),
+    "gcp:storage/managedFolderIamMember:ManagedFolderIamMember": Duration(5, f"one Cloud Storage call; {_ESTIMATE}"),
     "gcp:container/cluster:Cluster": Duration(
         540, "GKE Standard or Autopilot regional control plane with its initial node; GKE quotes 'several "
         f"minutes'; {_ESTIMATE}"),

@@ -601,3 +601,28 @@ def test_an_image_name_longer_than_registries_take_is_refused():
 def test_the_cluster_network_is_empty_or_a_vpc_name():
     assert load_config(config(clusterNetwork="default")).cluster_network == "default"
     assert "the name of an existing VPC" in only_problem(clusterNetwork="Default Net")
+
+
+@pytest.mark.parametrize("path", ["/data/verl-0.6.1", "/data/verl-0.6.1/ckpt", "/data/gsm8k/ckpt",
+                                  "/data/Qwen2.5-32B-Instruct/checkpoints"])
+def test_checkpoints_never_go_where_staging_puts_code_the_model_or_data(path: str):
+    """The checkpoint dir is a prefix the Ray pods may write (domain.bucket): inside a staged folder it
+    would let a job rewrite what every later pod runs."""
+    assert only_problem(grpoCheckpointDir=path) == (
+        f'verl-gke:grpoCheckpointDir = "{path}": outside what staging writes (/data/Qwen2.5-32B-Instruct, '
+        "/data/gsm8k, /data/verl-0.6.1): the Ray pods may write the checkpoint dir, never the model, the data or "
+        "the code they run.")
+
+
+@pytest.mark.parametrize("key, path", [("grpoModelPath", "/data/models/r/model"),
+                                       ("grpoTrainFiles", "/data/verl/checkpoints/train.parquet"),
+                                       ("grpoValFiles", "/data/huggingface_cache/test.parquet")])
+def test_the_model_and_data_a_run_reads_are_not_where_ray_pods_write(key: str, path: str):
+    assert only_problem(**{key: path}) == (
+        f'verl-gke:{key} = "{path}": outside the folders the Ray pods may write (verl/checkpoints/, models/, logs/, '
+        "huggingface_cache/): a job could replace what the next run loads.")
+
+
+def test_the_staging_service_account_name_fits_beside_the_given_one():
+    assert "a Kubernetes name" in only_problem(serviceAccount="a" * 246)
+    load_config(config(serviceAccount="a" * 245))

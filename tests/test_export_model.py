@@ -112,8 +112,8 @@ def test_cli_export_runs_the_merger_as_a_ray_job_and_prints_the_models_uri(
                      "--python", sys.executable,
                      "--timeout", "600"])
     out, err = capsys.readouterr()
-    assert (code, out) == (0, f"gs://verl-data-p/{run_id}/model-step-7\n"), err
-    loaded = AutoModelForCausalLM.from_pretrained(bucket / run_id / "model-step-7", torch_dtype="auto")
+    assert (code, out) == (0, f"gs://verl-data-p/models/{run_id}/model-step-7\n"), err
+    loaded = AutoModelForCausalLM.from_pretrained(bucket / "models" / run_id / "model-step-7", torch_dtype="auto")
     for key, tensor in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], tensor.to(torch.bfloat16)), key
 
@@ -121,13 +121,13 @@ def test_cli_export_runs_the_merger_as_a_ray_job_and_prints_the_models_uri(
 def test_the_export_job_runs_on_the_head_unless_it_asks_for_memory() -> None:
     plain = export_model.submission(run_id="r", checkpoint_dir="/data/ck/r", step=None, working_dir="/w")
     assert plain == {
-        "entrypoint": "python export_model.py --checkpoint-dir /data/ck/r --target-dir /data/r/model",
+        "entrypoint": "python export_model.py --checkpoint-dir /data/ck/r --target-dir /data/models/r/model",
         "submission_id": "verl-export-r-final", "runtime_env": {"working_dir": "/w"},
-        "metadata": {"verl_gke_export": "/data/r/model"},
+        "metadata": {"verl_gke_export": "/data/models/r/model"},
     }
     big = export_model.submission(run_id="r", checkpoint_dir="/data/ck/r", step=3, working_dir="/w",
                                   memory_bytes=260 * 10**9)
-    assert big["entrypoint"].endswith("--target-dir /data/r/model-step-3 --step 3")
+    assert big["entrypoint"].endswith("--target-dir /data/models/r/model-step-3 --step 3")
     assert (big["entrypoint_memory"], big["entrypoint_num_cpus"]) == (260 * 10**9, 1)
 
 
@@ -147,7 +147,7 @@ def test_model_uri_is_empty_until_the_run_succeeds() -> None:
     assert running.outputs["modelUri"] == ""
     done = synth.run("a4-standard", monitor=synth.RecordingMonitor(Succeeded()))
     run_id = done.outputs["checkpointUri"].rsplit("/", 1)[1]  # the run's id names its checkpoint folder
-    assert done.outputs["modelUri"] == f"gs://{done.outputs['bucketName']}/{run_id}/model"
+    assert done.outputs["modelUri"] == f"gs://{done.outputs['bucketName']}/models/{run_id}/model"
 
 
 def test_a_merge_that_would_not_fit_in_memory_is_refused_before_it_starts(tmp_path: Path) -> None:
@@ -171,8 +171,8 @@ def test_a_hostile_checkpoint_uri_stays_one_argument_of_the_exports_entrypoint(t
                           check=True)
     assert not marker.exists()
     assert done.stdout.split("\n")[0] == (
-        f"export_model.py --checkpoint-dir /data/{folder} --target-dir /data/r $(touch {marker})/model "
+        f"export_model.py --checkpoint-dir /data/{folder} --target-dir /data/models/r $(touch {marker})/model "
         "--verl-dir /data/verl 0.9")
     assert shlex.split(job["entrypoint"]) == [
         "echo", "export_model.py", "--checkpoint-dir", f"/data/{folder}",
-        "--target-dir", f"/data/r $(touch {marker})/model", "--verl-dir", "/data/verl 0.9"]
+        "--target-dir", f"/data/models/r $(touch {marker})/model", "--verl-dir", "/data/verl 0.9"]

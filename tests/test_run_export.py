@@ -91,7 +91,7 @@ def test_a_succeeded_run_is_exported_once_across_a_restart_then_the_workers_go(r
     first.step()  # claims and submits, then "dies"
     export_id = f"verl-export-{run_id}-final-0"
     record = records.get(run_id)
-    assert (record.export_id, record.export_target, record.export_outcome) == (export_id, f"{bucket}/{run_id}/model", "")
+    assert (record.export_id, record.export_target, record.export_outcome) == (export_id, f"{bucket}/models/{run_id}/model", "")
     assert first.ray.submitted == [(export_id, {"entrypoint_memory": 10**6, "entrypoint_num_cpus": 1})]
     assert control.calls == [] and not record.released  # the workers stay while the merge runs
 
@@ -120,7 +120,7 @@ def test_a_succeeded_run_is_exported_once_across_a_restart_then_the_workers_go(r
     outputs = write_outputs(tmp_path / "outputs.json", outputs_doc(run_id))
     assert cli.main(["status", "--outputs", str(outputs), "--dashboard-url", ray_cluster.dashboard_url]) == 0
     out = capsys.readouterr().out
-    assert re.search(rf"^Model export +{export_id}  SUCCEEDED  -> {bucket}/{run_id}/model$", out, re.M), out
+    assert re.search(rf"^Model export +{export_id}  SUCCEEDED  -> {bucket}/models/{run_id}/model$", out, re.M), out
 
 
 def test_a_failed_export_is_recorded_and_the_workers_are_released(ray_cluster: RayHead, records, tmp_path):

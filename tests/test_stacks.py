@@ -113,9 +113,12 @@ def test_the_token_has_no_path_through_pulumi(stack: str, synth_stack):
     assert secret.inputs["secretId"] == f"verl-gke-{stack}-hf-token"
     assert not [r for r in result.registrations if r.type == "gcp:secretmanager/secretVersion:SecretVersion"]
     (access,) = [r for r in result.registrations if r.type == "gcp:secretmanager/secretIamMember:SecretIamMember"]
-    (bucket_access,) = [r for r in result.registrations if r.type == "gcp:storage/bucketIAMMember:BucketIAMMember"]
+    grants = {r.inputs["role"]: r.inputs["member"] for r in result.registrations
+              if r.type == "gcp:storage/bucketIAMMember:BucketIAMMember"}
+    # The staging identity (which writes the bucket), never the Ray pods' (which read it).
     assert (access.inputs["role"], access.inputs["member"]) == ("roles/secretmanager.secretAccessor",
-                                                                bucket_access.inputs["member"])
+                                                                grants["roles/storage.objectUser"])
+    assert access.inputs["member"] != grants["roles/storage.objectViewer"]
     (job,) = [m for m in result.manifests() if m["kind"] == "Job" and m["metadata"]["name"] == "stage-data"]
     command = job["spec"]["template"]["spec"]["containers"][0]["command"]
     project = result.outputs["hfTokenSecret"].split("/")[1]

@@ -192,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp = commands.add_parser(
         "export", parents=[common], help="merge a checkpoint into a Hugging Face model in the bucket",
         description="Run verl's model merger on the head as a Ray job: the checkpoint at --step (default: the "
-                    "newest) becomes safetensors at gs://<bucket>/<run>/model (or model-step-N), which "
+                    "newest) becomes safetensors at gs://<bucket>/models/<run>/model (or model-step-N), which "
                     "transformers and vLLM load. Waits for the job and prints the model's gs:// URI.")
     exp.add_argument("--step", type=int, metavar="N", help="checkpoint step (default: the newest)")
     exp.add_argument("--memory-gb", type=_positive_float, metavar="GB",

@@ -14,6 +14,7 @@ import logging
 import runpy
 import signal
 import sys
+import uuid
 import zlib
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -41,6 +42,11 @@ PROJECT = "verl-gke"
 SECRET = "[secret]"
 UNKNOWN = deploy_timing.UNKNOWN
 MOCK_PROJECT_NUMBER = "123456789012"
+
+
+def mock_uid(kind: str, namespace: str, name: str) -> str:
+    """The UID the API server would give a Kubernetes object: a UUID, here derived from the object."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"verl-gke-synth/{kind}/{namespace}/{name}"))
 MOCK_CA = preflight.MOCK_CA
 MOCK_ENDPOINT = preflight.MOCK_ENDPOINT
 MOCK_DNS_ENDPOINT = preflight.MOCK_DNS_ENDPOINT
@@ -164,7 +170,9 @@ class SynthMocks(pulumi.runtime.Mocks):
         elif args.typ.startswith("gcp:compute/"):
             state["selfLink"] = f"https://www.googleapis.com/compute/v1/projects/mock/{name}"
         elif args.typ.startswith("kubernetes:") and isinstance(state.get("metadata"), dict):
-            state["metadata"] = {"name": args.name, **state["metadata"]}
+            meta = {"name": args.name, **state["metadata"]}
+            state["metadata"] = {**meta, "uid": mock_uid(args.typ.rsplit(":", 1)[-1], meta.get("namespace", ""),
+                                                          meta["name"])}
         elif args.typ == GRPO_JOB_TYPE:
             # The provider gets every number as a float (a protobuf Struct has no integers). The
             # submission id and dashboard command are known offline; the run's status is not.

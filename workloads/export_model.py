@@ -10,7 +10,7 @@ renamed to `<target>` at the end, so a reader of the bucket never sees half a mo
 Runs on CPU: merging needs the model's full fp32 weights in memory (about 4 bytes per parameter, twice while
 saving), not a GPU. Stdlib only at import time: it is shipped into the cluster.
 
-    python -m workloads.export_model --checkpoint-dir /data/verl/checkpoints/<run> --target-dir /data/<run>/model
+    python -m workloads.export_model --checkpoint-dir /data/verl/checkpoints/<run> --target-dir /data/models/<run>/model
 """
 
 from __future__ import annotations
@@ -127,10 +127,14 @@ MOUNT_PREFIX = "/data"
 """Where every Ray pod mounts the bucket (domain.bucket.MOUNT_PATH; workloads import no domain)."""
 
 
+MODELS_DIR = "models"
+"""Where exported models go under the bucket, one folder per run: a prefix the Ray pods may write (domain.bucket)."""
+
+
 def model_path(run_id: str, step: int | None = None) -> str:
-    """The model's folder under the bucket: `<run>/model` for the run's final model, `<run>/model-step-<N>` for
-    an export of step N, so an older step never replaces the final model."""
-    return f"{run_id}/model" if step is None else f"{run_id}/model-step-{step}"
+    """The model's folder under the bucket: `models/<run>/model` for the run's final model,
+    `models/<run>/model-step-<N>` for an export of step N, so an older step never replaces the final model."""
+    return f"{MODELS_DIR}/{run_id}/model" if step is None else f"{MODELS_DIR}/{run_id}/model-step-{step}"
 
 
 SUBMISSION_PREFIX = "verl-export-"
