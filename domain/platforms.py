@@ -45,6 +45,25 @@ def has_digest(image: str) -> bool:
     return bool(_DIGEST.search(image))
 
 
+# The digest each tagged image of the platform table and the charts serves, as `python -m
+# verl_gke.image_pins` (a maintainer's machine with network) read it from its registry and wrote it here.
+# An image without an entry is pinned at the stack's first `pulumi up` (components/pinned_image.py) and
+# kept in its state. This machine reaches no registry, so the table starts empty.
+# BEGIN IMAGE_DIGESTS (written by python -m verl_gke.image_pins)
+IMAGE_DIGESTS: dict[str, str] = {
+}
+# END IMAGE_DIGESTS
+
+
+def repository_pin(image: str) -> str | None:
+    """`image` by digest as the repository pins it (`name:tag@sha256:...`), or None when only the first
+    `pulumi up` can (a tag the table has no digest for)."""
+    if has_digest(image):
+        return image
+    digest = IMAGE_DIGESTS.get(image)
+    return f"{image}@{digest}" if digest else None
+
+
 def is_pinned_image(image: str) -> bool:
     """A fixed tag (not `latest`) or a digest; a registry port (`host:5000/x`) is not a tag."""
     if "@sha256:" in image:

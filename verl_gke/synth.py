@@ -35,7 +35,7 @@ from domain import deploy_timing, preflight, run_memory
 from components import pinned_image
 from components.grpo_job import planned_outs
 from domain.run_identity import whole_numbers
-from verl_gke import output_dir
+from verl_gke import image_pins, output_dir
 from domain.stack_files import PROJECT_DIR, raw_config
 
 PROJECT = "verl-gke"
@@ -278,6 +278,8 @@ class SynthResult:
     """Invoke tokens of live checks answered by the healthy stand-in, not by `--cloud`."""
     modeled: list[str] = field(default_factory=list)
     """What synth models of the run: GPU memory per GPU, the deploy's critical path."""
+    images: list[str] = field(default_factory=list)
+    """Where each image's digest comes from: the repository, or the first `pulumi up` (verl_gke.image_pins)."""
 
     def manifests(self) -> list[dict[str, Any]]:
         """Kubernetes objects the program defines, in registration order, as they would be applied."""
@@ -384,7 +386,8 @@ def run(stack: str, project_dir: Path = PROJECT_DIR, overrides: dict[str, Any] |
     cfg = load_config(raw)
     modeled = [run_memory.summary_line(cfg.grpo, cfg.facts, cfg.model, cfg.gpu_nodes),
                *deploy_timing.model([r.__dict__ for r in registrations]).lines()]
-    return SynthResult(stack, registrations, outputs, placeholders(raw, cfg), log, unchecked, modeled)
+    return SynthResult(stack, registrations, outputs, placeholders(raw, cfg), log, unchecked, modeled,
+                       image_pins.summary_lines(cfg))
 
 
 def render(result: SynthResult) -> dict[str, str]:
@@ -420,6 +423,7 @@ def summary(result: SynthResult, out_dir: Path) -> str:
     lines.append(f"  {len(result.manifests())} Kubernetes manifests, {len(result.outputs)} stack outputs")
     lines += result.log
     lines += result.modeled
+    lines += result.images
     if result.unchecked:
         lines.append("Live checks not made (no --cloud answer; `pulumi preview` makes them):")
         lines += [f"  {preflight.CHECKS[token]} ({token})" for token in result.unchecked]
