@@ -18,6 +18,7 @@ from domain.image_mirror import is_docker_hub, registry_prefix, repository_id
 from domain.run_identity import submission_ids
 from domain.stack_run import stack_run
 from domain.grpo_spec import entrypoint, runtime_env
+from components.namespace_security import NamespaceSecurity
 from components.network_mapping import NetworkMapping
 from domain.preflight import STACK_LABEL, required_apis
 from components.preflight import check_live_project
@@ -26,6 +27,7 @@ from components.rdma_network import RdmaNetwork
 from components.run_supervisor import RunSupervisor
 from components.ray_training_cluster import RayTrainingCluster
 from manifests import compute_class, nccl, supervisor
+from manifests import staging as staging_manifests
 from manifests.network_mapping import NetworkNames
 from domain.bucket import MOUNT_PATH, ray_writable_prefixes
 from domain.pricing import run_cost, run_estimate_line
@@ -136,6 +138,13 @@ storage = GcsFuseStorage("storage", {
     "k8s_provider": cluster.provider,
 }, gcp_ready.merge(pulumi.ResourceOptions(depends_on=egress)))
 
+# Before any pod of the namespace: what it admits (Pod Security) and what its pods may reach.
+guard = NamespaceSecurity("namespace", {
+    "namespace": cfg.namespace, "ray_cluster": cfg.ray_cluster_name, "staging_labels": staging_manifests.LABELS,
+    "supervisor_labels": supervisor.LABELS if cfg.run_supervisor else None,
+    "kuberay_operator": cfg.ray_operator == "helm", "network_policies": cfg.ray_network_policy,
+}, k8s.merge(pulumi.ResourceOptions(depends_on=[storage])))
+
 # Staging runs on a CPU node while the GPU pool is still being created.
 staging = DataStaging("staging", {
     "namespace": cfg.namespace, "service_account": names.staging_service_account, "model_repo": cfg.model,
@@ -143,13 +152,13 @@ staging = DataStaging("staging", {
     "dataset_repo": cfg.dataset, "dataset_revision": cfg.dataset_revision,
     "timeout_minutes": cfg.staging_timeout_minutes,
     "verl": cfg.staged_verl, "hf_token_secret": hf_token.secret_name(cfg.project, pulumi.get_stack()),
-}, k8s.merge(pulumi.ResourceOptions(depends_on=[storage])))
+}, k8s.merge(pulumi.ResourceOptions(depends_on=[storage, guard])))
 
 mapping = NetworkMapping("network", {"platform": facts, "networks": networks,
                                      "nccl_installer_url": cfg.nccl_installer_url or nccl.google_installer_url(facts, cfg.cluster_mode)},
                          k8s.merge(pulumi.ResourceOptions(depends_on=gpu_ready)))
 
-ray_waits_for: list[pulumi.Resource] = [storage, mapping, *gpu_ready]
+ray_waits_for: list[pulumi.Resource] = [storage, guard, mapping, *gpu_ready]
 image_mirror: str | None = None
 if cfg.image_mirror and is_docker_hub(cfg.verl_image):
     # The nodes pull (and GKE streams) the image from the stack's remote repository of Docker Hub.
@@ -207,7 +216,7 @@ if cfg.run_supervisor:
         },
     # It waits for a head that does not answer yet (workloads/run_supervisor.run_forever), so it
     # need not wait for the RayCluster's pods: it starts with them, once the GPU nodes are set up.
-    }, k8s.merge(pulumi.ResourceOptions(depends_on=[storage, mapping]))))
+    }, k8s.merge(pulumi.ResourceOptions(depends_on=[storage, guard, mapping]))))
 
 job = GrpoJob("grpo", {
     "entrypoint": entry, "runtime_env": job_env,

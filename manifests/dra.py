@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from manifests.helm import HelmChart
+from manifests.storage import POD_SECURITY_VERSION
 
 NAMESPACE = "nvidia-dra-driver-gpu"
 QUOTA_NAME = "nvidia-dra-driver-gpu-quota"
@@ -34,8 +35,11 @@ def _check_nodes(gpu_nodes: int) -> None:
 
 
 def namespace(name: str = NAMESPACE) -> dict[str, Any]:
-    """The namespace the DRA driver runs in."""
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    """The namespace the DRA driver runs in: Pod Security `privileged`, the strictest level its pods
+    allow (the kubelet plugin is privileged and mounts the host's plugin and device paths)."""
+    labels = {"pod-security.kubernetes.io/enforce": "privileged",
+              "pod-security.kubernetes.io/enforce-version": POD_SECURITY_VERSION}
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
 
 
 def resource_quota(*, gpu_nodes: int, namespace: str = NAMESPACE) -> dict[str, Any]:

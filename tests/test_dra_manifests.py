@@ -26,7 +26,10 @@ def test_namespace_and_quota_match_the_tutorial() -> None:
     assert dra.resource_quota(gpu_nodes=4) == quota
     assert dra.resource_quota(gpu_nodes=4)["spec"]["hard"] == {"pods": "9"}
     assert dra.resource_quota(gpu_nodes=18)["spec"]["hard"] == {"pods": "37"}
-    assert dra.namespace() == {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "nvidia-dra-driver-gpu"}}
+    # The tutorial's namespace, labelled with the strictest Pod Security level its privileged plugin allows.
+    assert dra.namespace() == {"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": "nvidia-dra-driver-gpu", "labels": {"pod-security.kubernetes.io/enforce": "privileged",
+                                                    "pod-security.kubernetes.io/enforce-version": "v1.34"}}}
 
 
 def test_claim_template_and_compute_domain_match_the_tutorial() -> None:

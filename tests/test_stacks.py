@@ -309,7 +309,8 @@ def test_run_supervisor_gets_the_runs_ids_and_only_its_own_rights(stack: str, sy
         f"request.userInfo.username == 'system:serviceaccount:{cfg.namespace}:{name}'")
     assert _manifest(result, "ValidatingAdmissionPolicyBinding", f"{cfg.namespace}.{name}")["spec"][
         "validationActions"] == ["Deny"]
-    (admission,) = _by_type(result, "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding")
+    (admission,) = [r for r in _by_type(result, "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding")
+                    if r.inputs["metadata"]["name"] == f"{cfg.namespace}.{name}"]
     (role_binding,) = _by_type(result, "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")
     assert admission.urn in role_binding.dependencies
     assert config["run_id"] == stack_run(cfg)[0] and config["generation"] == 0
@@ -371,8 +372,10 @@ def test_without_the_supervisor_nothing_of_it_is_created():
     assert not [m for m in result.manifests() if m["metadata"]["name"].endswith("-supervisor")]
     (job,) = _by_type(result, "pulumi-python:dynamic:GrpoJob")
     assert (job.inputs["supervised_attempts"], job.inputs["budget_s"]) == (0, 0)
-    policy = [m for m in result.manifests() if m["kind"] == "NetworkPolicy"][0]
+    policy = [m for m in result.manifests() if m["kind"] == "NetworkPolicy"
+              and m["metadata"]["name"].endswith("-ingress")][0]
     assert len(policy["spec"]["ingress"]) == 1
+    assert "run-supervisor-egress" not in [m["metadata"]["name"] for m in result.manifests()]
 
 
 @pytest.mark.parametrize("stack", STACKS)
