@@ -28,6 +28,7 @@ from components.run_supervisor import RunSupervisor
 from components.ray_training_cluster import RayTrainingCluster
 from manifests import compute_class, nccl, supervisor
 from manifests import staging as staging_manifests
+from manifests.ray_cluster import token_secret
 from manifests.network_mapping import NetworkNames
 from domain.bucket import MOUNT_PATH, ray_writable_prefixes
 from domain.pricing import run_cost, run_estimate_line
@@ -186,7 +187,7 @@ ray = RayTrainingCluster("ray", {
     "image": cfg.verl_image, "image_mirror": image_mirror,
     "worker_cpus": cfg.worker_cpus, "worker_memory_gi": cfg.worker_memory_gi,
     "worker_spot": cfg.gpu_spot and cfg.autopilot, "compute_class": gpu_class, "nic_claims": a4x and networks is None,
-    "verl_dir": cfg.verl_dir,
+    "verl_dir": cfg.verl_dir, "ray_version": cfg.image_ray_version,
     "install_kuberay": cfg.ray_operator == "helm", "operator_depends_on": [storage],
     "network_policy": cfg.ray_network_policy, "dashboard_cidrs": list(cfg.ray_dashboard_cidrs),
     "job_api_clients": supervisor.LABELS if cfg.run_supervisor else None,
@@ -200,6 +201,7 @@ if cfg.run_supervisor:
     # Restarted with a new run's spec before the job provider submits it.
     job_waits_for.append(RunSupervisor("supervisor", {
         "namespace": cfg.namespace, "ray_cluster": cfg.ray_cluster_name,
+        "ray_token_secret": token_secret(cfg.ray_cluster_name, cfg.image_ray_version),
         "config": {
             "submission_ids": submission_ids(pulumi.get_stack(), entry, job_env, cfg.job_attempt, cfg.supervised_attempts + 1),
             "run_id": run_id, "generation": cfg.job_attempt,

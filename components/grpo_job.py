@@ -301,7 +301,7 @@ class _JobSpec:
 
     def outs(self, submission_id: str, status: str, fabric_busbw_gbps: float | None = None) -> dict[str, Any]:
         """Outputs: the props later calls need (read and delete get only these) and the job's state."""
-        command = dashboard_command(self.namespace, self.head_service) if self.head_service else None
+        command = dashboard_command(self.stack) if self.head_service else None
         return {**asdict(self), "submission_id": submission_id, "status": status,
                 "dashboard_command": command, "fabric_busbw_gbps": fabric_busbw_gbps}
 

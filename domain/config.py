@@ -24,7 +24,7 @@ from domain.run_identity import DELETES_BEFORE_SAVE_BELOW, verl_version_tuple
 from domain.bucket import DEFAULT_CAPACITY, MOUNT_PATH, ray_writable_prefixes
 from domain.platforms import (
     AUTOPILOT_SIDECAR, NCCL_INSTALLER_REPO, PINNED_IMAGE_ARCH, PLATFORMS, Mode, Platform, PlatformName, VerlRelease,
-    has_digest, is_nccl_installer_url, is_pinned_image,
+    has_digest, is_nccl_installer_url, is_pinned_image, is_ray_version,
 )
 from domain import pricing
 from domain.pricing import CAPACITY_KINDS, CapacityKind
@@ -177,6 +177,7 @@ class StackConfig(BaseModel):
 
     ray_cluster_name: str = ""
     verl_image: str = ""
+    ray_version: str = ""
     verl_source_install: bool = False
     verl_in_image: bool = False
     ray_network_policy: bool = True
@@ -230,6 +231,12 @@ class StackConfig(BaseModel):
     @property
     def facts(self) -> Platform:
         return PLATFORMS[self.platform]
+
+    @property
+    def image_ray_version(self) -> str:
+        """The Ray version inside verlImage: rayVersion, else the platform table's for its image."""
+        return self.ray_version or next((p.ray_version for p in PLATFORMS.values() if p.image == self.verl_image),
+                                        self.facts.ray_version)
 
     @property
     def autopilot(self) -> bool:
@@ -672,6 +679,13 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
         elif cfg.ray_network_policy and not cfg.ray_dashboard_cidrs:
             add("job_dashboard_url", url, "the stack's NetworkPolicy admits only the Ray pods to port "
                 "8265; add the caller's range to rayDashboardCidrs, or set rayNetworkPolicy to false.")
+    if cfg.ray_version and not is_ray_version(cfg.ray_version):
+        add("ray_version", cfg.ray_version, "the Ray version inside verlImage, X.Y.Z such as 2.54.0.")
+    elif cfg.ray_version and cfg.verl_image in PINNED_IMAGE_ARCH:
+        table = next(p.ray_version for p in PLATFORMS.values() if p.image == cfg.verl_image)
+        if cfg.ray_version != table:
+            add("ray_version", cfg.ray_version, f"{cfg.verl_image} has Ray {table}: leave rayVersion unset, or set "
+                "it with an image of your own.")
     if cfg.verl_in_image and cfg.verl_image in PINNED_IMAGE_ARCH:
         add("verl_in_image", cfg.verl_in_image, f"{cfg.verl_image} ships verl's dependencies without verl; set "
             "verlImage to an image you built with verl, or leave verlInImage false (staging installs it).")

@@ -64,6 +64,23 @@ def repository_pin(image: str) -> str | None:
     return f"{image}@{digest}" if digest else None
 
 
+TOKEN_AUTH_RAY = (2, 52, 0)
+"""Ray's first release with token authentication of its dashboard, Job API and GCS (RAY_AUTH_MODE=token),
+which KubeRay 1.6 turns on with a RayCluster's `authOptions` (docs.ray.io, "Configure Ray clusters to
+use token authentication")."""
+_RAY_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
+
+
+def is_ray_version(text: str) -> bool:
+    return bool(_RAY_VERSION.match(text))
+
+
+def has_token_auth(ray_version: str) -> bool:
+    """Whether Ray `ray_version` (X.Y.Z) authenticates its clients with a token."""
+    match = _RAY_VERSION.match(ray_version)
+    return bool(match) and tuple(int(part) for part in match.groups()) >= TOKEN_AUTH_RAY
+
+
 def is_pinned_image(image: str) -> bool:
     """A fixed tag (not `latest`) or a digest; a registry port (`host:5000/x`) is not a tag."""
     if "@sha256:" in image:

@@ -23,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -169,7 +170,7 @@ def _launch(command: list[str], url: str, temp_dir: Path, env: dict[str, str]) -
     head = RayHead(process=process, dashboard_url=url, temp_dir=temp_dir, gcs_address=f"127.0.0.1:{gcs_port}",
                    command=tuple(command), env=tuple(env.items()))
     try:
-        wait_for_dashboard(url, HEAD_START_TIMEOUT_S)
+        _wait_answering(url, env.get("RAY_AUTH_TOKEN"))
         check_loopback_only(process.pid)
     except HeadAccessError as error:
         logs = _log_tails(temp_dir)  # stop_head removes them
@@ -179,6 +180,25 @@ def _launch(command: list[str], url: str, temp_dir: Path, env: dict[str, str]) -
         stop_head(head)
         raise
     return head
+
+
+def _wait_answering(url: str, token: str | None) -> None:
+    """Until the dashboard answers; a head with token authentication is asked with its token."""
+    if token is None:
+        wait_for_dashboard(url, HEAD_START_TIMEOUT_S)
+        return
+    deadline = time.monotonic() + HEAD_START_TIMEOUT_S
+    while True:
+        request = urllib.request.Request(f"{url}/api/version", headers={"Authorization": f"Bearer {token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise HeadAccessError(f"Ray dashboard at {url} did not answer within {HEAD_START_TIMEOUT_S:g} s")
+        time.sleep(0.5)
 
 
 class HeadStartError(HeadAccessError):
@@ -385,6 +405,10 @@ def fake_kubectl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         "#!/bin/bash\n"
         'args=("$@"); kc=""\n'
         'for ((i = 0; i < $#; i++)); do [[ ${args[i]} == --kubeconfig ]] && kc=${args[i+1]}; done\n'
+        # `get secret` (the Ray token's lookup) answers FAKE_KUBECTL_SECRET (base64; unset: none) and
+        # records its arguments beside the port-forward's.
+        'if [[ $1 == get ]]; then printf "arg %s\\n" "$@" > "$FAKE_KUBECTL_RECORD.get"; '
+        'printf %s "${FAKE_KUBECTL_SECRET:-}"; exit 0; fi\n'
         '{ echo "pid $$"; echo "mode $(stat -c %a "$kc")"; echo "kubeconfig $kc"; printf "arg %s\\n" "$@"; } > "$FAKE_KUBECTL_RECORD"\n'
         'cp "$kc" "$FAKE_KUBECTL_RECORD.kubeconfig"\n'
         'case "$FAKE_KUBECTL_MODE" in\n'

@@ -626,3 +626,15 @@ def test_the_model_and_data_a_run_reads_are_not_where_ray_pods_write(key: str, p
 def test_the_staging_service_account_name_fits_beside_the_given_one():
     assert "a Kubernetes name" in only_problem(serviceAccount="a" * 246)
     load_config(config(serviceAccount="a" * 245))
+
+
+def test_the_ray_version_is_the_images():
+    assert load_config(config()).image_ray_version == "2.47.0"
+    assert load_config(config(platform="a4x", gpuNodes="4")).image_ray_version == "2.49.0"
+    own = "me/verl@sha256:" + "a" * 64
+    assert load_config(config(verlImage=own, rayVersion="2.54.0")).image_ray_version == "2.54.0"
+    assert only_problem(rayVersion="2.54") == (
+        'verl-gke:rayVersion = "2.54": the Ray version inside verlImage, X.Y.Z such as 2.54.0.')
+    assert only_problem(rayVersion="2.54.0") == (
+        'verl-gke:rayVersion = "2.54.0": verlai/verl:vllm011.dev7 has Ray 2.47.0: leave rayVersion unset, or set it '
+        "with an image of your own.")

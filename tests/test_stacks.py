@@ -96,8 +96,7 @@ def test_job_outputs_and_checkpoint_uri(stack: str, synth_stack):
     assert outputs["rayHeadService"] == f"{outputs['rayClusterName']}-head-svc"
     assert re.fullmatch(rf"verl-grpo-{stack}-[0-9a-f]{{12}}", outputs["grpoSubmissionId"])
     assert outputs["grpoJobStatus"] == "[unknown]"
-    assert outputs["dashboardCommand"] == (f"kubectl port-forward svc/{outputs['rayHeadService']} :8265 "
-                                           f"-n {outputs['namespace']} --address 127.0.0.1")
+    assert outputs["dashboardCommand"] == f"verl-gke dashboard --stack {stack}"
 
 
 @pytest.mark.parametrize("stack", STACKS)

@@ -15,6 +15,7 @@ tolerance knows no jobs).
 from __future__ import annotations
 
 import json
+import os
 import ssl
 import time
 import urllib.error
@@ -69,11 +70,15 @@ class RayJobs:
     def __init__(self, url: str, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
+        # A head with Ray's token authentication (Ray >= 2.52): the supervisor's pod gets the token as
+        # KubeRay gives it to Ray's own processes; the deployer's requests get it from its local proxy.
+        token = os.environ.get("RAY_AUTH_TOKEN")
+        self._auth = {"Authorization": f"Bearer {token}"} if token else {}
 
     def _call(self, method: str, path: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self.url + path, data=data, method=method,
-                                         headers={"Content-Type": "application/json"})
+                                         headers={"Content-Type": "application/json", **self._auth})
         with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
             return json.load(response)
 
@@ -92,7 +97,8 @@ class RayJobs:
         working_dir: PUT /api/packages/gcs/<name>, ray's dashboard/modules/job/job_head.py) and
         returns that URI, which a runtime env's working_dir may name."""
         request = urllib.request.Request(f"{self.url}/api/packages/gcs/{urllib.parse.quote(name)}", data=data,
-                                         method="PUT", headers={"Content-Type": "application/octet-stream"})
+                                         method="PUT", headers={"Content-Type": "application/octet-stream",
+                                                                **self._auth})
         with urllib.request.urlopen(request, timeout=self.timeout_s):
             return f"gcs://{name}"
 
