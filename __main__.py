@@ -233,7 +233,10 @@ job = GrpoJob("grpo", {
     "fabric_runtime_env": fabric_runtime_env(facts), "fabric_transports": list(facts.fabric_transports),
     "budget_s": cfg.run_budget_s, "supervised_attempts": cfg.supervised_attempts,
     "run_id": run_id, "run_record": supervisor.run_record_name(cfg.ray_cluster_name),
-}, pulumi.ResourceOptions(depends_on=job_waits_for))
+}, pulumi.ResourceOptions(depends_on=job_waits_for,
+                          # Their replacement deletes the workers: the run is stopped first, then resubmitted.
+                          replace_with=[*([cluster.cluster] if cluster.cluster else []),
+                                        *(pool.node_pool for pool in gpu_pools), ray.ray_cluster]))
 
 checkpoint_path = f"{cfg.grpo.checkpoint_dir.removeprefix(f'{MOUNT_PATH}/')}/{run_id}"
 pulumi.export("clusterName", cluster.name)

@@ -18,12 +18,15 @@ def child_options(component: pulumi.Resource, opts: pulumi.ResourceOptions | Non
 
 def custom_resource(resource_name: str, obj: Mapping[str, Any],
                     opts: pulumi.ResourceOptions) -> k8s.apiextensions.CustomResource:
-    """A custom object (apiVersion, kind, metadata, spec) exactly as a manifests builder made it."""
+    """A custom object (apiVersion, kind, metadata, spec) exactly as a manifests builder made it.
+
+    Its name is fixed: a replacement deletes it first, also where its own diff does not decide
+    (a replaced provider, `pulumi up --replace`), which would otherwise create it beside itself."""
     return k8s.apiextensions.CustomResource(
         resource_name,
         api_version=obj["apiVersion"],
         kind=obj["kind"],
         metadata=obj["metadata"],
         spec=obj["spec"],
-        opts=opts,
+        opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(delete_before_replace=True)),
     )

@@ -143,8 +143,11 @@ class GcsFuseStorage(pulumi.ComponentResource):
             labels=labels,
             # Without force_destroy the bucket and its checkpoints outlive `pulumi destroy`: Pulumi
             # forgets it instead of failing on a non-empty bucket partway (maybe before the cluster,
-            # which would keep billing).
-            opts=child.merge(pulumi.ResourceOptions(retain_on_delete=not args["force_destroy"])),
+            # which would keep billing). A forced replacement (a new location, say) creates first:
+            # its create fails on the name in use while the state still holds the bucket; deleting
+            # first would forget it (or, with force_destroy, delete the checkpoints) before that.
+            opts=child.merge(pulumi.ResourceOptions(retain_on_delete=not args["force_destroy"],
+                                                    delete_before_replace=False)),
         )
         project_number = pulumi.Output.from_input(args.get("project_number") or bucket.project_number)
         k8s_child = child.merge(pulumi.ResourceOptions(provider=args["k8s_provider"]))

@@ -4,6 +4,7 @@ by name, plus the one Kubernetes provider every Kubernetes child of the program 
 from __future__ import annotations
 
 import datetime
+import os
 
 from collections.abc import Sequence
 from typing import Literal, NotRequired, TypedDict, cast
@@ -57,6 +58,10 @@ MONITORING_COMPONENTS = ("SYSTEM_COMPONENTS", "POD", "DAEMONSET", "DEPLOYMENT", 
 JOBSET, which this program does not run: the list replaces GKE's, so what it leaves out (kubelet and
 cAdvisor above all) is not collected."""
 
+DELETE_UNREACHABLE_ENV = "PULUMI_K8S_DELETE_UNREACHABLE"
+"""pulumi-kubernetes reads it where the provider's inputs leave `deleteUnreachable` out (provider.go
+Configure); the installed SDK puts it into those inputs on a program run (provider.py)."""
+
 MAINTENANCE_WINDOW_START = "03:00"
 UPGRADE_EXCLUSION_NAME = "verl-gke-no-minor-or-node-upgrades"
 """Cluster Toolkit's gke-a4, gke-a3-ultragpu and gke-a4x blueprints set this exclusion scope."""
@@ -92,8 +97,9 @@ class GkeClusterArgs(TypedDict):
     release_channel: ReleaseChannel
     """GKE release channel; decides which versions the control plane and nodes upgrade to."""
     deletion_protection: bool
-    """When true, GKE refuses to delete the cluster, so `pulumi destroy` stops at it until this is
-    set to false and applied."""
+    """When true, GKE refuses to delete the cluster and Pulumi protects it (`protect`): `pulumi destroy`
+    fails at its preview, before deleting anything, until this is false and applied to the cluster
+    (docs/pulumi-lifecycle.md: `pulumi up --target <cluster>`)."""
     min_master_version: str | None
     """Control-plane version to create the cluster at (the preflight picks it from the channel); after
     that the channel upgrades it, so a newer pick never upgrades a running cluster."""
@@ -154,6 +160,11 @@ class GkeCluster(pulumi.ComponentResource):
     ca_certificate: pulumi.Output[str]
     kubeconfig: pulumi.Output[str]
     """Secret. Authenticates through gke-gcloud-auth-plugin; holds no credential itself."""
+    identity: pulumi.Output[str]
+    """`projects/<p>/locations/<l>/clusters/<name>`: the cluster's id, unknown at preview only when the
+    cluster is to be replaced; the Kubernetes provider's clusterIdentifier."""
+    cluster: container.Cluster | None
+    """The cluster this stack created (None for an existing one): what replaces the run with it."""
     provider: k8s.Provider
     """The one Kubernetes provider; pass it to every Kubernetes child."""
     cpu_pool: container.NodePool | None
@@ -167,6 +178,7 @@ class GkeCluster(pulumi.ComponentResource):
     def __init__(self, name: str, args: GkeClusterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("verl-gke:index:GkeCluster", name, {}, opts)
         self.cpu_pool = None
+        self.cluster = None
         self.node_service_account = None
         self.node_identity = []
         if args.get("existing", False):
@@ -177,14 +189,22 @@ class GkeCluster(pulumi.ComponentResource):
         self.kubeconfig = pulumi.Output.secret(
             pulumi.Output.all(self.name, self.endpoint, self.ca_certificate).apply(lambda a: gke_kubeconfig(*a))
         )
+        if os.environ.get(DELETE_UNREACHABLE_ENV, "").lower() == "true":
+            pulumi.log.warn(
+                f"{DELETE_UNREACHABLE_ENV}=true: this run stores it in the Kubernetes provider's state, and until "
+                "a `pulumi up` without it, a refresh that cannot reach the cluster forgets every Kubernetes "
+                "object of the stack. Meant for one `pulumi refresh` of a cluster deleted out of band "
+                "(docs/pulumi-lifecycle.md).")
         # Kubernetes objects wait for the CPU pool, and `pulumi destroy` removes them before it.
         self.provider = k8s.Provider(
             f"{name}-k8s",
             kubeconfig=self.kubeconfig,
-            # A cluster deleted out of band takes its objects with it: destroy (and refresh) then
-            # forget them instead of failing on each; with server-side apply a later up adopts any
-            # that still exist.
-            delete_unreachable=True,
+            # The provider is replaced (and every object with it) only when this changes: not when the
+            # kubeconfig is unknown at preview, nor when the endpoint or the CA change. A new cluster
+            # has a new id only at preview; its replacement replaces the objects through the engine.
+            cluster_identifier=self.identity,
+            # No deleteUnreachable: a refresh that cannot reach the cluster fails instead of forgetting
+            # the objects; PULUMI_K8S_DELETE_UNREACHABLE=true turns it on for one command.
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.cpu_pool] if self.cpu_pool else []),
         )
         self.register_outputs({
@@ -201,6 +221,8 @@ class GkeCluster(pulumi.ComponentResource):
         )
         self.name = pulumi.Output.from_input(args["name"])
         self.location = pulumi.Output.from_input(args["location"])
+        self.identity = pulumi.Output.from_input(
+            f"projects/{args['project']}/locations/{args['location']}/clusters/{args['name']}")
         # Any secret leaf (the client key) makes the whole lookup secret; endpoints and CA are not.
         ip = pulumi.Output.unsecret(found.endpoint)
         # Output.all would turn the typed results into plain dicts: read the DNS endpoint first.
@@ -300,8 +322,14 @@ class GkeCluster(pulumi.ComponentResource):
             # Autopilot: it goes to every node GKE provisions.
             node_config=node_identity or None if standard else None,
             cluster_autoscaling={"auto_provisioning_defaults": node_identity} if node_identity and not standard else None,
-            opts=cluster_opts.merge(pulumi.ResourceOptions(depends_on=self.node_identity,
-                                                           ignore_changes=["minMasterVersion"])),
+            opts=cluster_opts.merge(pulumi.ResourceOptions(
+                depends_on=self.node_identity, ignore_changes=["minMasterVersion"],
+                # GKE checks deletion protection only at the cluster's own delete, the last of a destroy;
+                # the engine checks `protect` in every delete step, previews too, so a destroy's preview
+                # fails before anything is deleted. It also refuses to replace the cluster.
+                protect=args["deletion_protection"],
+                # A fixed name: a replacement deletes first, and deletes the run before it (GrpoJob).
+                delete_before_replace=True)),
         )
         if standard:
             self.cpu_pool = container.NodePool(
@@ -326,6 +354,8 @@ class GkeCluster(pulumi.ComponentResource):
                                             depends_on=self.node_identity),
             )
         self.node_identity = [cluster, *self.node_identity]
+        self.cluster = cluster
+        self.identity = cluster.id
         self.name = cluster.name
         self.location = cluster.location
         self.endpoint = cluster.endpoint if not dns else cluster.control_plane_endpoints_config.apply(

@@ -68,6 +68,9 @@ class GpuNodePoolArgs(TypedDict):
 class GpuNodePool(pulumi.ComponentResource):
     """The GPU node pool, on its reservation and extra networks, with its placement policy if any."""
 
+    node_pool: container.NodePool
+    """The pool itself: the run is replaced with it (its replacement deletes the workers)."""
+
     def __init__(self, name: str, args: GpuNodePoolArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("verl-gke:index:GpuNodePool", name, {}, opts)
         platform_name = args["platform"]
@@ -132,7 +135,7 @@ class GpuNodePool(pulumi.ComponentResource):
         # workload with flex-start provisioning mode": --flex-start --num-nodes=0 --location-policy=ANY
         # --reservation-affinity=none --no-enable-autorepair).
         flex_settings: dict = ({"management": {"auto_repair": False, "auto_upgrade": True}} if flex else {})
-        container.NodePool(
+        self.node_pool = container.NodePool(
             f"{name}-pool",
             name=name_in_gke,
             **flex_settings,

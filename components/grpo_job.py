@@ -26,6 +26,7 @@ import pulumi.dynamic
 from pulumi.output import Unknown
 from pulumi.runtime import rpc
 
+from components import provider_reference
 from domain.run_identity import SUBMISSION_ID_PREFIX, submission_id, submission_ids, whole_numbers
 from verl_gke import head_access
 from verl_gke import fabric
@@ -85,9 +86,9 @@ LOST = "LOST"
 """Status when the head answers but no longer knows the run's newest attempt (it restarted)."""
 UNREACHABLE = "UNREACHABLE"
 """Status when the head does not answer a refresh: the resource is kept, its last status unknown."""
-# What the run is, and where it runs: a new cluster or head needs a new submission on it.
-_REPLACE_KEYS = ("entrypoint", "runtime_env", "attempt", "dashboard_url", "cluster_endpoint", "cluster_name",
-                 "namespace", "head_service")
+# What the run is, and where it runs: a new cluster or head needs a new submission on it. How the head
+# is reached (dashboard_url, cluster_endpoint, the CA) is not where it runs: an update, the run goes on.
+_REPLACE_KEYS = ("entrypoint", "runtime_env", "attempt", "cluster_name", "namespace", "head_service")
 _POSITIVE_SECONDS_KEYS = ("completion_timeout_s", "poll_interval_s", "ready_timeout_s", "outage_window_s",
                           "fabric_timeout_s")
 # A start-up grace or a budget of 0 means none.
@@ -106,7 +107,8 @@ class GrpoJobArgs(TypedDict, total=False):
     runtime_env: Required[pulumi.Input[Mapping[str, Any]]]
     """The Ray runtime_env dict (env_vars for NCCL, HF_HOME, ...)."""
     dashboard_url: NotRequired[pulumi.Input[str | None]]
-    """A privately reachable dashboard (http://host:8265); no port-forward when set."""
+    """A privately reachable dashboard (http://host:8265); no port-forward when set. Like the endpoint
+    and the CA, a change updates the resource: the run goes on."""
     cluster_endpoint: NotRequired[pulumi.Input[str | None]]
     """GKE cluster endpoint, for the port-forward through the Kubernetes API."""
     cluster_ca_certificate: NotRequired[pulumi.Input[str | None]]
@@ -343,7 +345,7 @@ def _problems(props: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Every bad prop as (key, reason); unknown (preview) values are not judged."""
     known = {key: value for key, value in props.items() if not _is_unknown(value)}
     problems = [(key, f"not a GrpoJob prop (allowed: {', '.join(_SPEC_KEYS)})")
-                for key in sorted(set(props) - set(_SPEC_KEYS) - set(_OUTPUT_KEYS) - {"__provider"})]
+                for key in sorted(set(props) - set(_SPEC_KEYS) - set(_OUTPUT_KEYS) - {provider_reference.KEY})]
     if "entrypoint" in known and not (isinstance(known["entrypoint"], str) and known["entrypoint"].strip()):
         problems.append(("entrypoint", "a non-empty shell command is required"))
     if "runtime_env" in known and not isinstance(known["runtime_env"], Mapping):
@@ -433,7 +435,8 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.DiffResult:
         replaces = [key for key in _REPLACE_KEYS if _differs(key, olds.get(key), news.get(key))]
-        changed = any(_differs(key, olds.get(key), news.get(key)) for key in _SPEC_KEYS)
+        changed = provider_reference.moved(olds, news) or any(
+            _differs(key, olds.get(key), news.get(key)) for key in _SPEC_KEYS)
         # The old run holds the GPUs: stop it before the new one is submitted.
         return pulumi.dynamic.DiffResult(changes=changed, replaces=replaces, delete_before_replace=True)
 
@@ -540,7 +543,8 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
         return pulumi.dynamic.ReadResult(id_, spec.outs(sid, status, previous))
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.UpdateResult:
-        # diff replaces on every prop that touches the run, so the job and its state stay.
+        # diff replaces on every prop that touches the run, so the job and its state stay; the new
+        # props (how the head is reached) are what read and delete get from now on.
         spec = _JobSpec.from_props(_spec_props(news))
         return pulumi.dynamic.UpdateResult(spec.outs(olds["submission_id"], olds["status"],
                                                      olds.get("fabric_busbw_gbps")))

@@ -4,7 +4,8 @@ The platform table's verl images are on Docker Hub tags, whose digests could not
 table was written; a tag can be moved to other bytes. This resource asks the registry once, in
 `create` (verl_gke.registry), and every later `pulumi up` or `refresh` keeps that digest: `read`
 returns the stored outputs without asking again, and `diff` replaces (asks again) only when the
-tagged image itself changes. So the nodes run the same bytes until the user changes the tag.
+tagged image itself changes; a moved provider reference is an update that keeps the pin. So the
+nodes run the same bytes until the user changes the tag.
 
 Dynamic-provider rules followed here (see components/grpo_job.py): pickled by reference to this
 module, no state, the registry client imported from the installed project.
@@ -17,6 +18,7 @@ from typing import Any, TypedDict
 import pulumi
 import pulumi.dynamic
 
+from components import provider_reference
 from domain.platforms import repository_pin
 from verl_gke.registry import RegistryError, parse, resolve_digest
 
@@ -48,7 +50,12 @@ class PinnedImageProvider(pulumi.dynamic.ResourceProvider):
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.DiffResult:
         changed = olds.get("image") != news.get("image")
-        return pulumi.dynamic.DiffResult(changes=changed, replaces=["image"] if changed else [])
+        return pulumi.dynamic.DiffResult(changes=changed or provider_reference.moved(olds, news),
+                                         replaces=["image"] if changed else [])
+
+    def update(self, _id: str, olds: dict[str, Any], _news: dict[str, Any]) -> pulumi.dynamic.UpdateResult:
+        # Only the provider's reference changed (diff replaces on the image): the pin stays.
+        return pulumi.dynamic.UpdateResult(outs(olds["image"], olds["digest"]))
 
     def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
         image = props["image"]

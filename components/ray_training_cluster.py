@@ -144,11 +144,19 @@ def _check_room_for_head(spec: RayClusterSpec, platform: Platform) -> None:
 
 PATCH_FORCE = "pulumi.com/patchForce"
 """pulumi-kubernetes' annotation for a server-side apply with force (conflicting fields taken over)."""
+WAIT_FOR = "pulumi.com/waitFor"
+"""pulumi-kubernetes' annotation naming what a custom resource is awaited for (none is by default)."""
+READY_WHEN = "jsonpath={.status.state}"
+"""Until KubeRay reports a state: KubeRay 1.6.2 sets it only to `ready` (every pod running) and to
+`suspended` (no pod left of a suspended cluster), so a create waits for every pod, and an update of a
+cluster the run supervisor released never waits for pods that only the next run brings back."""
 
 
 class RayTrainingCluster(pulumi.ComponentResource):
     """The verl RayCluster (awaited until every pod runs) and, if asked, its KubeRay operator."""
 
+    ray_cluster: k8s.apiextensions.CustomResource
+    """The RayCluster itself: the run is replaced with it."""
     name: pulumi.Output[str]
     head_service: pulumi.Output[str]
     """`<name>-head-svc`: GCS 6379, dashboard and job API 8265, client 10001."""
@@ -187,13 +195,12 @@ class RayTrainingCluster(pulumi.ComponentResource):
         # writing the (atomic) worker group list, which a plain apply would now conflict on. The
         # program never sends spec.suspend, so the release stays the run lifecycle's.
         manifest["metadata"].setdefault("annotations", {})[PATCH_FORCE] = "true"
-        cluster = custom_resource(
+        manifest["metadata"]["annotations"][WAIT_FOR] = READY_WHEN
+        self.ray_cluster = cluster = custom_resource(
             f"{name}-ray-cluster",
             manifest,
             opts=cluster_opts.merge(pulumi.ResourceOptions(
                 custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout),
-                # A fixed name: a replacement must delete the old cluster first.
-                delete_before_replace=True,
             )),
         )
         if args.get("network_policy", True):

@@ -24,12 +24,17 @@ class SentRequest:
     """The inputs as sent: secret values still inside their secret wrappers, nothing masked."""
     timeouts: tuple[str, str]
     """customTimeouts (create, update); "" where not set."""
-    delete_before_replace: bool
+    delete_before_replace: bool | None
+    """None where the program leaves it to the provider's diff."""
     replace_on_changes: list[str]
     retain_on_delete: bool
     ignore_changes: list[str]
     aliases: list[dict[str, Any]]
     """Each alias spec as sent (name, type, parentUrn, ...; Pulumi's Alias.Spec)."""
+    protect: bool | None
+    deleted_with: str | None
+    replace_with: list[str]
+    """URNs of the resources whose replacement replaces this one."""
 
 
 class OptionsMonitor(synth.RecordingMonitor):
@@ -44,11 +49,14 @@ class OptionsMonitor(synth.RecordingMonitor):
         self.sent[request.name] = SentRequest(
             raw_inputs=json_format.MessageToDict(request.object),
             timeouts=(request.customTimeouts.create, request.customTimeouts.update),
-            delete_before_replace=request.deleteBeforeReplace,
+            delete_before_replace=request.deleteBeforeReplace if request.deleteBeforeReplaceDefined else None,
             replace_on_changes=list(request.replaceOnChanges),
             retain_on_delete=request.retainOnDelete,
             ignore_changes=list(request.ignoreChanges),
             aliases=[json_format.MessageToDict(a.spec) for a in request.aliases],
+            protect=request.protect if request.HasField("protect") else None,
+            deleted_with=request.deletedWith or None,
+            replace_with=sorted(request.replace_with),
         )
         return response
 

@@ -208,8 +208,8 @@ def test_one_kubernetes_provider_from_a_secret_kubeconfig(a4_standard: MockRun):
     providers = a4_standard.of_type("pulumi:providers:kubernetes")
     assert [p.name for p in providers] == ["gke-k8s"]
     assert providers[0].inputs["kubeconfig"] == "[secret]"
-    # `pulumi destroy` after the cluster was deleted out of band forgets its objects instead of failing.
-    assert providers[0].inputs["deleteUnreachable"] == "true"
+    # Out-of-band deletion: forgetting the objects is one explicit command (tests/test_pulumi_lifecycle.py).
+    assert "deleteUnreachable" not in providers[0].inputs
     # Kubernetes objects wait for the CPU pool; destroy removes them before it.
     assert a4_standard.urn("gke-cpu-pool") in providers[0].dependencies
     assert a4_standard.urn("gke-cluster") in providers[0].dependencies

@@ -206,7 +206,7 @@ def _stored(**overrides: Any) -> dict[str, Any]:
 def test_diff_replaces_on_the_run_changing_not_on_timeouts() -> None:
     provider = GrpoJobProvider()
     olds = {**_stored(), "namespace": "default", "ready_timeout_s": 1800.0,
-            "submission_id": "verl-grpo-a4-x", "status": "RUNNING"}
+            "submission_id": "verl-grpo-a4-x", "status": "RUNNING", "__provider": "p"}
     # The engine's news: outputs seeded as None, defaults left out, numbers as floats.
     news = {**_stored(), "submission_id": None, "status": None, "dashboard_command": None, "__provider": "p"}
     same = provider.diff("verl-grpo-a4-x", olds, news)
@@ -225,11 +225,11 @@ def test_diff_replaces_on_the_run_changing_not_on_timeouts() -> None:
     assert again.changes is True and again.replaces == ["attempt"] and again.delete_before_replace is True
 
 
-@pytest.mark.parametrize("key", ["dashboard_url", "cluster_endpoint", "cluster_name", "namespace", "head_service"])
+# How the head is reached (dashboard_url, cluster_endpoint) updates in place: tests/test_pulumi_lifecycle.py.
+@pytest.mark.parametrize("key", ["cluster_name", "namespace", "head_service"])
 def test_diff_replaces_when_where_the_job_runs_changes(key: str) -> None:
     olds = {**_stored(), **CLUSTER, "submission_id": "verl-grpo-a4-x", "status": "RUNNING"}
-    moved = GrpoJobProvider().diff("id", olds, {**olds, key: "http://elsewhere:8265" if key == "dashboard_url"
-                                                else "other"})
+    moved = GrpoJobProvider().diff("id", olds, {**olds, key: "other"})
     assert moved.replaces == [key] and moved.delete_before_replace is True
 
 
@@ -249,9 +249,12 @@ def test_diff_in_preview_treats_unknown_spec_as_a_replace() -> None:
     for unknown in (Unknown(), rpc.UNKNOWN):
         nested = provider.diff("id", olds, {**_stored(), "runtime_env": {"env_vars": {"HF_HOME": unknown}}})
         assert nested.replaces == ["runtime_env"]
-        # Where the job runs is not known yet (a new cluster): the run moves with it.
+        # Where the job runs is not known yet (a new RayCluster): the run moves with it.
+        head = provider.diff("id", olds, {**_stored(), "head_service": unknown})
+        assert head.changes is True and head.replaces == ["head_service"]
+        # How it is reached is not known yet: an update, the run goes on.
         url = provider.diff("id", olds, {**_stored(), "dashboard_url": unknown})
-        assert url.changes is True and url.replaces == ["dashboard_url"]
+        assert url.changes is True and url.replaces == []
 
 
 def test_check_names_each_bad_prop_and_lets_unknowns_pass() -> None:

@@ -68,10 +68,12 @@ def test_ray_cluster_is_the_builders_manifest_and_valid(platform: str, mode: str
     registration = run.one(RAY_CLUSTER)
     sent = run.manifest(registration)
     # The platform's image is a tag: the RayCluster gets it pinned by digest, everything else as built.
-    # Applied with force (it takes back what an older supervisor owned); never with spec.suspend.
+    # Applied with force (it takes back what an older supervisor owned), awaited until KubeRay reports a
+    # state (tests/test_pulumi_lifecycle.py); never with spec.suspend.
     spec = cluster_spec(args)
     built = ray_cluster(replace(spec, image=pinned(PLATFORMS[platform].image)))
-    assert sent == {**built, "metadata": {**built["metadata"], "annotations": {"pulumi.com/patchForce": "true"}}}
+    assert sent == {**built, "metadata": {**built["metadata"], "annotations": {
+        "pulumi.com/patchForce": "true", "pulumi.com/waitFor": "jsonpath={.status.state}"}}}
     validate_custom(sent)
     assert sent["metadata"]["name"] == PLATFORMS[platform].ray_cluster_name
     assert "suspend" not in sent["spec"]  # the run lifecycle's field

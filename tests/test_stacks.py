@@ -363,7 +363,8 @@ def test_pulumi_never_sets_the_release_and_takes_back_what_an_older_supervisor_o
         assert monitor.sent["ray-ray-cluster"].ignore_changes == []
         cluster = _manifest(result, "RayCluster", "b200-ray-cluster")
         assert "suspend" not in cluster["spec"]
-        assert cluster["metadata"]["annotations"] == {"pulumi.com/patchForce": "true"}
+        assert cluster["metadata"]["annotations"] == {"pulumi.com/patchForce": "true",
+                                                      "pulumi.com/waitFor": "jsonpath={.status.state}"}
 
 
 def test_without_the_supervisor_nothing_of_it_is_created():
