@@ -191,7 +191,7 @@ def test_a4x_dra_registers_the_tutorials_objects_in_order() -> None:
     driver = run.one(RELEASE)
     template = run.by_name["dra-rdma-nic"]
     domain = run.by_name["dra-compute-domain"]
-    assert namespace.inputs["metadata"] == {"name": "nvidia-dra-driver-gpu"}
+    assert namespace.inputs["metadata"] == dra.namespace()["metadata"]
     assert quota.inputs["spec"]["hard"] == {"pods": "9"}
     assert driver.inputs["name"] == driver.inputs["chart"] == "nvidia-dra-driver-gpu"
     assert driver.inputs["version"] == "25.3.2"
