@@ -93,7 +93,7 @@ class LocalProxy:
                 _answer(conn, 403, f"verl-gke's local proxy refused the request: {refused}")
                 return
             path = target[len(self._secret) + 1:]
-            if not path:
+            if not path.startswith("/"):
                 # A browser opening the bare URL: the dashboard's relative links need the trailing slash.
                 _answer(conn, 308, "", {"Location": f"/{self._secret}/"})
                 return
