@@ -149,8 +149,9 @@ def test_port_forward_runs_kubectl_on_loopback_with_a_private_kubeconfig(fake_ku
         seen = kubectl_record(fake_kubectl)
         kubeconfig = Path(seen["kubeconfig"][0])
         # kubectl's end on a port every browser refuses (verl_gke/local_proxy.py).
-        assert seen["arg"] == ["port-forward", "svc/head-svc", f"{BROWSER_BLOCKED_PORTS[0]}:8265", "-n", "ray",
+        assert seen["arg"] == ["port-forward", "svc/head-svc", seen["arg"][2], "-n", "ray",
                                "--address", "127.0.0.1", "--kubeconfig", str(kubeconfig)]
+        assert int(seen["arg"][2].removesuffix(":8265")) in BROWSER_BLOCKED_PORTS
         assert seen["mode"] == ["600"]
         assert stat.S_IMODE(kubeconfig.stat().st_mode) == 0o600
         pid = int(seen["pid"][0])
@@ -241,9 +242,12 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_taken_browser_refused_port_is_passed_over(fake_kubectl: Path) -> None:
-    with socket.create_server(("127.0.0.1", BROWSER_BLOCKED_PORTS[0])):
+    with _forward():
+        first = int(kubectl_record(fake_kubectl)["arg"][2].removesuffix(":8265"))
+    with socket.create_server(("127.0.0.1", first)):
         with _forward():
-            assert kubectl_record(fake_kubectl)["arg"][2] == f"{BROWSER_BLOCKED_PORTS[1]}:8265"
+            taken_over = int(kubectl_record(fake_kubectl)["arg"][2].removesuffix(":8265"))
+    assert taken_over != first and taken_over in BROWSER_BLOCKED_PORTS
 
 
 def test_the_ray_token_is_read_from_the_secret_kuberay_keeps(fake_kubectl: Path,
