@@ -30,7 +30,7 @@ from manifests import compute_class, nccl, supervisor
 from manifests import staging as staging_manifests
 from manifests.ray_cluster import token_secret
 from manifests.network_mapping import NetworkNames
-from domain.bucket import MOUNT_PATH, ray_writable_prefixes
+from domain.bucket import MOUNT_PATH, ray_writable_prefixes, run_checkpoint_dir
 from domain.pricing import run_cost, run_estimate_line
 from domain.run_memory import merge_memory_bytes
 from domain.names import stack_names, stack_slug
@@ -187,7 +187,7 @@ ray = RayTrainingCluster("ray", {
     "image": cfg.verl_image, "image_mirror": image_mirror,
     "worker_cpus": cfg.worker_cpus, "worker_memory_gi": cfg.worker_memory_gi,
     "worker_spot": cfg.gpu_spot and cfg.autopilot, "compute_class": gpu_class, "nic_claims": a4x and networks is None,
-    "verl_dir": cfg.verl_dir, "ray_version": cfg.image_ray_version,
+    "verl_dir": cfg.verl_dir, "ray_version": cfg.image_ray_version, "checkpoint_root": cfg.grpo.checkpoint_dir,
     "install_kuberay": cfg.ray_operator == "helm", "operator_depends_on": [storage],
     "network_policy": cfg.ray_network_policy, "dashboard_cidrs": list(cfg.ray_dashboard_cidrs),
     "job_api_clients": supervisor.LABELS if cfg.run_supervisor else None,
@@ -212,7 +212,7 @@ if cfg.run_supervisor:
             # Never ends a run as not claimed while `pulumi up` may still be in its gates.
             "capacity_timeout_s": max(CAPACITY_TIMEOUT_S, claimed_within_s(cfg.job_ready_timeout_seconds)),
             # Merged on a node with the memory (a GPU worker for 32B), before the workers are released.
-            "export": {"checkpoint_dir": f"{cfg.grpo.checkpoint_dir}/{run_id}", "mount": MOUNT_PATH,
+            "export": {"checkpoint_dir": run_checkpoint_dir(cfg.grpo.checkpoint_dir, run_id), "mount": MOUNT_PATH,
                        "memory_bytes": merge_memory_bytes(cfg.model), "verl_dir": cfg.verl_dir}
             if cfg.export_model else None,
         },
@@ -238,7 +238,7 @@ job = GrpoJob("grpo", {
                           replace_with=[*([cluster.cluster] if cluster.cluster else []),
                                         *(pool.node_pool for pool in gpu_pools), ray.ray_cluster]))
 
-checkpoint_path = f"{cfg.grpo.checkpoint_dir.removeprefix(f'{MOUNT_PATH}/')}/{run_id}"
+checkpoint_path = run_checkpoint_dir(cfg.grpo.checkpoint_dir, run_id).removeprefix(f"{MOUNT_PATH}/")
 pulumi.export("clusterName", cluster.name)
 pulumi.export("clusterLocation", cluster.location)
 pulumi.export("clusterEndpoint", cluster.endpoint)

@@ -9,6 +9,7 @@ account, the NCCL installer / network mapping, and on A4X the `A4xDra` component
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import NotRequired, TypedDict, cast
 
 import pulumi
@@ -18,12 +19,13 @@ from components.children import child_options, custom_resource
 from components.helm_release import pinned_release
 from components.pinned_image import pinned_ref
 from domain.image_mirror import mirrored
-from domain.platforms import PLATFORMS, Platform, PlatformName
-from manifests import kuberay
+from domain.platforms import CHECKPOINT_COPIER, PLATFORMS, Platform, PlatformName
+from manifests import checkpoints, kuberay
 from manifests.helm import image_values
 from manifests.network_policy import ray_ingress_policy
 from manifests.ray_cluster import HEAD_NODE_POOL, RayClusterSpec, head_service_name, ray_cluster
 from domain.platforms import Mode
+from workloads import checkpoints as checkpoint_workload
 
 # GPU nodes appearing, a ~20 GB image pulled on each, Ray started: well past pulumi-kubernetes'
 # default of 10 minutes.
@@ -67,11 +69,16 @@ class RayTrainingClusterArgs(TypedDict):
     """Standard (A4/A3 Ultra): the on-demand CPU pool of the head. Default verl-cpu."""
     verl_dir: NotRequired[str | None]
     """A verl tree on the bucket first on every Ray process's path; None (default) when the image has verl."""
+    checkpoint_root: NotRequired[str | None]
+    """The checkpoint folder on the bucket mount (grpoCheckpointDir): verl saves on each pod's local disk and
+    a copier beside every GPU worker copies each save there; the job runs verl through the checkpoint
+    launcher (domain.grpo_spec.entrypoint). None (default): neither."""
     install_kuberay: NotRequired[bool]
     """Install the namespace-scoped KubeRay operator Helm chart (only without the Ray add-on)."""
     operator_depends_on: NotRequired[list[pulumi.Resource]]
-    """What the operator's release waits for (its namespace's owner), instead of everything the
-    RayCluster waits for: it needs no GPU node, so it installs while the GPU pool is created."""
+    """What the operator's release and the checkpoint program's ConfigMap wait for (their namespace's
+    owner), instead of everything the RayCluster waits for: they need no GPU node, so they are written
+    while the GPU pool is created."""
     ready_timeout_minutes: NotRequired[int]
     """How long `pulumi up` waits for the head and every worker to run."""
     network_policy: NotRequired[bool]
@@ -117,10 +124,17 @@ def cluster_spec(args: RayTrainingClusterArgs) -> RayClusterSpec:
         compute_class=args.get("compute_class"),
         head_node_pool=args.get("head_node_pool") or HEAD_NODE_POOL,
         verl_dir=args.get("verl_dir"),
+        checkpoint_root=args.get("checkpoint_root"),
+        checkpoint_digest=checkpoints.digest(checkpoint_program()) if args.get("checkpoint_root") else "",
     )
     if platform.head_on_gpu_node:
         _check_room_for_head(spec, platform)
     return spec
+
+
+def checkpoint_program() -> str:
+    """workloads/checkpoints.py as the pods run it."""
+    return Path(checkpoint_workload.__file__).read_text()
 
 
 def _check_room_for_head(spec: RayClusterSpec, platform: Platform) -> None:
@@ -131,12 +145,14 @@ def _check_room_for_head(spec: RayClusterSpec, platform: Platform) -> None:
     if spec.worker_cpus > cpus:
         problems.append(
             f"worker_cpus = {spec.worker_cpus}: an A4X node has {platform.allocatable_cpu:.2f} allocatable vCPUs "
-            f"and also runs the Ray head ({platform.head_cpus}); request at most {cpus}"
+            f"and also runs the Ray head ({platform.head_cpus}) and the checkpoint copier ({CHECKPOINT_COPIER.cpu}); "
+            f"request at most {cpus}"
         )
     if spec.worker_memory_gi > memory_gi:
         problems.append(
             f"worker_memory_gi = {spec.worker_memory_gi}: an A4X node has {platform.allocatable_memory_gib:.2f}Gi "
-            f"allocatable and also runs the Ray head ({platform.head_memory_gi}Gi); request at most {memory_gi}"
+            f"allocatable and also runs the Ray head ({platform.head_memory_gi}Gi) and the checkpoint copier "
+            f"({CHECKPOINT_COPIER.memory_gi}Gi); request at most {memory_gi}"
         )
     if problems:
         raise ValueError("invalid RayCluster spec:\n  " + "\n  ".join(problems))
@@ -188,6 +204,15 @@ class RayTrainingCluster(pulumi.ComponentResource):
         # Resolved against the upstream name; it needs nothing of the cluster, so it waits for nothing.
         image = pulumi.Output.from_input(pinned_ref(f"{name}-image", spec.image,
                                                     pulumi.ResourceOptions(parent=self))).apply(pull_ref)
+        if spec.checkpoint_root:
+            # Needs only the namespace, as the operator: written while the GPU pool is created.
+            program_opts = child
+            if "operator_depends_on" in args:
+                program_opts = pulumi.ResourceOptions(parent=self, depends_on=args["operator_depends_on"])
+            program = checkpoints.program_config_map(namespace=spec.namespace, program=checkpoint_program())
+            program_map = k8s.core.v1.ConfigMap(f"{name}-checkpoint-program", metadata=program["metadata"],
+                                                data=program["data"], opts=program_opts)
+            cluster_opts = cluster_opts.merge(pulumi.ResourceOptions(depends_on=[program_map]))
         timeout = f"{args.get('ready_timeout_minutes', DEFAULT_READY_TIMEOUT_MINUTES)}m"
         # The builder only places the pinned ref (resolved by the engine, like claim_name).
         manifest = ray_cluster(replace(spec, image=cast(str, image)))

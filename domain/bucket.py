@@ -1,11 +1,13 @@
-"""The training bucket as every pod sees it, and who may write where in it.
+"""The training bucket as every pod sees it, who may write where in it, and where the run's checkpoints
+live on it and beside it.
 
 Object-name prefixes (folders under the mount at /data):
 
     <model dir>/, gsm8k/, verl-<version>/   staged by the staging Job (its own identity): the model, the data
                                             and the code every Ray process runs; read-only to the Ray pods
     verl/                                   your own verl tree (verlSourceInstall): read-only to the Ray pods
-    <checkpoint dir>/  (verl/checkpoints/)  a run's checkpoints: verl's saves and any copier of them
+    <checkpoint dir>/  (verl/checkpoints/)  a run's checkpoints: the copier's (workloads/checkpoints.py) of
+                                            verl's saves on each node's local disk (LOCAL_CHECKPOINTS)
     models/<run id>/                        exported Hugging Face models (the run supervisor, `verl-gke export`)
     logs/<run id>/                          logs that outlive the cluster
     huggingface_cache/                      HF_HOME of the Ray processes (the datasets library's cache)
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import posixpath
 
+from workloads.checkpoints import LOCAL_ROOT
 from workloads.export_model import MODELS_DIR
 
 DEFAULT_CAPACITY = "768Gi"
@@ -40,3 +43,14 @@ def ray_writable_prefixes(checkpoint_dir: str) -> tuple[str, ...]:
     """The managed folders (`prefix/`) the Ray pods may write: the run's checkpoints under
     `checkpoint_dir` (a path under the mount), the exported models, the logs and the HF cache."""
     return tuple(f"{prefix}/" for prefix in (bucket_path(checkpoint_dir), MODELS_DIR, LOGS_DIR, HF_CACHE_DIR))
+
+
+LOCAL_CHECKPOINTS = LOCAL_ROOT
+"""Where verl saves on every Ray pod (the node's local disk); workloads/checkpoints.py copies each save to
+the run's checkpoint folder on the bucket."""
+
+
+def run_checkpoint_dir(checkpoint_dir: str, run_id: str) -> str:
+    """The run's checkpoint folder on the bucket mount: `<grpoCheckpointDir>/<run id>` (a checkpoint is
+    valid for one run only)."""
+    return f"{checkpoint_dir}/{run_id}" if run_id else checkpoint_dir

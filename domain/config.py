@@ -23,8 +23,8 @@ from domain.grpo_spec import GRPO_DEFAULTS, GrpoSpec, verl_problems
 from domain.run_identity import DELETES_BEFORE_SAVE_BELOW, verl_version_tuple
 from domain.bucket import DEFAULT_CAPACITY, MOUNT_PATH, ray_writable_prefixes
 from domain.platforms import (
-    AUTOPILOT_SIDECAR, NCCL_INSTALLER_REPO, PINNED_IMAGE_ARCH, PLATFORMS, Mode, Platform, PlatformName, VerlRelease,
-    has_digest, is_nccl_installer_url, is_pinned_image, is_ray_version,
+    AUTOPILOT_SIDECAR, CHECKPOINT_COPIER, NCCL_INSTALLER_REPO, PINNED_IMAGE_ARCH, PLATFORMS, Mode, Platform,
+    PlatformName, VerlRelease, has_digest, is_nccl_installer_url, is_pinned_image, is_ray_version,
 )
 from domain import pricing
 from domain.pricing import CAPACITY_KINDS, CapacityKind
@@ -624,14 +624,14 @@ def semantic_problems(cfg: StackConfig) -> list[str]:
     elif cfg.worker_memory_gi <= p.shm_size_gi:
         add("worker_memory_gi", cfg.worker_memory_gi,
             f"must exceed the {p.shm_size_gi}Gi /dev/shm that counts against it.")
-    if cfg.autopilot and p.autopilot_max_pod:
-        top, car = p.autopilot_max_pod, AUTOPILOT_SIDECAR
-        for field, value, most, unit in (("worker_cpus", cfg.worker_cpus, top.cpu - car.cpu, " vCPUs"),
-                                         ("worker_memory_gi", cfg.worker_memory_gi, top.memory_gi - car.memory_gi, "Gi")):
-            if value > most:
+    if cfg.autopilot and p.autopilot_max_pod and p.autopilot_worker:
+        top, car, copier, most = p.autopilot_max_pod, AUTOPILOT_SIDECAR, CHECKPOINT_COPIER, p.autopilot_worker
+        for field, value, limit, unit in (("worker_cpus", cfg.worker_cpus, most.cpu, " vCPUs"),
+                                          ("worker_memory_gi", cfg.worker_memory_gi, most.memory_gi, "Gi")):
+            if value > limit:
                 add(field, value, f"Autopilot admits a {p.accelerator} worker pod of at most {top.cpu} vCPUs / "
-                    f"{top.memory_gi}Gi, the GCS FUSE sidecar's {car.cpu} vCPUs / {car.memory_gi}Gi included: "
-                    f"at most {most}{unit}.")
+                    f"{top.memory_gi}Gi, the GCS FUSE sidecar's {car.cpu} vCPUs / {car.memory_gi}Gi and the "
+                    f"checkpoint copier's {copier.cpu} vCPU / {copier.memory_gi}Gi included: at most {limit}{unit}.")
 
     if not _DNS_LABEL.match(cfg.namespace) or len(cfg.namespace) > 63:
         add("namespace", cfg.namespace, "a Kubernetes namespace: at most 63 lowercase letters, digits or hyphens.")

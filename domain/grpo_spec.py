@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from domain.platforms import Platform
-from domain.bucket import HF_CACHE_DIR, MOUNT_PATH
+from domain.bucket import HF_CACHE_DIR, MOUNT_PATH, run_checkpoint_dir
 
 VERL_ENTRY_MODULE = "verl.trainer.main_ppo"
 
@@ -248,8 +248,7 @@ def _all_overrides(spec: GrpoSpec, gpus_per_node: int, nnodes: int, run_id: str 
         grpo("trainer.test_freq", "test_freq"),
         grpo("trainer.total_epochs", "total_epochs"),
         # Each run its own folder: a checkpoint is valid for one run only.
-        Override("trainer.default_local_dir", f"{spec.checkpoint_dir}/{run_id}" if run_id else spec.checkpoint_dir,
-                 "grpo.checkpoint_dir"),
+        Override("trainer.default_local_dir", run_checkpoint_dir(spec.checkpoint_dir, run_id), "grpo.checkpoint_dir"),
         # verl keeps every checkpoint unless told (~390 GB each for a 32B model with optimizer state).
         grpo("trainer.max_actor_ckpt_to_keep", "max_checkpoints"),
         grpo("trainer.max_critic_ckpt_to_keep", "max_checkpoints"),
@@ -266,12 +265,22 @@ def _render(value: object) -> str:
     return str(value)
 
 
+# --- checkpoints on local disk (docs/checkpoints-and-a4x.md) ------------------------------------------------
+# verl's settings stay the run's (trainer.default_local_dir names the run's folder on the bucket); the
+# launcher moves them per attempt: saves to the node's local disk, resume from the bucket's newest complete
+# checkpoint (workloads/checkpoints.py, shipped at CHECKPOINT_PROGRAM on every Ray pod).
+CHECKPOINT_PROGRAM_DIR = "/opt/verl-gke"
+CHECKPOINT_PROGRAM = f"{CHECKPOINT_PROGRAM_DIR}/checkpoints.py"
+CHECKPOINT_LAUNCHER = ("python3", CHECKPOINT_PROGRAM, "launch", "--")
+
+
 def entrypoint(spec: GrpoSpec, gpus_per_node: int, nnodes: int, *, run_id: str = "",
                legacy_trainer: bool = False) -> str:
-    """The shell command Ray runs: `python3 -m verl.trainer.main_ppo` with quoted overrides."""
+    """The shell command Ray runs: `python3 -m verl.trainer.main_ppo` with quoted overrides, through the
+    checkpoint launcher."""
     args = [o.arg for o in overrides(spec, gpus_per_node, nnodes, run_id=run_id, legacy_trainer=legacy_trainer)]
     args.extend(spec.extra_overrides)
-    return " ".join(["python3", "-m", VERL_ENTRY_MODULE, *(shlex.quote(a) for a in args)])
+    return " ".join([*CHECKPOINT_LAUNCHER, "python3", "-m", VERL_ENTRY_MODULE, *(shlex.quote(a) for a in args)])
 
 
 def runtime_env(platform: Platform, *, nnodes: int, worker_cpus: int,

@@ -20,6 +20,40 @@ A4X_HEAD_MEMORY_GI = 32
 
 
 @dataclass(frozen=True)
+class VllmSource:
+    """vLLM's source release on PyPI (its sdist), pinned by content: what an image's vLLM is built from.
+    Read only by the tests that hold verl's vLLM calls against it (tests/test_a4x_vllm_pairing.py)."""
+
+    version: str
+    sdist_url: str
+    sha256: str
+
+    @property
+    def dir_name(self) -> str:
+        return f"vllm-{self.version}"
+
+
+# verl's docker/Dockerfile.stable.vllm from 2026-06-18 (commit 14574ecf5) to 2026-07-28 (2cf5706c5), the
+# tutorial's ddbcdb7 among them: `ARG VLLM_VERSION=0.23.0`, vLLM cloned at tag v0.23.0 plus two unmerged
+# fixes (vLLM PRs #44483, partial wake_up; #45589, FlashInfer-TRTLLM MoE load), built for x86_64 and
+# aarch64; verl's CI image of that time is `vllm023.dev1`. The tag's own source is this sdist.
+VLLM_0_23_0 = VllmSource(
+    "0.23.0",
+    "https://files.pythonhosted.org/packages/68/c6/c4dc766b09e93de278693502612de0beba822983d4f609830406ead65cc9/"
+    "vllm-0.23.0.tar.gz",
+    "760269db3d9611e12e524681df1bca0977d5d2f5fcb4481cc34d33efc4ae7ff5",
+)
+# verl v0.9.0's docker/Dockerfile.stable.vllm (`Target: verlai/verl:vllm024.dev2`, `ARG VLLM_VERSION=0.24.0`,
+# no patches) and every vLLM workflow of verl's CI at v0.9.0 (`vllm024.dev2`).
+VLLM_0_24_0 = VllmSource(
+    "0.24.0",
+    "https://files.pythonhosted.org/packages/d4/17/ea541f9ffb31d438ed6a5a8e1f7b9805410664abf97e326f28416147a5da/"
+    "vllm-0.24.0.tar.gz",
+    "0862453adc1f3339f1a0c9dca1179c34d6ed6e118f87b6e5bddd120af614ac66",
+)
+
+
+@dataclass(frozen=True)
 class VerlRelease:
     """A verl wheel from PyPI, pinned by content. verl's images carry verl's dependencies but not
     verl (their Dockerfiles `pip uninstall -y verl`), so staging puts this wheel on the bucket."""
@@ -30,6 +64,8 @@ class VerlRelease:
     nccl_env: dict[str, str] = field(default_factory=dict, hash=False)  # a release hashes by its wheel
     """NCCL variables verl adds to every training process's env where the job's env lacks them
     (verl/trainer/constants_ppo.py, PPO_RAY_RUNTIME_ENV): the fabric check measures with them too."""
+    ci_vllm: VllmSource | None = field(default=None, hash=False)
+    """The vLLM verl's own CI ran this release with, where a platform's image carries another one."""
 
     @property
     def dir_name(self) -> str:
@@ -104,6 +140,10 @@ class PodSize:
 AUTOPILOT_SIDECAR = PodSize(cpu=2, memory_gi=16, ephemeral_gi=100)
 """The GCS FUSE sidecar on Autopilot (requests = limits, GKE's guidance for training); its requests
 count toward the pod's against Autopilot's per-accelerator maxima."""
+CHECKPOINT_COPIER = PodSize(cpu=1, memory_gi=1, ephemeral_gi=1)
+"""The checkpoint copier beside every GPU worker (workloads/checkpoints.py `copy`; requests = limits): a
+Python loop copying files through the GCS FUSE mount, whose own work is the FUSE sidecar's. Taken from
+the worker's share of the node, on Standard and Autopilot alike."""
 
 GPU_POOL_NAME = "gpu-pool"
 """The Standard GPU node pool's name, in every stack with one capacity kind."""
@@ -163,12 +203,15 @@ VERL_0_6_1 = VerlRelease(
 )
 # The tutorial builds its A4X image for verl commit ddbcdb7, between releases 0.8.0 and 0.9.0.
 # 0.9.0 is the one whose declared vLLM range (>=0.18) holds the image's vLLM 0.23 (0.8.0 stops at
-# 0.12), and the run's overrides compose identically with both (tests/test_verl_config.py).
+# 0.12), and the run's overrides compose identically with both (tests/test_verl_config.py). verl's CI
+# ran 0.9.0 with vLLM 0.24.0; tests/test_a4x_vllm_pairing.py holds every vLLM call 0.9.0 makes against
+# both vLLM sources (docs/checkpoints-and-a4x.md).
 VERL_0_9_0 = VerlRelease(
     "0.9.0",
     "https://files.pythonhosted.org/packages/b1/48/279b03f544f8c1fe1c86a230ecac8a448a4fa80697a76543917205a1d8f8/"
     "verl-0.9.0-py3-none-any.whl",
     "6e9374db1e2ab346a0aafe9a202bee1b239a042def2f2ccd6db2a4cd04c6308b",
+    ci_vllm=VLLM_0_24_0,
 )
 
 
@@ -248,6 +291,8 @@ class Platform:
     gpu_memory_gb: int = 0
     """HBM per GPU, 10^9 bytes, as GCP's accelerator-optimized machine table lists it per machine
     (A4 1,440 GB / 8 B200; A3 Ultra 1,128 GB / 8 H200; A4X 744 GB / 4 GB200)."""
+    image_vllm: VllmSource | None = None
+    """The source of the image's vLLM where it is not the one verl's CI ran `verl` with (A4X)."""
 
     @property
     def allocatable_cpu(self) -> float:
@@ -265,8 +310,9 @@ class Platform:
         """The Autopilot worker container's requests: the pod ceiling less the GCS FUSE sidecar."""
         if self.autopilot_max_pod is None:
             return None
-        top, car = self.autopilot_max_pod, AUTOPILOT_SIDECAR
-        return PodSize(top.cpu - car.cpu, top.memory_gi - car.memory_gi, top.ephemeral_gi - car.ephemeral_gi)
+        top, car, copier = self.autopilot_max_pod, AUTOPILOT_SIDECAR, CHECKPOINT_COPIER
+        return PodSize(top.cpu - car.cpu - copier.cpu, top.memory_gi - car.memory_gi - copier.memory_gi,
+                       top.ephemeral_gi - car.ephemeral_gi - copier.ephemeral_gi)
 
     def worker_ephemeral_gi(self, mode: Mode) -> int:
         worker = self.autopilot_worker if mode == "autopilot" else None
@@ -290,24 +336,26 @@ class Platform:
 
     @property
     def max_worker_cpus(self) -> int:
-        """The largest CPU request a worker can get scheduled with (beside the head where it shares the node)."""
-        return math.floor(self.allocatable_cpu - self.head_cpus)
+        """The largest CPU request a worker can get scheduled with (beside its checkpoint copier, and the head
+        where it shares the node)."""
+        return math.floor(self.allocatable_cpu - self.head_cpus - CHECKPOINT_COPIER.cpu)
 
     @property
     def max_worker_memory_gi(self) -> int:
-        return math.floor(self.allocatable_memory_gib - self.head_memory_gi)
+        return math.floor(self.allocatable_memory_gib - self.head_memory_gi - CHECKPOINT_COPIER.memory_gi)
 
     @property
     def worker_cpus(self) -> int:
-        """CPU request of a Ray worker: allocatable minus room for DaemonSets, the gcsfuse sidecar and,
-        where it shares the node, the Ray head."""
-        return math.floor(self.allocatable_cpu) - WORKER_CPU_HEADROOM - self.head_cpus
+        """CPU request of a Ray worker: allocatable minus room for DaemonSets, the gcsfuse sidecar, the
+        checkpoint copier and, where it shares the node, the Ray head."""
+        return math.floor(self.allocatable_cpu) - WORKER_CPU_HEADROOM - self.head_cpus - CHECKPOINT_COPIER.cpu
 
     @property
     def worker_memory_gi(self) -> int:
         """Memory request of a Ray worker, with headroom for DaemonSets, the gcsfuse sidecar and, where it
         shares the node, the Ray head."""
-        return math.floor(self.allocatable_memory_gib * WORKER_MEMORY_FRACTION) - self.head_memory_gi
+        return (math.floor(self.allocatable_memory_gib * WORKER_MEMORY_FRACTION) - self.head_memory_gi
+                - CHECKPOINT_COPIER.memory_gi)
 
 
 # Room left on a GPU node for GKE's DaemonSets (device plugin, NCCL installer, logging,
@@ -402,6 +450,7 @@ PLATFORMS: dict[str, Platform] = {
         machine_memory_gb=884,
         image=ARM_VERL_IMAGE,
         verl=VERL_0_9_0,
+        image_vllm=VLLM_0_23_0,
         ray_version="2.49.0",
         ray_cluster_name="gb200-ray-cluster",
         nccl_installer_image=_GIB_INSTALLER_IMAGE_ARM64,

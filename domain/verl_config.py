@@ -19,6 +19,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import DictConfig
 
+from domain.checkpoint_time import CheckpointTime, checkpoint_time
 from domain.config import StackConfig, config_key, grpo_field_of, problem_line
 from domain.grpo_spec import Override, override_sources, overrides
 from domain.stack_files import engine_string, project_defaults
@@ -55,17 +56,8 @@ class RunPlan:
     run_id: str = ""
     checkpoint_folder: str = ""
     """Where the run's checkpoints go: verl's trainer.default_local_dir, `<grpoCheckpointDir>/<run id>`."""
-    attempts: int = 1
-    """The most attempts the run can have (the supervisor's retries and resubmissions after lost nodes)."""
-
-    @property
-    def checkpoints_left(self) -> int | None:
-        """The most checkpoints the run can leave in its folder: verl's rotation keeps a list in memory
-        and deletes only what the same attempt saved, so each attempt can leave its kept ones behind,
-        up to every step saved (an attempt saving a step again writes the same folder)."""
-        if self.checkpoints_saved is None or self.checkpoints_kept is None:
-            return None
-        return min(self.checkpoints_saved, self.checkpoints_kept * self.attempts)
+    checkpoint_time: CheckpointTime | None = None
+    """The GPU time the saves cost (domain/checkpoint_time.py); None when their size or count is unknown."""
 
     def lines(self) -> list[str]:
         """The plan as a few lines for synth's summary and `pulumi up`'s log."""
@@ -80,14 +72,11 @@ class RunPlan:
             if self.checkpoint_bytes is not None and self.checkpoints_kept is not None:
                 size = (f", ~{_gb(self.checkpoint_bytes)} each, "
                         f"~{_gb(self.checkpoint_bytes * self.checkpoints_kept)} in the bucket")
+            # Kept across attempts too: the bucket's rotation is workloads/checkpoints.py's, not verl's.
             out.append(f"  checkpoints: every {self.save_freq} steps and at the end: "
                        f"{self.checkpoints_saved} saved, {self.checkpoints_kept} kept{size}")
-            left = self.checkpoints_left
-            if left is not None and self.checkpoints_kept is not None and left > self.checkpoints_kept:
-                worst = f" (~{_gb(self.checkpoint_bytes * left)})" if self.checkpoint_bytes is not None else ""
-                out.append(f"  up to {left} checkpoints{worst} stay if the run takes more attempts (up to "
-                           f"{self.attempts} per jobAttempt; verl rotates within one attempt): delete the older "
-                           "global_step_* folders once it is done")
+            if self.checkpoint_time is not None:
+                out.append(f"  {self.checkpoint_time.line()}")
         return out
 
 
@@ -224,8 +213,10 @@ def _plan(cfg: StackConfig, composed: DictConfig, verl_version: str, warnings: l
         kept = saved if keep is None else min(saved, int(keep))
     billions = _BILLIONS.search(cfg.model.rsplit("/", 1)[-1])
     size = int(float(billions.group(1)) * 1e9 * CHECKPOINT_BYTES_PER_PARAM) if billions else None
+    timing = (checkpoint_time(cfg.facts, checkpoint_bytes=size, nodes=cfg.gpu_nodes, saves=saved)
+              if size is not None and saved else None)
     return RunPlan(verl_version, steps, save_freq, saved, kept, size, warnings, run_id=run_id,
-                   checkpoint_folder=str(trainer.default_local_dir), attempts=1 + cfg.supervised_attempts)
+                   checkpoint_folder=str(trainer.default_local_dir), checkpoint_time=timing)
 
 
 def _one_line(error: BaseException) -> str:

@@ -15,7 +15,7 @@ from typing import Any, get_args
 
 from domain.grpo_spec import verl_path_env
 from domain.platforms import A4X_HEAD_CPUS, A4X_HEAD_MEMORY_GI, Mode, has_token_auth, is_pinned_image
-from manifests import compute_class, dra
+from manifests import checkpoints, compute_class, dra
 from manifests.network_mapping import GVNIC_NETWORK, rdma_network_name
 from manifests.storage import bucket_mount, bucket_volumes, sidecar_annotations
 
@@ -103,6 +103,11 @@ class RayClusterSpec:
     verl_dir: str | None = None
     """A verl tree on the bucket (the staged release or the user's own) first on every Ray process's
     path; None when the image has verl."""
+    checkpoint_root: str | None = None
+    """The checkpoint folder on the bucket mount: verl saves on each pod's local disk and a copier beside
+    every GPU worker copies each save there (workloads/checkpoints.py); None: no local saves."""
+    checkpoint_digest: str = ""
+    """sha256 of the checkpoint program: on the pod templates, so a new program restarts the pods."""
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -141,6 +146,8 @@ class RayClusterSpec:
             out.append("worker_spot = True: applies to Autopilot only; on Standard the GPU node pool decides Spot")
         if self.verl_dir is not None and not self.verl_dir.startswith("/"):
             out.append(f"verl_dir = {self.verl_dir!r}: must be an absolute path (e.g. /data/verl)")
+        if self.checkpoint_root is not None and not self.checkpoint_root.startswith("/"):
+            out.append(f"checkpoint_root = {self.checkpoint_root!r}: must be an absolute path on the bucket mount")
         return out
 
 
@@ -242,9 +249,15 @@ def _head_group(spec: RayClusterSpec) -> dict[str, Any]:
         pod.setdefault("tolerations", []).append(dict(ARM_TOLERATION))
     pod["containers"] = [container]
     pod["volumes"] = [{"name": "ray-logs", "emptyDir": {}}, *bucket_volumes(spec.claim_name)]
+    annotations = sidecar_annotations(spec.mode == "autopilot")
+    if spec.checkpoint_root:
+        # The job's entrypoint (the checkpoint launcher) runs here; the driver saves data.pt here.
+        container["volumeMounts"] += checkpoints.mounts()
+        pod["volumes"] += checkpoints.volumes()
+        annotations[checkpoints.DIGEST_ANNOTATION] = spec.checkpoint_digest
     return {
         "rayStartParams": start_params,
-        "template": {"metadata": {"annotations": sidecar_annotations(spec.mode == "autopilot")}, "spec": pod},
+        "template": {"metadata": {"annotations": annotations}, "spec": pod},
     }
 
 
@@ -322,6 +335,13 @@ def _worker_group(spec: RayClusterSpec) -> dict[str, Any]:
         {"name": "ray-tmp-storage", "emptyDir": {}},
         *bucket_volumes(spec.claim_name),
     ]
+    if spec.checkpoint_root:
+        # verl's ranks save here (the Ray container, first: KubeRay's); the copier takes each save to the bucket.
+        container["volumeMounts"] += checkpoints.mounts()
+        pod["containers"].append(checkpoints.copier(image=spec.image, checkpoint_root=spec.checkpoint_root,
+                                                    bucket_mount=bucket_mount(), security=container_security()))
+        pod["volumes"] += checkpoints.volumes()
+        annotations[checkpoints.DIGEST_ANNOTATION] = spec.checkpoint_digest
     return {
         "groupName": WORKER_GROUP,
         "replicas": spec.worker_replicas,

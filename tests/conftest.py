@@ -13,7 +13,7 @@ pytest_plugins = ["tests.ray_head"]
 
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist (make test), the controller fills the download caches the workers share
-    (the pinned verl wheels, the CRD files) before any worker starts, so that no two workers write
+    (the pinned verl wheels, the vLLM sources, the CRD files) before any worker starts, so that no two workers write
     one cache entry at once. A failure here is left to the tests that need the entry to report."""
     if not config.pluginmanager.hasplugin("xdist") or not config.getoption("numprocesses", None):
         return
@@ -27,6 +27,14 @@ def pytest_configure(config: pytest.Config) -> None:
         try:
             unpacked(release)
         except VerlUnavailable:
+            pass
+    from tests import vllm_source
+    from workloads.stage_data import StagingError
+
+    for source in {s for p in PLATFORMS.values() for s in (p.image_vllm, p.verl.ci_vllm) if s}:
+        try:
+            vllm_source.unpacked(source)
+        except (StagingError, OSError):
             pass
     try:
         crd_paths()

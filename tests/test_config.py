@@ -248,20 +248,20 @@ def test_cidr_syntax_and_count():
 
 
 def test_requests_must_fit_the_machine():
-    assert load_config(config(platform="a3u")).worker_memory_gi == 2553  # not the tutorial's 2800Gi
+    assert load_config(config(platform="a3u")).worker_memory_gi == 2552  # not the tutorial's 2800Gi
     load_config(config(workerCpus="200", workerMemoryGi="2000"))
     assert only_problem(workerCpus="224") == ('verl-gke:workerCpus = 224: each a4-highgpu-8g node has 223.37 '
-                                              'allocatable vCPUs; request at most 223 (default 220).')
-    assert "request at most 2687 (default 2553)" in only_problem(platform="a3u", workerMemoryGi="2800")
+                                              'allocatable vCPUs; request at most 222 (default 219).')
+    assert "request at most 2686 (default 2552)" in only_problem(platform="a3u", workerMemoryGi="2800")
 
 
 def test_a4x_workers_leave_room_for_the_head():
     a4x = {"platform": "a4x", "gpuNodes": "4"}
     cfg = load_config(config(**a4x))
-    assert (cfg.worker_cpus, cfg.worker_memory_gi) == (124, 727)
-    load_config(config(**a4x, workerCpus="127", workerMemoryGi="767"))
-    assert "request at most 127 beside the Ray head (default 124)" in only_problem(**a4x, workerCpus="128")
-    assert "request at most 767 beside the Ray head (default 727)" in only_problem(**a4x, workerMemoryGi="768")
+    assert (cfg.worker_cpus, cfg.worker_memory_gi) == (123, 726)
+    load_config(config(**a4x, workerCpus="126", workerMemoryGi="766"))
+    assert "request at most 126 beside the Ray head (default 123)" in only_problem(**a4x, workerCpus="127")
+    assert "request at most 766 beside the Ray head (default 726)" in only_problem(**a4x, workerMemoryGi="767")
     assert "/dev/shm" in only_problem(workerMemoryGi="200")
 
 

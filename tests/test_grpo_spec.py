@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 
 from domain.config import load_config
-from domain.grpo_spec import entrypoint, runtime_env
+from domain.grpo_spec import CHECKPOINT_LAUNCHER, entrypoint, runtime_env
 from domain.platforms import PLATFORMS
 from tests.conftest import BASE_CONFIG
 
@@ -45,8 +45,8 @@ TUTORIAL_A4 = [
 
 def _args(command: str) -> list[str]:
     words = shlex.split(command)
-    assert words[:3] == ["python3", "-m", "verl.trainer.main_ppo"]
-    return words[3:]
+    assert words[:7] == [*CHECKPOINT_LAUNCHER, "python3", "-m", "verl.trainer.main_ppo"]
+    return words[7:]
 
 
 # The execution profile in place of the tutorial's micro batches and rollout TP 8 (same math).

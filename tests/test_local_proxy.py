@@ -37,8 +37,9 @@ def token_head() -> Iterator[RayHead]:
 def proxy(token_head: RayHead) -> Iterator[tuple[str, LocalProxy]]:
     port = urlsplit(token_head.dashboard_url).port
     assert port is not None
-    with LocalProxy(port, TOKEN) as p:
-        yield p.url, p  # type: ignore[misc]
+    p = LocalProxy(port, TOKEN)
+    with p as url:
+        yield url, p
 
 
 def _get(url: str, headers: dict[str, str] | None = None, method: str = "GET",

@@ -201,9 +201,10 @@ def test_a_zone_without_the_machine_type():
 def test_a_smaller_machine_than_the_table_names_the_worker_keys():
     small = {"machineTypes": [{"name": "a4-highgpu-8g", "guestCpus": 208, "memoryMb": 3000000}]}
     text = problems_of({**GOOD, MACHINE_TYPES: small})
-    # 208 vCPUs keep 207.2 allocatable; 3,145 GB keep 2,863Gi (GKE's reserved shares).
-    assert "verl-gke:workerCpus = 220: a4-highgpu-8g in us-central1-b has 208 vCPUs; at most 207 fit a worker." in text
-    assert ("verl-gke:workerMemoryGi = 3433: a4-highgpu-8g in us-central1-b has 3145 GB; at most 2863Gi fit a "
+    # 208 vCPUs keep 207.2 allocatable; 3,145 GB keep 2,863Gi (GKE's reserved shares); 1 and 1Gi go to the
+    # checkpoint copier.
+    assert "verl-gke:workerCpus = 219: a4-highgpu-8g in us-central1-b has 208 vCPUs; at most 206 fit a worker." in text
+    assert ("verl-gke:workerMemoryGi = 3432: a4-highgpu-8g in us-central1-b has 3145 GB; at most 2862Gi fit a "
             "worker.") in text
 
 

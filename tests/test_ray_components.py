@@ -243,23 +243,24 @@ def test_a4x_workers_leave_room_for_the_head_on_their_gpu_node() -> None:
     # The arm64-only head runs on a GB200 node beside that node's worker (one worker per node,
     # every node a worker): both must fit its allocatable resources, with the DaemonSet headroom.
     platform = PLATFORMS["a4x"]
-    spec = ray_cluster(cluster_spec(ray_args("a4x", gpu_nodes=4)))["spec"]
+    spec = ray_cluster(cluster_spec(ray_args("a4x", gpu_nodes=4, checkpoint_root="/data/verl/checkpoints")))["spec"]
     head = spec["headGroupSpec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
     worker = spec["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"]["requests"]
     assert (head["cpu"], head["memory"]) == ("12", "32Gi")
-    assert (worker["cpu"], worker["memory"]) == ("124", "727Gi")
-    assert int(head["cpu"]) + int(worker["cpu"]) + WORKER_CPU_HEADROOM <= platform.allocatable_cpu
-    gi = int(head["memory"].removesuffix("Gi")) + int(worker["memory"].removesuffix("Gi"))
+    assert (worker["cpu"], worker["memory"]) == ("123", "726Gi")
+    copier = spec["workerGroupSpecs"][0]["template"]["spec"]["containers"][1]["resources"]["requests"]
+    assert int(head["cpu"]) + int(worker["cpu"]) + int(copier["cpu"]) + WORKER_CPU_HEADROOM <= platform.allocatable_cpu
+    gi = sum(int(c["memory"].removesuffix("Gi")) for c in (head, worker, copier))
     assert gi <= platform.allocatable_memory_gib * WORKER_MEMORY_FRACTION
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
     ({"worker_cpus": 136}, "worker_cpus = 136: an A4X node has 139.58 allocatable vCPUs and also runs the "
-                           "Ray head (12); request at most 127"),
+                           "Ray head (12) and the checkpoint copier (1); request at most 126"),
     ({"worker_memory_gi": 780}, "worker_memory_gi = 780: an A4X node has 799.97Gi allocatable and also runs the "
-                                "Ray head (32Gi); request at most 767"),
+                                "Ray head (32Gi) and the checkpoint copier (1Gi); request at most 766"),
 ])
 def test_a4x_workers_that_crowd_out_the_head_are_refused(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         cluster_spec(ray_args("a4x", **overrides))
-    cluster_spec(ray_args("a4x", worker_cpus=127, worker_memory_gi=767))
+    cluster_spec(ray_args("a4x", worker_cpus=126, worker_memory_gi=766))

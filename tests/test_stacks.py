@@ -427,14 +427,14 @@ def test_autopilot_worker_sizes_above_the_ceiling_are_refused():
     from tests.conftest import BASE_CONFIG
 
     auto = {**BASE_CONFIG, "verl-gke:clusterMode": "autopilot", "verl-gke:gpuSpot": "true", "verl-gke:reservation": ""}
-    assert (load_config(auto).worker_cpus, load_config(auto).worker_memory_gi) == (218, 2784)
+    assert (load_config(auto).worker_cpus, load_config(auto).worker_memory_gi) == (217, 2783)
     with pytest.raises(ConfigError) as caught:
         load_config({**auto, "verl-gke:workerCpus": "220", "verl-gke:workerMemoryGi": "3433"})
     assert caught.value.problems == [
         "verl-gke:workerCpus = 220: Autopilot admits a nvidia-b200 worker pod of at most 220 vCPUs / 2800Gi, the GCS "
-        "FUSE sidecar's 2 vCPUs / 16Gi included: at most 218 vCPUs.",
+        "FUSE sidecar's 2 vCPUs / 16Gi and the checkpoint copier's 1 vCPU / 1Gi included: at most 217 vCPUs.",
         "verl-gke:workerMemoryGi = 3433: Autopilot admits a nvidia-b200 worker pod of at most 220 vCPUs / 2800Gi, the "
-        "GCS FUSE sidecar's 2 vCPUs / 16Gi included: at most 2784Gi."]
+        "GCS FUSE sidecar's 2 vCPUs / 16Gi and the checkpoint copier's 1 vCPU / 1Gi included: at most 2783Gi."]
 
 
 def test_a_stack_of_an_earlier_version_keeps_its_cluster_on_the_default_network():

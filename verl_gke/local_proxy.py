@@ -64,6 +64,10 @@ class LocalProxy:
         return self.url
 
     def __exit__(self, *exc: object) -> None:
+        try:  # wakes the accepting thread: a close alone leaves the socket listening until accept returns
+            self._server.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self._server.close()
         with self._lock:
             for sock in self._open:

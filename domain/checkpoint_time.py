@@ -1,0 +1,73 @@
+"""The GPU time a run's checkpoints cost: a pure model, its assumptions named here and nowhere else.
+
+verl saves to each node's local disk (workloads/checkpoints.py) and the copy to the bucket runs in the
+background, so the GPUs wait only for the local write of each save, and once, at the end, for the copy of
+the last save (the run is done only when its last checkpoint is in the bucket). Written straight to the
+bucket (verl-gke before 0.6), every save waited for the whole copy.
+
+FSDP spreads a checkpoint evenly over the ranks (one shard file per rank and kind), so each node writes
+and copies its share, all nodes at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from domain.platforms import Platform
+
+SAVE_GBPS_PER_RANK = 2.0
+"""torch.save of one rank's shards into the node's page cache, ranks in parallel; assumed, not measured
+by verl-gke (verl logs `timing_s/save_checkpoint` per step: the figure to check it against on GCP)."""
+BUCKET_WRITE_GBPS = 2.0
+"""GCS FUSE writes per node: the low end of the 2-5 GB/s range measured for the bucket mount."""
+DIRTY_RATIO = 0.20
+"""Linux's default vm.dirty_ratio (and per-cgroup writeback share): writes beyond it wait for the disk,
+which the local rate above does not model."""
+
+
+@dataclass(frozen=True)
+class CheckpointTime:
+    saves: int
+    stall_per_save_s: float
+    """GPUs waiting at each save: the local write (or, straight to the bucket, the whole copy)."""
+    copy_per_save_s: float
+    """The background copy of one save to the bucket, per node (all nodes at once)."""
+    local: bool
+    fits_page_cache: bool
+    """Each node's share fits Linux's dirty-page limit of the worker's memory, as the local rate assumes."""
+    bucket_total_s: float
+    """What the same saves cost straight to the bucket."""
+
+    @property
+    def total_s(self) -> float:
+        """GPU time lost to checkpoints: every save's stall, and the last copy where it runs after training."""
+        return self.saves * self.stall_per_save_s + (self.copy_per_save_s if self.local and self.saves else 0.0)
+
+    def share(self, run_s: float) -> float:
+        """The checkpoints' part of a run whose training takes `run_s` without them."""
+        return self.total_s / (run_s + self.total_s)
+
+    def keeps_up(self, save_interval_s: float) -> bool:
+        """A save's copy ends before the next save begins (else local disk fills with waiting saves)."""
+        return not self.local or self.copy_per_save_s <= save_interval_s
+
+    def line(self) -> str:
+        if not self.local:
+            return (f"checkpoint time: {self.saves} saves x {self.stall_per_save_s:.0f} s straight to the bucket = "
+                    f"{self.total_s:.0f} s of GPU time; assumed {BUCKET_WRITE_GBPS:g} GB/s per node to the bucket")
+        return (f"checkpoint time: {self.saves} saves x {self.stall_per_save_s:.0f} s to local disk + "
+                f"{self.copy_per_save_s:.0f} s for the last copy to the bucket = {self.total_s:.0f} s of GPU time "
+                f"(straight to the bucket: {self.bucket_total_s:.0f} s); assumed {SAVE_GBPS_PER_RANK:g} GB/s per "
+                f"rank into the page cache, {BUCKET_WRITE_GBPS:g} GB/s per node to the bucket"
+                + ("" if self.fits_page_cache else "; a node's share exceeds its page cache: expect longer saves"))
+
+
+def checkpoint_time(platform: Platform, *, checkpoint_bytes: int, nodes: int, saves: int,
+                    local: bool = True) -> CheckpointTime:
+    """The model for `saves` checkpoints of `checkpoint_bytes` over `nodes` GPU nodes of `platform`."""
+    per_node_gb = checkpoint_bytes / nodes / 1e9
+    copy_s = per_node_gb / BUCKET_WRITE_GBPS
+    local_s = per_node_gb / (SAVE_GBPS_PER_RANK * platform.gpus_per_node)
+    page_cache_gb = DIRTY_RATIO * platform.worker_memory_gi * 2**30 / 1e9
+    return CheckpointTime(saves=saves, stall_per_save_s=local_s if local else copy_s, copy_per_save_s=copy_s,
+                          local=local, fits_page_cache=per_node_gb <= page_cache_gb, bucket_total_s=saves * copy_s)

@@ -1,0 +1,59 @@
+"""What every Ray pod needs for checkpoints on local disk (workloads/checkpoints.py): the program in a
+ConfigMap, the local folder verl saves to, and on each GPU worker the copier beside it. Pure builders.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from domain.bucket import LOCAL_CHECKPOINTS
+from domain.grpo_spec import CHECKPOINT_PROGRAM, CHECKPOINT_PROGRAM_DIR
+from domain.platforms import CHECKPOINT_COPIER
+
+CONFIG_MAP = "verl-gke-checkpoints"
+PROGRAM_FILE = CHECKPOINT_PROGRAM.rsplit("/", 1)[1]
+LOCAL_VOLUME = "local-checkpoints"
+PROGRAM_VOLUME = "checkpoint-program"
+COPIER = "checkpoint-copier"
+DIGEST_ANNOTATION = "verl-gke/checkpoints-sha256"
+"""On the pod templates: a new program restarts the pods that run it."""
+
+
+def program_config_map(*, namespace: str, program: str) -> dict[str, Any]:
+    """workloads/checkpoints.py, mounted read-only at CHECKPOINT_PROGRAM_DIR in the head and the copiers."""
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": CONFIG_MAP, "namespace": namespace},
+            "data": {PROGRAM_FILE: program}}
+
+
+def digest(program: str) -> str:
+    return hashlib.sha256(program.encode()).hexdigest()
+
+
+def volumes() -> list[dict[str, Any]]:
+    """The local folder (an emptyDir: the node's ephemeral storage, Local SSD on A4 and A3 Ultra nodes) and
+    the program."""
+    return [{"name": LOCAL_VOLUME, "emptyDir": {}},
+            {"name": PROGRAM_VOLUME, "configMap": {"name": CONFIG_MAP, "defaultMode": 0o444}}]
+
+
+def mounts() -> list[dict[str, Any]]:
+    return [{"name": LOCAL_VOLUME, "mountPath": LOCAL_CHECKPOINTS},
+            {"name": PROGRAM_VOLUME, "mountPath": CHECKPOINT_PROGRAM_DIR, "readOnly": True}]
+
+
+def copier(*, image: str, checkpoint_root: str, bucket_mount: dict[str, Any],
+           security: dict[str, Any]) -> dict[str, Any]:
+    """The container that copies this worker's announced saves to `checkpoint_root` on the bucket mount."""
+    size = {"cpu": str(CHECKPOINT_COPIER.cpu), "memory": f"{CHECKPOINT_COPIER.memory_gi}Gi",
+            "ephemeral-storage": f"{CHECKPOINT_COPIER.ephemeral_gi}Gi"}
+    return {
+        "name": COPIER,
+        "image": image,
+        "command": ["python3", CHECKPOINT_PROGRAM, "copy", "--local-root", LOCAL_CHECKPOINTS,
+                    "--bucket-root", checkpoint_root],
+        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
+        "resources": {"requests": dict(size), "limits": dict(size)},
+        "securityContext": security,
+        "volumeMounts": [*mounts(), bucket_mount],
+    }

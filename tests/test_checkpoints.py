@@ -1,0 +1,320 @@
+"""Checkpoints written to local disk and copied to the bucket in the background (workloads/checkpoints.py):
+the completeness rules, the copy against a local folder and a folder standing in for the bucket mount,
+a copier killed mid-copy, and where a new attempt resumes. File layout as verl 0.6.1 and 0.9.0 write it
+(verl/utils/checkpoint/fsdp_checkpoint_manager.py: per rank model/optim/extra_state, rank 0 fsdp_config.json
+and huggingface/; the trainer: data.pt and latest_checkpointed_iteration.txt in default_local_dir)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from workloads import checkpoints as ck
+
+REPO = Path(__file__).resolve().parent.parent
+NODES, GPUS = 2, 2
+WORLD = NODES * GPUS
+RUN = "run-0123456789ab"
+
+
+def _logs() -> tuple[list[str], object]:
+    lines: list[str] = []
+    return lines, lines.append
+
+
+def verl_saves(local_roots: list[Path], head: Path, attempt: str, step: int, *, size: int = 1000,
+               kinds: tuple[str, ...] = ("model", "optim", "extra_state")) -> None:
+    """What verl leaves on each node's disk after a save of `step` returned on every rank."""
+    for node, root in enumerate(local_roots):
+        actor = root / RUN / attempt / f"global_step_{step}" / "actor"
+        actor.mkdir(parents=True, exist_ok=True)
+        for rank in range(node * GPUS, (node + 1) * GPUS):
+            for kind in kinds:
+                (actor / f"{kind}_world_size_{WORLD}_rank_{rank}.pt").write_bytes(bytes([rank]) * size)
+            if rank == 0:
+                (actor / "fsdp_config.json").write_text('{"world_size": 4}')
+                (actor / "huggingface").mkdir(exist_ok=True)
+                (actor / "huggingface" / "config.json").write_text("{}")
+    step_dir = head / RUN / attempt / f"global_step_{step}"
+    step_dir.mkdir(parents=True, exist_ok=True)
+    (step_dir / "data.pt").write_bytes(b"d" * 10)
+    (head / RUN / attempt / ck.TRACKER).write_text(str(step))
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> dict[str, Path]:
+    bucket = tmp_path / "bucket" / "verl" / "checkpoints"
+    bucket.mkdir(parents=True)
+    return {"bucket": bucket, "run": bucket / RUN, "head": tmp_path / "head",
+            "nodes": [tmp_path / f"node{i}" for i in range(NODES)]}
+
+
+def _start_attempt(world: dict, attempt: str, keep: int | None = None) -> ck.Launch:
+    ck.write_json(world["run"] / ck.STATE_DIR / ck.ATTEMPT_FILE, {"attempt": attempt, "world_size": WORLD, "keep": keep})
+    return ck.Launch([], world["run"], world["head"] / RUN / attempt, WORLD, None)
+
+
+def _save_and_copy(world: dict, launch: ck.Launch, attempt: str, step: int, log) -> None:
+    verl_saves(world["nodes"], world["head"], attempt, step)
+    ck.announce(launch, attempt, step - 1, log)
+    for i, node in enumerate(world["nodes"]):
+        ck.copy_once(node, world["bucket"], f"node{i}", log)
+
+
+# --- the rules ---------------------------------------------------------------------------------------
+
+
+def _parts(world_size: int = WORLD, attempt: str = "a", drop: str = "") -> list[dict]:
+    files = {f"actor/{kind}_world_size_{world_size}_rank_{r}.pt": 5
+             for r in range(world_size) for kind in ("model", "optim", "extra_state")}
+    files |= {"actor/fsdp_config.json": 2, "actor/huggingface/config.json": 2, "data.pt": 1}
+    files.pop(drop, None)
+    return [{"attempt": attempt, "files": files}]
+
+
+def _present(parts: list[dict]):
+    sizes = {name: size for part in parts for name, size in part["files"].items()}
+    return sizes.get
+
+
+def test_a_save_whose_every_rank_and_file_is_in_the_bucket_is_complete() -> None:
+    parts = _parts()
+    verdict = ck.judge({"attempt": "a", "world_size": WORLD}, parts, _present(parts))
+    assert verdict.complete and len(verdict.files) == 3 * WORLD + 3
+
+
+@pytest.mark.parametrize("drop", [f"actor/model_world_size_{WORLD}_rank_3.pt", f"actor/optim_world_size_{WORLD}_rank_0.pt",
+                                  "actor/fsdp_config.json", "data.pt"])
+def test_a_save_missing_a_rank_or_a_file_is_incomplete(drop: str) -> None:
+    parts = _parts(drop=drop)
+    verdict = ck.judge({"attempt": "a", "world_size": WORLD}, parts, _present(parts))
+    assert not verdict.complete and drop in verdict.reason
+
+
+def test_a_save_without_optimizer_state_for_every_rank_is_complete() -> None:
+    """checkpoint.save_contents=[model] (no optim, no extra_state) is still a checkpoint."""
+    files = {f"actor/model_world_size_{WORLD}_rank_{r}.pt": 5 for r in range(WORLD)}
+    files |= {"actor/fsdp_config.json": 2, "data.pt": 1}
+    parts = [{"attempt": "a", "files": files}]
+    assert ck.judge({"attempt": "a", "world_size": WORLD}, parts, _present(parts)).complete
+
+
+def test_a_file_short_in_the_bucket_keeps_the_save_incomplete() -> None:
+    parts = _parts()
+    sizes = {**{n: s for n, s in parts[0]["files"].items()}, "data.pt": 0}
+    verdict = ck.judge({"attempt": "a", "world_size": WORLD}, parts, sizes.get)
+    assert (verdict.complete, verdict.reason) == (False, "data.pt: 0 bytes in the bucket, 1 recorded")
+
+
+def test_parts_of_another_attempt_never_count_and_nothing_counts_before_verl_is_done() -> None:
+    parts = _parts(attempt="old")
+    assert not ck.judge({"attempt": "new", "world_size": WORLD}, parts, _present(parts)).complete
+    assert ck.judge(None, _parts(), _present(_parts())).reason == "verl has not finished saving it"
+
+
+# --- the copy, against folders -------------------------------------------------------------------------
+
+
+def test_a_save_is_complete_once_the_last_node_has_copied_it_and_local_disks_are_emptied(world: dict) -> None:
+    lines, log = _logs()
+    launch = _start_attempt(world, "a1")
+    verl_saves(world["nodes"], world["head"], "a1", 10)
+    assert ck.announce(launch, "a1", 0, log) == 10
+    ck.copy_once(world["nodes"][0], world["bucket"], "node0", log)
+    assert not (world["run"] / "global_step_10" / ck.MARKER).exists()
+    assert ck.resume_step(world["run"], WORLD) is None
+    ck.copy_once(world["nodes"][1], world["bucket"], "node1", log)
+    marker = json.loads((world["run"] / "global_step_10" / ck.MARKER).read_text())
+    assert (marker["attempt"], marker["world_size"], len(marker["files"])) == ("a1", WORLD, 3 * WORLD + 3)
+    assert (world["run"] / ck.TRACKER).read_text() == "10"
+    assert ck.resume_step(world["run"], WORLD) == 10
+    assert [p for root in (world["head"], *world["nodes"]) for p in root.rglob("global_step_*")] == []
+    assert f"step 10: complete: {3 * WORLD + 3} files" in " ".join(lines)
+
+
+def test_a_node_copies_nothing_verl_has_not_announced(world: dict) -> None:
+    _, log = _logs()
+    _start_attempt(world, "a1")
+    verl_saves(world["nodes"], world["head"], "a1", 10)  # written, but the head has not seen the tracker move
+    ck.copy_once(world["nodes"][0], world["bucket"], "node0", log)
+    assert not (world["run"] / "global_step_10").exists()
+    assert (world["nodes"][0] / RUN / "a1" / "global_step_10").is_dir()
+
+
+def test_saves_the_head_missed_announcing_are_announced_at_its_next_look(world: dict) -> None:
+    """The bucket stalled while verl saved step 10: at the next look verl is at 20, and both go."""
+    _, log = _logs()
+    launch = _start_attempt(world, "a1")
+    verl_saves(world["nodes"], world["head"], "a1", 10)
+    verl_saves(world["nodes"], world["head"], "a1", 20)
+    assert ck.announce(launch, "a1", 0, log) == 20
+    for i, node in enumerate(world["nodes"]):
+        ck.copy_once(node, world["bucket"], f"node{i}", log)
+    assert ck.complete_steps(world["run"], WORLD) == [10, 20]
+
+
+def test_an_earlier_attempts_local_saves_are_dropped_not_copied(world: dict) -> None:
+    _, log = _logs()
+    verl_saves(world["nodes"], world["head"], "old", 20)
+    _start_attempt(world, "new")
+    ck.copy_once(world["nodes"][0], world["bucket"], "node0", log)
+    assert not (world["nodes"][0] / RUN / "old").exists()
+    assert not (world["run"] / "global_step_20").exists()
+
+
+def test_a_copier_killed_mid_copy_leaves_no_record_and_its_restart_completes_the_save(world: dict) -> None:
+    _, log = _logs()
+    launch = _start_attempt(world, "a1")
+    _save_and_copy(world, launch, "a1", 10, log)
+    verl_saves(world["nodes"], world["head"], "a1", 20, size=100_000)
+    ck.announce(launch, "a1", 10, log)
+    ck.copy_once(world["nodes"][0], world["bucket"], "node0", log)
+    # node1's copier dies 1,000 bytes into a file: a real process, SIGKILL at that line.
+    dies = ("import os, shutil, signal, sys\n"
+            "from workloads import checkpoints as c\n"
+            "def copy(reader, writer, n):\n"
+            "    writer.write(reader.read(1000)); writer.flush(); os.kill(os.getpid(), signal.SIGKILL)\n"
+            "c.shutil.copyfileobj = copy\n"
+            "c.copy_once(c.Path(sys.argv[1]), c.Path(sys.argv[2]), 'node1', print)\n")
+    done = subprocess.run([sys.executable, "-c", dies, str(world["nodes"][1]), str(world["bucket"])], cwd=REPO,
+                          timeout=60, capture_output=True)
+    assert done.returncode == -signal.SIGKILL
+    step = world["run"] / "global_step_20"
+    assert [p for p in (step / "actor").iterdir() if p.stat().st_size == 1000]  # half-copied files
+    assert not (step / ck.STATE_DIR / ck.PARTS_DIR / "node1.json").exists()
+    assert not (step / ck.MARKER).exists()
+    assert ck.resume_step(world["run"], WORLD) == 10  # the half-copied one is never used
+    ck.copy_once(world["nodes"][1], world["bucket"], "node1", log)  # the restarted copier
+    assert ck.resume_step(world["run"], WORLD) == 20
+
+
+def test_a_marked_checkpoint_whose_file_went_missing_is_not_resumed_from(world: dict) -> None:
+    _, log = _logs()
+    launch = _start_attempt(world, "a1")
+    _save_and_copy(world, launch, "a1", 10, log)
+    _save_and_copy(world, launch, "a1", 20, log)
+    (world["run"] / "global_step_20" / "actor" / f"model_world_size_{WORLD}_rank_1.pt").unlink()
+    assert ck.resume_step(world["run"], WORLD) == 10
+
+
+def test_only_the_newest_keep_complete_checkpoints_stay_and_older_leftovers_go(world: dict) -> None:
+    _, log = _logs()
+    launch = _start_attempt(world, "a1", keep=2)
+    leftover = world["run"] / "global_step_5" / ck.STATE_DIR
+    ck.write_json(leftover / ck.SAVED_FILE, {"attempt": "dead", "world_size": WORLD, "step": 5})
+    for step in (10, 20, 30):
+        _save_and_copy(world, launch, "a1", step, log)
+    assert sorted(p.name for p in world["run"].glob("global_step_*")) == ["global_step_20", "global_step_30"]
+    assert (world["run"] / ck.TRACKER).read_text() == "30"
+
+
+def test_a_checkpoint_verl_wrote_straight_into_the_bucket_is_resumed_from_when_whole(world: dict) -> None:
+    """Runs begun before local saves: verl's own tracker names a step it finished writing."""
+    step = world["run"] / "global_step_30"
+    for name, size in _parts()[0]["files"].items():
+        (step / name).parent.mkdir(parents=True, exist_ok=True)
+        (step / name).write_bytes(b"x" * size)
+    (world["run"] / ck.TRACKER).write_text("30")
+    assert ck.resume_step(world["run"], WORLD) == 30
+    (step / f"actor/model_world_size_{WORLD}_rank_2.pt").unlink()
+    assert ck.resume_step(world["run"], WORLD) is None
+
+
+# --- the launcher --------------------------------------------------------------------------------------
+
+
+def _command(run_dir: Path) -> list[str]:
+    return ["python3", "-m", "verl.trainer.main_ppo", "trainer.save_freq=10", f"trainer.nnodes={NODES}",
+            f"trainer.n_gpus_per_node={GPUS}", f"trainer.default_local_dir={run_dir}", "trainer.max_actor_ckpt_to_keep=2",
+            "trainer.resume_mode=auto"]
+
+
+def test_a_first_attempt_starts_from_scratch_and_saves_to_local_disk(world: dict) -> None:
+    plan = ck.plan_launch(_command(world["run"]), "a1", Path("/local-checkpoints"))
+    assert plan.command == [
+        "python3", "-m", "verl.trainer.main_ppo", "trainer.save_freq=10", f"trainer.nnodes={NODES}",
+        f"trainer.n_gpus_per_node={GPUS}", f"trainer.default_local_dir=/local-checkpoints/{RUN}/a1",
+        "trainer.resume_mode=disable", "trainer.max_actor_ckpt_to_keep=null", "trainer.max_critic_ckpt_to_keep=null",
+        "trainer.del_local_ckpt_after_load=False"]
+    assert (plan.world_size, plan.resume_from) == (WORLD, None)
+
+
+def test_a_later_attempt_resumes_from_the_newest_complete_checkpoint_in_the_bucket(world: dict) -> None:
+    _, log = _logs()
+    launch = _start_attempt(world, "a1")
+    _save_and_copy(world, launch, "a1", 10, log)
+    verl_saves(world["nodes"], world["head"], "a1", 20)
+    ck.announce(launch, "a1", 10, log)  # step 20 announced, never copied by the nodes: preempted
+    plan = ck.plan_launch(_command(world["run"]), "a2", Path("/local-checkpoints"))
+    assert plan.command[-3:] == ["trainer.max_critic_ckpt_to_keep=null", "trainer.del_local_ckpt_after_load=False",
+                                 f"trainer.resume_from_path={world['run']}/global_step_10"]
+    assert "trainer.resume_mode=resume_path" in plan.command and plan.resume_from == 10
+
+
+def test_a_command_without_the_checkpoint_folder_is_refused(world: dict) -> None:
+    with pytest.raises(ck.CheckpointError, match="trainer.default_local_dir"):
+        ck.plan_launch(["python3", "-m", "verl.trainer.main_ppo", "trainer.nnodes=2"], "a1", Path("/l"))
+
+
+FAKE_VERL = (
+    "import sys, pathlib\n"
+    "args = dict(a.split('=', 1) for a in sys.argv[1:])\n"
+    "local = pathlib.Path(args['trainer.default_local_dir'])\n"
+    "(local / 'global_step_10').mkdir(parents=True)\n"
+    "(local / 'global_step_10' / 'data.pt').write_bytes(b'd')\n"
+    "(local / 'latest_checkpointed_iteration.txt').write_text('10')\n"
+)
+
+
+def _launch_with_fake_verl(world: dict, *, copy_nodes: bool) -> tuple[int, list[str]]:
+    """launch() with a stand-in for verl: it saves step 10 on the head; the nodes' shards appear as the
+    announce makes them wanted, and a background copier stands in for the sidecars when `copy_nodes`."""
+    stop = threading.Event()
+
+    def nodes() -> None:
+        while not stop.wait(0.05):
+            attempt = (ck.read_json(world["run"] / ck.STATE_DIR / ck.ATTEMPT_FILE) or {}).get("attempt")
+            if attempt and not (world["nodes"][0] / RUN / attempt).exists():
+                verl_saves(world["nodes"], world["head"] / "unused", attempt, 10)
+            for i, node in enumerate(world["nodes"]):
+                if copy_nodes:
+                    ck.copy_once(node, world["bucket"], f"node{i}", lambda m: None)
+
+    thread = threading.Thread(target=nodes, daemon=True)
+    thread.start()
+    try:
+        code = ck.launch([sys.executable, "-c", FAKE_VERL, *_command(world["run"])[3:]], world["head"],
+                         poll_s=0.05, final_wait_s=1)
+    finally:
+        stop.set()
+        thread.join()
+    return code
+
+
+def test_a_run_succeeds_only_once_its_last_checkpoint_is_complete_in_the_bucket(world: dict) -> None:
+    assert _launch_with_fake_verl(world, copy_nodes=True) == 0
+    assert ck.resume_step(world["run"], WORLD) == 10
+
+
+def test_a_run_whose_last_checkpoint_never_completes_fails_after_the_deadline(world: dict,
+                                                                              capsys: pytest.CaptureFixture) -> None:
+    assert _launch_with_fake_verl(world, copy_nodes=False) == 1
+    assert "step 10: still not complete after 1 s (not copied yet: actor/model_world_size_4_rank_0.pt" in \
+        capsys.readouterr().out
+
+
+def test_the_program_ships_alone() -> None:
+    """It runs from a ConfigMap as a lone file: standard library only, no package imports."""
+    source = (REPO / "workloads" / "checkpoints.py").read_text()
+    assert "from workloads" not in source and "import workloads" not in source
+    out = subprocess.run([sys.executable, "-S", "-c", "import runpy, sys; sys.argv=['x', '--help'];"
+                          f"runpy.run_path({str(REPO / 'workloads' / 'checkpoints.py')!r}, run_name='__main__')"],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": ""})
+    assert out.returncode == 0 and "launch" in out.stdout

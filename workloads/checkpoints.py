@@ -1,0 +1,453 @@
+"""Checkpoints that never stall the GPUs: verl saves to each node's local disk, and this program copies
+each save to the bucket in the background and decides when a copy is complete.
+
+Two commands, one program (shipped in a ConfigMap, standard library only):
+
+    checkpoints.py launch -- python3 -m verl.trainer.main_ppo ... trainer.default_local_dir=<run folder> ...
+        The job's entrypoint, on the Ray head. Before verl starts: records a new attempt in the run folder,
+        chooses where verl resumes (the newest COMPLETE checkpoint in the bucket, or none), and points verl
+        at the head's local disk. While verl runs: each save verl finishes (its local
+        `latest_checkpointed_iteration.txt` moves to N, written only after every rank returned from
+        saving) is announced in the bucket (`saved.json`), with the head's own files (`data.pt`). After
+        verl succeeds: waits, with a deadline, until the last save is complete in the bucket.
+    checkpoints.py copy --local-root /local-checkpoints --bucket-root /data/verl/checkpoints
+        The sidecar of every GPU worker pod: copies this node's files of each announced save (its ranks'
+        shards; rank 0's node also the model config) to the bucket and records them (`parts/<pod>.json`).
+
+The bucket holds the only state (every process may die at any line; a restarted one rebuilds from it):
+
+    <run folder>/.verl-gke/attempt.json               the current attempt (the launcher's, at start)
+    <run folder>/global_step_N/.verl-gke/saved.json   verl finished writing step N on every node
+    <run folder>/global_step_N/.verl-gke/parts/*.json what each pod copied (file -> bytes)
+    <run folder>/global_step_N/.verl-gke-complete.json  the completeness marker, written last
+    <run folder>/latest_checkpointed_iteration.txt    verl's tracker: only ever a complete step
+
+A checkpoint is complete when its `saved.json` and parts of one attempt cover every rank of the world
+size (`model_world_size_W_rank_r.pt` for r < W, and optim/extra_state for all ranks or none,
+`fsdp_config.json`, `data.pt`) and every file is in the bucket at its recorded size. Whoever records the
+last part writes the marker (writers decide alike: the marker's content is a function of the records),
+then the tracker, then deletes complete checkpoints beyond the newest `keep` and incomplete older ones.
+Resume reads markers only: a half-copied checkpoint is never used. An attempt copies only its own
+saves, into folders no other attempt completes: parts of an earlier attempt never count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+LOCAL_ROOT = "/local-checkpoints"
+"""Where verl writes on every Ray pod: an emptyDir on the node's ephemeral storage (Local SSD on A4/A3 Ultra)."""
+STATE_DIR = ".verl-gke"
+ATTEMPT_FILE = "attempt.json"
+SAVED_FILE = "saved.json"
+PARTS_DIR = "parts"
+MARKER = ".verl-gke-complete.json"
+TRACKER = "latest_checkpointed_iteration.txt"
+"""verl's record of its newest checkpoint (verl/utils/checkpoint/checkpoint_manager.py, 0.6.1 and 0.9.0)."""
+HEAD_PART = "head"
+POLL_S = 5.0
+FINAL_WAIT_S = 1800.0
+"""How long a succeeded run waits for its last checkpoint to be complete in the bucket: ~100 GB per node
+at the bucket's 2-5 GB/s per node takes under a minute; a copier that makes no progress for this long
+has failed, and the attempt fails with it (the supervisor's retry resumes from the last complete one)."""
+_CHUNK = 8 << 20
+COPY_STREAMS = 8
+"""Files copied at once per pod: verl's ranks wrote them in parallel too (8 per A4 / A3 Ultra node)."""
+_STEP = re.compile(r"global_step_(\d+)")
+_RANK_FILE = re.compile(r"actor/(model|optim|extra_state)_world_size_(\d+)_rank_(\d+)\.pt")
+
+
+class CheckpointError(Exception):
+    """Something this program cannot go on with; `str()` says what, on one line."""
+
+
+# --- the rules (pure) -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Verdict:
+    complete: bool
+    reason: str
+    files: dict[str, int]
+    """Every file of the checkpoint (path under the step folder -> bytes), when complete."""
+
+
+def judge(saved: dict[str, Any] | None, parts: Sequence[dict[str, Any]],
+          size_of: Callable[[str], int | None]) -> Verdict:
+    """Whether one step's records make a complete checkpoint; `size_of` gives a file's bytes in the
+    bucket (None: absent)."""
+    if saved is None:
+        return Verdict(False, "verl has not finished saving it", {})
+    attempt, world = saved.get("attempt"), saved.get("world_size")
+    if not isinstance(world, int) or world < 1:
+        return Verdict(False, f"saved.json has no world size ({world!r})", {})
+    files: dict[str, int] = {}
+    for part in parts:
+        if part.get("attempt") == attempt:
+            files.update(part.get("files", {}))
+    ranks: dict[str, set[int]] = {}
+    for name in files:
+        m = _RANK_FILE.fullmatch(name)
+        if m and int(m.group(2)) == world:
+            ranks.setdefault(m.group(1), set()).add(int(m.group(3)))
+    everyone = set(range(world))
+    missing = [f"actor/model_world_size_{world}_rank_{r}.pt" for r in sorted(everyone - ranks.get("model", set()))]
+    for kind in ("optim", "extra_state"):
+        if kind in ranks:
+            missing += [f"actor/{kind}_world_size_{world}_rank_{r}.pt" for r in sorted(everyone - ranks[kind])]
+    missing += [name for name in ("actor/fsdp_config.json", "data.pt") if name not in files]
+    if missing:
+        return Verdict(False, f"not copied yet: {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}", {})
+    for name, size in sorted(files.items()):
+        actual = size_of(name)
+        if actual != size:
+            return Verdict(False, f"{name}: {actual} bytes in the bucket, {size} recorded", {})
+    return Verdict(True, f"complete: {len(files)} files, {sum(files.values())} bytes, world size {world}", files)
+
+
+def step_of(name: str) -> int | None:
+    m = _STEP.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+# --- the bucket (a mounted folder) --------------------------------------------------------------------
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object at `path`, None when absent or unreadable (a record half-written by a dead writer
+    is never there: every record is written whole and renamed into place)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def _size_in(root: Path) -> Callable[[str], int | None]:
+    def size_of(name: str) -> int | None:
+        try:
+            return (root / name).stat().st_size
+        except OSError:
+            return None
+    return size_of
+
+
+def step_records(step_dir: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    state = step_dir / STATE_DIR
+    parts = [p for f in sorted((state / PARTS_DIR).glob("*.json")) if (p := read_json(f)) is not None]
+    return read_json(state / SAVED_FILE), parts
+
+
+def complete_steps(run_dir: Path, world_size: int) -> list[int]:
+    """Steps whose marker is there, names `world_size`, and whose files are all in the bucket, ascending."""
+    out = []
+    for step_dir in run_dir.glob("global_step_*"):
+        step = step_of(step_dir.name)
+        marker = read_json(step_dir / MARKER)
+        if step is None or marker is None or marker.get("world_size") != world_size:
+            continue
+        size_of = _size_in(step_dir)
+        if all(size_of(name) == size for name, size in marker.get("files", {}).items()):
+            out.append(step)
+    return sorted(out)
+
+
+def legacy_step(run_dir: Path, world_size: int) -> int | None:
+    """A checkpoint verl wrote straight into the bucket (verl-gke before local saves): verl writes its
+    tracker only after every rank saved, so the step it names is whole if its files are there."""
+    try:
+        step = int((run_dir / TRACKER).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    step_dir = run_dir / f"global_step_{step}"
+    if (step_dir / STATE_DIR).exists() or (step_dir / MARKER).exists():
+        return None
+    names = [p.relative_to(step_dir).as_posix() for p in step_dir.rglob("*") if p.is_file()]
+    sizes = _size_in(step_dir)
+    fake = {"attempt": "legacy", "files": {n: sizes(n) for n in names}}
+    verdict = judge({"attempt": "legacy", "world_size": world_size}, [fake], sizes)
+    return step if verdict.complete else None
+
+
+def resume_step(run_dir: Path, world_size: int) -> int | None:
+    """Where a new attempt resumes: the newest complete checkpoint of this world size, or None."""
+    steps = complete_steps(run_dir, world_size)
+    legacy = legacy_step(run_dir, world_size)
+    candidates = steps + ([legacy] if legacy is not None else [])
+    return max(candidates) if candidates else None
+
+
+def try_complete(run_dir: Path, step: int, log: Callable[[str], None]) -> bool:
+    """Write step's marker if its records make it complete, then the tracker, then rotate."""
+    step_dir = run_dir / f"global_step_{step}"
+    if (step_dir / MARKER).exists():
+        return True
+    saved, parts = step_records(step_dir)
+    verdict = judge(saved, parts, _size_in(step_dir))
+    if not verdict.complete:
+        return False
+    assert saved is not None
+    write_json(step_dir / MARKER, {"step": step, "attempt": saved["attempt"], "world_size": saved["world_size"],
+                                   "files": verdict.files})
+    log(f"step {step}: {verdict.reason}")
+    world = saved["world_size"]
+    newest = max(complete_steps(run_dir, world), default=step)
+    tmp = run_dir / f".{TRACKER}.{uuid.uuid4().hex[:8]}.tmp"
+    tmp.write_text(str(newest))
+    os.replace(tmp, run_dir / TRACKER)
+    rotate(run_dir, world, log)
+    return True
+
+
+def rotate(run_dir: Path, world_size: int, log: Callable[[str], None]) -> None:
+    """Keep the newest `keep` complete checkpoints (attempt.json; all when unset); delete the older
+    ones, and incomplete folders older than the newest complete one (earlier attempts' leftovers)."""
+    attempt = read_json(run_dir / STATE_DIR / ATTEMPT_FILE) or {}
+    keep = attempt.get("keep")
+    complete = complete_steps(run_dir, world_size)
+    if not complete:
+        return
+    drop = set(complete[:-keep]) if isinstance(keep, int) and keep >= 1 else set()
+    for step_dir in run_dir.glob("global_step_*"):
+        step = step_of(step_dir.name)
+        if step is not None and (step in drop or (step < complete[-1] and step not in complete)):
+            shutil.rmtree(step_dir, ignore_errors=True)
+            log(f"step {step}: deleted ({'older than the newest ' + str(keep) if step in drop else 'incomplete'})")
+
+
+def copy_tree(local_step: Path, bucket_step: Path) -> dict[str, int]:
+    """Copy every file under `local_step` to `bucket_step`, COPY_STREAMS at a time (one GCS FUSE write
+    stream per file: a node reaches the bucket's rate only with several); return them (path -> bytes)."""
+    sources = sorted(p for p in local_step.rglob("*") if p.is_file())
+
+    def copy(src: Path) -> tuple[str, int]:
+        name = src.relative_to(local_step).as_posix()
+        dst = bucket_step / name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        with src.open("rb") as reader, dst.open("wb") as writer:
+            shutil.copyfileobj(reader, writer, _CHUNK)
+        return name, src.stat().st_size
+
+    with ThreadPoolExecutor(max_workers=COPY_STREAMS) as pool:
+        return dict(pool.map(copy, sources))
+
+
+def publish_part(run_dir: Path, local_step: Path, step: int, attempt: str, part: str,
+                 log: Callable[[str], None]) -> None:
+    """Copy this pod's files of `step` and record them, then try to complete the step."""
+    bucket_step = run_dir / f"global_step_{step}"
+    started = time.monotonic()
+    files = copy_tree(local_step, bucket_step)
+    write_json(bucket_step / STATE_DIR / PARTS_DIR / f"{part}.json", {"attempt": attempt, "files": files})
+    seconds = time.monotonic() - started
+    log(f"step {step}: copied {len(files)} files, {sum(files.values())} bytes in {seconds:.1f} s ({part})")
+    try_complete(run_dir, step, log)
+
+
+# --- the sidecar ------------------------------------------------------------------------------------------
+
+
+def copy_once(local_root: Path, bucket_root: Path, part: str, log: Callable[[str], None]) -> None:
+    """One pass over this pod's local saves: copy what verl announced, drop what no attempt will use."""
+    for attempt_dir in sorted(p for p in local_root.glob("*/*") if p.is_dir()):
+        run, attempt = attempt_dir.parent.name, attempt_dir.name
+        run_dir = bucket_root / run
+        current = read_json(run_dir / STATE_DIR / ATTEMPT_FILE)
+        if current is None:
+            continue  # the bucket is not readable now, or the run is not recorded yet: try later
+        if current.get("attempt") != attempt:
+            shutil.rmtree(attempt_dir, ignore_errors=True)
+            log(f"{run}/{attempt}: an earlier attempt's local saves, deleted")
+            continue
+        for local_step in sorted(attempt_dir.glob("global_step_*"), key=lambda p: step_of(p.name) or -1):
+            step = step_of(local_step.name)
+            saved = read_json(run_dir / local_step.name / STATE_DIR / SAVED_FILE)
+            if step is None or saved is None or saved.get("attempt") != attempt:
+                continue  # verl may still be writing it
+            publish_part(run_dir, local_step, step, attempt, part, log)
+            shutil.rmtree(local_step, ignore_errors=True)
+
+
+def copy_forever(local_root: Path, bucket_root: Path, part: str, poll_s: float) -> None:
+    while True:
+        try:
+            copy_once(local_root, bucket_root, part, _log)
+        except OSError as e:  # the bucket mount stalled or failed: the next pass starts over
+            _log(f"copy pass failed, retrying in {poll_s:.0f} s: {e}")
+        time.sleep(poll_s)
+
+
+# --- the launcher -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The verl command as the launcher runs it, and what it needs to know of it."""
+
+    command: list[str]
+    run_dir: Path
+    local_dir: Path
+    world_size: int
+    resume_from: int | None
+
+
+def _override(args: Sequence[str], key: str) -> str | None:
+    values = [a.split("=", 1)[1] for a in args if a.startswith(f"{key}=")]
+    return values[-1] if values else None
+
+
+def plan_launch(command: Sequence[str], attempt: str, local_root: Path) -> Launch:
+    """The verl command with its checkpoint settings moved to this attempt: saves to local disk,
+    resume from the bucket's newest complete checkpoint, no deletion by verl (the bucket's rotation
+    is this program's, after the next checkpoint is complete)."""
+    folder = _override(command, "trainer.default_local_dir")
+    nodes, gpus = _override(command, "trainer.nnodes"), _override(command, "trainer.n_gpus_per_node")
+    if folder is None or not folder.startswith("/") or not (nodes or "").isdigit() or not (gpus or "").isdigit():
+        raise CheckpointError("the verl command must set trainer.default_local_dir (an absolute path), "
+                              "trainer.nnodes and trainer.n_gpus_per_node")
+    run_dir, world = Path(folder), int(nodes) * int(gpus)  # type: ignore[arg-type]
+    local_dir = local_root / run_dir.name / attempt
+    step = resume_step(run_dir, world)
+    moved = {
+        "trainer.default_local_dir": str(local_dir),
+        "trainer.resume_mode": "disable" if step is None else "resume_path",
+        "trainer.max_actor_ckpt_to_keep": "null",
+        "trainer.max_critic_ckpt_to_keep": "null",
+        # verl would delete what it resumed from: here, the bucket's checkpoint.
+        "trainer.del_local_ckpt_after_load": "False",
+    }
+    if step is not None:
+        moved["trainer.resume_from_path"] = str(run_dir / f"global_step_{step}")
+    # Each key once (Hydra refuses a key given twice); all of them are in verl's trainer config
+    # (ppo_trainer.yaml, 0.6.1 and 0.9.0), so none needs Hydra's `+`.
+    out = [a for a in command if a.split("=", 1)[0] not in moved]
+    out += [f"{key}={value}" for key, value in moved.items()]
+    return Launch(out, run_dir, local_dir, world, step)
+
+
+def announce(launch: Launch, attempt: str, announced: int, log: Callable[[str], None]) -> int:
+    """Announce every save verl finished (its tracker at or past it) and this pod has not announced yet,
+    oldest first, with the head's own files; return the newest one announced."""
+    try:
+        tracker = int((launch.local_dir / TRACKER).read_text().strip())
+    except (OSError, ValueError):
+        return announced
+    pending = sorted((step, p) for p in launch.local_dir.glob("global_step_*")
+                     if (step := step_of(p.name)) is not None and step <= tracker)
+    for step, local_step in pending:
+        write_json(launch.run_dir / local_step.name / STATE_DIR / SAVED_FILE,
+                   {"attempt": attempt, "world_size": launch.world_size, "step": step})
+        log(f"step {step}: saved by verl on every node, copying")
+        publish_part(launch.run_dir, local_step, step, attempt, HEAD_PART, log)
+        shutil.rmtree(local_step, ignore_errors=True)
+        announced = max(announced, step)
+    return announced
+
+
+def wait_complete(run_dir: Path, step: int, deadline_s: float, poll_s: float, log: Callable[[str], None]) -> bool:
+    """Wait until `step` is complete in the bucket (the sidecars copy it), showing what is missing."""
+    give_up = time.monotonic() + deadline_s
+    step_dir = run_dir / f"global_step_{step}"
+    while True:
+        if try_complete(run_dir, step, log):
+            return True
+        saved, parts = step_records(step_dir)
+        reason = judge(saved, parts, _size_in(step_dir)).reason
+        left = give_up - time.monotonic()
+        if left <= 0:
+            log(f"step {step}: still not complete after {deadline_s:.0f} s ({reason})")
+            return False
+        log(f"step {step}: waiting for the copy to the bucket ({reason}); {left:.0f} s left")
+        time.sleep(min(poll_s, left))
+
+
+def launch(command: Sequence[str], local_root: Path, *, poll_s: float = POLL_S,
+           final_wait_s: float = FINAL_WAIT_S) -> int:
+    """Run verl for a new attempt of the run; its exit status, or 1 when its last save never completes."""
+    attempt = uuid.uuid4().hex[:12]
+    plan = plan_launch(command, attempt, local_root)
+    write_json(plan.run_dir / STATE_DIR / ATTEMPT_FILE,
+               {"attempt": attempt, "world_size": plan.world_size,
+                "keep": _keep(command)})
+    _log(f"attempt {attempt}: world size {plan.world_size}, "
+         + (f"resuming from step {plan.resume_from}" if plan.resume_from is not None else "starting from scratch")
+         + f" (complete checkpoints in {plan.run_dir})")
+    plan.local_dir.mkdir(parents=True, exist_ok=True)
+    child = subprocess.Popen(plan.command)
+    signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signal.SIGTERM))
+    announced = plan.resume_from or 0
+    while child.poll() is None:
+        announced = _announce_safely(plan, attempt, announced)
+        time.sleep(poll_s)
+    announced = _announce_safely(plan, attempt, announced)
+    if child.returncode != 0 or announced <= (plan.resume_from or 0):
+        return child.returncode
+    return 0 if wait_complete(plan.run_dir, announced, final_wait_s, poll_s, _log) else 1
+
+
+def _announce_safely(plan: Launch, attempt: str, announced: int) -> int:
+    try:
+        return announce(plan, attempt, announced, _log)
+    except OSError as e:  # a stalled bucket: the next pass announces it again
+        _log(f"announcing a save failed, retrying: {e}")
+        return announced
+
+
+def _keep(command: Sequence[str]) -> int | None:
+    value = _override(command, "trainer.max_actor_ckpt_to_keep")
+    return int(value) if value and value.isdigit() else None
+
+
+def _log(message: str) -> None:
+    print(f"verl-gke checkpoints: {message}", flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="checkpoints.py", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("launch", help="run verl (the command after --) for a new attempt")
+    run.add_argument("--local-root", type=Path, default=Path(LOCAL_ROOT))
+    run.add_argument("verl", nargs=argparse.REMAINDER)
+    copy = commands.add_parser("copy", help="copy this pod's announced saves to the bucket, forever")
+    copy.add_argument("--local-root", type=Path, default=Path(LOCAL_ROOT))
+    copy.add_argument("--bucket-root", type=Path, required=True, help="the checkpoint folder on the bucket mount")
+    copy.add_argument("--poll", type=float, default=POLL_S)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        if args.command == "launch":
+            verl = args.verl[1:] if args.verl[:1] == ["--"] else args.verl
+            return launch(verl, args.local_root)
+        copy_forever(args.local_root, args.bucket_root, os.environ.get("HOSTNAME") or socket.gethostname(), args.poll)
+    except CheckpointError as e:
+        print(f"verl-gke checkpoints: failed: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # the bucket mount failed before verl started: the attempt fails, a retry may not
+        print(f"verl-gke checkpoints: failed: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
