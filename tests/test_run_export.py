@@ -106,10 +106,10 @@ def test_a_succeeded_run_is_exported_once_across_a_restart_then_the_workers_go(r
     assert control.calls == [("set_released", True)]
     decisions = [d.split(" ", 1)[1] for d in record.decisions]
     assert decisions.index("model export ended: SUCCEEDED") < decisions.index("GPU workers released")
-    loaded = AutoModelForCausalLM.from_pretrained(bucket / run_id / "model", torch_dtype="auto")
+    loaded = AutoModelForCausalLM.from_pretrained(bucket / "models" / run_id / "model", torch_dtype="auto")
     for key, tensor in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], tensor.to(torch.bfloat16)), key
-    assert not (bucket / run_id / "model.partial").exists()
+    assert not (bucket / "models" / run_id / "model.partial").exists()
 
     from tests.test_cli import outputs_doc, write_outputs
     from verl_gke import cli
