@@ -14,20 +14,23 @@ from domain import hf_token
 from components.gpu_node_pool import GpuNodePool
 from components.grpo_job import GrpoJob
 from components.image_mirror import ImageMirror
-from domain.image_mirror import MIRROR_APIS, is_docker_hub, registry_prefix, repository_id
+from domain.image_mirror import is_docker_hub, registry_prefix, repository_id
 from domain.run_identity import submission_ids
 from domain.stack_run import stack_run
 from domain.grpo_spec import CHECKPOINT_DIR, entrypoint, runtime_env
+from components.namespace_security import NamespaceSecurity
 from components.network_mapping import NetworkMapping
-from domain.preflight import REQUIRED_APIS, STACK_LABEL
+from domain.preflight import STACK_LABEL, required_apis
 from components.preflight import check_live_project
 from components.project_apis import ProjectApis
 from components.rdma_network import RdmaNetwork
 from components.run_supervisor import RunSupervisor
 from components.ray_training_cluster import RayTrainingCluster
 from manifests import compute_class, nccl, supervisor
+from manifests import staging as staging_manifests
+from manifests.ray_cluster import token_secret
 from manifests.network_mapping import NetworkNames
-from domain.bucket import MOUNT_PATH, run_checkpoint_dir
+from domain.bucket import MOUNT_PATH, ray_writable_prefixes, run_checkpoint_dir
 from domain.pricing import run_cost, run_estimate_line
 from domain.run_memory import merge_memory_bytes
 from domain.names import stack_names, stack_slug
@@ -48,8 +51,7 @@ builds_infra = not cfg.existing_cluster
 names = stack_names(cfg, pulumi.get_stack())
 networks = NetworkNames(names.gvnic_prefix, names.rdma_prefix, cfg.rdma_nics) if cfg.rdma_nics else None
 
-services = (*REQUIRED_APIS, *MIRROR_APIS) if cfg.image_mirror else REQUIRED_APIS
-apis = ProjectApis("apis", {"project": cfg.project, "services": services}) if cfg.enable_apis else None
+apis = ProjectApis("apis", {"project": cfg.project, "services": required_apis(cfg)}) if cfg.enable_apis else None
 gcp_ready = pulumi.ResourceOptions(depends_on=apis.services if apis else [])
 
 rdma = None
@@ -88,6 +90,7 @@ cluster = GkeCluster("gke", {
     "existing": cfg.existing_cluster, "master_authorized_cidrs": cfg.master_authorized_cidrs,
     "control_plane_endpoint": cfg.control_plane_endpoint,
     "upgrade_exclusion_start": cfg.upgrade_exclusion_start, "gpu_metrics": cfg.gpu_metrics,
+    "binary_authorization": cfg.binary_authorization,
     "dedicated_node_service_account": cfg.dedicated_node_service_account, "private_nodes": cfg.private_nodes,
     # The NVIDIA DRA driver 25.3 still speaks resource.k8s.io/v1beta1 (Cluster Toolkit gke-a4x).
     "k8s_beta_apis": DRA_V1BETA1_APIS if a4x else [],
@@ -129,25 +132,34 @@ storage = GcsFuseStorage("storage", {
     "project": cfg.project, "region": cfg.region,
     "bucket_name": names.bucket, "force_destroy": cfg.bucket_force_destroy,
     "namespace": cfg.namespace, "service_account": names.service_account,
+    "staging_service_account": names.staging_service_account,
+    "ray_writable_prefixes": ray_writable_prefixes(cfg.verl.get(CHECKPOINT_DIR)),
     "hf_token_secret_id": hf_token.secret_id(pulumi.get_stack()),
     "capacity": cfg.volume_capacity, "labels": {"stack": label_value(pulumi.get_stack())},
     "k8s_provider": cluster.provider,
 }, gcp_ready.merge(pulumi.ResourceOptions(depends_on=egress)))
 
+# Before any pod of the namespace: what it admits (Pod Security) and what its pods may reach.
+guard = NamespaceSecurity("namespace", {
+    "namespace": cfg.namespace, "ray_cluster": cfg.ray_cluster_name, "staging_labels": staging_manifests.LABELS,
+    "supervisor_labels": supervisor.LABELS if cfg.run_supervisor else None,
+    "kuberay_operator": cfg.ray_operator == "helm", "network_policies": cfg.ray_network_policy,
+}, k8s.merge(pulumi.ResourceOptions(depends_on=[storage])))
+
 # Staging runs on a CPU node while the GPU pool is still being created.
 staging = DataStaging("staging", {
-    "namespace": cfg.namespace, "service_account": names.service_account, "model_repo": cfg.model,
+    "namespace": cfg.namespace, "service_account": names.staging_service_account, "model_repo": cfg.model,
     "model_revision": cfg.model_revision, "model_dir": model_dir_for(cfg.model),
     "dataset_repo": cfg.dataset, "dataset_revision": cfg.dataset_revision,
     "timeout_minutes": cfg.staging_timeout_minutes,
     "verl": cfg.staged_verl, "hf_token_secret": hf_token.secret_name(cfg.project, pulumi.get_stack()),
-}, k8s.merge(pulumi.ResourceOptions(depends_on=[storage])))
+}, k8s.merge(pulumi.ResourceOptions(depends_on=[storage, guard])))
 
 mapping = NetworkMapping("network", {"platform": facts, "networks": networks,
                                      "nccl_installer_url": cfg.nccl_installer_url or nccl.google_installer_url(facts, cfg.cluster_mode)},
                          k8s.merge(pulumi.ResourceOptions(depends_on=gpu_ready)))
 
-ray_waits_for: list[pulumi.Resource] = [storage, mapping, *gpu_ready]
+ray_waits_for: list[pulumi.Resource] = [storage, guard, mapping, *gpu_ready]
 image_mirror: str | None = None
 if cfg.image_mirror and is_docker_hub(cfg.verl_image):
     # The nodes pull (and GKE streams) the image from the stack's remote repository of Docker Hub.
@@ -175,7 +187,7 @@ ray = RayTrainingCluster("ray", {
     "image": cfg.verl_image, "image_mirror": image_mirror,
     "worker_cpus": cfg.worker_cpus, "worker_memory_gi": cfg.worker_memory_gi,
     "worker_spot": cfg.gpu_spot and cfg.autopilot, "compute_class": gpu_class, "nic_claims": a4x and networks is None,
-    "verl_dir": cfg.verl_dir, "checkpoint_root": cfg.verl.get(CHECKPOINT_DIR),
+    "verl_dir": cfg.verl_dir, "ray_version": cfg.image_ray_version, "checkpoint_root": cfg.verl.get(CHECKPOINT_DIR),
     "install_kuberay": cfg.ray_operator == "helm", "operator_depends_on": [storage],
     "network_policy": cfg.ray_network_policy, "dashboard_cidrs": list(cfg.ray_dashboard_cidrs),
     "job_api_clients": supervisor.LABELS if cfg.run_supervisor else None,
@@ -190,6 +202,7 @@ if cfg.run_supervisor:
     # Restarted with a new run's spec before the job provider submits it.
     job_waits_for.append(RunSupervisor("supervisor", {
         "namespace": cfg.namespace, "ray_cluster": cfg.ray_cluster_name,
+        "ray_token_secret": token_secret(cfg.ray_cluster_name, cfg.image_ray_version),
         "config": {
             "submission_ids": submission_ids(pulumi.get_stack(), entry, job_env, cfg.job_attempt, cfg.supervised_attempts + 1),
             "run_id": run_id, "generation": cfg.job_attempt,
@@ -207,7 +220,7 @@ if cfg.run_supervisor:
         },
     # It waits for a head that does not answer yet (workloads/run_supervisor.run_forever), so it
     # need not wait for the RayCluster's pods: it starts with them, once the GPU nodes are set up.
-    }, k8s.merge(pulumi.ResourceOptions(depends_on=[storage, mapping]))))
+    }, k8s.merge(pulumi.ResourceOptions(depends_on=[storage, guard, mapping]))))
 
 job = GrpoJob("grpo", {
     "entrypoint": entry, "runtime_env": job_env,

@@ -15,8 +15,10 @@ import pulumi_kubernetes as k8s
 
 from components.children import child_options, custom_resource
 from components.helm_release import pinned_release
+from components.pinned_image import pinned_ref
 from domain.platforms import PLATFORMS
 from manifests import dra
+from manifests.helm import image_values
 
 
 class A4xDraArgs(TypedDict):
@@ -45,8 +47,12 @@ class A4xDra(pulumi.ComponentResource):
             f"{name}-quota", metadata=quota_obj["metadata"], spec=quota_obj["spec"], opts=after(namespace)
         )
         facts = PLATFORMS["a4x"]
+        # Its digest needs nothing of the cluster, so it waits for nothing.
+        image = pulumi.Output.from_input(pinned_ref(f"{name}-driver-image", dra.CHART.image,
+                                                    pulumi.ResourceOptions(parent=self)))
         driver = pinned_release(f"{name}-driver", dra.CHART, namespace=dra.NAMESPACE,
-                                values=dra.helm_values(accelerator=facts.accelerator, arch=facts.arch),
+                                values=dra.helm_values(accelerator=facts.accelerator, arch=facts.arch,
+                                                       image=image.apply(image_values)),
                                 opts=after(quota))
         if args.get("nic_claims", True):
             template = dra.rdma_claim_template(namespace=args["namespace"])

@@ -1,6 +1,15 @@
-"""The tutorial's "Prepare data and storage": the training bucket, the identity allowed into it,
+"""The tutorial's "Prepare data and storage": the training bucket, the two identities allowed into it,
 the GCS FUSE volume every pod mounts at /data, and the Secret Manager secret that holds the Hugging
 Face token (the stack creates it empty: the token itself never passes through Pulumi).
+
+Two Kubernetes service accounts, two principals (docs/security.md):
+- staging's: writes the whole bucket (the model, the data, verl) and is the only one that may read
+  the token;
+- the Ray pods': reads the whole bucket, writes only the managed folders of domain.bucket's layout
+  (checkpoints, models, logs, the HF cache), and cannot read the token.
+Each is granted by its object's UID (GKE's `kubernetes.serviceaccount.uid` principal): a service
+account of the same namespace and name in another cluster of the project, or one recreated here out
+of band, is another principal and gets nothing.
 
 Pass the GKE cluster's Kubernetes provider in the args, not in `opts.providers` as the components
 with only Kubernetes children take it: a component registers only once its providers exist, which
@@ -11,7 +20,8 @@ is usable (the staging Job, the Ray cluster) can depend on this component as a w
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from typing import NotRequired, TypedDict
 
 import pulumi
@@ -23,7 +33,9 @@ from components.children import child_options
 from manifests import storage
 
 BUCKET_ROLE = "roles/storage.objectUser"
-"""Read, write and delete objects in this one bucket: what training, checkpoints and staging need."""
+"""Read, write and delete objects: staging's on the whole bucket, the Ray pods' on their managed folders."""
+READ_ROLE = "roles/storage.objectViewer"
+"""Read and list objects: the Ray pods' on the whole bucket (the model, the data, the code they run)."""
 TOKEN_ROLE = "roles/secretmanager.secretAccessor"
 """Read the secret's versions: what staging needs of the token secret, on that secret only."""
 DEFAULT_LABELS = {"app": "verl-gke"}
@@ -44,7 +56,11 @@ class GcsFuseStorageArgs(TypedDict):
     namespace: str
     """Namespace of the service account and the claim; created (with Pod Security labels) unless `default`."""
     service_account: str
-    """Kubernetes service account whose Workload Identity may read and write the bucket."""
+    """The Ray pods' Kubernetes service account: reads the bucket, writes `ray_writable_prefixes`."""
+    staging_service_account: str
+    """The staging Job's Kubernetes service account: writes the bucket, reads the token."""
+    ray_writable_prefixes: Sequence[str]
+    """Managed folders (`prefix/`) the Ray pods may write (domain.bucket.ray_writable_prefixes)."""
     hf_token_secret_id: str
     """Secret Manager secret id for the Hugging Face token; the user adds its value with gcloud."""
     k8s_provider: k8s.Provider
@@ -71,13 +87,20 @@ def label_value(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "-" for c in text.lower())[:63]
 
 
-def workload_identity_principal(*, project_number: str, project: str, namespace: str, service_account: str) -> str:
-    """The IAM principal of a Kubernetes service account, without a Google service account
-    (the tutorial's `--member "principal://..."`)."""
+def ksa_principal(*, project_number: str, project: str, uid: str) -> str:
+    """The IAM principal of one Kubernetes service account object, by its UID, without a Google service
+    account. The tutorial's `.../subject/ns/<namespace>/sa/<name>` names every cluster's namesake
+    ("identity sameness" across the project's clusters); GKE's principal identifiers include this UID form
+    (cloud.google.com/kubernetes-engine/docs/concepts/workload-identity, "Kubernetes ServiceAccount UID")."""
     return (
         f"principal://iam.googleapis.com/projects/{project_number}/locations/global/workloadIdentityPools/"
-        f"{project}.svc.id.goog/subject/ns/{namespace}/sa/{service_account}"
+        f"{project}.svc.id.goog/kubernetes.serviceaccount.uid/{uid}"
     )
+
+
+def _folder_slug(prefix: str) -> str:
+    """`verl/checkpoints/` -> `verl-checkpoints`: a Pulumi resource name part."""
+    return re.sub(r"[^a-z0-9]+", "-", prefix.lower()).strip("-")
 
 
 class GcsFuseStorage(pulumi.ComponentResource):
@@ -89,7 +112,9 @@ class GcsFuseStorage(pulumi.ComponentResource):
     """`gs://<bucket>`."""
     namespace: pulumi.Output[str]
     service_account_name: pulumi.Output[str]
-    """The service account's name, known only once it has its role on the bucket."""
+    """The Ray pods' service account's name, known only once it may read the bucket."""
+    staging_service_account_name: pulumi.Output[str]
+    """The staging Job's service account's name, known only once it may write the bucket and read the token."""
     claim_name: pulumi.Output[str]
     """The PersistentVolumeClaim to mount at /data."""
     hf_token_secret: pulumi.Output[str]
@@ -124,18 +149,7 @@ class GcsFuseStorage(pulumi.ComponentResource):
             opts=child.merge(pulumi.ResourceOptions(retain_on_delete=not args["force_destroy"],
                                                     delete_before_replace=False)),
         )
-        member = pulumi.Output.from_input(args.get("project_number") or bucket.project_number).apply(
-            lambda number: workload_identity_principal(
-                project_number=str(number),
-                project=args["project"],
-                namespace=ns,
-                service_account=args["service_account"],
-            )
-        )
-        access = gcs.BucketIAMMember(
-            f"{name}-bucket-object-user", bucket=bucket.name, role=BUCKET_ROLE, member=member, opts=child
-        )
-
+        project_number = pulumi.Output.from_input(args.get("project_number") or bucket.project_number)
         k8s_child = child.merge(pulumi.ResourceOptions(provider=args["k8s_provider"]))
         self.namespace = pulumi.Output.from_input(ns)
         in_namespace = k8s_child
@@ -145,8 +159,31 @@ class GcsFuseStorage(pulumi.ComponentResource):
             in_namespace = k8s_child.merge(pulumi.ResourceOptions(depends_on=[namespace]))
             self.namespace = namespace.metadata["name"]
 
-        ksa = storage.service_account(name=args["service_account"], namespace=ns)
-        account = k8s.core.v1.ServiceAccount(f"{name}-ksa", metadata=ksa["metadata"], opts=in_namespace)
+        def principal(account: k8s.core.v1.ServiceAccount) -> pulumi.Output[str]:
+            # A UID the API server gave this object: known once it exists, so the grant waits for it.
+            return pulumi.Output.all(project_number, account.metadata["uid"]).apply(
+                lambda v: ksa_principal(project_number=str(v[0]), project=args["project"], uid=v[1]))
+
+        def account_of(resource: str, ksa_name: str) -> k8s.core.v1.ServiceAccount:
+            manifest = storage.service_account(name=ksa_name, namespace=ns)
+            return k8s.core.v1.ServiceAccount(resource, metadata=manifest["metadata"], opts=in_namespace)
+
+        account = account_of(f"{name}-ksa", args["service_account"])
+        staging_account = account_of(f"{name}-staging-ksa", args["staging_service_account"])
+        ray, staging = principal(account), principal(staging_account)
+        reads = gcs.BucketIAMMember(f"{name}-ray-bucket-reader", bucket=bucket.name, role=READ_ROLE, member=ray,
+                                    opts=child)
+        writes: list[pulumi.Resource] = [reads]
+        for prefix in args["ray_writable_prefixes"]:
+            # A managed folder's policy covers the objects under its prefix; removing it keeps them.
+            folder = gcs.ManagedFolder(f"{name}-ray-writes-{_folder_slug(prefix)}", bucket=bucket.name, name=prefix,
+                                       force_destroy=True, opts=child)
+            writes.append(gcs.ManagedFolderIamMember(f"{name}-ray-writes-{_folder_slug(prefix)}-user",
+                                                     bucket=bucket.name, managed_folder=folder.name, role=BUCKET_ROLE,
+                                                     member=ray, opts=child))
+        access = gcs.BucketIAMMember(
+            f"{name}-bucket-object-user", bucket=bucket.name, role=BUCKET_ROLE, member=staging, opts=child
+        )
 
         pv = storage.persistent_volume(bucket=args["bucket_name"], namespace=ns, capacity=capacity)
         # The volume names the bucket by a plain string: make it wait for the bucket explicitly.
@@ -162,7 +199,7 @@ class GcsFuseStorage(pulumi.ComponentResource):
             metadata=pvc["metadata"],
             spec=pvc["spec"],
             # After the account too: one registration order on every run (both wait for the namespace).
-            opts=in_namespace.merge(pulumi.ResourceOptions(depends_on=[volume, account])),
+            opts=in_namespace.merge(pulumi.ResourceOptions(depends_on=[volume, account, staging_account])),
         )
 
         # No version: `gcloud secrets versions add` puts the token there, outside Pulumi's state.
@@ -171,12 +208,15 @@ class GcsFuseStorage(pulumi.ComponentResource):
             replication={"auto": {}}, labels=labels, opts=child)
         token_access = secretmanager.SecretIamMember(
             f"{name}-hf-token-accessor", project=args["project"], secret_id=token_secret.secret_id,
-            role=TOKEN_ROLE, member=member, opts=child)
+            role=TOKEN_ROLE, member=staging, opts=child)
 
         self.bucket_name = bucket.name
         self.bucket_url = bucket.url
         self.project_number = bucket.project_number
-        self.service_account_name = pulumi.Output.all(account.metadata["name"], access.id).apply(lambda v: v[0])
+        self.service_account_name = pulumi.Output.all(account.metadata["name"], *(w.id for w in writes)).apply(
+            lambda v: v[0])
+        self.staging_service_account_name = pulumi.Output.all(staging_account.metadata["name"], access.id).apply(
+            lambda v: v[0])
         self.claim_name = claim.metadata["name"]
         self.hf_token_secret = pulumi.Output.all(token_secret.secret_id, token_access.id).apply(
             lambda v: f"projects/{args['project']}/secrets/{v[0]}")
@@ -187,6 +227,7 @@ class GcsFuseStorage(pulumi.ComponentResource):
                 "project_number": self.project_number,
                 "namespace": self.namespace,
                 "service_account_name": self.service_account_name,
+                "staging_service_account_name": self.staging_service_account_name,
                 "claim_name": self.claim_name,
                 "hf_token_secret": self.hf_token_secret,
             }

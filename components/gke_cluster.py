@@ -36,6 +36,16 @@ NODE_ROLE = "roles/container.defaultNodeServiceAccount"
 """GKE's least-privilege role for a node service account: logs, metrics, no project-wide access."""
 NODE_SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 """With a dedicated service account the role limits access; GKE's guidance is the broad scope."""
+KUBELET_READ_ONLY_PORT_CLOSED: container.NodePoolNodeConfigKubeletConfigArgsDict = {
+    "insecure_kubelet_readonly_port_enabled": "FALSE"}
+"""The kubelet's unauthenticated read-only port (10255) off (CIS GKE 4.2.4): every pod's spec and the
+node's metrics are otherwise readable by anything that reaches the node."""
+
+
+def shielded(secure_boot: bool) -> container.NodePoolNodeConfigShieldedInstanceConfigArgsDict:
+    """Shielded VM options of a node pool (CIS GKE 5.5.7): Secure Boot where the machine boots so,
+    integrity monitoring always."""
+    return {"enable_secure_boot": secure_boot, "enable_integrity_monitoring": True}
 _MAX_ACCOUNT_ID = 30
 
 
@@ -130,6 +140,9 @@ class GkeClusterArgs(TypedDict):
     """Id of the nodes' dedicated service account; default `<name>-nodes` (node_account_id())."""
     resource_labels: NotRequired[dict[str, str]]
     """GCP labels on the cluster (the owning stack: domain.preflight.STACK_LABEL)."""
+    binary_authorization: NotRequired[bool]
+    """GKE admits only images the project's Binary Authorization policy allows (default False: the
+    policy is the project owner's to write; see docs/security.md)."""
     upgrade_exclusion_start: NotRequired[str | None]
     """No minor or node auto-upgrades for domain.upgrade_exclusion.DAYS from then (an auto-upgrade drains GPU
     nodes in mid-run; control-plane patches still apply): an RFC3339 UTC time, or "" (AT_FIRST_UP) for the
@@ -256,6 +269,11 @@ class GkeCluster(pulumi.ComponentResource):
             remove_default_node_pool=True if standard else None,
             initial_node_count=1 if standard else None,
             enable_shielded_nodes=True if standard else None,
+            # Pools made later (GKE's defaults for new node pools) and Autopilot's nodes.
+            node_pool_defaults={"node_config_defaults": dict(KUBELET_READ_ONLY_PORT_CLOSED)} if standard else None,
+            node_pool_auto_config=None if standard else {"node_kubelet_config": dict(KUBELET_READ_ONLY_PORT_CLOSED)},
+            binary_authorization=({"evaluation_mode": "PROJECT_SINGLETON_POLICY_ENFORCE"}
+                                  if args.get("binary_authorization") else None),
             release_channel={"channel": args["release_channel"]},
             maintenance_policy={
                 # GKE wants a window beside an exclusion; patches land at 03:00 UTC.
@@ -329,6 +347,8 @@ class GkeCluster(pulumi.ComponentResource):
                 node_config={
                     "machine_type": args["cpu_machine_type"],
                     "workload_metadata_config": {"mode": "GKE_METADATA"},
+                    "shielded_instance_config": shielded(True),
+                    "kubelet_config": dict(KUBELET_READ_ONLY_PORT_CLOSED),
                     **node_identity,
                 },
                 # Its name is fixed (the Ray head selects it), so a replacement must delete first;

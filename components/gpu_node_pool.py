@@ -10,7 +10,7 @@ import pulumi
 from pulumi_gcp import compute, container
 
 from components.children import child_options
-from components.gke_cluster import NODE_SCOPES
+from components.gke_cluster import KUBELET_READ_ONLY_PORT_CLOSED, NODE_SCOPES, shielded
 from domain.platforms import GPU_POOL_NAME, PLATFORMS, PlatformName
 from domain.pricing import CapacityKind
 from manifests import compute_class as cc
@@ -177,6 +177,8 @@ class GpuNodePool(pulumi.ComponentResource):
                                **({cc.COMPUTE_CLASS_LABEL: klass} if klass else {})}}
                    if profile is not None or klass else {}),
                 "workload_metadata_config": {"mode": "GKE_METADATA"},
+                "shielded_instance_config": shielded(platform.secure_boot),
+                "kubelet_config": dict(KUBELET_READ_ONLY_PORT_CLOSED),
                 "gcfs_config": {"enabled": args.get("image_streaming", True)},
                 **({"service_account": args["service_account"], "oauth_scopes": NODE_SCOPES}
                    if args.get("service_account") else {}),

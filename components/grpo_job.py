@@ -35,6 +35,7 @@ from verl_gke import fabric
 from verl_gke.cluster_readiness import await_capacity
 from verl_gke.cluster_api import cluster_api
 from verl_gke.kubeconfig import is_dns_endpoint
+from verl_gke.log_text import inert
 from manifests.ray_cluster import ray_cluster_of
 from workloads import export_model, run_lifecycle
 from workloads.kube import KubernetesApi, RayClusterControl
@@ -312,7 +313,7 @@ class _JobSpec:
              export_outcome: str = "") -> dict[str, Any]:
         """Outputs: the props later calls need (read and delete get only these), the job's state, and
         the model export's outcome as the run record says (modelUri names a model only once SUCCEEDED)."""
-        command = dashboard_command(self.namespace, self.head_service) if self.head_service else None
+        command = dashboard_command(self.stack) if self.head_service else None
         return {**asdict(self), "submission_id": submission_id, "status": status,
                 "dashboard_command": command, "fabric_busbw_gbps": fabric_busbw_gbps,
                 "export_outcome": export_outcome}
@@ -765,7 +766,7 @@ def _await_start(client: JobSubmissionClient, spec: _JobSpec, submission_id: str
 def _ended_message(client: JobSubmissionClient, submission_id: str, status: str, when: str) -> str:
     job = client.get_job_info(submission_id)
     # Ray's message embeds up to 20,000 chars of logs after its first line: keep that line.
-    message = (job.message or "no message").splitlines()[0]
+    message = inert(job.message or "no message").splitlines()[0]
     tail = log_tail(client, job, LOG_TAIL_LINES)
     return (f"GRPO job {submission_id} {status} {when}: {message}\n"
             f"last {len(tail)} log lines:\n" + "\n".join(tail))
@@ -783,7 +784,8 @@ def log_tail(client: JobSubmissionClient, job: JobDetails, lines: int) -> list[s
         return [f"(no log tail: {e})"]
     if response.status_code != 200:
         return [f"(no log tail: the head answered HTTP {response.status_code})"]
-    return response.text.splitlines()[-lines:]
+    # Shown by `pulumi up` in a terminal or a CI log: written by the job, so made inert.
+    return inert(response.text).splitlines()[-lines:]
 
 
 def _value(status: Any) -> str:

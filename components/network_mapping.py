@@ -12,7 +12,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components.children import child_options, custom_resource
-from components.pinned_image import PinnedImage
+from components.pinned_image import pinned_ref
 from domain.platforms import Platform
 from manifests.nccl import NAME, NAMESPACE, installer_daemonset
 from manifests.network_mapping import NetworkNames, network_mapping
@@ -52,10 +52,10 @@ class NetworkMapping(pulumi.ComponentResource):
             k8s.yaml.v2.ConfigFile(installer, file=url, opts=child)
         else:
             # The digest needs nothing of the cluster, so it waits for nothing.
-            image = PinnedImage(f"{name}-nccl-installer-image", {"image": args["platform"].nccl_installer_image},
-                                pulumi.ResourceOptions(parent=self))
+            image = pinned_ref(f"{name}-nccl-installer-image", args["platform"].nccl_installer_image,
+                               pulumi.ResourceOptions(parent=self))
             # The builder only places the pinned ref (resolved by the engine).
-            daemonset = installer_daemonset(args["platform"], cast(str, image.ref))
+            daemonset = installer_daemonset(args["platform"], cast(str, image))
             k8s.apps.v1.DaemonSet(installer, metadata=daemonset["metadata"], spec=daemonset["spec"],
                                   opts=child.merge(pulumi.ResourceOptions(aliases=[_applied_from_url(self, installer)])))
         self.register_outputs({})

@@ -19,6 +19,7 @@ import pulumi
 import pulumi.dynamic
 
 from components import provider_reference
+from domain.platforms import repository_pin
 from verl_gke.registry import RegistryError, parse, resolve_digest
 
 
@@ -75,3 +76,10 @@ class PinnedImage(pulumi.dynamic.Resource, name="PinnedImage"):
 
     def __init__(self, name: str, args: PinnedImageArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(PinnedImageProvider(), name, {**args, "digest": None, "ref": None}, opts)
+
+
+def pinned_ref(resource_name: str, image: str, opts: pulumi.ResourceOptions) -> pulumi.Input[str]:
+    """`image` (name:tag, or already name@digest) by digest: the repository's pin where
+    domain.platforms.IMAGE_DIGESTS has one, else a PinnedImage that asks its registry at the first
+    `pulumi up` and keeps the answer in the stack's state."""
+    return repository_pin(image) or PinnedImage(resource_name, {"image": image}, opts).ref

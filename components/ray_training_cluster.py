@@ -17,10 +17,11 @@ import pulumi_kubernetes as k8s
 
 from components.children import child_options, custom_resource
 from components.helm_release import pinned_release
-from components.pinned_image import PinnedImage
+from components.pinned_image import pinned_ref
 from domain.image_mirror import mirrored
-from domain.platforms import CHECKPOINT_COPIER, PLATFORMS, Platform, PlatformName, has_digest
+from domain.platforms import CHECKPOINT_COPIER, PLATFORMS, Platform, PlatformName
 from manifests import checkpoints, kuberay
+from manifests.helm import image_values
 from manifests.network_policy import ray_ingress_policy
 from manifests.ray_cluster import HEAD_NODE_POOL, RayClusterSpec, head_service_name, ray_cluster
 from domain.platforms import Mode
@@ -186,8 +187,13 @@ class RayTrainingCluster(pulumi.ComponentResource):
             operator_opts = child
             if "operator_depends_on" in args:
                 operator_opts = pulumi.ResourceOptions(parent=self, depends_on=args["operator_depends_on"])
+            # Its digest needs nothing of the cluster, so it waits for nothing.
+            operator_image = pulumi.Output.from_input(pinned_ref(
+                f"{name}-kuberay-operator-image", kuberay.CHART.image, pulumi.ResourceOptions(parent=self)))
             operator = pinned_release(f"{name}-kuberay-operator", kuberay.CHART, namespace=spec.namespace,
-                                      values=kuberay.helm_values(namespace=spec.namespace), opts=operator_opts)
+                                      values=kuberay.helm_values(namespace=spec.namespace,
+                                                                 image=operator_image.apply(image_values)),
+                                      opts=operator_opts)
             # The chart brings the ray.io CRDs and the operator that acts on the RayCluster.
             cluster_opts = child.merge(pulumi.ResourceOptions(depends_on=[operator]))
         prefix = args.get("image_mirror")
@@ -195,11 +201,9 @@ class RayTrainingCluster(pulumi.ComponentResource):
         def pull_ref(image: str) -> str:
             return mirrored(image, prefix) if prefix else image
 
-        image: pulumi.Input[str] = pull_ref(spec.image)
-        if not has_digest(spec.image):
-            # Resolved against the upstream name; it needs nothing of the cluster, so it waits for nothing.
-            image = PinnedImage(f"{name}-image", {"image": spec.image},
-                                pulumi.ResourceOptions(parent=self)).ref.apply(pull_ref)
+        # Resolved against the upstream name; it needs nothing of the cluster, so it waits for nothing.
+        image = pulumi.Output.from_input(pinned_ref(f"{name}-image", spec.image,
+                                                    pulumi.ResourceOptions(parent=self))).apply(pull_ref)
         if spec.checkpoint_root:
             # Needs only the namespace, as the operator: written while the GPU pool is created.
             program_opts = child

@@ -10,7 +10,7 @@ the RayCluster an earlier run's end suspended, so the job provider's readiness g
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -27,6 +27,8 @@ class RunSupervisorArgs(TypedDict):
     """The RayCluster's name; its head service is `<name>-head-svc`."""
     config: dict[str, Any]
     """SupervisorConfig's fields but head_url (the head service, filled in here)."""
+    ray_token_secret: NotRequired[str | None]
+    """The Secret with the Ray cluster's token, where its Ray has token authentication."""
 
 
 class RunSupervisor(pulumi.ComponentResource):
@@ -48,7 +50,8 @@ class RunSupervisor(pulumi.ComponentResource):
         modules = {Path(m.__file__).name: Path(m.__file__).read_text()
                    for m in (run_supervisor, run_lifecycle, run_record, run_lease, kube, export_model)}
         spec = supervisor.SupervisorSpec(namespace=args["namespace"], ray_cluster=args["ray_cluster"],
-                                         programs=modules, config=config)
+                                         programs=modules, config=config,
+                                         ray_token_secret=args.get("ray_token_secret"))
         self.labels = dict(supervisor.LABELS)
         program = supervisor.program_config_map(spec)
         program_map = k8s.core.v1.ConfigMap(f"{name}-program", metadata=program["metadata"], data=program["data"],

@@ -14,7 +14,7 @@ import posixpath
 import re
 import shlex
 import urllib.parse
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timezone
 from typing import Any, Literal
 
@@ -25,10 +25,11 @@ from domain.grpo_spec import verl_problems
 from domain.run_identity import DELETES_BEFORE_SAVE_BELOW, verl_version_tuple
 from domain.verl_settings import VerlSettings
 from domain.verl_wheel import VerlUnavailable
-from domain.bucket import DEFAULT_CAPACITY, MOUNT_PATH
+from domain.bucket import DEFAULT_CAPACITY, MOUNT_PATH, ray_writable_prefixes
 from domain.platforms import (
-    AUTOPILOT_SIDECAR, CHECKPOINT_COPIER, CPU_MACHINE_SERIES, LOCAL_SSD_SERIES, PINNED_IMAGE_ARCH, PLATFORMS, Mode,
-    Platform, PlatformName, VerlRelease, has_digest, is_pinned_image,
+    AUTOPILOT_SIDECAR, CHECKPOINT_COPIER, CPU_MACHINE_SERIES, LOCAL_SSD_SERIES, NCCL_INSTALLER_REPO, PINNED_IMAGE_ARCH,
+    PLATFORMS, Mode, Platform, PlatformName, VerlRelease, has_digest, is_nccl_installer_url, is_pinned_image,
+    is_ray_version,
 )
 from domain import pricing
 from domain.pricing import CAPACITY_KINDS, CapacityKind
@@ -36,12 +37,14 @@ from domain.problems import ConfigError, problem_line
 from domain.pulumi_config import Declared, TypeProblem, from_engine
 from domain.stack_files import declared_types
 from workloads.stage_data import (
+    DATASET_DIR,
     DEFAULT_DATASET_REPO,
     DEFAULT_DATASET_REVISION,
     DEFAULT_MODEL_REPO,
     DEFAULT_MODEL_REVISION,
     dataset_problem,
     is_repo_id,
+    model_dir_for,
 )
 
 NAMESPACE = "verl-gke"
@@ -73,12 +76,13 @@ _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 _ZONE = re.compile(r"^([a-z]+-[a-z]+[0-9]+)-[a-z]$")
 _QUANTITY = re.compile(r"^[0-9]+(Ki|Mi|Gi|Ti|Pi)$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
-# A URL naming a commit (40 hex) as one path segment; no user info, query or fragment.
-_COMMIT_URL = re.compile(r"^https://[^/@?#\s]+/(?:[^/?#\s]+/)*[0-9a-f]{40}/[^?#\s]+$")
 # Ranges allowed for the CIDR keys that admit traffic: RFC 1918 and RFC 6598 (shared) space only.
 PRIVATE_RANGES = tuple(ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
                                                           "100.64.0.0/10"))
 _ADMITTING_CIDR_FIELDS = ("internal_source_range", "master_authorized_cidrs", "ray_dashboard_cidrs")
+DASHBOARD_CIDR_MIN_PREFIX = 16
+"""The widest range rayDashboardCidrs admits to the Ray Job API (a /16): a VPN's or a bastion's range."""
+_CLUSTER_RANGE_FIELDS = ("node_subnet_cidr", "pod_cidr", "service_cidr")
 
 # An image reference as container registries parse it (github.com/distribution/reference,
 # regexp.go and normalize.go): [domain[:port]/]path[:tag][@digest]. The first component is a domain
@@ -142,6 +146,7 @@ class StackConfig(BaseModel):
     cloud_nat: bool = True
     image_streaming: bool = True
     image_mirror: bool = True
+    binary_authorization: bool = False
     upgrade_exclusion_start: str = upgrade_exclusion.AT_FIRST_UP
     ray_operator: Literal["addon", "helm"] = "addon"
     cpu_machine_type: str = "c2-standard-16"
@@ -185,6 +190,7 @@ class StackConfig(BaseModel):
 
     ray_cluster_name: str = ""
     verl_image: str = ""
+    ray_version: str = ""
     verl_source_install: bool = False
     verl_in_image: bool = False
     ray_network_policy: bool = True
@@ -244,6 +250,12 @@ class StackConfig(BaseModel):
     @property
     def facts(self) -> Platform:
         return PLATFORMS[self.platform]
+
+    @property
+    def image_ray_version(self) -> str:
+        """The Ray version inside verlImage: rayVersion, else the platform table's for its image."""
+        return self.ray_version or next((p.ray_version for p in PLATFORMS.values() if p.image == self.verl_image),
+                                        self.facts.ray_version)
 
     @property
     def autopilot(self) -> bool:
@@ -692,8 +704,10 @@ def semantic_problems(cfg: StackConfig, now: datetime | None = None) -> list[str
 
     if not _DNS_LABEL.match(cfg.namespace) or len(cfg.namespace) > 63:
         add("namespace", cfg.namespace, "a Kubernetes namespace: at most 63 lowercase letters, digits or hyphens.")
-    if cfg.service_account and (not _DNS_SUBDOMAIN.match(cfg.service_account) or len(cfg.service_account) > 253):
-        add("service_account", cfg.service_account, "a Kubernetes name: lowercase letters, digits, '-' or '.'.")
+    # The staging Job's account is this name with `-staging` (domain.names).
+    if cfg.service_account and (not _DNS_SUBDOMAIN.match(cfg.service_account) or len(cfg.service_account) > 245):
+        add("service_account", cfg.service_account, "a Kubernetes name: lowercase letters, digits, '-' or '.', "
+            "at most 245 characters.")
     # KubeRay derives "<name>-head-svc" and pod names from it; keep room under 63.
     if not _GCE_NAME.match(cfg.ray_cluster_name) or len(cfg.ray_cluster_name) > 47:
         add("ray_cluster_name", cfg.ray_cluster_name, "at most 47 lowercase letters, digits or hyphens, starting with "
@@ -720,10 +734,10 @@ def semantic_problems(cfg: StackConfig, now: datetime | None = None) -> list[str
     elif cfg.verl_image not in PINNED_IMAGE_ARCH and not has_digest(cfg.verl_image):
         add("verl_image", cfg.verl_image, "an image of your own must be pinned by digest "
             "(name@sha256:<64 hex>): a tag can be moved to other code that then runs on every node.")
-    if cfg.nccl_installer_url and not _COMMIT_URL.match(cfg.nccl_installer_url):
+    if cfg.nccl_installer_url and not is_nccl_installer_url(cfg.nccl_installer_url):
         add("nccl_installer_url", _without_credentials(cfg.nccl_installer_url),
-            "an https:// URL pinned to a commit: one path segment is a 40-hex commit (no branch or tag), "
-            "no user info, query or fragment.")
+            f"a manifest of Google's installers at a commit: {NCCL_INSTALLER_REPO}/<40-hex commit>/gpudirect-rdma/"
+            "<file>.yaml (no branch, tag, other host or repository, query or fragment).")
     if cfg.job_dashboard_url:
         url = _without_credentials(cfg.job_dashboard_url)
         if not re.match(r"^https?://[^\s/]+", cfg.job_dashboard_url):
@@ -734,6 +748,13 @@ def semantic_problems(cfg: StackConfig, now: datetime | None = None) -> list[str
         elif cfg.ray_network_policy and not cfg.ray_dashboard_cidrs:
             add("job_dashboard_url", url, "the stack's NetworkPolicy admits only the Ray pods to port "
                 "8265; add the caller's range to rayDashboardCidrs, or set rayNetworkPolicy to false.")
+    if cfg.ray_version and not is_ray_version(cfg.ray_version):
+        add("ray_version", cfg.ray_version, "the Ray version inside verlImage, X.Y.Z such as 2.54.0.")
+    elif cfg.ray_version and cfg.verl_image in PINNED_IMAGE_ARCH:
+        table = next(p.ray_version for p in PLATFORMS.values() if p.image == cfg.verl_image)
+        if cfg.ray_version != table:
+            add("ray_version", cfg.ray_version, f"{cfg.verl_image} has Ray {table}: leave rayVersion unset, or set "
+                "it with an image of your own.")
     if cfg.verl_in_image and cfg.verl_image in PINNED_IMAGE_ARCH:
         add("verl_in_image", cfg.verl_in_image, f"{cfg.verl_image} ships verl's dependencies without verl; set "
             "verlImage to an image you built with verl, or leave verlInImage false (staging installs it).")
@@ -753,11 +774,16 @@ def semantic_problems(cfg: StackConfig, now: datetime | None = None) -> list[str
         if getattr(cfg, field) * unit > _MAX_DURATION_S:
             add(field, getattr(cfg, field),
                 f"at most {_MAX_DURATION_S // unit}: the Pulumi engine's longest duration (about 292 years).")
+    plain = []
     for path in grpo_spec.BUCKET_PATHS:
         value = cfg.verl.get(path)
         if not isinstance(value, str) or posixpath.normpath(value) != value or not value.startswith(f"{MOUNT_PATH}/"):
             add(f"verl.{path}", value, f"an absolute path under the bucket mount {MOUNT_PATH}/ that every node "
                 "shares, written plainly (no '..', '.', '//' or trailing '/').")
+        else:
+            plain.append(path)
+    if grpo_spec.CHECKPOINT_DIR in plain:
+        _write_boundary_problems(cfg, [p for p in plain if p != grpo_spec.CHECKPOINT_DIR], add)
     for field in ("model", "dataset"):
         if not is_repo_id(getattr(cfg, field)):
             add(field, getattr(cfg, field), "a Hugging Face repo id such as Qwen/Qwen2.5-32B-Instruct: owner/name "
@@ -948,6 +974,8 @@ def _cidr_problems(cfg: StackConfig) -> list[str]:
             out.append(problem_line(config_key(field), text, "a private range (inside 10.0.0.0/8, 172.16.0.0/12, "
                                     "192.168.0.0/16 or 100.64.0.0/10): this key admits traffic, never from the "
                                     "internet."))
+        if field == "ray_dashboard_cidrs":
+            out += _dashboard_cidr_problems(text, net, nets)
         if field not in _ADMITTING_CIDR_FIELDS:
             for other_field, other in nets:
                 if net.overlaps(other):
@@ -964,6 +992,45 @@ def _cidr_problems(cfg: StackConfig) -> list[str]:
     if len(cfg.rdma_subnet_cidrs) != cfg.rdma_nics:
         out.append(problem_line(config_key("rdma_subnet_cidrs"), list(cfg.rdma_subnet_cidrs),
                             f"{cfg.facts.title} needs exactly {cfg.rdma_nics} RDMA subnets, one per NIC."))
+    return out
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder.rstrip("/") or path.startswith(folder.rstrip("/") + "/")
+
+
+def _write_boundary_problems(cfg: StackConfig, read_paths: list[str], add: Callable[..., None]) -> None:
+    """What the Ray pods may write (domain.bucket's layout) and what they run stay apart: the checkpoint
+    dir outside the staged folders, the model and data a run reads outside the writable ones."""
+    staged = [f"{MOUNT_PATH}/{model_dir_for(cfg.model)}", f"{MOUNT_PATH}/{DATASET_DIR}"]
+    if cfg.staged_verl is not None:
+        staged.append(f"{MOUNT_PATH}/{cfg.staged_verl.dir_name}")
+    checkpoint_dir = cfg.verl.get(grpo_spec.CHECKPOINT_DIR)
+    if any(_under(checkpoint_dir, folder) for folder in staged):
+        add(f"verl.{grpo_spec.CHECKPOINT_DIR}", checkpoint_dir, f"outside what staging writes ({', '.join(staged)}): the "
+            "Ray pods may write the checkpoint dir, never the model, the data or the code they run.")
+        return
+    writable = ray_writable_prefixes(checkpoint_dir)
+    for path in read_paths:
+        value = cfg.verl.get(path)
+        if any(_under(value, f"{MOUNT_PATH}/{prefix}") for prefix in writable):
+            add(f"verl.{path}", value, f"outside the folders the Ray pods may write ({', '.join(writable)}): a job "
+                "could replace what the next run loads.")
+
+
+def _dashboard_cidr_problems(text: str, net: ipaddress.IPv4Network,
+                             nets: list[tuple[str, ipaddress.IPv4Network]]) -> list[str]:
+    """A range admitted to the Job API must hold neither the cluster's own nodes, pods and services
+    (those of every namespace) nor a whole address space."""
+    out = [problem_line(config_key("ray_dashboard_cidrs"), text,
+                        f"overlaps {other} ({config_key(field)}): it would admit the cluster's own nodes or pods, "
+                        "of every namespace, to the Ray Job API.")
+           for field, other in nets if field in _CLUSTER_RANGE_FIELDS and net.overlaps(other)]
+    if net.prefixlen < DASHBOARD_CIDR_MIN_PREFIX:
+        out.append(problem_line(config_key("ray_dashboard_cidrs"), text,
+                                f"at most {2 ** (32 - DASHBOARD_CIDR_MIN_PREFIX)} addresses (a /{DASHBOARD_CIDR_MIN_PREFIX}"
+                                " or narrower): the callers of the Job API are a VPN's or a bastion's range, not a "
+                                "whole private address space."))
     return out
 
 

@@ -19,7 +19,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
 from domain import run_memory, verl_settings
-from domain.bucket import MOUNT_PATH, run_checkpoint_dir
+from domain.bucket import HF_CACHE_DIR, MOUNT_PATH, run_checkpoint_dir
 from domain.platforms import Platform
 from domain.verl_settings import Problem, VerlSettings
 from workloads.stage_data import model_dir_for
@@ -338,7 +338,7 @@ def runtime_env(platform: Platform, *, nnodes: int, worker_cpus: int,
         "LD_LIBRARY_PATH": platform.ld_library_path,
         "NCCL_DEBUG": "INFO",
         **platform.nccl_env,
-        "HF_HOME": f"{MOUNT_PATH}/huggingface_cache",
+        "HF_HOME": f"{MOUNT_PATH}/{HF_CACHE_DIR}",
         "GLOO_SOCKET_IFNAME": "eth0",
         "NUM_WORKERS": str(nnodes),
         "CPUS_PER_WORKER": str(worker_cpus),

@@ -44,9 +44,9 @@ class StackNames:
     node_account_id: str
     """The nodes' dedicated service account."""
     service_account: str
-    """The Kubernetes service account the bucket grant names. Workload Identity principals carry only
-    namespace and name, the same in every cluster of the project ("identity sameness"), and an IAM
-    allow policy cannot intersect them with a cluster; the stack's slug keeps another stack's pods out."""
+    """The Ray pods' Kubernetes service account (granted by its UID: components/gcs_fuse_storage.py)."""
+    staging_service_account: str
+    """The staging Job's: the only identity that may read the Hugging Face token."""
 
 
 def stack_names(cfg: StackConfig, stack: str) -> StackNames:
@@ -61,4 +61,5 @@ def stack_names(cfg: StackConfig, stack: str) -> StackNames:
         nat=f"{base}-nat",
         node_account_id=f"{base}-nodes",
         service_account=cfg.service_account or f"verl-ray-{stack_slug(stack)}",
+        staging_service_account=f"{cfg.service_account or f'verl-ray-{stack_slug(stack)}'}-staging",
     )

@@ -86,6 +86,42 @@ def has_digest(image: str) -> bool:
     return bool(_DIGEST.search(image))
 
 
+# The digest each tagged image of the platform table and the charts serves, as `python -m
+# verl_gke.image_pins` (a maintainer's machine with network) read it from its registry and wrote it here.
+# An image without an entry is pinned at the stack's first `pulumi up` (components/pinned_image.py) and
+# kept in its state. This machine reaches no registry, so the table starts empty.
+# BEGIN IMAGE_DIGESTS (written by python -m verl_gke.image_pins)
+IMAGE_DIGESTS: dict[str, str] = {
+}
+# END IMAGE_DIGESTS
+
+
+def repository_pin(image: str) -> str | None:
+    """`image` by digest as the repository pins it (`name:tag@sha256:...`), or None when only the first
+    `pulumi up` can (a tag the table has no digest for)."""
+    if has_digest(image):
+        return image
+    digest = IMAGE_DIGESTS.get(image)
+    return f"{image}@{digest}" if digest else None
+
+
+TOKEN_AUTH_RAY = (2, 52, 0)
+"""Ray's first release with token authentication of its dashboard, Job API and GCS (RAY_AUTH_MODE=token),
+which KubeRay 1.6 turns on with a RayCluster's `authOptions` (docs.ray.io, "Configure Ray clusters to
+use token authentication")."""
+_RAY_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
+
+
+def is_ray_version(text: str) -> bool:
+    return bool(_RAY_VERSION.match(text))
+
+
+def has_token_auth(ray_version: str) -> bool:
+    """Whether Ray `ray_version` (X.Y.Z) authenticates its clients with a token."""
+    match = _RAY_VERSION.match(ray_version)
+    return bool(match) and tuple(int(part) for part in match.groups()) >= TOKEN_AUTH_RAY
+
+
 def is_pinned_image(image: str) -> bool:
     """A fixed tag (not `latest`) or a digest; a registry port (`host:5000/x`) is not a tag."""
     if "@sha256:" in image:
@@ -134,6 +170,17 @@ _GIB_NCCL_ENV: dict[str, str] = {
     "NCCL_IB_TC": "52",
     "NCCL_IB_FIFO_TC": "84",
 }
+
+NCCL_INSTALLER_REPO = "https://raw.githubusercontent.com/GoogleCloudPlatform/container-engine-accelerators"
+"""Google's NCCL RDMA installer manifests (the tutorial applies them from here)."""
+_INSTALLER_URL = re.compile(rf"^{re.escape(NCCL_INSTALLER_REPO)}/[0-9a-f]{{40}}/gpudirect-rdma/[A-Za-z0-9._-]+\.yaml$")
+
+
+def is_nccl_installer_url(url: str) -> bool:
+    """A manifest of Google's installers at a commit: that repository, a 40-hex commit, a file under
+    gpudirect-rdma/; no other host or repository, branch, tag, query or fragment."""
+    return bool(_INSTALLER_URL.match(url))
+
 
 # The images of the NCCL RDMA installers (gIB plugin and its NCCL build) in Google's manifests under
 # gpudirect-rdma/ at manifests.nccl.NCCL_INSTALLER_COMMIT: nccl-rdma-installer.yaml (and -autopilot)
@@ -246,6 +293,11 @@ class Platform:
     fabric_transports: tuple[str, ...] = ()
     """NCCL transports (as its `via ...` log lines name them) the fabric check must see between nodes;
     any other `NET/...` (NET/Socket: TCP) fails it."""
+    secure_boot: bool = True
+    """Shielded VM Secure Boot on the GPU nodes (only signed boot components and kernel modules load; GKE's own
+    GPU driver install is signed). Cluster Toolkit's gke-a4, gke-a3-ultragpu and gke-a4x blueprints keep
+    gke-node-pool's `enable_secure_boot` default, true (cluster-toolkit 1047080, 2026-06-25); False only for a
+    family that cannot boot so, or for drivers GKE does not install."""
     gpu_memory_mib: int = 0
     """HBM per GPU as the device reports it (nvidia-smi's memory.total, MiB): what CUDA, PyTorch and vLLM's
     gpu_memory_utilization count in. GCP's machine table rounds it (180 / 141 / 186 "GB" a GPU)."""
@@ -490,6 +542,8 @@ DEPLOY_DURATIONS: dict[str, Duration] = {
     "gcp:projects/iAMMember:IAMMember": Duration(10, f"IAM policy read-modify-write; {_ESTIMATE}"),
     "gcp:storage/bucket:Bucket": Duration(5, f"one Cloud Storage call; {_ESTIMATE}"),
     "gcp:storage/bucketIAMMember:BucketIAMMember": Duration(5, f"one Cloud Storage call; {_ESTIMATE}"),
+    "gcp:storage/managedFolder:ManagedFolder": Duration(5, f"one Cloud Storage call; {_ESTIMATE}"),
+    "gcp:storage/managedFolderIamMember:ManagedFolderIamMember": Duration(5, f"one Cloud Storage call; {_ESTIMATE}"),
     "gcp:container/cluster:Cluster": Duration(
         540, "GKE Standard or Autopilot regional control plane with its initial node; GKE quotes 'several "
         f"minutes'; {_ESTIMATE}"),

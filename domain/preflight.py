@@ -50,6 +50,14 @@ REQUIRED_APIS = (
     "monitoring.googleapis.com", "secretmanager.googleapis.com",
 )
 """What the program's resources and invokes call (Cluster Toolkit's GKE blueprints enable the same)."""
+BINARY_AUTHORIZATION_API = "binaryauthorization.googleapis.com"
+"""GKE evaluates the project's Binary Authorization policy through it (binaryAuthorization)."""
+
+
+def required_apis(cfg: StackConfig) -> tuple[str, ...]:
+    """The APIs this stack's resources call."""
+    return (*REQUIRED_APIS, *(MIRROR_APIS if cfg.image_mirror else ()),
+            *((BINARY_AUTHORIZATION_API,) if cfg.binary_authorization else ()))
 
 CHECKS = {
     RESERVATION: "the reservation exists in the zone, for the platform's machines, with gpuNodes free",
@@ -247,7 +255,7 @@ def run_preflight(cfg: StackConfig, invoke: Invoke, stack: str | None = None) ->
             result.checks.append(check)
 
     if not cfg.enable_apis:
-        services = (*REQUIRED_APIS, *MIRROR_APIS) if cfg.image_mirror else REQUIRED_APIS
+        services = required_apis(cfg)
         answers = {s: ask(PROJECT_SERVICE, {"project": cfg.project, "service": s}, f"API {s}", "enable_apis")
                    for s in services}
         found: list[str] = []

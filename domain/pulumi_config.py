@@ -97,8 +97,8 @@ def from_engine(text: str, declared: Declared) -> Any:
         value = None
     if declared.type == "object":
         if not isinstance(value, dict):
-            raise TypeProblem('must be a map such as {"spot": 40.5} (Pulumi\'s object type: a YAML mapping in the '
-                              "stack file).")
+            raise TypeProblem("must be a map (Pulumi's object type: a YAML mapping in the stack file; one entry is "
+                              "set with `pulumi config set --path <key>.<name> <value>`).")
         return value
     if not isinstance(value, list):
         raise TypeProblem('must be a list such as ["a", "b"] (Pulumi\'s array type: a YAML list in the stack file).')

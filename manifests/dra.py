@@ -7,13 +7,17 @@ from __future__ import annotations
 from typing import Any
 
 from manifests.helm import HelmChart
+from manifests.storage import POD_SECURITY_VERSION
 
 NAMESPACE = "nvidia-dra-driver-gpu"
 QUOTA_NAME = "nvidia-dra-driver-gpu-quota"
 
 # The tutorial installs 25.3.1; 25.3.2 is the 25.3.x patch whose ComputeDomain CRD is the one
 # the manifests are validated against (tests/k8s_schema.py), so chart and checks agree.
-CHART = HelmChart(name="nvidia-dra-driver-gpu", repo="https://helm.ngc.nvidia.com/nvidia", version="25.3.2")
+CHART = HelmChart(name="nvidia-dra-driver-gpu", repo="https://helm.ngc.nvidia.com/nvidia", version="25.3.2",
+                  image="nvcr.io/nvidia/k8s-dra-driver-gpu:v25.3.2")
+"""Its one image runs the controller, the kubelet plugin and the IMEX daemons it starts (the chart's
+`fullimage`, also their IMAGE_NAME)."""
 
 # GKE installs the NVIDIA driver under this host path, not at `/` as the chart assumes.
 NVIDIA_DRIVER_ROOT = "/home/kubernetes/bin/nvidia"
@@ -31,8 +35,11 @@ def _check_nodes(gpu_nodes: int) -> None:
 
 
 def namespace(name: str = NAMESPACE) -> dict[str, Any]:
-    """The namespace the DRA driver runs in."""
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    """The namespace the DRA driver runs in: Pod Security `privileged`, the strictest level its pods
+    allow (the kubelet plugin is privileged and mounts the host's plugin and device paths)."""
+    labels = {"pod-security.kubernetes.io/enforce": "privileged",
+              "pod-security.kubernetes.io/enforce-version": POD_SECURITY_VERSION}
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
 
 
 def resource_quota(*, gpu_nodes: int, namespace: str = NAMESPACE) -> dict[str, Any]:
@@ -69,14 +76,15 @@ def node_affinity(*expressions: dict[str, Any]) -> dict[str, Any]:
         "nodeSelectorTerms": [{"matchExpressions": list(expressions)}]}}}
 
 
-def helm_values(*, accelerator: str, arch: str) -> dict[str, Any]:
+def helm_values(*, accelerator: str, arch: str, image: Any) -> dict[str, Any]:
     """The tutorial's `--set` values (GKE's driver root, ComputeDomains only: GPUs stay with GKE's
     device plugin, a kubelet plugin that tolerates the GPU and arm64 taints), and affinities that
     match GKE nodes. The chart's defaults want a control-plane node (GKE shows none) and NFD or
     `nvidia.com/gpu.present` labels (GKE sets neither), so both would stay Pending: as GKE's A4X
     guide does, the controller runs off the GPU nodes and the kubelet plugin on the `accelerator`
-    nodes of `arch`."""
+    nodes of `arch`. `image`: the chart's image values, by digest (helm.image_values)."""
     return {
+        "image": image,
         "nvidiaDriverRoot": NVIDIA_DRIVER_ROOT,
         "resources": {"gpus": {"enabled": False}},
         "controller": {

@@ -12,9 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from domain.platforms import Platform
-
-RAW_BASE = "https://raw.githubusercontent.com/GoogleCloudPlatform/container-engine-accelerators"
+from domain.platforms import NCCL_INSTALLER_REPO, Platform, is_nccl_installer_url
 
 NCCL_INSTALLER_COMMIT = "07a8e6c9b2208ee865a1fb9b9b246e10adfd7738"
 """The last commit (2026-04-02) whose installers still run `container_entry.sh install --install-nccl`.
@@ -31,16 +29,16 @@ specs were written against, for x86 and arm64 alike; override the URL to opt int
 """
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
-_PATH = re.compile(r"^gpudirect-rdma/[A-Za-z0-9._-]+\.yaml$")
 
 
 def installer_url(path: str, commit: str = NCCL_INSTALLER_COMMIT) -> str:
     """The raw URL of installer `path` (e.g. `gpudirect-rdma/nccl-rdma-installer.yaml`) at `commit`."""
     if not _COMMIT.match(commit):
         raise ValueError(f"NCCL installer commit = {commit!r}: must be a full 40-hex-digit commit, never a branch or tag")
-    if not _PATH.match(path):
+    url = f"{NCCL_INSTALLER_REPO}/{commit}/{path}"
+    if not is_nccl_installer_url(url):
         raise ValueError(f"NCCL installer path = {path!r}: must be a YAML file under gpudirect-rdma/")
-    return f"{RAW_BASE}/{commit}/{path}"
+    return url
 
 
 def google_installer_url(platform: Platform, mode: str) -> str | None:

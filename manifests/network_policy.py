@@ -37,3 +37,74 @@ def ray_ingress_policy(*, cluster: str, namespace: str, dashboard_cidrs: Sequenc
         "spec": {"podSelector": {"matchLabels": {CLUSTER_LABEL: cluster}}, "policyTypes": ["Ingress"],
                  "ingress": ingress},
     }
+
+
+# --- default deny, and what each pod of the namespace needs ------------------------------------
+
+DNS_PORTS = ({"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53})
+KUBE_DNS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}
+METADATA_SERVER = "169.254.169.254/32"
+"""Where pods ask for their Workload Identity token (port 80), and where Cloud DNS for GKE answers DNS."""
+GKE_METADATA_SERVER = "169.254.169.252/32"
+"""The GKE metadata server's own port on Dataplane V2 clusters (988)."""
+NODE_LOCAL_DNS = "169.254.20.10/32"
+"""NodeLocal DNSCache's address, where a cluster runs it."""
+NOT_PUBLIC = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16", "127.0.0.0/8")
+"""The VPC, the nodes, the control plane's private endpoint, other pods, link-local: never "the internet"."""
+HTTPS = {"protocol": "TCP", "port": 443}
+KUBERAY_OPERATOR_LABELS = {"app.kubernetes.io/name": "kuberay-operator"}
+"""The KubeRay chart's operator pod (its `kuberay-operator.name`, nameOverride kuberay-operator)."""
+
+
+def _policy(name: str, namespace: str, selector: Mapping[str, str], egress: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"podSelector": {"matchLabels": dict(selector)}, "policyTypes": ["Egress"], "egress": egress}}
+
+
+def _metadata_server() -> dict[str, Any]:
+    return {"to": [{"ipBlock": {"cidr": METADATA_SERVER}}, {"ipBlock": {"cidr": GKE_METADATA_SERVER}}],
+            "ports": [{"protocol": "TCP", "port": 80}, {"protocol": "TCP", "port": 988}]}
+
+
+def _public_https() -> dict[str, Any]:
+    """HTTPS to public addresses: Google's APIs (GCS, Secret Manager) have no other name a NetworkPolicy
+    can hold (FQDN policies are GKE Enterprise's), so the internet's HTTPS with them."""
+    return {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": list(NOT_PUBLIC)}}], "ports": [dict(HTTPS)]}
+
+
+def _kubernetes_api() -> dict[str, Any]:
+    """The control plane on 443, at whichever address the cluster gives it (private endpoint, PSC, public)."""
+    return {"ports": [dict(HTTPS)]}
+
+
+def namespace_policies(*, namespace: str, cluster: str, staging: Mapping[str, str],
+                       supervisor: Mapping[str, str] | None = None,
+                       kuberay_operator: bool = False) -> list[dict[str, Any]]:
+    """Default deny for every pod of `namespace` (ingress and egress; CIS GKE 5.3.2), DNS for every
+    pod, and the egress each workload needs: the Ray pods of `cluster` to each other, the metadata
+    server and HTTPS; staging (pods labelled `staging`) to the metadata server and HTTPS; the run
+    supervisor to the head's Job API and the Kubernetes API; the KubeRay operator to the Kubernetes
+    API. Ingress to the Ray pods is ray_ingress_policy's."""
+    own = {"podSelector": {"matchLabels": {CLUSTER_LABEL: cluster}}}
+    policies = [
+        {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+         "metadata": {"name": "default-deny", "namespace": namespace},
+         "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}},
+        {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+         "metadata": {"name": "dns", "namespace": namespace},
+         "spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": [
+             {"to": [dict(KUBE_DNS), {"ipBlock": {"cidr": METADATA_SERVER}}, {"ipBlock": {"cidr": NODE_LOCAL_DNS}}],
+              "ports": [dict(p) for p in DNS_PORTS]}]}},
+        _policy(f"{cluster}-egress", namespace, {CLUSTER_LABEL: cluster},
+                [{"to": [own]}, _metadata_server(), _public_https()]),
+        _policy("staging-egress", namespace, staging, [_metadata_server(), _public_https()]),
+    ]
+    if supervisor:
+        head = {"podSelector": {"matchLabels": {CLUSTER_LABEL: cluster, "ray.io/node-type": "head"}}}
+        policies.append(_policy("run-supervisor-egress", namespace, supervisor, [
+            {"to": [head], "ports": [{"protocol": "TCP", "port": DASHBOARD_PORT}]}, _kubernetes_api()]))
+    if kuberay_operator:
+        policies.append(_policy("kuberay-operator-egress", namespace, KUBERAY_OPERATOR_LABELS, [_kubernetes_api()]))
+    return policies

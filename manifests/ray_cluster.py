@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, get_args
 
 from domain.grpo_spec import verl_path_env
-from domain.platforms import A4X_HEAD_CPUS, A4X_HEAD_MEMORY_GI, Mode, is_pinned_image
+from domain.platforms import A4X_HEAD_CPUS, A4X_HEAD_MEMORY_GI, Mode, has_token_auth, is_pinned_image
 from manifests import checkpoints, compute_class, dra
 from manifests.network_mapping import GVNIC_NETWORK, rdma_network_name
 from manifests.storage import bucket_mount, bucket_volumes, sidecar_annotations
@@ -180,8 +180,26 @@ def container_security(capabilities: tuple[str, ...] = ()) -> dict[str, Any]:
     return {"allowPrivilegeEscalation": False, "capabilities": caps}
 
 
+AUTH_TOKEN_KEY = "auth_token"
+"""The key of the Secret KubeRay 1.6 makes for a RayCluster with token authentication, named after the
+RayCluster (ray-operator/controllers/ray/raycluster_controller.go reconcileAuthSecret, utils.CheckName)."""
+
+
+def token_secret(cluster: str, ray_version: str) -> str | None:
+    """The Secret holding RayCluster `cluster`'s Ray token, or None where its Ray has no token authentication."""
+    return cluster if has_token_auth(ray_version) else None
+
+
 def ray_cluster(spec: RayClusterSpec) -> dict[str, Any]:
-    """The RayCluster custom resource (ray.io/v1)."""
+    """The RayCluster custom resource (ray.io/v1). From Ray 2.52 on, with Ray's token authentication:
+    KubeRay makes the token Secret and gives every Ray container RAY_AUTH_MODE and RAY_AUTH_TOKEN."""
+    body: dict[str, Any] = {
+        "rayVersion": spec.ray_version,
+        "headGroupSpec": _head_group(spec),
+        "workerGroupSpecs": [_worker_group(spec)],
+    }
+    if token_secret(spec.name, spec.ray_version):
+        body["authOptions"] = {"mode": "token"}
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayCluster",
@@ -189,11 +207,7 @@ def ray_cluster(spec: RayClusterSpec) -> dict[str, Any]:
             "name": spec.name,
             "namespace": spec.namespace,
         },
-        "spec": {
-            "rayVersion": spec.ray_version,
-            "headGroupSpec": _head_group(spec),
-            "workerGroupSpecs": [_worker_group(spec)],
-        },
+        "spec": body,
     }
 
 

@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from manifests.ray_cluster import AUTH_TOKEN_KEY
 from manifests.staging import IMAGE, RUN_AS, SCRIPT_DIR, off_gpu_nodes, restricted_container
 from workloads.run_record import CLUSTER_LABEL, COMPONENT, LEGACY_SUFFIX
 
@@ -43,6 +44,8 @@ class SupervisorSpec:
     """PROGRAM_FILES' texts by file name."""
     config: dict[str, Any]
     """SupervisorConfig's fields (workloads/run_supervisor.py) as JSON."""
+    ray_token_secret: str | None = None
+    """The Secret with the Ray cluster's token (manifests.ray_cluster.token_secret), where it has one."""
 
     @property
     def name(self) -> str:
@@ -220,7 +223,10 @@ def deployment(spec: SupervisorSpec) -> dict[str, Any]:
             # SCRIPT_DIR/workloads/ holds the program's modules under their package names.
             "command": ["python", "-m", MODULE, *args],
             "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
-                    {"name": "PYTHONPATH", "value": SCRIPT_DIR}],
+                    {"name": "PYTHONPATH", "value": SCRIPT_DIR},
+                    # The head's Job API wants the cluster's token (workloads/run_lifecycle.RayJobs sends it).
+                    *([{"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {
+                        "name": spec.ray_token_secret, "key": AUTH_TOKEN_KEY}}}] if spec.ray_token_secret else [])],
             "resources": {kind: dict(values) for kind, values in RESOURCES.items()},
             "securityContext": restricted_container(),
             "volumeMounts": [{"name": "program", "mountPath": SCRIPT_DIR, "readOnly": True}],

@@ -13,6 +13,7 @@ end every Ray process on the machine.
 from __future__ import annotations
 
 import fcntl
+import ipaddress
 import os
 import shutil
 import signal
@@ -22,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,7 +40,7 @@ HEAD_STOP_GRACE_S = 30.0
 WORKER_PORTS = 16
 HEAD_ENV = {
     # Ray maps --node-ip-address=127.0.0.1 to the machine's own address unless multi-node mode is
-    # off; off, every Ray process binds and talks on loopback only.
+    # off; off, every Ray process binds and talks on loopback only (a joining node: tests/ray_loopback.py).
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_USAGE_STATS_ENABLED": "0",
 }
@@ -117,13 +119,14 @@ def ray_start_command(temp_dir: Path, ray: Path | None = None) -> tuple[list[str
 
 
 MULTI_NODE_ENV = {
-    **HEAD_ENV, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
+    **HEAD_ENV,
     # The GCS checks each node every period and marks it DEAD after this many failures in a row
     # (Ray's ray_config_def.h; defaults 3000 ms x 5). A killed node refuses at once, so it is DEAD
     # after about 5 s instead of 15; a slow but live one still has 5 x 10 s to answer.
     "RAY_health_check_period_ms": "1000",
 }
-"""For a head that other nodes join: every node still names 127.0.0.1 as its address."""
+"""For a head that other nodes join, and for those nodes: every node names and binds 127.0.0.1."""
+REPO = Path(__file__).resolve().parent.parent
 
 
 def start_head(ray: Path | None = None, env: dict[str, str] | None = None) -> RayHead:
@@ -167,7 +170,8 @@ def _launch(command: list[str], url: str, temp_dir: Path, env: dict[str, str]) -
     head = RayHead(process=process, dashboard_url=url, temp_dir=temp_dir, gcs_address=f"127.0.0.1:{gcs_port}",
                    command=tuple(command), env=tuple(env.items()))
     try:
-        wait_for_dashboard(url, HEAD_START_TIMEOUT_S)
+        _wait_answering(url, env.get("RAY_AUTH_TOKEN"))
+        check_loopback_only(process.pid)
     except HeadAccessError as error:
         logs = _log_tails(temp_dir)  # stop_head removes them
         stop_head(head)
@@ -176,6 +180,25 @@ def _launch(command: list[str], url: str, temp_dir: Path, env: dict[str, str]) -
         stop_head(head)
         raise
     return head
+
+
+def _wait_answering(url: str, token: str | None) -> None:
+    """Until the dashboard answers; a head with token authentication is asked with its token."""
+    if token is None:
+        wait_for_dashboard(url, HEAD_START_TIMEOUT_S)
+        return
+    deadline = time.monotonic() + HEAD_START_TIMEOUT_S
+    while True:
+        request = urllib.request.Request(f"{url}/api/version", headers={"Authorization": f"Bearer {token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise HeadAccessError(f"Ray dashboard at {url} did not answer within {HEAD_START_TIMEOUT_S:g} s")
+        time.sleep(0.5)
 
 
 class HeadStartError(HeadAccessError):
@@ -202,7 +225,7 @@ def start_node(head: RayHead, *, cpus: int = 2, gpus: int = 0, resources: str = 
     with ports_held():
         ports = free_ports(len(names) + WORKER_PORTS)
         command = [
-            str(Path(sys.executable).with_name("ray")), "start", f"--address={head.gcs_address}", "--block",
+            sys.executable, "-m", "tests.ray_loopback", "start", f"--address={head.gcs_address}", "--block",
             "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}", f"--num-gpus={gpus}", "--disable-usage-stats",
             f"--worker-port-list={','.join(str(p) for p in ports[len(names):])}",
             *(f"--{name}={port}" for name, port in zip(names, ports)),
@@ -215,7 +238,7 @@ def start_node(head: RayHead, *, cpus: int = 2, gpus: int = 0, resources: str = 
             time.sleep(0.3)
         log = open(head.temp_dir / f"ray-node-{ports[0]}.log", "wb")
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True, env={**os.environ, **MULTI_NODE_ENV})
+                                   start_new_session=True, env={**os.environ, **MULTI_NODE_ENV}, cwd=REPO)
         log.close()
         deadline = time.monotonic() + HEAD_START_TIMEOUT_S
         while (_alive_nodes(head.dashboard_url) or 0) <= before:
@@ -223,6 +246,11 @@ def start_node(head: RayHead, *, cpus: int = 2, gpus: int = 0, resources: str = 
                 stop_node(process)
                 raise RuntimeError(f"second Ray node did not join {head.gcs_address}; see {log.name}")
             time.sleep(0.3)
+    try:
+        check_loopback_only(process.pid)
+    except AssertionError:
+        stop_node(process)
+        raise
     return process
 
 
@@ -234,6 +262,7 @@ def stop_node(process: subprocess.Popen[bytes], head: RayHead | None = None) -> 
     """Kills a node's whole session at once, as a preempted VM disappears; with `head`, returns
     only once the head no longer counts the node ALIVE."""
     before = _alive_nodes(head.dashboard_url) if head else None
+    outside = listening_outside_loopback(process.pid)  # what it opened since it started, too
     for pid in [process.pid, *_session_members(process.pid)]:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -245,6 +274,7 @@ def stop_node(process: subprocess.Popen[bytes], head: RayHead | None = None) -> 
         if time.monotonic() > deadline:
             raise RuntimeError(f"the head still counts a killed node ALIVE after {NODE_DEATH_TIMEOUT_S:g} s")
         time.sleep(0.5)
+    check_loopback_only(outside=outside)
 
 
 def _alive_nodes(dashboard_url: str) -> int | None:
@@ -261,6 +291,7 @@ def stop_head(head: RayHead, grace_s: float = HEAD_STOP_GRACE_S) -> None:
     """Ends the head through its process group: SIGTERM, then SIGKILL for whatever is left of its
     session after the grace period (Ray workers take process groups of their own)."""
     leader = head.process.pid
+    outside = listening_outside_loopback(leader)  # what it opened since it started, too
     _signal_group(leader, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
@@ -277,6 +308,7 @@ def stop_head(head: RayHead, grace_s: float = HEAD_STOP_GRACE_S) -> None:
                 pass
     head.process.wait()
     shutil.rmtree(head.temp_dir, ignore_errors=True)
+    check_loopback_only(outside=outside)
 
 
 def _signal_group(group: int, sig: signal.Signals) -> None:
@@ -298,6 +330,37 @@ def _session_members(session: int) -> list[int]:
         if int(sid) == session and state != "Z":
             members.append(int(stat.parent.name))
     return members
+
+
+_LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"))
+
+
+def listening_outside_loopback(*sessions: int) -> list[str]:
+    """Listening TCP/UDP sockets of the processes of these sessions (a head's or a node's, started in
+    sessions of their own) on anything but the loopback interface, as `name (pid N) on ip:port`."""
+    import psutil
+
+    found = []
+    for pid in sorted({p for session in sessions for p in [session, *_session_members(session)]}):
+        try:
+            process = psutil.Process(pid)
+            name, sockets = process.name(), process.net_connections(kind="inet")
+        except psutil.Error:
+            continue  # ended meanwhile
+        for sock in sockets:
+            if sock.status not in (psutil.CONN_LISTEN, psutil.CONN_NONE) or not sock.laddr:
+                continue
+            address = ipaddress.ip_address(sock.laddr.ip)
+            address = getattr(address, "ipv4_mapped", None) or address
+            if not any(address in net for net in _LOOPBACK):
+                found.append(f"{name} (pid {pid}) on {sock.laddr.ip}:{sock.laddr.port}")
+    return found
+
+
+def check_loopback_only(*sessions: int, outside: list[str] | None = None) -> None:
+    """Fails the test that started a Ray process which listens outside the loopback interface."""
+    if outside := (listening_outside_loopback(*sessions) if outside is None else outside):
+        raise AssertionError("test Ray processes must listen on 127.0.0.1 only: " + "; ".join(outside))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -342,6 +405,10 @@ def fake_kubectl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         "#!/bin/bash\n"
         'args=("$@"); kc=""\n'
         'for ((i = 0; i < $#; i++)); do [[ ${args[i]} == --kubeconfig ]] && kc=${args[i+1]}; done\n'
+        # `get secret` (the Ray token's lookup) answers FAKE_KUBECTL_SECRET (base64; unset: none) and
+        # records its arguments beside the port-forward's.
+        'if [[ $1 == get ]]; then printf "arg %s\\n" "$@" > "$FAKE_KUBECTL_RECORD.get"; '
+        'printf %s "${FAKE_KUBECTL_SECRET:-}"; exit 0; fi\n'
         '{ echo "pid $$"; echo "mode $(stat -c %a "$kc")"; echo "kubeconfig $kc"; printf "arg %s\\n" "$@"; } > "$FAKE_KUBECTL_RECORD"\n'
         'cp "$kc" "$FAKE_KUBECTL_RECORD.kubeconfig"\n'
         'case "$FAKE_KUBECTL_MODE" in\n'

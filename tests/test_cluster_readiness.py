@@ -12,6 +12,7 @@ import uuid
 
 import pytest
 from ray.job_submission import JobSubmissionClient
+from ray.util.state import list_nodes
 
 from components.grpo_job import GrpoJobProvider
 from tests.ray_head import RayHead, start_node, stop_node
@@ -26,6 +27,8 @@ def test_capacity_counts_alive_gpu_workers_only(ray_cluster: RayHead):
     cpu_only, gpu = start_node(ray_cluster, gpus=0), start_node(ray_cluster, gpus=2)
     try:
         assert read_capacity(ray_cluster.dashboard_url) == Capacity(workers=1, gpus=2.0, dead=before.dead)
+        # Every node of a multi-node test names the loopback address (tests/ray_loopback.py), not the machine's.
+        assert {n.node_ip for n in list_nodes(address=ray_cluster.dashboard_url, timeout=10)} == {"127.0.0.1"}
     finally:
         stop_node(cpu_only, ray_cluster)
         stop_node(gpu, ray_cluster)

@@ -324,9 +324,10 @@ def test_an_image_of_ones_own_must_be_pinned_by_digest(image: str):
 
 
 def test_urls_and_quantities():
-    assert "https:// URL" in only_problem(ncclInstallerUrl="http://example.com/x.yaml")
+    assert "a manifest of Google's installers at a commit" in only_problem(ncclInstallerUrl="http://example.com/x.yaml")
     assert "http(s) URL" in only_problem(jobDashboardUrl="ray-head:8265")
-    load_config(config(jobDashboardUrl="http://10.0.0.5:8265", rayDashboardCidrs='["10.0.0.0/8"]', volumeCapacity="1Ti"))
+    load_config(config(jobDashboardUrl="http://10.200.0.5:8265", rayDashboardCidrs='["10.200.0.0/16"]',
+                       volumeCapacity="1Ti"))
     assert "a Kubernetes quantity" in only_problem(volumeCapacity="768GB")
 
 
@@ -341,12 +342,20 @@ RAW = "https://raw.githubusercontent.com/GoogleCloudPlatform/container-engine-ac
     (f"{RAW}/{COMMIT.upper()}/gpudirect-rdma/x.yaml", False),
     (f"{RAW}/{COMMIT}/x.yaml?token=abc", False),
     (f"https://{COMMIT}/x.yaml", False),
+    # Any host with a 40-hex path segment is not Google's repository.
+    (f"https://evil.example/{COMMIT}/gpudirect-rdma/nccl-rdma-installer.yaml", False),
+    (f"https://raw.githubusercontent.com/attacker/container-engine-accelerators/{COMMIT}/gpudirect-rdma/x.yaml", False),
+    (f"https://evil.example/GoogleCloudPlatform/container-engine-accelerators/{COMMIT}/gpudirect-rdma/x.yaml", False),
+    (f"{RAW}/{COMMIT}/gpudirect-tcpx/x.yaml", False),
+    (f"{RAW}/{COMMIT}/gpudirect-rdma/sub/x.yaml", False),
 ])
-def test_nccl_installer_url_must_name_a_commit(url: str, ok: bool):
+def test_nccl_installer_url_must_be_googles_installer_at_a_commit(url: str, ok: bool):
     if ok:
         assert load_config(config(ncclInstallerUrl=url)).nccl_installer_url == url
     else:
-        assert "pinned to a commit: one path segment is a 40-hex commit" in only_problem(ncclInstallerUrl=url)
+        assert only_problem(ncclInstallerUrl=url).endswith(
+            f": a manifest of Google's installers at a commit: {RAW}/<40-hex commit>/gpudirect-rdma/<file>.yaml "
+            "(no branch, tag, other host or repository, query or fragment).")
 
 
 @pytest.mark.parametrize("url, shown", [
@@ -386,10 +395,24 @@ def test_cidrs_that_admit_traffic_must_be_private(key: str, value: str, shown: s
 
 
 def test_private_and_shared_ranges_are_admitted():
-    cfg = load_config(config(rayDashboardCidrs='["100.64.0.0/10", "172.16.4.0/24"]', internalSourceRange="10.0.0.0/8",
+    cfg = load_config(config(rayDashboardCidrs='["100.64.0.0/16", "172.16.4.0/24"]', internalSourceRange="10.0.0.0/8",
                              gvnicSubnetCidr="10.1.0.0/24",
                              rdmaSubnetCidrs=json_list(f"10.2.{i}.0/24" for i in range(8))))
-    assert cfg.ray_dashboard_cidrs == ("100.64.0.0/10", "172.16.4.0/24")
+    assert cfg.ray_dashboard_cidrs == ("100.64.0.0/16", "172.16.4.0/24")
+
+
+@pytest.mark.parametrize("cidr, why", [
+    ("10.0.0.0/8", "overlaps 10.0.0.0/20 (verl-gke:nodeSubnetCidr): it would admit the cluster's own nodes or pods, "
+                   "of every namespace, to the Ray Job API."),
+    ("10.6.0.0/16", "overlaps 10.4.0.0/14 (verl-gke:podCidr): it would admit the cluster's own nodes or pods, "
+                    "of every namespace, to the Ray Job API."),
+    ("10.0.32.0/24", "overlaps 10.0.32.0/20 (verl-gke:serviceCidr): it would admit the cluster's own nodes or pods, "
+                     "of every namespace, to the Ray Job API."),
+    ("172.16.0.0/12", "at most 65536 addresses (a /16 or narrower): the callers of the Job API are a VPN's or a "
+                      "bastion's range, not a whole private address space."),
+])
+def test_dashboard_cidrs_admit_neither_the_clusters_own_ranges_nor_a_whole_address_space(cidr: str, why: str):
+    assert f'verl-gke:rayDashboardCidrs = "{cidr}": {why}' in problems(rayDashboardCidrs=f'["{cidr}"]')
 
 
 def test_job_attempt_is_a_whole_number_from_zero():
@@ -539,7 +562,7 @@ def test_a_dashboard_url_the_stacks_network_policy_blocks_is_refused():
     assert only_problem(jobDashboardUrl="http://10.0.0.5:8265") == (
         'verl-gke:jobDashboardUrl = "http://10.0.0.5:8265": the stack\'s NetworkPolicy admits only the Ray pods '
         'to port 8265; add the caller\'s range to rayDashboardCidrs, or set rayNetworkPolicy to false.')
-    load_config(config(jobDashboardUrl="http://10.0.0.5:8265", rayDashboardCidrs='["10.0.0.0/8"]'))
+    load_config(config(jobDashboardUrl="http://10.200.0.5:8265", rayDashboardCidrs='["10.200.0.0/16"]'))
     load_config(config(jobDashboardUrl="http://10.0.0.5:8265", rayNetworkPolicy="false"))
 
 
@@ -691,3 +714,40 @@ def test_retries_beyond_reason_are_refused(key: str):
     assert only_problem(**{key: "1000"}) == (
         f"verl-gke:{key} = 1000: at most 100: a run that needs more attempts fails for a reason another attempt "
         "cannot fix, and each one restarts from the last checkpoint on GPUs that are paid for.")
+
+
+@pytest.mark.parametrize("path", ["/data/verl-0.6.1", "/data/verl-0.6.1/ckpt", "/data/gsm8k/ckpt",
+                                  "/data/Qwen2.5-32B-Instruct/checkpoints"])
+def test_checkpoints_never_go_where_staging_puts_code_the_model_or_data(path: str):
+    """The checkpoint dir is a prefix the Ray pods may write (domain.bucket): inside a staged folder it
+    would let a job rewrite what every later pod runs."""
+    assert only_problem(verl=verl_value({"trainer.default_local_dir": path})) == (
+        f'verl-gke:verl.trainer.default_local_dir = "{path}": outside what staging writes (/data/Qwen2.5-32B-Instruct, '
+        "/data/gsm8k, /data/verl-0.6.1): the Ray pods may write the checkpoint dir, never the model, the data or "
+        "the code they run.")
+
+
+@pytest.mark.parametrize("key, path", [("actor_rollout_ref.model.path", "/data/models/r/model"),
+                                       ("data.train_files", "/data/verl/checkpoints/train.parquet"),
+                                       ("data.val_files", "/data/huggingface_cache/test.parquet")])
+def test_the_model_and_data_a_run_reads_are_not_where_ray_pods_write(key: str, path: str):
+    assert only_problem(verl=verl_value({key: path})) == (
+        f'verl-gke:verl.{key} = "{path}": outside the folders the Ray pods may write (verl/checkpoints/, models/, logs/, '
+        "huggingface_cache/): a job could replace what the next run loads.")
+
+
+def test_the_staging_service_account_name_fits_beside_the_given_one():
+    assert "a Kubernetes name" in only_problem(serviceAccount="a" * 246)
+    load_config(config(serviceAccount="a" * 245))
+
+
+def test_the_ray_version_is_the_images():
+    assert load_config(config()).image_ray_version == "2.47.0"
+    assert load_config(config(platform="a4x", gpuNodes="4")).image_ray_version == "2.49.0"
+    own = "me/verl@sha256:" + "a" * 64
+    assert load_config(config(verlImage=own, rayVersion="2.54.0")).image_ray_version == "2.54.0"
+    assert only_problem(rayVersion="2.54") == (
+        'verl-gke:rayVersion = "2.54": the Ray version inside verlImage, X.Y.Z such as 2.54.0.')
+    assert only_problem(rayVersion="2.54.0") == (
+        'verl-gke:rayVersion = "2.54.0": verlai/verl:vllm011.dev7 has Ray 2.47.0: leave rayVersion unset, or set it '
+        "with an image of your own.")

@@ -7,6 +7,7 @@ import re
 import pytest
 
 from manifests import dra, kuberay
+from manifests.helm import image_values
 from tests.k8s_schema import CRD_FILES, validate_core, validate_custom
 from tests.seed_manifests import TUTORIAL, TUTORIAL_DIR, tutorial_helm_install, tutorial_named
 
@@ -25,7 +26,10 @@ def test_namespace_and_quota_match_the_tutorial() -> None:
     assert dra.resource_quota(gpu_nodes=4) == quota
     assert dra.resource_quota(gpu_nodes=4)["spec"]["hard"] == {"pods": "9"}
     assert dra.resource_quota(gpu_nodes=18)["spec"]["hard"] == {"pods": "37"}
-    assert dra.namespace() == {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "nvidia-dra-driver-gpu"}}
+    # The tutorial's namespace, labelled with the strictest Pod Security level its privileged plugin allows.
+    assert dra.namespace() == {"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": "nvidia-dra-driver-gpu", "labels": {"pod-security.kubernetes.io/enforce": "privileged",
+                                                    "pod-security.kubernetes.io/enforce-version": "v1.34"}}}
 
 
 def test_claim_template_and_compute_domain_match_the_tutorial() -> None:
@@ -49,10 +53,24 @@ def test_compute_domain_validates_against_its_crd() -> None:
     validate_custom(dra.compute_domain(namespace="verl", gpu_nodes=4))
 
 
+IMAGE_VALUES = {"repository": "registry.example/x", "tag": "v1@sha256:" + "e5" * 32}
+
+
+def test_a_pinned_reference_becomes_the_charts_image_values() -> None:
+    """The charts write `image: <repository>:<tag>` (kuberay-operator templates/deployment.yaml;
+    nvidia-dra-driver-gpu v25.3.2 templates/_helpers.tpl `fullimage`): the digest rides in the tag."""
+    ref = "quay.io/kuberay/operator:v1.6.2@sha256:" + "e5" * 32
+    values = image_values(ref)
+    assert values == {"repository": "quay.io/kuberay/operator", "tag": "v1.6.2@sha256:" + "e5" * 32}
+    assert f"{values['repository']}:{values['tag']}" == ref
+    assert image_values("localhost:5000/x/y:t@sha256:" + "e5" * 32)["repository"] == "localhost:5000/x/y"
+
+
 def test_dra_helm_values_are_the_tutorials_set_flags_plus_gke_affinities() -> None:
     install = tutorial_helm_install("nvidia-dra-driver-gpu", ENV)
-    values = dra.helm_values(accelerator="nvidia-gb200", arch="arm64")
-    assert {k: v for k, v in values.items() if k != "controller"} == {
+    values = dra.helm_values(accelerator="nvidia-gb200", arch="arm64", image=IMAGE_VALUES)
+    assert values["image"] == IMAGE_VALUES  # the one image of the chart, by digest (tests/test_image_pins.py)
+    assert {k: v for k, v in values.items() if k not in ("controller", "image")} == {
         **install["values"], "kubeletPlugin": {**install["values"]["kubeletPlugin"],
                                                "affinity": values["kubeletPlugin"]["affinity"]}}
     assert install["namespace"] == dra.NAMESPACE
@@ -67,8 +85,9 @@ def test_dra_helm_values_are_the_tutorials_set_flags_plus_gke_affinities() -> No
 
 def test_kuberay_helm_values_are_the_tutorials_set_flags() -> None:
     install = tutorial_helm_install("kuberay-operator", ENV)
-    assert kuberay.helm_values(namespace="verl") == install["values"]
-    assert kuberay.helm_values(namespace="verl") == {"singleNamespaceInstall": True, "watchNamespace": ["verl"]}
+    values = kuberay.helm_values(namespace="verl", image=IMAGE_VALUES)
+    assert {k: v for k, v in values.items() if k != "image"} == install["values"]
+    assert values == {"singleNamespaceInstall": True, "watchNamespace": ["verl"], "image": IMAGE_VALUES}
     alias, chart = install["chart"].split("/")
     assert chart == kuberay.CHART.name
     assert _repo_url(alias) == kuberay.CHART.repo
@@ -86,4 +105,4 @@ def test_node_count_must_be_a_positive_whole_number(nodes: object) -> None:
 
 def test_kuberay_needs_a_namespace() -> None:
     with pytest.raises(ValueError, match="namespace = ''"):
-        kuberay.helm_values(namespace="")
+        kuberay.helm_values(namespace="", image=IMAGE_VALUES)

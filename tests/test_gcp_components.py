@@ -190,6 +190,8 @@ def test_cpu_pool_is_c2_standard_16_autoscaling_1_to_5(a4_standard: MockRun):
     assert pool["initialNodeCount"] == 1
     assert pool["autoscaling"] == {"minNodeCount": 1, "maxNodeCount": 5}
     assert pool["nodeConfig"] == {"machineType": "c2-standard-16", "workloadMetadataConfig": {"mode": "GKE_METADATA"},
+                                  "shieldedInstanceConfig": {"enableSecureBoot": True, "enableIntegrityMonitoring": True},
+                                  "kubeletConfig": {"insecureKubeletReadonlyPortEnabled": "FALSE"},
                                   "serviceAccount": NODE_SA, "oauthScopes": ["https://www.googleapis.com/auth/cloud-platform"]}
     assert a4_standard.urn("gke-cluster") in a4_standard.deps("gke-cpu-pool")
 
@@ -645,3 +647,41 @@ def test_the_dedicated_service_account_can_be_turned_off() -> None:
     run = MockRun(lambda: GkeCluster("gke", cluster_args(dedicated_node_service_account=False)))
     assert "serviceAccount" not in run.inputs("gke-cpu-pool")["nodeConfig"]
     assert not [r for r in run.registrations if r.type == "gcp:serviceaccount/account:Account"]
+
+
+def test_every_node_boots_verified_and_closes_the_kubelets_read_only_port(synth_stack: Any) -> None:
+    """CIS GKE 5.5.7 (Secure Boot) and 4.2.4 (the kubelet's unauthenticated read-only port, 10255):
+    set on each node pool verl-gke creates (Secure Boot on every platform's machine family, as
+    domain.platforms records it), the cluster's defaults for pools made later, and Autopilot's nodes."""
+    from domain.platforms import PLATFORMS
+
+    assert all(p.secure_boot for p in PLATFORMS.values())
+    shielded = {"enableSecureBoot": True, "enableIntegrityMonitoring": True}
+    closed = {"insecureKubeletReadonlyPortEnabled": "FALSE"}
+    for stack in ("a4", "a4-standard", "a3u-standard", "a4x"):
+        regs = synth_stack(stack).registrations
+        cluster = next(r.inputs for r in regs if r.type == "gcp:container/cluster:Cluster")
+        pools = [r.inputs for r in regs if r.type == "gcp:container/nodePool:NodePool"]
+        if stack == "a4":  # Autopilot: GKE's shielded nodes with Secure Boot; the kubelet's port by config
+            assert cluster["nodePoolAutoConfig"] == {"nodeKubeletConfig": closed}
+            assert pools == []
+            continue
+        assert cluster["nodePoolDefaults"] == {"nodeConfigDefaults": closed}, stack
+        assert cluster["enableShieldedNodes"] is True
+        assert len(pools) >= 2, stack
+        for pool in pools:
+            assert pool["nodeConfig"]["shieldedInstanceConfig"] == shielded, (stack, pool["name"])
+            assert pool["nodeConfig"]["kubeletConfig"] == closed, (stack, pool["name"])
+
+
+def test_binary_authorization_is_an_option_enforcing_the_projects_policy(a4_standard: MockRun) -> None:
+    from domain.config import load_config
+    from domain.preflight import required_apis
+    from tests.conftest import BASE_CONFIG
+
+    assert "binaryAuthorization" not in a4_standard.inputs("gke-cluster")
+    on = MockRun(lambda: GkeCluster("gke", cluster_args(binary_authorization=True)))
+    assert on.inputs("gke-cluster")["binaryAuthorization"] == {"evaluationMode": "PROJECT_SINGLETON_POLICY_ENFORCE"}
+    assert "binaryauthorization.googleapis.com" not in required_apis(load_config(BASE_CONFIG))
+    cfg = load_config({**BASE_CONFIG, "verl-gke:binaryAuthorization": "true"})
+    assert "binaryauthorization.googleapis.com" in required_apis(cfg)

@@ -30,6 +30,7 @@ from components.grpo_job import GrpoJob, GrpoJobProvider, _JobSpec
 from workloads.run_record import RecordStore
 from tests.kube_api import kube_api
 from tests.ray_head import FlakyLink, free_ports, kubectl_record
+from verl_gke.local_proxy import BROWSER_BLOCKED_PORTS
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
 
@@ -160,10 +161,12 @@ def test_create_reaches_the_head_through_a_port_forward(
     created = GrpoJobProvider().create(job_props)
     assert JobSubmissionClient(ray_head).get_job_info(created.id).entrypoint == _py("print('tunnelled')")
     seen = kubectl_record(fake_kubectl)
-    assert seen["arg"][:7] == ["port-forward", "svc/verl-head-svc", ":8265", "-n", "ray", "--address", "127.0.0.1"]
+    # kubectl's end on a port no browser connects to; the provider's requests through its local proxy.
+    assert seen["arg"][:7] == ["port-forward", "svc/verl-head-svc", seen["arg"][2], "-n", "ray",
+                               "--address", "127.0.0.1"]
+    assert int(seen["arg"][2].removesuffix(":8265")) in BROWSER_BLOCKED_PORTS
     assert not Path(seen["kubeconfig"][0]).exists()
-    assert _outs_of(created)["dashboard_command"] == (
-        "kubectl port-forward svc/verl-head-svc :8265 -n ray --address 127.0.0.1")
+    assert _outs_of(created)["dashboard_command"] == f"verl-gke dashboard --stack {job_props['stack']}"
     # Endpoint and CA are kept to rebuild the kubeconfig at refresh and destroy; never a kubeconfig.
     assert _outs_of(created)["cluster_endpoint"] == "34.1.2.3" and "kubeconfig" not in _outs_of(created)
 
@@ -315,7 +318,7 @@ def test_update_keeps_the_job_and_its_outputs() -> None:
     outs = _outs_of(GrpoJobProvider().update("verl-grpo-a4-abc", olds, news))
     assert outs["submission_id"] == "verl-grpo-a4-abc" and outs["status"] == "RUNNING"
     assert outs["ready_timeout_s"] == 600.0 and outs["namespace"] == "ray"
-    assert outs["dashboard_command"] == "kubectl port-forward svc/h :8265 -n ray --address 127.0.0.1"
+    assert outs["dashboard_command"] == f"verl-gke dashboard --stack {news['stack']}"
 
 
 def test_delete_stops_a_running_job(ray_head: str, props: Callable[..., dict[str, Any]]) -> None:

@@ -159,7 +159,7 @@ def test_the_supervisors_model_export_runs_and_fails_as_recorded_on_the_clusters
         # until the test writes the step (7, of which the folder has nothing).
         tracker = checkpoints / export_model.TRACKER
         os.mkfifo(tracker)
-        target = f"{tmp_path}/{run_id}/model"
+        target = f"{tmp_path}/models/{run_id}/model"
         # As __main__ configures it (checkpoint_dir, mount, memory_bytes, verl_dir), and the venv's python.
         export = {"checkpoint_dir": str(checkpoints), "mount": str(tmp_path), "memory_bytes": 10**6,
                   "verl_dir": "/data/verl", "python": python}
@@ -224,7 +224,7 @@ def test_cli_export_reports_the_exports_failure_from_the_clusters_ray(
     assert last.endswith(f" | export_model: {checkpoints}/{export_model.TRACKER}: no checkpoint yet "
                          "(verl writes it after its first save)"), err
     info = JobSubmissionClient(url).get_job_info(export_id)
-    target = f"{bucket}/{run_id}/model"
+    target = f"{bucket}/models/{run_id}/model"
     assert info.entrypoint == f"{python} export_model.py --checkpoint-dir {checkpoints} --target-dir {target}"
     assert info.metadata == {"verl_gke_export": target}
     assert info.runtime_env["working_dir"].startswith("gcs://_ray_pkg_")  # the SDK uploaded workloads/

@@ -6,7 +6,10 @@ The port-forward path is driven through a fake `kubectl` put first on PATH: it p
 
 from __future__ import annotations
 
+import base64
+import re
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -18,6 +21,7 @@ import pytest
 import yaml
 
 from tests.ray_head import free_ports, kubectl_record
+from verl_gke.local_proxy import BROWSER_BLOCKED_PORTS
 from verl_gke.head_access import (
     HeadAccessError,
     HeadAccessSetupError,
@@ -89,7 +93,7 @@ def test_is_dns_endpoint_tells_a_host_name_from_an_address() -> None:
 def test_port_forward_to_the_dns_endpoint_needs_no_ca(fake_kubectl: Path) -> None:
     with dashboard(None, cluster_endpoint=DNS_ENDPOINT, cluster_ca_certificate=None, cluster_name="verl",
                    namespace="ray", head_service="head-svc") as url:
-        assert url == "http://127.0.0.1:45678"
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/[\w-]{43}", url)
     written = yaml.safe_load(Path(f"{fake_kubectl}.kubeconfig").read_text())
     assert written["clusters"] == [{"name": "verl", "cluster": {"server": f"https://{DNS_ENDPOINT}"}}]
 
@@ -102,10 +106,9 @@ def test_port_forward_to_an_ip_endpoint_without_a_ca_is_refused(fake_kubectl: Pa
     assert not fake_kubectl.exists()
 
 
-def test_dashboard_command_forwards_to_a_random_local_port_on_loopback_only() -> None:
-    assert dashboard_command("ray", "b200-ray-cluster-head-svc") == (
-        "kubectl port-forward svc/b200-ray-cluster-head-svc :8265 -n ray --address 127.0.0.1")
-    assert dashboard_command("ray", "h", 9000) == "kubectl port-forward svc/h :9000 -n ray --address 127.0.0.1"
+def test_the_dashboard_command_is_the_clis_never_a_bare_port_forward() -> None:
+    assert dashboard_command("a4") == "verl-gke dashboard --stack a4"
+    assert dashboard_command("my stack") == "verl-gke dashboard --stack 'my stack'"
 
 
 def test_a_given_dashboard_url_is_yielded_as_is() -> None:
@@ -141,11 +144,14 @@ def _alive(pid: int) -> bool:
 
 def test_port_forward_runs_kubectl_on_loopback_with_a_private_kubeconfig(fake_kubectl: Path) -> None:
     with _forward() as url:
-        assert url == "http://127.0.0.1:45678"
+        # The block gets the local proxy's URL, with its session's secret, never kubectl's port.
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/[\w-]{43}", url) and ":45678" not in url
         seen = kubectl_record(fake_kubectl)
         kubeconfig = Path(seen["kubeconfig"][0])
-        assert seen["arg"] == ["port-forward", "svc/head-svc", ":8265", "-n", "ray",
+        # kubectl's end on a port every browser refuses (verl_gke/local_proxy.py).
+        assert seen["arg"] == ["port-forward", "svc/head-svc", seen["arg"][2], "-n", "ray",
                                "--address", "127.0.0.1", "--kubeconfig", str(kubeconfig)]
+        assert int(seen["arg"][2].removesuffix(":8265")) in BROWSER_BLOCKED_PORTS
         assert seen["mode"] == ["600"]
         assert stat.S_IMODE(kubeconfig.stat().st_mode) == 0o600
         pid = int(seen["pid"][0])
@@ -233,3 +239,32 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_taken_browser_refused_port_is_passed_over(fake_kubectl: Path) -> None:
+    with _forward():
+        first = int(kubectl_record(fake_kubectl)["arg"][2].removesuffix(":8265"))
+    with socket.create_server(("127.0.0.1", first)):
+        with _forward():
+            taken_over = int(kubectl_record(fake_kubectl)["arg"][2].removesuffix(":8265"))
+    assert taken_over != first and taken_over in BROWSER_BLOCKED_PORTS
+
+
+def test_the_ray_token_is_read_from_the_secret_kuberay_keeps(fake_kubectl: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """KubeRay 1.6 keeps the token of a RayCluster with token authentication in the Secret named after
+    it, key auth_token; none exists otherwise (--ignore-not-found: nothing printed, no token)."""
+    from verl_gke import head_access
+
+    seen: list[str | None] = []
+    real = head_access.LocalProxy
+    monkeypatch.setattr(head_access, "LocalProxy", lambda port, token: seen.append(token) or real(port, token))
+    with _forward():
+        pass
+    monkeypatch.setenv("FAKE_KUBECTL_SECRET", base64.b64encode(b"tok-123").decode())
+    with _forward():
+        pass
+    assert seen == [None, "tok-123"]
+    get = Path(f"{fake_kubectl}.get").read_text().split("\n")
+    assert [line.removeprefix("arg ") for line in get[:5]] == ["get", "secret", "head-svc", "-n", "ray"]
+    assert "jsonpath={.data.auth_token}" in Path(f"{fake_kubectl}.get").read_text()

@@ -220,3 +220,46 @@ def test_a_gated_model_without_a_token_says_how_to_add_one(
     assert capsys.readouterr().err.endswith(
         f"(no Hugging Face token was used: {SECRET} has no version; add one with `gcloud secrets versions add "
         "verl-gke-a4-hf-token --project my-project-123 --data-file=-` and run `pulumi up` again)\n")
+
+
+# --- who may read it, in every stack -------------------------------------------------------------
+
+def _pod_specs(reg) -> list[tuple[str, dict]]:
+    """(what, pod spec) of every pod template a Kubernetes object registers."""
+    spec = reg.inputs.get("spec") or {}
+    if reg.type == "kubernetes:ray.io/v1:RayCluster":
+        return [("ray head", spec["headGroupSpec"]["template"]["spec"]),
+                *((f"ray {g['groupName']}", g["template"]["spec"]) for g in spec["workerGroupSpecs"])]
+    template = spec.get("template") or {}
+    return [(f"{reg.type} {reg.name}", template["spec"])] if "spec" in template else []
+
+
+@pytest.mark.parametrize("stack", ["a4-standard", "a4x"])  # the x86 and the arm64 (Helm KubeRay, DRA) layouts
+def test_only_the_staging_jobs_own_identity_may_read_the_token(synth_stack, stack: str) -> None:
+    """The Ray pods (every job, the model export) run as another service account, whose principal holds
+    no grant on the secret; nothing but the staging Job runs as staging's; the grant names staging's
+    service account object by its UID."""
+    from components.gcs_fuse_storage import ksa_principal
+    from verl_gke import synth
+
+    regs = synth_stack(stack).registrations
+    accounts = {r.inputs["metadata"]["name"]: r.inputs["metadata"] for r in regs
+                if r.type == "kubernetes:core/v1:ServiceAccount"}
+    project = next(r.inputs["project"] for r in regs if r.type == "gcp:storage/bucket:Bucket")
+    principals = {name: ksa_principal(project_number=synth.MOCK_PROJECT_NUMBER, project=project,
+                                      uid=synth.mock_uid("ServiceAccount", meta["namespace"], name))
+                  for name, meta in accounts.items()}
+    runs_as = {what: pod.get("serviceAccountName", "default") for reg in regs for what, pod in _pod_specs(reg)}
+    staging = runs_as["kubernetes:batch/v1:Job staging-job"]
+    ray = runs_as["ray head"]
+    assert staging == f"{ray}-staging"
+    assert [what for what, account in runs_as.items() if account == staging] == ["kubernetes:batch/v1:Job staging-job"]
+    assert {account for what, account in runs_as.items() if what.startswith("ray ")} == {ray}
+    grants = [(r.type.rsplit(":", 1)[-1], r.inputs["role"], r.inputs["member"]) for r in regs
+              if r.type.endswith(("IAMMember", "IamMember")) and r.inputs["member"] in principals.values()]
+    assert [g for g in grants if g[0] == "SecretIamMember"] == [
+        ("SecretIamMember", "roles/secretmanager.secretAccessor", principals[staging])]
+    assert {(kind, role) for kind, role, member in grants if member == principals[ray]} == {
+        ("BucketIAMMember", "roles/storage.objectViewer"), ("ManagedFolderIamMember", "roles/storage.objectUser")}
+    # No other account of the stack (the run supervisor's) has any grant in GCP.
+    assert {member for *_, member in grants} == {principals[staging], principals[ray]}

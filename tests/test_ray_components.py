@@ -87,10 +87,12 @@ def test_every_child_uses_the_one_provider_and_waits_for_the_prerequisites() -> 
     provider = run.by_name["k8s"].urn
     # The image's pin is no Kubernetes object and needs nothing of the cluster: it asks the registry
     # at once, not after the GPU nodes, under its own (dynamic) provider.
-    pin = run.by_name["ray-image"]
-    assert (pin.type, pin.parent, pin.dependencies) == (synth.PINNED_IMAGE_TYPE, run.by_name["ray"].urn, [])
-    assert pin.provider != provider
-    children = [r for r in run.registrations if r.custom and r.name not in ("k8s", "prerequisite", "ray-image")]
+    pins = {"ray-image": "ray", "ray-kuberay-operator-image": "ray", "dra-driver-image": "dra"}
+    for name, parent in pins.items():
+        pin = run.by_name[name]
+        assert (pin.type, pin.parent, pin.dependencies) == (synth.PINNED_IMAGE_TYPE, run.by_name[parent].urn, [])
+        assert pin.provider != provider
+    children = [r for r in run.registrations if r.custom and r.name not in ("k8s", "prerequisite", *pins)]
     assert len(children) == 8  # the DRA objects, the operator, the RayCluster and its NetworkPolicy
     assert {r.provider for r in children} == {provider}
     prerequisite = run.by_name["prerequisite"].urn
@@ -177,7 +179,8 @@ def test_kuberay_operator_only_when_asked_and_before_the_cluster() -> None:
     assert operator.inputs["version"] == kuberay.CHART.version == "1.6.2"
     assert operator.inputs["repositoryOpts"] == {"repo": "https://ray-project.github.io/kuberay-helm/"}
     assert operator.inputs["namespace"] == "verl"
-    assert operator.inputs["values"] == {"singleNamespaceInstall": True, "watchNamespace": ["verl"]}
+    assert operator.inputs["values"] == {"singleNamespaceInstall": True, "watchNamespace": ["verl"], "image": {
+        "repository": "quay.io/kuberay/operator", "tag": f"v1.6.2@{synth.UNRESOLVED_DIGEST}"}}
     assert operator.urn in run.one(RAY_CLUSTER).dependencies
 
 
@@ -188,13 +191,14 @@ def test_a4x_dra_registers_the_tutorials_objects_in_order() -> None:
     driver = run.one(RELEASE)
     template = run.by_name["dra-rdma-nic"]
     domain = run.by_name["dra-compute-domain"]
-    assert namespace.inputs["metadata"] == {"name": "nvidia-dra-driver-gpu"}
+    assert namespace.inputs["metadata"] == dra.namespace()["metadata"]
     assert quota.inputs["spec"]["hard"] == {"pods": "9"}
     assert driver.inputs["name"] == driver.inputs["chart"] == "nvidia-dra-driver-gpu"
     assert driver.inputs["version"] == "25.3.2"
     assert driver.inputs["repositoryOpts"] == {"repo": "https://helm.ngc.nvidia.com/nvidia"}
     assert driver.inputs["namespace"] == "nvidia-dra-driver-gpu"
-    assert driver.inputs["values"] == dra.helm_values(accelerator="nvidia-gb200", arch="arm64")
+    assert driver.inputs["values"] == dra.helm_values(accelerator="nvidia-gb200", arch="arm64", image={
+        "repository": "nvcr.io/nvidia/k8s-dra-driver-gpu", "tag": f"v25.3.2@{synth.UNRESOLVED_DIGEST}"})
     assert run.manifest(template) == dra.rdma_claim_template(namespace="verl")
     assert run.manifest(domain) == dra.compute_domain(namespace="verl", gpu_nodes=4)
     # Namespace, then its quota, then the driver (whose pods the quota admits), then the domain.

@@ -1,4 +1,5 @@
-"""The Ray test harness itself: node starts on one machine never pick ports at the same time."""
+"""The Ray test harness itself: node starts on one machine never pick ports at the same time, and no
+Ray process of the tests listens anywhere but on the loopback interface."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ray_head import PORT_LOCK, ports_held
+from tests.ray_head import PORT_LOCK, listening_outside_loopback, ports_held
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -32,3 +33,19 @@ def test_a_node_start_waits_for_another_processes_port_pick_and_names_the_lock()
         holder.wait()
     with ports_held():  # free again once its holder is gone (another worker may hold it a while)
         pass
+
+
+def test_the_loopback_check_names_a_process_listening_on_every_interface() -> None:
+    """tests/ray_head.py runs this check on every head and node the tests start, when it starts and
+    when it is stopped: a Ray process listening outside 127.0.0.1 fails the test that started it."""
+    listener = subprocess.Popen(
+        [sys.executable, "-c", "import socket, time\ns = socket.create_server(('0.0.0.0', 0))\n"
+                               "print(s.getsockname()[1], flush=True)\ntime.sleep(60)"],
+        stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert listener.stdout is not None
+        port = int(listener.stdout.readline())
+        assert listening_outside_loopback(listener.pid) == [f"python (pid {listener.pid}) on 0.0.0.0:{port}"]
+    finally:
+        listener.kill()
+        listener.wait()

