@@ -30,12 +30,13 @@ from manifests import compute_class, nccl, supervisor
 from manifests import staging as staging_manifests
 from manifests.ray_cluster import token_secret
 from manifests.network_mapping import NetworkNames
-from domain.bucket import MOUNT_PATH, ray_writable_prefixes, run_checkpoint_dir
+from domain.bucket import LOGS_DIR, MOUNT_PATH, ray_writable_prefixes, run_checkpoint_dir
 from domain.pricing import run_cost, run_estimate_line
 from domain.run_memory import merge_memory_bytes
 from domain.names import stack_names, stack_slug
 from verl_gke.fabric import fabric_runtime_env
 from workloads.export_model import model_path
+from workloads.run_record import record_name
 from workloads.run_supervisor import CAPACITY_TIMEOUT_S
 from workloads.stage_data import model_dir_for
 
@@ -213,11 +214,14 @@ if cfg.run_supervisor:
             "capacity_timeout_s": max(CAPACITY_TIMEOUT_S, cfg.job_ready_timeout_seconds),
             "head_outage_s": cfg.run_head_outage_seconds, "stall_s": cfg.run_stall_seconds,
             "replace_window_s": cfg.run_replace_window_seconds,
+            # Each attempt's driver log and the decisions, copied into logs/<run id>/ (workloads/run_logs.py).
+            "log_bucket": names.bucket,
             # Merged on a node with the memory (a GPU worker for 32B), before the workers are released.
             "export": {"checkpoint_dir": checkpoint_dir, "mount": MOUNT_PATH,
                        "memory_bytes": merge_memory_bytes(cfg.model), "verl_dir": cfg.verl_dir}
             if cfg.export_model else None,
         },
+        "log_writer": {"bucket": storage.bucket_name, "project": cfg.project, "project_number": storage.project_number},
     # It waits for a head that does not answer yet (workloads/run_supervisor.run_forever), so it
     # need not wait for the RayCluster's pods: it starts with them, once the GPU nodes are set up.
     }, k8s.merge(pulumi.ResourceOptions(depends_on=[storage, guard, mapping]))))
@@ -253,6 +257,11 @@ pulumi.export("hfTokenSecret", storage.hf_token_secret)
 pulumi.export("rayClusterName", ray.name)
 pulumi.export("rayHeadService", ray.head_service)
 pulumi.export("dashboardCommand", job.dashboard_command)
+# The run is the handle that survives retries; grpoSubmissionId is its first attempt's Ray id (kept
+# for compatibility: a retry runs under another id, which the run record names).
+pulumi.export("runId", run_id)
+pulumi.export("runRecord", record_name(cfg.ray_cluster_name, run_id))
+pulumi.export("runLogsUri", storage.bucket_name.apply(lambda b: f"gs://{b}/{LOGS_DIR}/{run_id}/"))
 pulumi.export("grpoSubmissionId", job.submission_id)
 pulumi.export("grpoJobStatus", job.status)
 pulumi.export("checkpointUri", storage.bucket_name.apply(lambda b: f"gs://{b}/{checkpoint_path}"))

@@ -14,11 +14,23 @@ from typing import Any, NotRequired, TypedDict
 
 import pulumi
 import pulumi_kubernetes as k8s
+from pulumi_gcp import storage as gcs
 
 from components.children import child_options
+from components.gcs_fuse_storage import BUCKET_ROLE, ksa_principal
+from domain.bucket import LOGS_DIR
 from manifests import supervisor
 from manifests.ray_cluster import DASHBOARD_PORT, head_service_name
-from workloads import export_model, kube, run_lease, run_lifecycle, run_record, run_supervisor
+from workloads import export_model, kube, run_lease, run_lifecycle, run_logs, run_record, run_supervisor
+
+
+class LogWriter(TypedDict):
+    """The bucket whose managed folder `logs/` the supervisor writes the runs' logs into (workloads/run_logs.py)."""
+
+    bucket: pulumi.Input[str]
+    """The bucket's name, once it and its managed folders exist (GcsFuseStorage)."""
+    project: str
+    project_number: pulumi.Input[str]
 
 
 class RunSupervisorArgs(TypedDict):
@@ -29,6 +41,9 @@ class RunSupervisorArgs(TypedDict):
     """SupervisorConfig's fields but head_url (the head service, filled in here)."""
     ray_token_secret: NotRequired[str | None]
     """The Secret with the Ray cluster's token, where its Ray has token authentication."""
+    log_writer: NotRequired[LogWriter | None]
+    """Grant its service account objectUser on the bucket's `logs/` managed folder (its Workload Identity,
+    by the account's UID, as the Ray pods' grants)."""
 
 
 class RunSupervisor(pulumi.ComponentResource):
@@ -48,7 +63,7 @@ class RunSupervisor(pulumi.ComponentResource):
         # Fails here, at preview, on a field the program does not take.
         run_supervisor.SupervisorConfig(**config)
         modules = {Path(m.__file__).name: Path(m.__file__).read_text()
-                   for m in (run_supervisor, run_lifecycle, run_record, run_lease, kube, export_model)}
+                   for m in (run_supervisor, run_lifecycle, run_record, run_lease, run_logs, kube, export_model)}
         spec = supervisor.SupervisorSpec(namespace=args["namespace"], ray_cluster=args["ray_cluster"],
                                          programs=modules, config=config,
                                          ray_token_secret=args.get("ray_token_secret"))
@@ -58,6 +73,11 @@ class RunSupervisor(pulumi.ComponentResource):
                                             opts=child)
         account = supervisor.service_account(spec)
         service_account = k8s.core.v1.ServiceAccount(f"{name}-account", metadata=account["metadata"], opts=child)
+        if writer := args.get("log_writer"):
+            member = pulumi.Output.all(writer["project_number"], service_account.metadata["uid"]).apply(
+                lambda v: ksa_principal(project_number=str(v[0]), project=writer["project"], uid=v[1]))
+            gcs.ManagedFolderIamMember(f"{name}-log-writer", bucket=writer["bucket"], managed_folder=f"{LOGS_DIR}/",
+                                       role=BUCKET_ROLE, member=member, opts=child)
         role = supervisor.role(spec)
         rules = k8s.rbac.v1.Role(f"{name}-role", metadata=role["metadata"], rules=role["rules"], opts=child)
         policy = supervisor.admission_policy(spec)

@@ -85,8 +85,8 @@ def namespace_policies(*, namespace: str, cluster: str, staging: Mapping[str, st
     """Default deny for every pod of `namespace` (ingress and egress; CIS GKE 5.3.2), DNS for every
     pod, and the egress each workload needs: the Ray pods of `cluster` to each other, the metadata
     server and HTTPS; staging (pods labelled `staging`) to the metadata server and HTTPS; the run
-    supervisor to the head's Job API and the Kubernetes API; the KubeRay operator to the Kubernetes
-    API. Ingress to the Ray pods is ray_ingress_policy's."""
+    supervisor to the head's Job API, the Kubernetes API, the metadata server and HTTPS (its copy of the
+    logs); the KubeRay operator to the Kubernetes API. Ingress to the Ray pods is ray_ingress_policy's."""
     own = {"podSelector": {"matchLabels": {CLUSTER_LABEL: cluster}}}
     policies = [
         {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
@@ -104,7 +104,9 @@ def namespace_policies(*, namespace: str, cluster: str, staging: Mapping[str, st
     if supervisor:
         head = {"podSelector": {"matchLabels": {CLUSTER_LABEL: cluster, "ray.io/node-type": "head"}}}
         policies.append(_policy("run-supervisor-egress", namespace, supervisor, [
-            {"to": [head], "ports": [{"protocol": "TCP", "port": DASHBOARD_PORT}]}, _kubernetes_api()]))
+            {"to": [head], "ports": [{"protocol": "TCP", "port": DASHBOARD_PORT}]}, _kubernetes_api(),
+            # Its copy of the runs' logs: a token from the metadata server, the GCS JSON API over HTTPS.
+            _metadata_server(), _public_https()]))
     if kuberay_operator:
         policies.append(_policy("kuberay-operator-egress", namespace, KUBERAY_OPERATOR_LABELS, [_kubernetes_api()]))
     return policies

@@ -297,7 +297,7 @@ def test_the_lock_pins_the_whole_runtime_tree_by_hash() -> None:
     assert pinned["setuptools"] == "80.9.0"  # the build backend pyproject.toml names
 
 
-def test_after_up_the_job_is_awaited_with_the_cli_and_the_plot_uploaded() -> None:
+def test_after_up_the_run_is_awaited_with_the_cli_its_bucket_logs_read_and_the_plot_uploaded() -> None:
     workflow = load()
     follow = workflow["jobs"]["follow"]
     assert follow["needs"] == "up"
@@ -309,10 +309,15 @@ def test_after_up_the_job_is_awaited_with_the_cli_and_the_plot_uploaded() -> Non
     order = [
         next(i for i, s in enumerate(scripts) if 'pulumi stack output --json --stack "$STACK" > run/outputs.json' in s),
         next(i for i, s in enumerate(scripts) if s.startswith(".venv/bin/verl-gke wait --outputs run/outputs.json")),
-        next(i for i, s in enumerate(scripts) if "verl-gke metrics --log-file run/grpo-job.log --plot run/reward.png" in s),
+        # The run's logs from the bucket copy, final once flushed before the release: no race with it.
+        next(i for i, s in enumerate(scripts)
+             if "verl-gke logs --outputs run/outputs.json --all --from-bucket --copy-wait" in s),
+        next(i for i, s in enumerate(scripts) if "verl-gke metrics --log-file run/grpo-run.log --plot run/reward.png" in s),
         next(i for i, step in enumerate(follow["steps"]) if step.get("uses", "").startswith("actions/upload-artifact@")),
     ]
     assert order == sorted(order)
+    # The run is followed by its id (stack output runId), never by a submission id that changes on a retry.
+    assert not any("--submission-id" in s for s in scripts)
     upload = follow["steps"][order[-1]]
     assert upload["with"]["path"] == "run/"
     # The plot is uploaded even when the job failed or the wait timed out.

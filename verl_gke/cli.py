@@ -1,22 +1,24 @@
 """`verl-gke`: follow a deployed GRPO run from a terminal or a CI pipeline.
 
-    verl-gke status      cluster, Ray head, workers and GPUs, job status: one screen
-    verl-gke logs        the job's logs (--follow to stream them until the job ends)
-    verl-gke wait        block until the job ends; exit 0 only if it SUCCEEDED
+    verl-gke status      cluster, Ray head, workers and GPUs, the run and its current attempt: one screen
+    verl-gke logs        the run's driver logs: the current attempt, --attempt N or --all (--follow streams)
+    verl-gke wait        block until the run ends, across its attempts; exit 0 only if it succeeded
+    verl-gke stop        end the run through its record: stop its job, keep its checkpoints, release the GPUs
+    verl-gke runs        the stack's runs: outcome, attempts, times, GPU-hours, cost, checkpoint and model URIs
     verl-gke dashboard   open the Ray dashboard (a URL with this session's secret) until Ctrl-C or --minutes
     verl-gke metrics     verl's per-step metrics as a table, a reward plot and a verdict
     verl-gke fabric      all-reduce across every GPU worker: the fabric's bus bandwidth, on demand
     verl-gke export      a checkpoint as a Hugging Face model in the bucket (verl's own merger, as a Ray job)
     verl-gke --version   the installed version
 
-The stack outputs come from `pulumi stack output --json` or `--outputs FILE`; the head is
-reached the way the GrpoJob provider reaches it (verl_gke.head_access): a port-forward through
-the Kubernetes API, or `--dashboard-url` for a head that is directly reachable. Results go to
-stdout, progress to stderr. An error is one line on stderr. Exit status: 0 done; 1 the command
-failed (an unreadable outputs file or log, an unreachable head, `wait`: a job that FAILED or STOPPED,
-`fabric`: below the floor); 2 a wrong command line (nothing was tried; the line names the option,
-the value and what is allowed); 3 `wait` lost the head for its outage window, so a pipeline can
-tell a lost head from a failed run; 130 interrupted.
+The stack outputs come from `pulumi stack output --json` or `--outputs FILE`. The run (`--run`, default
+the output runId) is read from its record through the Kubernetes API (verl_gke/runs.py); the head is
+reached the way the GrpoJob provider reaches it (verl_gke.head_access): a port-forward through the
+Kubernetes API, or `--dashboard-url` for a head that is directly reachable; once the head is gone,
+the run's logs come from its copy in the bucket. Results go to stdout, progress to stderr. An error
+is one line on stderr. Exit status: 0 done, 1 the command failed, 2 a wrong command line, 3 `wait`
+could not read the run for its outage window, 4 `wait`: the run failed, 5 stopped, 6 over its budget,
+7 lost, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -32,12 +34,16 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO, TypeVar
 
-from verl_gke import fabric, gke_facts, metrics, stack_outputs
-from verl_gke.cluster_api import cluster_api
+from verl_gke import fabric, gke_facts, metrics, runs, stack_outputs
+from verl_gke.console import PROG, CliError, HeadUnreachable, UsageError
+from verl_gke.console import fail as _fail
+from verl_gke.console import first_line as _first_line
+from verl_gke.console import one_line as _one_line
+from verl_gke.console import progress as _progress
 from verl_gke.cluster_readiness import ClusterNotReadyError, await_capacity, duration, read_capacity
 from verl_gke.log_text import InertLines, inert
 from verl_gke.head_access import (
@@ -57,7 +63,6 @@ if TYPE_CHECKING:
 
     from workloads.run_record import RunRecord
 
-PROG = "verl-gke"
 TERMINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 DEFAULT_HEAD_TIMEOUT_S = 30.0
 DEFAULT_POLL_S = 30.0
@@ -73,16 +78,6 @@ _REPORT_EVERY_S = 300.0
 _T = TypeVar("_T")
 
 
-class CliError(Exception):
-    """A failure the user can act on; printed as one line."""
-
-
-class UsageError(Exception):
-    """A wrong command line: nothing was tried."""
-
-    exit_code = 2
-
-
 class _Parser(argparse.ArgumentParser):
     """argparse, but a wrong command line is one line (no usage block) and main() returns 2."""
 
@@ -91,18 +86,14 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{command + ': ' if command else ''}{message} (see {self.prog} --help)")
 
 
-class HeadUnreachable(CliError):
-    """`wait` lost the head for longer than its outage window: the run may still be going."""
-
-    exit_code = 3
-
-
 @dataclass(frozen=True)
 class Target:
-    """Where the job is: the stack outputs (when loaded), and the submission id."""
+    """Where the job is: the stack outputs (when loaded), the submission id (the first attempt's until the
+    record names the current one), and the run (None: one job followed by --submission-id)."""
 
     outputs: StackOutputs | None
     submission_id: str
+    run: runs.Run | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,36 +110,52 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--dashboard-url", metavar="URL",
                         help="a directly reachable Ray dashboard, e.g. http://127.0.0.1:8265 "
                              "(default: port-forward to the head service through the Kubernetes API)")
+    source.add_argument("--run", metavar="RUN_ID",
+                        help="the run to follow (default: the stack output runId); its record names its attempts")
     source.add_argument("--submission-id", metavar="ID",
-                        help="Ray job submission id (default: the stack output grpoSubmissionId)")
+                        help="one Ray job to follow instead of a run (its submission id; no record is read)")
+    source.add_argument("--kube-api-url", metavar="URL",
+                        help="a directly reachable Kubernetes API (e.g. `kubectl proxy`'s) to read the run records "
+                             "from (default: the cluster's endpoint, with your Google credentials; with "
+                             "--dashboard-url alone no record is read)")
+    source.add_argument("--bucket-dir", metavar="PATH",
+                        help="a local mount or copy of the bucket to read the run's logs from, under "
+                             "PATH/logs/<run>/ (default: `gcloud storage cat gs://<bucketName>/logs/<run>/...`)")
     source.add_argument("--head-timeout", type=_positive_float, default=DEFAULT_HEAD_TIMEOUT_S, metavar="S",
                         help=f"seconds to wait for the Ray dashboard to answer (default {DEFAULT_HEAD_TIMEOUT_S:g})")
 
     parser = _Parser(
         prog=PROG, description="Follow the GRPO run of a verl-gke stack.",
-        epilog="Errors are one line on stderr. Exit status: 0 done, 1 the command failed, 2 a wrong "
-               "command line, 3 `wait` lost the head for its outage window, 130 interrupted.",
+        epilog=EPILOG,
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     status = commands.add_parser("status", parents=[common], help="cluster, head, workers, GPUs and job, on one screen",
                                  description="Show the cluster, the Ray head, the workers and GPUs that joined, and the job status.")
-    status.add_argument("--kube-api-url", metavar="URL",
-                        help="a directly reachable Kubernetes API (e.g. `kubectl proxy`'s) to read the run record "
-                             "from when the head is gone (default: the cluster's endpoint, with your Google "
-                             "credentials)")
     status.set_defaults(handler=cmd_status)
 
-    logs = commands.add_parser("logs", parents=[common], help="print the job's logs",
-                               description="Print the GRPO job's logs.")
-    logs.add_argument("--follow", "-f", action="store_true", help="keep streaming until the job ends")
+    logs = commands.add_parser(
+        "logs", parents=[common], help="print the run's logs (the current attempt, one, or all)",
+        description="Print the run's driver logs: the current attempt's, --attempt N's or --all of them, from the "
+                    "Ray head, or from the run's copy in the bucket (logs/<run>/) once the head is gone.")
+    which = logs.add_mutually_exclusive_group()
+    which.add_argument("--attempt", type=int, metavar="N", help="attempt N of the run (0: `pulumi up`'s)")
+    which.add_argument("--all", action="store_true", help="every attempt, oldest first, each under a header line")
+    logs.add_argument("--follow", "-f", action="store_true", help="keep streaming the current attempt until it ends")
+    logs.add_argument("--from-bucket", action="store_true",
+                      help="read the bucket copy only (never the head): what outlives the cluster")
+    logs.add_argument("--copy-wait", type=_positive_float, metavar="S",
+                      help="with --from-bucket: wait up to S seconds for the copy to be final (flushed at the "
+                           "release) before reading it")
     logs.set_defaults(handler=cmd_logs)
 
-    wait = commands.add_parser("wait", parents=[common], help="wait for the job to end; exit 0 only if it succeeded",
-                               description="Wait for the GRPO job to end, showing progress on stderr. "
-                                           "Exit 0 if it SUCCEEDED, 1 if it FAILED or STOPPED or the timeout passed, "
-                                           "3 if the head stayed unreachable for the outage window.")
+    wait = commands.add_parser(
+        "wait", parents=[common], help="wait for the run to end; exit 0 only if it succeeded",
+        description="Follow the run through its record across attempts until it ends, reporting each new attempt "
+                    "and decision on stderr. Exit 0 if it succeeded, 4 failed, 5 stopped, 6 over its budget, 7 "
+                    "lost (its head unreachable past runHeadOutageSeconds); 1 the timeout passed (the run goes "
+                    "on); 3 the record (or, following one job, the head) unreadable for the outage window.")
     wait.add_argument("--timeout", type=_positive_float, metavar="S", help="give up after S seconds (default: never)")
     wait.add_argument("--poll", type=_positive_float, default=DEFAULT_POLL_S, metavar="S",
                       help=f"seconds between status checks (default {DEFAULT_POLL_S:g})")
@@ -156,6 +163,29 @@ def build_parser() -> argparse.ArgumentParser:
                       help="keep reconnecting while the head is unreachable for up to S seconds "
                            f"(default {OUTAGE_WINDOW_S:g})")
     wait.set_defaults(handler=cmd_wait)
+
+    stop = commands.add_parser(
+        "stop", parents=[common], help="end the run: stop its job, keep its checkpoints, release the GPUs",
+        description="Ask the run's decider (the run supervisor) to end the run, through its record: it stops the "
+                    "live attempt, keeps the checkpoints and releases the GPU workers. Idempotent. Waits for the "
+                    "release unless --no-wait. A later run of the same spec needs a new verl-gke:jobAttempt "
+                    "(it resumes from the checkpoints).")
+    stop.add_argument("--no-wait", action="store_true", help="ask and return at once")
+    stop.add_argument("--timeout", type=_positive_float, default=runs.STOP_TIMEOUT_S, metavar="S",
+                      help=f"give up waiting after S seconds (default {runs.STOP_TIMEOUT_S:g})")
+    stop.add_argument("--poll", type=_positive_float, default=5.0, metavar="S",
+                      help="seconds between looks at the record (default 5)")
+    stop.set_defaults(handler=cmd_stop)
+
+    listing = commands.add_parser(
+        "runs", parents=[common], help="the stack's runs: outcome, attempts, times, GPU-hours, cost, URIs",
+        description="List the runs whose records the stack keeps (every open run and the newest 10 ended ones): "
+                    "id, outcome, attempts, start and end, GPU-hours and cost (at hourlyCostUsd), checkpoint and "
+                    "model URIs; with --step-times the measured step time from the bucket's log copy against "
+                    "the modeled one.")
+    listing.add_argument("--step-times", action="store_true",
+                         help="read each run's logs from the bucket copy for its measured step time")
+    listing.set_defaults(handler=cmd_runs)
 
     dash = commands.add_parser(
         "dashboard", parents=[common], help="open the Ray dashboard locally until Ctrl-C or --minutes",
@@ -214,6 +244,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EPILOG = ("Errors are one line on stderr. Exit status: 0 done, 1 the command failed, 2 a wrong command line, 3 "
+          "`wait` could not read the run for its outage window, 4 `wait`: the run failed, 5 stopped, 6 over its "
+          "budget, 7 lost, 130 interrupted.")
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -256,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _interrupt)
     try:
         return int(args.handler(args))
-    except (CliError, OutputsError, HeadAccessError, HeadRequestError) as error:
+    except (CliError, UsageError, OutputsError, HeadAccessError, HeadRequestError) as error:
         _fail(str(error))
         return getattr(error, "exit_code", 1)
     except KeyboardInterrupt:
@@ -267,16 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1
 
 
-def _fail(message: str) -> None:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
 
-
-def _one_line(error: BaseException) -> str:
-    return _first_line(str(error)) or type(error).__name__
-
-
-def _first_line(text: str) -> str:
-    return next((line.strip() for line in text.splitlines() if line.strip()), "")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -289,7 +315,10 @@ def _target(args: argparse.Namespace, *, need_outputs: bool) -> Target:
     if need_outputs or not (args.dashboard_url and args.submission_id):
         outputs = stack_outputs.load(args.outputs, args.stack)
     submission_id = args.submission_id or (outputs.grpo_submission_id if outputs else "")
-    return Target(outputs=outputs, submission_id=submission_id)
+    if args.submission_id and args.run:
+        raise UsageError("--run and --submission-id name two things to follow: give one")
+    run = runs.run_of(args, outputs) if outputs is not None and not args.submission_id else None
+    return Target(outputs=outputs, submission_id=submission_id, run=run)
 
 
 @contextmanager
@@ -356,9 +385,6 @@ def _job_info(client: JobSubmissionClient, url: str, submission_id: str) -> tupl
     return str(info.status), _first_line(inert(info.message or ""))
 
 
-def _progress(message: str) -> None:
-    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
-
 
 # ---------------------------------------------------------------------------------------------
 # Commands
@@ -371,34 +397,43 @@ def cmd_status(args: argparse.Namespace) -> int:
     if outputs.offline and not args.dashboard_url:
         return _print_rows(_offline_rows(outputs))
     try:
-        return _live_status(args, target, outputs)
+        return _live_status(args, replace(target, submission_id=_current_id(target)), outputs)
     except HeadAccessError as unreachable:
         # A run that ended had its RayCluster suspended by the run supervisor: no head, but a record.
-        record = _released_run(args, outputs, unreachable)
+        record = _released_run(target, unreachable)
         if record is None:
             raise
         return _print_rows(_ended_rows(outputs, record))
 
 
-def _released_run(args: argparse.Namespace, outputs: StackOutputs, unreachable: HeadAccessError) -> RunRecord | None:
-    """The stack's run from its record when it ended and its GPU workers were released; else None."""
-    from manifests.ray_cluster import ray_cluster_of
-    from workloads.kube import KubernetesApi
-    from workloads.run_record import RecordStore, record_name
-
-    ray_cluster = ray_cluster_of(outputs.ray_head_service)
-    run_id = outputs.checkpoint_uri.rstrip("/").rsplit("/", 1)[-1]  # `<verl.trainer.default_local_dir>/<run id>`
-    _progress(f"the Ray head did not answer; reading the run record {record_name(ray_cluster, run_id)}")
+def _released_run(target: Target, unreachable: HeadAccessError) -> RunRecord | None:
+    """The run from its record when it ended and its GPU workers were released; else None."""
+    run = target.run
+    if run is None:
+        return None
+    _progress(f"the Ray head did not answer; reading the run record {run.record_name}")
     try:
-        if args.kube_api_url:
-            api = KubernetesApi(args.kube_api_url, timeout_s=args.head_timeout)
-        else:
-            facts = gke_facts.describe(outputs.cluster_name, outputs.cluster_location)
-            api = cluster_api(facts.endpoint, facts.ca_certificate, args.head_timeout)
-        record = RecordStore(api, outputs.namespace, ray_cluster).get(run_id).record
+        record = run.store.get(run.run_id).record if run.store is not None else None
     except Exception as error:  # noqa: BLE001 - the head's error is the one to report, with this one
         raise CliError(f"{unreachable}; the run record was not readable either: {_one_line(error)}") from None
     return record if record is not None and record.released else None
+
+
+def _api_record(target: Target) -> RunRecord | None:
+    """The run's record through the Kubernetes API; None without one (or following one job)."""
+    run = target.run
+    return None if run is None or run.store is None else run.store.get(run.run_id).record
+
+
+def _current_id(target: Target) -> str:
+    """The current attempt's submission id, as the record names it (else the first attempt's, or --submission-id)."""
+    try:
+        record = _api_record(target)
+    except Exception as error:  # noqa: BLE001 - the head may still answer for the first attempt
+        _progress(f"the run record was not readable ({_one_line(error)}); showing the first attempt")
+        return target.submission_id
+    newest = record.attempts[-1] if record is not None and record.attempts else None
+    return newest.submission_id if newest is not None else target.submission_id
 
 
 def _ended_rows(outputs: StackOutputs, record: RunRecord) -> list[tuple[str, str]]:
@@ -566,22 +601,102 @@ def _ray_version(url: str) -> str:
 
 def cmd_logs(args: argparse.Namespace) -> int:
     target = _target(args, need_outputs=False)
+    if not args.follow:
+        for header, text in _run_logs(args, target, every=args.all, index=args.attempt):
+            if header:
+                print(header, flush=True)
+            sys.stdout.write(inert(text))
+        return 0
+    if args.all or args.attempt is not None or args.from_bucket:
+        raise UsageError("logs: --follow streams the current attempt from the head: not with --all, --attempt or "
+                         "--from-bucket (see verl-gke logs --help)")
+    submission_id = _current_id(target)
     with _head(args, target.outputs) as url:
         client = _job_client(url)
-        if not args.follow:
-            text = _ray_call(url, f"reading the logs of job {target.submission_id}",
-                             lambda: client.get_job_logs(target.submission_id))
-            sys.stdout.write(inert(text))
-            return 0
-        _job_info(client, url, target.submission_id)  # a clear error for an unknown job
-        _ray_call(url, f"following the logs of job {target.submission_id}",
-                  lambda: asyncio.run(_tail(client, target.submission_id, sys.stdout)))
-        status, message = _job_info(client, url, target.submission_id)
+        _job_info(client, url, submission_id)  # a clear error for an unknown job
+        _ray_call(url, f"following the logs of job {submission_id}",
+                  lambda: asyncio.run(_tail(client, submission_id, sys.stdout)))
+        status, message = _job_info(client, url, submission_id)
     if status not in TERMINAL_STATUSES:  # e.g. the port-forward dropped
-        raise CliError(f"the log stream of job {target.submission_id} ended while the job is {status}; "
+        raise CliError(f"the log stream of job {submission_id} ended while the job is {status}; "
                        "run `verl-gke logs --follow` again")
-    _progress(f"job {target.submission_id} is {status}" + (f": {message}" if message else ""))
+    _progress(f"job {submission_id} is {status}" + (f": {message}" if message else ""))
     return 0
+
+
+def _chosen(record: RunRecord, every: bool, index: int | None) -> list[Any]:
+    """The run's attempts `logs` shows: all, attempt `index`, or the current (newest) one."""
+    if not record.attempts:
+        raise CliError(f"run {record.run_id} has no attempt yet")
+    if every:
+        return list(record.attempts)
+    if index is not None:
+        if not 0 <= index < len(record.attempts):
+            raise CliError(f"run {record.run_id} has attempts 0 to {len(record.attempts) - 1}, not {index}")
+        return [record.attempts[index]]
+    return [record.attempts[-1]]
+
+
+def _run_logs(args: argparse.Namespace, target: Target, every: bool, index: int | None) -> list[tuple[str, str]]:
+    """(header, text) of each chosen attempt's driver log: from the head, or, once the head is gone (or
+    --from-bucket), from the run's copy in the bucket. A header only when several are shown."""
+    record = _api_record(target)
+    if getattr(args, "from_bucket", False):
+        return _bucket_logs(args, target, record, every, index)
+    try:
+        with _head(args, target.outputs) as url:
+            client = _job_client(url)
+            if record is not None:
+                ids = [(runs.attempt_line(a), a.submission_id) for a in _chosen(record, every, index)]
+            elif index is not None:
+                raise CliError("--attempt needs the run's record: give --kube-api-url, or leave out --dashboard-url")
+            elif every:  # no record: the run's attempts the head knows, by their ids
+                ids = [(f"attempt {j.submission_id}", j.submission_id) for j in _ray_call(
+                    url, "listing the run's attempts", lambda: _attempts(client, target.submission_id))] \
+                    or [("", target.submission_id)]
+            else:
+                ids = [("", target.submission_id)]
+            return [(f"==> {line} <==" if every else "", _ray_call(
+                url, f"reading the logs of job {sid}", lambda sid=sid: client.get_job_logs(sid))) for line, sid in ids]
+    except HeadAccessError as gone:
+        if target.run is None:
+            raise
+        _progress(f"{_one_line(gone)}; reading the run's log copy in {target.run.bucket.folder}")
+        return _bucket_logs(args, target, record, every, index)
+
+
+def _bucket_logs(args: argparse.Namespace, target: Target, record: RunRecord | None, every: bool,
+                 index: int | None) -> list[tuple[str, str]]:
+    run = target.run
+    if run is None:
+        raise CliError("the bucket keeps logs by run: give --run (or the stack's outputs), not --submission-id")
+    copy_wait = getattr(args, "copy_wait", None)
+    if copy_wait:
+        _await_final_copy(run, copy_wait)
+    copied = run.bucket.record() or record
+    if copied is None:
+        raise CliError(f"no copy of run {run.run_id} in {run.bucket.folder} (the run supervisor copies it "
+                       "while the run goes on)")
+    out = []
+    for attempt in _chosen(copied, every, index):
+        text = run.bucket.attempt_log(attempt)
+        if text is None:
+            raise CliError(f"{run.bucket.where(f'attempt-{attempt.index}.log')} does not exist: attempt "
+                           f"{attempt.index} was never copied")
+        out.append((f"==> {runs.attempt_line(attempt)} <==" if every else "", text))
+    return out
+
+
+def _await_final_copy(run: runs.Run, wait_s: float) -> None:
+    """Until the bucket's copy of the record says the run was released (its copy flushed before it)."""
+    deadline = time.monotonic() + wait_s
+    _progress(f"waiting up to {wait_s:g} s for the final copy of run {run.run_id} in {run.bucket.folder} "
+              "(flushed when its GPU workers are released)")
+    while not ((copied := run.bucket.record()) is not None and copied.released):
+        if time.monotonic() >= deadline:
+            raise CliError(f"the copy of run {run.run_id} in {run.bucket.folder} is not final after {wait_s:g} s "
+                           "(the run has not been released yet)")
+        time.sleep(min(10.0, max(0.1, deadline - time.monotonic())))
 
 
 async def _tail(client: JobSubmissionClient, submission_id: str, out: TextIO) -> None:
@@ -613,6 +728,13 @@ async def _tail(client: JobSubmissionClient, submission_id: str, out: TextIO) ->
 
 def cmd_wait(args: argparse.Namespace) -> int:
     target = _target(args, need_outputs=False)
+    if target.run is not None and target.run.store is not None:
+        return runs.follow(target.run, args.timeout, args.poll, args.outage_window)
+    return _wait_job(args, target)
+
+
+def _wait_job(args: argparse.Namespace, target: Target) -> int:
+    """One job (--submission-id, or a head reached by --dashboard-url without a Kubernetes API): to its end."""
     started = time.monotonic()
     reported: tuple[str, float] | None = None
     outage = OutageClock(args.outage_window)
@@ -644,10 +766,45 @@ def cmd_wait(args: argparse.Namespace) -> int:
                       f"{duration(args.outage_window - lost)}")
             time.sleep(min(args.poll, RECONNECT_PAUSE_S))
     if status != "SUCCEEDED":
-        raise CliError(f"job {target.submission_id} ended {status}"
-                       + (f": {message}" if message else ""))
+        raise runs.RunEnded(f"job {target.submission_id} ended {status}" + (f": {message}" if message else ""),
+                            runs.EXIT_STOPPED if status == "STOPPED" else runs.EXIT_FAILED)
     print(f"job {target.submission_id} SUCCEEDED")
     return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    outputs = stack_outputs.load(args.outputs, args.stack)
+    return runs.stop(runs.run_of(args, outputs), not args.no_wait, args.timeout, args.poll)
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    outputs = stack_outputs.load(args.outputs, args.stack)
+    store = runs.record_store(args, outputs)
+    if store is None:
+        raise CliError("runs reads the run records through the Kubernetes API: drop --dashboard-url, or add "
+                       "--kube-api-url")
+    rows = runs.run_rows(store)
+    if not rows:
+        print(f"no run recorded on RayCluster {outputs.ray_cluster} in namespace {outputs.namespace}")
+        return 0
+    now = time.time()
+    for number, row in enumerate(rows):
+        step_s = _measured_step(args, outputs, row) if args.step_times else None
+        if number:
+            print()
+        _print_rows(runs.describe(row, outputs, now, step_s))
+    return 0
+
+
+def _measured_step(args: argparse.Namespace, outputs: StackOutputs, row: runs.RunRow) -> float | None:
+    """The mean of verl's perf/time_per_step over the run's copied logs (None: no step logged)."""
+    copy = runs.BucketCopy(row.run_id, outputs.bucket_name, Path(args.bucket_dir) if args.bucket_dir else None)
+    text = "".join(copy.attempt_log(a) or "" for a in row.record.attempts)
+    steps = [value for _step, value in metrics.parse_log(text).series(STEP_TIME_KEY)]
+    return sum(steps) / len(steps) if steps else None
+
+
+STEP_TIME_KEY = "perf/time_per_step"
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
@@ -679,11 +836,9 @@ def cmd_metrics(args: argparse.Namespace) -> int:
             raise CliError(f"cannot read log file {args.log_file}: {error.strerror or error}") from None
     else:
         target = _target(args, need_outputs=False)
-        source = f"the logs of job {target.submission_id}"
-        with _head(args, target.outputs) as url:
-            client = _job_client(url)
-            text = _ray_call(url, f"reading the logs of job {target.submission_id}",
-                             lambda: client.get_job_logs(target.submission_id))
+        source = f"the logs of run {target.run.run_id}" if target.run else f"the logs of job {target.submission_id}"
+        # Every attempt of the run: a resumed attempt repeats steps, and the latest value of a step wins.
+        text = "".join(text for _header, text in _run_logs(args, target, every=target.run is not None, index=None))
     parsed = metrics.parse_log(text)
     if not parsed.steps:
         raise CliError(f"no verl metric lines (step:N - key:value ...) in {source}; "

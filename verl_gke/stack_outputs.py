@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from manifests.ray_cluster import ray_cluster_of
 from verl_gke.commands import run_tool
 
 SECRET_MASK = "[secret]"
@@ -73,6 +74,17 @@ class StackOutputs:
     """What the preview checked against the live project."""
     hourly_cost_usd: float | None = None
     """The stack's price per hour from the pinned price table (None: unknown, or an older stack)."""
+    run_id: str = ""
+    """The stack's run (`runId`); an older stack's is the last folder of its checkpointUri."""
+    run_record: str = ""
+    """The run record ConfigMap `<rayClusterName>-run-<12 hex>` (`runRecord`; '' on an older stack)."""
+    bucket_name: str = ""
+    """The training bucket (`bucketName`): where `logs/<run id>/` outlives the cluster."""
+
+    @property
+    def ray_cluster(self) -> str:
+        """The RayCluster the run records belong to."""
+        return self.run_record.rsplit("-run-", 1)[0] if self.run_record else ray_cluster_of(self.ray_head_service)
 
     @property
     def offline(self) -> bool:
@@ -158,7 +170,16 @@ def from_mapping(data: Any, source: str) -> StackOutputs:
         fabric_busbw_gbps=_figure(data.get("fabricBusBandwidthGbps")),
         preflight_checks=tuple(str(line) for line in data.get("preflightChecks") or [] if isinstance(line, str)),
         hourly_cost_usd=_figure(data.get("hourlyCostUsd")),
+        # `<verl.trainer.default_local_dir>/<run id>` names the run on a stack older than `runId`.
+        run_id=_text(data.get("runId")) or values["checkpointUri"].rstrip("/").rsplit("/", 1)[-1],
+        run_record=_text(data.get("runRecord")),
+        bucket_name=_text(data.get("bucketName")),
     )
+
+
+def _text(value: Any) -> str:
+    """An optional name: absent, masked or unknown is ''."""
+    return value if isinstance(value, str) and value not in (SECRET_MASK, UNKNOWN_MARK) else ""
 
 
 def _figure(value: Any) -> float | None:

@@ -63,6 +63,12 @@ DEPLOY_FAILED = "deploy failed before any attempt ran"
 SUCCEEDED = "succeeded"
 REOPENABLE = (DELETED, DEPLOY_FAILED)
 STALLED = "stalled"
+USER_STOPPED = "stopped by verl-gke stop"
+"""The user's `verl-gke stop` asked for it (desired stopped in the record): not reopened by a later `up`."""
+STOPPED_SUFFIX = " was stopped"
+"""`<submission id> was stopped`: stopped by someone other than the decider (a hand stop)."""
+BUDGET_PREFIX = "budget of "
+LOST_PREFIX = "lost: "
 
 
 @dataclass(frozen=True)
@@ -231,6 +237,13 @@ def ended(record: RunRecord, outcome: str) -> RunRecord:
 def stopped_by_stack(record: RunRecord) -> RunRecord:
     """`pulumi destroy` or a replace's delete: desired stopped, and the run ended (reopenable)."""
     return replace(ended(record, DELETED), desired=STOPPED)
+
+
+def stop_asked(record: RunRecord) -> RunRecord | None:
+    """`verl-gke stop`: desired stopped, for the run's decider to act on (None: ended or asked already)."""
+    if record.outcome or record.desired == STOPPED:
+        return None
+    return replace(record, desired=STOPPED).decided("stop asked (verl-gke stop)")
 
 
 def submitted(record: RunRecord, index: int) -> RunRecord:
@@ -403,6 +416,12 @@ def _supervised(view: View, record: RunRecord) -> bool:
 
 def _open_run(d: _Decision, record: RunRecord) -> None:
     view = d.view
+    if record.desired == STOPPED:
+        # `verl-gke stop`: the run ends; its live attempt is stopped (checkpoints stay), then the release.
+        if view.jobs is not None and record.newest is not None and _status(view, record.newest) in LIVE:
+            d.effects.append(Effect("stop", record.run_id, record.newest.submission_id))
+        d.end(record, USER_STOPPED)
+        return
     supervised = _supervised(view, record)
     if view.jobs is None:
         # Neither live nor ended: nothing is submitted, stopped or ended until the outage bound.
@@ -410,7 +429,7 @@ def _open_run(d: _Decision, record: RunRecord) -> None:
         d.records[record.run_id] = record
         bound = view.policy.head_outage_s if view.policy else 0.0
         if bound and record.outage_s >= bound:
-            d.end(record, f"lost: the Ray head did not answer for {record.outage_s:.0f} s")
+            d.end(record, f"{LOST_PREFIX}the Ray head did not answer for {record.outage_s:.0f} s")
         elif view.cluster == "suspended" and supervised and record.newest is not None:
             d.effects.append(Effect("resume", record.run_id))  # its head is gone: the run needs it back
         return
@@ -457,7 +476,7 @@ def _open_run(d: _Decision, record: RunRecord) -> None:
     if status == "SUCCEEDED":
         d.end(record, SUCCEEDED)
     elif status == "STOPPED" and attempt.stopped_for != STALLED:
-        d.end(record, f"{attempt.submission_id} was stopped")
+        d.end(record, f"{attempt.submission_id}{STOPPED_SUFFIX}")
     else:
         _after_failure(d, record, attempt)
 
@@ -504,7 +523,7 @@ def _budget(d: _Decision, record: RunRecord, attempt: Attempt, status: str | Non
         if record.grace_s < grace or (saving and record.grace_s < 2 * grace):
             return
         d.effects.append(Effect("stop", record.run_id, attempt.submission_id))
-    d.end(record, f"budget of {record.budget_s:g} s spent")
+    d.end(record, f"{BUDGET_PREFIX}{record.budget_s:g} s spent")
 
 
 def _after_failure(d: _Decision, record: RunRecord, attempt: Attempt) -> None:

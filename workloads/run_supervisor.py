@@ -41,7 +41,8 @@ from typing import Any
 from workloads import export_model
 from workloads.kube import KubernetesApi, RayClusterControl
 from workloads.run_lease import SUPERVISOR, Lease, identity
-from workloads.run_lifecycle import Decider, Policy, RayJobs, submit_attempt
+from workloads.run_lifecycle import Decider, Policy, RayJobs, submit_attempt, write_record
+from workloads.run_logs import GcsSink, LogCopier, Sink
 from workloads.run_record import Attempt, RecordStore, RunRecord
 
 STEP_BACKOFF_CAP_S = 60.0
@@ -93,6 +94,8 @@ class SupervisorConfig:
     memory_bytes, verl_dir and python (None: verl-gke:exportModel is off)."""
     export_timeout_s: float = export_model.MERGE_TIMEOUT_S
     """How long from its claim the export may take before it is stopped and recorded as failed."""
+    log_bucket: str = ""
+    """The bucket whose `logs/<run id>/` gets each attempt's driver log and the decisions ('': no copy)."""
 
     @classmethod
     def from_file(cls, path: Path) -> SupervisorConfig:
@@ -126,6 +129,9 @@ class SupervisorHands:
     control: Any
     """RayClusterControl (set_suspended)."""
     log: Callable[[str], None] = print
+    copier: LogCopier | None = None
+    records: RecordStore | None = None
+    lease: Any = None
 
     def submit(self, record: RunRecord, attempt: Attempt) -> None:
         submit_attempt(self.ray, record, attempt, self.config.entrypoint, self.config.runtime_env)
@@ -154,23 +160,49 @@ class SupervisorHands:
         self.ray.stop(submission_id)
 
     def set_suspended(self, suspended: bool) -> bool:
+        if suspended and self.copier is not None:
+            self._flush_logs()
         return self.control.set_suspended(suspended)
+
+    def _flush_logs(self) -> None:
+        """The release takes the head and its logs: what is not in the bucket yet goes first, within
+        the flush deadline; past it the release goes on and each released run's record says so."""
+        assert self.copier is not None
+        cut = self.copier.flush()
+        if not cut:
+            return
+        self.log(f"run supervisor: {cut}; releasing all the same")
+        if self.records is None:
+            return
+        for run_id, stored in self.records.list().items():
+            record = stored.record
+            if record is not None and record.released and not any(_CUT in d for d in record.decisions[-3:]):
+                write_record(self.records, run_id, lambda r: None if r is None else r.decided(cut), self.lease)
+
+
+_CUT = "log copy cut"
 
 
 def decider(config: SupervisorConfig, api: KubernetesApi, namespace: str, ray_cluster: str,
             log: Callable[[str], None] = print, lease: Any = None, ray: RayJobs | None = None,
-            control: Any = None, clock: Callable[[], float] = time.monotonic) -> Decider:
-    """The supervisor's decider for `ray_cluster`."""
+            control: Any = None, clock: Callable[[], float] = time.monotonic, sink: Sink | None = None) -> Decider:
+    """The supervisor's decider for `ray_cluster`; its logs copied into `sink` (default: the config's
+    log_bucket, if any)."""
     ray = ray or RayJobs(config.head_url)
     control = control or RayClusterControl(api, namespace, ray_cluster)
     lease = lease or Lease(api, namespace, ray_cluster, identity(SUPERVISOR), clock=clock, log=log)
+    records = RecordStore(api, namespace, ray_cluster)
+    sink = sink or (GcsSink(config.log_bucket) if config.log_bucket else None)
+    copier = None if sink is None else LogCopier(
+        ray, sink, lambda: {k: s.record for k, s in records.list().items() if s.record is not None}, clock=clock, log=log)
 
     def export_ids(record: RunRecord) -> tuple[str, str] | None:
         job = config.export_job(record.run_id, record.generation)
         return None if job is None else (job["submission_id"], job["metadata"]["verl_gke_export"])
 
-    return Decider(records=RecordStore(api, namespace, ray_cluster), lease=lease, ray=ray,
-                   hands=SupervisorHands(config, ray, control, log), cluster=control.state, policy=config.policy,
+    return Decider(records=records, lease=lease, ray=ray,
+                   hands=SupervisorHands(config, ray, control, log, copier, records, lease), cluster=control.state,
+                   policy=config.policy,
                    export_ids=export_ids, clock=clock, log=log)
 
 
@@ -209,6 +241,14 @@ class Backoff:
         self.failures = 0
 
 
+def step(decider: Decider) -> None:
+    """One supervisor step: the decider's, then, while it decides, the log copy when one is due."""
+    decided = decider.step()
+    copier = getattr(decider.hands, "copier", None)
+    if decided and copier is not None:
+        copier.tick()
+
+
 def run_forever(decider: Decider, poll_s: float, sleep: Callable[[float], None] = time.sleep,
                 steps: int | None = None, stale: Callable[[], bool] = lambda: False) -> None:
     """Steps until killed (or `steps` steps, or the program is no longer the stack's); an error in a
@@ -224,7 +264,7 @@ def run_forever(decider: Decider, poll_s: float, sleep: Callable[[float], None] 
                 if release is not None:
                     release()
                 return
-            decider.step()
+            step(decider)
             failures.reset()
             pause = poll_s
         except Exception as error:  # noqa: BLE001 - any error of one step, e.g. http.client.IncompleteRead

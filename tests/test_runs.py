@@ -1,0 +1,355 @@
+"""The run as the user's handle (`verl-gke wait`, `logs`, `metrics`, `stop`, `runs` by run id, across
+attempts) and its logs in the bucket (workloads/run_logs.py), against the suite's real Ray head on
+127.0.0.1 (the session `ray_head`), the Kubernetes API stand-in (tests/kube_api.py) that keeps the run
+records, and the run supervisor's own decider (real `decide`, real steps). The RayCluster's suspend is
+recorded, not done: the head stays for the next test; "the head gone" is a closed port."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ray.job_submission import JobSubmissionClient
+
+from components.grpo_job import GrpoJobProvider, _JobSpec
+from domain.bucket import LOGS_DIR
+from tests.kube_api import kube_api
+from tests.ray_head import free_ports
+from tests.test_cli import error_line, outputs_doc, run, write_outputs
+from verl_gke import runs, stack_outputs
+from workloads import run_lifecycle, run_logs
+from workloads.kube import KubernetesApi
+from workloads.run_lifecycle import USER_STOPPED, Decider, RayJobs, View, decide
+from workloads.run_logs import DirectorySink, LogCopier
+from workloads.run_record import Attempt, RecordStore, RunRecord, record_name
+from workloads.run_supervisor import SupervisorConfig, decider, step
+
+NAMESPACE = "ray"
+
+# Attempt 0 logs a step and is killed (SIGKILL of its driver, as the OOM killer or a lost pod does);
+# attempt 1 finds its marker (its checkpoint), logs steps 2 and 3 and succeeds.
+TRAIN = r"""
+import os, pathlib, signal, sys, time
+marker = pathlib.Path(sys.argv[1])
+if not marker.exists():
+    time.sleep(2)  # RUNNING when `pulumi up`'s create returns
+    print("step:1 - critic/score/mean:0.100 - perf/time_per_step:90.000", flush=True)
+    marker.write_text("1")
+    print("attempt", 0, "killed", flush=True)  # not the source's text: Ray logs the entrypoint
+    os.kill(os.getpid(), signal.SIGKILL)
+for step in (2, 3):
+    print(f"step:{step} - critic/score/mean:0.{step}00 - perf/time_per_step:{88 + step}.000", flush=True)
+print("attempt", 1, "done", flush=True)
+"""
+LONG = r"""
+import time
+for step in range(1, 600):
+    print(f"step:{step} - critic/score/mean:0.100 - perf/time_per_step:1.000", flush=True)
+    time.sleep(0.5)
+"""
+
+
+class RecordingControl:
+    """The RayCluster's suspend, noted (the head stays up for the other tests)."""
+
+    def __init__(self) -> None:
+        self.suspended = False
+
+    def set_suspended(self, suspended: bool) -> bool:
+        self.suspended = suspended
+        return True
+
+    def state(self) -> str:
+        return "suspended" if self.suspended else "running"
+
+
+@pytest.fixture
+def api() -> Iterator[str]:
+    with kube_api() as (url, _state):
+        yield url
+
+
+def start(head: str, api_url: str, script: str, *args: str) -> _JobSpec:
+    """`pulumi up`'s create, as the GrpoJob provider does it: the run's record, attempt 0 claimed and submitted."""
+    stack = f"t{uuid.uuid4().hex[:8]}"
+    entry = " ".join(shlex.quote(a) for a in [sys.executable, "-c", script, *args])
+    props = {"dashboard_url": head, "kube_api_url": api_url, "namespace": NAMESPACE, "stack": stack,
+             "head_service": f"rc-{stack}-head-svc", "run_record": f"rc-{stack}-run", "entrypoint": entry,
+             "runtime_env": {}, "startup_grace_s": 0, "ready_timeout_s": 60, "supervised_attempts": 2}
+    GrpoJobProvider().create(props)
+    return _JobSpec.from_props(props)
+
+
+def supervisor(head: str, api_url: str, spec: _JobSpec, control: RecordingControl, bucket: Path) -> Decider:
+    config = SupervisorConfig(head_url=head, submission_ids=spec.attempt_ids, entrypoint=spec.entrypoint,
+                              runtime_env=spec.runtime_env, expected_workers=0, expected_gpus=0, run_id=spec.run_key,
+                              generation=spec.attempt, settle_s=0.0, backoff_s=0.0, poll_s=0.2, replace_window_s=0.0,
+                              max_retries=1)
+    return decider(config, KubernetesApi(api_url), NAMESPACE, spec.ray_cluster, log=lambda _line: None,
+                   control=control, sink=DirectorySink(bucket))
+
+
+@contextmanager
+def supervising(running: Decider) -> Iterator[None]:
+    """The supervisor's loop (run_forever's step: decide, then copy the logs) in the background."""
+    done = threading.Event()
+
+    def loop() -> None:
+        while not done.is_set():
+            try:
+                step(running)
+            except Exception:  # noqa: BLE001 - run_forever logs and goes on
+                pass
+            done.wait(0.2)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=60)
+
+
+def outputs_for(tmp_path: Path, spec: _JobSpec) -> Path:
+    return write_outputs(tmp_path / "outputs.json", outputs_doc(
+        spec.submission_id, runId=spec.run_key, runRecord=record_name(spec.ray_cluster, spec.run_key),
+        rayClusterName=spec.ray_cluster, namespace=NAMESPACE))
+
+
+def record_of(api_url: str, spec: _JobSpec) -> RunRecord:
+    found = RecordStore(KubernetesApi(api_url), NAMESPACE, spec.ray_cluster).get(spec.run_key).record
+    assert found is not None
+    return found
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(180)
+def test_wait_follows_the_run_across_a_killed_attempt_to_success_and_logs_outlive_the_head(
+        capsys: pytest.CaptureFixture[str], ray_head: str, api: str, tmp_path: Path) -> None:
+    bucket = tmp_path / "bucket"
+    spec = start(ray_head, api, TRAIN, str(tmp_path / "marker"))
+    outputs = outputs_for(tmp_path, spec)
+    where = ("--outputs", str(outputs), "--kube-api-url", api)
+    control = RecordingControl()
+    with supervising(supervisor(ray_head, api, spec, control, bucket)):
+        code, out, err = run(capsys, "wait", *where, "--dashboard-url", ray_head, "--poll", "0.3")
+        assert code == 0, err
+        assert out == f"run {spec.run_key} SUCCEEDED after 2 attempt(s)\n"
+        first, second = spec.attempt_ids[:2]
+        assert f"verl-gke: run {spec.run_key}: attempt 0 {first} (pulumi-up, pulumi-up)\n" in err
+        assert f"verl-gke: run {spec.run_key}: attempt 1 {second} (supervisor, run-failed: after {first}: " in err
+
+        # On the head: the current attempt, one by number, and all of them.
+        code, out, err = run(capsys, "logs", *where, "--dashboard-url", ray_head)
+        assert code == 0, err
+        assert "attempt 1 done" in out and "attempt 0 killed" not in out
+        code, out, err = run(capsys, "logs", *where, "--dashboard-url", ray_head, "--attempt", "0")
+        assert code == 0 and "attempt 0 killed" in out and "attempt 1 done" not in out
+        code, out, err = run(capsys, "logs", *where, "--dashboard-url", ray_head, "--all")
+        assert code == 0, err
+        headers = [line for line in out.splitlines() if line.startswith("==> ")]
+        assert headers == [f"==> attempt 0 {first} (pulumi-up, pulumi-up) <==",
+                           f"==> attempt 1 {second} (supervisor, run-failed: after {first}: "
+                           f"{record_of(api, spec).attempts[1].reason.split(': ', 1)[1]}) <=="]
+        assert out.index("attempt 0 killed") < out.index(headers[1]) < out.index("attempt 1 done")
+        # The release: the copy is flushed before the suspend.
+        deadline = 60
+        while not (record_of(api, spec).released and control.suspended) and deadline > 0:
+            threading.Event().wait(0.2)
+            deadline -= 0.2
+    assert control.suspended
+    folder = bucket / LOGS_DIR / spec.run_key
+    assert sorted(p.name for p in folder.iterdir()) == ["attempt-0.log", "attempt-1.log", "decisions.log",
+                                                       "record.json"]
+    assert RunRecord.from_json((folder / "record.json").read_text()).released
+    assert "run ended: succeeded" in (folder / "decisions.log").read_text()
+
+    # The head gone: the same commands read the bucket's copy.
+    (closed,) = free_ports(1)
+    gone = ("--dashboard-url", f"http://127.0.0.1:{closed}", "--head-timeout", "1", "--bucket-dir", str(bucket))
+    code, out, err = run(capsys, "logs", *where, *gone, "--all")
+    assert code == 0, err
+    assert f"reading the run's log copy in {bucket}/{LOGS_DIR}/{spec.run_key}/" in err
+    assert out.index("attempt 0 killed") < out.index("==> attempt 1 ") < out.index("attempt 1 done")
+    code, out, err = run(capsys, "logs", "--outputs", str(outputs), "--dashboard-url", ray_head, "--bucket-dir",
+                         str(bucket), "--from-bucket", "--copy-wait", "5", "--attempt", "1")
+    assert code == 0, err
+    assert "attempt 1 done" in out and "==>" not in out
+    code, out, err = run(capsys, "metrics", *where, *gone)
+    assert code == 0, err
+    assert [line.split()[:2] for line in out.splitlines()[1:4]] == [["1", "0.100"], ["2", "0.200"], ["3", "0.300"]]
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(120)
+def test_stop_ends_the_run_through_its_record_and_runs_lists_it_stopped(
+        capsys: pytest.CaptureFixture[str], ray_head: str, api: str, tmp_path: Path) -> None:
+    spec = start(ray_head, api, LONG)
+    outputs = outputs_for(tmp_path, spec)
+    where = ("--outputs", str(outputs), "--kube-api-url", api)
+    control = RecordingControl()
+    with supervising(supervisor(ray_head, api, spec, control, tmp_path / "bucket")):
+        code, out, err = run(capsys, "stop", *where, "--poll", "0.2", "--timeout", "60")
+        assert code == 0, err
+        assert out == f"run {spec.run_key} ended: {USER_STOPPED}; GPU workers released\n"
+        assert (f"waiting up to 1m00s for the run's decider (the run supervisor) to stop {spec.submission_id}, "
+                "keep the checkpoints and release the GPU workers") in err
+    assert JobSubmissionClient(ray_head).get_job_status(spec.submission_id) == "STOPPED"
+    assert control.suspended
+    # Again: nothing more to do.
+    code, out, _ = run(capsys, "stop", *where, "--no-wait")
+    assert (code, out) == (0, f"run {spec.run_key} already ended: {USER_STOPPED}\n")
+    code, out, err = run(capsys, "wait", *where)
+    assert code == runs.EXIT_STOPPED
+    assert error_line(err) == f"verl-gke: error: run {spec.run_key} ended STOPPED: {USER_STOPPED}"
+
+    code, out, err = run(capsys, "runs", *where, "--step-times", "--bucket-dir", str(tmp_path / "bucket"))
+    assert code == 0, err
+    rows = dict(line.split(None, 1) for line in out.splitlines())
+    assert rows["Run"] == f"{spec.run_key}  stopped: {USER_STOPPED}"
+    assert rows["Attempts"] == f"0 {spec.submission_id} (pulumi-up)"
+    assert rows["Checkpoints"] == f"gs://verl-data-my-project-123/verl/checkpoints/{spec.run_key}"
+    assert rows["Model"] == "none (not exported)"
+    assert re.fullmatch(r"0\.\d GPU-hours \(0\.0\d h x 16 GPUs\), \$\d\.\d\d at \$184\.94/h", rows["Usage"])
+    assert rows["Step time"] == "measured 1 s (mean of perf/time_per_step in the copied logs)"
+
+
+# --- without Ray: the record alone decides what `wait` says ------------------------------------
+
+
+@pytest.mark.parametrize(("outcome", "kind", "code"), [
+    ("succeeded", "succeeded", 0),
+    ("failed by itself 3 times: exit 1", "failed", runs.EXIT_FAILED),
+    (run_lifecycle.DEPLOY_FAILED, "failed", runs.EXIT_FAILED),
+    ("lost nodes 10 times", "failed", runs.EXIT_FAILED),
+    (USER_STOPPED, "stopped", runs.EXIT_STOPPED),
+    (run_lifecycle.DELETED, "stopped", runs.EXIT_STOPPED),
+    ("verl-grpo-a4-0123456789ab was stopped", "stopped", runs.EXIT_STOPPED),
+    ("budget of 3600 s spent", "over budget", runs.EXIT_OVER_BUDGET),
+    ("lost: the Ray head did not answer for 1800 s", "lost", runs.EXIT_LOST),
+])
+def test_wait_exits_by_the_runs_outcome(capsys: pytest.CaptureFixture[str], api: str, tmp_path: Path,
+                                        outcome: str, kind: str, code: int) -> None:
+    assert runs.outcome_kind(outcome) == kind
+    store = RecordStore(KubernetesApi(api), NAMESPACE, "b200-ray-cluster")
+    store.write(store.get("run-1"), RunRecord("run-1", attempts=(Attempt(0, "sid-0", "pulumi-up", "pulumi-up",
+                                                                         submitted=True),), outcome=outcome))
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("sid-0", runId="run-1", namespace=NAMESPACE))
+    got, out, err = run(capsys, "wait", "--outputs", str(outputs), "--kube-api-url", api)
+    assert got == code
+    if code:
+        assert error_line(err) == f"verl-gke: error: run run-1 ended {kind.upper()}: {outcome}"
+    else:
+        assert out == "run run-1 SUCCEEDED after 1 attempt(s)\n"
+
+
+def test_wait_on_a_run_that_never_started_names_its_record(capsys: pytest.CaptureFixture[str], api: str,
+                                                          tmp_path: Path) -> None:
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("sid-0", runId="run-9", namespace=NAMESPACE))
+    code, _, err = run(capsys, "wait", "--outputs", str(outputs), "--kube-api-url", api)
+    assert code == 1
+    assert error_line(err) == (f"verl-gke: error: run run-9 has no record ({record_name('b200-ray-cluster', 'run-9')} "
+                               f"in namespace {NAMESPACE}): it was never started on this stack (`pulumi up` starts it)")
+
+
+def test_a_stop_asked_in_the_record_ends_the_run_and_stops_its_live_attempt() -> None:
+    record = RunRecord("run-1", attempts=(Attempt(0, "sid-0", "pulumi-up", "pulumi-up", submitted=True),))
+    asked = run_lifecycle.stop_asked(record)
+    assert asked is not None and asked.desired == "stopped" and not asked.outcome
+    assert run_lifecycle.stop_asked(asked) is None  # idempotent
+    policy = run_lifecycle.Policy(run_id="run-1", generation=0, submission_ids=("sid-0", "sid-1"))
+    changed, effects = decide(View(records={"run-1": asked}, policy=policy, jobs={"sid-0": {"status": "RUNNING"}},
+                                   capacity=None, cluster="running"))
+    assert changed["run-1"].outcome == USER_STOPPED
+    assert effects == [run_lifecycle.Effect("stop", "run-1", "sid-0")]
+    # Never resubmitted: the next step, the attempt stopped, releases.
+    changed, effects = decide(View(records={"run-1": changed["run-1"]}, policy=policy,
+                                   jobs={"sid-0": {"status": "STOPPED"}}, capacity=None, cluster="running"))
+    assert changed["run-1"].released and effects == [run_lifecycle.Effect("suspend")]
+
+
+def test_the_release_goes_on_when_the_log_copy_is_cut_and_the_record_says_so(api: str, tmp_path: Path) -> None:
+    (closed,) = free_ports(1)  # a head that no longer answers: nothing can be copied
+    config = SupervisorConfig(head_url=f"http://127.0.0.1:{closed}", submission_ids=["sid-0"], entrypoint="x",
+                              runtime_env={}, expected_workers=0, expected_gpus=0, run_id="run-1")
+    control = RecordingControl()
+    running = decider(config, KubernetesApi(api), NAMESPACE, "rc", log=lambda _line: None, control=control,
+                      sink=DirectorySink(tmp_path), ray=RayJobs(f"http://127.0.0.1:{closed}", timeout_s=1))
+    store = RecordStore(KubernetesApi(api), NAMESPACE, "rc")
+    store.write(store.get("run-1"), RunRecord("run-1", attempts=(Attempt(0, "sid-0", "pulumi-up", "pulumi-up",
+                                                                         submitted=True),), outcome="succeeded",
+                                              released=True))
+    assert running.lease.hold()
+    running.hands.set_suspended(True)
+    assert control.suspended
+    assert "log copy cut after 0 s: " in record_of_run(api, "rc", "run-1").decisions[-1]
+
+
+def record_of_run(api_url: str, cluster: str, run_id: str) -> RunRecord:
+    found = RecordStore(KubernetesApi(api_url), NAMESPACE, cluster).get(run_id).record
+    assert found is not None
+    return found
+
+
+def test_the_copy_is_at_most_a_minute_behind_and_keeps_every_decision(tmp_path: Path) -> None:
+    now = [0.0]
+    records: dict[str, RunRecord] = {"run-1": RunRecord("run-1").decided("one", 0.0)}
+    (closed,) = free_ports(1)
+    copier = LogCopier(RayJobs(f"http://127.0.0.1:{closed}", timeout_s=1), DirectorySink(tmp_path),
+                       lambda: records, clock=lambda: now[0], log=lambda _line: None)
+    copier.tick()  # no attempt: the head is not asked
+    decisions = tmp_path / LOGS_DIR / "run-1" / "decisions.log"
+    assert decisions.read_text() == "1970-01-01T00:00:00Z one\n"
+    records["run-1"] = replace(records["run-1"].decided("two", 1.0), decisions=("1970-01-01T00:00:01Z two",))
+    now[0] = 59.0
+    copier.tick()
+    assert decisions.read_text() == "1970-01-01T00:00:00Z one\n"  # not due yet
+    now[0] = 60.0
+    copier.tick()
+    assert decisions.read_text() == "1970-01-01T00:00:00Z one\n1970-01-01T00:00:01Z two\n"
+    assert run_logs.LOGS_DIR == LOGS_DIR
+
+
+# --- the stack: outputs that name the run, the supervisor's right to write logs/ and nothing else -------
+
+
+def test_the_stack_outputs_name_the_run_and_the_supervisor_may_write_only_its_logs(synth_stack: Any) -> None:
+    from components.gcs_fuse_storage import ksa_principal
+    from domain.config import load_config
+    from domain.stack_files import raw_config
+    from domain.stack_run import stack_run
+    from verl_gke import synth
+
+    result = synth_stack("a4-standard")
+    cfg = load_config(raw_config("a4-standard")[0])
+    run_id, _ = stack_run(cfg)
+    out = result.outputs
+    assert (out["runId"], out["runRecord"]) == (run_id, record_name(cfg.ray_cluster_name, run_id))
+    assert out["runLogsUri"] == f"gs://{out['bucketName']}/{LOGS_DIR}/{run_id}/"
+    assert out["grpoSubmissionId"].startswith("verl-grpo-a4-standard-")  # kept: the first attempt's id
+    loaded = stack_outputs.from_mapping(out, "synth")
+    assert (loaded.run_id, loaded.ray_cluster, loaded.bucket_name) == (run_id, cfg.ray_cluster_name,
+                                                                     out["bucketName"])
+    (config_map,) = [m for m in result.manifests() if m["kind"] == "ConfigMap"
+                     and m["metadata"]["name"] == f"{cfg.ray_cluster_name}-supervisor"]
+    assert json.loads(config_map["data"]["config.json"])["log_bucket"] == out["bucketName"]
+    account = next(r for r in result.registrations if r.name == "supervisor-account")
+    meta = account.inputs["metadata"]
+    supervisor_principal = ksa_principal(project_number=synth.MOCK_PROJECT_NUMBER, project=cfg.project,
+                                         uid=synth.mock_uid("ServiceAccount", meta["namespace"], meta["name"]))
+    grants = [(r.type.rsplit(":", 1)[-1], r.inputs.get("managedFolder"), r.inputs["role"])
+              for r in result.registrations
+              if r.type.endswith(("IAMMember", "IamMember")) and r.inputs.get("member") == supervisor_principal]
+    assert grants == [("ManagedFolderIamMember", f"{LOGS_DIR}/", "roles/storage.objectUser")]
+

@@ -1,0 +1,39 @@
+"""How the `verl-gke` commands speak: results on stdout, progress on stderr, an error as one line."""
+
+from __future__ import annotations
+
+import sys
+
+PROG = "verl-gke"
+
+
+class CliError(Exception):
+    """A failure the user can act on; printed as one line."""
+
+
+class UsageError(Exception):
+    """A wrong command line: nothing was tried."""
+
+    exit_code = 2
+
+
+class HeadUnreachable(CliError):
+    """`wait` lost the head (or the run record) for longer than its outage window: the run may still be going."""
+
+    exit_code = 3
+
+
+def progress(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+
+def fail(message: str) -> None:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+
+
+def one_line(error: BaseException) -> str:
+    return first_line(str(error)) or type(error).__name__
+
+
+def first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")

@@ -1,0 +1,352 @@
+"""The run as the user's handle: its record, its attempts, its logs in the bucket, and the commands
+that follow it (`wait`), end it (`stop`) and list them (`runs`).
+
+A run (`runId`) is durable; its Ray submission ids are not (a new one per attempt, gone with the
+head). So the commands read the run's record, the ConfigMap `<rayClusterName>-run-<12 hex>` its one
+decider keeps (workloads/run_record.py), through the Kubernetes API with the user's credentials (or
+`--kube-api-url`), and, once the head is gone, its copy in the bucket (`logs/<run id>/record.json`,
+workloads/run_logs.py). Exit statuses of `wait` by the run's outcome: EXIT_CODES.
+"""
+
+from __future__ import annotations
+
+import argparse
+import calendar
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from verl_gke import gke_facts
+from verl_gke.cluster_api import cluster_api
+from verl_gke.cluster_readiness import duration
+from verl_gke.commands import run_tool
+from verl_gke.console import CliError, HeadUnreachable, one_line, progress
+from verl_gke.head_access import OutageClock
+from verl_gke.stack_outputs import StackOutputs
+from workloads.kube import KubernetesApi
+from workloads.run_lifecycle import (
+    BUDGET_PREFIX,
+    DELETED,
+    LOST_PREFIX,
+    STOPPED_SUFFIX,
+    SUCCEEDED,
+    USER_STOPPED,
+    stop_asked,
+    write_record,
+)
+from workloads.run_logs import RECORD_FILE, attempt_file, run_folder
+from workloads.run_record import Attempt, RecordStore, RunRecord, record_name
+
+EXIT_FAILED, EXIT_STOPPED, EXIT_OVER_BUDGET, EXIT_LOST = 4, 5, 6, 7
+EXIT_CODES = {"succeeded": 0, "failed": EXIT_FAILED, "stopped": EXIT_STOPPED, "over budget": EXIT_OVER_BUDGET,
+              "lost": EXIT_LOST}
+"""`wait`'s exit status by the kind of the run's outcome (1, 2, 3 and 130 are the CLI's own)."""
+STOP_TIMEOUT_S = 900.0
+"""How long `stop` waits for the decider to stop the attempt and release the GPU workers."""
+GCLOUD_TIMEOUT_S = 120.0
+
+
+def outcome_kind(outcome: str) -> str:
+    """'succeeded', 'stopped' (verl-gke stop, pulumi destroy, a hand stop), 'over budget', 'lost' (the head
+    did not answer for runHeadOutageSeconds) or 'failed' (every other end: a failed deploy, retries spent,
+    nodes lost too often, a cluster never whole)."""
+    if outcome == SUCCEEDED:
+        return "succeeded"
+    if outcome in (USER_STOPPED, DELETED) or outcome.endswith(STOPPED_SUFFIX):
+        return "stopped"
+    if outcome.startswith(BUDGET_PREFIX):
+        return "over budget"
+    if outcome.startswith(LOST_PREFIX):
+        return "lost"
+    return "failed"
+
+
+class RunEnded(CliError):
+    """`wait`: the run ended other than by success; its exit status says how."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class BucketCopy:
+    """A run's folder `logs/<run id>/` in the bucket: under a local directory (`--bucket-dir`: a mount
+    or a copy of the bucket), else read with `gcloud storage cat` and the user's credentials."""
+
+    run_id: str
+    bucket: str
+    local: Path | None = None
+
+    @property
+    def folder(self) -> str:
+        root = str(self.local) if self.local is not None else f"gs://{self.bucket}"
+        return f"{root}/{run_folder(self.run_id)}/"
+
+    def where(self, name: str) -> str:
+        path = f"{run_folder(self.run_id)}/{name}"
+        return str(self.local / path) if self.local is not None else f"gs://{self.bucket}/{path}"
+
+    def read(self, name: str) -> str | None:
+        """The object's text; None when there is none."""
+        if self.local is not None:
+            try:
+                return Path(self.where(name)).read_text(encoding="utf-8", errors="replace")
+            except FileNotFoundError:
+                return None
+            except OSError as error:
+                raise CliError(f"cannot read {self.where(name)}: {error.strerror or error}") from None
+        if not self.bucket:
+            raise CliError("the stack outputs name no bucketName to read the run's logs from; pass --bucket-dir")
+        try:
+            return run_tool(["gcloud", "storage", "cat", self.where(name)], f"gcloud storage cat {self.where(name)}",
+                            GCLOUD_TIMEOUT_S, CliError)
+        except CliError as error:
+            if "matched no objects" in str(error) or "No URLs matched" in str(error):
+                return None
+            raise
+        except FileNotFoundError:
+            raise CliError("gcloud not found on PATH: it reads the run's logs from the bucket (or pass "
+                           "--bucket-dir)") from None
+
+    def record(self) -> RunRecord | None:
+        text = self.read(RECORD_FILE)
+        try:
+            return RunRecord.from_json(text) if text else None
+        except (ValueError, KeyError, TypeError):
+            raise CliError(f"{self.where(RECORD_FILE)} is not a run record") from None
+
+    def attempt_log(self, attempt: Attempt) -> str | None:
+        return self.read(attempt_file(attempt.index))
+
+
+@dataclass
+class Run:
+    """Which run, and where its record and logs are read."""
+
+    run_id: str
+    outputs: StackOutputs
+    bucket: BucketCopy
+    open_store: Callable[[], RecordStore | None]
+
+    @cached_property
+    def store(self) -> RecordStore | None:
+        """None: no Kubernetes API to read records through (`--dashboard-url` without `--kube-api-url`)."""
+        return self.open_store()
+
+    @property
+    def record_name(self) -> str:
+        return record_name(self.outputs.ray_cluster, self.run_id)
+
+    def record(self) -> RunRecord | None:
+        """The record as its decider keeps it; else (no API) the bucket's copy."""
+        if self.store is None:
+            return self.bucket.record()
+        return self.store.get(self.run_id).record
+
+
+def run_of(args: argparse.Namespace, outputs: StackOutputs) -> Run:
+    run_id = args.run or outputs.run_id
+    local = Path(args.bucket_dir) if args.bucket_dir else None
+    return Run(run_id, outputs, BucketCopy(run_id, outputs.bucket_name, local), lambda: record_store(args, outputs))
+
+
+def record_store(args: argparse.Namespace, outputs: StackOutputs) -> RecordStore | None:
+    """The stack's run records through `--kube-api-url`, or the cluster's API with the user's Google
+    credentials; None with `--dashboard-url` alone (a head reached directly, no cluster API)."""
+    if args.kube_api_url:
+        api = KubernetesApi(args.kube_api_url, timeout_s=args.head_timeout)
+    elif args.dashboard_url or outputs.offline:
+        return None
+    else:
+        try:
+            facts = gke_facts.describe(outputs.cluster_name, outputs.cluster_location)
+        except gke_facts.GkeLookupError as error:
+            raise CliError(str(error)) from None
+        api = cluster_api(facts.endpoint, facts.ca_certificate, args.head_timeout)
+    return RecordStore(api, outputs.namespace, outputs.ray_cluster)
+
+
+def attempt_line(attempt: Attempt) -> str:
+    return f"attempt {attempt.index} {attempt.submission_id} ({attempt.by}, {attempt.cause}" \
+           + (f": {attempt.reason}" if attempt.reason else "") + ")"
+
+
+# --- wait --------------------------------------------------------------------------------------
+
+
+def follow(run: Run, timeout_s: float | None, poll_s: float, outage_window_s: float,
+           report_every_s: float = 300.0, sleep: Callable[[float], None] = time.sleep) -> int:
+    """`wait`: reads the run's record every `poll_s` until the run ends, reporting each new attempt and
+    each new decision; 0 only when it succeeded, else RunEnded with EXIT_CODES' status. A record that
+    cannot be read for `outage_window_s` is HeadUnreachable (3): the run may still go on."""
+    started = time.monotonic()
+    outage = OutageClock(outage_window_s)
+    shown_attempts, shown_decisions, said = 0, None, 0.0
+    while True:
+        try:
+            record = run.record()
+            outage.reached()
+        except CliError:
+            raise
+        except Exception as error:  # noqa: BLE001 - an API outage: ridden out for the window
+            if (lost := outage.lost()) >= outage_window_s:
+                raise HeadUnreachable(f"could not read run record {run.record_name} for {duration(lost)} "
+                                      f"(--outage-window {outage_window_s:g} s): {one_line(error)}") from None
+            progress(f"run record unreadable ({one_line(error)}); retrying for up to "
+                     f"{duration(outage_window_s - lost)}")
+            sleep(min(poll_s, 5.0))
+            continue
+        if record is None:
+            raise CliError(f"run {run.run_id} has no record ({run.record_name} in namespace "
+                           f"{run.outputs.namespace}): it was never started on this stack (`pulumi up` starts it)")
+        for attempt in record.attempts[shown_attempts:]:
+            progress(f"run {run.run_id}: {attempt_line(attempt)}")
+        shown_attempts = len(record.attempts)
+        new = record.decisions[-1] if record.decisions else None
+        elapsed = time.monotonic() - started
+        if new != shown_decisions or elapsed - said >= report_every_s:
+            if new is not None:
+                progress(f"run {run.run_id} after {duration(elapsed)}: {new}")
+            shown_decisions, said = new, elapsed
+        if record.outcome:
+            return ended(run, record)
+        if timeout_s is not None and elapsed + poll_s > timeout_s:
+            newest = record.newest
+            raise CliError(f"run {run.run_id} has not ended after {duration(elapsed)} (--timeout {timeout_s:g} s)"
+                           + (f"; {attempt_line(newest)} goes on" if newest else ""))
+        sleep(poll_s)
+
+
+def ended(run: Run, record: RunRecord) -> int:
+    kind = outcome_kind(record.outcome)
+    if kind == "succeeded":
+        print(f"run {run.run_id} SUCCEEDED after {len(record.attempts)} attempt(s)")
+        return 0
+    raise RunEnded(f"run {run.run_id} ended {kind.upper()}: {record.outcome}", EXIT_CODES[kind])
+
+
+# --- stop --------------------------------------------------------------------------------------
+
+
+class _NoLease:
+    """`stop` writes desired state only, as the stack does: a compare-and-swap on the record, no Lease
+    (it decides nothing; the run's decider acts on it)."""
+
+    acquired = 0
+
+    def hold(self) -> bool:
+        return True
+
+    def check(self) -> None:
+        pass
+
+
+def stop(run: Run, wait: bool, timeout_s: float, poll_s: float, sleep: Callable[[float], None] = time.sleep) -> int:
+    """`stop`: desired stopped in the record; then (unless not `wait`) waits until its decider has ended
+    the run and released the GPU workers. Idempotent."""
+    if run.store is None:
+        raise CliError("stop needs the run record through the Kubernetes API: drop --dashboard-url, or add "
+                       "--kube-api-url")
+    found = run.store.get(run.run_id).record
+    if found is None:
+        raise CliError(f"run {run.run_id} has no record ({run.record_name}): nothing to stop")
+    if found.outcome:
+        print(f"run {run.run_id} already ended: {found.outcome}" + ("" if found.released else
+                                                                   " (GPU workers not released yet)"))
+        return 0
+    if found.desired != "stopped":
+        write_record(run.store, run.run_id, lambda r: None if r is None else stop_asked(r), _NoLease())
+        progress(f"run {run.run_id}: stop asked in its record {run.record_name}")
+    if not wait:
+        print(f"run {run.run_id}: stop asked; its decider (the run supervisor) stops it at its next step")
+        return 0
+    live = found.newest
+    progress(f"waiting up to {duration(timeout_s)} for the run's decider (the run supervisor) to stop "
+             + (f"{live.submission_id}, " if live else "") + "keep the checkpoints and release the GPU workers")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        record = run.store.get(run.run_id).record
+        if record is not None and record.outcome and record.released:
+            print(f"run {run.run_id} ended: {record.outcome}; GPU workers released")
+            return 0
+        if time.monotonic() >= deadline:
+            state = "not ended" if record is None or not record.outcome else f"ended ({record.outcome}), GPU " \
+                    "workers not released"
+            raise CliError(f"run {run.run_id} is {state} after {duration(timeout_s)}: is the run supervisor "
+                           "running (verl-gke:runSupervisor) and releasing (verl-gke:releaseWorkersWhenDone)?")
+        sleep(poll_s)
+
+
+# --- runs --------------------------------------------------------------------------------------
+
+
+def _stamp(decision: str) -> float | None:
+    """A decision's stamp (the writer's clock, for people), as epoch seconds."""
+    try:
+        return float(calendar.timegm(time.strptime(decision.split(" ", 1)[0], "%Y-%m-%dT%H:%M:%SZ")))
+    except ValueError:
+        return None
+
+
+def _created(created: str) -> float | None:
+    try:
+        return float(calendar.timegm(time.strptime(created, "%Y-%m-%dT%H:%M:%SZ")))
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class RunRow:
+    run_id: str
+    record: RunRecord
+    start: float | None
+    end: float | None
+
+
+def run_rows(store: RecordStore) -> list[RunRow]:
+    """The stack's runs, oldest first: start is the record's creation (the API server's clock), end the
+    stamp of its 'run ended' decision (its decider's clock), both for people."""
+    rows = []
+    for run_id, stored in store.list().items():
+        record = stored.record
+        if record is None:
+            continue
+        end = next((_stamp(d) for d in reversed(record.decisions) if " run ended: " in d), None)
+        rows.append(RunRow(run_id, record, _created(stored.created), end))
+    return sorted(rows, key=lambda r: (r.start or 0.0, r.run_id))
+
+
+def _when(epoch: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(epoch)) if epoch is not None else "-"
+
+
+def describe(row: RunRow, outputs: StackOutputs, now: float, step_s: float | None) -> list[tuple[str, str]]:
+    """One run's rows for `verl-gke runs`."""
+    from workloads.export_model import model_path
+
+    record = row.record
+    kind = outcome_kind(record.outcome) if record.outcome else "running"
+    gpus = outputs.gpu_nodes * outputs.gpus_per_node
+    until = row.end if record.outcome else now
+    hours = (until - row.start) / 3600 if row.start is not None and until is not None else None
+    bucket = outputs.checkpoint_uri.removeprefix("gs://").split("/", 1)[0]
+    checkpoints = outputs.checkpoint_uri.rstrip("/").rsplit("/", 1)[0] + f"/{row.run_id}"
+    if hours is None:
+        usage = "unknown (no start or end in the record)"
+    else:
+        usage = f"{hours * gpus:.1f} GPU-hours ({hours:.2f} h x {gpus} GPUs)" + (
+            f", ${hours * outputs.hourly_cost_usd:,.2f} at ${outputs.hourly_cost_usd:,.2f}/h"
+            if outputs.hourly_cost_usd is not None else ", cost unknown (no hourlyCostUsd: set "
+                                                         "verl-gke:gpuNodeHourlyUsd)")
+    rows = [("Run", f"{row.run_id}  {kind}" + (f": {record.outcome}" if record.outcome else "")),
+            ("Attempts", "; ".join(f"{a.index} {a.submission_id} ({a.cause})" for a in record.attempts) or "none"),
+            ("Started", _when(row.start)), ("Ended", _when(row.end) if record.outcome else "-"),
+            ("Usage", usage), ("Checkpoints", checkpoints),
+            ("Model", f"gs://{bucket}/{model_path(row.run_id)}" if record.export_outcome == "SUCCEEDED"
+             else f"none ({record.export_outcome or 'not exported'})")]
+    if step_s is not None:
+        rows.append(("Step time", f"measured {step_s:.0f} s (mean of perf/time_per_step in the copied logs)"))
+    return rows

@@ -1,0 +1,195 @@
+"""Logs that outlive the cluster: each attempt's driver log and the run's decisions, copied to the
+run's folder `logs/<run id>/` of the bucket while the run goes on and flushed before the release.
+
+Standard library only: it ships into the cluster with the run supervisor, which copies (it reads the
+head's log API, and as the run's one decider it knows when the release comes: the flush is the first
+half of its suspend). The folder holds:
+
+    record.json        the run record as of the last copy (attempts, outcome, release, newest decisions)
+    decisions.log      every decision seen, one a line (the record keeps only the newest 20)
+    attempt-<N>.log    attempt N's driver log: its last LOG_COPY_LINES lines, as the head cuts them
+
+`logs/` is a managed folder the stack grants to the writers of logs (domain/bucket.py); the copy is
+made through the GCS JSON API with the pod's own Workload Identity (GcsSink), or into a directory
+(DirectorySink: a bucket mount, or a test's folder).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from workloads.kube import REQUEST_TIMEOUT_S
+from workloads.run_lifecycle import TERMINAL, RayJobs
+from workloads.run_record import RunRecord
+
+LOGS_DIR = "logs"
+"""domain.bucket.LOGS_DIR (a test holds them equal: workloads import nothing from domain)."""
+COPY_EVERY_S = 60.0
+"""The copy is at most this far behind the head (the supervisor's own clock)."""
+FLUSH_DEADLINE_S = 120.0
+"""How long the release waits for the last copy before it releases anyway (and records the cut)."""
+LOG_COPY_LINES = 20000
+"""The tail of each driver log that is copied: the supervisor's pod has 256 MiB, a log may have GBs."""
+RECORD_FILE, DECISIONS_FILE = "record.json", "decisions.log"
+METADATA_TOKEN_URL = "http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token"
+
+
+def run_folder(run_id: str) -> str:
+    return f"{LOGS_DIR}/{run_id}"
+
+
+def attempt_file(index: int) -> str:
+    return f"attempt-{index}.log"
+
+
+class Sink(Protocol):
+    def read(self, name: str) -> str | None: ...
+
+    def write(self, name: str, text: str) -> None: ...
+
+
+@dataclass
+class DirectorySink:
+    """Objects as files under `root` (the bucket's mount point, or a test's folder)."""
+
+    root: Path
+
+    def read(self, name: str) -> str | None:
+        try:
+            return (self.root / name).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+
+    def write(self, name: str, text: str) -> None:
+        path = self.root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text(text, encoding="utf-8")
+        partial.replace(path)  # a reader never sees half a copy
+
+
+@dataclass
+class GcsSink:
+    """Objects of `bucket` through the GCS JSON API (storage.googleapis.com: objects.insert with
+    uploadType=media, objects.get with alt=media), authenticated by the GKE metadata server's token of
+    the pod's Kubernetes service account (Workload Identity). Each request is bounded."""
+
+    bucket: str
+    timeout_s: float = REQUEST_TIMEOUT_S
+    _token: tuple[str, float] | None = None
+
+    def _bearer(self) -> str:
+        if self._token is None or time.monotonic() >= self._token[1]:
+            request = urllib.request.Request(METADATA_TOKEN_URL, headers={"Metadata-Flavor": "Google"})
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                answer = json.load(response)
+            # Renewed a minute before it expires, by this process's clock only.
+            self._token = (answer["access_token"], time.monotonic() + float(answer.get("expires_in", 300)) - 60)
+        return self._token[0]
+
+    def read(self, name: str) -> str | None:
+        url = (f"https://storage.googleapis.com/storage/v1/b/{self.bucket}/o/"
+               f"{urllib.parse.quote(name, safe='')}?alt=media")
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {self._bearer()}"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                return response.read().decode("utf-8", errors="replace")
+        except urllib.error.HTTPError as error:
+            error.close()
+            if error.code == 404:
+                return None
+            raise
+
+    def write(self, name: str, text: str) -> None:
+        query = urllib.parse.urlencode({"uploadType": "media", "name": name})
+        request = urllib.request.Request(f"https://storage.googleapis.com/upload/storage/v1/b/{self.bucket}/o?{query}",
+                                         data=text.encode(), method="POST",
+                                         headers={"Authorization": f"Bearer {self._bearer()}",
+                                                  "Content-Type": "text/plain; charset=utf-8"})
+        with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            response.read()
+
+
+def merged_decisions(old: str | None, record: RunRecord) -> str:
+    """decisions.log with the record's decisions it does not hold yet appended (each is stamped, so a
+    line is one decision)."""
+    lines = (old or "").splitlines()
+    seen = set(lines)
+    return "".join(f"{line}\n" for line in [*lines, *(d for d in record.decisions if d not in seen)])
+
+
+@dataclass
+class LogCopier:
+    """Copies the logs of every run of one cluster into `sink`, at most every `every_s` (tick), and all
+    that is left before a release (flush)."""
+
+    ray: RayJobs
+    sink: Sink
+    records: Callable[[], Mapping[str, RunRecord]]
+    clock: Callable[[], float] = time.monotonic
+    log: Callable[[str], None] = print
+    every_s: float = COPY_EVERY_S
+    _last: float | None = None
+    _final: set[str] = field(default_factory=set)
+    """Attempts whose ended log was copied (this process: a restart copies them once more)."""
+    _written: dict[str, str] = field(default_factory=dict)
+    """What this process last wrote to each object: an unchanged one is not written again."""
+
+    def tick(self) -> None:
+        """A copy when the last one is `every_s` old; a failure is logged, never raised (the step goes on)."""
+        now = self.clock()
+        if self._last is not None and now - self._last < self.every_s:
+            return
+        self._last = now
+        try:
+            self.copy(deadline=now + self.every_s)
+        except Exception as error:  # noqa: BLE001 - a copy that failed is tried at the next tick
+            self.log(f"run logs: copy failed, retried in {self.every_s:g} s: {error!r}"[:500])
+
+    def copy(self, deadline: float) -> None:
+        """Copies what changed, oldest run first; TimeoutError once `deadline` (this clock) passed."""
+        records = self.records()
+        # A released cluster has no head: only what is not copied yet needs it.
+        due = any(a.submission_id not in self._final for r in records.values() for a in r.attempts)
+        jobs = self.ray.jobs() if due else {}
+        for run_id, record in sorted(records.items()):
+            folder = run_folder(run_id)
+            for attempt in record.attempts:
+                job = jobs.get(attempt.submission_id)
+                if job is None or attempt.submission_id in self._final:
+                    continue
+                if self.clock() >= deadline:
+                    raise TimeoutError(f"{attempt.submission_id} not copied yet")
+                lines = self.ray.log_tail(job, lines=LOG_COPY_LINES)
+                self._write(f"{folder}/{attempt_file(attempt.index)}", "".join(f"{line}\n" for line in lines))
+                if job.get("status") in TERMINAL:
+                    self._final.add(attempt.submission_id)
+            text = record.to_json()
+            if self._written.get(f"{folder}/{RECORD_FILE}") != text:
+                self._write(f"{folder}/{DECISIONS_FILE}",
+                            merged_decisions(self.sink.read(f"{folder}/{DECISIONS_FILE}"), record))
+                self._write(f"{folder}/{RECORD_FILE}", text)
+
+    def _write(self, name: str, text: str) -> None:
+        if self._written.get(name) != text:
+            self.sink.write(name, text)
+            self._written[name] = text
+
+    def flush(self, deadline_s: float = FLUSH_DEADLINE_S) -> str:
+        """Everything left, within `deadline_s`: '' when done, else why the copy was cut."""
+        started = self.clock()
+        try:
+            self.copy(deadline=started + deadline_s)
+        except Exception as error:  # noqa: BLE001 - the release goes on all the same
+            return f"log copy cut after {self.clock() - started:.0f} s: {error!r}"[:300]
+        self._last = self.clock()
+        return ""
+
