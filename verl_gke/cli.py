@@ -43,6 +43,7 @@ from verl_gke.console import PROG, CliError, HeadUnreachable, UsageError
 from verl_gke.console import fail as _fail
 from verl_gke.console import first_line as _first_line
 from verl_gke.console import one_line as _one_line
+from verl_gke.console import print_rows as _print_rows
 from verl_gke.console import progress as _progress
 from verl_gke.cluster_readiness import ClusterNotReadyError, await_capacity, duration, read_capacity
 from verl_gke.log_text import InertLines, inert
@@ -175,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help=f"give up waiting after S seconds (default {runs.STOP_TIMEOUT_S:g})")
     stop.add_argument("--poll", type=_positive_float, default=5.0, metavar="S",
                       help="seconds between looks at the record (default 5)")
-    stop.set_defaults(handler=cmd_stop)
+    stop.set_defaults(handler=runs.cmd_stop)
 
     listing = commands.add_parser(
         "runs", parents=[common], help="the stack's runs: outcome, attempts, times, GPU-hours, cost, URIs",
@@ -185,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "the modeled one.")
     listing.add_argument("--step-times", action="store_true",
                          help="read each run's logs from the bucket copy for its measured step time")
-    listing.set_defaults(handler=cmd_runs)
+    listing.set_defaults(handler=runs.cmd_runs)
 
     dash = commands.add_parser(
         "dashboard", parents=[common], help="open the Ray dashboard locally until Ctrl-C or --minutes",
@@ -477,13 +478,6 @@ def _cluster_line(outputs: StackOutputs) -> str:
             f"{outputs.gpu_nodes} GPU nodes x {outputs.gpus_per_node} GPUs")
 
 
-def _print_rows(rows: list[tuple[str, str]]) -> int:
-    width = max(len(label) for label, _ in rows)
-    for label, value in rows:
-        print(f"{label.ljust(width)}  {value}")
-    return 0
-
-
 def _live_status(args: argparse.Namespace, target: Target, outputs: StackOutputs) -> int:
     expected_gpus = outputs.gpu_nodes * outputs.gpus_per_node
     with _head(args, outputs) as url:
@@ -624,30 +618,17 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _chosen(record: RunRecord, every: bool, index: int | None) -> list[Any]:
-    """The run's attempts `logs` shows: all, attempt `index`, or the current (newest) one."""
-    if not record.attempts:
-        raise CliError(f"run {record.run_id} has no attempt yet")
-    if every:
-        return list(record.attempts)
-    if index is not None:
-        if not 0 <= index < len(record.attempts):
-            raise CliError(f"run {record.run_id} has attempts 0 to {len(record.attempts) - 1}, not {index}")
-        return [record.attempts[index]]
-    return [record.attempts[-1]]
-
-
 def _run_logs(args: argparse.Namespace, target: Target, every: bool, index: int | None) -> list[tuple[str, str]]:
     """(header, text) of each chosen attempt's driver log: from the head, or, once the head is gone (or
     --from-bucket), from the run's copy in the bucket. A header only when several are shown."""
     record = _api_record(target)
     if getattr(args, "from_bucket", False):
-        return _bucket_logs(args, target, record, every, index)
+        return runs.bucket_logs(target.run, record, every, index, getattr(args, "copy_wait", None))
     try:
         with _head(args, target.outputs) as url:
             client = _job_client(url)
             if record is not None:
-                ids = [(runs.attempt_line(a), a.submission_id) for a in _chosen(record, every, index)]
+                ids = [(runs.attempt_line(a), a.submission_id) for a in runs.chosen(record, every, index)]
             elif index is not None:
                 raise CliError("--attempt needs the run's record: give --kube-api-url, or leave out --dashboard-url")
             elif every:  # no record: the run's attempts the head knows, by their ids
@@ -662,41 +643,7 @@ def _run_logs(args: argparse.Namespace, target: Target, every: bool, index: int 
         if target.run is None:
             raise
         _progress(f"{_one_line(gone)}; reading the run's log copy in {target.run.bucket.folder}")
-        return _bucket_logs(args, target, record, every, index)
-
-
-def _bucket_logs(args: argparse.Namespace, target: Target, record: RunRecord | None, every: bool,
-                 index: int | None) -> list[tuple[str, str]]:
-    run = target.run
-    if run is None:
-        raise CliError("the bucket keeps logs by run: give --run (or the stack's outputs), not --submission-id")
-    copy_wait = getattr(args, "copy_wait", None)
-    if copy_wait:
-        _await_final_copy(run, copy_wait)
-    copied = run.bucket.record() or record
-    if copied is None:
-        raise CliError(f"no copy of run {run.run_id} in {run.bucket.folder} (the run supervisor copies it "
-                       "while the run goes on)")
-    out = []
-    for attempt in _chosen(copied, every, index):
-        text = run.bucket.attempt_log(attempt)
-        if text is None:
-            raise CliError(f"{run.bucket.where(f'attempt-{attempt.index}.log')} does not exist: attempt "
-                           f"{attempt.index} was never copied")
-        out.append((f"==> {runs.attempt_line(attempt)} <==" if every else "", text))
-    return out
-
-
-def _await_final_copy(run: runs.Run, wait_s: float) -> None:
-    """Until the bucket's copy of the record says the run was released (its copy flushed before it)."""
-    deadline = time.monotonic() + wait_s
-    _progress(f"waiting up to {wait_s:g} s for the final copy of run {run.run_id} in {run.bucket.folder} "
-              "(flushed when its GPU workers are released)")
-    while not ((copied := run.bucket.record()) is not None and copied.released):
-        if time.monotonic() >= deadline:
-            raise CliError(f"the copy of run {run.run_id} in {run.bucket.folder} is not final after {wait_s:g} s "
-                           "(the run has not been released yet)")
-        time.sleep(min(10.0, max(0.1, deadline - time.monotonic())))
+        return runs.bucket_logs(target.run, record, every, index, getattr(args, "copy_wait", None))
 
 
 async def _tail(client: JobSubmissionClient, submission_id: str, out: TextIO) -> None:
@@ -770,41 +717,6 @@ def _wait_job(args: argparse.Namespace, target: Target) -> int:
                             runs.EXIT_STOPPED if status == "STOPPED" else runs.EXIT_FAILED)
     print(f"job {target.submission_id} SUCCEEDED")
     return 0
-
-
-def cmd_stop(args: argparse.Namespace) -> int:
-    outputs = stack_outputs.load(args.outputs, args.stack)
-    return runs.stop(runs.run_of(args, outputs), not args.no_wait, args.timeout, args.poll)
-
-
-def cmd_runs(args: argparse.Namespace) -> int:
-    outputs = stack_outputs.load(args.outputs, args.stack)
-    store = runs.record_store(args, outputs)
-    if store is None:
-        raise CliError("runs reads the run records through the Kubernetes API: drop --dashboard-url, or add "
-                       "--kube-api-url")
-    rows = runs.run_rows(store)
-    if not rows:
-        print(f"no run recorded on RayCluster {outputs.ray_cluster} in namespace {outputs.namespace}")
-        return 0
-    now = time.time()
-    for number, row in enumerate(rows):
-        step_s = _measured_step(args, outputs, row) if args.step_times else None
-        if number:
-            print()
-        _print_rows(runs.describe(row, outputs, now, step_s))
-    return 0
-
-
-def _measured_step(args: argparse.Namespace, outputs: StackOutputs, row: runs.RunRow) -> float | None:
-    """The mean of verl's perf/time_per_step over the run's copied logs (None: no step logged)."""
-    copy = runs.BucketCopy(row.run_id, outputs.bucket_name, Path(args.bucket_dir) if args.bucket_dir else None)
-    text = "".join(copy.attempt_log(a) or "" for a in row.record.attempts)
-    steps = [value for _step, value in metrics.parse_log(text).series(STEP_TIME_KEY)]
-    return sum(steps) / len(steps) if steps else None
-
-
-STEP_TIME_KEY = "perf/time_per_step"
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:

@@ -37,3 +37,11 @@ def one_line(error: BaseException) -> str:
 
 def first_line(text: str) -> str:
     return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+def print_rows(rows: list[tuple[str, str]]) -> int:
+    """`label  value` lines, the labels padded to one width."""
+    width = max(len(label) for label, _ in rows)
+    for label, value in rows:
+        print(f"{label.ljust(width)}  {value}")
+    return 0

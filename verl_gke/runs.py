@@ -22,7 +22,8 @@ from verl_gke import gke_facts
 from verl_gke.cluster_api import cluster_api
 from verl_gke.cluster_readiness import duration
 from verl_gke.commands import run_tool
-from verl_gke.console import CliError, HeadUnreachable, one_line, progress
+from verl_gke import metrics, stack_outputs
+from verl_gke.console import CliError, HeadUnreachable, one_line, print_rows, progress
 from verl_gke.head_access import OutageClock
 from verl_gke.stack_outputs import StackOutputs
 from workloads.kube import KubernetesApi
@@ -174,6 +175,55 @@ def attempt_line(attempt: Attempt) -> str:
            + (f": {attempt.reason}" if attempt.reason else "") + ")"
 
 
+# --- logs --------------------------------------------------------------------------------------
+
+
+def chosen(record: RunRecord, every: bool, index: int | None) -> list[Attempt]:
+    """The run's attempts `logs` shows: all, attempt `index`, or the current (newest) one."""
+    if not record.attempts:
+        raise CliError(f"run {record.run_id} has no attempt yet")
+    if every:
+        return list(record.attempts)
+    if index is not None:
+        if not 0 <= index < len(record.attempts):
+            raise CliError(f"run {record.run_id} has attempts 0 to {len(record.attempts) - 1}, not {index}")
+        return [record.attempts[index]]
+    return [record.attempts[-1]]
+
+
+def bucket_logs(run: Run | None, record: RunRecord | None, every: bool, index: int | None,
+                copy_wait_s: float | None) -> list[tuple[str, str]]:
+    """(header, text) of the chosen attempts from the run's copy in the bucket (a header only for --all)."""
+    if run is None:
+        raise CliError("the bucket keeps logs by run: give --run (or the stack's outputs), not --submission-id")
+    if copy_wait_s:
+        _await_final_copy(run, copy_wait_s)
+    copied = run.bucket.record() or record
+    if copied is None:
+        raise CliError(f"no copy of run {run.run_id} in {run.bucket.folder} (the run supervisor copies it "
+                       "while the run goes on)")
+    out = []
+    for attempt in chosen(copied, every, index):
+        text = run.bucket.attempt_log(attempt)
+        if text is None:
+            raise CliError(f"{run.bucket.where(attempt_file(attempt.index))} does not exist: attempt "
+                           f"{attempt.index} was never copied")
+        out.append((f"==> {attempt_line(attempt)} <==" if every else "", text))
+    return out
+
+
+def _await_final_copy(run: Run, wait_s: float) -> None:
+    """Until the bucket's copy of the record says the run was released (its copy flushed before it)."""
+    deadline = time.monotonic() + wait_s
+    progress(f"waiting up to {wait_s:g} s for the final copy of run {run.run_id} in {run.bucket.folder} "
+             "(flushed when its GPU workers are released)")
+    while not ((copied := run.bucket.record()) is not None and copied.released):
+        if time.monotonic() >= deadline:
+            raise CliError(f"the copy of run {run.run_id} in {run.bucket.folder} is not final after {wait_s:g} s "
+                           "(the run has not been released yet)")
+        time.sleep(min(10.0, max(0.1, deadline - time.monotonic())))
+
+
 # --- wait --------------------------------------------------------------------------------------
 
 
@@ -280,6 +330,11 @@ def stop(run: Run, wait: bool, timeout_s: float, poll_s: float, sleep: Callable[
         sleep(poll_s)
 
 
+def cmd_stop(args: argparse.Namespace) -> int:
+    outputs = stack_outputs.load(args.outputs, args.stack)
+    return stop(run_of(args, outputs), not args.no_wait, args.timeout, args.poll)
+
+
 # --- runs --------------------------------------------------------------------------------------
 
 
@@ -350,3 +405,33 @@ def describe(row: RunRow, outputs: StackOutputs, now: float, step_s: float | Non
     if step_s is not None:
         rows.append(("Step time", f"measured {step_s:.0f} s (mean of perf/time_per_step in the copied logs)"))
     return rows
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    outputs = stack_outputs.load(args.outputs, args.stack)
+    store = record_store(args, outputs)
+    if store is None:
+        raise CliError("runs reads the run records through the Kubernetes API: drop --dashboard-url, or add "
+                       "--kube-api-url")
+    rows = run_rows(store)
+    if not rows:
+        print(f"no run recorded on RayCluster {outputs.ray_cluster} in namespace {outputs.namespace}")
+        return 0
+    now = time.time()
+    for number, row in enumerate(rows):
+        step_s = _measured_step(args, outputs, row) if args.step_times else None
+        if number:
+            print()
+        print_rows(describe(row, outputs, now, step_s))
+    return 0
+
+
+STEP_TIME_KEY = "perf/time_per_step"
+
+
+def _measured_step(args: argparse.Namespace, outputs: StackOutputs, row: RunRow) -> float | None:
+    """The mean of verl's perf/time_per_step over the run's copied logs (None: no step logged)."""
+    copy = BucketCopy(row.run_id, outputs.bucket_name, Path(args.bucket_dir) if args.bucket_dir else None)
+    text = "".join(copy.attempt_log(a) or "" for a in row.record.attempts)
+    steps = [value for _step, value in metrics.parse_log(text).series(STEP_TIME_KEY)]
+    return sum(steps) / len(steps) if steps else None
