@@ -10,10 +10,8 @@ import json
 import re
 import shlex
 import sys
-import threading
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,8 @@ from components.grpo_job import GrpoJobProvider, _JobSpec
 from domain.bucket import LOGS_DIR
 from tests.kube_api import kube_api
 from tests.ray_head import free_ports
+from tests.test_run_faults import supervising, wait_for
+from tests.test_run_supervisor import RecordingControl
 from tests.test_cli import error_line, outputs_doc, run, write_outputs
 from verl_gke import runs, stack_outputs
 from workloads import run_lifecycle, run_logs
@@ -59,20 +59,6 @@ for step in range(1, 600):
 """
 
 
-class RecordingControl:
-    """The RayCluster's suspend, noted (the head stays up for the other tests)."""
-
-    def __init__(self) -> None:
-        self.suspended = False
-
-    def set_suspended(self, suspended: bool) -> bool:
-        self.suspended = suspended
-        return True
-
-    def state(self) -> str:
-        return "suspended" if self.suspended else "running"
-
-
 @pytest.fixture
 def api() -> Iterator[str]:
     with kube_api() as (url, _state):
@@ -99,26 +85,14 @@ def supervisor(head: str, api_url: str, spec: _JobSpec, control: RecordingContro
                    control=control, sink=DirectorySink(bucket))
 
 
-@contextmanager
-def supervising(running: Decider) -> Iterator[None]:
-    """The supervisor's loop (run_forever's step: decide, then copy the logs) in the background."""
-    done = threading.Event()
+class WithLogCopy:
+    """The supervisor's loop step (run_forever's: decide, then copy the logs) for test_run_faults.supervising."""
 
-    def loop() -> None:
-        while not done.is_set():
-            try:
-                step(running)
-            except Exception:  # noqa: BLE001 - run_forever logs and goes on
-                pass
-            done.wait(0.2)
+    def __init__(self, running: Decider) -> None:
+        self.running = running
 
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join(timeout=60)
+    def step(self) -> None:
+        step(self.running)
 
 
 def outputs_for(tmp_path: Path, spec: _JobSpec) -> Path:
@@ -142,7 +116,7 @@ def test_wait_follows_the_run_across_a_killed_attempt_to_success_and_logs_outliv
     outputs = outputs_for(tmp_path, spec)
     where = ("--outputs", str(outputs), "--kube-api-url", api)
     control = RecordingControl()
-    with supervising(supervisor(ray_head, api, spec, control, bucket)):
+    with supervising(WithLogCopy(supervisor(ray_head, api, spec, control, bucket))):
         code, out, err = run(capsys, "wait", *where, "--dashboard-url", ray_head, "--poll", "0.3")
         assert code == 0, err
         assert out == f"run {spec.run_key} SUCCEEDED after 2 attempt(s)\n"
@@ -164,10 +138,7 @@ def test_wait_follows_the_run_across_a_killed_attempt_to_success_and_logs_outliv
                            f"{record_of(api, spec).attempts[1].reason.split(': ', 1)[1]}) <=="]
         assert out.index("attempt 0 killed") < out.index(headers[1]) < out.index("attempt 1 done")
         # The release: the copy is flushed before the suspend.
-        deadline = 60
-        while not (record_of(api, spec).released and control.suspended) and deadline > 0:
-            threading.Event().wait(0.2)
-            deadline -= 0.2
+        wait_for(lambda: record_of(api, spec).released and control.suspended, 60, "the release")
     assert control.suspended
     folder = bucket / LOGS_DIR / spec.run_key
     assert sorted(p.name for p in folder.iterdir()) == ["attempt-0.log", "attempt-1.log", "decisions.log",
@@ -199,7 +170,7 @@ def test_stop_ends_the_run_through_its_record_and_runs_lists_it_stopped(
     outputs = outputs_for(tmp_path, spec)
     where = ("--outputs", str(outputs), "--kube-api-url", api)
     control = RecordingControl()
-    with supervising(supervisor(ray_head, api, spec, control, tmp_path / "bucket")):
+    with supervising(WithLogCopy(supervisor(ray_head, api, spec, control, tmp_path / "bucket"))):
         code, out, err = run(capsys, "stop", *where, "--poll", "0.2", "--timeout", "60")
         assert code == 0, err
         assert out == f"run {spec.run_key} ended: {USER_STOPPED}; GPU workers released\n"

@@ -150,19 +150,21 @@ class LogCopier:
             return
         self._last = now
         try:
-            self.copy(deadline=now + self.every_s)
+            self.copy(deadline=now + self.every_s, released=False)
         except Exception as error:  # noqa: BLE001 - a copy that failed is tried at the next tick
             self.log(f"run logs: copy failed, retried in {self.every_s:g} s: {error!r}"[:500])
 
-    def copy(self, deadline: float) -> None:
-        """Copies what changed, oldest run first; TimeoutError once `deadline` (this clock) passed."""
+    def copy(self, deadline: float, released: bool) -> None:
+        """Copies what changed, oldest run first; the logs of released runs only when `released` (the
+        flush: their head is about to go; after it, there is none to ask). TimeoutError once `deadline`
+        (this clock) passed."""
         records = self.records()
-        # A released cluster has no head: only what is not copied yet needs it.
-        due = any(a.submission_id not in self._final for r in records.values() for a in r.attempts)
+        due = [a for r in records.values() if released or not r.released for a in r.attempts
+               if a.submission_id not in self._final]
         jobs = self.ray.jobs() if due else {}
         for run_id, record in sorted(records.items()):
             folder = run_folder(run_id)
-            for attempt in record.attempts:
+            for attempt in record.attempts if released or not record.released else ():
                 job = jobs.get(attempt.submission_id)
                 if job is None or attempt.submission_id in self._final:
                     continue
@@ -187,7 +189,7 @@ class LogCopier:
         """Everything left, within `deadline_s`: '' when done, else why the copy was cut."""
         started = self.clock()
         try:
-            self.copy(deadline=started + deadline_s)
+            self.copy(deadline=started + deadline_s, released=True)
         except Exception as error:  # noqa: BLE001 - the release goes on all the same
             return f"log copy cut after {self.clock() - started:.0f} s: {error!r}"[:300]
         self._last = self.clock()
