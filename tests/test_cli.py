@@ -841,6 +841,16 @@ def test_a_command_that_needs_a_head_says_how_to_try_it_on_synths_outputs(
         "Ray head of your own (e.g. `ray start --head`)")
 
 
+@pytest.mark.parametrize("command", ["stop", "runs"])
+def test_a_command_that_needs_the_run_records_says_synths_outputs_started_no_run(
+        capsys: pytest.CaptureFixture[str], synth_outputs: Path, command: str) -> None:
+    code, _, err = run(capsys, command, "--outputs", str(synth_outputs))
+    assert code == 1
+    assert error_line(err) == (
+        f"verl-gke: error: {synth_outputs} holds synth's offline outputs: no run was started. `verl-gke status "
+        f"--outputs {synth_outputs}` shows what they name; {command} reads the run records of a deployed stack")
+
+
 @pytest.mark.ray
 def test_synths_outputs_with_a_dashboard_url_follow_the_job_they_name(
         capsys: pytest.CaptureFixture[str], ray_head: str, synth_outputs: Path) -> None:

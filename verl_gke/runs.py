@@ -160,7 +160,7 @@ def record_store(args: argparse.Namespace, outputs: StackOutputs) -> RecordStore
     if args.kube_api_url:
         api = KubernetesApi(args.kube_api_url, timeout_s=args.head_timeout)
     elif args.dashboard_url or outputs.offline:
-        return None
+        return None  # `stop` and `runs` say why; `wait` and `logs` follow a job, or say there is no head
     else:
         try:
             facts = gke_facts.describe(outputs.cluster_name, outputs.cluster_location)
@@ -168,6 +168,15 @@ def record_store(args: argparse.Namespace, outputs: StackOutputs) -> RecordStore
             raise CliError(str(error)) from None
         api = cluster_api(facts.endpoint, facts.ca_certificate, args.head_timeout)
     return RecordStore(api, outputs.namespace, outputs.ray_cluster)
+
+
+def no_records(outputs: StackOutputs, command: str) -> str:
+    """Why `command` has no run record to read."""
+    if outputs.offline:
+        return (f"{outputs.source} holds synth's offline outputs: no run was started. `verl-gke status --outputs "
+                f"{outputs.source}` shows what they name; {command} reads the run records of a deployed stack")
+    return (f"{command} reads the run records through the Kubernetes API: drop --dashboard-url, or add "
+            "--kube-api-url")
 
 
 def attempt_line(attempt: Attempt) -> str:
@@ -298,8 +307,7 @@ def stop(run: Run, wait: bool, timeout_s: float, poll_s: float, sleep: Callable[
     """`stop`: desired stopped in the record; then (unless not `wait`) waits until its decider has ended
     the run and released the GPU workers. Idempotent."""
     if run.store is None:
-        raise CliError("stop needs the run record through the Kubernetes API: drop --dashboard-url, or add "
-                       "--kube-api-url")
+        raise CliError(no_records(run.outputs, "stop"))
     found = run.store.get(run.run_id).record
     if found is None:
         raise CliError(f"run {run.run_id} has no record ({run.record_name}): nothing to stop")
@@ -411,8 +419,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     outputs = stack_outputs.load(args.outputs, args.stack)
     store = record_store(args, outputs)
     if store is None:
-        raise CliError("runs reads the run records through the Kubernetes API: drop --dashboard-url, or add "
-                       "--kube-api-url")
+        raise CliError(no_records(outputs, "runs"))
     rows = run_rows(store)
     if not rows:
         print(f"no run recorded on RayCluster {outputs.ray_cluster} in namespace {outputs.namespace}")
