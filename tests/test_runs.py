@@ -124,6 +124,11 @@ def test_wait_follows_the_run_across_a_killed_attempt_to_success_and_logs_outliv
         assert f"verl-gke: run {spec.run_key}: attempt 0 {first} (pulumi-up, pulumi-up)\n" in err
         assert f"verl-gke: run {spec.run_key}: attempt 1 {second} (supervisor, run-failed: after {first}: " in err
 
+        # What following the first attempt's submission id (grpoSubmissionId, all 0.5.1 had) says of it.
+        code, _, err = run(capsys, "wait", "--outputs", str(outputs), "--dashboard-url", ray_head, "--submission-id",
+                           first)
+        assert code == runs.EXIT_FAILED and error_line(err).startswith(f"verl-gke: error: job {first} ended FAILED")
+
         # On the head: the current attempt, one by number, and all of them.
         code, out, err = run(capsys, "logs", *where, "--dashboard-url", ray_head)
         assert code == 0, err

@@ -426,13 +426,18 @@ def _api_record(target: Target) -> RunRecord | None:
     return None if run is None or run.store is None else run.store.get(run.run_id).record
 
 
+def _readable_record(target: Target) -> RunRecord | None:
+    """_api_record, or None (said on stderr) when it cannot be read: the head may still answer."""
+    try:
+        return _api_record(target)
+    except Exception as error:  # noqa: BLE001 - one line, and the command goes on without it
+        _progress(f"the run record was not readable ({_one_line(error)}); going on without it")
+        return None
+
+
 def _current_id(target: Target) -> str:
     """The current attempt's submission id, as the record names it (else the first attempt's, or --submission-id)."""
-    try:
-        record = _api_record(target)
-    except Exception as error:  # noqa: BLE001 - the head may still answer for the first attempt
-        _progress(f"the run record was not readable ({_one_line(error)}); showing the first attempt")
-        return target.submission_id
+    record = _readable_record(target)
     newest = record.attempts[-1] if record is not None and record.attempts else None
     return newest.submission_id if newest is not None else target.submission_id
 
@@ -621,7 +626,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 def _run_logs(args: argparse.Namespace, target: Target, every: bool, index: int | None) -> list[tuple[str, str]]:
     """(header, text) of each chosen attempt's driver log: from the head, or, once the head is gone (or
     --from-bucket), from the run's copy in the bucket. A header only when several are shown."""
-    record = _api_record(target)
+    record = _readable_record(target)
     if getattr(args, "from_bucket", False):
         return runs.bucket_logs(target.run, record, every, index, getattr(args, "copy_wait", None))
     try:
