@@ -40,7 +40,7 @@ from manifests.ray_cluster import ray_cluster_of
 from workloads import export_model, run_lifecycle
 from workloads.kube import KubernetesApi, RayClusterControl
 from workloads.run_lease import PULUMI_UP, HeldLease, Lease, identity
-from workloads.run_lifecycle import DEADLINE_ENV, DELETED, LIVE, SUCCEEDED, RayJobs, RunSpec
+from workloads.run_lifecycle import DEADLINE_ENV, LIVE, SUCCEEDED, RayJobs, RunSpec
 from workloads.run_record import MemoryRecords, RecordStore
 from verl_gke.head_access import (
     PORT_FORWARD_START_TIMEOUT_S,
@@ -544,9 +544,8 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
 
 def ended_status(outcome: str) -> str:
     """A Ray job status for a run's recorded outcome."""
-    if outcome == SUCCEEDED:
-        return "SUCCEEDED"
-    return "STOPPED" if outcome == DELETED or outcome.endswith(" was stopped") else "FAILED"
+    kind = run_lifecycle.outcome_kind(outcome)
+    return "SUCCEEDED" if kind == "succeeded" else "STOPPED" if kind == "stopped" else "FAILED"
 
 
 def _spec_props(props: Mapping[str, Any]) -> dict[str, Any]:

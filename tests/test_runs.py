@@ -217,7 +217,7 @@ def test_stop_ends_the_run_through_its_record_and_runs_lists_it_stopped(
 ])
 def test_wait_exits_by_the_runs_outcome(capsys: pytest.CaptureFixture[str], api: str, tmp_path: Path,
                                         outcome: str, kind: str, code: int) -> None:
-    assert runs.outcome_kind(outcome) == kind
+    assert run_lifecycle.outcome_kind(outcome) == kind
     store = RecordStore(KubernetesApi(api), NAMESPACE, "b200-ray-cluster")
     store.write(store.get("run-1"), RunRecord("run-1", attempts=(Attempt(0, "sid-0", "pulumi-up", "pulumi-up",
                                                                          submitted=True),), outcome=outcome))
@@ -329,3 +329,10 @@ def test_the_stack_outputs_name_the_run_and_the_supervisor_may_write_only_its_lo
               if r.type.endswith(("IAMMember", "IamMember")) and r.inputs.get("member") == supervisor_principal]
     assert grants == [("ManagedFolderIamMember", f"{LOGS_DIR}/", "roles/storage.objectUser")]
 
+
+
+def test_refresh_reports_a_run_stopped_by_the_user_as_stopped() -> None:
+    from components.grpo_job import ended_status
+
+    assert [ended_status(o) for o in (USER_STOPPED, run_lifecycle.DELETED, "budget of 60 s spent", "succeeded")] == [
+        "STOPPED", "STOPPED", "FAILED", "SUCCEEDED"]

@@ -27,16 +27,7 @@ from verl_gke.console import CliError, HeadUnreachable, one_line, print_rows, pr
 from verl_gke.head_access import OutageClock
 from verl_gke.stack_outputs import StackOutputs
 from workloads.kube import KubernetesApi
-from workloads.run_lifecycle import (
-    BUDGET_PREFIX,
-    DELETED,
-    LOST_PREFIX,
-    STOPPED_SUFFIX,
-    SUCCEEDED,
-    USER_STOPPED,
-    stop_asked,
-    write_record,
-)
+from workloads.run_lifecycle import outcome_kind, stop_asked, write_record
 from workloads.run_logs import RECORD_FILE, attempt_file, run_folder
 from workloads.run_record import Attempt, RecordStore, RunRecord, record_name
 
@@ -47,21 +38,6 @@ EXIT_CODES = {"succeeded": 0, "failed": EXIT_FAILED, "stopped": EXIT_STOPPED, "o
 STOP_TIMEOUT_S = 900.0
 """How long `stop` waits for the decider to stop the attempt and release the GPU workers."""
 GCLOUD_TIMEOUT_S = 120.0
-
-
-def outcome_kind(outcome: str) -> str:
-    """'succeeded', 'stopped' (verl-gke stop, pulumi destroy, a hand stop), 'over budget', 'lost' (the head
-    did not answer for runHeadOutageSeconds) or 'failed' (every other end: a failed deploy, retries spent,
-    nodes lost too often, a cluster never whole)."""
-    if outcome == SUCCEEDED:
-        return "succeeded"
-    if outcome in (USER_STOPPED, DELETED) or outcome.endswith(STOPPED_SUFFIX):
-        return "stopped"
-    if outcome.startswith(BUDGET_PREFIX):
-        return "over budget"
-    if outcome.startswith(LOST_PREFIX):
-        return "lost"
-    return "failed"
 
 
 class RunEnded(CliError):

@@ -227,6 +227,21 @@ def claimed(record: RunRecord, attempt: Attempt) -> RunRecord:
         f"{attempt.by} claimed attempt {attempt.index} ({attempt.submission_id}, {attempt.cause})")
 
 
+def outcome_kind(outcome: str) -> str:
+    """'succeeded', 'stopped' (verl-gke stop, pulumi destroy, a hand stop), 'over budget', 'lost' (the head
+    did not answer for runHeadOutageSeconds) or 'failed' (every other end: a failed deploy, retries spent,
+    nodes lost too often, a cluster never whole)."""
+    if outcome == SUCCEEDED:
+        return "succeeded"
+    if outcome in (USER_STOPPED, DELETED) or outcome.endswith(STOPPED_SUFFIX):
+        return "stopped"
+    if outcome.startswith(BUDGET_PREFIX):
+        return "over budget"
+    if outcome.startswith(LOST_PREFIX):
+        return "lost"
+    return "failed"
+
+
 def ended(record: RunRecord, outcome: str) -> RunRecord:
     """The run's outcome (the first one stays)."""
     if record.outcome:
