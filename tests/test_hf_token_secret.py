@@ -261,5 +261,8 @@ def test_only_the_staging_jobs_own_identity_may_read_the_token(synth_stack, stac
         ("SecretIamMember", "roles/secretmanager.secretAccessor", principals[staging])]
     assert {(kind, role) for kind, role, member in grants if member == principals[ray]} == {
         ("BucketIAMMember", "roles/storage.objectViewer"), ("ManagedFolderIamMember", "roles/storage.objectUser")}
-    # No other account of the stack (the run supervisor's) has any grant in GCP.
-    assert {member for *_, member in grants} == {principals[staging], principals[ray]}
+    # The run supervisor's account has one grant in GCP, objectUser on logs/ (its copy of the runs'
+    # logs, docs/runs.md), and none on the secret; no other account of the stack has any.
+    (supervisor,) = [name for name in accounts if name.endswith("-supervisor")]
+    assert [g for g in grants if g[2] not in (principals[staging], principals[ray])] == [
+        ("ManagedFolderIamMember", "roles/storage.objectUser", principals[supervisor])]
