@@ -10,9 +10,12 @@ import json
 import re
 import shlex
 import sys
+import threading
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -336,3 +339,90 @@ def test_refresh_reports_a_run_stopped_by_the_user_as_stopped() -> None:
 
     assert [ended_status(o) for o in (USER_STOPPED, run_lifecycle.DELETED, "budget of 60 s spent", "succeeded")] == [
         "STOPPED", "STOPPED", "FAILED", "SUCCEEDED"]
+
+
+def test_logs_follow_streams_the_current_attempt_only(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("sid-0", runId="run-1"))
+    code, out, err = run(capsys, "logs", "--outputs", str(outputs), "--follow", "--all")
+    assert (code, out) == (2, "")
+    assert error_line(err) == ("verl-gke: error: logs: --follow streams the current attempt from the head: not with "
+                               "--all, --attempt or --from-bucket (see verl-gke logs --help)")
+
+
+def test_logs_of_an_attempt_the_run_does_not_have_names_the_ones_it_has(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    record = RunRecord("run-1", attempts=(Attempt(0, "sid-0", "pulumi-up", "pulumi-up", submitted=True),),
+                       outcome="succeeded", released=True)
+    DirectorySink(tmp_path).write(f"{LOGS_DIR}/run-1/record.json", record.to_json())
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("sid-0", runId="run-1"))
+    code, _, err = run(capsys, "logs", "--outputs", str(outputs), "--dashboard-url", "http://127.0.0.1:9",
+                       "--bucket-dir", str(tmp_path), "--from-bucket", "--attempt", "3")
+    assert code == 1
+    assert error_line(err) == "verl-gke: error: run run-1 has attempts 0 to 0, not 3"
+    code, _, err = run(capsys, "logs", "--outputs", str(outputs), "--dashboard-url", "http://127.0.0.1:9",
+                       "--bucket-dir", str(tmp_path), "--from-bucket")
+    assert code == 1
+    assert error_line(err) == (f"verl-gke: error: {tmp_path}/{LOGS_DIR}/run-1/attempt-0.log does not exist: "
+                               "attempt 0 was never copied")
+
+
+class _Gcs(BaseHTTPRequestHandler):
+    """The two GCS JSON API calls the copy makes, as cloud.google.com/storage/docs/json_api/v1 states them:
+    objects.insert as a simple upload (`POST /upload/storage/v1/b/<bucket>/o?uploadType=media&name=<name>`,
+    the body the object), objects.get of the data (`GET /storage/v1/b/<bucket>/o/<url-encoded name>?alt=media`,
+    404 when there is none); each needs `Authorization: Bearer <token>` (401 without). And the GKE metadata
+    server's token endpoint, which answers only with `Metadata-Flavor: Google` (403 otherwise;
+    cloud.google.com/kubernetes-engine/docs/concepts/workload-identity#metadata_server)."""
+
+    objects: dict[str, bytes] = {}
+    TOKEN = "ya29.test"
+
+    def log_message(self, *_args: Any) -> None:
+        pass
+
+    def _answer(self, code: int, body: bytes = b"") -> None:
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        url = urllib.parse.urlsplit(self.path)
+        if url.path == "/token":
+            if self.headers.get("Metadata-Flavor") != "Google":
+                return self._answer(403)
+            return self._answer(200, json.dumps({"access_token": self.TOKEN, "expires_in": 3599,
+                                                 "token_type": "Bearer"}).encode())
+        if self.headers.get("Authorization") != f"Bearer {self.TOKEN}":
+            return self._answer(401)
+        prefix = "/storage/v1/b/bkt/o/"
+        if not url.path.startswith(prefix) or urllib.parse.parse_qs(url.query).get("alt") != ["media"]:
+            return self._answer(400)
+        name = urllib.parse.unquote(url.path.removeprefix(prefix))
+        found = self.objects.get(name)
+        return self._answer(404) if found is None else self._answer(200, found)
+
+    def do_POST(self) -> None:  # noqa: N802
+        url = urllib.parse.urlsplit(self.path)
+        query = urllib.parse.parse_qs(url.query)
+        if self.headers.get("Authorization") != f"Bearer {self.TOKEN}":
+            return self._answer(401)
+        if url.path != "/upload/storage/v1/b/bkt/o" or query.get("uploadType") != ["media"] or "name" not in query:
+            return self._answer(400)
+        self.objects[query["name"][0]] = self.rfile.read(int(self.headers["Content-Length"]))
+        return self._answer(200, b"{}")
+
+
+def test_the_copy_through_the_gcs_json_api_with_the_pods_token() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Gcs)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_port}"
+    try:
+        sink = run_logs.GcsSink("bkt", timeout_s=5, storage_url=base, token_url=f"{base}/token")
+        assert sink.read("logs/run-1/decisions.log") is None
+        sink.write("logs/run-1/decisions.log", "2026-12-06T00:00:00Z one\n")
+        assert _Gcs.objects == {"logs/run-1/decisions.log": b"2026-12-06T00:00:00Z one\n"}
+        assert sink.read("logs/run-1/decisions.log") == "2026-12-06T00:00:00Z one\n"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -40,6 +40,7 @@ LOG_COPY_LINES = 20000
 """The tail of each driver log that is copied: the supervisor's pod has 256 MiB, a log may have GBs."""
 RECORD_FILE, DECISIONS_FILE = "record.json", "decisions.log"
 METADATA_TOKEN_URL = "http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token"
+STORAGE_URL = "https://storage.googleapis.com"
 
 
 def run_folder(run_id: str) -> str:
@@ -84,11 +85,13 @@ class GcsSink:
 
     bucket: str
     timeout_s: float = REQUEST_TIMEOUT_S
+    storage_url: str = STORAGE_URL
+    token_url: str = METADATA_TOKEN_URL
     _token: tuple[str, float] | None = None
 
     def _bearer(self) -> str:
         if self._token is None or time.monotonic() >= self._token[1]:
-            request = urllib.request.Request(METADATA_TOKEN_URL, headers={"Metadata-Flavor": "Google"})
+            request = urllib.request.Request(self.token_url, headers={"Metadata-Flavor": "Google"})
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 answer = json.load(response)
             # Renewed a minute before it expires, by this process's clock only.
@@ -96,8 +99,7 @@ class GcsSink:
         return self._token[0]
 
     def read(self, name: str) -> str | None:
-        url = (f"https://storage.googleapis.com/storage/v1/b/{self.bucket}/o/"
-               f"{urllib.parse.quote(name, safe='')}?alt=media")
+        url = f"{self.storage_url}/storage/v1/b/{self.bucket}/o/{urllib.parse.quote(name, safe='')}?alt=media"
         request = urllib.request.Request(url, headers={"Authorization": f"Bearer {self._bearer()}"})
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
@@ -110,7 +112,7 @@ class GcsSink:
 
     def write(self, name: str, text: str) -> None:
         query = urllib.parse.urlencode({"uploadType": "media", "name": name})
-        request = urllib.request.Request(f"https://storage.googleapis.com/upload/storage/v1/b/{self.bucket}/o?{query}",
+        request = urllib.request.Request(f"{self.storage_url}/upload/storage/v1/b/{self.bucket}/o?{query}",
                                          data=text.encode(), method="POST",
                                          headers={"Authorization": f"Bearer {self._bearer()}",
                                                   "Content-Type": "text/plain; charset=utf-8"})
