@@ -18,13 +18,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from verl_gke import gke_facts
+from verl_gke import gke_facts, metrics, stack_outputs
 from verl_gke.cluster_api import cluster_api
 from verl_gke.cluster_readiness import duration
 from verl_gke.commands import run_tool
-from verl_gke import metrics, stack_outputs
 from verl_gke.console import CliError, HeadUnreachable, one_line, print_rows, progress
-from verl_gke.head_access import OutageClock
+from verl_gke.head_access import HeadAccessSetupError, OutageClock
 from verl_gke.stack_outputs import StackOutputs
 from workloads.kube import KubernetesApi
 from workloads.run_lifecycle import outcome_kind, stop_asked, write_record
@@ -38,6 +37,7 @@ EXIT_CODES = {"succeeded": 0, "failed": EXIT_FAILED, "stopped": EXIT_STOPPED, "o
 STOP_TIMEOUT_S = 900.0
 """How long `stop` waits for the decider to stop the attempt and release the GPU workers."""
 GCLOUD_TIMEOUT_S = 120.0
+"""The deadline of one `gcloud storage cat` (a log copy is at most LOG_COPY_LINES lines)."""
 
 
 class RunEnded(CliError):
@@ -118,9 +118,9 @@ class Run:
         return record_name(self.outputs.ray_cluster, self.run_id)
 
     def record(self) -> RunRecord | None:
-        """The record as its decider keeps it; else (no API) the bucket's copy."""
+        """The record as its decider keeps it."""
         if self.store is None:
-            return self.bucket.record()
+            raise CliError(no_records(self.outputs, "this command"))
         return self.store.get(self.run_id).record
 
 
@@ -224,8 +224,8 @@ def follow(run: Run, timeout_s: float | None, poll_s: float, outage_window_s: fl
         try:
             record = run.record()
             outage.reached()
-        except CliError:
-            raise
+        except (CliError, HeadAccessSetupError):
+            raise  # nothing a retry mends (no gke-gcloud-auth-plugin, an unknown cluster)
         except Exception as error:  # noqa: BLE001 - an API outage: ridden out for the window
             if (lost := outage.lost()) >= outage_window_s:
                 raise HeadUnreachable(f"could not read run record {run.record_name} for {duration(lost)} "
