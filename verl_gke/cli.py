@@ -642,7 +642,7 @@ def _run_logs(args: argparse.Namespace, target: Target, every: bool, index: int 
                     or [("", target.submission_id)]
             else:
                 ids = [("", target.submission_id)]
-            return [(f"==> {line} <==" if every else "", _ray_call(
+            return [(f"==> {line} <==" if every and line else "", _ray_call(
                 url, f"reading the logs of job {sid}", lambda sid=sid: client.get_job_logs(sid))) for line, sid in ids]
     except HeadAccessError as gone:
         if target.run is None:
