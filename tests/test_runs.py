@@ -69,7 +69,13 @@ def api() -> Iterator[str]:
 
 
 def start(head: str, api_url: str, script: str, *args: str) -> _JobSpec:
-    """`pulumi up`'s create, as the GrpoJob provider does it: the run's record, attempt 0 claimed and submitted."""
+    """`pulumi up`'s create, as the GrpoJob provider does it: the run's record, attempt 0 claimed and submitted.
+    The release waits for a head with no live job, so a job an earlier test of this worker left running on
+    the shared head is stopped first."""
+    client = JobSubmissionClient(head)
+    for job in client.list_jobs():
+        if job.status in ("PENDING", "RUNNING"):
+            client.stop_job(job.submission_id)
     stack = f"t{uuid.uuid4().hex[:8]}"
     entry = " ".join(shlex.quote(a) for a in [sys.executable, "-c", script, *args])
     props = {"dashboard_url": head, "kube_api_url": api_url, "namespace": NAMESPACE, "stack": stack,
