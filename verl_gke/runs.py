@@ -372,7 +372,9 @@ def describe(row: RunRow, outputs: StackOutputs, now: float, step_s: float | Non
     until = row.end if record.outcome else now
     hours = (until - row.start) / 3600 if row.start is not None and until is not None else None
     bucket = outputs.checkpoint_uri.removeprefix("gs://").split("/", 1)[0]
-    checkpoints = outputs.checkpoint_uri.rstrip("/").rsplit("/", 1)[0] + f"/{row.run_id}"
+    # checkpointUri is `<verl.trainer.default_local_dir>/<the stack's run id>`: each run has its folder there.
+    root = outputs.checkpoint_uri.rstrip("/").removesuffix(f"/{outputs.run_id}")
+    checkpoints = f"{root}/{row.run_id}"
     if hours is None:
         usage = "unknown (no start or end in the record)"
     else:
