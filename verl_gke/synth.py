@@ -534,9 +534,8 @@ def _progress(stack: str, message: str) -> None:
     print(f"synth: {stack}: {message}", file=sys.stderr, flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from domain.config import ConfigError
-
+def build_parser() -> argparse.ArgumentParser:
+    """synth's command line; a wrong one raises _UsageError (one line)."""
     parser = _Parser(prog="synth", description=__doc__.split("\n\n")[0])
     parser.add_argument("stack", help="stack name, e.g. a4-standard (reads Pulumi.<stack>.yaml)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default dist/<stack>)")
@@ -546,6 +545,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="override a config value for this synth only, e.g. verl-gke:gpuNodes=4")
     parser.add_argument("--verbose", "-v", action="store_true",
                         help="also every resource type, every verl setting, the critical path and the models' assumptions")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from domain.config import ConfigError
+
+    parser = build_parser()
     try:
         args = parser.parse_args(argv)
         bad = [item for item in args.set if "=" not in item or ":" not in item.split("=", 1)[0]]
