@@ -358,3 +358,16 @@ def test_a_command_the_parser_refuses_is_reported():
         "verl-gke:verl.trainer.total_epochs", "3", True)
     assert _slug("After `pulumi up`: the gates before the run, and the CLI") == \
         "after-pulumi-up-the-gates-before-the-run-and-the-cli"
+
+
+def test_the_readmes_figures_for_a4_standard_are_synths(synth_stack):
+    """The stacks table quotes synth's model; a4-standard's row is checked (each stack costs a synth)."""
+    result = synth_stack("a4-standard")
+    lines = result.log + result.modeled
+    first = next(line for line in lines if line.startswith("Time to first training step (modeled): "))
+    run = next(line for line in lines if line.startswith("Modeled run: "))
+    minutes = re.search(r": ([\d.]+) min;", first).group(1)
+    duration, gpu_hours = re.search(r" (~\d+ min), ([\d.]+) GPU-hours", run).groups()
+    readme = (PROJECT_DIR / "README.md").read_text().splitlines()
+    row = next(line for line in readme if line.startswith("| `a4-standard` |") and "GPU-hours" in line)
+    assert f"| {minutes} min | {duration}, {gpu_hours} GPU-hours | unknown price |" in row
