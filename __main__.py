@@ -257,8 +257,8 @@ pulumi.export("hfTokenSecret", storage.hf_token_secret)
 pulumi.export("rayClusterName", ray.name)
 pulumi.export("rayHeadService", ray.head_service)
 pulumi.export("dashboardCommand", job.dashboard_command)
-# The run is the handle that survives retries; grpoSubmissionId is its first attempt's Ray id (kept
-# for compatibility: a retry runs under another id, which the run record names).
+# The run is the handle that survives retries; grpoSubmissionId (kept for compatibility) is the Ray id of
+# the attempt Pulumi last saw: the first at `up`, the newest after a refresh.
 pulumi.export("runId", run_id)
 pulumi.export("runRecord", record_name(cfg.ray_cluster_name, run_id))
 pulumi.export("runLogsUri", storage.bucket_name.apply(lambda b: f"gs://{b}/{LOGS_DIR}/{run_id}/"))
