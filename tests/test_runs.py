@@ -181,6 +181,8 @@ def test_wait_follows_the_run_across_a_killed_attempt_to_success_and_logs_outliv
 def test_stop_ends_the_run_through_its_record_and_runs_lists_it_stopped(
         capsys: pytest.CaptureFixture[str], ray_head: str, api: str, tmp_path: Path) -> None:
     spec = start(ray_head, api, LONG)
+    client = JobSubmissionClient(ray_head)
+    wait_for(lambda: "step:2 " in client.get_job_logs(spec.submission_id), 60, "two training steps")
     outputs = outputs_for(tmp_path, spec)
     where = ("--outputs", str(outputs), "--kube-api-url", api)
     control = RecordingControl()
@@ -190,7 +192,7 @@ def test_stop_ends_the_run_through_its_record_and_runs_lists_it_stopped(
         assert out == f"run {spec.run_key} ended: {USER_STOPPED}; GPU workers released\n"
         assert (f"waiting up to 1m00s for the run's decider (the run supervisor) to stop {spec.submission_id}, "
                 "keep the checkpoints and release the GPU workers") in err
-    assert JobSubmissionClient(ray_head).get_job_status(spec.submission_id) == "STOPPED"
+    assert client.get_job_status(spec.submission_id) == "STOPPED"
     assert control.suspended
     # Again: nothing more to do.
     code, out, _ = run(capsys, "stop", *where, "--no-wait")
