@@ -119,8 +119,10 @@ class RunLifecycle(RuleBasedStateMachine):
             return
         if decided and not self.world.api_down and self.world.head.up:
             self._every_live_attempt_is_its_runs_newest()
-        if decider.lease.holder != self.over_holder:
-            self.over_held_s, self.over_holder = 0.0, decider.lease.holder  # a new holder counts from now
+        if decider.lease.holder != self.over_holder or (not self.world.head.up and not self.world.records()):
+            # A new holder counts from now; an unreachable head is not an empty one (no record, nothing
+            # to count on): the count starts again once it answers.
+            self.over_held_s, self.over_holder = 0.0, decider.lease.holder
         if decided and self.over_held_s >= RELEASE_WITHIN_S and not self.world.head.live():
             assert self.world.suspended() in (True, None), (
                 f"every run ended or was lost {self.over_held_s:g} s ago under this supervisor, and the cluster is "

@@ -480,6 +480,19 @@ def test_item6_a_deleted_record_is_rebuilt_when_the_head_forgot_the_earlier_atte
     assert world.head.live() == [ids[2]] and [a.submission_id for a in record(world).opened] == list(ids[1:3])
 
 
+def test_item6_a_create_after_the_record_was_lost_adopts_the_live_attempt():
+    """The record deleted, and `pulumi up`'s create comes before the supervisor rebuilds it: the create
+    begins the run again and names the attempt the head runs, instead of a run with none (which its
+    decider would end as a failed deploy under the live attempt)."""
+    world = deployed()
+    ids = world.desired.submission_ids
+    world.kube.handle("DELETE", f"/api/v1/namespaces/{NS}/configmaps/{record_name(RC, 'run-a')}", {}, None)
+    assert pulumi_up(world) == "done"
+    assert [a.submission_id for a in record(world).attempts] == [ids[0]] and world.head.live() == [ids[0]]
+    steps(world, rounds=3)
+    assert not record(world).outcome and world.head.live() == [ids[0]]
+
+
 def test_item6_a_record_lost_twice_never_leads_to_two_live_attempts():
     """The record lost while the head knows only a later, ended attempt (the head restarted once):
     the create that begins the run again claims past every index the head knows, so a second loss
