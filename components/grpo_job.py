@@ -163,7 +163,7 @@ class GrpoJobArgs(TypedDict, total=False):
     kube_api_url: NotRequired[pulumi.Input[str | None]]
     """The Kubernetes API the record is kept through when it is reached without credentials
     (`kubectl proxy`, a test's stand-in). Default: the cluster endpoint with the CA and a token of
-    gke-gcloud-auth-plugin; with neither, the record lives only for the call (see README)."""
+    gke-gcloud-auth-plugin; with neither, the record lives only for the call (docs/architecture.md, "The run")."""
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,8 @@ SAVE_GBPS_PER_RANK = 2.0
 by verl-gke (verl logs `timing_s/save_checkpoint` per step: the figure to check it against on GCP)."""
 BUCKET_WRITE_GBPS = 2.0
 """GCS FUSE writes per node: the low end of the 2-5 GB/s range measured for the bucket mount."""
+LINE_START = "checkpoint time:"
+"""Starts the model's line (a detail: synth shows it with --verbose)."""
 DIRTY_RATIO = 0.20
 """Linux's default vm.dirty_ratio (and per-cgroup writeback share): writes beyond it wait for the disk,
 which the local rate above does not model."""
@@ -53,9 +55,9 @@ class CheckpointTime:
 
     def line(self) -> str:
         if not self.local:
-            return (f"checkpoint time: {self.saves} saves x {self.stall_per_save_s:.0f} s straight to the bucket = "
+            return (f"{LINE_START} {self.saves} saves x {self.stall_per_save_s:.0f} s straight to the bucket = "
                     f"{self.total_s:.0f} s of GPU time; assumed {BUCKET_WRITE_GBPS:g} GB/s per node to the bucket")
-        return (f"checkpoint time: {self.saves} saves x {self.stall_per_save_s:.0f} s to local disk + "
+        return (f"{LINE_START} {self.saves} saves x {self.stall_per_save_s:.0f} s to local disk + "
                 f"{self.copy_per_save_s:.0f} s for the last copy to the bucket = {self.total_s:.0f} s of GPU time "
                 f"(straight to the bucket: {self.bucket_total_s:.0f} s); assumed {SAVE_GBPS_PER_RANK:g} GB/s per "
                 f"rank into the page cache, {BUCKET_WRITE_GBPS:g} GB/s per node to the bucket"

@@ -37,6 +37,8 @@ UNKNOWN = "[unknown]"
 """How synth records a value the engine does not know yet (verl_gke.synth)."""
 FLOOR_SLACK = 0.10
 """How far above GKE's floor the modeled critical path may be (the program's target)."""
+CRITICAL_PATH = "  critical path"
+"""Starts the line listing the critical path (a detail: synth shows it with --verbose)."""
 _NO_TIME = Duration(0, "a component or a provider: no cloud call of its own")
 _AR_HOST_SUFFIX = "-docker.pkg.dev"
 
@@ -70,7 +72,7 @@ class DeployModel:
         out = [f"Time to first training step (modeled): {self.total_s / 60:.1f} min; GKE's floor (cluster + "
                f"GPU nodes + RDMA set-up + job start) {self.floor_s / 60:.1f} min ({self.total_s / self.floor_s - 1:+.0%})"]
         steps = [s for s in self.path if s.duration.seconds]
-        out.append("  critical path: " + " -> ".join(f"{s.name} {s.duration.seconds / 60:.1f}" for s in steps)
+        out.append(f"{CRITICAL_PATH}: " + " -> ".join(f"{s.name} {s.duration.seconds / 60:.1f}" for s in steps)
                    + " (min)")
         if self.unknown_types:
             out.append("  no duration known for: " + ", ".join(self.unknown_types))

@@ -41,6 +41,8 @@ replica (max_num_seqs sized to the requests a replica gets): the decode rate."""
 STEP_OVERHEAD_S = 10.0
 """Each step's fixed time besides the three passes: the weight sync from FSDP to vLLM, vLLM's wake-up and
 sleep, the reward, advantages and scheduling."""
+ASSUMPTIONS = "  assumptions (domain/run_time.py)"
+"""Starts the line naming the model's assumptions (a detail: synth shows it with --verbose)."""
 
 
 @dataclass(frozen=True)
@@ -133,7 +135,7 @@ class RunTime:
                       else f"cost unknown (no price: set {PRICE_KEY})"))
         return [
             f"Modeled run: {step}; {run}",
-            f"  assumptions (domain/run_time.py): training at {a.mfu:.0%} MFU of {s.peak_flops / 1e15:g} PFLOP/s bf16 "
+            f"{ASSUMPTIONS}: training at {a.mfu:.0%} MFU of {s.peak_flops / 1e15:g} PFLOP/s bf16 "
             f"a GPU; {a.prompt_tokens + a.response_tokens} tokens a sequence ({a.prompt_tokens} prompt + "
             f"{a.response_tokens} response), {s.sequences} sequences a step; decode ~{self.decode_tokens_per_s:,.0f} "
             f"tokens/s a GPU ({a.decode_share:.0%} of peak); {a.step_overhead_s:g} s a step for weight sync and "

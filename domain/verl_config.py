@@ -30,6 +30,8 @@ from workloads.stage_data import DEFAULT_DATASET_REPO, DEFAULT_DATASET_REVISION,
 CHECKPOINT_BYTES_PER_PARAM = 12
 _BILLIONS = re.compile(r"(?<![0-9.])([0-9]+(?:\.[0-9]+)?)B(?![a-zA-Z])")
 _QUOTED = re.compile(r"'([^']+)'")
+SETTINGS_HEADER = "verl settings (the platform's defaults; * = set in verl-gke:verl):"
+"""Heads the plan's list of the job's verl settings, one `  * path=value` (the user's) or `    path=value` a line."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ class RunPlan:
         out += self.time.lines(self.hourly_usd) if self.time else ["Modeled run: not made (the model is not in the "
                                                                    "model table)"]
         if self.settings:
-            out.append("verl settings (the platform's defaults; * = set in verl-gke:verl):")
+            out.append(SETTINGS_HEADER)
             out += [f"  {line}" for line in self.settings]
         return out
 

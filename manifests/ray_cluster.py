@@ -28,12 +28,13 @@ GCS_PORT = 6379
 DASHBOARD_PORT = 8265
 CLIENT_PORT = 10001
 
-# No `pulumi.com/waitFor`: the run supervisor suspends the RayCluster when a run is over
+# Not awaited for KubeRay's conditions: the run supervisor suspends the RayCluster when a run is over
 # (`spec.suspend`, a field this manifest never sets, so a later `pulumi up` leaves it to the
 # supervisor), and KubeRay 1.6.2 then turns `HeadPodReady` and `RayClusterProvisioned` False
 # (ray-operator/test/e2e/raycluster_test.go, TestRayClusterSuspend): an update of a suspended cluster
-# would wait for them in vain. The GrpoJob provider's readiness gate waits for the head and every
-# GPU worker instead, with its own deadline (ready_timeout_s).
+# would wait for them in vain. components/ray_training_cluster.py awaits `status.state` instead
+# (READY_WHEN), and the GrpoJob provider's readiness gate waits for the head and every GPU worker,
+# with its own deadline (ready_timeout_s).
 
 # Head sizes of the tutorial: the x86 manifests use 32G / 9Gi, the A4X one 32Gi / 20Gi.
 # The A4X head shares a GB200 node with a worker, so the platform table sizes workers around it.

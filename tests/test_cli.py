@@ -664,7 +664,7 @@ def test_help_everywhere(capsys: pytest.CaptureFixture[str], command: list[str])
     assert capsys.readouterr().out.startswith(f"usage: verl-gke {' '.join(command)}".rstrip())
 
 
-# Exit statuses (the epilog and README's "After `pulumi up`"): 0 done, 1 the command failed, 2 a
+# Exit statuses (the epilog and docs/deploying.md's "After `pulumi up`"): 0 done, 1 the command failed, 2 a
 # wrong command line, 3 `wait` lost the head (test_wait_exits_3_not_1_...), 130 interrupted.
 @pytest.mark.parametrize(("argv", "line"), [
     ([], "verl-gke: error: the following arguments are required: COMMAND (see verl-gke --help)"),
@@ -711,13 +711,13 @@ def test_an_interrupted_command_exits_130(tmp_path: Path) -> None:
     assert (process.returncode, out, err) == (130, "", "\n")
 
 
-def test_the_exit_statuses_are_the_same_in_the_epilog_the_docstring_and_the_readme() -> None:
+def test_the_exit_statuses_are_the_same_in_the_epilog_the_docstring_and_the_docs() -> None:
     epilog = " ".join((cli.build_parser().epilog or "").split())
     assert epilog == ("Errors are one line on stderr. Exit status: 0 done, 1 the command failed, 2 a wrong "
                       "command line, 3 `wait` lost the head for its outage window, 130 interrupted.")
-    readme = " ".join((REPO / "README.md").read_text().split())
-    assert epilog in readme
-    assert "with exit status 1" not in readme
+    docs = " ".join(" ".join(path.read_text().split()) for path in [REPO / "README.md", *(REPO / "docs").glob("*.md")])
+    assert epilog in docs
+    assert "with exit status 1" not in docs
     doc = " ".join((cli.__doc__ or "").split())
     assert "1 the command failed" in doc and "2 a wrong command line" in doc and "3 `wait` lost the head" in doc
 

@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-OUTSIDE = ("FIELD-NOTES", "CONTRACT.md", "STYLE.md", "../shared", "shared/seeds")
+OUTSIDE = ("FIELD-NOTES", "CONTRACT.md", "STYLE.md", "../shared", "shared/seeds", "/work/shared")
 """Names of the team's own notes beside the repository, which users do not have."""
 
 CI_ENTRY = ".ci/run"

@@ -90,7 +90,54 @@ def test_cli_writes_dist_and_summary(tmp_path: Path):
     run = _synth_cli("a4", "--out", str(tmp_path / "a4"))
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("verl-gke synth: stack a4: ")
+    assert len(run.stdout.splitlines()) <= SCREEN
     assert (tmp_path / "a4" / "resources.json").exists()
+
+
+SCREEN = 40
+"""Lines synth's default output may take: one terminal screen."""
+_DETAILS = ("  critical path: ", "  assumptions (domain/run_time.py): ", "  checkpoint time: ",
+            "    data.train_batch_size=", "    1  gcp:container/cluster:Cluster")
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_default_output_fits_one_screen_and_says_what_a_deployer_needs(stack: str, synth_stack):
+    lines = synth.summary(synth_stack(stack), Path("dist") / stack).splitlines()
+    assert len(lines) <= SCREEN, "\n".join(lines)
+    starts = ("`pulumi up` would create ", "GRPO run with verl ", "Modeled run: step ~", "verl settings: 37, 0 of them",
+              "price per hour, GPU nodes on ", "run estimate: ", "GPU memory estimate per GPU: ",
+              "Time to first training step (modeled): ", "Images (every one pulled by digest", "Live checks not made",
+              "Set these before `pulumi up`")
+    assert [s for s in starts if not any(line.startswith(s) for line in lines)] == []
+    assert [line for line in lines if line.startswith(_DETAILS)] == []
+
+
+def test_verbose_adds_the_types_every_setting_the_critical_path_and_the_assumptions(synth_stack):
+    brief = synth.summary(synth_stack("a4-standard"), Path("dist/a4-standard")).splitlines()
+    full = synth.summary(synth_stack("a4-standard"), Path("dist/a4-standard"), verbose=True).splitlines()
+    assert [d for d in _DETAILS if not any(line.startswith(d) for line in full)] == []
+    assert len([line for line in full if line.startswith("    ") and "=" in line]) == 37
+    assert set(brief) - set(full) == {
+        brief[1], "verl settings: 37, 0 of them set in verl-gke:verl (the platform's defaults; --verbose lists them)",
+        "(--verbose: every resource type, every verl setting, the critical path, the models' assumptions)"}
+    assert brief[1] == ("`pulumi up` would create 110 resources: 1 GKE cluster, 2 node pools, 3 VPCs, 1 bucket, "
+                        "1 RayCluster, 1 GRPO job, 45 Kubernetes objects in all; 23 stack outputs")
+
+
+def test_the_default_output_lists_the_verl_settings_the_user_set():
+    result = synth.run("a4-standard", overrides={"verl-gke:verl": '{"trainer": {"total_epochs": 3}}'})
+    lines = synth.summary(result, Path("dist")).splitlines()
+    at = lines.index("verl settings: 37, 1 of them set in verl-gke:verl:")
+    assert lines[at + 1] == "  * trainer.total_epochs=3"
+    assert not lines[at + 2].startswith("  ")
+
+
+def test_the_cli_takes_verbose(tmp_path: Path, capsys: pytest.CaptureFixture[str], synth_stack, monkeypatch):
+    monkeypatch.setattr(synth, "run", lambda stack, **_: synth_stack(stack))
+    assert synth.main(["a4x", "--out", str(tmp_path / "a"), "--verbose"]) == 0
+    assert "  critical path: " in capsys.readouterr().out
+    assert synth.main(["a4x", "--out", str(tmp_path / "b")]) == 0
+    assert "  critical path: " not in capsys.readouterr().out
 
 
 def test_unknown_stack_lists_the_stacks():

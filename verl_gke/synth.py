@@ -32,7 +32,7 @@ from pulumi.runtime.config import set_all_config
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
 
-from domain import deploy_timing, preflight, run_memory
+from domain import checkpoint_time, deploy_timing, preflight, run_memory, run_time, verl_config
 from components import pinned_image
 from components.grpo_job import planned_outs
 from domain.run_identity import whole_numbers
@@ -422,17 +422,70 @@ def write(result: SynthResult, out_dir: Path) -> None:
     output_dir.replace(out_dir, render(result))
 
 
-def summary(result: SynthResult, out_dir: Path) -> str:
+_CREATED = ((deploy_timing.CLUSTER, "GKE cluster", "GKE clusters"), (deploy_timing.NODE_POOL, "node pool", "node pools"),
+            ("gcp:compute/network:Network", "VPC", "VPCs"), ("gcp:storage/bucket:Bucket", "bucket", "buckets"),
+            (deploy_timing.RAY_CLUSTER, "RayCluster", "RayClusters"), (GRPO_JOB_TYPE, "GRPO job", "GRPO jobs"))
+"""What the one-screen summary names of the resources; --verbose counts every type."""
+_DETAILS = (checkpoint_time.LINE_START, run_time.ASSUMPTIONS, deploy_timing.CRITICAL_PATH)
+"""Lines (after their indent) that only --verbose shows: how the figures above them were modeled."""
+
+
+def _created(result: SynthResult) -> str:
     counts = Counter(r.type for r in result.registrations)
-    lines = [f"verl-gke synth: stack {result.stack}: {len(result.registrations)} resources -> {out_dir}"]
-    lines += [f"  {n:3d}  {t}" for t, n in sorted(counts.items())]
-    lines.append(f"  {len(result.manifests())} Kubernetes manifests, {len(result.outputs)} stack outputs")
-    lines += result.log
-    lines += result.modeled
+    named = [f"{counts[t]} {one if counts[t] == 1 else many}" for t, one, many in _CREATED if counts[t]]
+    return (f"`pulumi up` would create {len(result.registrations)} resources: {', '.join(named)}, "
+            f"{len(result.manifests())} Kubernetes objects in all; {len(result.outputs)} stack outputs")
+
+
+def _brief(lines: list[str]) -> list[str]:
+    """The program's log without its details: the modeling lines, and of the verl settings the user's alone."""
+    out: list[str] = []
+    settings: list[str] | None = None
+    for line in lines:
+        if line == verl_config.SETTINGS_HEADER:
+            settings = []
+            out.append(line)
+            continue
+        if settings is not None and line.startswith("  ") and line[2:3] in ("*", " "):
+            settings.append(line)
+            continue
+        if settings is not None:
+            out[-1:] = _settings_brief(settings)
+            settings = None
+        if not line.lstrip().startswith(tuple(d.strip() for d in _DETAILS)):
+            out.append(line)
+    if settings is not None:
+        out[-1:] = _settings_brief(settings)
+    return out
+
+
+def _settings_brief(settings: list[str]) -> list[str]:
+    given = [line for line in settings if line.startswith("  *")]
+    return [f"verl settings: {len(settings)}, {len(given)} of them set in verl-gke:verl"
+            + (":" if given else " (the platform's defaults; --verbose lists them)"), *given]
+
+
+def summary(result: SynthResult, out_dir: Path, verbose: bool = False) -> str:
+    """What synth prints: one screen (what is created, the run, its cost and time, what is still a
+    placeholder, the checks not made); `verbose` adds how each figure was modeled and the full lists."""
+    lines = [f"verl-gke synth: stack {result.stack}: {len(result.registrations)} resources -> {out_dir} "
+             "(offline: nothing was created)"]
+    if verbose:
+        counts = Counter(r.type for r in result.registrations)
+        lines += [f"  {n:3d}  {t}" for t, n in sorted(counts.items())]
+        lines.append(f"  {len(result.manifests())} Kubernetes manifests, {len(result.outputs)} stack outputs")
+        lines += result.log
+        lines += result.modeled
+    else:
+        lines.append(_created(result))
+        lines += _brief(result.log)
+        lines += _brief(result.modeled)
     lines += result.images
     if result.unchecked:
         lines.append("Live checks not made (no --cloud answer; `pulumi preview` makes them):")
         lines += [f"  {preflight.CHECKS[token]} ({token})" for token in result.unchecked]
+    if not verbose:
+        lines.append("(--verbose: every resource type, every verl setting, the critical path, the models' assumptions)")
     if result.placeholders:
         lines.append("Set these before `pulumi up` (they still hold placeholders):")
         lines += [f"  {key}" for key in result.placeholders]
@@ -481,9 +534,8 @@ def _progress(stack: str, message: str) -> None:
     print(f"synth: {stack}: {message}", file=sys.stderr, flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from domain.config import ConfigError
-
+def build_parser() -> argparse.ArgumentParser:
+    """synth's command line; a wrong one raises _UsageError (one line)."""
     parser = _Parser(prog="synth", description=__doc__.split("\n\n")[0])
     parser.add_argument("stack", help="stack name, e.g. a4-standard (reads Pulumi.<stack>.yaml)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default dist/<stack>)")
@@ -491,6 +543,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="JSON object: invoke token -> the provider's answer, for the live checks")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value for this synth only, e.g. verl-gke:gpuNodes=4")
+    parser.add_argument("--verbose", "-v", action="store_true",
+                        help="also every resource type, every verl setting, the critical path and the models' assumptions")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from domain.config import ConfigError
+
+    parser = build_parser()
     try:
         args = parser.parse_args(argv)
         bad = [item for item in args.set if "=" not in item or ":" not in item.split("=", 1)[0]]
@@ -532,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
             f"--out {out_dir}: cannot write there ({error.strerror or error}: {error.filename or out_dir})"
         print(f"synth failed: {reason}", file=sys.stderr)
         return 2
-    print(summary(result, out_dir))
+    print(summary(result, out_dir, verbose=args.verbose))
     return 0
 
 
