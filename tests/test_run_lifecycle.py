@@ -413,6 +413,29 @@ def test_item5_the_exports_bound_is_checked_before_the_head_is_asked():
     assert record(world).released and world.suspended() is True
 
 
+def test_item5_a_released_cluster_is_not_suspended_again_while_an_unreachable_head_may_run_a_lost_record():
+    """Every record ended and released, a new run's record deleted while it trains, and its head
+    unreachable: 0.6.0 suspended the cluster at once ("a release is final") under the live attempt;
+    now the cluster goes only once the head answers with no job live, or past the outage bound."""
+    world = deployed()
+    world.head.finish(world.desired.submission_ids[0], "STOPPED")
+    steps(world, rounds=2)
+    assert record(world).released and world.suspended() is True
+    world.desired = run_spec("run-b", 0)
+    world.runs["run-b/0"] = world.desired
+    world.supervisors.clear()
+    world.start_supervisor(0, 2)
+    steps(world, rounds=8)
+    assert pulumi_up(world) == "done"
+    assert world.head.live() == [world.desired.submission_ids[0]]
+    world.kube.handle("DELETE", f"/api/v1/namespaces/{NS}/configmaps/{record_name(RC, 'run-b')}", {}, None)
+    world.set_link(False)
+    steps(world, rounds=2)
+    assert world.suspended() is False and not world.suspended_under
+    steps(world, rounds=59)  # the outage bound (900 s here): the run behind the head is lost, the GPUs go
+    assert world.suspended() is True
+
+
 def test_item6_a_deleted_record_of_a_live_run_is_rebuilt_from_the_head():
     world = deployed()
     path = next(p for p in world.kube.objects if "/configmaps/" in p)

@@ -637,8 +637,19 @@ def _release(d: _Decision) -> None:
         if view.cluster not in ("suspended", "suspending", "absent"):
             d.effects.append(Effect("suspend"))
     elif not pending and view.cluster in ("running", "resuming"):
-        # A release is final until a new run begins: a recreated (or hand-resumed) cluster goes again.
-        d.effects.append(Effect("suspend"))
+        # A release is final until a new run begins: a recreated (or hand-resumed) cluster goes again,
+        # once no job may run on it. A head that does not answer may hide a live attempt whose record
+        # was lost: it goes only past the outage bound, counted on the released records.
+        if view.jobs is None:
+            for record in list(records.values()):
+                records[record.run_id] = replace(record, outage_s=record.outage_s + view.elapsed_s)
+            if any(r.outage_s >= policy.head_outage_s for r in records.values()):
+                d.effects.append(Effect("suspend"))
+            return
+        for record in [r for r in records.values() if r.outage_s]:
+            records[record.run_id] = replace(record, outage_s=0.0)
+        if not live:
+            d.effects.append(Effect("suspend"))
 
 
 def _exported(d: _Decision, record: RunRecord) -> bool:
