@@ -149,7 +149,8 @@ guard = NamespaceSecurity("namespace", {
 
 # Staging runs on a CPU node while the GPU pool is still being created.
 staging = DataStaging("staging", {
-    "namespace": cfg.namespace, "service_account": names.staging_service_account, "model_repo": cfg.model,
+    "namespace": cfg.namespace, "service_account": names.staging_service_account, "claim_name": storage.claim_name,
+    "model_repo": cfg.model,
     "model_revision": cfg.model_revision, "model_dir": model_dir_for(cfg.model),
     "dataset_repo": cfg.dataset, "dataset_revision": cfg.dataset_revision,
     "timeout_minutes": cfg.staging_timeout_minutes,
@@ -183,7 +184,7 @@ if a4x:
 ray = RayTrainingCluster("ray", {
     "platform": cfg.platform, "mode": cfg.cluster_mode, "gpu_nodes": cfg.gpu_nodes,
     "namespace": cfg.namespace, "service_account": names.service_account,
-    "claim_name": storage.claim_name, "name": cfg.ray_cluster_name,
+    "claim": storage.claim, "name": cfg.ray_cluster_name,
     # A tag is pinned by digest at the first `pulumi up` (resolved on Docker Hub, pulled through the mirror).
     "image": cfg.verl_image, "image_mirror": image_mirror,
     "worker_cpus": cfg.worker_cpus, "worker_memory_gi": cfg.worker_memory_gi,

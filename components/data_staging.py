@@ -11,7 +11,7 @@ is still being created. Whatever reads the data should take `model_path`, `train
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NotRequired, TypedDict
+from typing import NotRequired, TypedDict, cast
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -26,6 +26,9 @@ class DataStagingArgs(TypedDict):
     """Namespace of the bucket claim and the service account."""
     service_account: str
     """Kubernetes service account allowed into the bucket."""
+    claim_name: pulumi.Input[str]
+    """The bucket's claim (GcsFuseStorage.claim_name), mounted at /data. A new claim replaces the Job
+    (its pod template changes), deleting it first, so its pod leaves the old claim before that goes."""
     model_repo: str
     """Hugging Face model, e.g. Qwen/Qwen2.5-32B-Instruct."""
     model_revision: str
@@ -70,6 +73,8 @@ class DataStaging(pulumi.ComponentResource):
         spec = staging.StagingSpec(
             namespace=ns,
             service_account=args["service_account"],
+            # Placed as it is: an Output is resolved by the engine and makes the claim a dependency.
+            claim_name=cast(str, args["claim_name"]),
             model_repo=args["model_repo"],
             model_revision=args["model_revision"],
             model_dir=args["model_dir"],

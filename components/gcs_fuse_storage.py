@@ -115,8 +115,10 @@ class GcsFuseStorage(pulumi.ComponentResource):
     """The Ray pods' service account's name, known only once it may read the bucket."""
     staging_service_account_name: pulumi.Output[str]
     """The staging Job's service account's name, known only once it may write the bucket and read the token."""
+    claim: k8s.core.v1.PersistentVolumeClaim
+    """The claim to mount at /data. Whatever mounts it is replaced with it (`replace_with`)."""
     claim_name: pulumi.Output[str]
-    """The PersistentVolumeClaim to mount at /data."""
+    """Its name, `training-bucket-pvc-<generation>` (manifests.storage.volume_names)."""
     hf_token_secret: pulumi.Output[str]
     """`projects/<project>/secrets/<id>`, known once the staging identity may read it."""
 
@@ -185,6 +187,8 @@ class GcsFuseStorage(pulumi.ComponentResource):
             f"{name}-bucket-object-user", bucket=bucket.name, role=BUCKET_ROLE, member=staging, opts=child
         )
 
+        # Named by what neither can change in place (manifests.storage.volume_generation): a new bucket
+        # creates a new pair beside the old one, which the `up` deletes last, once nothing mounts it.
         pv = storage.persistent_volume(bucket=args["bucket_name"], namespace=ns, capacity=capacity)
         # The volume names the bucket by a plain string: make it wait for the bucket explicitly.
         volume = k8s.core.v1.PersistentVolume(
@@ -193,7 +197,7 @@ class GcsFuseStorage(pulumi.ComponentResource):
             spec=pv["spec"],
             opts=k8s_child.merge(pulumi.ResourceOptions(depends_on=[bucket])),
         )
-        pvc = storage.persistent_volume_claim(namespace=ns, capacity=capacity)
+        pvc = storage.persistent_volume_claim(bucket=args["bucket_name"], namespace=ns, capacity=capacity)
         claim = k8s.core.v1.PersistentVolumeClaim(
             f"{name}-pvc",
             metadata=pvc["metadata"],
@@ -217,6 +221,7 @@ class GcsFuseStorage(pulumi.ComponentResource):
             lambda v: v[0])
         self.staging_service_account_name = pulumi.Output.all(staging_account.metadata["name"], access.id).apply(
             lambda v: v[0])
+        self.claim = claim
         self.claim_name = claim.metadata["name"]
         self.hf_token_secret = pulumi.Output.all(token_secret.secret_id, token_access.id).apply(
             lambda v: f"projects/{args['project']}/secrets/{v[0]}")

@@ -41,9 +41,10 @@ class RayTrainingClusterArgs(TypedDict):
     namespace: str
     service_account: str
     """Kubernetes service account bound to the bucket (Workload Identity)."""
-    claim_name: pulumi.Input[str]
-    """PersistentVolumeClaim of the GCS FUSE bucket, mounted at /data; pass the claim's Output so
-    the RayCluster waits for it."""
+    claim: k8s.core.v1.PersistentVolumeClaim
+    """PersistentVolumeClaim of the GCS FUSE bucket, mounted at /data. The RayCluster waits for it and
+    is replaced with it: KubeRay never moves running pods to a new claim, and the old claim can go
+    only once no pod mounts it."""
     name: NotRequired[str]
     """RayCluster name; default the platform's (b200-ray-cluster, h200-ray-cluster, gb200-ray-cluster)."""
     image: NotRequired[str]
@@ -89,8 +90,9 @@ class RayTrainingClusterArgs(TypedDict):
     """With the network policy: CIDRs that may also reach the dashboard and Job API (port 8265)."""
 
 
-def cluster_spec(args: RayTrainingClusterArgs) -> RayClusterSpec:
-    """The RayCluster's inputs: the args, with the platform's facts for what they leave out.
+def cluster_spec(args: RayTrainingClusterArgs, claim_name: str) -> RayClusterSpec:
+    """The RayCluster's inputs: the args and the claim's name, with the platform's facts for what they
+    leave out.
 
     Raises ValueError naming every invalid value.
     """
@@ -104,9 +106,7 @@ def cluster_spec(args: RayTrainingClusterArgs) -> RayClusterSpec:
         ray_version=args.get("ray_version") or platform.ray_version,
         image=args.get("image") or platform.image,
         service_account=args["service_account"],
-        # The builder only places this value; an Output is resolved there by the engine, so the
-        # rest of the manifest stays known in preview and the claim becomes a dependency.
-        claim_name=cast(str, args["claim_name"]),
+        claim_name=claim_name,
         mode=args["mode"],
         accelerator=platform.accelerator,
         gpus_per_node=platform.gpus_per_node,
@@ -180,7 +180,9 @@ class RayTrainingCluster(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: RayTrainingClusterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("verl-gke:index:RayTrainingCluster", name, {}, opts)
-        spec = cluster_spec(args)
+        # The builder only places the claim's name; an Output is resolved there by the engine, so the
+        # rest of the manifest stays known in preview and the claim becomes a dependency.
+        spec = cluster_spec(args, cast(str, args["claim"].metadata["name"]))
         child = child_options(self, opts)
         cluster_opts = child
         if args.get("install_kuberay", False):
@@ -214,7 +216,7 @@ class RayTrainingCluster(pulumi.ComponentResource):
                                                 data=program["data"], opts=program_opts)
             cluster_opts = cluster_opts.merge(pulumi.ResourceOptions(depends_on=[program_map]))
         timeout = f"{args.get('ready_timeout_minutes', DEFAULT_READY_TIMEOUT_MINUTES)}m"
-        # The builder only places the pinned ref (resolved by the engine, like claim_name).
+        # The builder only places the pinned ref (resolved by the engine, like the claim's name).
         manifest = ray_cluster(replace(spec, image=cast(str, image)))
         # Takes back fields another manager owns: verl-gke 0.3.0's supervisor released workers by
         # writing the (atomic) worker group list, which a plain apply would now conflict on. The
@@ -226,6 +228,9 @@ class RayTrainingCluster(pulumi.ComponentResource):
             manifest,
             opts=cluster_opts.merge(pulumi.ResourceOptions(
                 custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout),
+                # Deleted first (with its pods: deletes are Foreground) and created on a new claim, so
+                # the old claim, deleted at the end of the `up`, is no longer mounted by then.
+                replace_with=[args["claim"]],
             )),
         )
         if args.get("network_policy", True):

@@ -98,6 +98,8 @@ class StagingSpec:
     namespace: str
     service_account: str
     """The Kubernetes service account allowed into the bucket."""
+    claim_name: str
+    """The bucket's claim (manifests.storage.volume_names), mounted at the bucket mount."""
     model_repo: str
     model_revision: str
     """A 40-hex commit of the model repository."""
@@ -228,7 +230,7 @@ def staging_job(spec: StagingSpec) -> dict[str, Any]:
         "containers": [container],
         "volumes": [
             {"name": _SCRIPT_VOLUME, "configMap": {"name": CONFIG_MAP_NAME, "defaultMode": 0o444}},
-            *storage.bucket_volumes(),
+            *storage.bucket_volumes(spec.claim_name),
             {"name": _TMP_VOLUME, "emptyDir": {"sizeLimit": RESOURCES["limits"]["ephemeral-storage"]}},
         ],
     }

@@ -7,12 +7,16 @@ Pure builders: plain data in, dicts out, no Pulumi.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from domain.bucket import DEFAULT_CAPACITY, MOUNT_PATH
 from domain.platforms import AUTOPILOT_SIDECAR
-PV_NAME = "training-bucket-pv"
-PVC_NAME = "training-bucket-pvc"
+
+PV_PREFIX = "training-bucket-pv"
+PVC_PREFIX = "training-bucket-pvc"
+"""The tutorial's names, followed here by the volume's generation (`volume_generation`)."""
 STORAGE_CLASS = "gcsfuse-sc"
 CSI_DRIVER = "gcsfuse.csi.storage.gke.io"
 BUCKET_VOLUME = "training-bucket-vol"
@@ -52,45 +56,65 @@ VOLUME_ATTRIBUTES: dict[str, str] = {
 
 # The tutorial says Delete. Retain instead: the bucket holds the checkpoints of a paid training
 # run, and its lifetime belongs to the GCS bucket resource (force_destroy), not to whether a
-# claim happens to be deleted. The PV object itself is still removed by `pulumi destroy`.
+# claim happens to be deleted (a new generation deletes the old claim and volume). The PV object
+# itself is still removed by `pulumi destroy` and by a new generation.
 RECLAIM_POLICY = "Retain"
+
+
+def _csi(bucket: str) -> dict[str, Any]:
+    return {"driver": CSI_DRIVER, "volumeHandle": bucket, "volumeAttributes": dict(VOLUME_ATTRIBUTES)}
+
+
+def _claim_request(capacity: str) -> dict[str, Any]:
+    return {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": capacity}},
+            "storageClassName": STORAGE_CLASS}
+
+
+def volume_generation(*, bucket: str, namespace: str, capacity: str = DEFAULT_CAPACITY) -> str:
+    """10 hex digits of everything the volume and its claim cannot change in place: the volume's `csi`
+    source (the bucket and its attributes) and the claim's namespace, access modes and class, which
+    pulumi-kubernetes replaces them for (provider/pkg/provider/diff.go, `forceNew`), and the size,
+    which the API server refuses to change on a claim no StorageClass provisions. Both are named by
+    it: their replacement then creates the new pair beside the old one, which goes only once nothing
+    mounts it (a fixed name would be deleted first, and wait on its protection finalizers)."""
+    fixed = {"csi": _csi(bucket), "namespace": namespace, "claim": _claim_request(capacity)}
+    return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def volume_names(*, bucket: str, namespace: str, capacity: str = DEFAULT_CAPACITY) -> tuple[str, str]:
+    """(volume, claim) of that generation, e.g. (`training-bucket-pv-0123456789`, `training-bucket-pvc-0123456789`)."""
+    generation = volume_generation(bucket=bucket, namespace=namespace, capacity=capacity)
+    return f"{PV_PREFIX}-{generation}", f"{PVC_PREFIX}-{generation}"
 
 
 def persistent_volume(*, bucket: str, namespace: str, capacity: str = DEFAULT_CAPACITY) -> dict[str, Any]:
     """The tutorial's GCS FUSE volume over `bucket`, reserved for the training claim in `namespace`."""
+    pv_name, pvc_name = volume_names(bucket=bucket, namespace=namespace, capacity=capacity)
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolume",
-        "metadata": {"name": PV_NAME},
+        "metadata": {"name": pv_name},
         "spec": {
             "accessModes": ["ReadWriteMany"],
             "capacity": {"storage": capacity},
             "persistentVolumeReclaimPolicy": RECLAIM_POLICY,
             "storageClassName": STORAGE_CLASS,
             # A PV is cluster-wide: reserve it for our claim so no other claim can bind it first.
-            "claimRef": {"namespace": namespace, "name": PVC_NAME},
+            "claimRef": {"namespace": namespace, "name": pvc_name},
             "mountOptions": list(GCSFUSE_MOUNT_OPTIONS),
-            "csi": {
-                "driver": CSI_DRIVER,
-                "volumeHandle": bucket,
-                "volumeAttributes": dict(VOLUME_ATTRIBUTES),
-            },
+            "csi": _csi(bucket),
         },
     }
 
 
-def persistent_volume_claim(*, namespace: str, capacity: str = DEFAULT_CAPACITY) -> dict[str, Any]:
+def persistent_volume_claim(*, bucket: str, namespace: str, capacity: str = DEFAULT_CAPACITY) -> dict[str, Any]:
     """The claim every Ray pod and the staging Job mount, bound to the training volume by name."""
+    pv_name, pvc_name = volume_names(bucket=bucket, namespace=namespace, capacity=capacity)
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": {"name": PVC_NAME, "namespace": namespace},
-        "spec": {
-            "accessModes": ["ReadWriteMany"],
-            "resources": {"requests": {"storage": capacity}},
-            "storageClassName": STORAGE_CLASS,
-            "volumeName": PV_NAME,
-        },
+        "metadata": {"name": pvc_name, "namespace": namespace},
+        "spec": {**_claim_request(capacity), "volumeName": pv_name},
     }
 
 
@@ -121,7 +145,7 @@ def namespace(name: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
 
 
-def claim_volume(claim_name: str = PVC_NAME) -> dict[str, Any]:
+def claim_volume(claim_name: str) -> dict[str, Any]:
     """The pod volume of the training claim."""
     return {"name": BUCKET_VOLUME, "persistentVolumeClaim": {"claimName": claim_name}}
 
@@ -131,7 +155,7 @@ def cache_volume() -> dict[str, Any]:
     return {"name": CACHE_VOLUME, "emptyDir": {"sizeLimit": f"{_CACHE_VOLUME_GI}Gi"}}
 
 
-def bucket_volumes(claim_name: str = PVC_NAME) -> list[dict[str, Any]]:
+def bucket_volumes(claim_name: str) -> list[dict[str, Any]]:
     """What a pod that mounts the bucket needs: the claim and the sidecar's cache volume."""
     return [claim_volume(claim_name), cache_volume()]
 

@@ -10,14 +10,20 @@ Sources (read at the versions named; docs/pulumi-lifecycle.md cites the same):
   `UpdateStep.Apply` keeps the ID in previews), pkg/backend/apply.go (`PreviewThenPromptThenExecute`:
   a failed preview stops the operation). The stored engine is the snapshot whose sdk/.version is
   3.260.0; the pinned 3.272 engine is not stored here, the installed Python SDK is 3.272.0.
-- pulumi-kubernetes provider/pkg/provider/provider.go (`DiffConfig`, `Configure`, `Read`, `Delete`)
-  and helm_release.go (`Diff`: DeleteBeforeReplace false) at the newest stored snapshot (after
-  v4.32.0; v4.34.2's tree is not stored); the installed 4.34.2 Python SDK's provider.py.
-- KubeRay v1.6.2 ray-operator/controllers/ray/raycluster_controller.go (`calculateStatus`).
+- pulumi-kubernetes provider/pkg/provider/provider.go (`DiffConfig`, `Configure`, `Read`, `Delete`,
+  `Diff`: delete first only for the same name and namespace), diff.go (`forceNew`), helm_release.go
+  (`Diff`: DeleteBeforeReplace false), provider/pkg/await/await.go (`Deletion`: waits until gone) and
+  provider/pkg/metadata/overrides.go (`DeletionPropagation`: Foreground) at the newest stored snapshot
+  (after v4.32.0; v4.34.2's tree is not stored); the installed 4.34.2 Python SDK's provider.py.
+- KubeRay v1.6.2 ray-operator/controllers/ray/raycluster_controller.go (`calculateStatus`; pods owned
+  through `controllerutil.SetControllerReference`; pods recreated for a new template only with
+  `upgradeStrategy: Recreate`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -282,20 +288,175 @@ def test_the_run_is_replaced_with_what_it_runs_on_and_stopped_first(stack) -> No
 
 # 7. the bucket's volume ------------------------------------------------------------------------
 
-def test_a_new_bucket_reaches_the_claim_only_after_everything_that_mounts_it(standard) -> None:
-    """A bound PersistentVolume keeps its kubernetes.io/pv-protection finalizer while its claim
-    exists, and the claim its pvc-protection finalizer while a pod uses it: the documented
-    `pulumi destroy --target <claim> --target-dependents` removes every owner of such a pod first."""
-    result, _ = standard
-    claim = _one(result, "kubernetes:core/v1:PersistentVolumeClaim")
-    dependents = {claim.urn}
-    for r in result.registrations:  # registration order is a dependency order
-        if dependents & set(r.dependencies):
-            dependents.add(r.urn)
-    owners = {r.type for r in result.registrations if r.urn in dependents}
-    assert {RAY_CLUSTER, "kubernetes:batch/v1:Job", synth.GRPO_JOB_TYPE} <= owners
-    text = DOCS.read_text()
-    assert f"pulumi destroy --target '{engine_urn(claim.urn, 'a4-standard')}' --target-dependents" in text
+PV = "kubernetes:core/v1:PersistentVolume"
+PVC = "kubernetes:core/v1:PersistentVolumeClaim"
+OTHER_BUCKET = "verl-gke-other-bucket"
+
+# pulumi-kubernetes provider/pkg/provider/diff.go `forceNew`, for the kinds that hold or mount the
+# bucket; every kind also replaces on metadata.name and metadata.namespace, a custom resource on
+# nothing else.
+FORCE_NEW = {
+    PV: ("spec.csi",),
+    PVC: ("spec.accessModes", "spec.selector", "spec.storageClassName", "spec.volumeName"),
+    "kubernetes:batch/v1:Job": ("spec.completions", "spec.parallelism", "spec.selector", "spec.template"),
+}
+
+
+def _at(obj: Any, path: str) -> Any:
+    for key in path.split("."):
+        obj = obj.get(key) if isinstance(obj, dict) else None
+    return obj
+
+
+def provider_diff(type_: str, olds: dict[str, Any], news: dict[str, Any]) -> tuple[bool, bool, bool]:
+    """(changes, replaces, delete_before_replace) as provider.go `Diff` decides them: a change under a
+    force-new path replaces, and a replacement deletes first when the name and namespace stay."""
+    paths = ("metadata.name", "metadata.namespace", *FORCE_NEW.get(type_, ()))
+    replaces = any(_at(olds, p) != _at(news, p) for p in paths)
+    same_name = all(_at(olds, p) == _at(news, p) for p in ("metadata.name", "metadata.namespace"))
+    return olds != news, replaces, replaces and same_name
+
+
+def plan(old: list[synth.Registration], new: synth.SynthResult, monitor: OptionsMonitor) -> dict[str, str]:
+    """The step the engine takes for each Kubernetes object and the run, walking the registrations in
+    order (step_generator.go `diff`: a resource whose replaceWith names a replaced one is replaced,
+    before any provider diff; `continueStepsFromDiff`: the goal's deleteBeforeReplace, when set,
+    overrides the provider's choice; a create-first replacement deletes the old object at the end of
+    the `up`, `GenerateDeletes`). The run's diff is its provider's own."""
+    olds = {r.urn: r for r in old}
+    replaced: set[str] = set()
+    steps: dict[str, str] = {}
+    for r in new.registrations:
+        if not r.custom or not (r.type.startswith("kubernetes:") or r.type == synth.GRPO_JOB_TYPE):
+            continue
+        before, sent = olds[r.urn].inputs, monitor.sent[r.name]
+        if set(sent.replace_with) & replaced:
+            changes, replaces, delete_first = True, True, False
+        elif r.type == synth.GRPO_JOB_TYPE:
+            diff = GrpoJobProvider().diff("id", synth.engine_numbers(before), synth.engine_numbers(r.inputs))
+            changes, replaces, delete_first = diff.changes, bool(diff.replaces), bool(diff.delete_before_replace)
+        else:
+            changes, replaces, delete_first = provider_diff(r.type, before, r.inputs)
+        if replaces:
+            replaced.add(r.urn)
+            delete_first = delete_first if sent.delete_before_replace is None else sent.delete_before_replace
+            steps[r.name] = "delete, then create" if delete_first else "create, then delete at the end"
+        elif changes:
+            steps[r.name] = "update"
+    return steps
+
+
+def _claims(obj: Any) -> set[str]:
+    """Every claim a manifest's pods mount (`persistentVolumeClaim.claimName` anywhere in it)."""
+    if isinstance(obj, list):
+        return set().union(*map(_claims, obj))
+    if not isinstance(obj, dict):
+        return set()
+    found = {obj["persistentVolumeClaim"]["claimName"]} if "persistentVolumeClaim" in obj else set()
+    return found.union(*map(_claims, obj.values()))
+
+
+def unsafe(old: list[synth.Registration], new: synth.SynthResult, steps: dict[str, str]) -> list[str]:
+    """What would fail or hang in the real `up`:
+    - a create-first replacement under the same name and namespace: AlreadyExists (await.go `Creation`);
+    - a volume or claim deleted first: a bound volume keeps kubernetes.io/pv-protection while its claim
+      exists (Kubernetes' pv-protection controller: `isBeingUsed` is phase Bound), a claim keeps
+      kubernetes.io/pvc-protection while a scheduled pod uses it, and the delete waits until it is gone
+      (await.go `Deletion`, 10 minutes by default);
+    - pods left on a claim the `up` deletes (an object that mounts it, not deleted first): that claim's
+      delete at the end waits for them. KubeRay 1.6.2 never recreates a RayCluster's pods for a new
+      template (no `upgradeStrategy`), and deletes go Foreground (overrides.go `DeletionPropagation`), so
+      an object deleted first takes its pods with it."""
+    olds = {r.urn: r for r in old}
+    problems = []
+    for r in new.registrations:
+        step = steps.get(r.name)
+        before = olds[r.urn].inputs
+        if step == "create, then delete at the end" and all(
+                _at(before, p) == _at(r.inputs, p) for p in ("metadata.name", "metadata.namespace")):
+            problems.append(f"{r.name}: created beside itself under the same name")
+        if step == "delete, then create" and r.type in (PV, PVC):
+            problems.append(f"{r.name}: deleted first, while bound or mounted")
+    gone = {_at(olds[r.urn].inputs, "metadata.name") for r in new.registrations
+            if r.type == PVC and steps.get(r.name, "").startswith("create")}
+    for r in new.registrations:
+        if _claims(olds[r.urn].inputs) & gone and steps.get(r.name) != "delete, then create":
+            problems.append(f"{r.name}: its pods stay on the claim the up deletes ({steps.get(r.name, 'same')})")
+    return problems
+
+
+# What a new bucket replaces, and how, on every stack.
+BUCKET_CHANGE = {
+    "storage-pv": "create, then delete at the end",
+    "storage-pvc": "create, then delete at the end",
+    "staging-job": "delete, then create",
+    "ray-ray-cluster": "delete, then create",
+    "grpo": "delete, then create",
+}
+
+
+@pytest.mark.parametrize("stack,key,value", [("a4-standard", "bucketName", OTHER_BUCKET),
+                                             ("a4-standard", "volumeCapacity", "1Ti"),
+                                             ("a4x", "bucketName", OTHER_BUCKET)])
+def test_a_new_bucket_is_one_safe_up(stack, key, value) -> None:
+    """The volume and its claim are created beside the old ones, under new names; whatever mounts the
+    claim is deleted (its pods with it) and created on the new one; the old claim and volume go last."""
+    old, _ = _deployed(stack)
+    new, monitor = _deployed(stack, **{key: value})
+    steps = plan(old.registrations, new, monitor)
+    assert unsafe(old.registrations, new, steps) == []
+    assert steps == BUCKET_CHANGE
+
+
+def _named_before(result: synth.SynthResult) -> list[synth.Registration]:
+    """The registrations as verl-gke 0.5.1 made them: the same objects, with the tutorial's fixed names
+    for the volume and its claim (`training-bucket-pv`, `training-bucket-pvc`)."""
+    renames = {_one(result, PVC).inputs["metadata"]["name"]: "training-bucket-pvc",
+               _one(result, PV).inputs["metadata"]["name"]: "training-bucket-pv"}
+
+    def renamed(inputs: dict[str, Any]) -> dict[str, Any]:
+        text = json.dumps(inputs)
+        for new, old in renames.items():
+            text = text.replace(f'"{new}"', f'"{old}"')
+        return json.loads(text)
+
+    return [dataclasses.replace(r, inputs=renamed(r.inputs)) for r in result.registrations]
+
+
+@pytest.mark.parametrize("stack", ["a4-standard", "a4x"])
+def test_the_first_up_after_fixed_names_renames_the_volume_and_restarts_the_run(stack) -> None:
+    """The same bucket under the new names: the same steps as a new bucket (the run stopped, then
+    resumed from its checkpoint on the same bucket), and nothing left waiting."""
+    new, monitor = _deployed(stack)
+    before = _named_before(new)
+    assert {r.name: _claims(r.inputs) for r in before if _claims(r.inputs)} == {
+        "ray-ray-cluster": {"training-bucket-pvc"}, "staging-job": {"training-bucket-pvc"}}
+    steps = plan(before, new, monitor)
+    assert unsafe(before, new, steps) == []
+    assert steps == BUCKET_CHANGE
+
+
+def test_replace_options_of_the_volume_the_claim_and_what_mounts_it(standard) -> None:
+    result, monitor = standard
+    pv, pvc = _one(result, PV), _one(result, PVC)
+    claim = pvc.inputs["metadata"]["name"]
+    assert pv.inputs["spec"]["claimRef"]["name"] == claim and pvc.inputs["spec"]["volumeName"] == pv.inputs[
+        "metadata"]["name"]
+    # No option: with a new name the provider's diff creates first; deleting first would wait on the finalizers.
+    for volume in (pv, pvc):
+        sent = monitor.sent[volume.name]
+        assert (sent.delete_before_replace, sent.replace_on_changes, sent.replace_with) == (None, [], []), volume.name
+    ray = _one(result, RAY_CLUSTER)
+    assert monitor.sent[ray.name].replace_with == [pvc.urn]
+    assert monitor.sent[ray.name].delete_before_replace is True
+    mounting = [r for r in result.registrations if _claims(r.inputs)]
+    assert sorted(r.name for r in mounting) == ["ray-ray-cluster", "staging-job"]
+    for r in mounting:
+        assert _claims(r.inputs) == {claim}, r.name
+        assert pvc.urn in r.dependencies, r.name
+    assert monitor.sent["staging-job"].delete_before_replace is True
+    # The reclaim policy keeps what is in the bucket when the old volume goes.
+    assert pv.inputs["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
 
 
 # 8. destroy after the cluster was deleted out of band ------------------------------------------

@@ -29,27 +29,32 @@ def pinned(image: str) -> str:
     marked placeholder where the registry's digest goes at the first `pulumi up`."""
     return f"{image}@{synth.UNRESOLVED_DIGEST}"
 RELEASE = "kubernetes:helm.sh/v3:Release"
+CLAIM = "training-bucket-pvc-0123456789"
 
 
 def ray_args(platform: str, mode: str = "standard", **overrides: Any) -> RayTrainingClusterArgs:
+    """The args but the claim, which `deploy` registers."""
     args: dict[str, Any] = {"platform": platform, "mode": mode, "gpu_nodes": 2, "namespace": "verl",
-                            "service_account": "verl-ray", "claim_name": "training-bucket-pvc"}
+                            "service_account": "verl-ray"}
     args.update(overrides)
     return args  # type: ignore[return-value]
 
 
 def deploy(args: RayTrainingClusterArgs, dra_args: A4xDraArgs | None = None) -> MockRun:
-    """The program the lead wires, reduced to these components: one provider, a stand-in for
-    the resources the pods need first (GPU pool, bucket claim), and on A4X the DRA component."""
+    """The program the lead wires, reduced to these components: one provider, the bucket's claim, a
+    stand-in for the other resources the pods need first (GPU pool), and on A4X the DRA component."""
 
     def program() -> None:
         provider = k8s.Provider("k8s", kubeconfig="mock")
+        claim = k8s.core.v1.PersistentVolumeClaim("claim", metadata={"name": CLAIM, "namespace": "verl"},
+                                                  opts=pulumi.ResourceOptions(provider=provider))
         prerequisite = k8s.core.v1.ConfigMap("prerequisite", opts=pulumi.ResourceOptions(provider=provider))
         waits_for: list[pulumi.Resource] = [prerequisite]
         if dra_args is not None:
             waits_for.append(A4xDra("dra", dra_args,
                                     opts=pulumi.ResourceOptions(providers=[provider], depends_on=[prerequisite])))
-        cluster = RayTrainingCluster("ray", args, opts=pulumi.ResourceOptions(providers=[provider], depends_on=waits_for))
+        cluster = RayTrainingCluster("ray", {**args, "claim": claim},
+                                     opts=pulumi.ResourceOptions(providers=[provider], depends_on=waits_for))
         pulumi.export("name", cluster.name)
         pulumi.export("headService", cluster.head_service)
         pulumi.export("namespace", cluster.namespace)
@@ -70,7 +75,7 @@ def test_ray_cluster_is_the_builders_manifest_and_valid(platform: str, mode: str
     # The platform's image is a tag: the RayCluster gets it pinned by digest, everything else as built.
     # Applied with force (it takes back what an older supervisor owned), awaited until KubeRay reports a
     # state (tests/test_pulumi_lifecycle.py); never with spec.suspend.
-    spec = cluster_spec(args)
+    spec = cluster_spec(args, CLAIM)
     built = ray_cluster(replace(spec, image=pinned(PLATFORMS[platform].image)))
     assert sent == {**built, "metadata": {**built["metadata"], "annotations": {
         "pulumi.com/patchForce": "true", "pulumi.com/waitFor": "jsonpath={.status.state}"}}}
@@ -92,7 +97,7 @@ def test_every_child_uses_the_one_provider_and_waits_for_the_prerequisites() -> 
         pin = run.by_name[name]
         assert (pin.type, pin.parent, pin.dependencies) == (synth.PINNED_IMAGE_TYPE, run.by_name[parent].urn, [])
         assert pin.provider != provider
-    children = [r for r in run.registrations if r.custom and r.name not in ("k8s", "prerequisite", *pins)]
+    children = [r for r in run.registrations if r.custom and r.name not in ("k8s", "claim", "prerequisite", *pins)]
     assert len(children) == 8  # the DRA objects, the operator, the RayCluster and its NetworkPolicy
     assert {r.provider for r in children} == {provider}
     prerequisite = run.by_name["prerequisite"].urn
@@ -154,21 +159,16 @@ def test_an_image_with_a_digest_is_used_as_it_is(mirror: str | None, expected: s
     assert _images(run) == {expected}
 
 
-def test_claim_name_output_becomes_a_dependency_and_lands_in_the_volumes() -> None:
-    def program() -> None:
-        provider = k8s.Provider("k8s", kubeconfig="mock")
-        claim = k8s.core.v1.PersistentVolumeClaim(
-            "claim", metadata={"name": "training-bucket-pvc", "namespace": "verl"},
-            opts=pulumi.ResourceOptions(provider=provider))
-        RayTrainingCluster("ray", ray_args("a4", claim_name=claim.metadata.apply(lambda m: m.name)),
-                           opts=pulumi.ResourceOptions(providers=[provider]))
-
-    run = MockRun(program)
-    cluster = run.one(RAY_CLUSTER)
-    assert run.by_name["claim"].urn in cluster.dependencies
+def test_the_claim_is_waited_for_mounted_and_replaces_the_cluster() -> None:
+    """Replaced with the claim: KubeRay never moves running pods to a new claim, and the old claim
+    goes only once no pod mounts it (tests/test_pulumi_lifecycle.py)."""
+    run = deploy(ray_args("a4"))
+    cluster, claim = run.one(RAY_CLUSTER), run.by_name["claim"].urn
+    assert claim in cluster.dependencies
+    assert run.sent(cluster.name).replace_with == [claim]
     spec = run.manifest(cluster)["spec"]
     for pod in (spec["headGroupSpec"]["template"]["spec"], spec["workerGroupSpecs"][0]["template"]["spec"]):
-        assert {"name": "training-bucket-vol", "persistentVolumeClaim": {"claimName": "training-bucket-pvc"}} in pod["volumes"]
+        assert {"name": "training-bucket-vol", "persistentVolumeClaim": {"claimName": CLAIM}} in pod["volumes"]
 
 
 def test_kuberay_operator_only_when_asked_and_before_the_cluster() -> None:
@@ -236,14 +236,14 @@ def test_a4x_on_multi_network_has_no_nic_claim_template() -> None:
 def test_bad_args_are_refused_with_the_value_and_what_is_allowed(overrides: dict[str, Any], message: str) -> None:
     args: RayTrainingClusterArgs = {**ray_args("a4"), **overrides}  # type: ignore[typeddict-item]
     with pytest.raises(ValueError, match=re.escape(message)):
-        cluster_spec(args)
+        cluster_spec(args, CLAIM)
 
 
 def test_a4x_workers_leave_room_for_the_head_on_their_gpu_node() -> None:
     # The arm64-only head runs on a GB200 node beside that node's worker (one worker per node,
     # every node a worker): both must fit its allocatable resources, with the DaemonSet headroom.
     platform = PLATFORMS["a4x"]
-    spec = ray_cluster(cluster_spec(ray_args("a4x", gpu_nodes=4, checkpoint_root="/data/verl/checkpoints")))["spec"]
+    spec = ray_cluster(cluster_spec(ray_args("a4x", gpu_nodes=4, checkpoint_root="/data/verl/checkpoints"), CLAIM))["spec"]
     head = spec["headGroupSpec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
     worker = spec["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"]["requests"]
     assert (head["cpu"], head["memory"]) == ("12", "32Gi")
@@ -262,5 +262,5 @@ def test_a4x_workers_leave_room_for_the_head_on_their_gpu_node() -> None:
 ])
 def test_a4x_workers_that_crowd_out_the_head_are_refused(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
-        cluster_spec(ray_args("a4x", **overrides))
-    cluster_spec(ray_args("a4x", worker_cpus=126, worker_memory_gi=766))
+        cluster_spec(ray_args("a4x", **overrides), CLAIM)
+    cluster_spec(ray_args("a4x", worker_cpus=126, worker_memory_gi=766), CLAIM)

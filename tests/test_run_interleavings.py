@@ -27,8 +27,8 @@ EXPLORE = int(os.environ.get("VERL_GKE_EXPLORE", "0"))
 EXAMPLES = EXPLORE or 400
 STEPS = 60
 RELEASE_WITHIN_S = LEASE_DURATION_S + 120.0 + 120.0
-"""After every run ended, a supervisor that holds the Lease this long has released the GPUs: the
-replace window (120 s here) and a few steps."""
+"""After every run ended or was lost, a supervisor that holds the Lease this long has released the
+GPUs: the replace window (120 s here) and a few steps."""
 
 
 class RunLifecycle(RuleBasedStateMachine):
@@ -36,7 +36,8 @@ class RunLifecycle(RuleBasedStateMachine):
         super().__init__()
         self.world = World()
         self.over_held_s, self.over_holder = 0.0, ""
-        """Time one live supervisor held the Lease, with the API up, since every run on the cluster ended."""
+        """Time one live supervisor held the Lease, with the API up, since every run on the cluster ended
+        or was lost (no record left, and a head that answers with GPU workers and no job)."""
 
     # --- the stack ---------------------------------------------------------------------------------
 
@@ -118,11 +119,14 @@ class RunLifecycle(RuleBasedStateMachine):
             return
         if decided and not self.world.api_down and self.world.head.up:
             self._every_live_attempt_is_its_runs_newest()
-        if decider.lease.holder != self.over_holder:
-            self.over_held_s, self.over_holder = 0.0, decider.lease.holder  # a new holder counts from now
+        if decider.lease.holder != self.over_holder or (not self.world.head.up and not self.world.records()):
+            # A new holder counts from now; an unreachable head is not an empty one (no record, nothing
+            # to count on): the count starts again once it answers.
+            self.over_held_s, self.over_holder = 0.0, decider.lease.holder
         if decided and self.over_held_s >= RELEASE_WITHIN_S and not self.world.head.live():
             assert self.world.suspended() in (True, None), (
-                f"every run ended {self.over_held_s:g} s ago under this supervisor, and the cluster is still up")
+                f"every run ended or was lost {self.over_held_s:g} s ago under this supervisor, and the cluster is "
+                "still up")
 
     @rule(slot=st.integers(0, 1), skew=st.integers(0, 3))
     def a_supervisor_starts(self, slot: int, skew: int) -> None:
@@ -142,7 +146,9 @@ class RunLifecycle(RuleBasedStateMachine):
         holder = ((world.kube.objects.get("/apis/coordination.k8s.io/v1/namespaces/ray/leases/rc-decider") or {})
                   .get("spec") or {}).get("holderIdentity", "")
         records = world.records()
-        if records and all(r is not None and r.outcome for r in records.values()) and not world.api_down \
+        lost = not records and world.head.up and world.head.workers > 0 and not world.head.live()
+        over = lost or (records and all(r is not None and r.outcome for r in records.values()))
+        if over and not world.api_down \
                 and holder == self.over_holder and any(d.lease.holder == holder for d in world.supervisors.values()):
             self.over_held_s += seconds
         else:
@@ -163,7 +169,8 @@ class RunLifecycle(RuleBasedStateMachine):
     @rule(fault=st.sampled_from(["preemption", "node back", "head restart", "link cut", "API outage",
                                  "supervisor 0 cut off", "supervisor 1 cut off", "pulumi up cut off",
                                  "API 409", "API 404", "API 422", "API 500", "RayCluster recreated",
-                                 "record deleted", "record not JSON", "record immutable"]),
+                                 "record deleted", "record not JSON", "record immutable",
+                                 "record and job table lost"]),
           rounds=st.integers(1, 3), which=st.integers(0, 3))
     def a_fault(self, fault: str, rounds: int, which: int) -> None:
         """One fault (all kinds together weigh as one rule, so runs also get far without them)."""
@@ -191,6 +198,11 @@ class RunLifecycle(RuleBasedStateMachine):
             world.fail_next.extend([int(fault[4:])] * rounds)
         elif fault == "RayCluster recreated":
             self._recreate_the_raycluster()
+        elif fault == "record and job table lost":
+            # The record deleted while the head restarts: nothing is left to rebuild the run from.
+            self._edit_a_record("deleted", which)
+            if world.pods:
+                world.head.restart()
         elif fault.startswith("record "):
             self._edit_a_record(fault.removeprefix("record "), which)
 

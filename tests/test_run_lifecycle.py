@@ -19,6 +19,7 @@ from workloads.run_lifecycle import (
     DELETED,
     DEPLOY_FAILED,
     SUCCEEDED,
+    UNTRACED,
     Capacity,
     Policy,
     View,
@@ -412,6 +413,29 @@ def test_item5_the_exports_bound_is_checked_before_the_head_is_asked():
     assert record(world).released and world.suspended() is True
 
 
+def test_item5_a_released_cluster_is_not_suspended_again_while_an_unreachable_head_may_run_a_lost_record():
+    """Every record ended and released, a new run's record deleted while it trains, and its head
+    unreachable: 0.6.0 suspended the cluster at once ("a release is final") under the live attempt;
+    now the cluster goes only once the head answers with no job live, or past the outage bound."""
+    world = deployed()
+    world.head.finish(world.desired.submission_ids[0], "STOPPED")
+    steps(world, rounds=2)
+    assert record(world).released and world.suspended() is True
+    world.desired = run_spec("run-b", 0)
+    world.runs["run-b/0"] = world.desired
+    world.supervisors.clear()
+    world.start_supervisor(0, 2)
+    steps(world, rounds=8)
+    assert pulumi_up(world) == "done"
+    assert world.head.live() == [world.desired.submission_ids[0]]
+    world.kube.handle("DELETE", f"/api/v1/namespaces/{NS}/configmaps/{record_name(RC, 'run-b')}", {}, None)
+    world.set_link(False)
+    steps(world, rounds=2)
+    assert world.suspended() is False and not world.suspended_under
+    steps(world, rounds=59)  # the outage bound (900 s here): the run behind the head is lost, the GPUs go
+    assert world.suspended() is True
+
+
 def test_item6_a_deleted_record_of_a_live_run_is_rebuilt_from_the_head():
     world = deployed()
     path = next(p for p in world.kube.objects if "/configmaps/" in p)
@@ -456,6 +480,127 @@ def test_item6_a_claim_against_a_record_deleted_mid_write_submits_nothing():
     with pytest.raises(Gone):
         decider.step()  # the claim's PUT is answered 404
     assert not world.head.live() and world.records() == {}
+
+
+def test_item6_a_deleted_record_is_rebuilt_when_the_head_forgot_the_earlier_attempts():
+    """The head restarted once (attempt 0 gone from its table; the supervisor resubmitted attempt 1),
+    then the record was deleted: the rebuilt record keeps attempt 1 in its place, so the live run is
+    supervised (0.6.0 rebuilt nothing from a table that starts at attempt 1: a live run without a
+    decider, found by the interleaving exploration)."""
+    world = deployed()
+    ids = world.desired.submission_ids
+    world.head.restart()
+    steps(world, rounds=2)
+    assert world.head.live() == [ids[1]]
+    path = next(p for p in world.kube.objects if "/configmaps/" in p)
+    world.kube.handle("DELETE", path, {}, None)
+    steps(world)
+    rebuilt = record(world)
+    assert ([a.submission_id for a in rebuilt.attempts], rebuilt.opened_at, rebuilt.outcome) == (["", ids[1]], 1, "")
+    world.head.lose_worker()  # supervised: the next attempt follows once the node is back
+    world.head.workers = 2
+    steps(world, rounds=3)
+    assert world.head.live() == [ids[2]] and [a.submission_id for a in record(world).opened] == list(ids[1:3])
+
+
+def test_item6_a_create_after_the_record_was_lost_adopts_the_live_attempt():
+    """The record deleted, and `pulumi up`'s create comes before the supervisor rebuilds it: the create
+    begins the run again and names the attempt the head runs, instead of a run with none (which its
+    decider would end as a failed deploy under the live attempt)."""
+    world = deployed()
+    ids = world.desired.submission_ids
+    world.kube.handle("DELETE", f"/api/v1/namespaces/{NS}/configmaps/{record_name(RC, 'run-a')}", {}, None)
+    assert pulumi_up(world) == "done"
+    assert [a.submission_id for a in record(world).attempts] == [ids[0]] and world.head.live() == [ids[0]]
+    steps(world, rounds=3)
+    assert not record(world).outcome and world.head.live() == [ids[0]]
+
+
+def test_item6_a_record_lost_twice_never_leads_to_two_live_attempts():
+    """The record lost while the head knows only a later, ended attempt (the head restarted once):
+    the create that begins the run again claims past every index the head knows, so a second loss
+    cannot put an older live attempt behind a newer ended one (0.6.0 reused attempt 0's id, then
+    claimed attempt 2 beside it: two live attempts, found by the interleaving exploration)."""
+    world = deployed()
+    ids = world.desired.submission_ids
+    world.head.restart()
+    steps(world, rounds=2)
+    world.head.finish(ids[1], "FAILED", 1)
+    del world.supervisors[0]  # no retry from it: the stack's next `up` decides
+    records = f"/api/v1/namespaces/{NS}/configmaps/{record_name(RC, 'run-a')}"
+    world.kube.handle("DELETE", records, {}, None)
+    assert pulumi_up(world) == "done"
+    assert world.head.live() == [ids[2]]
+    assert [a.submission_id for a in record(world).attempts] == ["", ids[1], ids[2]]
+    world.kube.handle("DELETE", records, {}, None)
+    assert pulumi_up(world) == "done"
+    assert world.head.live() == [ids[2]] and record(world).attempts[-1].submission_id == ids[2]
+
+
+def test_item6_a_record_deleted_while_its_head_lost_its_job_table_still_releases_the_gpus():
+    """The record deleted and the head restarted (the attempt's driver died with its job table):
+    nothing to rebuild from. 0.6.0 kept the GPUs up until the next `pulumi up` or `destroy`; now the
+    stack's run is recorded lost and the GPUs are released once the replace window (120 s here)
+    has passed with GPU workers up, no record and nothing on the head."""
+    world = deployed()
+    path = next(p for p in world.kube.objects if "/configmaps/" in p)
+    world.kube.handle("DELETE", path, {}, None)
+    world.head.restart()
+    steps(world, rounds=7)  # the first step after the loss counts from its previous one: 105 s
+    lost = record(world)
+    assert (lost.run_id, lost.generation, lost.outcome, lost.released, lost.stopped_s) == (
+        "run-a", 0, UNTRACED, False, 105.0)
+    assert world.suspended() is False
+    steps(world)  # 120 s: the window has passed
+    assert record(world).released and world.suspended() is True
+    assert "no record of run-a and no job of it on the Ray head with 2 GPU workers up" in record(world).decisions[0]
+    steps(world, rounds=20)
+    assert world.suspended() is True and record(world).outcome == UNTRACED
+
+
+def test_a_run_recorded_untraced_is_resumed_by_a_replace_of_its_job():
+    """`pulumi up --replace <the GrpoJob>` (its delete, then its create) reopens the run: the create
+    resumes the cluster and submits; the supervisor never reopens it by itself."""
+    world = deployed()
+    path = next(p for p in world.kube.objects if "/configmaps/" in p)
+    world.kube.handle("DELETE", path, {}, None)
+    world.head.restart()
+    steps(world, rounds=12)
+    assert record(world).released and world.suspended() is True
+    assert pulumi_up(world, "delete") == "done" and record(world).outcome == UNTRACED
+    assert pulumi_up(world) == "done"
+    reopened = record(world)
+    assert (reopened.outcome, reopened.released, [a.submission_id for a in reopened.opened]) == (
+        "", False, [world.desired.submission_ids[0]])
+    assert world.head.live() == [world.desired.submission_ids[0]] and world.suspended() is False
+
+
+def test_a_first_deploy_whose_gpu_workers_have_not_joined_is_not_released():
+    """The first `pulumi up`: the supervisor runs while the RayCluster waits for its GPU nodes (no
+    record yet, a head with no job): nothing is billed for GPUs, nothing is written or suspended."""
+    world = World()
+    world.start_supervisor(0, 0)
+    world.head.workers = 0
+    steps(world, rounds=200)
+    assert world.records() == {} and world.suspended() is False
+    world.head.workers = 2
+    assert pulumi_up(world) == "done"
+    assert world.head.live() == [world.desired.submission_ids[0]] and not record(world).outcome
+
+
+def test_gpus_up_with_no_record_and_nothing_on_the_head_are_recorded_and_held_for_the_window():
+    idle = {"records": {}, "jobs": {}}
+    changed, effects = decide(view(RunRecord("r"), **idle))
+    assert (changed["r"].outcome, changed["r"].released, changed["r"].stopped_s, effects) == (UNTRACED, False,
+                                                                                            15.0, [])
+    changed, effects = decide(view(replace(changed["r"], stopped_s=105.0), {},
+                                   records={"r": replace(changed["r"], stopped_s=105.0)}))
+    assert changed["r"].released and [e.kind for e in effects] == ["suspend"]
+    # Not when a job is live, the head does not answer, no GPU worker is up, or the cluster is released.
+    assert decide(view(RunRecord("r"), records={}, jobs={"x": job("x", "RUNNING")})) == ({}, [])
+    assert decide(view(RunRecord("r"), records={}, jobs=None)) == ({}, [])
+    assert decide(view(RunRecord("r"), **idle, capacity=Capacity(workers=0, gpus=0, dead=2))) == ({}, [])
+    assert decide(view(RunRecord("r"), **idle, cluster="suspended")) == ({}, [])
 
 
 def test_item7_a_recreated_raycluster_of_a_released_run_is_suspended_again():

@@ -21,6 +21,7 @@ SCRIPT_TEXT = Path(stage_data.__file__).read_text()
 SPEC = staging.StagingSpec(
     namespace="ml",
     service_account="verl-ray",
+    claim_name="training-bucket-pvc-0123456789",
     model_repo="Qwen/Qwen2.5-32B-Instruct",
     model_revision="5ede1c97bbab6ce5cda5812749b4c0bdf79b18dd",
     model_dir="Qwen2.5-32B-Instruct",
@@ -106,7 +107,7 @@ def test_job_mounts_the_bucket_with_the_gcsfuse_sidecar(job: dict) -> None:
     assert annotations["gke-gcsfuse/cpu-limit"] == "2"
     assert annotations["gke-gcsfuse/memory-limit"] == "2Gi"
     assert _pod(job)["serviceAccountName"] == "verl-ray"
-    assert {"name": "training-bucket-vol", "persistentVolumeClaim": {"claimName": "training-bucket-pvc"}} in _pod(job)[
+    assert {"name": "training-bucket-vol", "persistentVolumeClaim": {"claimName": "training-bucket-pvc-0123456789"}} in _pod(job)[
         "volumes"
     ]
     assert {"name": "training-bucket-vol", "mountPath": "/data"} in _container(job)["volumeMounts"]
@@ -219,7 +220,7 @@ def test_new_script_changes_the_pod_template() -> None:
 
 def test_names_shared_with_storage(job: dict) -> None:
     assert storage.MOUNT_PATH == "/data"
-    assert _pod(job)["volumes"][1]["persistentVolumeClaim"]["claimName"] == storage.PVC_NAME
+    assert _pod(job)["volumes"][1] == storage.claim_volume(SPEC.claim_name)
 
 
 @pytest.mark.parametrize(

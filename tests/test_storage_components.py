@@ -55,6 +55,7 @@ def deploy(namespace: str, force_destroy: bool = False) -> MockRun:
             {
                 "namespace": namespace,
                 "service_account": "verl-ray-staging",
+                "claim_name": store.claim_name,
                 "model_repo": "Qwen/Qwen2.5-32B-Instruct",
                 "model_revision": MODEL_REV,
                 "model_dir": "Qwen2.5-32B-Instruct",
@@ -216,7 +217,7 @@ def test_kubernetes_objects_are_the_manifest_builders(run: MockRun) -> None:
     pv = storage.persistent_volume(bucket=BUCKET, namespace="ml")
     assert run.inputs("storage-pv")["metadata"] == pv["metadata"]
     assert run.inputs("storage-pv")["spec"] == pv["spec"]
-    pvc = storage.persistent_volume_claim(namespace="ml")
+    pvc = storage.persistent_volume_claim(bucket=BUCKET, namespace="ml")
     assert run.inputs("storage-pvc")["metadata"] == pvc["metadata"]
     assert run.inputs("storage-pvc")["spec"] == pvc["spec"]
 
@@ -257,7 +258,7 @@ def test_storage_outputs(run: MockRun) -> None:
         "storage.namespace": "ml",
         "storage.service_account_name": "verl-ray",
         "storage.staging_service_account_name": "verl-ray-staging",
-        "storage.claim_name": "training-bucket-pvc",
+        "storage.claim_name": storage.volume_names(bucket=BUCKET, namespace="ml")[1],
         "storage.hf_token_secret": SECRET,
     }
 
@@ -299,6 +300,7 @@ def test_job_is_the_manifest_builders(run: MockRun) -> None:
         staging.StagingSpec(
             namespace="ml",
             service_account="verl-ray-staging",
+            claim_name=storage.volume_names(bucket=BUCKET, namespace="ml")[1],
             model_repo="Qwen/Qwen2.5-32B-Instruct",
             model_revision=MODEL_REV,
             model_dir="Qwen2.5-32B-Instruct",

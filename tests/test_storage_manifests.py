@@ -30,16 +30,17 @@ OUR_MOUNT_OPTIONS = [o if o != "file-cache:max-size-mb:-1" else "file-cache:max-
 
 def test_volume_matches_the_tutorial() -> None:
     pv = storage.persistent_volume(bucket=BUCKET, namespace="default")
+    generation = storage.volume_generation(bucket=BUCKET, namespace="default")
     assert pv == {
         "apiVersion": "v1",
         "kind": "PersistentVolume",
-        "metadata": {"name": "training-bucket-pv"},
+        "metadata": {"name": f"training-bucket-pv-{generation}"},
         "spec": {
             "accessModes": ["ReadWriteMany"],
             "capacity": {"storage": "768Gi"},
             "persistentVolumeReclaimPolicy": "Retain",
             "storageClassName": "gcsfuse-sc",
-            "claimRef": {"namespace": "default", "name": "training-bucket-pvc"},
+            "claimRef": {"namespace": "default", "name": f"training-bucket-pvc-{generation}"},
             "mountOptions": OUR_MOUNT_OPTIONS,
             "csi": {
                 "driver": "gcsfuse.csi.storage.gke.io",
@@ -85,7 +86,7 @@ def test_volume_keeps_the_bucket_when_released() -> None:
 
 def test_capacity_is_configurable_on_both_volume_and_claim() -> None:
     pv = storage.persistent_volume(bucket=BUCKET, namespace="ml", capacity="2Ti")
-    pvc = storage.persistent_volume_claim(namespace="ml", capacity="2Ti")
+    pvc = storage.persistent_volume_claim(bucket=BUCKET, namespace="ml", capacity="2Ti")
     assert pv["spec"]["capacity"] == {"storage": "2Ti"}
     assert pvc["spec"]["resources"] == {"requests": {"storage": "2Ti"}}
 
@@ -100,17 +101,62 @@ def test_builders_return_fresh_objects() -> None:
 
 
 def test_claim_is_bound_to_the_volume_by_name() -> None:
-    assert storage.persistent_volume_claim(namespace="ml") == {
+    generation = storage.volume_generation(bucket=BUCKET, namespace="ml")
+    assert storage.persistent_volume_claim(bucket=BUCKET, namespace="ml") == {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "training-bucket-pvc", "namespace": "ml"},
+        "metadata": {"name": f"training-bucket-pvc-{generation}", "namespace": "ml"},
         "spec": {
             "accessModes": ["ReadWriteMany"],
             "resources": {"requests": {"storage": "768Gi"}},
             "storageClassName": "gcsfuse-sc",
-            "volumeName": "training-bucket-pv",
+            "volumeName": f"training-bucket-pv-{generation}",
         },
     }
+
+
+def test_a_generation_is_stable_across_releases() -> None:
+    """Pinned: another digest for the same bucket renames the volume on every deployed stack, and
+    with it replaces the RayCluster and restarts the run at the next `pulumi up`."""
+    assert storage.volume_names(bucket=BUCKET, namespace="verl-gke") == (
+        "training-bucket-pv-5be1ec7699", "training-bucket-pvc-5be1ec7699")
+
+
+def _names(**overrides: str) -> tuple[str, str]:
+    return storage.volume_names(**{"bucket": BUCKET, "namespace": "ml", "capacity": "768Gi", **overrides})
+
+
+@pytest.mark.parametrize("overrides", [{"bucket": "another-bucket"}, {"namespace": "other"}, {"capacity": "1Ti"}],
+                         ids=lambda o: next(iter(o)))
+def test_what_cannot_change_in_place_names_a_new_generation(overrides: dict[str, str]) -> None:
+    """The volume's `csi` and the claim's namespace, access modes and class are pulumi-kubernetes'
+    replace keys (diff.go `forceNew`); the API server refuses to resize a claim that no StorageClass
+    provisions (the PersistentVolumeClaimResize admission plugin)."""
+    (pv, pvc), (new_pv, new_pvc) = _names(), _names(**overrides)
+    assert new_pv != pv and new_pvc != pvc
+    assert new_pv.removeprefix("training-bucket-pv-") == new_pvc.removeprefix("training-bucket-pvc-")
+
+
+@pytest.mark.parametrize("constant,value", [
+    ("VOLUME_ATTRIBUTES", {**storage.VOLUME_ATTRIBUTES, "gcsfuseMetadataPrefetchOnMount": "false"}),
+    ("CSI_DRIVER", "other.csi.example.com"),
+    ("STORAGE_CLASS", "other-sc"),
+])
+def test_a_new_volume_source_or_claim_class_names_a_new_generation(monkeypatch, constant: str, value: object) -> None:
+    before = _names()
+    monkeypatch.setattr(storage, constant, value)
+    assert _names()[0] != before[0] and _names()[1] != before[1]
+
+
+@pytest.mark.parametrize("constant,value", [
+    ("GCSFUSE_MOUNT_OPTIONS", ("implicit-dirs",)),
+    ("RECLAIM_POLICY", "Delete"),
+])
+def test_what_updates_in_place_keeps_the_generation(monkeypatch, constant: str, value: object) -> None:
+    """Mount options and the reclaim policy are no replace keys: the volume is updated, its pods kept."""
+    before = _names()
+    monkeypatch.setattr(storage, constant, value)
+    assert _names() == before
 
 
 def test_service_account() -> None:
@@ -130,10 +176,6 @@ def test_namespace_carries_pod_security_labels_pinned_to_a_version() -> None:
 
 
 def test_claim_volume_and_its_mount() -> None:
-    assert storage.claim_volume() == {
-        "name": "training-bucket-vol",
-        "persistentVolumeClaim": {"claimName": "training-bucket-pvc"},
-    }
     assert storage.claim_volume("other-pvc") == {
         "name": "training-bucket-vol",
         "persistentVolumeClaim": {"claimName": "other-pvc"},
@@ -145,7 +187,7 @@ def test_claim_volume_and_its_mount() -> None:
     "obj",
     [
         storage.persistent_volume(bucket=BUCKET, namespace="default"),
-        storage.persistent_volume_claim(namespace="default"),
+        storage.persistent_volume_claim(bucket=BUCKET, namespace="default"),
         storage.service_account(name="verl-ksa", namespace="default"),
         storage.namespace("verl-gke"),
     ],

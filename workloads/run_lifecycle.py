@@ -13,7 +13,10 @@ written only by the Lease holder, by the rules here. Each step: hold the Lease -
 decide -> write each changed record conditionally on what was read -> only then act. A step that
 loses a race does nothing more and runs again. No decision compares two machines' clocks: durations
 are accumulators in the record, advanced by the holder's own monotonic time between its own
-consecutive steps (docs/run-lifecycle.md).
+consecutive steps (docs/run-lifecycle.md). A lost record is rebuilt from the head's job table (each
+attempt carries its run, generation and index); when there is nothing to rebuild from (no record of
+any run, no job on the head, GPU workers up), the holder records the stack's run lost and releases
+the GPUs after the replace window: only a create reopens it.
 """
 
 from __future__ import annotations
@@ -61,7 +64,14 @@ EXPORT_PREFIX = "verl-export-"
 DELETED = "stopped by pulumi (delete or replace)"
 DEPLOY_FAILED = "deploy failed before any attempt ran"
 SUCCEEDED = "succeeded"
-REOPENABLE = (DELETED, DEPLOY_FAILED)
+UNTRACED = "lost: no record of it and no job of it on the Ray head"
+"""Recorded by the decider for the stack's run when the GPU workers are up with no record of any run
+and nothing on the head (its record and the head's job table were lost, or a first `pulumi up`
+stopped before the job's create)."""
+REOPENABLE = (DELETED, DEPLOY_FAILED, UNTRACED)
+FORGOTTEN = "not on the Ray head when the record was rebuilt (it restarted since)"
+HELD_FOR_CREATE = (DELETED, UNTRACED)
+"""Outcomes whose GPUs stay for the replace window: a create may follow and reopen the run."""
 STALLED = "stalled"
 USER_STOPPED = "stopped by verl-gke stop"
 """The user's `verl-gke stop` asked for it (desired stopped in the record): not reopened by a later `up`."""
@@ -278,37 +288,51 @@ def rebuilt(run_id: str, generation: int, budget_s: float, jobs: Mapping[str, Ma
     live = [gen for gen, _index, _sid, job in found if job.get("status") in LIVE]
     newest_generation = live[-1] if live else found[-1][0]
     mine = [(index, sid, j) for gen, index, sid, j in found if gen == newest_generation]
-    attempts = []
+    attempts: list[Attempt] = []
     for index, sid, job in mine:
-        if index != len(attempts):
-            break  # a gap: the ids after it cannot be placed
         cause = meta(job, "cause") or "pulumi-up"
-        attempts.append(Attempt(index=index, submission_id=sid, by="pulumi-up" if cause == "pulumi-up" else "supervisor",
-                                cause=cause, reason=meta(job, "reason"),
-                                dead_nodes=int(meta(job, "dead_nodes")) if meta(job, "dead_nodes").isdigit() else None,
-                                submitted=True))
-    if not attempts:
-        return None
+        attempt = Attempt(index=index, submission_id=sid, by="pulumi-up" if cause == "pulumi-up" else "supervisor",
+                          cause=cause, reason=meta(job, "reason"),
+                          dead_nodes=int(meta(job, "dead_nodes")) if meta(job, "dead_nodes").isdigit() else None,
+                          submitted=True)
+        if index < len(attempts):
+            # One index under two ids (a record lost before the create that reused it): the live one.
+            if job.get("status") in LIVE:
+                attempts[index] = attempt
+            continue
+        # Attempts a restarted head no longer knows keep their places (the next index is the next id).
+        attempts.extend(Attempt(index=i, submission_id="", by="", cause="", reason=FORGOTTEN, submitted=True)
+                        for i in range(len(attempts), index))
+        attempts.append(attempt)
+    known = sum(1 for a in attempts if a.submission_id)
+    # The run counts its retries and preemptions from the oldest attempt the head knows.
     return RunRecord(run_id=run_id, generation=newest_generation, budget_s=budget_s if newest_generation == generation
-                     else 0.0, attempts=tuple(attempts)).decided(f"record rebuilt from the head's job table ({len(attempts)} "
-                                                       "attempts)")
+                     else 0.0, attempts=tuple(attempts), opened_at=mine[0][0]).decided(
+        f"record rebuilt from the head's job table ({known} attempts)")
 
 
 def adopted(record: RunRecord, jobs: Mapping[str, Mapping[str, Any]]) -> RunRecord:
-    """The record with an attempt of its run and generation that the head runs and the record does not
-    name (a record lost and begun again): the head's attempts, from their metadata, take the place of
-    the record's, and the run counts from the live one."""
-    live = [sid for sid, job in jobs.items() if job.get("status") in LIVE and meta(job, "run_id") == record.run_id
-            and meta(job, "generation") == str(record.generation) and meta(job, "attempt").isdigit()]
+    """The record with the attempts of its run and generation that the head knows and the record does
+    not (a record lost and begun again): the head's attempts, from their metadata, take the place of
+    the record's. The run counts from the live one; with none live and nothing claimed since the run
+    was opened, it counts from after them, so its next claim is past every index the head knows (an
+    older live attempt never comes to stand behind a newer ended one)."""
+    mine = {sid: job for sid, job in jobs.items() if meta(job, "run_id") == record.run_id
+            and meta(job, "generation") == str(record.generation) and meta(job, "attempt").isdigit()}
+    live = {sid for sid, job in mine.items() if job.get("status") in LIVE}
     named = {a.submission_id for a in record.attempts}
-    if not live or set(live) <= named:
+    behind = not record.opened and any(int(meta(job, "attempt")) >= len(record.attempts) for job in mine.values())
+    if not live - named and not behind:
         return record
-    found = rebuilt(record.run_id, record.generation, record.budget_s, jobs)
-    if found is None or not any(a.submission_id in live for a in found.attempts):
-        return record
-    index = next(a.index for a in found.attempts if a.submission_id in live)
-    return replace(record, attempts=found.attempts, opened_at=min(record.opened_at, index)).decided(
-        f"adopted {found.attempts[index].submission_id}, live on the head and not in the record")
+    found = rebuilt(record.run_id, record.generation, record.budget_s, mine)
+    assert found is not None
+    running = [a.index for a in found.attempts if a.submission_id in live]
+    if running:
+        return replace(record, attempts=found.attempts, opened_at=min(record.opened_at, running[0])).decided(
+            f"adopted {found.attempts[running[0]].submission_id}, live on the head and not in the record")
+    return replace(record, attempts=found.attempts, opened_at=len(found.attempts)).decided(
+        f"the head knows ended attempts up to {len(found.attempts) - 1} not in the record: the next is "
+        f"attempt {len(found.attempts)}")
 
 
 # --- decide ------------------------------------------------------------------------------------
@@ -393,6 +417,7 @@ def decide(view: View) -> tuple[dict[str, RunRecord], list[Effect]]:
         elif view.jobs is not None and record.newest is not None and _status(view, record.newest) in LIVE:
             # Over (its budget, a delete whose stop did not reach the head): nothing of it may run on.
             decision.effects.append(Effect("stop", run_id, record.newest.submission_id))
+    _untraced(decision)
     _release(decision)
     changed = {k: v for k, v in decision.records.items() if view.records.get(k) != v}
     return changed, decision.effects
@@ -596,6 +621,23 @@ def _next(d: _Decision, record: RunRecord, cause: str, reason: str) -> None:
     d.effects.append(Effect("submit", record.run_id, attempt.submission_id))
 
 
+def _untraced(d: _Decision) -> None:
+    """GPU workers up, no record of any run on the cluster and no job live on the head that answers:
+    nothing to rebuild a run from, and nothing to decide by. The stack's run is recorded as lost
+    (only a create reopens it, never the decider) and released as a run a delete stopped: after the
+    replace window, so a first `pulumi up` on its way to the job's create keeps its GPUs."""
+    view, policy = d.view, d.view.policy
+    if d.records or policy is None or not policy.release_workers or view.jobs is None \
+            or view.cluster not in ("running", "resuming") or view.capacity is None or not view.capacity.workers \
+            or any(job.get("status") in LIVE for job in view.jobs.values()):
+        return
+    d.records[policy.run_id] = RunRecord(
+        run_id=policy.run_id, generation=policy.generation, budget_s=policy.budget_s, outcome=UNTRACED).decided(
+        f"no record of {policy.run_id} and no job of it on the Ray head with {view.capacity.workers} GPU workers "
+        "up (the record and the head's job table lost, or `pulumi up` stopped before the job's create): recorded "
+        f"lost; the workers go after {policy.replace_window_s:g} s unless a create reopens it")
+
+
 def _release(d: _Decision) -> None:
     """Once every run on the cluster ended (and its export is over), suspend the RayCluster when no
     job may run; after the release, keep it suspended until a new run begins."""
@@ -609,10 +651,11 @@ def _release(d: _Decision) -> None:
     for record in pending:
         if view.jobs is None and view.cluster not in ("suspended", "absent"):
             records[record.run_id] = record = replace(record, outage_s=record.outage_s + view.elapsed_s)
-        if record.outcome == DELETED and record.stopped_s < policy.replace_window_s:
+        if record.outcome in HELD_FOR_CREATE and record.stopped_s < policy.replace_window_s:
             records[record.run_id] = replace(record, stopped_s=record.stopped_s + view.elapsed_s)
-    if any(r.outcome == DELETED and r.stopped_s < policy.replace_window_s for r in records.values() if not r.released):
-        return  # a replace's create is about to reopen it: the GPUs stay for it
+    if any(r.outcome in HELD_FOR_CREATE and r.stopped_s < policy.replace_window_s
+           for r in records.values() if not r.released):
+        return  # a (replace's) create may be about to reopen it: the GPUs stay for it
     for record in list(records.values()):
         if not record.released and not _exported(d, record):
             return
@@ -628,8 +671,19 @@ def _release(d: _Decision) -> None:
         if view.cluster not in ("suspended", "suspending", "absent"):
             d.effects.append(Effect("suspend"))
     elif not pending and view.cluster in ("running", "resuming"):
-        # A release is final until a new run begins: a recreated (or hand-resumed) cluster goes again.
-        d.effects.append(Effect("suspend"))
+        # A release is final until a new run begins: a recreated (or hand-resumed) cluster goes again,
+        # once no job may run on it. A head that does not answer may hide a live attempt whose record
+        # was lost: it goes only past the outage bound, counted on the released records.
+        if view.jobs is None:
+            for record in list(records.values()):
+                records[record.run_id] = replace(record, outage_s=record.outage_s + view.elapsed_s)
+            if any(r.outage_s >= policy.head_outage_s for r in records.values()):
+                d.effects.append(Effect("suspend"))
+            return
+        for record in [r for r in records.values() if r.outage_s]:
+            records[record.run_id] = replace(record, outage_s=0.0)
+        if not live:
+            d.effects.append(Effect("suspend"))
 
 
 def _exported(d: _Decision, record: RunRecord) -> bool:
@@ -767,7 +821,8 @@ class Decider:
         jobs = {} if over and cluster in ("suspended", "absent") else self._jobs()
         stored = self._repair(stored, jobs)
         records = {run_id: s.record for run_id, s in stored.items() if s.record is not None}
-        capacity = self.ray.capacity() if jobs is not None and any(not r.outcome for r in records.values()) else None
+        capacity = self.ray.capacity() if jobs is not None and (not records or any(
+            not r.outcome for r in records.values())) else None
         for sid, job in (jobs or {}).items():
             if job.get("status") in TERMINAL:
                 self._ended_seen.setdefault(sid, now)
@@ -779,8 +834,11 @@ class Decider:
         changed, effects = decide(view)
         for run_id, record in changed.items():
             self.lease.check()
-            stored[run_id] = self.records.write(stored[run_id], record)
-            for line in record.decisions[len(records[run_id].decisions):]:
+            # A record decided into being is created: one made since the list wins (409).
+            target = stored.get(run_id) or Stored(run_id, None, self.records.get(run_id).name)
+            stored[run_id] = self.records.write(target, record)
+            known = records[run_id].decisions if run_id in records else ()
+            for line in record.decisions[len(known):]:
                 self.log(f"run decider: {run_id}: {line.split(' ', 1)[1]}")
         for effect in effects:
             self.lease.check()

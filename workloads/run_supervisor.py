@@ -12,8 +12,10 @@ head's job table and the cluster's suspend state, and applies `run_lifecycle.dec
 config names is fully supervised (resubmitted after a lost node or a head restart, retried a bounded
 number of times after a failure of its own, stopped at its budget or when it stalls, its model
 exported when it succeeds), any other open run is watched to its end, and once every run ended the
-GPU workers are released by suspending the RayCluster, and kept released until a new run begins
-(docs/run-lifecycle.md has the whole table). It keeps nothing in memory that a restart would need.
+GPU workers are released by suspending the RayCluster, and kept released until a new run begins;
+GPU workers up with no record of any run and no job on the head (a record lost with the head's job
+table, a first `pulumi up` that never reached the job's create) are released after the replace
+window, the stack's run recorded lost (docs/run-lifecycle.md has the whole table). It keeps nothing in memory that a restart would need.
 
 Fields it writes: the observed part of the run records (attempts, outcome, timers, release,
 export, decisions), the RayCluster's `spec.suspend`, and its Lease. Never the desired part (run
