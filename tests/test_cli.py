@@ -422,6 +422,12 @@ def test_status_through_a_port_forward_the_way_the_job_provider_reaches_the_head
     assert not Path(call["kubeconfig"][0]).exists()  # the throw-away kubeconfig is gone
 
 
+
+def _in_a_terminal() -> None:
+    """The child takes Ctrl-C as a foreground command does: a shell that started the suite in the
+    background left SIGINT ignored, and Python then installs no KeyboardInterrupt handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 @pytest.mark.ray
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_dashboard_holds_the_port_forward_until_ctrl_c_or_sigterm_and_then_cleans_up(
@@ -431,7 +437,8 @@ def test_dashboard_holds_the_port_forward_until_ctrl_c_or_sigterm_and_then_clean
     outputs = write_outputs(tmp_path / "outputs.json", outputs_doc(
         "raysubmit_1", clusterEndpoint="34.1.2.3", clusterCaCertificate=CA))
     process = subprocess.Popen([sys.executable, "-m", "verl_gke", "dashboard", "--outputs", str(outputs)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                               preexec_fn=_in_a_terminal)
     try:
         assert process.stdout is not None
         line = process.stdout.readline()
@@ -698,7 +705,8 @@ def test_an_interrupted_command_exits_130(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{free_ports(1)[0]}"  # nothing answers: `wait` waits for the dashboard
     process = subprocess.Popen([sys.executable, "-m", "verl_gke", "wait", "--outputs", str(outputs),
                                 "--dashboard-url", url, "--head-timeout", "120"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                               preexec_fn=_in_a_terminal)
     try:
         assert process.stderr is not None
         assert process.stderr.readline() == f"verl-gke: waiting up to 120 s for the Ray dashboard at {url}\n"
