@@ -19,8 +19,10 @@ from workloads.run_lifecycle import (
     DELETED,
     DEPLOY_FAILED,
     SUCCEEDED,
+    UNANSWERED,
     UNTRACED,
     Capacity,
+    Effect,
     Policy,
     View,
     decide,
@@ -558,6 +560,66 @@ def test_item6_a_record_deleted_while_its_head_lost_its_job_table_still_releases
     assert world.suspended() is True and record(world).outcome == UNTRACED
 
 
+def test_item6_a_record_deleted_while_its_head_never_answers_again_still_releases_the_gpus():
+    """The record deleted while the head does not answer (a NetworkPolicy edit, a broken port; its
+    pods, and maybe the attempt, still there). 0.6.0 counted the outage only on a record, so nothing
+    counted toward a release: GPUs up until the next `pulumi up`. Now, after the replace window of
+    no record and no answer (the holder's own count), the stack's run is recorded lost with the outage
+    counted so far, and the GPUs go once the head has not answered for runHeadOutageSeconds (900 s
+    here), as for a run with a record."""
+    world = deployed()
+    attempt = world.desired.submission_ids[0]
+    world.set_link(False)
+    path = next(p for p in world.kube.objects if "/configmaps/" in p)
+    world.kube.handle("DELETE", path, {}, None)
+    steps(world, rounds=7)  # 105 s counted (the first step after the loss counts from its previous one)
+    assert world.records() == {}
+    steps(world)  # 120 s: the replace window
+    lost = record(world)
+    assert (lost.outcome, lost.released, lost.outage_s, lost.stopped_s, lost.attempts) == (
+        UNANSWERED, False, 120.0, 0.0, ())
+    assert "no record of run-a and the Ray head has not answered for 120 s" in lost.decisions[0]
+    steps(world, rounds=51)  # 885 s: the head may still run the attempt; nothing is suspended
+    assert world.suspended() is False and not record(world).released
+    steps(world)  # 900 s without an answer: the bound
+    assert record(world).released and world.suspended() is True
+    steps(world, rounds=10)
+    assert world.suspended() is True and record(world).outcome == UNANSWERED
+    assert world.suspended_under == [attempt]  # the stated bound: past it, the run is lost
+
+
+def test_a_run_recorded_unanswered_adopts_its_attempt_when_the_head_answers_again():
+    """The head answers again before the bound with the attempt still live: the lost record gives way
+    to one rebuilt from the head's job table (the attempt has its decider again), nothing is stopped."""
+    world = deployed()
+    attempt = world.desired.submission_ids[0]
+    world.set_link(False)
+    path = next(p for p in world.kube.objects if "/configmaps/" in p)
+    world.kube.handle("DELETE", path, {}, None)
+    steps(world, rounds=12)
+    assert record(world).outcome == UNANSWERED
+    world.set_link(True)
+    steps(world)
+    back = record(world)
+    assert (back.outcome, back.released, [a.submission_id for a in back.attempts]) == ("", False, [attempt])
+    assert world.head.live() == [attempt] and world.suspended() is False and not world.bad_stops
+
+
+def test_a_first_deploy_whose_head_is_not_up_yet_records_nothing():
+    """The first `pulumi up`: the supervisor starts while the head pod is still pulling its image (no
+    record, no answer); the job's create comes well within the replace window: nothing is recorded lost."""
+    world = World()
+    world.start_supervisor(0, 0)
+    world.set_link(False)
+    steps(world, rounds=7)
+    assert world.records() == {}
+    world.set_link(True)
+    assert pulumi_up(world) == "done"
+    opened = record(world)
+    assert opened.outcome == "" and "begun by pulumi-up" in opened.decisions[0]
+    assert not [d for d in opened.decisions if "lost" in d]
+
+
 def test_a_run_recorded_untraced_is_resumed_by_a_replace_of_its_job():
     """`pulumi up --replace <the GrpoJob>` (its delete, then its create) reopens the run: the create
     resumes the cluster and submits; the supervisor never reopens it by itself."""
@@ -601,6 +663,20 @@ def test_gpus_up_with_no_record_and_nothing_on_the_head_are_recorded_and_held_fo
     assert decide(view(RunRecord("r"), records={}, jobs=None)) == ({}, [])
     assert decide(view(RunRecord("r"), **idle, capacity=Capacity(workers=0, gpus=0, dead=2))) == ({}, [])
     assert decide(view(RunRecord("r"), **idle, cluster="suspended")) == ({}, [])
+
+
+def test_no_record_and_no_answer_is_recorded_lost_after_the_window_and_released_at_the_outage_bound():
+    silent = {"records": {}, "jobs": None, "capacity": None}
+    assert decide(view(RunRecord("r"), **silent, unanswered_s=105.0)) == ({}, [])
+    changed, effects = decide(view(RunRecord("r"), **silent, unanswered_s=120.0))
+    assert (changed["r"].outcome, changed["r"].outage_s, changed["r"].released, effects) == (UNANSWERED, 120.0,
+                                                                                           False, [])
+    almost = replace(changed["r"], outage_s=885.0)
+    changed, effects = decide(view(almost, None, capacity=None))
+    assert (changed["r"].outage_s, changed["r"].released, effects) == (900.0, True, [Effect("suspend")])
+    # Not when the cluster is released or absent, or the decider has no run of its own.
+    assert decide(view(RunRecord("r"), **silent, unanswered_s=900.0, cluster="suspended")) == ({}, [])
+    assert decide(view(RunRecord("r"), **silent, unanswered_s=900.0, policy=None)) == ({}, [])
 
 
 def test_item7_a_recreated_raycluster_of_a_released_run_is_suspended_again():

@@ -16,7 +16,10 @@ are accumulators in the record, advanced by the holder's own monotonic time betw
 consecutive steps (docs/run-lifecycle.md). A lost record is rebuilt from the head's job table (each
 attempt carries its run, generation and index); when there is nothing to rebuild from (no record of
 any run, no job on the head, GPU workers up), the holder records the stack's run lost and releases
-the GPUs after the replace window: only a create reopens it.
+the GPUs after the replace window: only a create reopens it. With no record and a head that does not
+answer, the holder counts the silence itself (its own clock, from its own Lease); past the replace
+window it records the stack's run lost with that count as its outage, and the release follows the
+outage bound as for any run: a live attempt that shows up before is adopted by a rebuilt record.
 """
 
 from __future__ import annotations
@@ -68,7 +71,10 @@ UNTRACED = "lost: no record of it and no job of it on the Ray head"
 """Recorded by the decider for the stack's run when the GPU workers are up with no record of any run
 and nothing on the head (its record and the head's job table were lost, or a first `pulumi up`
 stopped before the job's create)."""
-REOPENABLE = (DELETED, DEPLOY_FAILED, UNTRACED)
+UNANSWERED = "lost: no record of it, and the Ray head did not answer"
+"""Recorded by the decider for the stack's run when, with no record of any run, the head has not answered
+for the replace window (its record lost while the head is unreachable): the outage then counts on it."""
+REOPENABLE = (DELETED, DEPLOY_FAILED, UNTRACED, UNANSWERED)
 FORGOTTEN = "not on the Ray head when the record was rebuilt (it restarted since)"
 HELD_FOR_CREATE = (DELETED, UNTRACED)
 """Outcomes whose GPUs stay for the replace window: a create may follow and reopen the run."""
@@ -384,6 +390,9 @@ class View:
     export_ids: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     """run id -> (export submission id, target) for the runs whose success is exported."""
     by: str = "supervisor"
+    unanswered_s: float = 0.0
+    """How long this decider has seen no record of any run and no answer from the head (its own clock,
+    since it took the Lease)."""
 
 
 @dataclass(frozen=True)
@@ -625,10 +634,25 @@ def _untraced(d: _Decision) -> None:
     """GPU workers up, no record of any run on the cluster and no job live on the head that answers:
     nothing to rebuild a run from, and nothing to decide by. The stack's run is recorded as lost
     (only a create reopens it, never the decider) and released as a run a delete stopped: after the
-    replace window, so a first `pulumi up` on its way to the job's create keeps its GPUs."""
+    replace window, so a first `pulumi up` on its way to the job's create keeps its GPUs. With a head
+    that does not answer either, it is recorded once the silence has lasted the replace window, with
+    the silence as its outage so far: the release then waits for the outage bound (a live attempt may
+    be behind the silence)."""
     view, policy = d.view, d.view.policy
-    if d.records or policy is None or not policy.release_workers or view.jobs is None \
-            or view.cluster not in ("running", "resuming") or view.capacity is None or not view.capacity.workers \
+    if d.records or policy is None or not policy.release_workers or view.cluster not in ("running", "resuming"):
+        return
+    if view.jobs is None:
+        if view.unanswered_s < policy.replace_window_s:
+            return
+        before = view.unanswered_s - view.elapsed_s  # this step's time is the release's to add, as for any record
+        d.records[policy.run_id] = RunRecord(
+            run_id=policy.run_id, generation=policy.generation, budget_s=policy.budget_s, outcome=UNANSWERED,
+            outage_s=before).decided(
+            f"no record of {policy.run_id} and the Ray head has not answered for {view.unanswered_s:.0f} s: "
+            f"recorded lost; the workers go once it has not answered for {policy.head_outage_s:g} s, unless it "
+            "answers with the run's attempt (adopted) or a create reopens it")
+        return
+    if view.capacity is None or not view.capacity.workers \
             or any(job.get("status") in LIVE for job in view.jobs.values()):
         return
     d.records[policy.run_id] = RunRecord(
@@ -804,6 +828,7 @@ class Decider:
     _last: tuple[int, float] | None = None
     """(the Lease acquisition it counts from, the monotonic time of the previous step)."""
     _ended_seen: dict[str, float] = field(default_factory=dict)
+    _unanswered_s: float = 0.0
 
     def step(self) -> bool:
         """One look at every run of the cluster, and what it calls for; False when this process is not
@@ -812,7 +837,8 @@ class Decider:
             self._last = None
             return False
         now = self.clock()
-        elapsed = 0.0 if self._last is None or self._last[0] != self.lease.acquired else now - self._last[1]
+        held = self._last is not None and self._last[0] == self.lease.acquired
+        elapsed = now - self._last[1] if held and self._last else 0.0
         self._last = (self.lease.acquired, now)
         stored = self.records.list()
         cluster = self.cluster()
@@ -821,6 +847,7 @@ class Decider:
         jobs = {} if over and cluster in ("suspended", "absent") else self._jobs()
         stored = self._repair(stored, jobs)
         records = {run_id: s.record for run_id, s in stored.items() if s.record is not None}
+        self._unanswered_s = self._unanswered_s + elapsed if held and jobs is None and not stored else 0.0
         capacity = self.ray.capacity() if jobs is not None and (not records or any(
             not r.outcome for r in records.values())) else None
         for sid, job in (jobs or {}).items():
@@ -830,7 +857,7 @@ class Decider:
         view = View(records=records, policy=self.policy, jobs=jobs, capacity=capacity, cluster=cluster,
                     elapsed_s=elapsed, ended_for_s={sid: now - t for sid, t in self._ended_seen.items()},
                     logs=logs, export_ids={r.run_id: e for r in records.values() if (e := self.export_ids(r))},
-                    by=self.lease_role)
+                    by=self.lease_role, unanswered_s=self._unanswered_s)
         changed, effects = decide(view)
         for run_id, record in changed.items():
             self.lease.check()
@@ -900,8 +927,10 @@ class Decider:
         for run_id, generation in wanted.items():
             found = stored[run_id].record if run_id in stored else None
             # A record begun for another generation while this one's attempt runs (its record was lost,
-            # then a later `up` began one) gives way to the live generation's, if it ran nothing.
-            replaced = found is not None and live.get(run_id) == generation != found.generation \
+            # then a later `up` began one), or recorded lost while the head did not answer, gives way to
+            # the live attempt's, if it ran nothing.
+            replaced = found is not None and live.get(run_id) == generation \
+                and (found.generation != generation or found.outcome == UNANSWERED) \
                 and not any(a.submitted for a in found.attempts)
             if run_id in stored and not replaced:
                 continue
