@@ -27,6 +27,8 @@ RC_PATH = f"/apis/ray.io/v1/namespaces/{NS}/rayclusters/{RC}"
 WORKERS, GPUS = 2, 8
 IDS = 4
 """Submission ids per generation: attempt 0 and three more (max_retries 1 + max_preemptions 2)."""
+HEAD_OUTAGE_S = 900.0
+"""runHeadOutageSeconds of the world's supervisors."""
 START_STEPS = 3
 """How many looks `create` takes at a job it submitted before it calls it started or gives up."""
 
@@ -80,6 +82,8 @@ class World:
     runs: dict[str, RunSpec] = field(default_factory=dict)
     suspended_under: list[str] = field(default_factory=list)
     """Jobs live when a suspend (the decider's only way to delete the pods) took their head."""
+    lost_under: list[str] = field(default_factory=list)
+    """The same past the stated bound: a head that did not answer for runHeadOutageSeconds, by every record."""
     by_hand: bool = False
     cut: set[str] = field(default_factory=set)
     """Processes cut off from the API server (a partition, a node gone NotReady with its pod on it)."""
@@ -108,7 +112,10 @@ class World:
         if path != RC_PATH:
             return
         if not alive and not self.by_hand:
-            self.suspended_under.extend(self.head.live())
+            records = self.records().values()
+            past_bound = not self.link_up and records and all(
+                r is not None and r.outage_s >= HEAD_OUTAGE_S for r in records)
+            (self.lost_under if past_bound else self.suspended_under).extend(self.head.live())
         self.pods = alive
         # Pods deleted: the head and its job table go, workers too; created: a new, empty head.
         self.head.restart()
@@ -181,7 +188,7 @@ class World:
             head_url="http://head", submission_ids=list(run.submission_ids), entrypoint=run.entrypoint,
             runtime_env={}, expected_workers=WORKERS, expected_gpus=WORKERS * GPUS, run_id=run.run_id,
             generation=run.generation, max_retries=1, max_preemptions=2, backoff_s=30.0, budget_s=self.budget_s,
-            budget_grace_s=60.0, settle_s=15.0, capacity_timeout_s=600.0, head_outage_s=900.0, stall_s=0.0,
+            budget_grace_s=60.0, settle_s=15.0, capacity_timeout_s=600.0, head_outage_s=HEAD_OUTAGE_S, stall_s=0.0,
             replace_window_s=120.0, poll_s=15.0,
             export={"checkpoint_dir": f"/data/ck/{run.run_id}", "mount": "/data", "memory_bytes": 1})
         clock = self.clock(skew)

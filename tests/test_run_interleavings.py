@@ -19,9 +19,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from tests.run_world import RC_PATH, World, run_spec
+from tests.run_world import HEAD_OUTAGE_S, NS, RC, RC_PATH, World, run_spec
+from verl_gke.runs import BucketCopy, Run, stop
+from verl_gke.stack_outputs import StackOutputs
 from workloads.run_lease import LEASE_DURATION_S
-from workloads.run_record import CLUSTER_LABEL, COMPONENT, RECORD_KEY
+from workloads.run_record import CLUSTER_LABEL, COMPONENT, RECORD_KEY, RecordStore
 
 EXPLORE = int(os.environ.get("VERL_GKE_EXPLORE", "0"))
 EXAMPLES = EXPLORE or 400
@@ -29,6 +31,13 @@ STEPS = 60
 RELEASE_WITHIN_S = LEASE_DURATION_S + 120.0 + 120.0
 """After every run ended or was lost, a supervisor that holds the Lease this long has released the
 GPUs: the replace window (120 s here) and a few steps."""
+RELEASE_UNANSWERED_S = RELEASE_WITHIN_S + HEAD_OUTAGE_S
+"""The same while the head does not answer (its pods up, maybe a live attempt): the outage bound more."""
+OUTPUTS = StackOutputs(
+    source="the exploration", cluster_name="c", cluster_location="l", namespace=NS, ray_head_service=f"{RC}-head-svc",
+    grpo_submission_id="", grpo_job_status=None, dashboard_command="", checkpoint_uri="", gpu_platform="a4",
+    gpu_nodes=2, gpus_per_node=8, cluster_endpoint=None, cluster_ca_certificate=None)
+"""What `verl-gke stop` reads of the stack: where the records are."""
 
 
 class RunLifecycle(RuleBasedStateMachine):
@@ -37,7 +46,12 @@ class RunLifecycle(RuleBasedStateMachine):
         self.world = World()
         self.over_held_s, self.over_holder = 0.0, ""
         """Time one live supervisor held the Lease, with the API up, since every run on the cluster ended
-        or was lost (no record left, and a head that answers with GPU workers and no job)."""
+        or was lost (no record left, and a head that answers with GPU workers and no job, or that does
+        not answer)."""
+        self.unanswered = False
+        """The head did not answer at some point of that time: the outage bound applies."""
+        self.stopped: dict[str, int] = {}
+        """Runs `verl-gke stop` ended: how many attempts each had then (none is added after)."""
 
     # --- the stack ---------------------------------------------------------------------------------
 
@@ -119,14 +133,16 @@ class RunLifecycle(RuleBasedStateMachine):
             return
         if decided and not self.world.api_down and self.world.head.up:
             self._every_live_attempt_is_its_runs_newest()
-        if decider.lease.holder != self.over_holder or (not self.world.head.up and not self.world.records()):
-            # A new holder counts from now; an unreachable head is not an empty one (no record, nothing
-            # to count on): the count starts again once it answers.
-            self.over_held_s, self.over_holder = 0.0, decider.lease.holder
-        if decided and self.over_held_s >= RELEASE_WITHIN_S and not self.world.head.live():
+        over, silent = self._over()
+        if decider.lease.holder != self.over_holder or not over:
+            self.over_held_s, self.over_holder, self.unanswered = 0.0, decider.lease.holder, False  # counts from now
+        self.unanswered = self.unanswered or silent
+        bound = RELEASE_UNANSWERED_S if self.unanswered else RELEASE_WITHIN_S
+        if decided and self.over_held_s >= bound and (self.unanswered or not self.world.head.live()):
             assert self.world.suspended() in (True, None), (
-                f"every run ended or was lost {self.over_held_s:g} s ago under this supervisor, and the cluster is "
-                "still up")
+                f"every run ended or was lost {self.over_held_s:g} s ago under this supervisor"
+                + (" (the head did not answer for some of it)" if self.unanswered else "")
+                + ", and the cluster is still up")
 
     @rule(slot=st.integers(0, 1), skew=st.integers(0, 3))
     def a_supervisor_starts(self, slot: int, skew: int) -> None:
@@ -145,14 +161,22 @@ class RunLifecycle(RuleBasedStateMachine):
         world.passes(seconds)
         holder = ((world.kube.objects.get("/apis/coordination.k8s.io/v1/namespaces/ray/leases/rc-decider") or {})
                   .get("spec") or {}).get("holderIdentity", "")
-        records = world.records()
-        lost = not records and world.head.up and world.head.workers > 0 and not world.head.live()
-        over = lost or (records and all(r is not None and r.outcome for r in records.values()))
+        over, silent = self._over()
         if over and not world.api_down \
-                and holder == self.over_holder and any(d.lease.holder == holder for d in world.supervisors.values()):
+                and holder == self.over_holder and any(d.lease.holder == holder and d.lease.valid()
+                                                       for d in world.supervisors.values()):
             self.over_held_s += seconds
+            self.unanswered = self.unanswered or silent
         else:
-            self.over_held_s, self.over_holder = 0.0, holder
+            self.over_held_s, self.over_holder, self.unanswered = 0.0, holder, False
+
+    def _over(self) -> tuple[bool, bool]:
+        """(every run on the cluster ended or was lost, the head does not answer)."""
+        world = self.world
+        records = world.records()
+        silent = world.pods and not world.head.up
+        lost = not records and (silent or (world.head.workers > 0 and not world.head.live()))
+        return bool(lost or (records and all(r is not None and r.outcome for r in records.values()))), silent
 
     @rule()
     def the_attempt_fails(self) -> None:
@@ -165,6 +189,32 @@ class RunLifecycle(RuleBasedStateMachine):
             self.world.head.finish(sid, "SUCCEEDED")
             if sid.startswith("verl-export-"):
                 self.world.exported.add(sid)
+
+    @rule(rounds=st.sampled_from([20, 90]))
+    def a_quiet_spell(self, rounds: int) -> None:
+        """Five or twenty-two minutes of ordinary operation: long enough for the replace window, and for
+        the head's outage bound, to pass."""
+        self.everyone_steps(rounds)
+
+    @rule(answers=st.booleans())
+    def the_head_goes_silent(self, answers: bool) -> None:
+        """The head stops answering until it answers again (a NetworkPolicy edit, a broken Service): its
+        pods, and any job on it, go on."""
+        self.world.set_link(answers)
+
+    @rule(which=st.integers(0, 3))
+    def the_user_stops_a_run(self, which: int) -> None:
+        """`verl-gke stop` (its real code, without waiting): desired stopped in the run's record."""
+        records = sorted(self.world.records())
+        if not records or self.world.api_down:
+            return
+        run_id = records[which % len(records)]
+        store = RecordStore(self.world.api("verl-gke stop"), NS, RC)
+        try:
+            stop(Run(run_id, OUTPUTS, BucketCopy(run_id, "", None), lambda: store), wait=False, timeout_s=0.0,
+                 poll_s=0.0)
+        except Exception as error:  # noqa: BLE001 - a failed CLI call (409s spent, a 5xx): the user runs it again
+            self.world.log.append(f"verl-gke stop: {error!r}")
 
     @rule(fault=st.sampled_from(["preemption", "node back", "head restart", "link cut", "API outage",
                                  "supervisor 0 cut off", "supervisor 1 cut off", "pulumi up cut off",
@@ -223,6 +273,7 @@ class RunLifecycle(RuleBasedStateMachine):
     def _recreate_the_raycluster(self) -> None:
         """`up --replace` of the RayCluster, or a delete by hand and an `up`: it comes back unsuspended."""
         kube = self.world.kube
+        self.over_held_s = 0.0  # a new cluster: its release is counted from now
         self.world.by_hand = True
         if RC_PATH in kube.objects:
             kube.handle("DELETE", RC_PATH, {}, None)
@@ -283,6 +334,16 @@ class RunLifecycle(RuleBasedStateMachine):
             opened = record.opened
             assert sum(a.cause == "run-failed" for a in opened) <= 1, record
             assert sum(a.cause == "node-lost" for a in opened) <= 2, record
+
+    @invariant()
+    def a_run_the_user_stopped_never_runs_again(self) -> None:
+        """Once `verl-gke stop` ended a run, it gets no attempt more (a create refuses to reopen it)."""
+        for record in self.world.records().values():
+            if record is None or record.outcome != "stopped by verl-gke stop":
+                continue
+            key = f"{record.run_id}/{record.generation}"
+            count = self.stopped.setdefault(key, len(record.attempts))
+            assert len(record.attempts) == count, record
 
     @invariant()
     def a_model_is_named_only_once_it_exists(self) -> None:

@@ -585,7 +585,7 @@ def test_item6_a_record_deleted_while_its_head_never_answers_again_still_release
     assert record(world).released and world.suspended() is True
     steps(world, rounds=10)
     assert world.suspended() is True and record(world).outcome == UNANSWERED
-    assert world.suspended_under == [attempt]  # the stated bound: past it, the run is lost
+    assert (world.suspended_under, world.lost_under) == ([], [attempt])  # past the stated bound: lost
 
 
 def test_a_run_recorded_unanswered_adopts_its_attempt_when_the_head_answers_again():
