@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -245,7 +246,7 @@ def test_a_copier_killed_between_the_model_and_the_optimizer_state_leaves_a_cons
     assert (world["run"] / ck.TRACKER).read_text() == "10"
     lines.clear()
     ck.copy_once(world["nodes"][1], world["bucket"], "node1", log)  # the restarted copier
-    assert f"step 20: copied 4 files, 4000 bytes" in " ".join(lines)  # its ranks' optim and extra_state only
+    assert "step 20: copied 4 files, 4000 bytes" in " ".join(lines)  # its ranks' optim and extra_state only
     assert ck.resume_step(world["run"], WORLD) == 20
     assert (world["run"] / ck.TRACKER).read_text() == "20"
 
@@ -363,33 +364,38 @@ FAKE_VERL = (
 )
 
 
-def _launch_with_fake_verl(world: dict, *, copy_nodes: bool, copying: list[threading.Thread] | None = None) -> int:
+def _launch_with_fake_verl(world: dict, *, copy_nodes: bool, copying: list[Callable[[], None]] | None = None) -> int:
     """launch() with a stand-in for verl: it saves step 10 on the head; the nodes' shards appear as the
-    announce makes them wanted, and a background copier stands in for the sidecars when `copy_nodes`
-    (it goes on after launch() returned when `copying` is given: it gets the thread, `.stop` to end it)."""
-    stop = threading.Event()
+    announce makes them wanted, and a copier per node (a thread) stands in for the sidecars when
+    `copy_nodes`. They go on after launch() returned when `copying` is given: it gets the call that ends them."""
+    stop, saved = threading.Event(), threading.Event()
 
-    def nodes() -> None:
+    def node(i: int) -> None:
         while not stop.wait(0.05):
             attempt = (ck.read_json(world["run"] / ck.STATE_DIR / ck.ATTEMPT_FILE) or {}).get("attempt")
-            if attempt and not (world["nodes"][0] / RUN / attempt).exists():
+            if i == 0 and attempt and not saved.is_set():
                 verl_saves(world["nodes"], world["head"] / "unused", attempt, 10)
-            for i, node in enumerate(world["nodes"]):
-                if copy_nodes:
-                    ck.copy_once(node, world["bucket"], f"node{i}", lambda m: None)
+                saved.set()
+            if copy_nodes and saved.is_set():
+                ck.copy_once(world["nodes"][i], world["bucket"], f"node{i}", lambda m: None)
 
-    thread = threading.Thread(target=nodes, daemon=True)
-    thread.stop = stop  # type: ignore[attr-defined]
-    thread.start()
+    threads = [threading.Thread(target=node, args=(i,), daemon=True) for i in range(NODES)]
+    for thread in threads:
+        thread.start()
+
+    def end() -> None:
+        stop.set()
+        for thread in threads:
+            thread.join()
+
     try:
         return ck.launch([sys.executable, "-c", FAKE_VERL, *_command(world["run"])[3:]], world["head"],
                          poll_s=0.05, final_wait_s=1)
     finally:
         if copying is None:
-            stop.set()
-            thread.join()
+            end()
         else:
-            copying.append(thread)
+            copying.append(end)
 
 
 def test_a_run_succeeds_only_once_its_last_model_is_in_the_bucket(world: dict) -> None:
@@ -431,9 +437,8 @@ def test_a_run_succeeds_once_its_last_model_is_in_the_bucket_while_its_optimizer
         assert ck.resume_step(world["run"], WORLD) == 10
     finally:
         optimizer_may_go.set()
-        for thread in copying:
-            thread.stop.set()
-            thread.join()
+        for end in copying:
+            end()
 
 
 def test_the_program_ships_alone() -> None:
