@@ -192,24 +192,32 @@ def test_an_earlier_attempts_local_saves_are_dropped_not_copied(world: dict) -> 
     assert not (world["run"] / "global_step_20").exists()
 
 
-def test_a_copier_killed_mid_copy_leaves_no_record_and_its_restart_completes_the_save(world: dict) -> None:
-    _, log = _logs()
+def _node1_killed_copying_step_20(world: dict, log, copy: str, size: int = 1000) -> Path:
+    """Step 10 complete, step 20 saved and copied by node0; node1's copier, a real process, runs with `copy`
+    (the source of a `copy(reader, writer, n)` that kills it, SIGKILL, at some line) as shutil's copyfileobj."""
     launch = _start_attempt(world, "a1")
     _save_and_copy(world, launch, "a1", 10, log)
-    verl_saves(world["nodes"], world["head"], "a1", 20, size=100_000)
+    verl_saves(world["nodes"], world["head"], "a1", 20, size=size)
     ck.announce(launch, "a1", 10, log)
     ck.copy_once(world["nodes"][0], world["bucket"], "node0", log)
-    # node1's copier dies 1,000 bytes into a file: a real process, SIGKILL at that line.
-    dies = ("import os, shutil, signal, sys\n"
+    dies = ("import os, signal, sys\n"
             "from workloads import checkpoints as c\n"
-            "def copy(reader, writer, n):\n"
-            "    writer.write(reader.read(1000)); writer.flush(); os.kill(os.getpid(), signal.SIGKILL)\n"
+            "real = c.shutil.copyfileobj\n"
+            f"{copy}"
             "c.shutil.copyfileobj = copy\n"
             "c.copy_once(c.Path(sys.argv[1]), c.Path(sys.argv[2]), 'node1', print)\n")
     done = subprocess.run([sys.executable, "-c", dies, str(world["nodes"][1]), str(world["bucket"])], cwd=REPO,
                           timeout=60, capture_output=True)
     assert done.returncode == -signal.SIGKILL
-    step = world["run"] / "global_step_20"
+    return world["run"] / "global_step_20"
+
+
+def test_a_copier_killed_mid_copy_leaves_no_record_and_its_restart_completes_the_save(world: dict) -> None:
+    _, log = _logs()
+    # node1's copier dies 1,000 bytes into a file.
+    step = _node1_killed_copying_step_20(world, log, size=100_000, copy=(
+        "def copy(reader, writer, n):\n"
+        "    writer.write(reader.read(1000)); writer.flush(); os.kill(os.getpid(), signal.SIGKILL)\n"))
     assert [p for p in (step / "actor").iterdir() if p.stat().st_size == 1000]  # half-copied files
     assert not (step / ck.STATE_DIR / ck.PARTS_DIR / "node1.json").exists()
     assert not (step / ck.MARKER).exists() and not (step / ck.MODEL_MARKER).exists()
@@ -219,27 +227,14 @@ def test_a_copier_killed_mid_copy_leaves_no_record_and_its_restart_completes_the
 
 
 def test_a_copier_killed_between_the_model_and_the_optimizer_state_leaves_a_consistent_bucket(world: dict) -> None:
-    """node1's copier dies at its first optimizer file (SIGKILL, a real process): the bucket then holds step 20's
-    model, marked as such for the export, and no resumable step 20 (resume and verl's tracker stay at 10). Its
-    restart copies only what its record lacks and completes the step."""
+    """node1's copier dies at its first optimizer file: the bucket then holds step 20's model, marked as such
+    for the export, and no resumable step 20 (resume and verl's tracker stay at 10). Its restart copies only
+    what its record lacks and completes the step."""
     lines, log = _logs()
-    launch = _start_attempt(world, "a1")
-    _save_and_copy(world, launch, "a1", 10, log)
-    verl_saves(world["nodes"], world["head"], "a1", 20)
-    ck.announce(launch, "a1", 10, log)
-    ck.copy_once(world["nodes"][0], world["bucket"], "node0", log)
-    dies = ("import os, signal, sys\n"
-            "from workloads import checkpoints as c\n"
-            "real = c.shutil.copyfileobj\n"
-            "def copy(reader, writer, n):\n"
-            "    if 'optim_' in reader.name or 'extra_state_' in reader.name: os.kill(os.getpid(), signal.SIGKILL)\n"
-            "    real(reader, writer, n)\n"
-            "c.shutil.copyfileobj = copy\n"
-            "c.copy_once(c.Path(sys.argv[1]), c.Path(sys.argv[2]), 'node1', print)\n")
-    done = subprocess.run([sys.executable, "-c", dies, str(world["nodes"][1]), str(world["bucket"])], cwd=REPO,
-                          timeout=60, capture_output=True)
-    assert done.returncode == -signal.SIGKILL
-    step = world["run"] / "global_step_20"
+    step = _node1_killed_copying_step_20(world, log, copy=(
+        "def copy(reader, writer, n):\n"
+        "    if 'optim_' in reader.name or 'extra_state_' in reader.name: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    real(reader, writer, n)\n"))
     assert json.loads((step / ck.MODEL_MARKER).read_text())["attempt"] == "a1"
     assert not (step / ck.MARKER).exists()
     assert ck.resume_step(world["run"], WORLD) == 10
