@@ -109,7 +109,11 @@ def test_the_export_takes_the_newest_step_whose_model_is_in_the_bucket(tmp_path:
 
     assert export_model.MODEL_MARKER == checkpoints.MODEL_MARKER  # the export ships alone, without checkpoints.py
     for step in (10, 20):
-        tiny_checkpoint(tmp_path, step=step, seed=step)
+        actor = tmp_path / f"global_step_{step}" / "actor"
+        (actor / "huggingface").mkdir(parents=True)
+        (actor / "model_world_size_1_rank_0.pt").write_bytes(b"w" * 64)
+        (actor / "fsdp_config.json").write_text(json.dumps({"world_size": 1}))
+        (actor / "huggingface" / "config.json").write_text("{}")
     _mark_model_complete(tmp_path, 10, whole=True)
     (tmp_path / export_model.TRACKER).write_text("10")
     assert export_model.latest_step(tmp_path) == 10
