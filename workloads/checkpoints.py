@@ -101,9 +101,10 @@ class CheckpointError(Exception):
 @dataclass(frozen=True)
 class Verdict:
     complete: bool
+    """The records reach the level judged."""
     reason: str
     files: dict[str, int]
-    """Every file of the checkpoint (path under the step folder -> bytes), when complete."""
+    """The files that level needs (path under the step folder -> bytes), when reached."""
 
 
 def resume_only(name: str) -> bool:
