@@ -11,13 +11,17 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from workloads import checkpoints as ck
+from workloads import export_model
 
 REPO = Path(__file__).resolve().parent.parent
 NODES, GPUS = 2, 2
@@ -244,6 +248,48 @@ def test_a_copier_killed_between_the_model_and_the_optimizer_state_leaves_a_cons
     assert "step 20: copied 4 files, 4000 bytes" in " ".join(lines)  # its ranks' optim and extra_state only
     assert ck.resume_step(world["run"], WORLD) == 20
     assert (world["run"] / ck.TRACKER).read_text() == "20"
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, NODES - 1), st.booleans()), min_size=1, max_size=2 * NODES + 2))
+def test_whatever_order_the_copiers_run_and_fail_in_a_step_is_resumable_only_when_whole(
+        events: list[tuple[int, bool]]) -> None:
+    """Each event: node i's copier passes once, its optimizer copy failing (the bucket stalled, or the
+    pod went) or not. After every event: the model marker exactly when every node's model is recorded,
+    the complete marker, the tracker and resume exactly when every node's optimizer state is too."""
+    with tempfile.TemporaryDirectory() as tmp:
+        world = {"bucket": Path(tmp) / "bucket", "run": Path(tmp) / "bucket" / RUN, "head": Path(tmp) / "head",
+                 "nodes": [Path(tmp) / f"node{i}" for i in range(NODES)]}
+        world["bucket"].mkdir()
+        _, log = _logs()
+        launch = _start_attempt(world, "a1")
+        _save_and_copy(world, launch, "a1", 10, log)
+        verl_saves(world["nodes"], world["head"], "a1", 20)
+        ck.announce(launch, "a1", 10, log)
+        real, model_in, whole_in = ck.shutil.copyfileobj, set(), set()
+
+        def failing(reader, writer, n):
+            if "optim_" in reader.name or "extra_state_" in reader.name:
+                raise OSError("the bucket mount stalled")
+            real(reader, writer, n)
+
+        for node, fails in events:
+            ck.shutil.copyfileobj = failing if fails else real
+            try:
+                ck.copy_once(world["nodes"][node], world["bucket"], f"node{node}", log)
+            except OSError:
+                pass
+            finally:
+                ck.shutil.copyfileobj = real
+            model_in.add(node)
+            if not fails:
+                whole_in.add(node)
+            step = world["run"] / "global_step_20"
+            model, whole = len(model_in) == NODES, len(whole_in) == NODES
+            assert ((step / ck.MODEL_MARKER).exists(), (step / ck.MARKER).exists()) == (model, whole)
+            assert ck.resume_step(world["run"], WORLD) == (20 if whole else 10)
+            assert (world["run"] / ck.TRACKER).read_text() == ("20" if whole else "10")
+            assert export_model.latest_step(world["run"]) == (20 if model else 10)
 
 
 def test_a_new_attempt_saving_a_step_again_drops_the_earlier_attempts_model_marker(
