@@ -2,8 +2,9 @@
 
 verl saves to each node's local disk (workloads/checkpoints.py) and the copy to the bucket runs in the
 background, so the GPUs wait only for the local write of each save, and once, at the end, for the copy of
-the last save (the run is done only when its last checkpoint is in the bucket). Written straight to the
-bucket (verl-gke before 0.6), every save waited for the whole copy.
+the last save's model (the run is done when the model its export reads is in the bucket; the optimizer
+state, which only a resume reads, follows in the background). Written straight to the bucket (verl-gke
+before 0.6), every save waited for the whole copy.
 
 FSDP spreads a checkpoint evenly over the ranks (one shard file per rank and kind), so each node writes
 and copies its share, all nodes at once.
@@ -15,6 +16,12 @@ from dataclasses import dataclass
 
 from domain.platforms import Platform
 
+MODEL_BYTES_PER_PARAM = 4
+"""The model's part of an FSDP checkpoint: fp32 weights (the `model_*` shards the export merges)."""
+OPTIMIZER_BYTES_PER_PARAM = 8
+"""AdamW's two fp32 moments (the `optim_*` shards), which only a resume reads."""
+CHECKPOINT_BYTES_PER_PARAM = MODEL_BYTES_PER_PARAM + OPTIMIZER_BYTES_PER_PARAM
+"""A whole checkpoint (Qwen2.5-32B's 32.8B parameters: ~393 GB, ~131 GB of it the model)."""
 SAVE_GBPS_PER_RANK = 2.0
 """torch.save of one rank's shards into the node's page cache, ranks in parallel; assumed, not measured
 by verl-gke (verl logs `timing_s/save_checkpoint` per step: the figure to check it against on GCP)."""
@@ -34,6 +41,8 @@ class CheckpointTime:
     """GPUs waiting at each save: the local write (or, straight to the bucket, the whole copy)."""
     copy_per_save_s: float
     """The background copy of one save to the bucket, per node (all nodes at once)."""
+    last_copy_s: float
+    """The GPUs' wait at the end: the copy of the last save's model, per node."""
     local: bool
     fits_page_cache: bool
     """Each node's share fits Linux's dirty-page limit of the worker's memory, as the local rate assumes."""
@@ -42,8 +51,8 @@ class CheckpointTime:
 
     @property
     def total_s(self) -> float:
-        """GPU time lost to checkpoints: every save's stall, and the last copy where it runs after training."""
-        return self.saves * self.stall_per_save_s + (self.copy_per_save_s if self.local and self.saves else 0.0)
+        """GPU time lost to checkpoints: every save's stall, and the last model's copy where it runs after training."""
+        return self.saves * self.stall_per_save_s + (self.last_copy_s if self.local and self.saves else 0.0)
 
     def share(self, run_s: float) -> float:
         """The checkpoints' part of a run whose training takes `run_s` without them."""
@@ -58,7 +67,9 @@ class CheckpointTime:
             return (f"{LINE_START} {self.saves} saves x {self.stall_per_save_s:.0f} s straight to the bucket = "
                     f"{self.total_s:.0f} s of GPU time; assumed {BUCKET_WRITE_GBPS:g} GB/s per node to the bucket")
         return (f"{LINE_START} {self.saves} saves x {self.stall_per_save_s:.0f} s to local disk + "
-                f"{self.copy_per_save_s:.0f} s for the last copy to the bucket = {self.total_s:.0f} s of GPU time "
+                f"{self.last_copy_s:.0f} s for the last save's model to the bucket ({MODEL_BYTES_PER_PARAM} of its "
+                f"{CHECKPOINT_BYTES_PER_PARAM} bytes per parameter; the optimizer state follows in the background) = "
+                f"{self.total_s:.0f} s of GPU time "
                 f"(straight to the bucket: {self.bucket_total_s:.0f} s); assumed {SAVE_GBPS_PER_RANK:g} GB/s per "
                 f"rank into the page cache, {BUCKET_WRITE_GBPS:g} GB/s per node to the bucket"
                 + ("" if self.fits_page_cache else "; a node's share exceeds its page cache: expect longer saves"))
@@ -66,10 +77,12 @@ class CheckpointTime:
 
 def checkpoint_time(platform: Platform, *, checkpoint_bytes: int, nodes: int, saves: int,
                     local: bool = True) -> CheckpointTime:
-    """The model for `saves` checkpoints of `checkpoint_bytes` over `nodes` GPU nodes of `platform`."""
+    """The model for `saves` checkpoints of `checkpoint_bytes` (model and AdamW state) over `nodes` GPU nodes
+    of `platform`."""
     per_node_gb = checkpoint_bytes / nodes / 1e9
     copy_s = per_node_gb / BUCKET_WRITE_GBPS
     local_s = per_node_gb / (SAVE_GBPS_PER_RANK * platform.gpus_per_node)
     page_cache_gb = DIRTY_RATIO * platform.worker_memory_gi * 2**30 / 1e9
     return CheckpointTime(saves=saves, stall_per_save_s=local_s if local else copy_s, copy_per_save_s=copy_s,
-                          local=local, fits_page_cache=per_node_gb <= page_cache_gb, bucket_total_s=saves * copy_s)
+                          last_copy_s=copy_s * MODEL_BYTES_PER_PARAM / CHECKPOINT_BYTES_PER_PARAM, local=local,
+                          fits_page_cache=per_node_gb <= page_cache_gb, bucket_total_s=saves * copy_s)

@@ -17,7 +17,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig
 
 from domain import run_memory, run_time
-from domain.checkpoint_time import CheckpointTime, checkpoint_time
+from domain.checkpoint_time import CHECKPOINT_BYTES_PER_PARAM, CheckpointTime, checkpoint_time
 from domain.config import StackConfig, config_key, problem_line
 from domain.grpo_spec import Override, overrides
 from domain.run_time import RunTime
@@ -25,9 +25,6 @@ from domain.stack_run import stack_run
 from domain.verl_settings import compose_run
 from domain.verl_wheel import VerlUnavailable, config_dir
 from workloads.stage_data import DEFAULT_DATASET_REPO, DEFAULT_DATASET_REVISION, DEFAULT_DATASET_TRAIN_ROWS
-# An FSDP checkpoint with AdamW state: fp32 weights plus two fp32 moments per parameter
-# (Qwen2.5-32B's 32.8B parameters: ~393 GB).
-CHECKPOINT_BYTES_PER_PARAM = 12
 _BILLIONS = re.compile(r"(?<![0-9.])([0-9]+(?:\.[0-9]+)?)B(?![a-zA-Z])")
 _QUOTED = re.compile(r"'([^']+)'")
 SETTINGS_HEADER = "verl settings (the platform's defaults; * = set in verl-gke:verl):"

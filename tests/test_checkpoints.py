@@ -11,12 +11,17 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from workloads import checkpoints as ck
+from workloads import export_model
 
 REPO = Path(__file__).resolve().parent.parent
 NODES, GPUS = 2, 2
@@ -91,7 +96,7 @@ def test_a_save_whose_every_rank_and_file_is_in_the_bucket_is_complete() -> None
 
 
 @pytest.mark.parametrize("drop", [f"actor/model_world_size_{WORLD}_rank_3.pt", f"actor/optim_world_size_{WORLD}_rank_0.pt",
-                                  "actor/fsdp_config.json", "data.pt"])
+                                  "actor/fsdp_config.json", "actor/huggingface/config.json", "data.pt"])
 def test_a_save_missing_a_rank_or_a_file_is_incomplete(drop: str) -> None:
     parts = _parts(drop=drop)
     verdict = ck.judge({"attempt": "a", "world_size": WORLD}, parts, _present(parts))
@@ -101,9 +106,31 @@ def test_a_save_missing_a_rank_or_a_file_is_incomplete(drop: str) -> None:
 def test_a_save_without_optimizer_state_for_every_rank_is_complete() -> None:
     """checkpoint.save_contents=[model] (no optim, no extra_state) is still a checkpoint."""
     files = {f"actor/model_world_size_{WORLD}_rank_{r}.pt": 5 for r in range(WORLD)}
-    files |= {"actor/fsdp_config.json": 2, "data.pt": 1}
-    parts = [{"attempt": "a", "files": files}]
+    files |= {"actor/fsdp_config.json": 2, "actor/huggingface/config.json": 2, "data.pt": 1}
+    parts = [{"attempt": "a", "kinds": ["model"], "files": files}]
     assert ck.judge({"attempt": "a", "world_size": WORLD}, parts, _present(parts)).complete
+
+
+def _model_phase(parts: list[dict]) -> list[dict]:
+    """The same parts as a copier records them after its first phase: every kind named, the model's files only."""
+    return [{**part, "kinds": ["extra_state", "model", "optim"],
+             "files": {n: s for n, s in part["files"].items() if "optim_" not in n and "extra_state_" not in n}}
+            for part in parts]
+
+
+def test_a_step_whose_model_is_copied_but_not_its_optimizer_state_is_exportable_not_resumable() -> None:
+    """The copiers record the model first; until the optimizer state of every rank is recorded too, the
+    step is model complete (the export's) and never complete (a resume's)."""
+    parts = _model_phase(_parts())
+    saved = {"attempt": "a", "world_size": WORLD}
+    whole = ck.judge(saved, parts, _present(_parts()))
+    assert (whole.complete, whole.reason) == (
+        False, f"not copied yet: actor/optim_world_size_{WORLD}_rank_0.pt, actor/optim_world_size_{WORLD}_rank_1.pt, "
+               f"actor/optim_world_size_{WORLD}_rank_2.pt ...")
+    model = ck.judge(saved, parts, _present(_parts()), ck.MODEL)
+    assert model.complete and sorted(model.files) == sorted(
+        [f"actor/model_world_size_{WORLD}_rank_{r}.pt" for r in range(WORLD)]
+        + ["actor/fsdp_config.json", "actor/huggingface/config.json", "data.pt"])
 
 
 def test_a_file_short_in_the_bucket_keeps_the_save_incomplete() -> None:
@@ -169,29 +196,134 @@ def test_an_earlier_attempts_local_saves_are_dropped_not_copied(world: dict) -> 
     assert not (world["run"] / "global_step_20").exists()
 
 
-def test_a_copier_killed_mid_copy_leaves_no_record_and_its_restart_completes_the_save(world: dict) -> None:
-    _, log = _logs()
+def _node1_killed_copying_step_20(world: dict, log, copy: str, size: int = 1000) -> Path:
+    """Step 10 complete, step 20 saved and copied by node0; node1's copier, a real process, runs with `copy`
+    (the source of a `copy(reader, writer, n)` that kills it, SIGKILL, at some line) as shutil's copyfileobj."""
     launch = _start_attempt(world, "a1")
     _save_and_copy(world, launch, "a1", 10, log)
-    verl_saves(world["nodes"], world["head"], "a1", 20, size=100_000)
+    verl_saves(world["nodes"], world["head"], "a1", 20, size=size)
     ck.announce(launch, "a1", 10, log)
     ck.copy_once(world["nodes"][0], world["bucket"], "node0", log)
-    # node1's copier dies 1,000 bytes into a file: a real process, SIGKILL at that line.
-    dies = ("import os, shutil, signal, sys\n"
+    dies = ("import os, signal, sys\n"
             "from workloads import checkpoints as c\n"
-            "def copy(reader, writer, n):\n"
-            "    writer.write(reader.read(1000)); writer.flush(); os.kill(os.getpid(), signal.SIGKILL)\n"
+            "real = c.shutil.copyfileobj\n"
+            f"{copy}"
             "c.shutil.copyfileobj = copy\n"
             "c.copy_once(c.Path(sys.argv[1]), c.Path(sys.argv[2]), 'node1', print)\n")
     done = subprocess.run([sys.executable, "-c", dies, str(world["nodes"][1]), str(world["bucket"])], cwd=REPO,
                           timeout=60, capture_output=True)
     assert done.returncode == -signal.SIGKILL
-    step = world["run"] / "global_step_20"
+    return world["run"] / "global_step_20"
+
+
+def test_a_copier_killed_mid_copy_leaves_no_record_and_its_restart_completes_the_save(world: dict) -> None:
+    _, log = _logs()
+    # node1's copier dies 1,000 bytes into a file.
+    step = _node1_killed_copying_step_20(world, log, size=100_000, copy=(
+        "def copy(reader, writer, n):\n"
+        "    writer.write(reader.read(1000)); writer.flush(); os.kill(os.getpid(), signal.SIGKILL)\n"))
     assert [p for p in (step / "actor").iterdir() if p.stat().st_size == 1000]  # half-copied files
     assert not (step / ck.STATE_DIR / ck.PARTS_DIR / "node1.json").exists()
-    assert not (step / ck.MARKER).exists()
+    assert not (step / ck.MARKER).exists() and not (step / ck.MODEL_MARKER).exists()
     assert ck.resume_step(world["run"], WORLD) == 10  # the half-copied one is never used
     ck.copy_once(world["nodes"][1], world["bucket"], "node1", log)  # the restarted copier
+    assert ck.resume_step(world["run"], WORLD) == 20
+
+
+def test_a_copier_killed_between_the_model_and_the_optimizer_state_leaves_a_consistent_bucket(world: dict) -> None:
+    """node1's copier dies at its first optimizer file: the bucket then holds step 20's model, marked as such
+    for the export, and no resumable step 20 (resume and verl's tracker stay at 10). Its restart copies only
+    what its record lacks and completes the step."""
+    lines, log = _logs()
+    step = _node1_killed_copying_step_20(world, log, copy=(
+        "def copy(reader, writer, n):\n"
+        "    if 'optim_' in reader.name or 'extra_state_' in reader.name: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    real(reader, writer, n)\n"))
+    assert json.loads((step / ck.MODEL_MARKER).read_text())["attempt"] == "a1"
+    assert not (step / ck.MARKER).exists()
+    assert ck.resume_step(world["run"], WORLD) == 10
+    assert (world["run"] / ck.TRACKER).read_text() == "10"
+    lines.clear()
+    ck.copy_once(world["nodes"][1], world["bucket"], "node1", log)  # the restarted copier
+    assert "step 20: copied 4 files, 4000 bytes" in " ".join(lines)  # its ranks' optim and extra_state only
+    assert ck.resume_step(world["run"], WORLD) == 20
+    assert (world["run"] / ck.TRACKER).read_text() == "20"
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, NODES - 1), st.booleans()), min_size=1, max_size=2 * NODES + 2))
+def test_whatever_order_the_copiers_run_and_fail_in_a_step_is_resumable_only_when_whole(
+        events: list[tuple[int, bool]]) -> None:
+    """Each event: node i's copier passes once, its optimizer copy failing (the bucket stalled, or the
+    pod went) or not. After every event: the model marker exactly when every node's model is recorded,
+    the complete marker, the tracker and resume exactly when every node's optimizer state is too."""
+    with tempfile.TemporaryDirectory() as tmp:
+        world = {"bucket": Path(tmp) / "bucket", "run": Path(tmp) / "bucket" / RUN, "head": Path(tmp) / "head",
+                 "nodes": [Path(tmp) / f"node{i}" for i in range(NODES)]}
+        world["bucket"].mkdir()
+        _, log = _logs()
+        launch = _start_attempt(world, "a1")
+        _save_and_copy(world, launch, "a1", 10, log)
+        verl_saves(world["nodes"], world["head"], "a1", 20)
+        ck.announce(launch, "a1", 10, log)
+        real, model_in, whole_in = ck.shutil.copyfileobj, set(), set()
+
+        def failing(reader, writer, n):
+            if "optim_" in reader.name or "extra_state_" in reader.name:
+                raise OSError("the bucket mount stalled")
+            real(reader, writer, n)
+
+        for node, fails in events:
+            ck.shutil.copyfileobj = failing if fails else real
+            try:
+                ck.copy_once(world["nodes"][node], world["bucket"], f"node{node}", log)
+            except OSError:
+                pass
+            finally:
+                ck.shutil.copyfileobj = real
+            model_in.add(node)
+            if not fails:
+                whole_in.add(node)
+            step = world["run"] / "global_step_20"
+            model, whole = len(model_in) == NODES, len(whole_in) == NODES
+            assert ((step / ck.MODEL_MARKER).exists(), (step / ck.MARKER).exists()) == (model, whole)
+            assert ck.resume_step(world["run"], WORLD) == (20 if whole else 10)
+            assert (world["run"] / ck.TRACKER).read_text() == ("20" if whole else "10")
+            assert export_model.latest_step(world["run"]) == (20 if model else 10)
+
+
+def test_a_new_attempt_saving_a_step_again_drops_the_earlier_attempts_model_marker(
+        world: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attempt a1's step 20 got its model into the bucket, never its optimizer state (node1's bucket writes
+    failed); a2 resumes from 10 and saves 20 again: from its announce on the folder's files are a2's, and
+    no marker vouches for them until a2's own copies are recorded."""
+    _, log = _logs()
+    launch = _start_attempt(world, "a1")
+    _save_and_copy(world, launch, "a1", 10, log)
+    verl_saves(world["nodes"], world["head"], "a1", 20)
+    ck.announce(launch, "a1", 10, log)
+    ck.copy_once(world["nodes"][0], world["bucket"], "node0", log)
+    real = ck.shutil.copyfileobj
+
+    def failing(reader, writer, n):
+        if "optim_" in reader.name:
+            raise OSError("the bucket mount stalled")
+        real(reader, writer, n)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ck.shutil, "copyfileobj", failing)
+        with pytest.raises(OSError):
+            ck.copy_once(world["nodes"][1], world["bucket"], "node1", log)
+    step = world["run"] / "global_step_20"
+    assert (step / ck.MODEL_MARKER).exists() and ck.resume_step(world["run"], WORLD) == 10
+    second = _start_attempt(world, "a2")
+    verl_saves(world["nodes"], world["head"], "a2", 20)
+    ck.announce(second, "a2", 10, log)
+    assert not (step / ck.MODEL_MARKER).exists()
+    for i, node in enumerate(world["nodes"]):
+        ck.copy_once(node, world["bucket"], f"node{i}", log)
+    assert json.loads((step / ck.MODEL_MARKER).read_text())["attempt"] == "a2"
+    assert json.loads((step / ck.MARKER).read_text())["attempt"] == "a2"
     assert ck.resume_step(world["run"], WORLD) == 20
 
 
@@ -273,41 +405,81 @@ FAKE_VERL = (
 )
 
 
-def _launch_with_fake_verl(world: dict, *, copy_nodes: bool) -> tuple[int, list[str]]:
+def _launch_with_fake_verl(world: dict, *, copy_nodes: bool, copying: list[Callable[[], None]] | None = None) -> int:
     """launch() with a stand-in for verl: it saves step 10 on the head; the nodes' shards appear as the
-    announce makes them wanted, and a background copier stands in for the sidecars when `copy_nodes`."""
-    stop = threading.Event()
+    announce makes them wanted, and a copier per node (a thread) stands in for the sidecars when
+    `copy_nodes`. They go on after launch() returned when `copying` is given: it gets the call that ends them."""
+    stop, saved = threading.Event(), threading.Event()
 
-    def nodes() -> None:
+    def node(i: int) -> None:
         while not stop.wait(0.05):
             attempt = (ck.read_json(world["run"] / ck.STATE_DIR / ck.ATTEMPT_FILE) or {}).get("attempt")
-            if attempt and not (world["nodes"][0] / RUN / attempt).exists():
+            if i == 0 and attempt and not saved.is_set():
                 verl_saves(world["nodes"], world["head"] / "unused", attempt, 10)
-            for i, node in enumerate(world["nodes"]):
-                if copy_nodes:
-                    ck.copy_once(node, world["bucket"], f"node{i}", lambda m: None)
+                saved.set()
+            if copy_nodes and saved.is_set():
+                ck.copy_once(world["nodes"][i], world["bucket"], f"node{i}", lambda m: None)
 
-    thread = threading.Thread(target=nodes, daemon=True)
-    thread.start()
+    threads = [threading.Thread(target=node, args=(i,), daemon=True) for i in range(NODES)]
+    for thread in threads:
+        thread.start()
+
+    def end() -> None:
+        stop.set()
+        for thread in threads:
+            thread.join()
+
     try:
-        code = ck.launch([sys.executable, "-c", FAKE_VERL, *_command(world["run"])[3:]], world["head"],
+        return ck.launch([sys.executable, "-c", FAKE_VERL, *_command(world["run"])[3:]], world["head"],
                          poll_s=0.05, final_wait_s=1)
     finally:
-        stop.set()
-        thread.join()
-    return code
+        if copying is None:
+            end()
+        else:
+            copying.append(end)
 
 
-def test_a_run_succeeds_only_once_its_last_checkpoint_is_complete_in_the_bucket(world: dict) -> None:
+def test_a_run_succeeds_only_once_its_last_model_is_in_the_bucket(world: dict) -> None:
     assert _launch_with_fake_verl(world, copy_nodes=True) == 0
-    assert ck.resume_step(world["run"], WORLD) == 10
+    assert json.loads((world["run"] / "global_step_10" / ck.MODEL_MARKER).read_text())["step"] == 10
 
 
-def test_a_run_whose_last_checkpoint_never_completes_fails_after_the_deadline(world: dict,
-                                                                              capsys: pytest.CaptureFixture) -> None:
+def test_a_run_whose_last_model_never_reaches_the_bucket_fails_after_the_deadline(world: dict,
+                                                                                 capsys: pytest.CaptureFixture) -> None:
     assert _launch_with_fake_verl(world, copy_nodes=False) == 1
-    assert "step 10: still not complete after 1 s (not copied yet: actor/model_world_size_4_rank_0.pt" in \
-        capsys.readouterr().out
+    assert "step 10: the model is still not in the bucket after 1 s (not copied yet: " \
+           "actor/model_world_size_4_rank_0.pt" in capsys.readouterr().out
+
+
+def test_a_run_succeeds_once_its_last_model_is_in_the_bucket_while_its_optimizer_state_still_copies(
+        world: dict, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """The GPUs wait for the last save's model only (what the export reads); the copiers finish its
+    optimizer state in the background, and only then is the step resumable."""
+    optimizer_may_go, copying = threading.Event(), []
+    real = ck.shutil.copyfileobj
+
+    def copy(reader, writer, n):
+        if "optim_" in reader.name or "extra_state_" in reader.name:
+            assert optimizer_may_go.wait(30)
+        real(reader, writer, n)
+
+    monkeypatch.setattr(ck.shutil, "copyfileobj", copy)
+    try:
+        assert _launch_with_fake_verl(world, copy_nodes=True, copying=copying) == 0
+        step = world["run"] / "global_step_10"
+        assert (step / ck.MODEL_MARKER).exists() and not (step / ck.MARKER).exists()
+        assert ck.resume_step(world["run"], WORLD) is None
+        assert "step 10: the model is in the bucket; its optimizer state goes on copying" in capsys.readouterr().out
+        optimizer_may_go.set()
+        for _ in range(600):
+            if ck.resume_step(world["run"], WORLD) == 10:
+                break
+            threading.Event().wait(0.05)
+        assert ck.resume_step(world["run"], WORLD) == 10
+    finally:
+        optimizer_may_go.set()
+        for end in copying:
+            end()
 
 
 def test_the_program_ships_alone() -> None:

@@ -88,6 +88,44 @@ def test_a_missing_step_or_an_incomplete_checkpoint_is_one_line(tmp_path: Path) 
         export_model.export(tmp_path, tmp_path / "model", step=4)
 
 
+def _mark_model_complete(root: Path, step: int, *, whole: bool) -> None:
+    """Step `step`'s markers as workloads/checkpoints.py writes them: the model's once its files are in the
+    bucket, the whole checkpoint's (and verl's tracker) once the optimizer state is too."""
+    from workloads import checkpoints
+
+    folder = root / f"global_step_{step}"
+    files = {p.relative_to(folder).as_posix(): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
+    record = {"step": step, "attempt": "a1", "world_size": 1, "files": files}
+    checkpoints.write_json(folder / checkpoints.MODEL_MARKER, record)
+    if whole:
+        checkpoints.write_json(folder / checkpoints.MARKER, record)
+        (root / export_model.TRACKER).write_text(str(step))
+
+
+def test_the_export_takes_the_newest_step_whose_model_is_in_the_bucket(tmp_path: Path) -> None:
+    """verl's tracker names the newest resumable step (10); step 20's model is in the bucket while its
+    optimizer state still copies: the export merges 20. A model marker whose file went short is passed over."""
+    from workloads import checkpoints
+
+    assert export_model.MODEL_MARKER == checkpoints.MODEL_MARKER  # the export ships alone, without checkpoints.py
+    for step in (10, 20):
+        actor = tmp_path / f"global_step_{step}" / "actor"
+        (actor / "huggingface").mkdir(parents=True)
+        (actor / "model_world_size_1_rank_0.pt").write_bytes(b"w" * 64)
+        (actor / "fsdp_config.json").write_text(json.dumps({"world_size": 1}))
+        (actor / "huggingface" / "config.json").write_text("{}")
+    _mark_model_complete(tmp_path, 10, whole=True)
+    (tmp_path / export_model.TRACKER).write_text("10")
+    assert export_model.latest_step(tmp_path) == 10
+    _mark_model_complete(tmp_path, 20, whole=False)
+    assert export_model.latest_step(tmp_path) == 20
+    (tmp_path / "global_step_20" / "actor" / "model_world_size_1_rank_0.pt").write_bytes(b"short")
+    assert export_model.latest_step(tmp_path) == 10
+    # A step copied by an older verl-gke, or saved by verl itself, has no model marker: the tracker names it.
+    (tmp_path / export_model.TRACKER).write_text("30")
+    assert export_model.latest_step(tmp_path) == 30
+
+
 @pytest.mark.ray
 def test_cli_export_runs_the_merger_as_a_ray_job_and_prints_the_models_uri(
         ray_head: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

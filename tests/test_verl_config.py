@@ -163,9 +163,11 @@ def test_the_plan_counts_steps_checkpoints_and_their_size() -> None:
         "GRPO run with verl 0.6.1: 58 steps",
         f"  run id {run_id}, checkpoints in /data/verl/checkpoints/{run_id}",
         "  checkpoints: every 10 steps and at the end: 6 saved, 2 kept, ~393 GB each, ~786 GB in the bucket",
-        # 2 nodes: 197 GB each; 8 ranks x 2 GB/s locally -> 12 s a save, the last copy at 2 GB/s 98 s.
-        "  checkpoint time: 6 saves x 12 s to local disk + 98 s for the last copy to the bucket = 172 s of GPU time "
-        "(straight to the bucket: 590 s); assumed 2 GB/s per rank into the page cache, 2 GB/s per node to the bucket",
+        # 2 nodes: 197 GB each; 8 ranks x 2 GB/s locally -> 12 s a save; the last save's model (a third,
+        # 66 GB) at 2 GB/s 33 s; 6 x 12.3 + 32.8 = 106 s.
+        "  checkpoint time: 6 saves x 12 s to local disk + 33 s for the last save's model to the bucket (4 of its 12 "
+        "bytes per parameter; the optimizer state follows in the background) = 106 s of GPU time (straight to the "
+        "bucket: 590 s); assumed 2 GB/s per rank into the page cache, 2 GB/s per node to the bucket",
     ]
     # However many attempts: the bucket keeps the newest 2 complete ones (workloads/checkpoints.py rotates).
     _, alone = _check(**{"verl-gke:runSupervisor": "false"})

@@ -9,26 +9,35 @@ Two commands, one program (shipped in a ConfigMap, standard library only):
         at the head's local disk. While verl runs: each save verl finishes (its local
         `latest_checkpointed_iteration.txt` moves to N, written only after every rank returned from
         saving) is announced in the bucket (`saved.json`), with the head's own files (`data.pt`). After
-        verl succeeds: waits, with a deadline, until the last save is complete in the bucket.
+        verl succeeds: waits, with a deadline, until the last save's model is in the bucket (what the
+        export reads); its optimizer state goes on copying in the background.
     checkpoints.py copy --local-root /local-checkpoints --bucket-root /data/verl/checkpoints
-        The sidecar of every GPU worker pod: copies this node's files of each announced save (its ranks'
-        shards; rank 0's node also the model config) to the bucket and records them (`parts/<pod>.json`).
+        The sidecar of every GPU worker pod: copies this node's files of each announced save to the bucket
+        in two phases, each recorded (`parts/<pod>.json`) when done: first the model (its ranks' model
+        shards; rank 0's node also `fsdp_config.json` and `huggingface/`), then what only a resume reads
+        (its ranks' optim and extra_state shards).
 
 The bucket holds the only state (every process may die at any line; a restarted one rebuilds from it):
 
     <run folder>/.verl-gke/attempt.json               the current attempt (the launcher's, at start)
     <run folder>/global_step_N/.verl-gke/saved.json   verl finished writing step N on every node
-    <run folder>/global_step_N/.verl-gke/parts/*.json what each pod copied (file -> bytes)
-    <run folder>/global_step_N/.verl-gke-complete.json  the completeness marker, written last
+    <run folder>/global_step_N/.verl-gke/parts/*.json what each pod copied (file -> bytes), and the kinds
+                                                      of rank files verl left on its disk
+    <run folder>/global_step_N/.verl-gke-model-complete.json  the model is in the bucket (the export's)
+    <run folder>/global_step_N/.verl-gke-complete.json  the whole checkpoint is (a resume's), written last
     <run folder>/latest_checkpointed_iteration.txt    verl's tracker: only ever a complete step
 
-A checkpoint is complete when its `saved.json` and parts of one attempt cover every rank of the world
-size (`model_world_size_W_rank_r.pt` for r < W, and optim/extra_state for all ranks or none,
-`fsdp_config.json`, `data.pt`) and every file is in the bucket at its recorded size. Whoever records the
-last part writes the marker (writers decide alike: the marker's content is a function of the records),
-then the tracker, then deletes complete checkpoints beyond the newest `keep` and incomplete older ones.
-Resume reads markers only: a half-copied checkpoint is never used. An attempt copies only its own
-saves, into folders no other attempt completes: parts of an earlier attempt never count.
+Two levels, over the records of one attempt (its `saved.json` and parts). Model complete: the model shards
+of every rank of the world size (`actor/model_world_size_W_rank_r.pt`, r < W), `actor/fsdp_config.json` and
+`actor/huggingface/config.json`, each in the bucket at its recorded size. Complete: that, `data.pt`, and
+every rank's shard of every other kind verl saved (optim, extra_state: the kinds any copier found on its
+disk, recorded before it copied any, so a record of the model alone never passes as resumable).
+Whoever records the last part a level needs writes its marker (writers decide alike: a marker's content
+is a function of the records); with the complete marker, the tracker, then the deletion of complete
+checkpoints beyond the newest `keep` and of incomplete older ones. Resume reads complete markers only: a
+half-copied checkpoint is never used. An attempt copies only its own saves, into folders no other attempt
+completes: parts of an earlier attempt never count, and its announce drops an earlier attempt's model
+marker in a folder it saves into again.
 """
 
 from __future__ import annotations
@@ -57,19 +66,29 @@ ATTEMPT_FILE = "attempt.json"
 SAVED_FILE = "saved.json"
 PARTS_DIR = "parts"
 MARKER = ".verl-gke-complete.json"
+MODEL_MARKER = ".verl-gke-model-complete.json"
+"""Read by workloads/export_model.py (which ships alone: it names it again)."""
+MODEL, COMPLETE = "model complete", "complete"
+"""The two levels of a step in the bucket: what the export needs, and what a resume needs."""
 TRACKER = "latest_checkpointed_iteration.txt"
 """verl's record of its newest checkpoint (verl/utils/checkpoint/checkpoint_manager.py, 0.6.1 and 0.9.0)."""
 HEAD_PART = "head"
 POLL_S = 5.0
 FINAL_WAIT_S = 1800.0
-"""How long a succeeded run waits for its last checkpoint to be complete in the bucket: ~100 GB per node
-at the bucket's 2-5 GB/s per node takes under a minute; a copier that makes no progress for this long
-has failed, and the attempt fails with it (the supervisor's retry resumes from the last complete one)."""
+"""How long a succeeded run waits for its last save's model to be in the bucket: ~65 GB per node at the
+bucket's 2-5 GB/s per node takes under a minute; a copier that makes no progress for this long has
+failed, and the attempt fails with it (the supervisor's retry resumes from the last complete one)."""
 _CHUNK = 8 << 20
 COPY_STREAMS = 8
 """Files copied at once per pod: verl's ranks wrote them in parallel too (8 per A4 / A3 Ultra node)."""
 _STEP = re.compile(r"global_step_(\d+)")
 _RANK_FILE = re.compile(r"actor/(model|optim|extra_state)_world_size_(\d+)_rank_(\d+)\.pt")
+RESUME_ONLY = ("optim", "extra_state")
+"""Kinds of rank files only a resume reads (verl's optimizer state; its scheduler and RNG state): copied
+after the model."""
+MODEL_FILES = ("actor/fsdp_config.json", "actor/huggingface/config.json")
+"""Rank 0's files verl's model merger reads besides the shards (verl writes both on every save, 0.6.1 and
+0.9.0: fsdp_checkpoint_manager.py)."""
 
 
 class CheckpointError(Exception):
@@ -82,42 +101,54 @@ class CheckpointError(Exception):
 @dataclass(frozen=True)
 class Verdict:
     complete: bool
+    """The records reach the level judged."""
     reason: str
     files: dict[str, int]
-    """Every file of the checkpoint (path under the step folder -> bytes), when complete."""
+    """The files that level needs (path under the step folder -> bytes), when reached."""
+
+
+def resume_only(name: str) -> bool:
+    """A file of a step (path under its folder) that only a resume reads."""
+    m = _RANK_FILE.fullmatch(name)
+    return m is not None and m.group(1) in RESUME_ONLY
 
 
 def judge(saved: dict[str, Any] | None, parts: Sequence[dict[str, Any]],
-          size_of: Callable[[str], int | None]) -> Verdict:
-    """Whether one step's records make a complete checkpoint; `size_of` gives a file's bytes in the
-    bucket (None: absent)."""
+          size_of: Callable[[str], int | None], level: str = COMPLETE) -> Verdict:
+    """Whether one step's records reach `level` (MODEL or COMPLETE); `size_of` gives a file's bytes in the
+    bucket (None: absent). The verdict's files are those the level needs."""
     if saved is None:
         return Verdict(False, "verl has not finished saving it", {})
     attempt, world = saved.get("attempt"), saved.get("world_size")
     if not isinstance(world, int) or world < 1:
         return Verdict(False, f"saved.json has no world size ({world!r})", {})
     files: dict[str, int] = {}
+    kinds: set[str] = set()
     for part in parts:
         if part.get("attempt") == attempt:
             files.update(part.get("files", {}))
+            kinds.update(part.get("kinds", []))
     ranks: dict[str, set[int]] = {}
     for name in files:
         m = _RANK_FILE.fullmatch(name)
         if m and int(m.group(2)) == world:
             ranks.setdefault(m.group(1), set()).add(int(m.group(3)))
+    # A kind verl saved is named by the copiers' records; files alone name it where no copier recorded kinds
+    # (a checkpoint verl wrote straight into the bucket).
+    needed = ["model"] + ([k for k in RESUME_ONLY if k in kinds or k in ranks] if level == COMPLETE else [])
     everyone = set(range(world))
-    missing = [f"actor/model_world_size_{world}_rank_{r}.pt" for r in sorted(everyone - ranks.get("model", set()))]
-    for kind in ("optim", "extra_state"):
-        if kind in ranks:
-            missing += [f"actor/{kind}_world_size_{world}_rank_{r}.pt" for r in sorted(everyone - ranks[kind])]
-    missing += [name for name in ("actor/fsdp_config.json", "data.pt") if name not in files]
+    missing = [f"actor/{kind}_world_size_{world}_rank_{r}.pt"
+               for kind in needed for r in sorted(everyone - ranks.get(kind, set()))]
+    missing += [name for name in (*MODEL_FILES, *(["data.pt"] if level == COMPLETE else [])) if name not in files]
     if missing:
         return Verdict(False, f"not copied yet: {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}", {})
+    if level == MODEL:
+        files = {name: size for name, size in files.items() if not resume_only(name)}
     for name, size in sorted(files.items()):
         actual = size_of(name)
         if actual != size:
             return Verdict(False, f"{name}: {actual} bytes in the bucket, {size} recorded", {})
-    return Verdict(True, f"complete: {len(files)} files, {sum(files.values())} bytes, world size {world}", files)
+    return Verdict(True, f"{level}: {len(files)} files, {sum(files.values())} bytes, world size {world}", files)
 
 
 def step_of(name: str) -> int | None:
@@ -199,26 +230,34 @@ def resume_step(run_dir: Path, world_size: int) -> int | None:
     return max(candidates) if candidates else None
 
 
-def try_complete(run_dir: Path, step: int, log: Callable[[str], None]) -> bool:
-    """Write step's marker if its records make it complete, then the tracker, then rotate."""
+def try_complete(run_dir: Path, step: int, log: Callable[[str], None]) -> str | None:
+    """Write the markers step's records now allow (the model's, then the whole checkpoint's, then the
+    tracker, then rotate); return the level it has reached (MODEL, COMPLETE), None below both."""
     step_dir = run_dir / f"global_step_{step}"
     if (step_dir / MARKER).exists():
-        return True
+        return COMPLETE
     saved, parts = step_records(step_dir)
-    verdict = judge(saved, parts, _size_in(step_dir))
-    if not verdict.complete:
-        return False
+    reached = None
+    for level, marker in ((MODEL, MODEL_MARKER), (COMPLETE, MARKER)):
+        if level == MODEL and (step_dir / marker).exists():
+            reached = level
+            continue
+        verdict = judge(saved, parts, _size_in(step_dir), level)
+        if not verdict.complete:
+            return reached
+        assert saved is not None
+        write_json(step_dir / marker, {"step": step, "attempt": saved["attempt"], "world_size": saved["world_size"],
+                                       "files": verdict.files})
+        log(f"step {step}: {verdict.reason}")
+        reached = level
     assert saved is not None
-    write_json(step_dir / MARKER, {"step": step, "attempt": saved["attempt"], "world_size": saved["world_size"],
-                                   "files": verdict.files})
-    log(f"step {step}: {verdict.reason}")
     world = saved["world_size"]
     newest = max(complete_steps(run_dir, world), default=step)
     tmp = run_dir / f".{TRACKER}.{uuid.uuid4().hex[:8]}.tmp"
     tmp.write_text(str(newest))
     os.replace(tmp, run_dir / TRACKER)
     rotate(run_dir, world, log)
-    return True
+    return COMPLETE
 
 
 def rotate(run_dir: Path, world_size: int, log: Callable[[str], None]) -> None:
@@ -237,33 +276,44 @@ def rotate(run_dir: Path, world_size: int, log: Callable[[str], None]) -> None:
             log(f"step {step}: deleted ({'older than the newest ' + str(keep) if step in drop else 'incomplete'})")
 
 
-def copy_tree(local_step: Path, bucket_step: Path) -> dict[str, int]:
-    """Copy every file under `local_step` to `bucket_step`, COPY_STREAMS at a time (one GCS FUSE write
+def copy_files(local_step: Path, bucket_step: Path, names: Sequence[str]) -> dict[str, int]:
+    """Copy `names` (paths under `local_step`) to `bucket_step`, COPY_STREAMS at a time (one GCS FUSE write
     stream per file: a node reaches the bucket's rate only with several); return them (path -> bytes)."""
-    sources = sorted(p for p in local_step.rglob("*") if p.is_file())
 
-    def copy(src: Path) -> tuple[str, int]:
-        name = src.relative_to(local_step).as_posix()
-        dst = bucket_step / name
+    def copy(name: str) -> tuple[str, int]:
+        src, dst = local_step / name, bucket_step / name
         dst.parent.mkdir(parents=True, exist_ok=True)
         with src.open("rb") as reader, dst.open("wb") as writer:
             shutil.copyfileobj(reader, writer, _CHUNK)
         return name, src.stat().st_size
 
     with ThreadPoolExecutor(max_workers=COPY_STREAMS) as pool:
-        return dict(pool.map(copy, sources))
+        return dict(pool.map(copy, names))
 
 
 def publish_part(run_dir: Path, local_step: Path, step: int, attempt: str, part: str,
                  log: Callable[[str], None]) -> None:
-    """Copy this pod's files of `step` and record them, then try to complete the step."""
+    """Copy this pod's files of `step` in two phases, the model first, then what only a resume reads;
+    record each (with the kinds of rank files verl left here) and try to complete the step after each."""
     bucket_step = run_dir / f"global_step_{step}"
-    started = time.monotonic()
-    files = copy_tree(local_step, bucket_step)
-    write_json(bucket_step / STATE_DIR / PARTS_DIR / f"{part}.json", {"attempt": attempt, "files": files})
-    seconds = time.monotonic() - started
-    log(f"step {step}: copied {len(files)} files, {sum(files.values())} bytes in {seconds:.1f} s ({part})")
-    try_complete(run_dir, step, log)
+    record = bucket_step / STATE_DIR / PARTS_DIR / f"{part}.json"
+    local = sorted(p.relative_to(local_step).as_posix() for p in local_step.rglob("*") if p.is_file())
+    kinds = sorted({m.group(1) for name in local if (m := _RANK_FILE.fullmatch(name))})
+    # A restarted copier keeps what its attempt's record says is in the bucket already at its size.
+    earlier = read_json(record) or {}
+    in_bucket = _size_in(bucket_step)
+    files = {name: size for name, size in earlier.get("files", {}).items()
+             if earlier.get("attempt") == attempt and name in local and in_bucket(name) == size}
+    for later in (False, True):
+        todo = [name for name in local if resume_only(name) == later and name not in files]
+        if todo or not record.exists():
+            started = time.monotonic()
+            copied = copy_files(local_step, bucket_step, todo)
+            files.update(copied)
+            write_json(record, {"attempt": attempt, "kinds": kinds, "files": files})
+            log(f"step {step}: copied {len(copied)} files, {sum(copied.values())} bytes in "
+                f"{time.monotonic() - started:.1f} s ({part}{', resume state' if later else ''})")
+        try_complete(run_dir, step, log)
 
 
 # --- the sidecar ------------------------------------------------------------------------------------------
@@ -357,7 +407,12 @@ def announce(launch: Launch, attempt: str, announced: int, log: Callable[[str], 
     pending = sorted((step, p) for p in launch.local_dir.glob("global_step_*")
                      if (step := step_of(p.name)) is not None and step <= tracker)
     for step, local_step in pending:
-        write_json(launch.run_dir / local_step.name / STATE_DIR / SAVED_FILE,
+        bucket_step = launch.run_dir / local_step.name
+        stale = read_json(bucket_step / MODEL_MARKER)
+        if stale is not None and stale.get("attempt") != attempt:
+            # An earlier attempt's step the copiers are about to overwrite: its marker no longer vouches.
+            (bucket_step / MODEL_MARKER).unlink(missing_ok=True)
+        write_json(bucket_step / STATE_DIR / SAVED_FILE,
                    {"attempt": attempt, "world_size": launch.world_size, "step": step})
         log(f"step {step}: saved by verl on every node, copying")
         publish_part(launch.run_dir, local_step, step, attempt, HEAD_PART, log)
@@ -366,26 +421,31 @@ def announce(launch: Launch, attempt: str, announced: int, log: Callable[[str], 
     return announced
 
 
-def wait_complete(run_dir: Path, step: int, deadline_s: float, poll_s: float, log: Callable[[str], None]) -> bool:
-    """Wait until `step` is complete in the bucket (the sidecars copy it), showing what is missing."""
+def wait_model(run_dir: Path, step: int, deadline_s: float, poll_s: float, log: Callable[[str], None]) -> bool:
+    """Wait until `step`'s model is in the bucket (the sidecars copy it), showing what is missing."""
     give_up = time.monotonic() + deadline_s
     step_dir = run_dir / f"global_step_{step}"
     while True:
-        if try_complete(run_dir, step, log):
+        reached = try_complete(run_dir, step, log)
+        if reached == MODEL:
+            log(f"step {step}: the model is in the bucket; its optimizer state goes on copying in the background "
+                f"(the step is resumable once {MARKER} is there; until then a new attempt resumes from the one before)")
+        if reached is not None:
             return True
         saved, parts = step_records(step_dir)
-        reason = judge(saved, parts, _size_in(step_dir)).reason
+        reason = judge(saved, parts, _size_in(step_dir), MODEL).reason
         left = give_up - time.monotonic()
         if left <= 0:
-            log(f"step {step}: still not complete after {deadline_s:.0f} s ({reason})")
+            log(f"step {step}: the model is still not in the bucket after {deadline_s:.0f} s ({reason})")
             return False
-        log(f"step {step}: waiting for the copy to the bucket ({reason}); {left:.0f} s left")
+        log(f"step {step}: waiting for the model's copy to the bucket ({reason}); {left:.0f} s left")
         time.sleep(min(poll_s, left))
 
 
 def launch(command: Sequence[str], local_root: Path, *, poll_s: float = POLL_S,
            final_wait_s: float = FINAL_WAIT_S) -> int:
-    """Run verl for a new attempt of the run; its exit status, or 1 when its last save never completes."""
+    """Run verl for a new attempt of the run; its exit status, or 1 when its last save's model never reaches
+    the bucket."""
     attempt = uuid.uuid4().hex[:12]
     plan = plan_launch(command, attempt, local_root)
     write_json(plan.run_dir / STATE_DIR / ATTEMPT_FILE,
@@ -404,7 +464,7 @@ def launch(command: Sequence[str], local_root: Path, *, poll_s: float = POLL_S,
     announced = _announce_safely(plan, attempt, announced)
     if child.returncode != 0 or announced <= (plan.resume_from or 0):
         return child.returncode
-    return 0 if wait_complete(plan.run_dir, announced, final_wait_s, poll_s, _log) else 1
+    return 0 if wait_model(plan.run_dir, announced, final_wait_s, poll_s, _log) else 1
 
 
 def _announce_safely(plan: Launch, attempt: str, announced: int) -> int:

@@ -3,7 +3,8 @@
 verl writes FSDP shards per world size (`<checkpoint dir>/global_step_<N>/actor/model_world_size_<W>_rank_<r>.pt`
 with `fsdp_config.json` and the model's config in `huggingface/`), which neither transformers nor vLLM loads.
 `python -m verl.model_merger merge --backend fsdp --local_dir <actor> --target_dir <dir>` (the same command in
-verl 0.6.1 and 0.9.0) gathers them into safetensors. This module picks the step, runs that command with the run's
+verl 0.6.1 and 0.9.0) gathers them into safetensors. This module picks the step (by default the newest whose model
+is in the bucket, which may still lack the optimizer state the merger never reads), runs that command with the run's
 own verl, and publishes the result only once it is complete: the merger writes into `<target>.partial`, which is
 renamed to `<target>` at the end, so a reader of the bucket never sees half a model.
 
@@ -30,6 +31,9 @@ from pathlib import Path
 
 TRACKER = "latest_checkpointed_iteration.txt"
 """verl's record of its newest complete checkpoint, in the checkpoint folder (verl/utils/checkpoint)."""
+MODEL_MARKER = ".verl-gke-model-complete.json"
+"""In a step's folder once its model is in the bucket (workloads/checkpoints.py, which writes it before the
+step's optimizer state is copied, and the tracker after)."""
 MERGE_TIMEOUT_S = 4 * 3600.0
 """A 32B model's shards are ~130 GB of fp32 read from the bucket and ~65 GB written back."""
 PARTIAL_SUFFIX = ".partial"
@@ -39,15 +43,35 @@ class ExportError(Exception):
     """An export that cannot be made; `str()` says why on one line."""
 
 
+def model_steps(checkpoint_dir: Path) -> list[int]:
+    """Steps whose model marker is there and whose model files are all in the bucket at their recorded sizes."""
+    out = []
+    for marker_path in checkpoint_dir.glob(f"global_step_*/{MODEL_MARKER}"):
+        try:
+            marker = json.loads(marker_path.read_text())
+            step = int(marker["step"])
+            whole = all((marker_path.parent / name).stat().st_size == size for name, size in marker["files"].items())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # rotated away meanwhile, or a file gone: not a model to merge
+        if whole:
+            out.append(step)
+    return sorted(out)
+
+
 def latest_step(checkpoint_dir: Path) -> int:
-    """The step of verl's newest complete checkpoint in `checkpoint_dir`."""
+    """The newest step whose model is in the bucket: the newest model marker's, or verl's tracker's (only ever
+    a whole checkpoint: the copier's, or verl's own where verl wrote into the bucket), whichever is newer."""
     tracker = checkpoint_dir / TRACKER
+    marked = model_steps(checkpoint_dir)
     try:
-        return int(tracker.read_text().strip())
+        tracked = [int(tracker.read_text().strip())]
     except FileNotFoundError:
-        raise ExportError(f"{tracker}: no checkpoint yet (verl writes it after its first save)") from None
+        tracked = []
     except ValueError:
         raise ExportError(f"{tracker}: not a step number") from None
+    if not marked and not tracked:
+        raise ExportError(f"{tracker}: no checkpoint yet (verl writes it after its first save)")
+    return max(marked + tracked)
 
 
 def actor_dir(checkpoint_dir: Path, step: int) -> Path:
