@@ -399,7 +399,7 @@ def step_time(parsed: metrics.ParsedLog, outputs: StackOutputs, where: str) -> s
     what their ratio means for the run: `runs --step-times` and `metrics` show it."""
     steps = [value for _step, value in parsed.series(metrics.STEP_TIME_KEY)]
     measured = sum(steps) / len(steps) if steps else None
-    shown = (f"measured {measured:.0f} s (mean of {len(steps)} steps)" if measured is not None
+    shown = (f"measured {measured:.0f} s (mean of {len(steps)} step{'s' * (len(steps) != 1)})" if measured is not None
              else f"no {metrics.STEP_TIME_KEY} in {where} yet")
     step_s, run_s = outputs.modeled_step_s, outputs.modeled_run_s
     if step_s is None:
