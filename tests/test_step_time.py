@@ -71,7 +71,7 @@ def _runs(capsys: pytest.CaptureFixture[str], api_url: str, tmp_path: Path, log:
         folder = tmp_path / "bucket" / LOGS_DIR / "run-1"
         folder.mkdir(parents=True)
         (folder / "attempt-0.log").write_text(log)
-    doc = outputs_doc("sid-0", runId="run-1", namespace=NAMESPACE, **outputs)
+    doc = outputs_doc("sid-0", **{"runId": "run-1", "namespace": NAMESPACE, **outputs})
     outputs_file = write_outputs(tmp_path / "outputs.json", doc)
     code, out, err = run(capsys, "runs", "--outputs", str(outputs_file), "--kube-api-url", api_url, "--step-times",
                          "--bucket-dir", str(tmp_path / "bucket"))
@@ -115,6 +115,13 @@ def test_the_model_without_a_run_time_still_gives_the_ratio(capsys: pytest.Captu
         "assumes 30% MFU (domain/run_time.py)")
 
 
+def test_runs_holds_only_the_stacks_own_run_against_its_model(capsys: pytest.CaptureFixture[str], api: str,
+                                                              tmp_path: Path) -> None:
+    # run-1 is an earlier run: the stack's settings (and its model) are now those of run-2.
+    assert _runs(capsys, api, tmp_path, LOG, **MODEL, runId="run-2") == (
+        "measured 52 s (mean of 2 steps), not compared: the stack outputs model its run run-2, not run-1")
+
+
 def _metrics(capsys: pytest.CaptureFixture[str], tmp_path: Path, log: str, *outputs_args: str) -> list[str]:
     (tmp_path / "job.log").write_text(log)
     code, out, err = run(capsys, "metrics", "--log-file", str(tmp_path / "job.log"), *outputs_args)
@@ -124,14 +131,17 @@ def _metrics(capsys: pytest.CaptureFixture[str], tmp_path: Path, log: str, *outp
 
 def test_metrics_compares_the_logs_step_time_with_the_stacks_model(capsys: pytest.CaptureFixture[str],
                                                                    tmp_path: Path) -> None:
-    modeled = str(write_outputs(tmp_path / "outputs.json", outputs_doc("sid-0", **MODEL)))
+    modeled = str(write_outputs(tmp_path / "outputs.json", outputs_doc("sid-0", runId="run-1", **MODEL)))
     older = str(write_outputs(tmp_path / "older.json", outputs_doc("sid-0", **OLDER)))
     log = tmp_path / "job.log"
     assert _metrics(capsys, tmp_path, LOG, "--outputs", modeled) == [f"Step time: {COMPARED}"]
+    assert _metrics(capsys, tmp_path, LOG, "--outputs", modeled, "--run", "run-1") == [f"Step time: {COMPARED}"]
     assert _metrics(capsys, tmp_path, LOG, "--outputs", older) == [f"Step time: measured 52 s (mean of 2 steps), "
                                                                    f"{NOT_MODELED}"]
     assert _metrics(capsys, tmp_path, NO_STEP_TIME, "--outputs", modeled) == [
         f"Step time: no perf/time_per_step in {log} yet, modeled 40 s (the run ~40 min); the model assumes 30% MFU "
         "(domain/run_time.py)"]
+    assert _metrics(capsys, tmp_path, LOG, "--outputs", modeled, "--run", "run-0") == [
+        "Step time: measured 52 s (mean of 2 steps), not compared: the stack outputs model its run run-1, not run-0"]
     # A saved log alone names no stack: no model to compare with.
     assert _metrics(capsys, tmp_path, LOG) == []

@@ -752,11 +752,12 @@ def cmd_metrics(args: argparse.Namespace) -> int:
             text = args.log_file.read_text(encoding="utf-8", errors="replace")
         except OSError as error:
             raise CliError(f"cannot read log file {args.log_file}: {error.strerror or error}") from None
-        # A saved log names no stack: its model only when the outputs are asked for.
+        # A saved log names no stack: its model only when the outputs are asked for (its run: --run, if given).
         outputs = stack_outputs.load(args.outputs, args.stack) if args.outputs or args.stack else None
+        run_id = args.run or ""
     else:
         target = _target(args, need_outputs=False)
-        outputs = target.outputs
+        outputs, run_id = target.outputs, target.run.run_id if target.run else ""
         source = f"the logs of run {target.run.run_id}" if target.run else f"the logs of job {target.submission_id}"
         # Every attempt of the run: a resumed attempt repeats steps, and the latest value of a step wins.
         text = "".join(text for _header, text in _run_logs(args, target, every=target.run is not None, index=None))
@@ -775,7 +776,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     print(metrics.trend(parsed.series(metrics.REWARD_KEY)).verdict())
     print(f"rule: {metrics.RISING_RULE}")
     if outputs is not None:
-        print(f"Step time: {runs.step_time(parsed, outputs, source)}")
+        print(f"Step time: {runs.step_time(parsed, outputs, source, run_id)}")
     if args.plot is not None:
         try:
             metrics.plot_reward(parsed, args.plot)

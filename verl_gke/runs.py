@@ -394,14 +394,17 @@ def describe(row: RunRow, outputs: StackOutputs, now: float, step: str | None) -
     return rows
 
 
-def step_time(parsed: metrics.ParsedLog, outputs: StackOutputs, where: str) -> str:
+def step_time(parsed: metrics.ParsedLog, outputs: StackOutputs, where: str, run_id: str = "") -> str:
     """The measured step (the mean of verl's perf/time_per_step in `where`) against the stack's modeled one, and
-    what their ratio means for the run: `runs --step-times` and `metrics` show it."""
+    what their ratio means for the run: `runs --step-times` and `metrics` show it. The outputs model the stack's
+    own run: another `run_id` (an earlier run, maybe of other settings) is not held against it."""
     steps = [value for _step, value in parsed.series(metrics.STEP_TIME_KEY)]
     measured = sum(steps) / len(steps) if steps else None
     shown = (f"measured {measured:.0f} s (mean of {len(steps)} step{'s' * (len(steps) != 1)})" if measured is not None
              else f"no {metrics.STEP_TIME_KEY} in {where} yet")
     step_s, run_s = outputs.modeled_step_s, outputs.modeled_run_s
+    if run_id and run_id != outputs.run_id:
+        return f"{shown}, not compared: the stack outputs model its run {outputs.run_id}, not {run_id}"
     if step_s is None:
         return (f"{shown}, not modeled: the stack outputs have no modeledStepSeconds (a stack last updated by an "
                 "older verl-gke, or a model or GPU platform the step model does not cover)")
@@ -427,7 +430,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
         return 0
     now = time.time()
     for number, row in enumerate(rows):
-        step = step_time(_copied_log(args, outputs, row), outputs, "the copied logs") if args.step_times else None
+        step = (step_time(_copied_log(args, outputs, row), outputs, "the copied logs", row.run_id)
+                if args.step_times else None)
         if number:
             print()
         print_rows(describe(row, outputs, now, step))
