@@ -40,7 +40,7 @@ from workloads.run_record import record_name
 from workloads.run_supervisor import CAPACITY_TIMEOUT_S
 from workloads.stage_data import model_dir_for
 
-cfg = from_pulumi()
+cfg, modeled = from_pulumi()
 live = check_live_project(cfg)
 # Before anything is created: what the stack costs per hour, by capacity kind, and the run's estimate.
 for cost in cfg.hourly_costs:
@@ -272,6 +272,9 @@ pulumi.export("modelUri", pulumi.Output.all(storage.bucket_name, job.export_outc
     lambda a: f"gs://{a[0]}/{model_path(run_id)}" if a[1] == "SUCCEEDED" else ""))
 pulumi.export("hourlyCostUsd", cfg.hourly_usd)
 pulumi.export("estimatedRunCostUsd", run_cost(cfg.run_budget_h, cfg.hourly_usd))
+# What `verl-gke runs --step-times` and `metrics` hold the measured step against (domain/run_time.py).
+pulumi.export("modeledStepSeconds", modeled.step_s if modeled else None)
+pulumi.export("modeledRunSeconds", modeled.run_s if modeled else None)
 pulumi.export("gpuPlatform", cfg.platform)
 pulumi.export("gpuNodes", cfg.gpu_nodes)
 pulumi.export("gpusPerNode", facts.gpus_per_node)

@@ -9,11 +9,13 @@ from pulumi.runtime import mocks, settings
 from domain.config import (
     ConfigError, StackConfig, config_warnings, load_config, placeholders,
 )
+from domain.run_time import RunTime
 from domain.verl_config import verl_run_check
 
 
-def from_pulumi(allow_placeholders: bool | None = None) -> StackConfig:
-    """The running stack's config (the Hugging Face token is not config: it is in Secret Manager).
+def from_pulumi(allow_placeholders: bool | None = None) -> tuple[StackConfig, RunTime | None]:
+    """The running stack's config (the Hugging Face token is not config: it is in Secret Manager), and its run's
+    modeled step and run time (None: the model or the platform is outside domain/run_time.py's model).
 
     Stops the program without a traceback on any problem. Placeholders are allowed only
     under the offline mock engine (synth, tests) unless said otherwise; a real `pulumi up`
@@ -43,4 +45,4 @@ def from_pulumi(allow_placeholders: bool | None = None) -> StackConfig:
     if missing and not allow_placeholders:
         raise pulumi.RunError(f"{source} still has placeholders; set them before `pulumi up`:\n"
                               + "\n".join(f"  {key}" for key in missing))
-    return cfg
+    return cfg, plan.time if plan is not None else None

@@ -116,10 +116,6 @@ class RunTime:
             return None
         return round(self.run_s / 3600 * usd_per_hour, 2)
 
-    def measured_ratio(self, measured_step_s: float) -> float:
-        """A measured step over the modeled one (1.0: as modeled)."""
-        return measured_step_s / self.step_s
-
     def lines(self, usd_per_hour: float | None) -> list[str]:
         """The model as synth and `pulumi up` print it, its assumptions named."""
         a, s = self.assumptions, self.shape
@@ -141,6 +137,11 @@ class RunTime:
             f"tokens/s a GPU ({a.decode_share:.0%} of peak); {a.step_overhead_s:g} s a step for weight sync and "
             "overhead; checkpoints as above (domain/checkpoint_time.py)",
         ]
+
+
+def measured_ratio(measured_step_s: float, modeled_step_s: float) -> float:
+    """A measured step over the modeled one (1.0: as modeled; 1.3: the run takes about 1.3x its modeled time)."""
+    return measured_step_s / modeled_step_s
 
 
 def decode_rate(shape: RunShape, assumptions: Assumptions) -> float:

@@ -130,6 +130,9 @@ def outputs_doc(submission_id: str, **changes: Any) -> dict[str, Any]:
         "rayHeadService": "b200-ray-cluster-head-svc",
         "fabricBusBandwidthGbps": 361.5,
         "hourlyCostUsd": 184.94,
+        # The a4 plan's model (domain/run_time.py), as `pulumi up` exports it.
+        "modeledStepSeconds": 43.8,
+        "modeledRunSeconds": 2712.3,
         "preflightChecks": ["GKE 1.34.1-gke.1829001 from the REGULAR channel",
                             "reservation my-reservation: 2 of 2 a4-highgpu-8g free"],
     }
@@ -257,7 +260,10 @@ def test_metrics_from_the_jobs_logs_table_verdict_and_plot(
     assert lines[9] == ("critic/score/mean: RISING over 8 steps (slope +0.06607/step, "
                         "first quarter mean 0.150, last quarter mean 0.550)")
     assert lines[10].startswith("rule: rising = least-squares slope")
-    assert lines[11] == f"plot: {plot}"
+    # 95.5 s / 43.8 s = 2.18x the model; 2.18 x 2,712.3 s = 98.6 min at this pace, 45.2 min modeled.
+    assert lines[11] == ("Step time: measured 96 s (mean of 8 steps), modeled 44 s: 2.18x the model, so the run takes "
+                         "~99 min at this pace, not the modeled ~45; the model assumes 30% MFU (domain/run_time.py)")
+    assert lines[12] == f"plot: {plot}"
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert imread(plot).shape == (450, 800, 4)
     assert "error" not in err

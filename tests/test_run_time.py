@@ -31,7 +31,7 @@ def test_each_formula_matches_a_hand_calculation() -> None:
     assert t.run_s == pytest.approx(10 * 10.29 + 4)  # and the checkpoints' GPU time: 106.9 s
     assert t.gpu_hours == pytest.approx(106.9 * 2 / 3600)
     assert t.cost_usd(36.0) == 1.07  # 106.9 s at $36/h
-    assert t.measured_ratio(20.58) == pytest.approx(2.0)
+    assert run_time.measured_ratio(20.58, t.step_s) == pytest.approx(2.0)
 
 
 def test_no_reference_no_recompute_and_unknowns() -> None:

@@ -174,6 +174,9 @@ def test_wait_follows_the_run_across_a_killed_attempt_to_success_and_logs_outliv
     code, out, err = run(capsys, "metrics", *where, *gone)
     assert code == 0, err
     assert [line.split()[:2] for line in out.splitlines()[1:4]] == [["1", "0.100"], ["2", "0.200"], ["3", "0.300"]]
+    # Steps of 90, 90 and 91 s: 90.33 s, 2.06x the outputs' 43.8 s; 2.06 x 2,712.3 s = 93.2 min, 45.2 modeled.
+    assert ("Step time: measured 90 s (mean of 3 steps), modeled 44 s: 2.06x the model, so the run takes ~93 min at "
+            "this pace, not the modeled ~45; the model assumes 30% MFU (domain/run_time.py)") in out.splitlines()
 
 
 @pytest.mark.ray
@@ -209,7 +212,10 @@ def test_stop_ends_the_run_through_its_record_and_runs_lists_it_stopped(
     assert rows["Checkpoints"] == f"gs://verl-data-my-project-123/verl/checkpoints/{spec.run_key}"
     assert rows["Model"] == "none (not exported)"
     assert re.fullmatch(r"0\.\d GPU-hours \(0\.0\d h x 16 GPUs\), \$\d\.\d\d at \$184\.94/h", rows["Usage"])
-    assert rows["Step time"] == "measured 1 s (mean of perf/time_per_step in the copied logs)"
+    # Steps of 1 s against the 43.8 s the outputs model: 0.02x the model.
+    assert re.fullmatch(r"measured 1 s \(mean of \d+ steps\), modeled 44 s: 0\.02x the model, so the run takes ~1 min "
+                        r"at this pace, not the modeled ~45; the model assumes 30% MFU \(domain/run_time\.py\)",
+                        rows["Step time"])
 
 
 # --- without Ray: the record alone decides what `wait` says ------------------------------------
@@ -340,6 +346,26 @@ def test_the_stack_outputs_name_the_run_and_the_supervisor_may_write_only_its_lo
               if r.type.endswith(("IAMMember", "IamMember")) and r.inputs.get("member") == supervisor_principal]
     assert grants == [("ManagedFolderIamMember", f"{LOGS_DIR}/", "roles/storage.objectUser")]
 
+
+def test_the_stack_exports_the_step_and_run_time_its_plan_models(synth_stack: Any) -> None:
+    """What `runs --step-times` and `metrics` hold the measured step against (tests/test_step_time.py)."""
+    from domain.config import load_config
+    from domain.stack_files import raw_config
+    from domain.verl_config import verl_run_check
+
+    out = synth_stack("a4-standard").outputs
+    _, plan = verl_run_check(load_config(raw_config("a4-standard")[0]))
+    assert plan is not None and plan.time is not None
+    # By hand, 2 x A4 (16 B200 at 2.25 PFLOP/s bf16, 30% MFU: 1.08e16 FLOP/s), Qwen2.5-32B (32,762,757,120
+    # parameters), 2,048 sequences of 448 tokens (917,504 tokens): update 8 x P x T / 1.08e16 = 22.27 s,
+    # log-probs (no reference policy) 2 x P x T / 1.08e16 = 5.57 s, rollout 2,048 x 320 tokens at
+    # 16 x 6,867.6 tokens/s (2.25e15 x 20% / 2P a GPU) = 5.96 s, plus 10 s: 43.80 s a step.
+    assert out["modeledStepSeconds"] == plan.time.step_s == pytest.approx(43.80, abs=0.01)
+    # 58 steps and the checkpoints' GPU time (domain/checkpoint_time.py's model, read from the plan).
+    assert out["modeledRunSeconds"] == plan.time.run_s == pytest.approx(58 * 43.80 + plan.time.shape.checkpoint_s,
+                                                                         abs=1.0)
+    loaded = stack_outputs.from_mapping(out, "synth")
+    assert (loaded.modeled_step_s, loaded.modeled_run_s) == (plan.time.step_s, plan.time.run_s)
 
 
 def test_refresh_reports_a_run_stopped_by_the_user_as_stopped() -> None:

@@ -201,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     met = commands.add_parser(
         "metrics", parents=[common], help="per-step metrics table, reward plot and verdict",
         description="Parse verl's console metrics (step:N - key:value ...) from the job's logs or a saved "
-                    f"log file. Verdict rule: {metrics.RISING_RULE}.",
+                    f"log file. Verdict rule: {metrics.RISING_RULE}. With the stack's outputs (a saved log: "
+                    "--outputs or --stack), the measured step time against the modeled one.",
     )
     met.add_argument("--log-file", type=Path, metavar="FILE", help="read this saved log instead of the job's logs")
     met.add_argument("--keys", type=_key_list, default=[], metavar="K1,K2",
@@ -751,8 +752,12 @@ def cmd_metrics(args: argparse.Namespace) -> int:
             text = args.log_file.read_text(encoding="utf-8", errors="replace")
         except OSError as error:
             raise CliError(f"cannot read log file {args.log_file}: {error.strerror or error}") from None
+        # A saved log names no stack: its model only when the outputs are asked for (its run: --run, if given).
+        outputs = stack_outputs.load(args.outputs, args.stack) if args.outputs or args.stack else None
+        run_id = args.run or ""
     else:
         target = _target(args, need_outputs=False)
+        outputs, run_id = target.outputs, target.run.run_id if target.run else ""
         source = f"the logs of run {target.run.run_id}" if target.run else f"the logs of job {target.submission_id}"
         # Every attempt of the run: a resumed attempt repeats steps, and the latest value of a step wins.
         text = "".join(text for _header, text in _run_logs(args, target, every=target.run is not None, index=None))
@@ -770,6 +775,8 @@ def cmd_metrics(args: argparse.Namespace) -> int:
         _progress("the last log line is incomplete (still being written) and was left out")
     print(metrics.trend(parsed.series(metrics.REWARD_KEY)).verdict())
     print(f"rule: {metrics.RISING_RULE}")
+    if outputs is not None:
+        print(f"Step time: {runs.step_time(parsed, outputs, source, run_id)}")
     if args.plot is not None:
         try:
             metrics.plot_reward(parsed, args.plot)

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REWARD_KEY = "critic/score/mean"
-DEFAULT_KEYS: tuple[str, ...] = (REWARD_KEY, "perf/throughput", "perf/time_per_step")
+STEP_TIME_KEY = "perf/time_per_step"
+"""Seconds of one training step, as verl measures it (rollout, log-probs, update, weight sync)."""
+DEFAULT_KEYS: tuple[str, ...] = (REWARD_KEY, "perf/throughput", STEP_TIME_KEY)
 
 RISING_RULE = (
     "rising = least-squares slope of the reward over the steps > 0 "

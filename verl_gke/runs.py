@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from domain import run_time
 from verl_gke import gke_facts, metrics, stack_outputs
 from verl_gke.cluster_api import cluster_api
 from verl_gke.cluster_readiness import duration
@@ -362,7 +363,7 @@ def _when(epoch: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(epoch)) if epoch is not None else "-"
 
 
-def describe(row: RunRow, outputs: StackOutputs, now: float, step_s: float | None) -> list[tuple[str, str]]:
+def describe(row: RunRow, outputs: StackOutputs, now: float, step: str | None) -> list[tuple[str, str]]:
     """One run's rows for `verl-gke runs`."""
     from workloads.export_model import model_path
 
@@ -388,9 +389,34 @@ def describe(row: RunRow, outputs: StackOutputs, now: float, step_s: float | Non
             ("Usage", usage), ("Checkpoints", checkpoints),
             ("Model", f"gs://{bucket}/{model_path(row.run_id)}" if record.export_outcome == "SUCCEEDED"
              else f"none ({record.export_outcome or 'not exported'})")]
-    if step_s is not None:
-        rows.append(("Step time", f"measured {step_s:.0f} s (mean of perf/time_per_step in the copied logs)"))
+    if step is not None:
+        rows.append(("Step time", step))
     return rows
+
+
+def step_time(parsed: metrics.ParsedLog, outputs: StackOutputs, where: str, run_id: str = "") -> str:
+    """The measured step (the mean of verl's perf/time_per_step in `where`) against the stack's modeled one, and
+    what their ratio means for the run: `runs --step-times` and `metrics` show it. The outputs model the stack's
+    own run: another `run_id` (an earlier run, maybe of other settings) is not held against it."""
+    steps = [value for _step, value in parsed.series(metrics.STEP_TIME_KEY)]
+    measured = sum(steps) / len(steps) if steps else None
+    shown = (f"measured {measured:.0f} s (mean of {len(steps)} step{'s' * (len(steps) != 1)})" if measured is not None
+             else f"no {metrics.STEP_TIME_KEY} in {where} yet")
+    step_s, run_s = outputs.modeled_step_s, outputs.modeled_run_s
+    if run_id and run_id != outputs.run_id:
+        return f"{shown}, not compared: the stack outputs model its run {outputs.run_id}, not {run_id}"
+    if step_s is None:
+        return (f"{shown}, not modeled: the stack outputs have no modeledStepSeconds (a stack last updated by an "
+                "older verl-gke, or a model or GPU platform the step model does not cover)")
+    mfu = run_time.MFU.get(outputs.gpu_platform)
+    assumes = f"; the model assumes {mfu:.0%} MFU (domain/run_time.py)" if mfu is not None else ""
+    if measured is None:
+        run = f" (the run ~{run_s / 60:.0f} min)" if run_s is not None else ""
+        return f"{shown}, modeled {step_s:.0f} s{run}{assumes}"
+    ratio = run_time.measured_ratio(measured, step_s)
+    pace = (f", so the run takes ~{ratio * run_s / 60:.0f} min at this pace, not the modeled ~{run_s / 60:.0f}"
+            if run_s is not None else " (run time unknown: steps unknown)")
+    return f"{shown}, modeled {step_s:.0f} s: {ratio:.2f}x the model{pace}{assumes}"
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -404,19 +430,15 @@ def cmd_runs(args: argparse.Namespace) -> int:
         return 0
     now = time.time()
     for number, row in enumerate(rows):
-        step_s = _measured_step(args, outputs, row) if args.step_times else None
+        step = (step_time(_copied_log(args, outputs, row), outputs, "the copied logs", row.run_id)
+                if args.step_times else None)
         if number:
             print()
-        print_rows(describe(row, outputs, now, step_s))
+        print_rows(describe(row, outputs, now, step))
     return 0
 
 
-STEP_TIME_KEY = "perf/time_per_step"
-
-
-def _measured_step(args: argparse.Namespace, outputs: StackOutputs, row: RunRow) -> float | None:
-    """The mean of verl's perf/time_per_step over the run's copied logs (None: no step logged)."""
+def _copied_log(args: argparse.Namespace, outputs: StackOutputs, row: RunRow) -> metrics.ParsedLog:
+    """verl's metrics in every attempt's log the bucket holds of the run (an attempt not copied adds none)."""
     copy = BucketCopy(row.run_id, outputs.bucket_name, Path(args.bucket_dir) if args.bucket_dir else None)
-    text = "".join(copy.attempt_log(a) or "" for a in row.record.attempts)
-    steps = [value for _step, value in metrics.parse_log(text).series(STEP_TIME_KEY)]
-    return sum(steps) / len(steps) if steps else None
+    return metrics.parse_log("".join(copy.attempt_log(a) or "" for a in row.record.attempts))

@@ -80,6 +80,10 @@ class StackOutputs:
     """The run record ConfigMap `<rayClusterName>-run-<12 hex>` (`runRecord`; '' on an older stack)."""
     bucket_name: str = ""
     """The training bucket (`bucketName`): where `logs/<run id>/` outlives the cluster."""
+    modeled_step_s: float | None = None
+    """The run's modeled step (`modeledStepSeconds`, domain/run_time.py); None: not modeled, or an older stack."""
+    modeled_run_s: float | None = None
+    """The run's modeled time, steps and checkpoints (`modeledRunSeconds`); None: not modeled, or steps unknown."""
 
     @property
     def ray_cluster(self) -> str:
@@ -174,6 +178,8 @@ def from_mapping(data: Any, source: str) -> StackOutputs:
         run_id=_text(data.get("runId")) or values["checkpointUri"].rstrip("/").rsplit("/", 1)[-1],
         run_record=_text(data.get("runRecord")),
         bucket_name=_text(data.get("bucketName")),
+        modeled_step_s=_figure(data.get("modeledStepSeconds")),
+        modeled_run_s=_figure(data.get("modeledRunSeconds")),
     )
 
 
