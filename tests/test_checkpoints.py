@@ -490,3 +490,241 @@ def test_the_program_ships_alone() -> None:
                           f"runpy.run_path({str(REPO / 'workloads' / 'checkpoints.py')!r}, run_name='__main__')"],
                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": ""})
     assert out.returncode == 0 and "launch" in out.stdout
+
+
+# --- an earlier attempt's copier, still at work when a later attempt starts ----------------------------
+
+
+def _stamp(world: dict, attempt: str, step: int, byte: int, roots: list[Path] | None = None) -> None:
+    """Give `attempt`'s local files of `step` content of its own (same sizes): two attempts train apart."""
+    for root in roots or [*world["nodes"], world["head"]]:
+        for f in (root / RUN / attempt / f"global_step_{step}").rglob("*.pt"):
+            f.write_bytes(bytes([byte]) * f.stat().st_size)
+
+
+def _copy_all(world: dict, log) -> None:
+    for i, node in enumerate(world["nodes"]):
+        ck.copy_once(node, world["bucket"], f"node{i}", log)
+
+
+def _origin(world: dict, step: int) -> dict[int, int]:
+    """Which attempt's bytes each rank's model shard in the bucket holds."""
+    folder = world["run"] / f"global_step_{step}" / "actor"
+    return {r: (folder / f"model_world_size_{WORLD}_rank_{r}.pt").read_bytes()[0] for r in range(WORLD)}
+
+
+def _a1_completes_30_after_a2_planned(world: dict, log, keep: int = 2) -> ck.Launch:
+    """a1: 10 and 20 complete, 30 announced and copied by node0; node1's copier is mid-pass over 30 when a1
+    ends and its retry a2 starts: a2 plans (30 is not complete yet: it resumes from 20) and records itself.
+    node1's pass then completes 30 with a1's records. Returns a2's plan."""
+    launch = _start_attempt(world, "a1", keep=keep)
+    for step in (10, 20):
+        _save_and_copy(world, launch, "a1", step, log)
+    verl_saves(world["nodes"], world["head"], "a1", 30)
+    _stamp(world, "a1", 30, 0xA1)
+    ck.announce(launch, "a1", 20, log)
+    ck.copy_once(world["nodes"][0], world["bucket"], "node0", log)
+    real, plans = ck.shutil.copyfileobj, []
+
+    def copy(reader, writer, n):
+        if not plans:
+            plans.append(ck.plan_launch(_command(world["run"]), "a2", world["head"]))
+            ck.record_attempt(plans[0], "a2", keep)
+        real(reader, writer, n)
+
+    ck.shutil.copyfileobj = copy
+    try:
+        ck.copy_once(world["nodes"][1], world["bucket"], "node1", log)
+    finally:
+        ck.shutil.copyfileobj = real
+    assert plans[0].resume_from == 20
+    assert json.loads((world["run"] / "global_step_30" / ck.MARKER).read_text())["attempt"] == "a1"
+    return plans[0]
+
+
+def test_a_step_saved_again_is_resumed_from_only_once_its_current_attempt_completes_it(world: dict) -> None:
+    """a2 saves 30 again; node0 copies a2's 30, node1 not yet: the folder holds shards of both attempts and
+    a1's complete marker is gone with a2's announce. Resume takes 20 until a2's own copies complete 30."""
+    _, log = _logs()
+    a2 = _a1_completes_30_after_a2_planned(world, log)
+    verl_saves(world["nodes"], world["head"], "a2", 30)
+    _stamp(world, "a2", 30, 0xA2)
+    ck.announce(a2, "a2", 20, log)
+    ck.copy_once(world["nodes"][0], world["bucket"], "node0", log)
+    assert _origin(world, 30) == {0: 0xA2, 1: 0xA2, 2: 0xA1, 3: 0xA1}
+    assert not (world["run"] / "global_step_30" / ck.MARKER).exists()
+    assert ck.resume_step(world["run"], WORLD) == 20
+    ck.copy_once(world["nodes"][1], world["bucket"], "node1", log)
+    assert _origin(world, 30) == {r: 0xA2 for r in range(WORLD)}
+    assert json.loads((world["run"] / "global_step_30" / ck.MARKER).read_text())["attempt"] == "a2"
+    assert ck.resume_step(world["run"], WORLD) == 30
+
+
+def test_a_complete_marker_of_an_earlier_attempt_never_counts_for_the_step_saved_again(world: dict) -> None:
+    """An a1 marker left in the folder (written after a2's announce by a1's lingering copier) vouches for
+    nothing: the launcher waits for a2's own model, the export and resume pass the step over."""
+    _, log = _logs()
+    a2 = _a1_completes_30_after_a2_planned(world, log)
+    step = world["run"] / "global_step_30"
+    markers = {name: (step / name).read_text() for name in (ck.MODEL_MARKER, ck.MARKER)}
+    verl_saves(world["nodes"], world["head"], "a2", 30)
+    ck.announce(a2, "a2", 20, log)
+    for name, text in markers.items():
+        (step / name).write_text(text)
+    assert not ck.wait_model(world["run"], 30, deadline_s=0.1, poll_s=0.05, log=log)
+    assert (ck.try_complete(world["run"], 30, log), ck.complete_steps(world["run"], WORLD)) == (None, [20])
+    assert (export_model.model_steps(world["run"]), export_model.latest_step(world["run"])) == ([20], 20)
+
+
+def test_a_late_completion_by_an_earlier_attempt_never_rotates_away_what_the_current_one_resumed_from(
+        world: dict) -> None:
+    """keep=1: a1's late completion of 30 makes 20 the one beyond the newest keep, but a2 is loading it."""
+    lines, log = _logs()
+    _a1_completes_30_after_a2_planned(world, log, keep=1)
+    assert sorted(p.name for p in world["run"].glob("global_step_*")) == ["global_step_20", "global_step_30"]
+    assert json.loads((world["run"] / ck.STATE_DIR / ck.ATTEMPT_FILE).read_text())["resume_from"] == 20
+    assert [line for line in lines if "deleted" in line] == ["step 10: deleted (older than the newest 1)"]
+
+
+def test_a_marker_the_announce_cannot_read_is_dropped(world: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """a1's 30 is model complete only; a2 saves 30 again and its announce's read of that marker fails (EIO):
+    the marker goes all the same, so neither the launcher nor the export takes it for a2's files."""
+    _, log = _logs()
+    launch = _start_attempt(world, "a1")
+    _save_and_copy(world, launch, "a1", 10, log)
+    verl_saves(world["nodes"], world["head"], "a1", 30, kinds=("model",))
+    ck.announce(launch, "a1", 10, log)
+    _copy_all(world, log)
+    step = world["run"] / "global_step_30"
+    (step / ck.MARKER).unlink()  # as if its optimizer copy had been cut: model complete only
+    a2 = _start_attempt(world, "a2")
+    verl_saves(world["nodes"], world["head"], "a2", 30)
+    real = Path.read_text
+
+    def eio(path: Path, *args, **kwargs) -> str:
+        if path.name == ck.MODEL_MARKER:
+            raise OSError(5, "Input/output error")
+        return real(path, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Path, "read_text", eio)
+        ck.announce(a2, "a2", 10, log)
+    assert not (step / ck.MODEL_MARKER).exists()
+    assert not ck.wait_model(world["run"], 30, deadline_s=0.1, poll_s=0.05, log=log)
+    assert export_model.model_steps(world["run"]) == [10]
+
+
+def test_a_copier_of_an_earlier_attempt_stops_at_the_next_file_once_a_later_attempt_saved_the_step(
+        world: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """a1's node1 copier (one stream) is writing its first file of 30 when a2 saves, copies and completes
+    30 (node1's ranks on another pod, node1b): the write in flight lands (the residual: a2's marker vouches
+    for sizes only), then the copier stops; no other a1 file and no a1 record reach the folder."""
+    lines, log = _logs()
+    launch = _start_attempt(world, "a1")
+    verl_saves(world["nodes"], world["head"], "a1", 30)
+    _stamp(world, "a1", 30, 0xA1)
+    ck.announce(launch, "a1", 0, log)
+    node1b = world["nodes"][0].parent / "node1b"
+    real, fired = ck.shutil.copyfileobj, []
+
+    def copy(reader, writer, n):
+        if not fired:
+            fired.append(reader.name)
+            a2 = _start_attempt(world, "a2")
+            verl_saves([world["nodes"][0], node1b], world["head"], "a2", 30)
+            _stamp(world, "a2", 30, 0xA2, [world["nodes"][0], node1b, world["head"]])
+            ck.announce(a2, "a2", 0, log)
+            ck.copy_once(world["nodes"][0], world["bucket"], "node0", log)
+            ck.copy_once(node1b, world["bucket"], "node1b", log)
+        real(reader, writer, n)
+
+    monkeypatch.setattr(ck, "COPY_STREAMS", 1)
+    monkeypatch.setattr(ck.shutil, "copyfileobj", copy)
+    ck.copy_once(world["nodes"][1], world["bucket"], "node1", log)
+    step = world["run"] / "global_step_30"
+    assert fired[0].endswith(f"actor/model_world_size_{WORLD}_rank_2.pt")
+    assert _origin(world, 30) == {0: 0xA2, 1: 0xA2, 2: 0xA1, 3: 0xA2}
+    assert {(step / f"actor/{kind}_world_size_{WORLD}_rank_3.pt").read_bytes()[0]
+            for kind in ("optim", "extra_state")} == {0xA2}
+    assert not (step / ck.STATE_DIR / ck.PARTS_DIR / "node1.json").exists()
+    assert "step 30: saved again by another attempt; node1 stops copying attempt a1's files" in lines
+
+
+def test_rotation_deletes_nothing_while_the_bucket_does_not_answer_for_a_step(
+        world: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """keep=3; when 30 completes, one stat of a step-20 file fails (EIO): 20 is not known incomplete, so
+    rotation leaves everything; the next completion rotates as usual."""
+    lines, log = _logs()
+    launch = _start_attempt(world, "a1", keep=3)
+    for step in (10, 20):
+        _save_and_copy(world, launch, "a1", step, log)
+    verl_saves(world["nodes"], world["head"], "a1", 30)
+    ck.announce(launch, "a1", 20, log)
+    ck.copy_once(world["nodes"][0], world["bucket"], "node0", log)
+    real = Path.stat
+
+    def eio(path: Path, *args, **kwargs):
+        if path.parent.parent.name == "global_step_20" and path.name.endswith("rank_3.pt"):
+            raise OSError(5, "Input/output error")
+        return real(path, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Path, "stat", eio)
+        ck.copy_once(world["nodes"][1], world["bucket"], "node1", log)
+    assert sorted(p.name for p in world["run"].glob("global_step_*")) == [
+        "global_step_10", "global_step_20", "global_step_30"]
+    assert "rotation skipped: the bucket did not answer for step 20" in lines
+    assert ck.complete_steps(world["run"], WORLD) == [10, 20, 30]
+
+
+# --- the launcher's last save, through a stalled bucket ---------------------------------------------------
+
+
+def _stall_saved_json(monkeypatch: pytest.MonkeyPatch, times: int) -> None:
+    """The bucket mount stalls on the first `times` writes of a saved.json."""
+    real, failed = ck.write_json, []
+
+    def stalled(path: Path, data: dict) -> None:
+        if path.name == ck.SAVED_FILE and len(failed) < times:
+            failed.append(path)
+            raise OSError(5, "Input/output error")
+        real(path, data)
+
+    monkeypatch.setattr(ck, "write_json", stalled)
+
+
+def test_a_run_whose_last_save_is_never_announced_fails(world: dict, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture) -> None:
+    _stall_saved_json(monkeypatch, times=10**6)
+    code = ck.launch([sys.executable, "-c", FAKE_VERL, *_command(world["run"])[3:]], world["head"],
+                     poll_s=0.05, final_wait_s=0.3)
+    assert code == 1
+    assert "step 10: verl's last save is still not announced after 0 s ([Errno 5] Input/output error)" \
+        in capsys.readouterr().out
+
+
+def test_the_launcher_announces_verls_last_save_again_and_waits_for_it_not_an_earlier_one(
+        world: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """20 was announced and copied during the run; 30, verl's last, meets a stalled bucket at the first two
+    tries after verl's exit: the launcher tries again and succeeds once 30's model is in the bucket."""
+    lines, log = _logs()
+    launch = _start_attempt(world, "a1")
+    _save_and_copy(world, launch, "a1", 20, log)
+    verl_saves(world["nodes"], world["head"], "a1", 30)
+    _stall_saved_json(monkeypatch, times=2)
+    stop = threading.Event()
+
+    def copiers() -> None:
+        while not stop.wait(0.02):
+            _copy_all(world, log)
+
+    copier = threading.Thread(target=copiers)
+    copier.start()
+    try:
+        assert ck.finish(launch, "a1", 20, deadline_s=30, poll_s=0.05, log=log)
+    finally:
+        stop.set()
+        copier.join()
+    assert (world["run"] / "global_step_30" / ck.MODEL_MARKER).exists()
+    assert [line.split(";")[0] for line in lines if "announcing" in line] == [
+        "step 30: announcing verl's last save failed ([Errno 5] Input/output error)"] * 2

@@ -9,8 +9,9 @@ Two commands, one program (shipped in a ConfigMap, standard library only):
         at the head's local disk. While verl runs: each save verl finishes (its local
         `latest_checkpointed_iteration.txt` moves to N, written only after every rank returned from
         saving) is announced in the bucket (`saved.json`), with the head's own files (`data.pt`). After
-        verl succeeds: waits, with a deadline, until the last save's model is in the bucket (what the
-        export reads); its optimizer state goes on copying in the background.
+        verl succeeds: announces its last save (the local tracker's step; again while the bucket stalls) and
+        waits until that save's model is in the bucket (what the export reads), all within one deadline, or
+        fails; its optimizer state goes on copying in the background.
     checkpoints.py copy --local-root /local-checkpoints --bucket-root /data/verl/checkpoints
         The sidecar of every GPU worker pod: copies this node's files of each announced save to the bucket
         in two phases, each recorded (`parts/<pod>.json`) when done: first the model (its ranks' model
@@ -19,8 +20,10 @@ Two commands, one program (shipped in a ConfigMap, standard library only):
 
 The bucket holds the only state (every process may die at any line; a restarted one rebuilds from it):
 
-    <run folder>/.verl-gke/attempt.json               the current attempt (the launcher's, at start)
-    <run folder>/global_step_N/.verl-gke/saved.json   verl finished writing step N on every node
+    <run folder>/.verl-gke/attempt.json               the current attempt (the launcher's, at start), and the
+                                                      step it resumes from (rotation keeps it)
+    <run folder>/global_step_N/.verl-gke/saved.json   verl finished writing step N on every node: the step's
+                                                      current attempt
     <run folder>/global_step_N/.verl-gke/parts/*.json what each pod copied (file -> bytes), and the kinds
                                                       of rank files verl left on its disk
     <run folder>/global_step_N/.verl-gke-model-complete.json  the model is in the bucket (the export's)
@@ -34,10 +37,14 @@ every rank's shard of every other kind verl saved (optim, extra_state: the kinds
 disk, recorded before it copied any, so a record of the model alone never passes as resumable).
 Whoever records the last part a level needs writes its marker (writers decide alike: a marker's content
 is a function of the records); with the complete marker, the tracker, then the deletion of complete
-checkpoints beyond the newest `keep` and of incomplete older ones. Resume reads complete markers only: a
-half-copied checkpoint is never used. An attempt copies only its own saves, into folders no other attempt
-completes: parts of an earlier attempt never count, and its announce drops an earlier attempt's model
-marker in a folder it saves into again.
+checkpoints beyond the newest `keep` and of incomplete older ones (never the current attempt's resume
+point; nothing while a step's state is unknown: a read error is not an answer). Resume reads complete
+markers only: a half-copied checkpoint is never used. A marker binds to the attempt that wrote it and
+counts only while saved.json names that attempt: an attempt saving a step again drops both markers
+(unless readably its own) before it writes saved.json, and parts or markers of an earlier attempt never
+count. A copier re-reads saved.json before each file and before its record, and stops once the step is
+another attempt's; a write already in flight then still lands (markers vouch for sizes only: see
+docs/checkpoints-and-a4x.md).
 """
 
 from __future__ import annotations
@@ -75,7 +82,8 @@ TRACKER = "latest_checkpointed_iteration.txt"
 HEAD_PART = "head"
 POLL_S = 5.0
 FINAL_WAIT_S = 1800.0
-"""How long a succeeded run waits for its last save's model to be in the bucket: ~65 GB per node at the
+"""How long a succeeded run goes on announcing its last save (while the bucket stalls) and waits for its model
+to be in the bucket: ~65 GB per node at the
 bucket's 2-5 GB/s per node takes under a minute; a copier that makes no progress for this long has
 failed, and the attempt fails with it (the supervisor's retry resumes from the last complete one)."""
 _CHUNK = 8 << 20
@@ -93,6 +101,10 @@ MODEL_FILES = ("actor/fsdp_config.json", "actor/huggingface/config.json")
 
 class CheckpointError(Exception):
     """Something this program cannot go on with; `str()` says what, on one line."""
+
+
+class Superseded(CheckpointError):
+    """A later attempt saved the step again (its saved.json names another attempt): the files are no longer ours."""
 
 
 # --- the rules (pure) -----------------------------------------------------------------------------------
@@ -159,14 +171,30 @@ def step_of(name: str) -> int | None:
 # --- the bucket (a mounted folder) --------------------------------------------------------------------
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    """The JSON object at `path`, None when absent or unreadable (a record half-written by a dead writer
-    is never there: every record is written whole and renamed into place)."""
+def read_record(path: Path) -> dict[str, Any] | None:
+    """The JSON object at `path`, None when absent or not a record (a record half-written by a dead writer is
+    never there: every record is written whole and renamed into place); OSError when the bucket does not
+    answer, for the caller not to take it for an answer."""
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (FileNotFoundError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object at `path`, None when absent or unreadable."""
+    try:
+        return read_record(path)
+    except OSError:
+        return None
+
+
+def vouches(marker: dict[str, Any] | None, saved: dict[str, Any] | None) -> bool:
+    """A marker counts only for the step's current attempt (its saved.json's): the folder's files are that
+    attempt's from its announce on, whatever an earlier attempt's marker says."""
+    return marker is not None and saved is not None and marker.get("attempt") is not None \
+        and marker.get("attempt") == saved.get("attempt")
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -180,29 +208,44 @@ def _size_in(root: Path) -> Callable[[str], int | None]:
     def size_of(name: str) -> int | None:
         try:
             return (root / name).stat().st_size
-        except OSError:
+        except FileNotFoundError:  # any other error: the bucket did not answer, which is not "absent"
             return None
     return size_of
 
 
 def step_records(step_dir: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     state = step_dir / STATE_DIR
-    parts = [p for f in sorted((state / PARTS_DIR).glob("*.json")) if (p := read_json(f)) is not None]
-    return read_json(state / SAVED_FILE), parts
+    parts = [p for f in sorted((state / PARTS_DIR).glob("*.json")) if (p := read_record(f)) is not None]
+    return read_record(state / SAVED_FILE), parts
+
+
+def is_complete(step_dir: Path, world_size: int) -> bool:
+    """Whether the step's complete marker is its current attempt's, names `world_size`, and every file it
+    lists is in the bucket at its size. OSError when the bucket does not answer."""
+    marker = read_record(step_dir / MARKER)
+    if marker is None or marker.get("world_size") != world_size:
+        return False
+    if not vouches(marker, read_record(step_dir / STATE_DIR / SAVED_FILE)):
+        return False
+    size_of = _size_in(step_dir)
+    return all(size_of(name) == size for name, size in marker.get("files", {}).items())
+
+
+def step_states(run_dir: Path, world_size: int) -> dict[int, bool | None]:
+    """Each step folder's completeness (is_complete); None where the bucket did not answer."""
+    states: dict[int, bool | None] = {}
+    for step_dir in run_dir.glob("global_step_*"):
+        if (step := step_of(step_dir.name)) is not None:
+            try:
+                states[step] = is_complete(step_dir, world_size)
+            except OSError:
+                states[step] = None
+    return states
 
 
 def complete_steps(run_dir: Path, world_size: int) -> list[int]:
-    """Steps whose marker is there, names `world_size`, and whose files are all in the bucket, ascending."""
-    out = []
-    for step_dir in run_dir.glob("global_step_*"):
-        step = step_of(step_dir.name)
-        marker = read_json(step_dir / MARKER)
-        if step is None or marker is None or marker.get("world_size") != world_size:
-            continue
-        size_of = _size_in(step_dir)
-        if all(size_of(name) == size for name, size in marker.get("files", {}).items()):
-            out.append(step)
-    return sorted(out)
+    """Steps known to be complete (is_complete), ascending."""
+    return sorted(step for step, complete in step_states(run_dir, world_size).items() if complete)
 
 
 def legacy_step(run_dir: Path, world_size: int) -> int | None:
@@ -217,8 +260,11 @@ def legacy_step(run_dir: Path, world_size: int) -> int | None:
         return None
     names = [p.relative_to(step_dir).as_posix() for p in step_dir.rglob("*") if p.is_file()]
     sizes = _size_in(step_dir)
-    fake = {"attempt": "legacy", "files": {n: sizes(n) for n in names}}
-    verdict = judge({"attempt": "legacy", "world_size": world_size}, [fake], sizes)
+    try:
+        fake = {"attempt": "legacy", "files": {n: sizes(n) for n in names}}
+        verdict = judge({"attempt": "legacy", "world_size": world_size}, [fake], sizes)
+    except OSError:
+        return None
     return step if verdict.complete else None
 
 
@@ -234,18 +280,20 @@ def try_complete(run_dir: Path, step: int, log: Callable[[str], None]) -> str | 
     """Write the markers step's records now allow (the model's, then the whole checkpoint's, then the
     tracker, then rotate); return the level it has reached (MODEL, COMPLETE), None below both."""
     step_dir = run_dir / f"global_step_{step}"
-    if (step_dir / MARKER).exists():
-        return COMPLETE
     saved, parts = step_records(step_dir)
     reached = None
     for level, marker in ((MODEL, MODEL_MARKER), (COMPLETE, MARKER)):
-        if level == MODEL and (step_dir / marker).exists():
+        if vouches(read_json(step_dir / marker), saved):
+            if level == COMPLETE:
+                return COMPLETE
             reached = level
             continue
         verdict = judge(saved, parts, _size_in(step_dir), level)
         if not verdict.complete:
             return reached
         assert saved is not None
+        if read_record(step_dir / STATE_DIR / SAVED_FILE) != saved:
+            return reached  # saved again by a later attempt meanwhile: these records no longer describe the folder
         write_json(step_dir / marker, {"step": step, "attempt": saved["attempt"], "world_size": saved["world_size"],
                                        "files": verdict.files})
         log(f"step {step}: {verdict.reason}")
@@ -262,25 +310,37 @@ def try_complete(run_dir: Path, step: int, log: Callable[[str], None]) -> str | 
 
 def rotate(run_dir: Path, world_size: int, log: Callable[[str], None]) -> None:
     """Keep the newest `keep` complete checkpoints (attempt.json; all when unset); delete the older
-    ones, and incomplete folders older than the newest complete one (earlier attempts' leftovers)."""
+    ones, and incomplete folders older than the newest complete one (earlier attempts' leftovers). Never
+    the step the current attempt resumed from (verl may be loading it), nor anything while a step's
+    completeness is unknown (the bucket did not answer: it is retried at the next completion)."""
     attempt = read_json(run_dir / STATE_DIR / ATTEMPT_FILE) or {}
     keep = attempt.get("keep")
-    complete = complete_steps(run_dir, world_size)
+    states = step_states(run_dir, world_size)
+    unknown = sorted(step for step, complete in states.items() if complete is None)
+    if unknown:
+        log(f"rotation skipped: the bucket did not answer for step {', '.join(map(str, unknown))}")
+        return
+    complete = sorted(step for step, done in states.items() if done)
     if not complete:
         return
     drop = set(complete[:-keep]) if isinstance(keep, int) and keep >= 1 else set()
     for step_dir in run_dir.glob("global_step_*"):
         step = step_of(step_dir.name)
-        if step is not None and (step in drop or (step < complete[-1] and step not in complete)):
+        if step is None or step == attempt.get("resume_from"):
+            continue
+        if step in drop or (step < complete[-1] and step not in complete):
             shutil.rmtree(step_dir, ignore_errors=True)
             log(f"step {step}: deleted ({'older than the newest ' + str(keep) if step in drop else 'incomplete'})")
 
 
-def copy_files(local_step: Path, bucket_step: Path, names: Sequence[str]) -> dict[str, int]:
+def copy_files(local_step: Path, bucket_step: Path, names: Sequence[str],
+               still_ours: Callable[[], None]) -> dict[str, int]:
     """Copy `names` (paths under `local_step`) to `bucket_step`, COPY_STREAMS at a time (one GCS FUSE write
-    stream per file: a node reaches the bucket's rate only with several); return them (path -> bytes)."""
+    stream per file: a node reaches the bucket's rate only with several), each after `still_ours()` (which
+    raises when it is not); return them (path -> bytes)."""
 
     def copy(name: str) -> tuple[str, int]:
+        still_ours()
         src, dst = local_step / name, bucket_step / name
         dst.parent.mkdir(parents=True, exist_ok=True)
         with src.open("rb") as reader, dst.open("wb") as writer:
@@ -297,6 +357,13 @@ def publish_part(run_dir: Path, local_step: Path, step: int, attempt: str, part:
     record each (with the kinds of rank files verl left here) and try to complete the step after each."""
     bucket_step = run_dir / f"global_step_{step}"
     record = bucket_step / STATE_DIR / PARTS_DIR / f"{part}.json"
+
+    def still_ours() -> None:
+        # A copier of an earlier attempt may still be at it when a later attempt saves the step again.
+        if (read_record(bucket_step / STATE_DIR / SAVED_FILE) or {}).get("attempt") != attempt:
+            raise Superseded(f"step {step}: saved again by another attempt; {part} stops copying attempt "
+                             f"{attempt}'s files")
+
     local = sorted(p.relative_to(local_step).as_posix() for p in local_step.rglob("*") if p.is_file())
     kinds = sorted({m.group(1) for name in local if (m := _RANK_FILE.fullmatch(name))})
     # A restarted copier keeps what its attempt's record says is in the bucket already at its size.
@@ -308,8 +375,9 @@ def publish_part(run_dir: Path, local_step: Path, step: int, attempt: str, part:
         todo = [name for name in local if resume_only(name) == later and name not in files]
         if todo or not record.exists():
             started = time.monotonic()
-            copied = copy_files(local_step, bucket_step, todo)
+            copied = copy_files(local_step, bucket_step, todo, still_ours)
             files.update(copied)
+            still_ours()
             write_json(record, {"attempt": attempt, "kinds": kinds, "files": files})
             log(f"step {step}: copied {len(copied)} files, {sum(copied.values())} bytes in "
                 f"{time.monotonic() - started:.1f} s ({part}{', resume state' if later else ''})")
@@ -336,7 +404,11 @@ def copy_once(local_root: Path, bucket_root: Path, part: str, log: Callable[[str
             saved = read_json(run_dir / local_step.name / STATE_DIR / SAVED_FILE)
             if step is None or saved is None or saved.get("attempt") != attempt:
                 continue  # verl may still be writing it
-            publish_part(run_dir, local_step, step, attempt, part, log)
+            try:
+                publish_part(run_dir, local_step, step, attempt, part, log)
+            except Superseded as e:  # its local files go with the attempt's folder at the next pass
+                log(str(e))
+                continue
             shutil.rmtree(local_step, ignore_errors=True)
 
 
@@ -408,10 +480,11 @@ def announce(launch: Launch, attempt: str, announced: int, log: Callable[[str], 
                      if (step := step_of(p.name)) is not None and step <= tracker)
     for step, local_step in pending:
         bucket_step = launch.run_dir / local_step.name
-        stale = read_json(bucket_step / MODEL_MARKER)
-        if stale is not None and stale.get("attempt") != attempt:
-            # An earlier attempt's step the copiers are about to overwrite: its marker no longer vouches.
-            (bucket_step / MODEL_MARKER).unlink(missing_ok=True)
+        for marker in (MODEL_MARKER, MARKER):
+            # An earlier attempt's (or unreadable) marker of a step the copiers are about to overwrite: gone
+            # before saved.json names this attempt, so no reader ever takes it for this attempt's files.
+            if (read_json(bucket_step / marker) or {}).get("attempt") != attempt:
+                (bucket_step / marker).unlink(missing_ok=True)
         write_json(bucket_step / STATE_DIR / SAVED_FILE,
                    {"attempt": attempt, "world_size": launch.world_size, "step": step})
         log(f"step {step}: saved by verl on every node, copying")
@@ -426,14 +499,18 @@ def wait_model(run_dir: Path, step: int, deadline_s: float, poll_s: float, log: 
     give_up = time.monotonic() + deadline_s
     step_dir = run_dir / f"global_step_{step}"
     while True:
-        reached = try_complete(run_dir, step, log)
-        if reached == MODEL:
-            log(f"step {step}: the model is in the bucket; its optimizer state goes on copying in the background "
-                f"(the step is resumable once {MARKER} is there; until then a new attempt resumes from the one before)")
-        if reached is not None:
-            return True
-        saved, parts = step_records(step_dir)
-        reason = judge(saved, parts, _size_in(step_dir), MODEL).reason
+        try:
+            reached = try_complete(run_dir, step, log)
+            if reached == MODEL:
+                log(f"step {step}: the model is in the bucket; its optimizer state goes on copying in the background "
+                    f"(the step is resumable once {MARKER} is there; until then a new attempt resumes from the one "
+                    "before)")
+            if reached is not None:
+                return True
+            saved, parts = step_records(step_dir)
+            reason = judge(saved, parts, _size_in(step_dir), MODEL).reason
+        except OSError as e:
+            reason = f"the bucket did not answer: {e}"
         left = give_up - time.monotonic()
         if left <= 0:
             log(f"step {step}: the model is still not in the bucket after {deadline_s:.0f} s ({reason})")
@@ -448,9 +525,7 @@ def launch(command: Sequence[str], local_root: Path, *, poll_s: float = POLL_S,
     the bucket."""
     attempt = uuid.uuid4().hex[:12]
     plan = plan_launch(command, attempt, local_root)
-    write_json(plan.run_dir / STATE_DIR / ATTEMPT_FILE,
-               {"attempt": attempt, "world_size": plan.world_size,
-                "keep": _keep(command)})
+    record_attempt(plan, attempt, _keep(command))
     _log(f"attempt {attempt}: world size {plan.world_size}, "
          + (f"resuming from step {plan.resume_from}" if plan.resume_from is not None else "starting from scratch")
          + f" (complete checkpoints in {plan.run_dir})")
@@ -461,10 +536,42 @@ def launch(command: Sequence[str], local_root: Path, *, poll_s: float = POLL_S,
     while child.poll() is None:
         announced = _announce_safely(plan, attempt, announced)
         time.sleep(poll_s)
-    announced = _announce_safely(plan, attempt, announced)
-    if child.returncode != 0 or announced <= (plan.resume_from or 0):
+    if child.returncode != 0:
         return child.returncode
-    return 0 if wait_model(plan.run_dir, announced, final_wait_s, poll_s, _log) else 1
+    return 0 if finish(plan, attempt, announced, final_wait_s, poll_s, _log) else 1
+
+
+def record_attempt(plan: Launch, attempt: str, keep: int | None) -> None:
+    """attempt.json: the attempt the copiers copy for, how many complete checkpoints rotation keeps, and the
+    step this attempt resumes from (rotation never deletes it while the attempt is current)."""
+    write_json(plan.run_dir / STATE_DIR / ATTEMPT_FILE,
+               {"attempt": attempt, "world_size": plan.world_size, "keep": keep, "resume_from": plan.resume_from})
+
+
+def finish(plan: Launch, attempt: str, announced: int, deadline_s: float, poll_s: float,
+           log: Callable[[str], None]) -> bool:
+    """After verl succeeded: announce its last save (its local tracker's step), again while the bucket
+    stalls, then wait for that save's model in the bucket; all within `deadline_s`."""
+    try:
+        last = int((plan.local_dir / TRACKER).read_text().strip())
+    except FileNotFoundError:
+        return True  # this attempt saved nothing
+    give_up = time.monotonic() + deadline_s
+    while announced < last:
+        try:
+            announced = announce(plan, attempt, announced, log)
+            problem = "its local files are gone"
+        except OSError as e:
+            problem = str(e)
+        left = give_up - time.monotonic()
+        if announced >= last:
+            break
+        if left <= 0:
+            log(f"step {last}: verl's last save is still not announced after {deadline_s:.0f} s ({problem})")
+            return False
+        log(f"step {last}: announcing verl's last save failed ({problem}); retrying, {left:.0f} s left")
+        time.sleep(min(poll_s, left))
+    return wait_model(plan.run_dir, last, max(give_up - time.monotonic(), 0.0), poll_s, log)
 
 
 def _announce_safely(plan: Launch, attempt: str, announced: int) -> int:
