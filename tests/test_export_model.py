@@ -96,6 +96,8 @@ def _mark_model_complete(root: Path, step: int, *, whole: bool) -> None:
     folder = root / f"global_step_{step}"
     files = {p.relative_to(folder).as_posix(): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
     record = {"step": step, "attempt": "a1", "world_size": 1, "files": files}
+    checkpoints.write_json(folder / checkpoints.STATE_DIR / checkpoints.SAVED_FILE,
+                           {"attempt": "a1", "world_size": 1, "step": step})
     checkpoints.write_json(folder / checkpoints.MODEL_MARKER, record)
     if whole:
         checkpoints.write_json(folder / checkpoints.MARKER, record)
@@ -109,11 +111,7 @@ def test_the_export_takes_the_newest_step_whose_model_is_in_the_bucket(tmp_path:
 
     assert export_model.MODEL_MARKER == checkpoints.MODEL_MARKER  # the export ships alone, without checkpoints.py
     for step in (10, 20):
-        actor = tmp_path / f"global_step_{step}" / "actor"
-        (actor / "huggingface").mkdir(parents=True)
-        (actor / "model_world_size_1_rank_0.pt").write_bytes(b"w" * 64)
-        (actor / "fsdp_config.json").write_text(json.dumps({"world_size": 1}))
-        (actor / "huggingface" / "config.json").write_text("{}")
+        _fsdp_step(tmp_path, step)
     _mark_model_complete(tmp_path, 10, whole=True)
     (tmp_path / export_model.TRACKER).write_text("10")
     assert export_model.latest_step(tmp_path) == 10
@@ -121,9 +119,66 @@ def test_the_export_takes_the_newest_step_whose_model_is_in_the_bucket(tmp_path:
     assert export_model.latest_step(tmp_path) == 20
     (tmp_path / "global_step_20" / "actor" / "model_world_size_1_rank_0.pt").write_bytes(b"short")
     assert export_model.latest_step(tmp_path) == 10
-    # A step copied by an older verl-gke, or saved by verl itself, has no model marker: the tracker names it.
+    # A step verl saved straight into the bucket (runs before local saves) has no marker: the tracker names it,
+    # taken once the merger's files are there.
+    _fsdp_step(tmp_path, 30)
     (tmp_path / export_model.TRACKER).write_text("30")
     assert export_model.latest_step(tmp_path) == 30
+    (tmp_path / "global_step_30" / "actor" / "model_world_size_1_rank_0.pt").unlink()
+    assert export_model.latest_step(tmp_path) == 10
+
+
+def _fsdp_step(root: Path, step: int) -> Path:
+    """The files verl's merger reads of a world-size-1 step; returns the step folder."""
+    actor = root / f"global_step_{step}" / "actor"
+    (actor / "huggingface").mkdir(parents=True)
+    (actor / "model_world_size_1_rank_0.pt").write_bytes(b"w" * 64)
+    (actor / "fsdp_config.json").write_text(json.dumps({"world_size": 1}))
+    (actor / "huggingface" / "config.json").write_text("{}")
+    return actor.parent
+
+
+def test_the_tracker_names_a_step_for_the_export_only_where_verl_gke_did_not_copy_it(tmp_path: Path) -> None:
+    """A step the copiers wrote is the export's only through a marker of its current attempt: verl's tracker
+    naming it (an earlier attempt's, say) is not enough, whatever files are there."""
+    from workloads import checkpoints
+
+    _fsdp_step(tmp_path, 10)
+    _mark_model_complete(tmp_path, 10, whole=True)
+    step = _fsdp_step(tmp_path, 30)
+    checkpoints.write_json(step / checkpoints.STATE_DIR / checkpoints.SAVED_FILE, {"attempt": "a2", "world_size": 1})
+    (tmp_path / export_model.TRACKER).write_text("30")
+    assert export_model.latest_step(tmp_path) == 10
+
+
+def test_a_complete_marker_alone_says_the_model_is_in_the_bucket(tmp_path: Path) -> None:
+    """verl-gke 0.6.0 wrote the complete marker only; it lists the model's files too."""
+    from workloads import checkpoints
+
+    _fsdp_step(tmp_path, 10)
+    _mark_model_complete(tmp_path, 10, whole=True)
+    (tmp_path / "global_step_10" / checkpoints.MODEL_MARKER).unlink()
+    assert export_model.model_steps(tmp_path) == [10]
+
+
+def test_an_explicit_step_is_exported_only_when_its_model_is_whole_in_the_bucket(tmp_path: Path) -> None:
+    """`verl-gke export --step 30`: node1's copier died 1 byte into its shard (no marker): refused before the
+    merger runs, naming the steps that can be exported."""
+    ran = tmp_path / "merger-ran"
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\ntouch {ran}\n")
+    fake.chmod(0o755)
+    _fsdp_step(tmp_path, 10)
+    _mark_model_complete(tmp_path, 10, whole=True)
+    step = _fsdp_step(tmp_path, 30)
+    _mark_model_complete(tmp_path, 30, whole=False)
+    (step / export_model.MODEL_MARKER).unlink()
+    (step / "actor" / "model_world_size_1_rank_0.pt").write_bytes(b"w")
+    with pytest.raises(ExportError) as refused:
+        export_model.export(tmp_path, tmp_path / "model", 30, python=str(fake), memory_bytes=1 << 40)
+    assert str(refused.value) == (f"{tmp_path}/global_step_30: its model is not whole in the bucket (no marker of "
+                                  "the step's current attempt with every file at its recorded size); have: 10")
+    assert not ran.exists()
 
 
 @pytest.mark.ray

@@ -34,6 +34,11 @@ TRACKER = "latest_checkpointed_iteration.txt"
 MODEL_MARKER = ".verl-gke-model-complete.json"
 """In a step's folder once its model is in the bucket (workloads/checkpoints.py, which writes it before the
 step's optimizer state is copied, and the tracker after)."""
+MARKERS = (MODEL_MARKER, ".verl-gke-complete.json")
+"""Either says the model is in the bucket: the complete marker lists the model's files too (and is the only
+one verl-gke 0.6.0 wrote)."""
+SAVED = ".verl-gke/saved.json"
+"""The step's current attempt (workloads/checkpoints.py): a marker counts only when it is that attempt's."""
 MERGE_TIMEOUT_S = 4 * 3600.0
 """A 32B model's shards are ~130 GB of fp32 read from the bucket and ~65 GB written back."""
 PARTIAL_SUFFIX = ".partial"
@@ -43,35 +48,54 @@ class ExportError(Exception):
     """An export that cannot be made; `str()` says why on one line."""
 
 
+def _model_whole(step_dir: Path, marker_name: str) -> bool:
+    """The marker is the step's current attempt's and every file it lists is in the bucket at its size."""
+    try:
+        attempt = json.loads((step_dir / SAVED).read_text())["attempt"]
+        marker = json.loads((step_dir / marker_name).read_text())
+        return marker["attempt"] == attempt and all(
+            (step_dir / name).stat().st_size == size for name, size in marker["files"].items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False  # not there, rotated away meanwhile, or a file gone: not a model to merge
+
+
 def model_steps(checkpoint_dir: Path) -> list[int]:
-    """Steps whose model marker is there and whose model files are all in the bucket at their recorded sizes."""
-    out = []
-    for marker_path in checkpoint_dir.glob(f"global_step_*/{MODEL_MARKER}"):
-        try:
-            marker = json.loads(marker_path.read_text())
-            step = int(marker["step"])
-            whole = all((marker_path.parent / name).stat().st_size == size for name, size in marker["files"].items())
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            continue  # rotated away meanwhile, or a file gone: not a model to merge
-        if whole:
-            out.append(step)
-    return sorted(out)
+    """Steps whose model is in the bucket: a marker (MARKERS) of the step's current attempt, its files whole."""
+    steps = [int(p.name.removeprefix("global_step_")) for p in checkpoint_dir.glob("global_step_*")
+             if p.name.removeprefix("global_step_").isdigit()]
+    return sorted(step for step in steps
+                  if any(_model_whole(checkpoint_dir / f"global_step_{step}", name) for name in MARKERS))
+
+
+def copied_by_verl_gke(step_dir: Path) -> bool:
+    """A step the copiers wrote (its records or markers are there): its markers alone say when it is whole."""
+    return (step_dir / Path(SAVED).parent).exists() or any((step_dir / name).exists() for name in MARKERS)
 
 
 def latest_step(checkpoint_dir: Path) -> int:
-    """The newest step whose model is in the bucket: the newest model marker's, or verl's tracker's (only ever
-    a whole checkpoint: the copier's, or verl's own where verl wrote into the bucket), whichever is newer."""
+    """The newest step whose model is in the bucket: the newest marked one's (model_steps), or verl's tracker's
+    where verl wrote the checkpoint straight into the bucket (no records: runs before local saves) and the
+    merger's files are there, whichever is newer."""
     tracker = checkpoint_dir / TRACKER
     marked = model_steps(checkpoint_dir)
     try:
-        tracked = [int(tracker.read_text().strip())]
+        tracked = int(tracker.read_text().strip())
     except FileNotFoundError:
-        tracked = []
+        tracked = None
     except ValueError:
         raise ExportError(f"{tracker}: not a step number") from None
-    if not marked and not tracked:
-        raise ExportError(f"{tracker}: no checkpoint yet (verl writes it after its first save)")
-    return max(marked + tracked)
+    if tracked is not None and tracked not in marked and not copied_by_verl_gke(
+            checkpoint_dir / f"global_step_{tracked}"):
+        try:
+            actor_dir(checkpoint_dir, tracked)
+            marked.append(tracked)
+        except ExportError:
+            pass  # not whole: the marked steps stand
+    if not marked:
+        raise ExportError(f"{tracker}: no checkpoint yet (verl writes it after its first save)" if tracked is None
+                          else f"{checkpoint_dir}: no step whose model is whole in the bucket yet (the tracker's "
+                               f"step {tracked} is not)")
+    return max(marked)
 
 
 def actor_dir(checkpoint_dir: Path, step: int) -> Path:
@@ -122,7 +146,12 @@ def export(checkpoint_dir: Path, target_dir: Path, step: int | None = None, *, p
     `verl_dir` goes first on the merger's path: the run's own verl (the staged wheel), whatever the image has.
     A merge that would not fit `memory_bytes` (default: this container's limit) is refused before it starts,
     rather than killed halfway by the kernel."""
-    step = latest_step(checkpoint_dir) if step is None else step
+    if step is None:
+        step = latest_step(checkpoint_dir)
+    elif step not in model_steps(checkpoint_dir) and copied_by_verl_gke(checkpoint_dir / f"global_step_{step}"):
+        raise ExportError(f"{checkpoint_dir}/global_step_{step}: its model is not whole in the bucket (no marker of "
+                          f"the step's current attempt with every file at its recorded size); have: "
+                          f"{', '.join(map(str, model_steps(checkpoint_dir))) or 'none'}")
     actor = actor_dir(checkpoint_dir, step)
     need, have = memory_needed(actor), memory_limit() if memory_bytes is None else memory_bytes
     if need > have:
