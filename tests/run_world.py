@@ -16,6 +16,7 @@ from typing import Any
 from domain.run_identity import submission_ids
 from tests.kube_api import InProcessApi, KubeApiStandIn
 from tests.ray_jobs import RayHeadStandIn
+from verl_gke.stack_outputs import StackOutputs
 from workloads.kube import RayClusterControl
 from workloads.run_lease import LEASE_WAIT_S, PULUMI_UP, RENEW_EVERY_S, Lease
 from workloads.run_lifecycle import Created, Decider, RayJobs, RunSpec, create_run, delete_run, fail_start, meta
@@ -29,6 +30,11 @@ IDS = 4
 """Submission ids per generation: attempt 0 and three more (max_retries 1 + max_preemptions 2)."""
 HEAD_OUTAGE_S = 900.0
 """runHeadOutageSeconds of the world's supervisors."""
+OUTPUTS = StackOutputs(
+    source="the exploration", cluster_name="c", cluster_location="l", namespace=NS, ray_head_service=f"{RC}-head-svc",
+    grpo_submission_id="", grpo_job_status=None, dashboard_command="", checkpoint_uri="", gpu_platform="a4",
+    gpu_nodes=2, gpus_per_node=8, cluster_endpoint=None, cluster_ca_certificate=None)
+"""What `verl-gke stop` reads of the stack: where the records are."""
 START_STEPS = 3
 """How many looks `create` takes at a job it submitted before it calls it started or gives up."""
 

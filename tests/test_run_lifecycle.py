@@ -11,7 +11,8 @@ from dataclasses import replace
 import pytest
 
 from tests.kube_api import InProcessApi, KubeApiStandIn
-from tests.run_world import NS, RC, RC_PATH, World, run_spec
+from tests.run_world import NS, OUTPUTS, RC, RC_PATH, World, run_spec
+from verl_gke.runs import BucketCopy, Run, RunEnded, follow, stop
 from workloads import run_lifecycle
 from workloads.kube import Invalid, cluster_state
 from workloads.run_lease import DECIDE_MARGIN_S, HANDOVER_ANNOTATION, LEASE_DURATION_S, Lease
@@ -21,6 +22,7 @@ from workloads.run_lifecycle import (
     SUCCEEDED,
     UNANSWERED,
     UNTRACED,
+    USER_STOPPED,
     Capacity,
     Effect,
     Policy,
@@ -782,3 +784,146 @@ def test_item8_a_model_is_named_only_once_its_export_succeeded():
     world.head.finish(record(world).export_id, "FAILED", 1)
     steps(world)
     assert record(world).export_outcome.startswith("FAILED")
+
+
+# --- no record and a silent head: what the outside review found (each failed on 9cd2558) ---------
+
+
+RECORD = f"/api/v1/namespaces/{NS}/configmaps/{record_name(RC, 'run-a')}"
+
+
+def lose_record_behind_a_silent_head(world: World) -> None:
+    world.set_link(False)
+    world.kube.handle("DELETE", RECORD, {}, None)
+
+
+def cli_run(world: World) -> Run:
+    store = RecordStore(world.api("verl-gke cli"), NS, RC)
+    return Run("run-a", OUTPUTS, BucketCopy("run-a", "", None), lambda: store)
+
+
+def test_a_record_not_json_behind_a_silent_head_is_recorded_lost_and_released_at_the_bound():
+    """A corrupt record is no record: the silence is counted, and the lost record replaces the corrupt
+    one (9cd2558 counted only with no ConfigMap at all: the GPUs stayed up)."""
+    world = deployed()
+    world.set_link(False)
+    world.kube.objects[RECORD]["data"] = {RECORD_KEY: "{broken"}
+    steps(world, rounds=8)  # 120 s: the window
+    assert (record(world).outcome, record(world).outage_s) == (UNANSWERED, 120.0)
+    steps(world, rounds=52)  # 900 s: the bound
+    assert record(world).released and world.suspended() is True
+
+
+def test_a_run_that_succeeded_behind_the_silence_is_rebuilt_as_succeeded_when_the_head_answers():
+    """A lost record is provisional until its release: when the head answers with any attempt of the
+    run, ended too, the record is rebuilt from it (here: succeeded, its export claimed), as within the
+    window (9cd2558 rebuilt only for a live attempt: the success stayed lost, never exported)."""
+    world = deployed()
+    sid = world.desired.submission_ids[0]
+    lose_record_behind_a_silent_head(world)
+    world.head.finish(sid, "SUCCEEDED")
+    steps(world, rounds=8)  # 120 s: UNANSWERED recorded
+    assert record(world).outcome == UNANSWERED
+    world.set_link(True)
+    steps(world, rounds=3)
+    got = record(world)
+    assert (got.outcome, bool(got.export_id)) == (SUCCEEDED, True)
+
+
+def test_verl_gke_stop_on_a_run_recorded_unanswered_stops_its_attempt_when_the_head_answers():
+    """`stop` on a provisional lost record records the stop (9cd2558 said 'already ended' and wrote
+    nothing: the rebuilt record then let the attempt train on); the rebuilt record carries it."""
+    world = deployed()
+    sid = world.desired.submission_ids[0]
+    lose_record_behind_a_silent_head(world)
+    steps(world, rounds=12)
+    assert record(world).outcome == UNANSWERED and world.head.live() == [sid]
+    assert stop(cli_run(world), wait=False, timeout_s=0.0, poll_s=0.0) == 0
+    assert record(world).desired == "stopped"
+    world.set_link(True)
+    steps(world, rounds=3)
+    assert world.head.live() == [] and world.suspended_under == []  # stopped, then released
+    assert (record(world).outcome, record(world).released, world.suspended()) == (USER_STOPPED, True, True)
+    assert [a.submission_id for a in record(world).attempts] == [sid]
+
+
+def test_wait_follows_a_run_recorded_unanswered_until_it_really_ends():
+    """`wait` goes on following a provisional lost record (9cd2558 exited 7 at once while the run went
+    on): here the head answers, the record is rebuilt and the run succeeds: exit 0."""
+    world = deployed()
+    sid = world.desired.submission_ids[0]
+    lose_record_behind_a_silent_head(world)
+    steps(world, rounds=12)
+    assert record(world).outcome == UNANSWERED and world.head.live() == [sid]
+    polls: list[float] = []
+
+    def time_passes(_s: float) -> None:  # between wait's polls: the head answers, the run succeeds
+        polls.append(_s)
+        assert len(polls) < 20
+        world.set_link(True)
+        if len(polls) == 2:
+            world.head.finish(sid, "SUCCEEDED")
+        steps(world)
+
+    try:
+        code = follow(cli_run(world), timeout_s=None, poll_s=0.0, outage_window_s=60.0, sleep=time_passes)
+    except RunEnded as ended:
+        pytest.fail(f"wait exited {ended.exit_code} ({ended}) after {len(polls)} polls; the record is now "
+                    f"{record(world).outcome!r} and {world.head.jobs[sid]['status']} on the head")
+    assert code == 0
+
+
+def test_a_destroy_that_could_not_reach_a_silent_head_is_carried_out_when_it_answers():
+    """The job's delete writes desired stopped on the lost record, then fails (the head is silent); the
+    record rebuilt when the head answers carries the stop, and the decider stops the attempt (9cd2558
+    rebuilt it desired running: the attempt trained on)."""
+    world = deployed()
+    sid = world.desired.submission_ids[0]
+    lose_record_behind_a_silent_head(world)
+    steps(world, rounds=12)
+    assert pulumi_up(world, "delete") == "failed"
+    assert record(world).desired == "stopped" and record(world).outcome == UNANSWERED
+    world.set_link(True)
+    steps(world, rounds=3)
+    assert world.head.live() == [] and world.suspended_under == []  # stopped, then released
+    assert [a.submission_id for a in record(world).attempts] == [sid] and record(world).desired == "stopped"
+
+
+def test_a_first_deploy_whose_head_answers_after_the_window_is_not_released_at_once():
+    """The supervisor starts long before the job's create (the RayCluster and staging are awaited
+    first): a head pulling its image past the window gets a lost record; once it answers with nothing
+    of the run, that record is dropped and the rules for no record apply again (nothing while no GPU
+    worker has joined). 9cd2558 released the cluster at once, mid-`pulumi up`."""
+    world = World()
+    world.start_supervisor(0, 0)
+    world.set_link(False)  # the head pod still pulling the verl image
+    steps(world, rounds=9)  # 135 s > replace window (120 s here; 600 s by default)
+    assert record(world).outcome == UNANSWERED
+    world.set_link(True)
+    world.head.workers = 0  # GPU workers not joined yet
+    steps(world)
+    assert world.suspended() is False and world.records() == {}
+
+
+# --- HELD (pass) -------------------------------------------------------------------------------------
+
+
+def test_a_released_unanswered_run_stays_released_when_the_head_answers_during_the_suspend():
+    """A release is final until a create: the head answering between the suspend patch and KubeRay
+    deleting the pods does not turn the released lost record into an open one (9cd2558 did, then
+    resumed the cluster and submitted attempt 1)."""
+    world = deployed()
+    lose_record_behind_a_silent_head(world)
+    steps(world, rounds=55)
+    while True:
+        world.supervisors[0].step()
+        if record(world).released:
+            break
+        world.passes(15)
+    assert world.suspended() is True and world.pods  # patched; KubeRay has not deleted the pods yet
+    world.set_link(True)
+    world.supervisors[0].step()  # the head answers from its last seconds
+    steps(world, rounds=4)
+    after = record(world)
+    assert after.outcome == UNANSWERED and after.released and world.suspended() is True, (
+        after.outcome, [a.submission_id for a in after.attempts], world.head.live(), world.suspended())

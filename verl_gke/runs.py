@@ -27,7 +27,7 @@ from verl_gke.console import CliError, HeadUnreachable, one_line, print_rows, pr
 from verl_gke.head_access import HeadAccessSetupError, OutageClock
 from verl_gke.stack_outputs import StackOutputs
 from workloads.kube import KubernetesApi
-from workloads.run_lifecycle import outcome_kind, stop_asked, write_record
+from workloads.run_lifecycle import outcome_kind, provisional, stop_asked, write_record
 from workloads.run_logs import RECORD_FILE, attempt_file, run_folder
 from workloads.run_record import Attempt, RecordStore, RunRecord, record_name
 
@@ -247,7 +247,7 @@ def follow(run: Run, timeout_s: float | None, poll_s: float, outage_window_s: fl
             if new is not None:
                 progress(f"run {run.run_id} after {duration(elapsed)}: {new}")
             shown_decisions, said = new, elapsed
-        if record.outcome:
+        if record.outcome and not provisional(record):
             return ended(run, record)
         if timeout_s is not None and elapsed + poll_s > timeout_s:
             newest = record.newest
@@ -288,7 +288,7 @@ def stop(run: Run, wait: bool, timeout_s: float, poll_s: float, sleep: Callable[
     found = run.store.get(run.run_id).record
     if found is None:
         raise CliError(f"run {run.run_id} has no record ({run.record_name}): nothing to stop")
-    if found.outcome:
+    if found.outcome and not provisional(found):
         print(f"run {run.run_id} already ended: {found.outcome}" + ("" if found.released else
                                                                    " (GPU workers not released yet)"))
         return 0

@@ -270,9 +270,15 @@ def stopped_by_stack(record: RunRecord) -> RunRecord:
     return replace(ended(record, DELETED), desired=STOPPED)
 
 
+def provisional(record: RunRecord) -> bool:
+    """A run recorded lost while its head did not answer, not released yet: the head may still answer
+    with its attempts, and the record is then rebuilt from them (Decider._repair)."""
+    return record.outcome == UNANSWERED and not record.released
+
+
 def stop_asked(record: RunRecord) -> RunRecord | None:
     """`verl-gke stop`: desired stopped, for the run's decider to act on (None: ended or asked already)."""
-    if record.outcome or record.desired == STOPPED:
+    if (record.outcome and not provisional(record)) or record.desired == STOPPED:
         return None
     return replace(record, desired=STOPPED).decided("stop asked (verl-gke stop)")
 
@@ -847,7 +853,7 @@ class Decider:
         jobs = {} if over and cluster in ("suspended", "absent") else self._jobs()
         stored = self._repair(stored, jobs)
         records = {run_id: s.record for run_id, s in stored.items() if s.record is not None}
-        self._unanswered_s = self._unanswered_s + elapsed if held and jobs is None and not stored else 0.0
+        self._unanswered_s = self._unanswered_s + elapsed if held and jobs is None and not records else 0.0
         capacity = self.ray.capacity() if jobs is not None and (not records or any(
             not r.outcome for r in records.values())) else None
         for sid, job in (jobs or {}).items():
@@ -861,8 +867,12 @@ class Decider:
         changed, effects = decide(view)
         for run_id, record in changed.items():
             self.lease.check()
-            # A record decided into being is created: one made since the list wins (409).
+            # A record decided into being is created: one made since the list wins (409). One that is
+            # not a record (broken JSON, immutable) is replaced.
             target = stored.get(run_id) or Stored(run_id, None, self.records.get(run_id).name)
+            if target.broken:
+                self.records.delete(target)
+                target = Stored(run_id, None, target.name)
             stored[run_id] = self.records.write(target, record)
             known = records[run_id].decisions if run_id in records else ()
             for line in record.decisions[len(known):]:
@@ -903,7 +913,24 @@ class Decider:
 
     def _repair(self, stored: dict[str, Stored], jobs: Mapping[str, Any] | None) -> dict[str, Stored]:
         """A broken record (not JSON, or immutable) is replaced; the named run's missing record is
-        rebuilt from 0.5.1's record or from the head's job table."""
+        rebuilt from 0.5.1's record or from the head's job table; a provisional lost record gives way to
+        what the head knows of its run."""
+        for run_id, found in list(stored.items()):
+            if jobs is None or found.record is None or not provisional(found.record):
+                continue
+            # The head answers again: rebuilt from its attempts of the run (live or ended; a stop asked
+            # meanwhile carried), or, when it knows none, dropped: the rules for no record apply again.
+            record = rebuilt(run_id, found.record.generation, found.record.budget_s, jobs)
+            self.lease.check()
+            if record is None:
+                self.records.delete(found)
+                del stored[run_id]
+                self.log(f"run decider: {run_id}: the Ray head answers and knows none of its attempts: the lost "
+                         "record is dropped")
+                continue
+            if found.record.desired == STOPPED:
+                record = replace(record, desired=STOPPED).decided("a stop asked while the head did not answer")
+            stored[run_id] = self.records.write(found, record)
         for run_id, found in list(stored.items()):
             if not found.broken:
                 continue
@@ -927,10 +954,8 @@ class Decider:
         for run_id, generation in wanted.items():
             found = stored[run_id].record if run_id in stored else None
             # A record begun for another generation while this one's attempt runs (its record was lost,
-            # then a later `up` began one), or recorded lost while the head did not answer, gives way to
-            # the live attempt's, if it ran nothing.
-            replaced = found is not None and live.get(run_id) == generation \
-                and (found.generation != generation or found.outcome == UNANSWERED) \
+            # then a later `up` began one) gives way to the live generation's, if it ran nothing.
+            replaced = found is not None and live.get(run_id) == generation != found.generation \
                 and not any(a.submitted for a in found.attempts)
             if run_id in stored and not replaced:
                 continue
