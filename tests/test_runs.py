@@ -207,7 +207,7 @@ def test_stop_ends_the_run_through_its_record_and_runs_lists_it_stopped(
     code, out, err = run(capsys, "runs", *where, "--step-times", "--bucket-dir", str(tmp_path / "bucket"))
     assert code == 0, err
     rows = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in out.splitlines())
-    assert rows["Run"] == f"{spec.run_key}  stopped: {USER_STOPPED}"
+    assert rows["Run"] == f"{spec.run_key}  {USER_STOPPED}"  # the outcome names its kind: not printed twice
     assert rows["Attempts"] == f"0 {spec.submission_id} (pulumi-up)"
     assert rows["Checkpoints"] == f"gs://verl-data-my-project-123/verl/checkpoints/{spec.run_key}"
     assert rows["Model"] == "none (not exported)"
