@@ -273,8 +273,9 @@ pulumi.export("modelUri", pulumi.Output.all(storage.bucket_name, job.export_outc
 pulumi.export("hourlyCostUsd", cfg.hourly_usd)
 pulumi.export("estimatedRunCostUsd", run_cost(cfg.run_budget_h, cfg.hourly_usd))
 # What `verl-gke runs --step-times` and `metrics` hold the measured step against (domain/run_time.py).
-pulumi.export("modeledStepSeconds", modeled.step_s if modeled else None)
-pulumi.export("modeledRunSeconds", modeled.run_s if modeled else None)
+# To a tenth of a second: a model's figure, not a measurement.
+pulumi.export("modeledStepSeconds", round(modeled.step_s, 1) if modeled else None)
+pulumi.export("modeledRunSeconds", round(modeled.run_s, 1) if modeled else None)
 pulumi.export("gpuPlatform", cfg.platform)
 pulumi.export("gpuNodes", cfg.gpu_nodes)
 pulumi.export("gpusPerNode", facts.gpus_per_node)

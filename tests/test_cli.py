@@ -262,7 +262,7 @@ def test_metrics_from_the_jobs_logs_table_verdict_and_plot(
     assert lines[10].startswith("rule: rising = least-squares slope")
     # 95.5 s / 43.8 s = 2.18x the model; 2.18 x 2,712.3 s = 98.6 min at this pace, 45.2 min modeled.
     assert lines[11] == ("Step time: measured 96 s (mean of 8 steps), modeled 44 s: 2.18x the model, so the run takes "
-                         "~99 min at this pace, not the modeled ~45; the model assumes 30% MFU (domain/run_time.py)")
+                         "~99 min at this pace, not the modeled ~45; the model assumes 30% MFU in training (docs/verl-settings.md)")
     assert lines[12] == f"plot: {plot}"
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert imread(plot).shape == (450, 800, 4)
@@ -925,3 +925,11 @@ def test_spend_runs_from_the_first_attempts_start_to_now_or_the_last_end() -> No
     assert cli._spend([first], None, now_s=0.0) == (
         "unknown: the stack outputs have no hourlyCostUsd; set verl-gke:gpuNodeHourlyUsd (USD per GPU node-hour, by "
         "capacity kind) and run `pulumi up`")
+
+
+@pytest.mark.parametrize("module", ["verl_gke", "verl_gke.cli"])
+def test_python_dash_m_either_module_is_the_cli(module: str) -> None:
+    from importlib.metadata import version
+
+    done = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, f"verl-gke {version('verl-gke')}\n"), done.stderr

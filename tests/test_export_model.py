@@ -176,8 +176,8 @@ def test_an_explicit_step_is_exported_only_when_its_model_is_whole_in_the_bucket
     (step / "actor" / "model_world_size_1_rank_0.pt").write_bytes(b"w")
     with pytest.raises(ExportError) as refused:
         export_model.export(tmp_path, tmp_path / "model", 30, python=str(fake), memory_bytes=1 << 40)
-    assert str(refused.value) == (f"{tmp_path}/global_step_30: its model is not whole in the bucket (no marker of "
-                                  "the step's current attempt with every file at its recorded size); have: 10")
+    assert str(refused.value) == (f"{tmp_path}/global_step_30: step 30's model has not been fully copied to the "
+                                  "bucket (its copy was cut, or is still running); steps that can be exported: 10")
     assert not ran.exists()
 
 
@@ -191,12 +191,14 @@ def test_cli_export_runs_the_merger_as_a_ray_job_and_prints_the_models_uri(
 
     # The bucket as the nodes mount it: here a folder the loopback head reads.
     bucket = tmp_path / "bucket"
-    run_id = "verl-grpo-a4-0123456789ab"
+    # The model is named by the run, never by its attempt's Ray job (0.7.0 named it by grpoSubmissionId).
+    run_id = "run-0123456789ab"
     model = tiny_checkpoint(bucket / "verl" / "checkpoints" / run_id, step=7, seed=2)
     outputs = tmp_path / "outputs.json"
     outputs.write_text(json.dumps({
-        "clusterName": "verl-a4", "clusterLocation": "us-central1", "namespace": "default",
-        "rayHeadService": "b200-ray-cluster-head-svc", "grpoSubmissionId": run_id, "grpoJobStatus": "SUCCEEDED",
+        "clusterName": "verl-a4", "clusterLocation": "us-central1", "namespace": "default", "runId": run_id,
+        "rayHeadService": "b200-ray-cluster-head-svc", "grpoSubmissionId": "verl-grpo-a4-fedcba987654-1",
+        "grpoJobStatus": "SUCCEEDED",
         "dashboardCommand": "kubectl port-forward ...", "gpuPlatform": "a4", "gpuNodes": 2, "gpusPerNode": 8,
         "checkpointUri": f"gs://verl-data-p/verl/checkpoints/{run_id}"}))
     code = cli.main(["export", "--outputs", str(outputs), "--dashboard-url", ray_head, "--step", "7",

@@ -29,7 +29,7 @@ LOG = ("(TaskRunner pid=1) step:1 - critic/score/mean:0.100 - perf/time_per_step
        "(TaskRunner pid=1) step:2 - critic/score/mean:0.200 - perf/time_per_step:54.000\n")
 NO_STEP_TIME = "(TaskRunner pid=1) step:1 - critic/score/mean:0.100\n"
 COMPARED = ("measured 52 s (mean of 2 steps), modeled 40 s: 1.30x the model, so the run takes ~52 min at this pace, "
-            "not the modeled ~40; the model assumes 30% MFU (domain/run_time.py)")
+            "not the modeled ~40; the model assumes 30% MFU in training (docs/verl-settings.md)")
 NOT_MODELED = ("not modeled: the stack outputs have no modeledStepSeconds (a stack last updated by an older verl-gke, "
                "or a model or GPU platform the step model does not cover)")
 
@@ -89,7 +89,7 @@ def test_runs_without_a_step_logged_shows_the_model(capsys: pytest.CaptureFixtur
                                                     tmp_path: Path) -> None:
     assert _runs(capsys, api, tmp_path, NO_STEP_TIME, **MODEL) == (
         "no perf/time_per_step in the copied logs yet, modeled 40 s (the run ~40 min); the model assumes 30% MFU "
-        "(domain/run_time.py)")
+        "in training (docs/verl-settings.md)")
 
 
 def test_runs_without_a_log_copy_shows_the_model(capsys: pytest.CaptureFixture[str], api: str,
@@ -112,7 +112,7 @@ def test_the_model_without_a_run_time_still_gives_the_ratio(capsys: pytest.Captu
                                                             api: str, tmp_path: Path) -> None:
     assert _runs(capsys, api, tmp_path, LOG, modeledStepSeconds=40.0, modeledRunSeconds=None) == (
         "measured 52 s (mean of 2 steps), modeled 40 s: 1.30x the model (run time unknown: steps unknown); the model "
-        "assumes 30% MFU (domain/run_time.py)")
+        "assumes 30% MFU in training (docs/verl-settings.md)")
 
 
 def test_runs_holds_only_the_stacks_own_run_against_its_model(capsys: pytest.CaptureFixture[str], api: str,
@@ -140,7 +140,7 @@ def test_metrics_compares_the_logs_step_time_with_the_stacks_model(capsys: pytes
                                                                    f"{NOT_MODELED}"]
     assert _metrics(capsys, tmp_path, NO_STEP_TIME, "--outputs", modeled) == [
         f"Step time: no perf/time_per_step in {log} yet, modeled 40 s (the run ~40 min); the model assumes 30% MFU "
-        "(domain/run_time.py)"]
+        "in training (docs/verl-settings.md)"]
     assert _metrics(capsys, tmp_path, LOG, "--outputs", modeled, "--run", "run-0") == [
         "Step time: measured 52 s (mean of 2 steps), not compared: the stack outputs model its run run-1, not run-0"]
     # A saved log alone names no stack: no model to compare with.

@@ -161,8 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     wait.add_argument("--poll", type=_positive_float, default=DEFAULT_POLL_S, metavar="S",
                       help=f"seconds between status checks (default {DEFAULT_POLL_S:g})")
     wait.add_argument("--outage-window", type=_positive_float, default=OUTAGE_WINDOW_S, metavar="S",
-                      help="keep reconnecting while the head is unreachable for up to S seconds "
-                           f"(default {OUTAGE_WINDOW_S:g})")
+                      help="keep retrying while the run record (with --submission-id: the Ray head) cannot be "
+                           f"read, up to S seconds (default {OUTAGE_WINDOW_S:g})")
     wait.set_defaults(handler=cmd_wait)
 
     stop = commands.add_parser(
@@ -826,15 +826,18 @@ def cmd_export(args: argparse.Namespace) -> int:
     target = _target(args, need_outputs=True)
     outputs = target.outputs
     assert outputs is not None
-    bucket, _, folder = outputs.checkpoint_uri.removeprefix("gs://").partition("/")
-    if not outputs.checkpoint_uri.startswith("gs://") or not folder:
+    # The run's folder and model, named by the run (as the supervisor's export does), never by a Ray job.
+    run_id = target.run.run_id if target.run is not None else outputs.run_id or target.submission_id
+    checkpoints = outputs.run_checkpoint_uri(run_id)
+    bucket, _, folder = checkpoints.removeprefix("gs://").partition("/")
+    if not checkpoints.startswith("gs://") or not folder:
         raise CliError(f"{outputs.source}: checkpointUri {outputs.checkpoint_uri!r} is not gs://<bucket>/<path>")
     kwargs = export_model.submission(
-        run_id=target.submission_id, checkpoint_dir=f"{args.bucket_mount}/{folder}", step=args.step,
+        run_id=run_id, checkpoint_dir=f"{args.bucket_mount}/{folder}", step=args.step,
         working_dir=str(Path(export_model.__file__).parent),
         memory_bytes=int(args.memory_gb * 1e9) if args.memory_gb else None, mount=args.bucket_mount,
         verl_dir=args.verl_dir, python=args.python)
-    uri = f"gs://{bucket}/{export_model.model_path(target.submission_id, args.step)}"
+    uri = f"gs://{bucket}/{export_model.model_path(run_id, args.step)}"
     with _head(args, outputs) as url:
         client = _job_client(url)
         known = _ray_call(url, "listing jobs", lambda: [j.submission_id for j in client.list_jobs()])
@@ -854,3 +857,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise CliError(f"export {kwargs['submission_id']} {status}: {tail}")
     print(uri)
     return 0
+
+
+if __name__ == "__main__":  # `python -m verl_gke.cli`, as `python -m verl_gke`
+    sys.exit(main())

@@ -213,6 +213,11 @@ def _await_final_copy(run: Run, wait_s: float) -> None:
 # --- wait --------------------------------------------------------------------------------------
 
 
+NO_RECORD_WHY = ("it was never started on this stack (`pulumi up` starts it), or its record was deleted or is "
+                 "unreadable: if its GPU workers are up, the run supervisor records it again within "
+                 "verl-gke:runReplaceWindowSeconds; run this again then")
+
+
 def follow(run: Run, timeout_s: float | None, poll_s: float, outage_window_s: float,
            report_every_s: float = 300.0, sleep: Callable[[float], None] = time.sleep) -> int:
     """`wait`: reads the run's record every `poll_s` until the run ends, reporting each new attempt and
@@ -237,7 +242,7 @@ def follow(run: Run, timeout_s: float | None, poll_s: float, outage_window_s: fl
             continue
         if record is None:
             raise CliError(f"run {run.run_id} has no record ({run.record_name} in namespace "
-                           f"{run.outputs.namespace}): it was never started on this stack (`pulumi up` starts it)")
+                           f"{run.outputs.namespace}): {NO_RECORD_WHY}")
         for attempt in record.attempts[shown_attempts:]:
             progress(f"run {run.run_id}: {attempt_line(attempt)}")
         shown_attempts = len(record.attempts)
@@ -261,7 +266,8 @@ def ended(run: Run, record: RunRecord) -> int:
     if kind == "succeeded":
         print(f"run {run.run_id} SUCCEEDED after {len(record.attempts)} attempt(s)")
         return 0
-    raise RunEnded(f"run {run.run_id} ended {kind.upper()}: {record.outcome}", EXIT_CODES[kind])
+    raise RunEnded(f"run {run.run_id} ended {kind.upper()}: {record.outcome.removeprefix(f'{kind}: ')}",
+                   EXIT_CODES[kind])
 
 
 # --- stop --------------------------------------------------------------------------------------
@@ -287,7 +293,7 @@ def stop(run: Run, wait: bool, timeout_s: float, poll_s: float, sleep: Callable[
         raise CliError(no_records(run.outputs, "stop"))
     found = run.store.get(run.run_id).record
     if found is None:
-        raise CliError(f"run {run.run_id} has no record ({run.record_name}): nothing to stop")
+        raise CliError(f"run {run.run_id} has no record ({run.record_name}): {NO_RECORD_WHY}")
     if found.outcome and not provisional(found):
         print(f"run {run.run_id} already ended: {found.outcome}" + ("" if found.released else
                                                                    " (GPU workers not released yet)"))
@@ -308,6 +314,11 @@ def stop(run: Run, wait: bool, timeout_s: float, poll_s: float, sleep: Callable[
             print(f"run {run.run_id} ended: {record.outcome}; GPU workers released")
             return 0
         if time.monotonic() >= deadline:
+            if record is not None and provisional(record):
+                raise CliError(f"run {run.run_id}: its Ray head has not answered; the stop is recorded and is carried "
+                               "out if it answers, and the GPU workers go once it has been silent for "
+                               "verl-gke:runHeadOutageSeconds (default 1800 s): run `verl-gke stop` again, or pass a "
+                               "longer --timeout, to wait for that")
             state = "not ended" if record is None or not record.outcome else f"ended ({record.outcome}), GPU " \
                     "workers not released"
             raise CliError(f"run {run.run_id} is {state} after {duration(timeout_s)}: is the run supervisor "
@@ -373,9 +384,7 @@ def describe(row: RunRow, outputs: StackOutputs, now: float, step: str | None) -
     until = row.end if record.outcome else now
     hours = (until - row.start) / 3600 if row.start is not None and until is not None else None
     bucket = outputs.checkpoint_uri.removeprefix("gs://").split("/", 1)[0]
-    # checkpointUri is `<verl.trainer.default_local_dir>/<the stack's run id>`: each run has its folder there.
-    root = outputs.checkpoint_uri.rstrip("/").removesuffix(f"/{outputs.run_id}")
-    checkpoints = f"{root}/{row.run_id}"
+    checkpoints = outputs.run_checkpoint_uri(row.run_id)
     if hours is None:
         usage = "unknown (no start or end in the record)"
     else:
@@ -383,7 +392,11 @@ def describe(row: RunRow, outputs: StackOutputs, now: float, step: str | None) -
             f", ${hours * outputs.hourly_cost_usd:,.2f} at ${outputs.hourly_cost_usd:,.2f}/h"
             if outputs.hourly_cost_usd is not None else ", cost unknown (no hourlyCostUsd: set "
                                                          "verl-gke:gpuNodeHourlyUsd)")
-    rows = [("Run", f"{row.run_id}  {kind}" + (f": {record.outcome}" if record.outcome else "")),
+    shown = record.outcome if record.outcome.startswith(kind) else f"{kind}: {record.outcome}" if record.outcome \
+        else kind
+    if provisional(record):
+        shown += " (provisional: the Ray head may still answer with the run's attempts; released at runHeadOutageSeconds)"
+    rows = [("Run", f"{row.run_id}  {shown}"),
             ("Attempts", "; ".join(f"{a.index} {a.submission_id} ({a.cause})" for a in record.attempts) or "none"),
             ("Started", _when(row.start)), ("Ended", _when(row.end) if record.outcome else "-"),
             ("Usage", usage), ("Checkpoints", checkpoints),
@@ -409,7 +422,7 @@ def step_time(parsed: metrics.ParsedLog, outputs: StackOutputs, where: str, run_
         return (f"{shown}, not modeled: the stack outputs have no modeledStepSeconds (a stack last updated by an "
                 "older verl-gke, or a model or GPU platform the step model does not cover)")
     mfu = run_time.MFU.get(outputs.gpu_platform)
-    assumes = f"; the model assumes {mfu:.0%} MFU (domain/run_time.py)" if mfu is not None else ""
+    assumes = f"; the model assumes {mfu:.0%} MFU in training (docs/verl-settings.md)" if mfu is not None else ""
     if measured is None:
         run = f" (the run ~{run_s / 60:.0f} min)" if run_s is not None else ""
         return f"{shown}, modeled {step_s:.0f} s{run}{assumes}"

@@ -85,6 +85,12 @@ class StackOutputs:
     modeled_run_s: float | None = None
     """The run's modeled time, steps and checkpoints (`modeledRunSeconds`); None: not modeled, or steps unknown."""
 
+    def run_checkpoint_uri(self, run_id: str) -> str:
+        """Where `run_id`'s checkpoints are: checkpointUri is `<verl.trainer.default_local_dir>/<the stack's
+        run id>`, and each run has its folder beside it."""
+        root = self.checkpoint_uri.rstrip("/").removesuffix(f"/{self.run_id}") if self.run_id else None
+        return self.checkpoint_uri if root is None or run_id == self.run_id else f"{root}/{run_id}"
+
     @property
     def ray_cluster(self) -> str:
         """The RayCluster the run records belong to."""

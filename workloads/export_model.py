@@ -149,8 +149,8 @@ def export(checkpoint_dir: Path, target_dir: Path, step: int | None = None, *, p
     if step is None:
         step = latest_step(checkpoint_dir)
     elif step not in model_steps(checkpoint_dir) and copied_by_verl_gke(checkpoint_dir / f"global_step_{step}"):
-        raise ExportError(f"{checkpoint_dir}/global_step_{step}: its model is not whole in the bucket (no marker of "
-                          f"the step's current attempt with every file at its recorded size); have: "
+        raise ExportError(f"{checkpoint_dir}/global_step_{step}: step {step}'s model has not been fully copied to the "
+                          "bucket (its copy was cut, or is still running); steps that can be exported: "
                           f"{', '.join(map(str, model_steps(checkpoint_dir))) or 'none'}")
     actor = actor_dir(checkpoint_dir, step)
     need, have = memory_needed(actor), memory_limit() if memory_bytes is None else memory_bytes

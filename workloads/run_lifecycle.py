@@ -651,21 +651,21 @@ def _untraced(d: _Decision) -> None:
         if view.unanswered_s < policy.replace_window_s:
             return
         before = view.unanswered_s - view.elapsed_s  # this step's time is the release's to add, as for any record
-        d.records[policy.run_id] = RunRecord(
-            run_id=policy.run_id, generation=policy.generation, budget_s=policy.budget_s, outcome=UNANSWERED,
-            outage_s=before).decided(
+        d.records[policy.run_id] = ended(RunRecord(
+            run_id=policy.run_id, generation=policy.generation, budget_s=policy.budget_s, outage_s=before).decided(
             f"no record of {policy.run_id} and the Ray head has not answered for {view.unanswered_s:.0f} s: "
-            f"recorded lost; the workers go once it has not answered for {policy.head_outage_s:g} s, unless it "
-            "answers with the run's attempt (adopted) or a create reopens it")
+            f"recorded lost; the GPU workers go once it has not answered for {policy.head_outage_s:g} s, unless "
+            "it answers with the run's jobs (the record is then rebuilt from them) or a `pulumi up` that recreates "
+            "the job restarts the run"), UNANSWERED)
         return
     if view.capacity is None or not view.capacity.workers \
             or any(job.get("status") in LIVE for job in view.jobs.values()):
         return
-    d.records[policy.run_id] = RunRecord(
-        run_id=policy.run_id, generation=policy.generation, budget_s=policy.budget_s, outcome=UNTRACED).decided(
+    d.records[policy.run_id] = ended(RunRecord(
+        run_id=policy.run_id, generation=policy.generation, budget_s=policy.budget_s).decided(
         f"no record of {policy.run_id} and no job of it on the Ray head with {view.capacity.workers} GPU workers "
         "up (the record and the head's job table lost, or `pulumi up` stopped before the job's create): recorded "
-        f"lost; the workers go after {policy.replace_window_s:g} s unless a create reopens it")
+        f"lost; the workers go after {policy.replace_window_s:g} s unless a create reopens it"), UNTRACED)
 
 
 def _release(d: _Decision) -> None:
