@@ -88,8 +88,7 @@ class StackOutputs:
     def run_checkpoint_uri(self, run_id: str) -> str:
         """Where `run_id`'s checkpoints are: checkpointUri is `<verl.trainer.default_local_dir>/<the stack's
         run id>`, and each run has its folder beside it."""
-        root = self.checkpoint_uri.rstrip("/").removesuffix(f"/{self.run_id}") if self.run_id else None
-        return self.checkpoint_uri if root is None or run_id == self.run_id else f"{root}/{run_id}"
+        return f"{self.checkpoint_uri.rstrip('/').removesuffix(f'/{self.run_id}')}/{run_id}"
 
     @property
     def ray_cluster(self) -> str:
