@@ -728,3 +728,44 @@ def test_the_launcher_announces_verls_last_save_again_and_waits_for_it_not_an_ea
     assert (world["run"] / "global_step_30" / ck.MODEL_MARKER).exists()
     assert [line.split(";")[0] for line in lines if "announcing" in line] == [
         "step 30: announcing verl's last save failed ([Errno 5] Input/output error)"] * 2
+
+
+# --- verl's trainer on a GPU worker ---------------------------------------------------------------------
+# verl runs its trainer as a Ray actor that needs a CPU to be scheduled (`@ray.remote class TaskRunnerV1`,
+# verl/trainer/main_ppo.py in 0.9.0): A4X's head takes no Ray CPUs, so it runs on a GPU worker, and that
+# node's disk gets data.pt and verl's tracker, not the head's.
+
+
+def test_saves_of_a_trainer_on_a_gpu_worker_are_announced_by_its_copier_and_resumed_from(world: dict) -> None:
+    _, log = _logs()
+    launch = _start_attempt(world, "a1")
+    verl_saves(world["nodes"], world["nodes"][0], "a1", 10)  # the trainer ran on node0
+    assert ck.announce(launch, "a1", 0, log) == 0  # the head has no tracker: it announces nothing
+    _copy_all(world, log)
+    assert ck.resume_step(world["run"], WORLD) == 10
+    assert (world["run"] / "global_step_10" / "data.pt").read_bytes() == b"d" * 10
+
+
+def test_the_launcher_waits_for_the_last_save_of_a_trainer_on_a_gpu_worker(world: dict) -> None:
+    _, log = _logs()
+    _start_attempt(world, "a1")
+    launch = ck.Launch(["trainer.save_freq=10"], world["run"], world["head"] / RUN / "a1", WORLD, None)
+    verl_saves(world["nodes"], world["nodes"][0], "a1", 10)
+    _copy_all(world, log)
+    verl_saves(world["nodes"], world["nodes"][0], "a1", 20)  # the last save; then verl exits 0
+    _copy_all(world, log)  # a pass before the exit: its report names step 20 but not this exit
+    assert not ck.finish(launch, "a1", 0, deadline_s=0.3, poll_s=0.05, log=log)  # no copier pass since: unknown
+    done: list[bool] = []
+    waiting = threading.Thread(target=lambda: done.append(ck.finish(launch, "a1", 0, 10.0, 0.05, log)))
+    waiting.start()
+    while waiting.is_alive():
+        _copy_all(world, log)
+        waiting.join(0.1)
+    assert done == [True] and (world["run"] / "global_step_20" / ck.MODEL_MARKER).exists()
+
+
+def test_a_run_that_saves_nothing_waits_for_nothing(world: dict) -> None:
+    _, log = _logs()
+    _start_attempt(world, "a1")
+    launch = ck.Launch(["trainer.save_freq=-1"], world["run"], world["head"] / RUN / "a1", WORLD, None)
+    assert ck.finish(launch, "a1", 0, deadline_s=0.0, poll_s=0.05, log=log)

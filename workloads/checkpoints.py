@@ -12,6 +12,10 @@ Two commands, one program (shipped in a ConfigMap, standard library only):
         verl succeeds: announces its last save (the local tracker's step; again while the bucket stalls) and
         waits until that save's model is in the bucket (what the export reads), all within one deadline, or
         fails; its optimizer state goes on copying in the background.
+        verl's trainer (the Ray actor that writes `data.pt` and verl's tracker) may run on a GPU worker
+        instead of the head (always on A4X, whose head takes no Ray CPUs): that node's copier then announces
+        the saves, and after verl exits the launcher learns the last one from the copier's report
+        (`trainers/<pod>.json`) that echoes its exit nonce (`exited.json`).
     checkpoints.py copy --local-root /local-checkpoints --bucket-root /data/verl/checkpoints
         The sidecar of every GPU worker pod: copies this node's files of each announced save to the bucket
         in two phases, each recorded (`parts/<pod>.json`) when done: first the model (its ranks' model
@@ -22,6 +26,8 @@ The bucket holds the only state (every process may die at any line; a restarted 
 
     <run folder>/.verl-gke/attempt.json               the current attempt (the launcher's, at start), and the
                                                       step it resumes from (rotation keeps it)
+    <run folder>/.verl-gke/exited.json                verl exited 0: the attempt and the launcher's nonce
+    <run folder>/.verl-gke/trainers/<pod>.json        verl's tracker on a worker that runs its trainer
     <run folder>/global_step_N/.verl-gke/saved.json   verl finished writing step N on every node: the step's
                                                       current attempt
     <run folder>/global_step_N/.verl-gke/parts/*.json what each pod copied (file -> bytes), and the kinds
@@ -80,6 +86,11 @@ MODEL, COMPLETE = "model complete", "complete"
 TRACKER = "latest_checkpointed_iteration.txt"
 """verl's record of its newest checkpoint (verl/utils/checkpoint/checkpoint_manager.py, 0.6.1 and 0.9.0)."""
 HEAD_PART = "head"
+EXITED_FILE = "exited.json"
+"""<run>/.verl-gke/exited.json: verl exited 0 (the attempt, a nonce): a copier's report that echoes the
+nonce was written after it, so its tracker step is verl's last save."""
+TRAINERS_DIR = "trainers"
+"""<run>/.verl-gke/trainers/<pod>.json: the tracker of a node where verl's trainer runs."""
 POLL_S = 5.0
 FINAL_WAIT_S = 1800.0
 """How long a succeeded run goes on announcing its last save (while the bucket stalls) and waits for its model
@@ -399,6 +410,7 @@ def copy_once(local_root: Path, bucket_root: Path, part: str, log: Callable[[str
             shutil.rmtree(attempt_dir, ignore_errors=True)
             log(f"{run}/{attempt}: an earlier attempt's local saves, deleted")
             continue
+        trainer_here(attempt_dir, run_dir, attempt, current.get("world_size"), part, log)
         for local_step in sorted(attempt_dir.glob("global_step_*"), key=lambda p: step_of(p.name) or -1):
             step = step_of(local_step.name)
             saved = read_json(run_dir / local_step.name / STATE_DIR / SAVED_FILE)
@@ -410,6 +422,31 @@ def copy_once(local_root: Path, bucket_root: Path, part: str, log: Callable[[str
                 log(str(e))
                 continue
             shutil.rmtree(local_step, ignore_errors=True)
+
+
+def trainer_here(attempt_dir: Path, run_dir: Path, attempt: str, world_size: Any, part: str,
+                 log: Callable[[str], None]) -> None:
+    """verl's trainer (its TaskRunner actor, which writes data.pt and the tracker) runs on this node, not on
+    the head (A4X's head takes no Ray CPUs; elsewhere Ray may place it so too): announce the saves its
+    tracker names, and report the tracker, echoing the launcher's exit nonce once verl has exited."""
+    try:
+        tracker = int((attempt_dir / TRACKER).read_text().strip())
+    except FileNotFoundError:
+        return
+    except ValueError:
+        return  # verl is writing it: the next pass reads it
+    for local_step in attempt_dir.glob("global_step_*"):
+        step = step_of(local_step.name)
+        saved = read_record(run_dir / local_step.name / STATE_DIR / SAVED_FILE)
+        if step is not None and step <= tracker and (saved or {}).get("attempt") != attempt \
+                and isinstance(world_size, int):
+            announce_step(run_dir, step, attempt, world_size, log)
+    exited = read_record(run_dir / STATE_DIR / EXITED_FILE) or {}
+    report = {"attempt": attempt, "step": tracker,
+              "nonce": exited.get("nonce") if exited.get("attempt") == attempt else None}
+    path = run_dir / STATE_DIR / TRAINERS_DIR / f"{part}.json"
+    if read_record(path) != report:  # written when it changes, not at every pass
+        write_json(path, report)
 
 
 def copy_forever(local_root: Path, bucket_root: Path, part: str, poll_s: float) -> None:
@@ -469,6 +506,18 @@ def plan_launch(command: Sequence[str], attempt: str, local_root: Path) -> Launc
     return Launch(out, run_dir, local_dir, world, step)
 
 
+def announce_step(run_dir: Path, step: int, attempt: str, world_size: int, log: Callable[[str], None]) -> None:
+    """saved.json: verl finished writing `step` on every node (its trainer's tracker reached it)."""
+    bucket_step = run_dir / f"global_step_{step}"
+    for marker in (MODEL_MARKER, MARKER):
+        # An earlier attempt's (or unreadable) marker of a step the copiers are about to overwrite: gone
+        # before saved.json names this attempt, so no reader ever takes it for this attempt's files.
+        if (read_json(bucket_step / marker) or {}).get("attempt") != attempt:
+            (bucket_step / marker).unlink(missing_ok=True)
+    write_json(bucket_step / STATE_DIR / SAVED_FILE, {"attempt": attempt, "world_size": world_size, "step": step})
+    log(f"step {step}: saved by verl on every node, copying")
+
+
 def announce(launch: Launch, attempt: str, announced: int, log: Callable[[str], None]) -> int:
     """Announce every save verl finished (its tracker at or past it) and this pod has not announced yet,
     oldest first, with the head's own files; return the newest one announced."""
@@ -479,15 +528,7 @@ def announce(launch: Launch, attempt: str, announced: int, log: Callable[[str], 
     pending = sorted((step, p) for p in launch.local_dir.glob("global_step_*")
                      if (step := step_of(p.name)) is not None and step <= tracker)
     for step, local_step in pending:
-        bucket_step = launch.run_dir / local_step.name
-        for marker in (MODEL_MARKER, MARKER):
-            # An earlier attempt's (or unreadable) marker of a step the copiers are about to overwrite: gone
-            # before saved.json names this attempt, so no reader ever takes it for this attempt's files.
-            if (read_json(bucket_step / marker) or {}).get("attempt") != attempt:
-                (bucket_step / marker).unlink(missing_ok=True)
-        write_json(bucket_step / STATE_DIR / SAVED_FILE,
-                   {"attempt": attempt, "world_size": launch.world_size, "step": step})
-        log(f"step {step}: saved by verl on every node, copying")
+        announce_step(launch.run_dir, step, attempt, launch.world_size, log)
         publish_part(launch.run_dir, local_step, step, attempt, HEAD_PART, log)
         shutil.rmtree(local_step, ignore_errors=True)
         announced = max(announced, step)
@@ -552,11 +593,15 @@ def finish(plan: Launch, attempt: str, announced: int, deadline_s: float, poll_s
            log: Callable[[str], None]) -> bool:
     """After verl succeeded: announce its last save (its local tracker's step), again while the bucket
     stalls, then wait for that save's model in the bucket; all within `deadline_s`."""
+    give_up = time.monotonic() + deadline_s
     try:
         last = int((plan.local_dir / TRACKER).read_text().strip())
     except FileNotFoundError:
-        return True  # this attempt saved nothing
-    give_up = time.monotonic() + deadline_s
+        if int(_override(plan.command, "trainer.save_freq") or -1) <= 0:
+            return True  # verl saves nothing (its default save_freq is -1)
+        found = trainers_last(plan.run_dir, attempt, deadline_s, poll_s, log)
+        return found is not None and wait_model(plan.run_dir, found, max(give_up - time.monotonic(), 0.0),
+                                                poll_s, log)
     while announced < last:
         try:
             announced = announce(plan, attempt, announced, log)
@@ -572,6 +617,36 @@ def finish(plan: Launch, attempt: str, announced: int, deadline_s: float, poll_s
         log(f"step {last}: announcing verl's last save failed ({problem}); retrying, {left:.0f} s left")
         time.sleep(min(poll_s, left))
     return wait_model(plan.run_dir, last, max(give_up - time.monotonic(), 0.0), poll_s, log)
+
+
+def trainers_last(run_dir: Path, attempt: str, deadline_s: float, poll_s: float,
+                  log: Callable[[str], None]) -> int | None:
+    """verl's trainer ran on a GPU worker: its last save, from the report of that node's copier written after
+    verl exited (it echoes this exit's nonce); None when none comes within `deadline_s`."""
+    nonce = uuid.uuid4().hex[:12]
+    give_up = time.monotonic() + deadline_s
+    written = False
+    while True:
+        try:
+            if not written:
+                write_json(run_dir / STATE_DIR / EXITED_FILE, {"attempt": attempt, "nonce": nonce})
+                written = True
+            for path in sorted((run_dir / STATE_DIR / TRAINERS_DIR).glob("*.json")):
+                report = read_record(path) or {}
+                if report.get("attempt") == attempt and report.get("nonce") == nonce \
+                        and isinstance(report.get("step"), int):
+                    log(f"step {report['step']}: verl's last save, on {path.stem}")
+                    return int(report["step"])
+            problem = "no copier has reported verl's tracker since verl exited"
+        except OSError as e:
+            problem = str(e)
+        left = give_up - time.monotonic()
+        if left <= 0:
+            log(f"verl's last save is still unknown after {deadline_s:.0f} s ({problem})")
+            return None
+        log(f"waiting for the copier on verl's trainer node to report verl's last save ({problem}); "
+            f"{left:.0f} s left")
+        time.sleep(min(poll_s, left))
 
 
 def _announce_safely(plan: Launch, attempt: str, announced: int) -> int:
