@@ -749,7 +749,8 @@ def test_saves_of_a_trainer_on_a_gpu_worker_are_announced_by_its_copier_and_resu
 def test_the_launcher_waits_for_the_last_save_of_a_trainer_on_a_gpu_worker(world: dict) -> None:
     _, log = _logs()
     _start_attempt(world, "a1")
-    launch = ck.Launch(["trainer.save_freq=10"], world["run"], world["head"] / RUN / "a1", WORLD, None)
+    launch = ck.Launch(["trainer.save_freq=10", f"trainer.nnodes={NODES}"], world["run"], world["head"] / RUN / "a1",
+                       WORLD, None)
     verl_saves(world["nodes"], world["nodes"][0], "a1", 10)
     _copy_all(world, log)
     verl_saves(world["nodes"], world["nodes"][0], "a1", 20)  # the last save; then verl exits 0
@@ -764,8 +765,109 @@ def test_the_launcher_waits_for_the_last_save_of_a_trainer_on_a_gpu_worker(world
     assert done == [True] and (world["run"] / "global_step_20" / ck.MODEL_MARKER).exists()
 
 
+def test_an_attempt_in_which_verl_saved_nothing_ends_once_every_copier_said_so(world: dict) -> None:
+    """A retry that resumed from the last step: verl ends at once and saves nothing; no node has a tracker."""
+    _, log = _logs()
+    _start_attempt(world, "a1")
+    for node in world["nodes"]:
+        node.mkdir(parents=True)
+    launch = ck.Launch(["trainer.save_freq=10", f"trainer.nnodes={NODES}"], world["run"], world["head"] / RUN / "a1",
+                       WORLD, 60)
+    done: list[bool] = []
+    waiting = threading.Thread(target=lambda: done.append(ck.finish(launch, "a1", 60, 10.0, 0.05, log)))
+    waiting.start()
+    while waiting.is_alive():
+        _copy_all(world, log)
+        waiting.join(0.1)
+    assert done == [True]
+
+
 def test_a_run_that_saves_nothing_waits_for_nothing(world: dict) -> None:
     _, log = _logs()
     _start_attempt(world, "a1")
     launch = ck.Launch(["trainer.save_freq=-1"], world["run"], world["head"] / RUN / "a1", WORLD, None)
     assert ck.finish(launch, "a1", 0, deadline_s=0.0, poll_s=0.05, log=log)
+
+
+# --- a bucket that does not answer, and rotation racing a new attempt (a second fault review) -------------
+
+
+class Killed(BaseException):
+    """The process dies here (no handler runs)."""
+
+
+def _eio_on(monkeypatch: pytest.MonkeyPatch, match: Callable[[Path], bool], once: bool = False) -> None:
+    real, failed = Path.read_text, []
+
+    def read_text(path: Path, *args, **kwargs) -> str:
+        if match(path) and not (once and failed):
+            failed.append(path)
+            raise OSError(5, "Input/output error")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+
+
+def test_a_new_attempt_never_resumes_from_an_older_step_because_one_read_failed(
+        world: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, log = _logs()
+    launch = _start_attempt(world, "a1")
+    for step in (10, 20):
+        _save_and_copy(world, launch, "a1", step, log)
+    _eio_on(monkeypatch, lambda p: p.name == ck.MARKER and p.parent.name == "global_step_20")
+    with pytest.raises(OSError, match="the bucket did not answer for step 20"):
+        ck.plan_launch(_command(world["run"]), "a2", world["head"])  # the attempt fails; its retry reads again
+
+
+def test_the_step_a_new_attempt_resumes_from_is_still_there_once_recorded(
+        world: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """keep=1: a1's last copier completes 30 (and rotates 20 away) between a2's plan (resume from 20) and
+    its record: a2 plans again and resumes from 30."""
+    _, log = _logs()
+    a1 = _start_attempt(world, "a1", keep=1)
+    for step in (10, 20):
+        _save_and_copy(world, a1, "a1", step, log)
+    verl_saves(world["nodes"], world["head"], "a1", 30)
+    ck.announce(a1, "a1", 20, log)
+    ck.copy_once(world["nodes"][0], world["bucket"], "node0", log)
+    real, planned = ck.record_attempt, []
+
+    def late_copier_then_record(plan: ck.Launch, attempt: str, keep: int | None) -> None:
+        planned.append(plan.resume_from)
+        if len(planned) == 1:
+            ck.copy_once(world["nodes"][1], world["bucket"], "node1", log)
+        real(plan, attempt, keep)
+
+    monkeypatch.setattr(ck, "record_attempt", late_copier_then_record)
+    check = ("import sys, pathlib\nargs = dict(a.split('=', 1) for a in sys.argv[1:])\n"
+             "p = args.get('trainer.resume_from_path')\n"
+             "sys.exit(0 if p and (pathlib.Path(p) / '.verl-gke-complete.json').is_file() else 3)\n")
+    code = ck.launch([sys.executable, "-c", check, *_command(world["run"])[3:], "trainer.save_freq=-1"],
+                     world["head"], poll_s=0.05, final_wait_s=1)  # saves nothing: no copier to wait for
+    assert (planned, code) == ([20, 30], 0)
+
+
+def test_a_copier_restarted_mid_cleanup_keeps_what_its_record_says_is_in_the_bucket(
+        world: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, log = _logs()
+    launch = _start_attempt(world, "a1")
+    verl_saves(world["nodes"], world["head"], "a1", 10)
+    ck.announce(launch, "a1", 0, log)
+
+    def dies_mid_rmtree(path: Path, ignore_errors: bool = False) -> None:
+        (Path(path) / f"actor/model_world_size_{WORLD}_rank_0.pt").unlink()
+        raise Killed
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ck.shutil, "rmtree", dies_mid_rmtree)
+        with pytest.raises(Killed):
+            ck.copy_once(world["nodes"][0], world["bucket"], "node0", log)
+    with monkeypatch.context() as patch:
+        _eio_on(patch, lambda p: p.name == "node0.json", once=True)
+        with pytest.raises(OSError):  # an unreadable record fails the pass (copy_forever retries it)
+            ck.copy_once(world["nodes"][0], world["bucket"], "node0", log)
+    ck.copy_once(world["nodes"][0], world["bucket"], "node0", log)
+    ck.copy_once(world["nodes"][1], world["bucket"], "node1", log)
+    step = world["run"] / "global_step_10"
+    recorded = json.loads((step / ck.STATE_DIR / ck.PARTS_DIR / "node0.json").read_text())["files"]
+    assert f"actor/model_world_size_{WORLD}_rank_0.pt" in recorded and (step / ck.MARKER).exists()

@@ -277,3 +277,21 @@ def test_a_hostile_checkpoint_uri_stays_one_argument_of_the_exports_entrypoint(t
     assert shlex.split(job["entrypoint"]) == [
         "echo", "export_model.py", "--checkpoint-dir", f"/data/{folder}",
         "--target-dir", f"/data/models/r $(touch {marker})/model", "--verl-dir", "/data/verl 0.9"]
+
+
+def test_the_export_never_takes_an_older_step_because_one_read_failed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for step in (10, 20):
+        _fsdp_step(tmp_path, step)
+        _mark_model_complete(tmp_path, step, whole=True)
+    assert export_model.latest_step(tmp_path) == 20
+    real = Path.read_text
+
+    def eio(path: Path, *args, **kwargs) -> str:
+        if path.name == "saved.json" and path.parent.parent.name == "global_step_20":
+            raise OSError(5, "Input/output error")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", eio)
+    with pytest.raises(OSError):  # the export fails (and is retried), never publishes step 10 as the final model
+        export_model.latest_step(tmp_path)

@@ -14,8 +14,8 @@ Two commands, one program (shipped in a ConfigMap, standard library only):
         fails; its optimizer state goes on copying in the background.
         verl's trainer (the Ray actor that writes `data.pt` and verl's tracker) may run on a GPU worker
         instead of the head (always on A4X, whose head takes no Ray CPUs): that node's copier then announces
-        the saves, and after verl exits the launcher learns the last one from the copier's report
-        (`trainers/<pod>.json`) that echoes its exit nonce (`exited.json`).
+        the saves, and after verl exits the launcher learns the last one from the copiers' answers
+        (`trainers/<pod>.json`, one per GPU worker) that echo its exit nonce (`exited.json`).
     checkpoints.py copy --local-root /local-checkpoints --bucket-root /data/verl/checkpoints
         The sidecar of every GPU worker pod: copies this node's files of each announced save to the bucket
         in two phases, each recorded (`parts/<pod>.json`) when done: first the model (its ranks' model
@@ -27,7 +27,7 @@ The bucket holds the only state (every process may die at any line; a restarted 
     <run folder>/.verl-gke/attempt.json               the current attempt (the launcher's, at start), and the
                                                       step it resumes from (rotation keeps it)
     <run folder>/.verl-gke/exited.json                verl exited 0: the attempt and the launcher's nonce
-    <run folder>/.verl-gke/trainers/<pod>.json        verl's tracker on a worker that runs its trainer
+    <run folder>/.verl-gke/trainers/<pod>.json        each GPU worker's answer to it: verl's tracker there, or none
     <run folder>/global_step_N/.verl-gke/saved.json   verl finished writing step N on every node: the step's
                                                       current attempt
     <run folder>/global_step_N/.verl-gke/parts/*.json what each pod copied (file -> bytes), and the kinds
@@ -280,8 +280,13 @@ def legacy_step(run_dir: Path, world_size: int) -> int | None:
 
 
 def resume_step(run_dir: Path, world_size: int) -> int | None:
-    """Where a new attempt resumes: the newest complete checkpoint of this world size, or None."""
-    steps = complete_steps(run_dir, world_size)
+    """Where a new attempt resumes: the newest complete checkpoint of this world size, or None. OSError when
+    the bucket did not answer for a step: an older one is never taken for the newest."""
+    states = step_states(run_dir, world_size)
+    if None in states.values():
+        unknown = sorted(step for step, state in states.items() if state is None)
+        raise OSError(f"the bucket did not answer for step {unknown[0]}: where to resume is unknown")
+    steps = sorted(step for step, complete in states.items() if complete)
     legacy = legacy_step(run_dir, world_size)
     candidates = steps + ([legacy] if legacy is not None else [])
     return max(candidates) if candidates else None
@@ -377,11 +382,12 @@ def publish_part(run_dir: Path, local_step: Path, step: int, attempt: str, part:
 
     local = sorted(p.relative_to(local_step).as_posix() for p in local_step.rglob("*") if p.is_file())
     kinds = sorted({m.group(1) for name in local if (m := _RANK_FILE.fullmatch(name))})
-    # A restarted copier keeps what its attempt's record says is in the bucket already at its size.
-    earlier = read_json(record) or {}
+    # A restarted copier keeps what its attempt's record says is in the bucket already at its size (also what
+    # it deleted locally after recording: a cleanup cut short). A record it cannot read fails the pass.
+    earlier = read_record(record) or {}
     in_bucket = _size_in(bucket_step)
     files = {name: size for name, size in earlier.get("files", {}).items()
-             if earlier.get("attempt") == attempt and name in local and in_bucket(name) == size}
+             if earlier.get("attempt") == attempt and in_bucket(name) == size}
     for later in (False, True):
         todo = [name for name in local if resume_only(name) == later and name not in files]
         if todo or not record.exists():
@@ -422,31 +428,48 @@ def copy_once(local_root: Path, bucket_root: Path, part: str, log: Callable[[str
                 log(str(e))
                 continue
             shutil.rmtree(local_step, ignore_errors=True)
+    report_exits(local_root, bucket_root, part)
 
 
 def trainer_here(attempt_dir: Path, run_dir: Path, attempt: str, world_size: Any, part: str,
                  log: Callable[[str], None]) -> None:
     """verl's trainer (its TaskRunner actor, which writes data.pt and the tracker) runs on this node, not on
     the head (A4X's head takes no Ray CPUs; elsewhere Ray may place it so too): announce the saves its
-    tracker names, and report the tracker, echoing the launcher's exit nonce once verl has exited."""
-    try:
-        tracker = int((attempt_dir / TRACKER).read_text().strip())
-    except FileNotFoundError:
+    tracker names."""
+    tracker = local_tracker(attempt_dir)
+    if tracker is None or not isinstance(world_size, int):
         return
-    except ValueError:
-        return  # verl is writing it: the next pass reads it
     for local_step in attempt_dir.glob("global_step_*"):
         step = step_of(local_step.name)
         saved = read_record(run_dir / local_step.name / STATE_DIR / SAVED_FILE)
-        if step is not None and step <= tracker and (saved or {}).get("attempt") != attempt \
-                and isinstance(world_size, int):
+        if step is not None and step <= tracker and (saved or {}).get("attempt") != attempt:
             announce_step(run_dir, step, attempt, world_size, log)
-    exited = read_record(run_dir / STATE_DIR / EXITED_FILE) or {}
-    report = {"attempt": attempt, "step": tracker,
-              "nonce": exited.get("nonce") if exited.get("attempt") == attempt else None}
-    path = run_dir / STATE_DIR / TRAINERS_DIR / f"{part}.json"
-    if read_record(path) != report:  # written when it changes, not at every pass
-        write_json(path, report)
+
+
+def local_tracker(attempt_dir: Path) -> int | None:
+    """verl's tracker in an attempt's local folder: its newest save on this node (None: none here, or being
+    written: the next pass reads it)."""
+    try:
+        return int((attempt_dir / TRACKER).read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def report_exits(local_root: Path, bucket_root: Path, part: str) -> None:
+    """For each run whose current attempt's verl exited (exited.json), this pod's answer, echoing the
+    launcher's nonce: verl's tracker here (read now, after the exit: its last save), or none."""
+    for exited_path in bucket_root.glob(f"*/{STATE_DIR}/{EXITED_FILE}"):
+        run_dir = exited_path.parent.parent
+        exited = read_record(exited_path) or {}
+        current = read_record(run_dir / STATE_DIR / ATTEMPT_FILE) or {}
+        attempt = exited.get("attempt")
+        if not attempt or attempt != current.get("attempt"):
+            continue
+        report = {"attempt": attempt, "nonce": exited.get("nonce"),
+                  "step": local_tracker(local_root / run_dir.name / attempt)}
+        path = run_dir / STATE_DIR / TRAINERS_DIR / f"{part}.json"
+        if read_record(path) != report:  # written when it changes, not at every pass
+            write_json(path, report)
 
 
 def copy_forever(local_root: Path, bucket_root: Path, part: str, poll_s: float) -> None:
@@ -567,6 +590,15 @@ def launch(command: Sequence[str], local_root: Path, *, poll_s: float = POLL_S,
     attempt = uuid.uuid4().hex[:12]
     plan = plan_launch(command, attempt, local_root)
     record_attempt(plan, attempt, _keep(command))
+    # An earlier attempt's copier may complete a step and rotate between the plan and the record: the step
+    # chosen must still be there once the record protects it.
+    for _ in range(3):
+        if plan.resume_from is None or is_complete(plan.run_dir / f"global_step_{plan.resume_from}", plan.world_size):
+            break
+        plan = plan_launch(command, attempt, local_root)
+        record_attempt(plan, attempt, _keep(command))
+    else:
+        raise CheckpointError(f"step {plan.resume_from} was rotated away three times while this attempt started")
     _log(f"attempt {attempt}: world size {plan.world_size}, "
          + (f"resuming from step {plan.resume_from}" if plan.resume_from is not None else "starting from scratch")
          + f" (complete checkpoints in {plan.run_dir})")
@@ -599,9 +631,12 @@ def finish(plan: Launch, attempt: str, announced: int, deadline_s: float, poll_s
     except FileNotFoundError:
         if int(_override(plan.command, "trainer.save_freq") or -1) <= 0:
             return True  # verl saves nothing (its default save_freq is -1)
-        found = trainers_last(plan.run_dir, attempt, deadline_s, poll_s, log)
-        return found is not None and wait_model(plan.run_dir, found, max(give_up - time.monotonic(), 0.0),
-                                                poll_s, log)
+        nodes = int(_override(plan.command, "trainer.nnodes") or 1)
+        found = trainers_last(plan.run_dir, attempt, nodes, deadline_s, poll_s, log)
+        if found is None:
+            return False
+        return found == NO_SAVE or wait_model(plan.run_dir, found, max(give_up - time.monotonic(), 0.0), poll_s,
+                                             log)
     while announced < last:
         try:
             announced = announce(plan, attempt, announced, log)
@@ -619,10 +654,15 @@ def finish(plan: Launch, attempt: str, announced: int, deadline_s: float, poll_s
     return wait_model(plan.run_dir, last, max(give_up - time.monotonic(), 0.0), poll_s, log)
 
 
-def trainers_last(run_dir: Path, attempt: str, deadline_s: float, poll_s: float,
+NO_SAVE = -1
+"""trainers_last's answer when no node has verl's tracker: verl saved nothing in this attempt."""
+
+
+def trainers_last(run_dir: Path, attempt: str, nodes: int, deadline_s: float, poll_s: float,
                   log: Callable[[str], None]) -> int | None:
-    """verl's trainer ran on a GPU worker: its last save, from the report of that node's copier written after
-    verl exited (it echoes this exit's nonce); None when none comes within `deadline_s`."""
+    """verl's trainer did not run on the head: its last save, from the GPU workers' copiers' answers written
+    after verl exited (each echoes this exit's nonce: the tracker it read was final), once `nodes` pods
+    answered; NO_SAVE when none has a tracker; None when they do not answer within `deadline_s`."""
     nonce = uuid.uuid4().hex[:12]
     give_up = time.monotonic() + deadline_s
     written = False
@@ -631,20 +671,25 @@ def trainers_last(run_dir: Path, attempt: str, deadline_s: float, poll_s: float,
             if not written:
                 write_json(run_dir / STATE_DIR / EXITED_FILE, {"attempt": attempt, "nonce": nonce})
                 written = True
-            for path in sorted((run_dir / STATE_DIR / TRAINERS_DIR).glob("*.json")):
-                report = read_record(path) or {}
-                if report.get("attempt") == attempt and report.get("nonce") == nonce \
-                        and isinstance(report.get("step"), int):
-                    log(f"step {report['step']}: verl's last save, on {path.stem}")
-                    return int(report["step"])
-            problem = "no copier has reported verl's tracker since verl exited"
+            answers = {path.stem: report for path in sorted((run_dir / STATE_DIR / TRAINERS_DIR).glob("*.json"))
+                       if (report := read_record(path) or {}).get("attempt") == attempt
+                       and report.get("nonce") == nonce}
+            if len(answers) >= nodes:
+                steps = {pod: r["step"] for pod, r in answers.items() if isinstance(r.get("step"), int)}
+                if not steps:
+                    log("verl saved nothing in this attempt (no node has its tracker)")
+                    return NO_SAVE
+                pod = max(steps, key=lambda p: steps[p])
+                log(f"step {steps[pod]}: verl's last save (its trainer ran on {pod})")
+                return steps[pod]
+            problem = f"{len(answers)} of {nodes} GPU workers' copiers answered since verl exited"
         except OSError as e:
             problem = str(e)
         left = give_up - time.monotonic()
         if left <= 0:
             log(f"verl's last save is still unknown after {deadline_s:.0f} s ({problem})")
             return None
-        log(f"waiting for the copier on verl's trainer node to report verl's last save ({problem}); "
+        log(f"waiting for the GPU workers' copiers to say where verl's last save is ({problem}); "
             f"{left:.0f} s left")
         time.sleep(min(poll_s, left))
 

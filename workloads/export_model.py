@@ -55,8 +55,9 @@ def _model_whole(step_dir: Path, marker_name: str) -> bool:
         marker = json.loads((step_dir / marker_name).read_text())
         return marker["attempt"] == attempt and all(
             (step_dir / name).stat().st_size == size for name, size in marker["files"].items())
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (FileNotFoundError, ValueError, KeyError, TypeError, AttributeError):
         return False  # not there, rotated away meanwhile, or a file gone: not a model to merge
+    # Any other OSError (the bucket did not answer) goes up: an older step is never taken for the newest.
 
 
 def model_steps(checkpoint_dir: Path) -> list[int]:
