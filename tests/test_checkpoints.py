@@ -502,6 +502,15 @@ def _stamp(world: dict, attempt: str, step: int, byte: int, roots: list[Path] | 
             f.write_bytes(bytes([byte]) * f.stat().st_size)
 
 
+def _30_copied_by_node0_only(world: dict, launch: ck.Launch, log) -> None:
+    """a1: steps 10 and 20 complete; 30 saved, announced, and copied by node0 only."""
+    for step in (10, 20):
+        _save_and_copy(world, launch, "a1", step, log)
+    verl_saves(world["nodes"], world["head"], "a1", 30)
+    ck.announce(launch, "a1", 20, log)
+    ck.copy_once(world["nodes"][0], world["bucket"], "node0", log)
+
+
 def _copy_all(world: dict, log) -> None:
     for i, node in enumerate(world["nodes"]):
         ck.copy_once(node, world["bucket"], f"node{i}", log)
@@ -656,11 +665,7 @@ def test_rotation_deletes_nothing_while_the_bucket_does_not_answer_for_a_step(
     rotation leaves everything; the next completion rotates as usual."""
     lines, log = _logs()
     launch = _start_attempt(world, "a1", keep=3)
-    for step in (10, 20):
-        _save_and_copy(world, launch, "a1", step, log)
-    verl_saves(world["nodes"], world["head"], "a1", 30)
-    ck.announce(launch, "a1", 20, log)
-    ck.copy_once(world["nodes"][0], world["bucket"], "node0", log)
+    _30_copied_by_node0_only(world, launch, log)
     real = Path.stat
 
     def eio(path: Path, *args, **kwargs):
@@ -736,6 +741,17 @@ def test_the_launcher_announces_verls_last_save_again_and_waits_for_it_not_an_ea
 # node's disk gets data.pt and verl's tracker, not the head's.
 
 
+def _finish_while_copiers_pass(world: dict, launch: ck.Launch, announced: int, log) -> bool:
+    """The launcher's finish (10 s deadline) while every node's copier makes passes, as copy_forever does."""
+    done: list[bool] = []
+    waiting = threading.Thread(target=lambda: done.append(ck.finish(launch, "a1", announced, 10.0, 0.05, log)))
+    waiting.start()
+    while waiting.is_alive():
+        _copy_all(world, log)
+        waiting.join(0.1)
+    return done == [True]
+
+
 def test_saves_of_a_trainer_on_a_gpu_worker_are_announced_by_its_copier_and_resumed_from(world: dict) -> None:
     _, log = _logs()
     launch = _start_attempt(world, "a1")
@@ -756,13 +772,8 @@ def test_the_launcher_waits_for_the_last_save_of_a_trainer_on_a_gpu_worker(world
     verl_saves(world["nodes"], world["nodes"][0], "a1", 20)  # the last save; then verl exits 0
     _copy_all(world, log)  # a pass before the exit: its report names step 20 but not this exit
     assert not ck.finish(launch, "a1", 0, deadline_s=0.3, poll_s=0.05, log=log)  # no copier pass since: unknown
-    done: list[bool] = []
-    waiting = threading.Thread(target=lambda: done.append(ck.finish(launch, "a1", 0, 10.0, 0.05, log)))
-    waiting.start()
-    while waiting.is_alive():
-        _copy_all(world, log)
-        waiting.join(0.1)
-    assert done == [True] and (world["run"] / "global_step_20" / ck.MODEL_MARKER).exists()
+    assert _finish_while_copiers_pass(world, launch, 0, log)
+    assert (world["run"] / "global_step_20" / ck.MODEL_MARKER).exists()
 
 
 def test_an_attempt_in_which_verl_saved_nothing_ends_once_every_copier_said_so(world: dict) -> None:
@@ -773,13 +784,7 @@ def test_an_attempt_in_which_verl_saved_nothing_ends_once_every_copier_said_so(w
         node.mkdir(parents=True)
     launch = ck.Launch(["trainer.save_freq=10", f"trainer.nnodes={NODES}"], world["run"], world["head"] / RUN / "a1",
                        WORLD, 60)
-    done: list[bool] = []
-    waiting = threading.Thread(target=lambda: done.append(ck.finish(launch, "a1", 60, 10.0, 0.05, log)))
-    waiting.start()
-    while waiting.is_alive():
-        _copy_all(world, log)
-        waiting.join(0.1)
-    assert done == [True]
+    assert _finish_while_copiers_pass(world, launch, 60, log)
 
 
 def test_a_run_that_saves_nothing_waits_for_nothing(world: dict) -> None:
@@ -825,11 +830,7 @@ def test_the_step_a_new_attempt_resumes_from_is_still_there_once_recorded(
     its record: a2 plans again and resumes from 30."""
     _, log = _logs()
     a1 = _start_attempt(world, "a1", keep=1)
-    for step in (10, 20):
-        _save_and_copy(world, a1, "a1", step, log)
-    verl_saves(world["nodes"], world["head"], "a1", 30)
-    ck.announce(a1, "a1", 20, log)
-    ck.copy_once(world["nodes"][0], world["bucket"], "node0", log)
+    _30_copied_by_node0_only(world, a1, log)
     real, planned = ck.record_attempt, []
 
     def late_copier_then_record(plan: ck.Launch, attempt: str, keep: int | None) -> None:

@@ -588,15 +588,13 @@ def launch(command: Sequence[str], local_root: Path, *, poll_s: float = POLL_S,
     """Run verl for a new attempt of the run; its exit status, or 1 when its last save's model never reaches
     the bucket."""
     attempt = uuid.uuid4().hex[:12]
-    plan = plan_launch(command, attempt, local_root)
-    record_attempt(plan, attempt, _keep(command))
     # An earlier attempt's copier may complete a step and rotate between the plan and the record: the step
     # chosen must still be there once the record protects it.
-    for _ in range(3):
-        if plan.resume_from is None or is_complete(plan.run_dir / f"global_step_{plan.resume_from}", plan.world_size):
-            break
+    for _ in range(4):
         plan = plan_launch(command, attempt, local_root)
         record_attempt(plan, attempt, _keep(command))
+        if plan.resume_from is None or is_complete(plan.run_dir / f"global_step_{plan.resume_from}", plan.world_size):
+            break
     else:
         raise CheckpointError(f"step {plan.resume_from} was rotated away three times while this attempt started")
     _log(f"attempt {attempt}: world size {plan.world_size}, "
