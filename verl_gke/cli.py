@@ -9,6 +9,7 @@
     verl-gke metrics     verl's per-step metrics as a table, a reward plot and a verdict
     verl-gke fabric      all-reduce across every GPU worker: the fabric's bus bandwidth, on demand
     verl-gke export      a checkpoint as a Hugging Face model in the bucket (verl's own merger, as a Ray job)
+    verl-gke verify      the live stack against the verification matrix: PASS / FAIL / NOT CHECKED per check
     verl-gke --version   the installed version
 
 The stack outputs come from `pulumi stack output --json` or `--outputs FILE`. The run (`--run`, default
@@ -38,7 +39,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO, TypeVar
 
-from verl_gke import fabric, gke_facts, metrics, runs, stack_outputs
+from verl_gke import fabric, gke_facts, metrics, runs, stack_outputs, verify
 from verl_gke.console import PROG, CliError, HeadUnreachable, UsageError
 from verl_gke.console import fail as _fail
 from verl_gke.console import first_line as _first_line
@@ -243,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--poll", type=_positive_float, default=DEFAULT_POLL_S, metavar="S",
                      help=f"seconds between status checks (default {DEFAULT_POLL_S:g})")
     exp.set_defaults(handler=cmd_export)
+    verify.add_parser(commands)
     return parser
 
 
