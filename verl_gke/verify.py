@@ -345,7 +345,7 @@ class _Lookup(Exception):
     pass
 
 
-def _gcloud(args: list[str]) -> Any:
+def gcloud_json(args: list[str]) -> Any:
     gcloud = shutil.which("gcloud")
     if gcloud is None:
         raise _Lookup("gcloud not found on PATH")
@@ -443,13 +443,13 @@ def gather(outputs: StackOutputs, api: Any | None, bucket_read: Callable[[str], 
     cluster_keys = ("gke_version", "autopilot", "datapath", "workload_pool", "node_pools", "dranet",
                     "cluster_network")
     attempt(cluster_keys, lambda: cluster_facts(
-        _gcloud(["container", "clusters", "describe", outputs.cluster_name, "--location", outputs.cluster_location]),
+        gcloud_json(["container", "clusters", "describe", outputs.cluster_name, "--location", outputs.cluster_location]),
         platform))
     networks = got.pop("_networks", None)
     if networks is not None:
         attempt(["networks"], lambda: {"networks": {
-            n: int(_gcloud(["compute", "networks", "describe", n]).get("mtu", 1460)) for n in networks}})
-        attempt(["nats"], lambda: {"nats": nats_of(_gcloud(
+            n: int(gcloud_json(["compute", "networks", "describe", n]).get("mtu", 1460)) for n in networks}})
+        attempt(["nats"], lambda: {"nats": nats_of(gcloud_json(
             ["compute", "routers", "list", "--regions", _region(outputs.cluster_location)]) or [])})
     else:
         missing["networks"] = missing["nats"] = "the cluster was not read"
