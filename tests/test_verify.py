@@ -329,3 +329,28 @@ def test_verify_help_lists_only_its_flags(capsys: pytest.CaptureFixture[str]) ->
     out = capsys.readouterr().out
     flags = sorted({word.rstrip(",") for word in out.split() if re.fullmatch(r"--[a-z-]+,?", word)})
     assert flags == ["--help", "--json", "--kube-api-url", "--no-upload", "--outputs", "--stack"]
+
+
+def test_the_a4x_facts_come_from_the_compute_domain_and_the_allocated_claims() -> None:
+    # The NVIDIA DRA driver's ComputeDomain status (status.status, status.nodes[]) and ResourceClaims whose
+    # status.allocation.devices.results[] name the allocating driver (resource.k8s.io/v1 AllocationResult).
+    domain = {"status": {"status": "Ready", "nodes": [{"name": f"n{i}", "status": "Ready"} for i in range(4)]}}
+    imex = {"status": {"allocation": {"devices": {"results": [
+        {"driver": "compute-domain.nvidia.com", "pool": "n0", "device": "channel-0", "request": "channel"}]}}}}
+    nic = {"status": {"allocation": {"devices": {"results": [{"driver": "dra.net", "device": "rdma0"}]}}}}
+    claims = {"items": [imex, imex, imex, nic, {"status": {}}]}
+    assert verify.compute_domain_of(domain, claims) == ComputeDomainState("Ready", 4, 3)
+    assert verify.compute_domain_of(None, {}) == ComputeDomainState("", 0, 0)
+
+
+def test_synths_offline_outputs_have_nothing_to_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = {"bucketName": "verl-data", "checkpointUri": "gs://verl-data/verl/checkpoints/run-1",
+           "clusterLocation": "us-central1-b", "clusterName": "verl-a4", "clusterEndpoint": "[unknown]",
+           "clusterCaCertificate": "c3ludGgtY2E=", "dashboardCommand": "kubectl ...", "gpuNodes": 2,
+           "gpuPlatform": "a4", "gpusPerNode": 8, "grpoJobStatus": "[unknown]", "grpoSubmissionId": "verl-grpo-1",
+           "namespace": "default", "rayHeadService": "b200-ray-cluster-head-svc", "runId": "run-1"}
+    path = tmp_path / "outputs.json"
+    path.write_text(json.dumps(doc))
+    assert cli.main(["verify", "--outputs", str(path)]) == 1
+    assert capsys.readouterr().err == (f"verl-gke: error: nothing to verify: {path} holds synth's offline outputs "
+                                       "(clusterCaCertificate is a stand-in)\n")
