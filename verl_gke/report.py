@@ -30,6 +30,7 @@ from verl_gke import gke_facts, stack_outputs
 from verl_gke.console import CliError, one_line, progress
 from verl_gke.measured import Measured, Recorded, measure, pulls
 from verl_gke.stack_outputs import StackOutputs
+from verl_gke.verify import gcloud_json, stack_flags, storage_ls
 from workloads.run_logs import DECISIONS_FILE, RECORD_FILE, TIMELINE_FILE, attempt_file
 from workloads.run_record import RunRecord
 
@@ -177,7 +178,6 @@ def recorded(run_id: str, read: Any, listing: str, live: dict[str, Any]) -> Reco
 def _live(outputs: StackOutputs, args: argparse.Namespace) -> dict[str, Any]:
     """GKE's and the cluster's answers, each bounded; what cannot be read is left out (said on stderr)."""
     from verl_gke.cluster_api import cluster_api
-    from verl_gke.verify import gcloud_json
     from workloads.kube import KubernetesApi
 
     live: dict[str, Any] = {}
@@ -200,12 +200,9 @@ def _live(outputs: StackOutputs, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _listing(uri: str) -> str:
-    from verl_gke.commands import run_tool
-
     try:
-        return run_tool(["gcloud", "storage", "ls", "-l", "-r", f"{uri.rstrip('/')}/**"],
-                        f"gcloud storage ls -l -r {uri}/**", GCLOUD_TIMEOUT_S, CliError)
-    except (CliError, FileNotFoundError) as error:
+        return storage_ls(["-l", "-r", f"{uri.rstrip('/')}/**"])
+    except Exception as error:  # noqa: BLE001 - the bucket's other records still make a report
         progress(f"the checkpoints were not listed ({one_line(error)}): their phases are left out")
         return ""
 
@@ -228,14 +225,10 @@ def add_parser(subparsers: Any) -> None:
                     "verl's timing metrics; the checkpoints' sizes and times; GKE's and the cluster's timestamps "
                     "while it stands) and print each phase modeled against measured with the ratio. A run other "
                     f"than the stack's own is shown measured only. Exit {EXIT_NEVER_STARTED}: the run never started.")
-    parser.add_argument("--outputs", type=Path, metavar="FILE",
-                        help="stack outputs as JSON (a saved `pulumi stack output --json`); default: ask the pulumi CLI")
-    parser.add_argument("--stack", metavar="NAME", help="Pulumi stack to read the outputs of (default: the selected one)")
+    stack_flags(parser)
     parser.add_argument("--run", metavar="RUN_ID", help="the run to report (default: the stack output runId)")
     parser.add_argument("--bucket-dir", metavar="PATH",
                         help="a local mount or copy of the bucket to read the run's logs from (default: gcloud storage)")
-    parser.add_argument("--kube-api-url", metavar="URL",
-                        help="a directly reachable Kubernetes API (default: the cluster's endpoint, your credentials)")
     parser.add_argument("--plot", type=Path, metavar="PNG", help="write the timeline and step times as a PNG")
     parser.add_argument("--save", action="store_true",
                         help="write the measured rates to measured/<stack>.json (needs --stack), read by synth")

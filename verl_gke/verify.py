@@ -484,6 +484,16 @@ def _run_log(run_id: str, read: Callable[[str], str | None]) -> str:
 # --- the command -------------------------------------------------------------------------------
 
 
+def stack_flags(parser: argparse.ArgumentParser) -> None:
+    """--outputs, --stack and --kube-api-url: where the stack and its cluster's API are (verify, report)."""
+    parser.add_argument("--outputs", type=Path, metavar="FILE",
+                        help="stack outputs as JSON (a saved `pulumi stack output --json`); default: ask the pulumi CLI")
+    parser.add_argument("--stack", metavar="NAME", help="Pulumi stack to read the outputs of (default: the selected one)")
+    parser.add_argument("--kube-api-url", metavar="URL",
+                        help="a directly reachable Kubernetes API (e.g. `kubectl proxy`'s); default: the cluster's "
+                             "endpoint with your Google credentials")
+
+
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "verify", help="check the live stack against the verification matrix: PASS / FAIL / NOT CHECKED",
@@ -491,12 +501,7 @@ def add_parser(subparsers: Any) -> None:
                     "logs and checkpoints in the bucket) and print each check of docs/verification.md it can "
                     "answer: PASS, FAIL or NOT CHECKED, with the value seen and the one expected. Read-only, "
                     "but for the JSON copy written to gs://<bucket>/logs/<run>/verify.json. Exit 1 on any FAIL.")
-    parser.add_argument("--outputs", type=Path, metavar="FILE",
-                        help="stack outputs as JSON (a saved `pulumi stack output --json`); default: ask the pulumi CLI")
-    parser.add_argument("--stack", metavar="NAME", help="Pulumi stack to read the outputs of (default: the selected one)")
-    parser.add_argument("--kube-api-url", metavar="URL",
-                        help="a directly reachable Kubernetes API (e.g. `kubectl proxy`'s); default: the cluster's "
-                             "endpoint with your Google credentials")
+    stack_flags(parser)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--no-upload", action="store_true", help="do not write verify.json to the bucket")
     parser.set_defaults(handler=run)
@@ -513,20 +518,23 @@ def nothing_deployed(outputs: StackOutputs) -> str | None:
     return None
 
 
+def storage_ls(args: list[str]) -> str:
+    """`gcloud storage ls ARGS`' listing; '' when nothing matched (gcloud exits 1 then)."""
+    shown = "gcloud storage ls " + " ".join(args)
+    try:
+        return run_tool(["gcloud", "storage", "ls", *args], shown, GCLOUD_TIMEOUT_S, _Lookup)
+    except _Lookup as error:
+        if "matched no objects" in str(error):
+            return ""
+        raise
+    except FileNotFoundError:
+        raise _Lookup("gcloud not found on PATH") from None
+
+
 def _bucket(outputs: StackOutputs) -> tuple[Callable[[str], str | None], Callable[[str], str]]:
     from verl_gke.runs import BucketCopy
 
-    copy = BucketCopy(outputs.run_id, outputs.bucket_name)
-
-    def listing(pattern: str) -> str:
-        try:
-            return run_tool(["gcloud", "storage", "ls", pattern], f"gcloud storage ls {pattern}",
-                            GCLOUD_TIMEOUT_S, _Lookup)
-        except _Lookup as error:
-            if "matched no objects" in str(error) or "One or more URLs matched no objects" in str(error):
-                return ""
-            raise
-    return copy.read, listing
+    return BucketCopy(outputs.run_id, outputs.bucket_name).read, lambda pattern: storage_ls([pattern])
 
 
 def _api(args: argparse.Namespace, outputs: StackOutputs) -> Any | None:
