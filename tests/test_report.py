@@ -138,6 +138,16 @@ LIVE: dict[str, Any] = {
                          {"reason": "Scheduled", "message": "Successfully assigned default/x to gke-gpu-0"}]},
     "staging": {"metadata": {"name": "stage-data-1a2b"},
                 "status": {"startTime": stamp(300), "completionTime": stamp(1050)}},
+    # KubeRay 1.6's RayCluster status condition once every pod is ready.
+    "ray_cluster": {"metadata": {"name": "b200-ray-cluster", "creationTimestamp": stamp(1200)},
+                    "status": {"conditions": [{"type": "HeadPodReady", "status": "True",
+                                               "lastTransitionTime": stamp(1300)},
+                                              {"type": "RayClusterProvisioned", "status": "True",
+                                               "lastTransitionTime": stamp(1380)}]}},
+    # Staging's markers (workloads/stage_data.py make_marker: the identity and each file's bytes).
+    "staged": ({"repo": "Qwen/Qwen2.5-32B-Instruct", "files": {"model-00001-of-00002.safetensors": 3_000_000_000,
+                                                              "config.json": 1000}},
+               {"repo": "openai/gsm8k", "files": {"train.parquet": 4_000_000, "test.parquet": 700_000}}),
 }
 DECISIONS = (f"{stamp(1490)} attempt 0 (verl-grpo-1) claimed by pulumi-up\n"
              f"{stamp(5110)} run ended: succeeded\n{stamp(5140)} GPU workers released\n")
@@ -154,7 +164,8 @@ def test_each_phase_is_measured_from_what_the_run_recorded() -> None:
         ("cluster and GPU nodes", 1200.0, None),
         ("GPU nodes", 660.0, None),
         ("image pull", 90.5, 21474836480),
-        ("staging", 750.0, None),
+        ("staging", 750.0, 3_004_701_000),
+        ("RayCluster ready", 180.0, None),
         ("verl start-up", 300.0, None),
         ("step", 115.0, None),
         ("checkpoint local save", 12.5, 48000001000),
@@ -185,7 +196,10 @@ EXPECTED = [
     'GPU nodes               10.0 min  11.0 min  1.10x        -  first GPU node created to the last Ready',
     'image pull                90.0 s    90.5 s  1.01x  21.5 GB  kubelet Pulled event of '
     'us-central1-docker.pkg.dev/p/docker-hub/verlai/verl:vllm011',
-    "staging                 10.0 min  12.5 min  1.25x        -  the staging Job's startTime to completionTime",
+    "staging                 10.0 min  12.5 min  1.25x   3.0 GB  the staging Job's startTime to "
+    'completionTime; bytes from its markers',
+    'RayCluster ready          90.0 s   180.0 s  2.00x        -  the RayCluster created to '
+    'RayClusterProvisioned (KubeRay)',
     "verl start-up                  -   300.0 s      -        -  job start to its first step's start "
     '(the step seen at most 60 s late)',
     "step                     100.0 s   115.0 s  1.15x        -  mean of verl's timing_s/step over 4 steps",
@@ -252,7 +266,7 @@ def test_report_command_prints_draws_and_saves_the_measured_rates(
     assert out[0] == "Run run-1: measured against the stack's model"
     # With a copy of the bucket, the live cluster is not asked: its phases are left out.
     assert out[1:] == [line for line in EXPECTED[1:] if not line.startswith(("cluster", "GPU nodes", "image",
-                                                                             "staging"))]
+                                                                             "staging", "RayCluster"))]
     assert png_size(png) == (1200, 700)
     assert json.loads((tmp_path / "measured" / "a4-standard.json").read_text()) == {
         "run": "run-1", "stack": "a4-standard", "measuredAt": "2026-12-07T12:00:00Z",
@@ -296,3 +310,59 @@ def test_report_help_lists_only_its_flags(capsys: pytest.CaptureFixture[str]) ->
     flags = sorted({w.rstrip(",") for w in out.split() if w.startswith("--") and w.rstrip(",")[2:].replace("-", "").isalpha()})
     assert flags == ["--bucket-dir", "--help", "--kube-api-url", "--outputs", "--plot", "--run", "--save", "--stack"]
 
+
+
+class Api:
+    """The Kubernetes API's answers report reads (NodeList, EventList, JobList by label, the RayCluster)."""
+
+    def __init__(self, answers: dict[str, Any]) -> None:
+        self.answers, self.asked = answers, []
+
+    def request(self, method: str, path: str) -> Any:
+        self.asked.append(path)
+        return self.answers.get(path)
+
+
+def test_report_reads_the_bucket_gke_and_the_live_cluster(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --bucket-dir: `gcloud storage cat/ls` (a stand-in answering as gcloud does: an object's text,
+    `ls -l` lines, exit 1 with "One or more URLs matched no objects."), GKE's Cluster and the cluster's API."""
+    root = bucket_dir(tmp_path / "bucket")
+    for i, marker in enumerate(LIVE["staged"]):
+        (root / "data" / f"m{i}").mkdir(parents=True)
+        (root / "data" / f"m{i}" / ".verl-gke-staged.json").write_text(json.dumps(marker))
+    (tmp_path / "cluster.json").write_text(json.dumps(LIVE["cluster"]))
+    (tmp_path / "listing").write_text(listing())
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    gcloud = bin_dir / "gcloud"
+    gcloud.write_text(
+        "#!/bin/bash\n"
+        f'echo "$*" >> "{tmp_path}/calls"\n'
+        'case "$1 $2 $3" in\n'
+        f'  "container clusters describe") cat "{tmp_path}/cluster.json";;\n'
+        f'  "storage ls -l") cat "{tmp_path}/listing";;\n'
+        f'  "storage ls gs://verl-data/**/.verl-gke-staged.json") cd "{root}" && '
+        'for f in data/*/.verl-gke-staged.json; do echo "gs://verl-data/$f"; done;;\n'
+        f'  "storage cat "*) p="{root}/${{3#gs://verl-data/}}"; if [[ -f $p ]]; then cat "$p"; else '
+        'echo "ERROR: (gcloud.storage.cat) One or more URLs matched no objects." >&2; exit 1; fi;;\n'
+        '  *) echo "ERROR: unexpected $*" >&2; exit 1;;\n'
+        'esac\n')
+    gcloud.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    api = Api({"/api/v1/nodes": LIVE["nodes"], "/api/v1/namespaces/default/events": LIVE["events"],
+               "/apis/batch/v1/namespaces/default/jobs?labelSelector=app.kubernetes.io/component%3Ddata-staging":
+                   {"items": [LIVE["staging"]]},
+               "/apis/ray.io/v1/namespaces/default/rayclusters/b200-ray-cluster": LIVE["ray_cluster"]})
+    monkeypatch.setattr(report.gke_facts, "describe", lambda name, location: report.gke_facts.ClusterFacts("e", CA))
+    monkeypatch.setattr("verl_gke.cluster_api.cluster_api", lambda endpoint, ca, timeout_s: api)
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps(OUTPUTS))
+    assert cli.main(["report", "--outputs", str(outputs)]) == 0
+    assert capsys.readouterr().out.splitlines() == EXPECTED
+    calls = set((tmp_path / "calls").read_text().splitlines())
+    assert {"container clusters describe verl-a4 --location us-central1-b --format json",
+            "storage ls gs://verl-data/**/.verl-gke-staged.json",
+            "storage ls -l -r gs://verl-data/verl/checkpoints/run-1/**",
+            "storage cat gs://verl-data/logs/run-1/timeline.jsonl",
+            "storage cat gs://verl-data/data/m0/.verl-gke-staged.json"} <= calls

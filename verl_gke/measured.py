@@ -100,6 +100,10 @@ class Recorded:
     events: Mapping[str, Any] | None = None
     staging: Mapping[str, Any] | None = None
     """The staging Job (labelled app.kubernetes.io/component=data-staging)."""
+    staged: tuple[Mapping[str, Any], ...] = ()
+    """Staging's markers in the bucket (workloads/stage_data.py: identity and `files`, path -> bytes)."""
+    ray_cluster: Mapping[str, Any] | None = None
+    """The RayCluster (KubeRay's status.conditions: RayClusterProvisioned once every pod is ready)."""
 
 
 @dataclass(frozen=True)
@@ -224,11 +228,19 @@ def measure(recorded: Recorded) -> Measured:
         image, seconds, size, when = max(images, key=lambda p: p[1])
         phases.append(Phase("image pull", seconds, when - seconds if when else None, size,
                             source=f"kubelet Pulled event of {image}"))
-    if recorded.staging is not None:
-        status = recorded.staging.get("status") or {}
+    staged = sum(int(size) for marker in recorded.staged for size in (marker.get("files") or {}).values()) or None
+    if recorded.staging is not None or staged:
+        status = (recorded.staging or {}).get("status") or {}
         begin, done = epoch(status.get("startTime", "")), epoch(status.get("completionTime", ""))
-        phases.append(Phase("staging", done - begin if begin and done else None, begin,
-                            source="the staging Job's startTime to completionTime"))
+        phases.append(Phase("staging", done - begin if begin and done else None, begin, staged,
+                            source="the staging Job's startTime to completionTime; bytes from its markers"))
+    if recorded.ray_cluster is not None:
+        begin = epoch((recorded.ray_cluster.get("metadata") or {}).get("creationTimestamp", ""))
+        ready = next((epoch(c.get("lastTransitionTime", ""))
+                      for c in (recorded.ray_cluster.get("status") or {}).get("conditions") or []
+                      if c.get("type") == "RayClusterProvisioned" and c.get("status") == "True"), None)
+        phases.append(Phase("RayCluster ready", ready - begin if begin and ready else None, begin,
+                            source="the RayCluster created to RayClusterProvisioned (KubeRay)"))
 
     events = timeline_events(recorded.timeline)
     starts = [e["at"] for e in events if e.get("event") == "job-start"]

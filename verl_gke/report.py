@@ -27,12 +27,14 @@ from domain.platforms import (
     RAY_PODS_STREAMED,
 )
 from verl_gke import gke_facts, stack_outputs
+from verl_gke.commands import run_tool
 from verl_gke.console import CliError, one_line, progress
 from verl_gke.measured import Measured, Recorded, measure, pulls
 from verl_gke.stack_outputs import StackOutputs
 from verl_gke.verify import gcloud_json, stack_flags, storage_ls
 from workloads.run_logs import DECISIONS_FILE, RECORD_FILE, TIMELINE_FILE, attempt_file
 from workloads.run_record import RunRecord
+from workloads.stage_data import MARKER_NAME
 
 EXIT_NEVER_STARTED = 8
 SUPERVISOR_STEP_S = 15.0
@@ -40,6 +42,8 @@ SUPERVISOR_STEP_S = 15.0
 STAGING_JOB = "kubernetes:batch/v1:Job"
 STAGING_SELECTOR = "app.kubernetes.io/component%3Ddata-staging"
 GCLOUD_TIMEOUT_S = 120.0
+MARKERS_READ = 4
+"""The model, the dataset and verl: a bucket holding more (earlier models) adds at most one more read."""
 KUBE_TIMEOUT_S = 30.0
 PNG_SIZE = (12.0, 7.0)
 PNG_DPI = 100
@@ -74,6 +78,7 @@ def modeled(phase: str, measured: Measured, outputs: StackOutputs, autopilot: bo
         "GPU nodes": nodes_s,
         "image pull": (RAY_PODS_STREAMED if "-docker.pkg.dev/" in image else RAY_PODS_FROM_DOCKER_HUB).seconds,
         "staging": DEPLOY_DURATIONS[STAGING_JOB].seconds,
+        "RayCluster ready": (RAY_PODS_STREAMED if "-docker.pkg.dev/" in image else RAY_PODS_FROM_DOCKER_HUB).seconds,
         "step": outputs.modeled_step_s,
         "checkpoint local save": save.rank_bytes / (SAVE_GBPS_PER_RANK * 1e9) if save else None,
         "checkpoint bucket copy": save.bytes / save.nodes / (BUCKET_WRITE_GBPS * 1e9) if save else None,
@@ -166,7 +171,7 @@ def saved(measured: Measured, stack: str, now: float) -> dict[str, Any]:
 
 def recorded(run_id: str, read: Any, listing: str, live: dict[str, Any]) -> Recorded:
     """The run's records: the bucket copy (`read(name)`), the checkpoints' listing, and the live cluster's
-    answers (`live`: cluster, nodes, events, staging; absent once it is gone)."""
+    answers and staging's markers (`live`: cluster, nodes, events, staging, ray_cluster, staged)."""
     text = read(RECORD_FILE)
     record = RunRecord.from_json(text) if text else None
     logs = "".join(read(attempt_file(a.index)) or "" for a in record.attempts) if record else ""
@@ -194,8 +199,15 @@ def _live(outputs: StackOutputs, args: argparse.Namespace) -> dict[str, Any]:
         live["events"] = api.request("GET", f"/api/v1/namespaces/{ns}/events")
         jobs = api.request("GET", f"/apis/batch/v1/namespaces/{ns}/jobs?labelSelector={STAGING_SELECTOR}") or {}
         live["staging"] = next(iter(jobs.get("items") or []), None)
+        live["ray_cluster"] = api.request("GET", f"/apis/ray.io/v1/namespaces/{ns}/rayclusters/{outputs.ray_cluster}")
     except Exception as error:  # noqa: BLE001 - the cluster may be gone: the bucket's records remain
         progress(f"the live cluster was not read ({one_line(error)}): its phases are left out")
+    try:
+        markers = storage_ls([f"gs://{outputs.bucket_name}/**/{MARKER_NAME}"]).split()
+        live["staged"] = tuple(json.loads(run_tool(["gcloud", "storage", "cat", url], f"gcloud storage cat {url}",
+                                                   GCLOUD_TIMEOUT_S, CliError)) for url in markers[:MARKERS_READ])
+    except Exception as error:  # noqa: BLE001 - the staging's bytes are left out
+        progress(f"staging's markers were not read ({one_line(error)}): its bytes are left out")
     return live
 
 
