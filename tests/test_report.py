@@ -297,6 +297,15 @@ def test_a_run_that_never_started_is_one_line_and_exit_8(tmp_path: Path, capsys:
                                        "the cluster\n")
 
 
+def test_report_of_synths_offline_outputs_is_one_line_and_exit_8(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps({**OUTPUTS, "clusterCaCertificate": "c3ludGgtY2E=", "bucketName": "[unknown]"}))
+    assert cli.main(["report", "--outputs", str(outputs)]) == 8
+    assert capsys.readouterr().err == (f"verl-gke: error: nothing to report: {outputs} holds synth's offline "
+                                       "outputs (clusterCaCertificate is a stand-in)\n")
+
+
 def test_save_needs_the_stack_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["report", "--outputs", str(tmp_path / "x.json"), "--save"]) == 1
     assert capsys.readouterr().err == ("verl-gke: error: report --save writes measured/<stack>.json: name the stack "

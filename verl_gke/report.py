@@ -4,7 +4,7 @@ reads in place of its assumed ones.
 
 The model is the stack's: its outputs (modeledStepSeconds, modeledRunSeconds) and the named assumptions of
 domain/ (deploy durations, checkpoint rates). A run other than the stack's own is shown measured only.
-Exit: 0 shown, 1 the command failed, EXIT_NEVER_STARTED (8) the run never started.
+Exit: 0 shown, 1 the command failed, EXIT_NEVER_STARTED (8) the run never started (or nothing is deployed).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from verl_gke.commands import run_tool
 from verl_gke.console import CliError, one_line, progress
 from verl_gke.measured import Measured, Recorded, measure, pulls
 from verl_gke.stack_outputs import StackOutputs
-from verl_gke.verify import gcloud_json, stack_flags, storage_ls
+from verl_gke.verify import gcloud_json, nothing_deployed, stack_flags, storage_ls
 from workloads.run_logs import DECISIONS_FILE, RECORD_FILE, TIMELINE_FILE, attempt_file
 from workloads.run_record import RunRecord
 from workloads.stage_data import MARKER_NAME
@@ -253,6 +253,8 @@ def run(args: argparse.Namespace) -> int:
     if args.save and not args.stack:
         raise CliError("report --save writes measured/<stack>.json: name the stack with --stack NAME")
     outputs = stack_outputs.load(args.outputs, args.stack)
+    if why := nothing_deployed(outputs, "report"):
+        raise NeverStarted(why)
     run_id = args.run or outputs.run_id
     copy = BucketCopy(run_id, outputs.bucket_name, Path(args.bucket_dir) if args.bucket_dir else None)
     own = run_id == outputs.run_id

@@ -507,14 +507,15 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-def nothing_deployed(outputs: StackOutputs) -> str | None:
-    """Why there is nothing to verify, naming the missing output; None when something is deployed."""
+def nothing_deployed(outputs: StackOutputs, command: str) -> str | None:
+    """Why there is nothing to verify (or report), naming the missing output; None when something is deployed."""
     if outputs.offline:
-        return f"nothing to verify: {outputs.source} holds synth's offline outputs (clusterCaCertificate is a stand-in)"
+        return f"nothing to {command}: {outputs.source} holds synth's offline outputs (clusterCaCertificate is a " \
+               "stand-in)"
     for key, value in (("bucketName", outputs.bucket_name), ("clusterEndpoint", outputs.cluster_endpoint),
                        ("runId", outputs.run_id)):
         if not value:
-            return f"nothing to verify: the stack outputs in {outputs.source} have no {key} (is the stack deployed?)"
+            return f"nothing to {command}: the stack outputs in {outputs.source} have no {key} (is the stack deployed?)"
     return None
 
 
@@ -566,7 +567,7 @@ def run(args: argparse.Namespace) -> int:
         outputs = stack_outputs.load(args.outputs, args.stack)
     except OutputsError as error:
         raise CliError(f"nothing to verify: {error}") from None
-    why = nothing_deployed(outputs)
+    why = nothing_deployed(outputs, "verify")
     if why:
         raise CliError(why)
     facts = gather(outputs, _api(args, outputs), *_bucket(outputs))
