@@ -210,6 +210,10 @@ EXPECTED = [
     "last one's end (the head's clock)",
     "export                         -   240.0 s      -        -  the record's export_s",
     "release                   15.0 s    30.0 s  2.00x        -  decisions 'run ended' to 'GPU workers released'",
+    'checkpoint step 2: 48.0 GB, local save 10.0 s (0.30 GB/s per rank), bucket copy 20.0 s (1.20 GB/s '
+    'per node, 2 nodes)',
+    'checkpoint step 4: 48.0 GB, local save 15.0 s (0.20 GB/s per rank), bucket copy 20.0 s (1.20 GB/s '
+    'per node, 2 nodes)',
     "verl's timers per step (mean): gen 35.2 s, reward 0.8 s, old_log_prob 9.5 s, ref 8.0 s, adv 0.2 s, "
     'update_actor 41.2 s',
     'measured rates: localSaveGBpsPerRank 0.25, bucketWriteGBps 1.2, verlStartupSeconds 300, stepSeconds 115',

@@ -110,6 +110,12 @@ def text(measured: Measured, table: Sequence[Row], compared: str) -> list[str]:
     widths = [max(len(row[i]) for row in cells) for i in range(5)]
     out += ["  ".join([*(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row[:5], widths))),
                        row[5]]).rstrip() for row in cells]
+    for save in measured.saves:
+        local = f"local save {save.local_s:.1f} s ({save.rank_bytes / save.local_s / 1e9:.2f} GB/s per rank)" \
+            if save.local_s and save.rank_bytes else "local save not timed"
+        copy = f"bucket copy {save.copy_s:.1f} s ({save.bytes / save.nodes / save.copy_s / 1e9:.2f} GB/s per node, " \
+               f"{save.nodes} node{'s' * (save.nodes != 1)})" if save.copy_s else "bucket copy not timed"
+        out.append(f"checkpoint step {save.step}: {save.bytes / 1e9:.1f} GB, {local}, {copy}")
     if measured.step_phases:
         out.append("verl's timers per step (mean): " + ", ".join(
             f"{name} {seconds:.1f} s" for name, seconds in measured.step_phases.items()))
