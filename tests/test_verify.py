@@ -106,9 +106,9 @@ FAILS: list[tuple[dict[str, Any], str]] = [
     (dict(node_pools=(NodePool("gpu-reservation", "pd-balanced", "GKE_METADATA", True),)),
      "FAIL         boot-disk: seen gpu-reservation pd-balanced; expected hyperdisk-balanced"),
     (dict(containers=(Container("head", "ray-head", IMAGE, f"docker.io/verlai/verl@{OTHER}"),
-                      Container("head", "gcsfuse", "gke.gcr.io/gcs-fuse-csi-driver-sidecar-mounter:v1", ""))),
-     f"FAIL         images-by-digest: seen head/ray-head runs {OTHER}, pinned {DIGEST}; head/gcsfuse "
-     "gke.gcr.io/gcs-fuse-csi-driver-sidecar-mounter:v1 (no digest); expected every container's image pinned "
+                      Container("head", "copier", "python:3.12-slim", ""))),
+     f"FAIL         images-by-digest: seen head/ray-head runs {OTHER}, pinned {DIGEST}; head/copier "
+     "python:3.12-slim (no digest); expected every container's image pinned "
      "@sha256 and running that digest"),
     (dict(ray_version="2.49.0"),
      "FAIL         ray-version: seen the head reports Ray 2.49.0; expected 2.47.0"),
@@ -232,7 +232,9 @@ class Api:
 
 
 PODS = {"items": [
-    {"metadata": {"name": "b200-ray-cluster-head-x7k2p"}, "spec": {"containers": [{"name": "ray-head", "image": IMAGE}]},
+    {"metadata": {"name": "b200-ray-cluster-head-x7k2p"},
+     "spec": {"containers": [{"name": "ray-head", "image": IMAGE},
+                             {"name": "gke-gcsfuse-sidecar", "image": "gke.gcr.io/gcs-fuse-csi-driver-sidecar-mounter"}]},
      "status": {"phase": "Running", "containerStatuses": [{"name": "ray-head",
                                                            "imageID": f"docker.io/verlai/verl@{DIGEST}"}]}},
     {"metadata": {"name": "stage-data-abc"}, "spec": {"containers": [{"name": "stage", "image": "python:3.12"}]},

@@ -40,6 +40,8 @@ GKE_METADATA = "GKE_METADATA"
 """A node pool's Workload Identity metadata server (config.workloadMetadataConfig.mode)."""
 IMEX_DRIVER = "compute-domain.nvidia.com"
 """The NVIDIA DRA driver's ComputeDomain driver: it allocates each worker's IMEX channel claim."""
+GCSFUSE_SIDECAR = "gke-gcsfuse-sidecar"
+"""The container GKE's GCS FUSE CSI driver injects (GKE docs, "Configure the sidecar container")."""
 VERIFY_FILE = "verify.json"
 _SAVED = re.compile(r"verl-gke checkpoints: step (\d+): saved by verl on every node")
 _TRAINER = re.compile(r"verl-gke checkpoints: step (\d+): verl's last save \(its trainer ran on ([^)\s]+)\)")
@@ -396,13 +398,16 @@ def nats_of(routers: Sequence[dict[str, Any]]) -> tuple[Nat, ...]:
 
 
 def containers_of(pods: dict[str, Any]) -> tuple[Container, ...]:
-    """Every container of the running pods in a PodList, with the image its node runs."""
+    """Every container of the running pods in a PodList, with the image its node runs; not the GCS FUSE
+    sidecar GKE injects (its image is GKE's to pin, not the stack's)."""
     out = []
     for pod in pods.get("items") or []:
         if (pod.get("status") or {}).get("phase") != "Running":
             continue
         ran = {s.get("name"): s.get("imageID", "") for s in (pod.get("status") or {}).get("containerStatuses") or []}
         for c in (pod.get("spec") or {}).get("containers") or []:
+            if c.get("name") == GCSFUSE_SIDECAR:
+                continue
             out.append(Container(pod["metadata"]["name"], c.get("name", ""), c.get("image", ""), ran.get(c.get("name"), "")))
     return tuple(out)
 
