@@ -37,7 +37,8 @@ def passing(**changes: Any) -> Facts:
         dranet=False, networks={"verl-a4-net": 8896, "verl-a4-gvnic": 8896}, cluster_network="verl-a4-net",
         nats=(Nat("verl-a4-router", "verl-a4-nat", "verl-a4-net", True, 4096, 65536),),
         containers=(Container("b200-ray-cluster-head-x7k2p", "ray-head", IMAGE, f"docker.io/verlai/verl@{DIGEST}"),),
-        ray_version="2.47.0", run_log=RUN_LOG, bucket_steps=(20, 30), fabric_busbw_gbps=361.5)
+        ray_version="2.47.0", run_log=RUN_LOG, bucket_steps=(20, 30), fabric_busbw_gbps=361.5, released=True,
+        ray_pods=0)
     return replace(facts, **changes)
 
 
@@ -64,6 +65,8 @@ def test_a_passing_stack_passes_every_check_with_its_evidence() -> None:
         "PASS         saves-in-bucket: seen saved steps 10, 20, 30; complete in the bucket steps 20, 30; expected "
         "every save verl made (newer than the oldest kept) complete in the bucket",
         "PASS         fabric-busbw: seen 361.5 GB/s all-reduce bus bandwidth; expected >= 200 GB/s",
+        "PASS         release: seen released; 0 Ray pods left; expected no pod of the RayCluster once the record says "
+        "released",
     ]
 
 
@@ -120,6 +123,9 @@ FAILS: list[tuple[dict[str, Any], str]] = [
      "expected every save verl made (newer than the oldest kept) complete in the bucket"),
     (dict(fabric_busbw_gbps=18.2),
      "FAIL         fabric-busbw: seen 18.2 GB/s all-reduce bus bandwidth; expected >= 200 GB/s"),
+    (dict(ray_pods=3),
+     "FAIL         release: seen released; 3 Ray pods left; expected no pod of the RayCluster once the record says "
+     "released"),
     ({**A4X, "compute_domain": ComputeDomainState("NotReady", 3, 4)},
      "FAIL         compute-domain: seen verl-compute-domain status NotReady over 3 nodes; expected status Ready "
      "over 4 nodes"),
@@ -149,6 +155,12 @@ def test_a_fact_not_read_is_not_checked_with_the_reason() -> None:
         "NOT CHECKED  vpc-mtu: seen nothing (gcloud not found on PATH); expected MTU 8896 on every VPC",
         "NOT CHECKED  ray-version: seen nothing (GET /api/v1/...: 503 no endpoints); expected 2.47.0",
     ]
+
+
+def test_a_run_not_released_yet_leaves_the_release_unchecked() -> None:
+    [release] = [x for x in lines(passing(released=False, ray_pods=4)) if "release" in x]
+    assert release == ("NOT CHECKED  release: seen the run is not released yet; expected no pod of the RayCluster once "
+                       "the record says released")
 
 
 def test_autopilot_leaves_the_boot_disk_to_gke() -> None:
@@ -263,11 +275,13 @@ def bucket_copy(name: str) -> str | None:
 
 def test_the_facts_come_from_gcloud_the_cluster_api_and_the_bucket(gcloud: Path) -> None:
     api = Api({"/api/v1/namespaces/default/pods": PODS,
+               "/api/v1/namespaces/default/pods?labelSelector=ray.io%2Fcluster%3Db200-ray-cluster":
+                   {"items": PODS["items"][:1]},
                "/api/v1/namespaces/default/services/b200-ray-cluster-head-svc:dashboard/proxy/api/version":
                    {"ray_version": "2.47.0"}})
     out = outputs()
     facts = verify.gather(out, api, bucket_copy, verify._bucket(out)[1])
-    assert facts == passing(missing={})
+    assert facts == passing(missing={}, released=False, ray_pods=1)
     calls = (gcloud / "calls").read_text().splitlines()
     assert calls == [
         "container clusters describe verl-a4 --location us-central1-b --format json",

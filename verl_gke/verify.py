@@ -107,6 +107,10 @@ class Facts:
     ray_version: str | None = None
     run_log: str | None = None
     """Every attempt's driver log of the stack's run, as the bucket keeps it."""
+    released: bool | None = None
+    """The run's record (its bucket copy) says its GPU workers were released."""
+    ray_pods: int | None = None
+    """Pods of the RayCluster (label ray.io/cluster) that still exist."""
     bucket_steps: tuple[int, ...] | None = None
     """Steps of the run with their completion marker in the bucket."""
     fabric_busbw_gbps: float | None = None
@@ -318,10 +322,21 @@ def check_compute_domain(facts: Facts) -> list[Result]:
     ]
 
 
+def check_release(facts: Facts) -> Result:
+    name, answers = "release", "KubeRay deletes a suspended RayCluster's pods"
+    expected = "no pod of the RayCluster once the record says released"
+    if facts.released is None or facts.ray_pods is None:
+        return _not_checked(name, "released" if facts.released is None else "ray_pods", facts, expected, answers)
+    if not facts.released:
+        return Result(name, "NOT CHECKED", "the run is not released yet", expected, answers)
+    return Result(name, "PASS" if facts.ray_pods == 0 else "FAIL", f"released; {facts.ray_pods} Ray pods left",
+                  expected, answers)
+
+
 CHECKS: tuple[Callable[[Facts], Result | list[Result]], ...] = (
     check_gke_version, check_network_policy, check_workload_identity, check_mtu, check_nat, check_boot_disks,
     check_image_digests, check_ray_version, check_trainer_placement, check_saves_in_bucket, check_fabric,
-    check_compute_domain,
+    check_release, check_compute_domain,
 )
 
 
@@ -459,12 +474,15 @@ def gather(outputs: StackOutputs, api: Any | None, bucket_read: Callable[[str], 
     else:
         missing["networks"] = missing["nats"] = "the cluster was not read"
     if api is None:
-        for key in ("containers", "ray_version", "compute_domain"):
+        for key in ("containers", "ray_version", "compute_domain", "ray_pods"):
             missing[key] = "no Kubernetes API"
     else:
         ns = outputs.namespace
         attempt(["containers"], lambda: {"containers": containers_of(
             api.request("GET", f"/api/v1/namespaces/{ns}/pods") or {})})
+        attempt(["ray_pods"], lambda: {"ray_pods": len((api.request(
+            "GET", f"/api/v1/namespaces/{ns}/pods?labelSelector=ray.io%2Fcluster%3D{outputs.ray_cluster}")
+            or {}).get("items") or [])})
         attempt(["ray_version"], lambda: {"ray_version": str((api.request(
             "GET", f"/api/v1/namespaces/{ns}/services/{outputs.ray_head_service}:dashboard/proxy/api/version")
             or {})["ray_version"])})
@@ -472,18 +490,19 @@ def gather(outputs: StackOutputs, api: Any | None, bucket_read: Callable[[str], 
             attempt(["compute_domain"], lambda: {"compute_domain": compute_domain_of(
                 api.request("GET", f"/apis/resource.nvidia.com/v1beta1/namespaces/{ns}/computedomains/{COMPUTE_DOMAIN}"),
                 api.request("GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims") or {})})
-    attempt(["run_log"], lambda: {"run_log": _run_log(outputs.run_id, bucket_read)})
+    attempt(["run_log", "released"], lambda: _run_log(outputs.run_id, bucket_read))
     attempt(["bucket_steps"], lambda: {"bucket_steps": bucket_steps_of(
         bucket_list(f"{outputs.checkpoint_uri.rstrip('/')}/global_step_*/{MARKER}"))})
     return Facts(**got, missing=missing)
 
 
-def _run_log(run_id: str, read: Callable[[str], str | None]) -> str:
+def _run_log(run_id: str, read: Callable[[str], str | None]) -> dict[str, Any]:
     text = read("record.json")
     if text is None:
         raise _Lookup(f"no copy of run {run_id} in the bucket's {run_folder(run_id)}/ yet")
     record = RunRecord.from_json(text)
-    return "".join(read(attempt_file(a.index)) or "" for a in record.attempts)
+    return {"run_log": "".join(read(attempt_file(a.index)) or "" for a in record.attempts),
+            "released": record.released}
 
 
 # --- the command -------------------------------------------------------------------------------
