@@ -37,8 +37,9 @@ def passing(**changes: Any) -> Facts:
         dranet=False, networks={"verl-a4-net": 8896, "verl-a4-gvnic": 8896}, cluster_network="verl-a4-net",
         nats=(Nat("verl-a4-router", "verl-a4-nat", "verl-a4-net", True, 4096, 65536),),
         containers=(Container("b200-ray-cluster-head-x7k2p", "ray-head", IMAGE, f"docker.io/verlai/verl@{DIGEST}"),),
-        ray_version="2.47.0", run_log=RUN_LOG, bucket_steps=(20, 30), fabric_busbw_gbps=361.5, released=True,
-        ray_pods=0)
+        ray_version="2.47.0", run_log=RUN_LOG, bucket_steps=(20, 30), fabric_busbw_gbps=361.5, released=False,
+        ray_pods=3, workers=(("b200-ray-cluster-gpu-workers-worker-a1b2c", "Running"),
+                             ("b200-ray-cluster-gpu-workers-worker-d3e4f", "Running")))
     return replace(facts, **changes)
 
 
@@ -65,15 +66,17 @@ def test_a_passing_stack_passes_every_check_with_its_evidence() -> None:
         "PASS         saves-in-bucket: seen saved steps 10, 20, 30; complete in the bucket steps 20, 30; expected "
         "every save verl made (newer than the oldest kept) complete in the bucket",
         "PASS         fabric-busbw: seen 361.5 GB/s all-reduce bus bandwidth; expected >= 200 GB/s",
-        "PASS         release: seen released; 0 Ray pods left; expected no pod of the RayCluster once the record says "
-        "released",
+        "PASS         gpu-workers-admitted: seen 2 Running; expected 2 GPU worker pods Running",
+        "NOT CHECKED  release: seen the run is not released yet; expected no pod of the RayCluster once the record "
+        "says released",
     ]
 
 
 A4X = dict(platform="a4x", gpu_nodes=4, dranet=True, ray_version="2.49.0",
            node_pools=(NodePool("gpu-reservation", "hyperdisk-balanced", "GKE_METADATA", True),),
            run_log=RUN_LOG.replace("b200-ray-cluster-head-x7k2p", "gb200-ray-cluster-gpu-workers-worker-abcde"),
-           compute_domain=ComputeDomainState("Ready", 4, 4), fabric_busbw_gbps=512.0)
+           compute_domain=ComputeDomainState("Ready", 4, 4), fabric_busbw_gbps=512.0,
+           workers=tuple((f"gb200-ray-cluster-gpu-workers-worker-{i}", "Running") for i in range(4)))
 
 
 def test_an_a4x_stack_checks_its_floors_the_compute_domain_and_imex_channels() -> None:
@@ -88,7 +91,7 @@ def test_an_a4x_stack_checks_its_floors_the_compute_domain_and_imex_channels() -
         "PASS         imex-channels: seen 4 IMEX channel claims allocated; expected >= 4 IMEX channel claims allocated "
         "by compute-domain.nvidia.com",
     ]
-    assert not [line for line in out if not line.startswith("PASS")]
+    assert [line.split(":")[0] for line in out if not line.startswith("PASS")] == ["NOT CHECKED  release"]
 
 
 # One broken fact per check, and the exact line it must give.
@@ -123,7 +126,12 @@ FAILS: list[tuple[dict[str, Any], str]] = [
      "expected every save verl made (newer than the oldest kept) complete in the bucket"),
     (dict(fabric_busbw_gbps=18.2),
      "FAIL         fabric-busbw: seen 18.2 GB/s all-reduce bus bandwidth; expected >= 200 GB/s"),
-    (dict(ray_pods=3),
+    (dict(workers=(("b200-ray-cluster-gpu-workers-worker-a1b2c", "Running"),
+                   ("b200-ray-cluster-gpu-workers-worker-d3e4f", "0/3 nodes are available: 1 Insufficient nvidia.com/gpu. "
+                    "preemption: not eligible"))),
+     "FAIL         gpu-workers-admitted: seen 1 Running; b200-ray-cluster-gpu-workers-worker-d3e4f: 0/3 nodes are "
+     "available: 1 Insufficient nvidia.com/gpu. preemption: not eligible; expected 2 GPU worker pods Running"),
+    (dict(released=True, workers=()),
      "FAIL         release: seen released; 3 Ray pods left; expected no pod of the RayCluster once the record says "
      "released"),
     ({**A4X, "compute_domain": ComputeDomainState("NotReady", 3, 4)},
@@ -150,17 +158,21 @@ def test_every_check_has_a_fail_case() -> None:
 def test_a_fact_not_read_is_not_checked_with_the_reason() -> None:
     facts = passing(ray_version=None, networks=None, missing={"ray_version": "GET /api/v1/...: 503 no endpoints",
                                                               "networks": "gcloud not found on PATH"})
-    out = [x for x in lines(facts) if not x.startswith("PASS")]
+    out = [x for x in lines(facts) if not x.startswith("PASS") and "release:" not in x]
     assert out == [
         "NOT CHECKED  vpc-mtu: seen nothing (gcloud not found on PATH); expected MTU 8896 on every VPC",
         "NOT CHECKED  ray-version: seen nothing (GET /api/v1/...: 503 no endpoints); expected 2.47.0",
     ]
 
 
-def test_a_run_not_released_yet_leaves_the_release_unchecked() -> None:
-    [release] = [x for x in lines(passing(released=False, ray_pods=4)) if "release" in x]
-    assert release == ("NOT CHECKED  release: seen the run is not released yet; expected no pod of the RayCluster once "
-                       "the record says released")
+def test_a_released_run_has_no_pod_left_and_its_workers_are_not_counted() -> None:
+    out = lines(passing(released=True, ray_pods=0, workers=()))
+    assert [x for x in out if "release" in x] == [
+        "NOT CHECKED  gpu-workers-admitted: seen the run is released (its workers are gone by design); expected 2 GPU "
+        "worker pods Running",
+        "PASS         release: seen released; 0 Ray pods left; expected no pod of the RayCluster once the record says "
+        "released",
+    ]
 
 
 def test_autopilot_leaves_the_boot_disk_to_gke() -> None:
@@ -254,6 +266,12 @@ PODS = {"items": [
 ]}
 
 
+# A KubeRay worker pod (label ray.io/node-type=worker).
+WORKER = {"metadata": {"name": "b200-ray-cluster-gpu-workers-worker-a1b2c",
+                       "labels": {"ray.io/cluster": "b200-ray-cluster", "ray.io/node-type": "worker"}},
+          "status": {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}]}}
+
+
 def outputs(**changes: Any) -> verify.StackOutputs:
     from verl_gke.stack_outputs import from_mapping
 
@@ -276,12 +294,12 @@ def bucket_copy(name: str) -> str | None:
 def test_the_facts_come_from_gcloud_the_cluster_api_and_the_bucket(gcloud: Path) -> None:
     api = Api({"/api/v1/namespaces/default/pods": PODS,
                "/api/v1/namespaces/default/pods?labelSelector=ray.io%2Fcluster%3Db200-ray-cluster":
-                   {"items": PODS["items"][:1]},
+                   {"items": [PODS["items"][0], WORKER]},
                "/api/v1/namespaces/default/services/b200-ray-cluster-head-svc:dashboard/proxy/api/version":
                    {"ray_version": "2.47.0"}})
     out = outputs()
     facts = verify.gather(out, api, bucket_copy, verify._bucket(out)[1])
-    assert facts == passing(missing={}, released=False, ray_pods=1)
+    assert facts == passing(missing={}, ray_pods=2, workers=(("b200-ray-cluster-gpu-workers-worker-a1b2c", "Running"),))
     calls = (gcloud / "calls").read_text().splitlines()
     assert calls == [
         "container clusters describe verl-a4 --location us-central1-b --format json",

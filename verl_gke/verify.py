@@ -111,6 +111,8 @@ class Facts:
     """The run's record (its bucket copy) says its GPU workers were released."""
     ray_pods: int | None = None
     """Pods of the RayCluster (label ray.io/cluster) that still exist."""
+    workers: tuple[tuple[str, str], ...] | None = None
+    """Each GPU worker pod of the RayCluster: (name, 'Running' or why it is not: its PodScheduled message)."""
     bucket_steps: tuple[int, ...] | None = None
     """Steps of the run with their completion marker in the bucket."""
     fabric_busbw_gbps: float | None = None
@@ -322,6 +324,19 @@ def check_compute_domain(facts: Facts) -> list[Result]:
     ]
 
 
+def check_workers_admitted(facts: Facts) -> Result:
+    name, answers = "gpu-workers-admitted", "Autopilot admits the A4 worker pod ...; GKE scaling the GPU pool"
+    expected = f"{facts.gpu_nodes} GPU worker pods Running"
+    if facts.workers is None:
+        return _not_checked(name, "workers", facts, expected, answers)
+    if facts.released:
+        return Result(name, "NOT CHECKED", "the run is released (its workers are gone by design)", expected, answers)
+    running = [w for w, state in facts.workers if state == "Running"]
+    waiting = [f"{w}: {state}" for w, state in facts.workers if state != "Running"]
+    seen = f"{len(running)} Running" + (f"; {'; '.join(waiting)}" if waiting else "")
+    return Result(name, "PASS" if len(running) >= facts.gpu_nodes else "FAIL", seen, expected, answers)
+
+
 def check_release(facts: Facts) -> Result:
     name, answers = "release", "KubeRay deletes a suspended RayCluster's pods"
     expected = "no pod of the RayCluster once the record says released"
@@ -336,7 +351,7 @@ def check_release(facts: Facts) -> Result:
 CHECKS: tuple[Callable[[Facts], Result | list[Result]], ...] = (
     check_gke_version, check_network_policy, check_workload_identity, check_mtu, check_nat, check_boot_disks,
     check_image_digests, check_ray_version, check_trainer_placement, check_saves_in_bucket, check_fabric,
-    check_release, check_compute_domain,
+    check_workers_admitted, check_release, check_compute_domain,
 )
 
 
@@ -427,6 +442,22 @@ def containers_of(pods: dict[str, Any]) -> tuple[Container, ...]:
     return tuple(out)
 
 
+def ray_pods_of(pods: dict[str, Any]) -> dict[str, Any]:
+    """The RayCluster's pods (a PodList by its ray.io/cluster label): how many, and each worker's state
+    (KubeRay labels ray.io/node-type=worker; a pod not Running says why in its PodScheduled condition)."""
+    items = pods.get("items") or []
+    workers = []
+    for pod in items:
+        if ((pod.get("metadata") or {}).get("labels") or {}).get("ray.io/node-type") != "worker":
+            continue
+        status = pod.get("status") or {}
+        why = next((c.get("message") or c.get("reason", "") for c in status.get("conditions") or []
+                    if c.get("type") == "PodScheduled" and c.get("status") != "True"), "")
+        state = "Running" if status.get("phase") == "Running" else why or status.get("phase", "Unknown")
+        workers.append((pod["metadata"]["name"], state))
+    return {"ray_pods": len(items), "workers": tuple(workers)}
+
+
 def compute_domain_of(domain: dict[str, Any] | None, claims: dict[str, Any]) -> ComputeDomainState:
     status = (domain or {}).get("status") or {}
     imex = sum(1 for claim in claims.get("items") or []
@@ -474,15 +505,14 @@ def gather(outputs: StackOutputs, api: Any | None, bucket_read: Callable[[str], 
     else:
         missing["networks"] = missing["nats"] = "the cluster was not read"
     if api is None:
-        for key in ("containers", "ray_version", "compute_domain", "ray_pods"):
+        for key in ("containers", "ray_version", "compute_domain", "ray_pods", "workers"):
             missing[key] = "no Kubernetes API"
     else:
         ns = outputs.namespace
         attempt(["containers"], lambda: {"containers": containers_of(
             api.request("GET", f"/api/v1/namespaces/{ns}/pods") or {})})
-        attempt(["ray_pods"], lambda: {"ray_pods": len((api.request(
-            "GET", f"/api/v1/namespaces/{ns}/pods?labelSelector=ray.io%2Fcluster%3D{outputs.ray_cluster}")
-            or {}).get("items") or [])})
+        attempt(["ray_pods", "workers"], lambda: ray_pods_of(api.request(
+            "GET", f"/api/v1/namespaces/{ns}/pods?labelSelector=ray.io%2Fcluster%3D{outputs.ray_cluster}") or {}))
         attempt(["ray_version"], lambda: {"ray_version": str((api.request(
             "GET", f"/api/v1/namespaces/{ns}/services/{outputs.ray_head_service}:dashboard/proxy/api/version")
             or {})["ray_version"])})
