@@ -11,7 +11,7 @@ import pulumi
 from pulumi_gcp import compute
 
 from components.children import child_options
-from components.rdma_network import VPC_MTU
+from domain.network import VPC_MTU
 
 PODS_RANGE = "pods"
 SERVICES_RANGE = "services"

@@ -10,11 +10,9 @@ from pulumi_gcp import compute
 
 from components.children import child_options
 from components.gpu_node_pool import NodeNetwork
+from domain.network import VPC_MTU
 from manifests.network_mapping import NetworkNames
 
-# The largest MTU GCP allows; Cluster Toolkit's gke-a4/a3-ultragpu blueprints set it on every VPC,
-# the gVNIC one included (the default 1460 fragments the host network's bulk traffic).
-VPC_MTU = 8896
 
 
 class RdmaNetworkArgs(TypedDict):

@@ -729,7 +729,7 @@ def test_the_exit_statuses_are_the_same_in_the_epilog_the_docstring_and_the_docs
     epilog = " ".join((cli.build_parser().epilog or "").split())
     assert epilog == ("Errors are one line on stderr. Exit status: 0 done, 1 the command failed, 2 a wrong command "
                       "line, 3 `wait` could not read the run for its outage window, 4 `wait`: the run failed, 5 "
-                      "stopped, 6 over its budget, 7 lost, 130 interrupted.")
+                      "stopped, 6 over its budget, 7 lost, 8 `report`: the run never started, 130 interrupted.")
     statuses = epilog.removeprefix("Errors are one line on stderr. ")
     docs = " ".join(" ".join(path.read_text().split()) for path in [REPO / "README.md", *(REPO / "docs").glob("*.md")])
     assert statuses in " ".join((REPO / "docs" / "runs.md").read_text().split())

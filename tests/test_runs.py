@@ -156,7 +156,7 @@ def test_wait_follows_the_run_across_a_killed_attempt_to_success_and_logs_outliv
     assert control.suspended
     folder = bucket / LOGS_DIR / spec.run_key
     assert sorted(p.name for p in folder.iterdir()) == ["attempt-0.log", "attempt-1.log", "decisions.log",
-                                                       "record.json"]
+                                                       "record.json", "timeline.jsonl"]
     assert RunRecord.from_json((folder / "record.json").read_text()).released
     assert "run ended: succeeded" in (folder / "decisions.log").read_text()
 

@@ -388,3 +388,24 @@ def test_the_deploy_jobs_install_a_pinned_gcloud() -> None:
         if match := re.fullmatch(r"\$\{\{ env\.(\w+) \}\}", version):
             version = str(load()["env"][match.group(1)])
         assert re.fullmatch(r"\d+\.\d+\.\d+", version), step
+
+
+def test_after_up_the_stack_is_verified_while_the_run_stands_and_reported_once_it_ended() -> None:
+    follow = load()["jobs"]["follow"]
+    steps = follow["steps"]
+    scripts = [step.get("run", "") for step in steps]
+    outputs = next(i for i, s in enumerate(scripts) if "> run/outputs.json" in s)
+    verify = next(i for i, s in enumerate(scripts) if ".venv/bin/verl-gke verify --outputs run/outputs.json" in s)
+    wait = next(i for i, s in enumerate(scripts) if s.startswith(".venv/bin/verl-gke wait "))
+    report = next(i for i, s in enumerate(scripts)
+                  if ".venv/bin/verl-gke report --outputs run/outputs.json --plot run/report.png" in s)
+    logs = next(i for i, s in enumerate(scripts) if "verl-gke logs --outputs run/outputs.json --all" in s)
+    upload = next(i for i, step in enumerate(steps) if step.get("uses", "").startswith("actions/upload-artifact@"))
+    # verify reads the pods and the head: before the release takes them; its FAIL fails the job at the end,
+    # after the run was followed and its files uploaded.
+    assert outputs < verify < wait < logs < report < upload
+    assert steps[verify]["id"] == "verify" and steps[verify]["continue-on-error"] is True
+    assert "run/verify.txt" in scripts[verify] and "pipefail" in scripts[verify]
+    last = steps[-1]
+    assert last["if"] == "${{ !cancelled() && steps.verify.outcome == 'failure' }}"
+    assert "exit 1" in last["run"]

@@ -9,6 +9,8 @@
     verl-gke metrics     verl's per-step metrics as a table, a reward plot and a verdict
     verl-gke fabric      all-reduce across every GPU worker: the fabric's bus bandwidth, on demand
     verl-gke export      a checkpoint as a Hugging Face model in the bucket (verl's own merger, as a Ray job)
+    verl-gke verify      the live stack against the verification matrix: PASS / FAIL / NOT CHECKED per check
+    verl-gke report      the run measured against the model, phase by phase, with the ratio (text and PNG)
     verl-gke --version   the installed version
 
 The stack outputs come from `pulumi stack output --json` or `--outputs FILE`. The run (`--run`, default
@@ -18,7 +20,7 @@ Kubernetes API, or `--dashboard-url` for a head that is directly reachable; once
 the run's logs come from its copy in the bucket. Results go to stdout, progress to stderr. An error
 is one line on stderr. Exit status: 0 done, 1 the command failed, 2 a wrong command line, 3 `wait`
 could not read the run for its outage window, 4 `wait`: the run failed, 5 stopped, 6 over its budget,
-7 lost, 130 interrupted.
+7 lost, 8 `report`: the run never started, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO, TypeVar
 
-from verl_gke import fabric, gke_facts, metrics, runs, stack_outputs
+from verl_gke import fabric, gke_facts, metrics, report, runs, stack_outputs, verify
 from verl_gke.console import PROG, CliError, HeadUnreachable, UsageError
 from verl_gke.console import fail as _fail
 from verl_gke.console import first_line as _first_line
@@ -243,12 +245,14 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--poll", type=_positive_float, default=DEFAULT_POLL_S, metavar="S",
                      help=f"seconds between status checks (default {DEFAULT_POLL_S:g})")
     exp.set_defaults(handler=cmd_export)
+    verify.add_parser(commands)
+    report.add_parser(commands)
     return parser
 
 
 EPILOG = ("Errors are one line on stderr. Exit status: 0 done, 1 the command failed, 2 a wrong command line, 3 "
           "`wait` could not read the run for its outage window, 4 `wait`: the run failed, 5 stopped, 6 over its "
-          "budget, 7 lost, 130 interrupted.")
+          "budget, 7 lost, 8 `report`: the run never started, 130 interrupted.")
 
 
 def _version() -> str:

@@ -8,6 +8,8 @@ half of its suspend). The folder holds:
     record.json        the run record as of the last copy (attempts, outcome, release, newest decisions)
     decisions.log      every decision seen, one a line (the record keeps only the newest 20)
     attempt-<N>.log    attempt N's driver log: its last LOG_COPY_LINES lines, as the head cuts them
+    timeline.jsonl     when each attempt's job started and ended (the head's clock) and when each verl step was
+                       first seen in its log (the supervisor's clock, at most COPY_EVERY_S late): `verl-gke report`
 
 `logs/` is a managed folder the stack grants to the writers of logs (domain/bucket.py); the copy is
 made through the GCS JSON API with the pod's own Workload Identity (GcsSink), or into a directory
@@ -17,6 +19,7 @@ made through the GCS JSON API with the pod's own Workload Identity (GcsSink), or
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.error
 import urllib.parse
@@ -38,7 +41,9 @@ FLUSH_DEADLINE_S = 120.0
 """How long the release waits for the last copy before it releases anyway (and records the cut)."""
 LOG_COPY_LINES = 20000
 """The tail of each driver log that is copied: the supervisor's pod has 256 MiB, a log may have GBs."""
-RECORD_FILE, DECISIONS_FILE = "record.json", "decisions.log"
+RECORD_FILE, DECISIONS_FILE, TIMELINE_FILE = "record.json", "decisions.log", "timeline.jsonl"
+# verl's console line of a training step (verl_gke.metrics parses its values).
+_VERL_STEP = re.compile(r"(?:^|[\s)\]])step:(\d+) - ")
 METADATA_TOKEN_URL = "http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token"
 STORAGE_URL = "https://storage.googleapis.com"
 
@@ -120,6 +125,35 @@ class GcsSink:
             response.read()
 
 
+def timeline_events(index: int, job: Mapping[str, object], lines: list[str], now: float) -> list[dict[str, object]]:
+    """What one copy of attempt `index` shows: its job's start and end (Ray's start_time/end_time, ms on the
+    head's clock) and each verl step in its log, stamped `now` (this copy's wall clock)."""
+    events: list[dict[str, object]] = []
+    for event, key in (("job-start", "start_time"), ("job-end", "end_time")):
+        millis = job.get(key)
+        if isinstance(millis, int | float) and millis:
+            events.append({"attempt": index, "event": event, "at": millis / 1000, "clock": "head",
+                           **({"status": job.get("status")} if event == "job-end" else {})})
+    steps = sorted({int(m.group(1)) for line in lines if (m := _VERL_STEP.search(line))})
+    events += [{"attempt": index, "event": "step", "step": step, "at": now, "clock": "supervisor"} for step in steps]
+    return events
+
+
+def merged_timeline(old: str | None, events: list[dict[str, object]]) -> str:
+    """timeline.jsonl with the events it has no line for yet (a step's or a job's first sighting stays)."""
+    lines = (old or "").splitlines()
+    seen = {_event_key(json.loads(line)) for line in lines if line.strip()}
+    for event in events:
+        if _event_key(event) not in seen:
+            seen.add(_event_key(event))
+            lines.append(json.dumps(event, sort_keys=True))
+    return "".join(f"{line}\n" for line in lines)
+
+
+def _event_key(event: Mapping[str, object]) -> tuple[object, ...]:
+    return (event.get("attempt"), event.get("event"), event.get("step"))
+
+
 def merged_decisions(old: str | None, record: RunRecord) -> str:
     """decisions.log with the record's decisions it does not hold yet appended (each is stamped, so a
     line is one decision)."""
@@ -139,6 +173,8 @@ class LogCopier:
     clock: Callable[[], float] = time.monotonic
     log: Callable[[str], None] = print
     every_s: float = COPY_EVERY_S
+    wall: Callable[[], float] = time.time
+    """The timeline's stamps (for people; never compared by a decision)."""
     _last: float | None = None
     _final: set[str] = field(default_factory=set)
     """Attempts whose ended log was copied (this process: a restart copies them once more)."""
@@ -174,6 +210,9 @@ class LogCopier:
                     raise TimeoutError(f"{attempt.submission_id} not copied yet")
                 lines = self.ray.log_tail(job, lines=LOG_COPY_LINES)
                 self._write(f"{folder}/{attempt_file(attempt.index)}", "".join(f"{line}\n" for line in lines))
+                name = f"{folder}/{TIMELINE_FILE}"
+                old = self._written[name] if name in self._written else self.sink.read(name)
+                self._write(name, merged_timeline(old, timeline_events(attempt.index, job, lines, self.wall())))
                 if job.get("status") in TERMINAL:
                     self._final.add(attempt.submission_id)
             text = record.to_json()
