@@ -218,7 +218,8 @@ if cfg.run_supervisor:
             # Each attempt's driver log and the decisions, copied into logs/<run id>/ (workloads/run_logs.py).
             "log_bucket": names.bucket,
             # Merged on a node with the memory (a GPU worker for 32B), before the workers are released.
-            "export": {"checkpoint_dir": checkpoint_dir, "mount": MOUNT_PATH,
+            # Claimed and published through the bucket's JSON API (workloads/export_model.py).
+            "export": {"checkpoint_dir": checkpoint_dir, "mount": MOUNT_PATH, "bucket": names.bucket,
                        "memory_bytes": merge_memory_bytes(cfg.model), "verl_dir": cfg.verl_dir}
             if cfg.export_model else None,
         },

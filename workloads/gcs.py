@@ -12,11 +12,14 @@ ships into the cluster beside checkpoints.py and export_model.py. Every request 
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+from datetime import datetime
+from email.utils import parsedate_to_datetime
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
@@ -48,6 +51,15 @@ class Gcs:
     timeout_s: float = REQUEST_TIMEOUT_S
     _token: tuple[str, float] | None = None
 
+    @classmethod
+    def in_pod(cls, bucket: str, mount: str) -> Gcs:
+        """The pod's client: GCS with its Workload Identity token, or the emulator STORAGE_EMULATOR_HOST names
+        (the variable Google's client libraries honour), unauthenticated."""
+        emulator = os.environ.get("STORAGE_EMULATOR_HOST", "")
+        if emulator:
+            return cls(bucket, mount=mount, storage_url=emulator.rstrip("/"), token_url=None)
+        return cls(bucket, mount=mount)
+
     def name(self, path: object) -> str:
         """The object name of a path under the mount: `/data/verl/x` -> `verl/x`."""
         return PurePosixPath(str(path)).relative_to(self.mount).as_posix()
@@ -67,14 +79,19 @@ class Gcs:
               headers: dict[str, str] | None = None) -> bytes | None:
         """The answer's body; None on 404; PreconditionFailed on 412 (`name`: the object's); other HTTP errors
         go up (OSError)."""
+        return self._answer(url, name, data=data, method=method, headers=headers)[0]
+
+    def _answer(self, url: str, name: str, *, data: bytes | None = None, method: str = "GET",
+                headers: dict[str, str] | None = None) -> tuple[bytes | None, str]:
+        """_call's body and the answer's Date header (GCS's clock)."""
         request = urllib.request.Request(url, data=data, method=method, headers={**self._headers(), **(headers or {})})
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                return response.read()
+                return response.read(), response.headers.get("Date", "")
         except urllib.error.HTTPError as error:
             error.close()
             if error.code == 404:
-                return None
+                return None, ""
             if error.code == 412:
                 raise PreconditionFailed(f"gs://{self.bucket}/{name}: changed by another writer") from None
             raise
@@ -89,6 +106,15 @@ class Gcs:
             return None
         meta = json.loads(body)
         return Stat(int(meta["generation"]), int(meta["size"]))
+
+    def age_s(self, name: str) -> float | None:
+        """How long ago the object was last written, by GCS's own clock (its `updated` against the answer's
+        Date: no other machine's clock); None when absent."""
+        body, date = self._answer(self._object_url(name), name)
+        if body is None:
+            return None
+        updated = datetime.fromisoformat(json.loads(body)["updated"].replace("Z", "+00:00"))
+        return max((parsedate_to_datetime(date) - updated).total_seconds(), 0.0)
 
     def read(self, name: str, generation: int | None = None) -> tuple[bytes, int] | None:
         """The object's bytes and generation (that `generation` only, when named); None when absent."""
