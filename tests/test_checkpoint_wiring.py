@@ -104,3 +104,16 @@ def test_verl_composes_the_launchers_settings(synth_stack, stack: str, tmp_path:
 def test_the_program_runs_where_the_pods_mount_it() -> None:
     assert CHECKPOINT_PROGRAM == f"{CHECKPOINT_PROGRAM_DIR}/{manifest.PROGRAM_FILE}"
     assert manifest.PROGRAM_FILE == "checkpoints.py" and LOCAL_CHECKPOINTS == checkpoints.LOCAL_ROOT
+
+
+def test_a_run_that_saves_nothing_with_its_model_export_on_is_refused_in_one_line_naming_both_keys() -> None:
+    """verl writes no checkpoint with trainer.save_freq <= 0 (its default, -1): the run would succeed with no
+    model, and its export fail later (issue 47, item 7)."""
+    from tests.test_config import config, problems, verl
+
+    for freq in (0, -1):
+        assert [p for p in problems(**verl(trainer__save_freq=freq)) if "save_freq" in p] == [
+            f"verl-gke:verl.trainer.save_freq = {freq}: must be a positive number of steps with "
+            "verl-gke:exportModel = true (the default): verl writes no checkpoint otherwise, and the run would "
+            "succeed with no model to export; set verl-gke:exportModel to false to train without one"]
+    assert load_config(config(exportModel="false", **verl(trainer__save_freq=-1))).export_model is False
