@@ -190,6 +190,7 @@ ray = RayTrainingCluster("ray", {
     "worker_cpus": cfg.worker_cpus, "worker_memory_gi": cfg.worker_memory_gi,
     "worker_spot": cfg.gpu_spot and cfg.autopilot, "compute_class": gpu_class, "nic_claims": a4x and networks is None,
     "verl_dir": cfg.verl_dir, "ray_version": cfg.image_ray_version, "checkpoint_root": cfg.verl.get(CHECKPOINT_DIR),
+    "bucket": names.bucket,
     "install_kuberay": cfg.ray_operator == "helm", "operator_depends_on": [storage],
     "network_policy": cfg.ray_network_policy, "dashboard_cidrs": list(cfg.ray_dashboard_cidrs),
     "job_api_clients": supervisor.LABELS if cfg.run_supervisor else None,
