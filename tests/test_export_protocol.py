@@ -7,6 +7,7 @@ folder whose every write is also the object's new generation in the emulator (te
 from __future__ import annotations
 
 import json
+import re
 import sys
 import threading
 import time
@@ -23,7 +24,7 @@ RUN = "run-1"
 MERGER = '''
 """Stand-in for `python -m verl.model_merger merge --backend fsdp --local_dir A --target_dir T` (verl's CLI):
 reads the model shards of every rank in order and writes them, concatenated, as the model; between rank 0
-and rank 1 it announces itself (`started`) and waits for `go` (at most 30 s)."""
+and rank 1 it announces itself (`started`) and waits for `go`, or `go-<its target folder>` (at most 30 s)."""
 import os, sys, time
 from pathlib import Path
 args = sys.argv[1:]
@@ -33,7 +34,7 @@ shards = sorted(actor.glob("model_world_size_*_rank_*.pt"))
 data = shards[0].read_bytes()
 (flags / "started").touch()
 give_up = time.monotonic() + 30
-while not (flags / "go").exists() and time.monotonic() < give_up:
+while not (flags / "go").exists() and not (flags / f"go-{target.name}").exists() and time.monotonic() < give_up:
     time.sleep(0.05)
 for shard in shards[1:]:
     data += shard.read_bytes()
@@ -106,9 +107,10 @@ def test_two_exports_of_one_run_the_second_refuses_in_one_line_and_the_first_pub
     until(flags / "started")
     with pytest.raises(ExportError) as refused:
         run_export(mount, gcs, verl, "verl-export-run-1-final")
-    assert str(refused.value) == (
-        "run run-1: export verl-export-run-1-final-0 of this run is live (its claim models/run-1/.export.json); "
-        "export verl-export-run-1-final refuses and publishes nothing")
+    assert re.fullmatch(
+        r"run run-1: export verl-export-run-1-final-0 of this run is live \(its claim models/run-1/\.export\.json, "
+        r"[0-9] s old; taken over once 15000 s old\); export verl-export-run-1-final refuses and publishes nothing",
+        str(refused.value)), str(refused.value)
     (flags / "go").touch()
     first.join(30)
     assert out == {"result": mount / "models" / RUN / "model"}
@@ -177,3 +179,40 @@ def test_a_retry_of_the_same_export_takes_its_own_claim_and_a_lapsed_claim_is_ta
         run_export(mount, gcs, verl, "e2")
     time.sleep(2.1)  # GCS's Date header counts whole seconds
     assert run_export(mount, gcs, verl, "e2", claim_lapses_s=1.0) == mount / "models" / RUN / "model"
+
+
+def test_an_export_that_outlives_its_claim_publishes_nothing_over_the_one_that_took_it_over(world) -> None:
+    """Export e1 stalls in its merge past the claim's bound (here 2 s); e2 takes the lapsed claim over and
+    publishes; e1's merge then ends: its claim is no longer the generation it wrote, so it neither replaces
+    e2's model nor reports success."""
+    mount, gcs, verl, flags = world
+    save_step(gcs, mount / "verl" / "checkpoints" / RUN, 10, "a1", b"A")
+    first, out = in_thread(lambda: run_export(mount, gcs, verl, "e1", claim_lapses_s=2.0))
+    until(flags / "started")
+    time.sleep(3.1)  # GCS's Date header counts whole seconds
+    (flags / "go-model.partial-e2").touch()
+    assert run_export(mount, gcs, verl, "e2", claim_lapses_s=2.0) == mount / "models" / RUN / "model"
+    (flags / "go").touch()
+    first.join(30)
+    assert str(out.get("error")) == (
+        "run run-1: another export took over this export's claim models/run-1/.export.json (export e1 outlived "
+        "it); export e1 publishes nothing")
+    assert gcs.read_json(f"models/{RUN}/model.json")[0]["export"] == "e2"
+    assert sorted(p.name for p in (mount / "models" / RUN).iterdir()) == ["model"]
+
+
+def test_of_two_exports_that_both_saw_no_claim_exactly_one_claims_the_run(world, monkeypatch) -> None:
+    """Both read the claim as absent (neither had written it yet); both write it with ifGenerationMatch=0:
+    GCS lets one through, the other gets 412 and refuses."""
+    mount, gcs, verl, flags = world
+    save_step(gcs, mount / "verl" / "checkpoints" / RUN, 10, "a1", b"A")
+    first, out = in_thread(lambda: run_export(mount, gcs, verl, "e1"))
+    until(flags / "started")
+    with monkeypatch.context() as patch, pytest.raises(ExportError, match=(
+            r"^run run-1: another export of this run claimed it first \(its claim models/run-1/\.export\.json\); "
+            r"export e2 refuses and publishes nothing$")):
+        patch.setattr(gcs, "read_json", lambda name, generation=None: None)  # read before e1 wrote
+        run_export(mount, gcs, verl, "e2")
+    (flags / "go").touch()
+    first.join(30)
+    assert out == {"result": mount / "models" / RUN / "model"}

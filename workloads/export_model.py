@@ -246,8 +246,12 @@ def export(checkpoint_dir: Path, target_dir: Path, step: int | None = None, *, p
         if gcs is not None and claim is not None:
             pointer = gcs.name(target_dir) + POINTER_SUFFIX
             current = gcs.stat(pointer)
-            gcs.write_json(pointer, {"export": export_id, "folder": gcs.name(target_dir), "step": step,
-                                     "sources": sources}, current.generation if current else 0)
+            try:
+                gcs.write_json(pointer, {"export": export_id, "folder": gcs.name(target_dir), "step": step,
+                                         "sources": sources}, current.generation if current else 0)
+            except PreconditionFailed:
+                raise ExportError(f"run {run}: another export wrote {pointer} meanwhile (it took over this "
+                                  f"export's claim); export {export_id} reports no success") from None
             _hold(gcs, target_dir, claim, export_id, "released")
             claim = None
         return target_dir
@@ -270,8 +274,9 @@ def _claim(gcs: Gcs, target_dir: Path, export_id: str, lapses_s: float) -> int:
     if held is not None and held[0].get("state") != "released" and held[0].get("export") != export_id:
         age = gcs.age_s(name)
         if age is None or age < lapses_s:
-            raise ExportError(f"run {run}: export {held[0].get('export')} of this run is live (its claim {name}); "
-                              f"export {export_id} refuses and publishes nothing")
+            raise ExportError(f"run {run}: export {held[0].get('export')} of this run is live (its claim {name}, "
+                              f"{age or 0:.0f} s old; taken over once {lapses_s:.0f} s old); export {export_id} "
+                              "refuses and publishes nothing")
     try:
         return gcs.write_json(name, {"export": export_id, "state": "live"}, held[1] if held else 0)
     except PreconditionFailed:
