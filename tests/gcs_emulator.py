@@ -73,6 +73,19 @@ def make_bucket(url: str, name: str, mount: Path) -> Gcs:
     return Gcs(name, mount=str(mount), storage_url=url, token_url=None)
 
 
+def exports_on_the_emulator(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    """`verl-gke export`'s Ray job talks to the emulator at `url`: named in the job's environment as Google's
+    client libraries are told of one (STORAGE_EMULATOR_HOST, workloads/gcs.Gcs.in_pod)."""
+    from workloads import export_model
+
+    submission = export_model.submission
+
+    def on_the_emulator(**kw):
+        job = submission(**kw)
+        return {**job, "runtime_env": {**job["runtime_env"], "env_vars": {"STORAGE_EMULATOR_HOST": url}}}
+    monkeypatch.setattr(export_model, "submission", on_the_emulator)
+
+
 def put(gcs: Gcs, path: Path, data: bytes) -> int:
     """A write through the mount: the file in the folder standing for it, and the object it makes in the
     bucket (GCS FUSE uploads a file on close; every upload is a new generation). Its generation."""

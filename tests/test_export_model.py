@@ -188,19 +188,14 @@ def test_cli_export_runs_the_merger_as_a_ray_job_and_prints_the_models_uri(
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tests.gcs_emulator import make_bucket
+    from tests.gcs_emulator import exports_on_the_emulator, make_bucket
     from verl_gke import cli
 
     # The bucket as the nodes mount it: here a folder the loopback head reads; its JSON API (the export's
     # claim and pointer): the emulator, named to the job as Google's libraries are told of one.
     bucket = tmp_path / "bucket"
     gcs = make_bucket(gcs_emulator, "verl-data-p", bucket)
-    submission = export_model.submission
-
-    def on_the_emulator(**kw):
-        job = submission(**kw)
-        return {**job, "runtime_env": {**job["runtime_env"], "env_vars": {"STORAGE_EMULATOR_HOST": gcs_emulator}}}
-    monkeypatch.setattr(export_model, "submission", on_the_emulator)
+    exports_on_the_emulator(monkeypatch, gcs_emulator)
     # The model is named by the run, never by its attempt's Ray job (0.7.0 named it by grpoSubmissionId).
     run_id = "run-0123456789ab"
     model = tiny_checkpoint(bucket / "verl" / "checkpoints" / run_id, step=7, seed=2)
