@@ -190,6 +190,7 @@ ray = RayTrainingCluster("ray", {
     "worker_cpus": cfg.worker_cpus, "worker_memory_gi": cfg.worker_memory_gi,
     "worker_spot": cfg.gpu_spot and cfg.autopilot, "compute_class": gpu_class, "nic_claims": a4x and networks is None,
     "verl_dir": cfg.verl_dir, "ray_version": cfg.image_ray_version, "checkpoint_root": cfg.verl.get(CHECKPOINT_DIR),
+    "bucket": names.bucket,
     "install_kuberay": cfg.ray_operator == "helm", "operator_depends_on": [storage],
     "network_policy": cfg.ray_network_policy, "dashboard_cidrs": list(cfg.ray_dashboard_cidrs),
     "job_api_clients": supervisor.LABELS if cfg.run_supervisor else None,
@@ -218,7 +219,8 @@ if cfg.run_supervisor:
             # Each attempt's driver log and the decisions, copied into logs/<run id>/ (workloads/run_logs.py).
             "log_bucket": names.bucket,
             # Merged on a node with the memory (a GPU worker for 32B), before the workers are released.
-            "export": {"checkpoint_dir": checkpoint_dir, "mount": MOUNT_PATH,
+            # Claimed and published through the bucket's JSON API (workloads/export_model.py).
+            "export": {"checkpoint_dir": checkpoint_dir, "mount": MOUNT_PATH, "bucket": names.bucket,
                        "memory_bytes": merge_memory_bytes(cfg.model), "verl_dir": cfg.verl_dir}
             if cfg.export_model else None,
         },

@@ -71,6 +71,8 @@ class RayTrainingClusterArgs(TypedDict):
     verl_dir: NotRequired[str | None]
     """A verl tree on the bucket first on every Ray process's path; None (default) when the image has verl."""
     checkpoint_root: NotRequired[str | None]
+    bucket: NotRequired[str]
+    """The training bucket's name: the checkpoint program's markers rest on its object generations."""
     """The checkpoint folder on the bucket mount (verl-gke:verl.trainer.default_local_dir): verl saves on each pod's local disk and
     a copier beside every GPU worker copies each save there; the job runs verl through the checkpoint
     launcher (domain.grpo_spec.entrypoint). None (default): neither."""
@@ -125,7 +127,9 @@ def cluster_spec(args: RayTrainingClusterArgs, claim_name: str) -> RayClusterSpe
         head_node_pool=args.get("head_node_pool") or HEAD_NODE_POOL,
         verl_dir=args.get("verl_dir"),
         checkpoint_root=args.get("checkpoint_root"),
-        checkpoint_digest=checkpoints.digest(checkpoint_program()) if args.get("checkpoint_root") else "",
+        checkpoint_digest=checkpoints.digest(checkpoint_program() + checkpoint_client())
+        if args.get("checkpoint_root") else "",
+        bucket=args.get("bucket", ""),
     )
     if platform.head_on_gpu_node:
         _check_room_for_head(spec, platform)
@@ -135,6 +139,11 @@ def cluster_spec(args: RayTrainingClusterArgs, claim_name: str) -> RayClusterSpe
 def checkpoint_program() -> str:
     """workloads/checkpoints.py as the pods run it."""
     return Path(checkpoint_workload.__file__).read_text()
+
+
+def checkpoint_client() -> str:
+    """workloads/gcs.py, which the checkpoint program loads beside it."""
+    return Path(checkpoint_workload.__file__).with_name("gcs.py").read_text()
 
 
 def _check_room_for_head(spec: RayClusterSpec, platform: Platform) -> None:
@@ -211,7 +220,8 @@ class RayTrainingCluster(pulumi.ComponentResource):
             program_opts = child
             if "operator_depends_on" in args:
                 program_opts = pulumi.ResourceOptions(parent=self, depends_on=args["operator_depends_on"])
-            program = checkpoints.program_config_map(namespace=spec.namespace, program=checkpoint_program())
+            program = checkpoints.program_config_map(namespace=spec.namespace, program=checkpoint_program(),
+                                                     client=checkpoint_client())
             program_map = k8s.core.v1.ConfigMap(f"{name}-checkpoint-program", metadata=program["metadata"],
                                                 data=program["data"], opts=program_opts)
             cluster_opts = cluster_opts.merge(pulumi.ResourceOptions(depends_on=[program_map]))

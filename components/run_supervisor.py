@@ -22,6 +22,7 @@ from domain.bucket import LOGS_DIR
 from manifests import supervisor
 from manifests.ray_cluster import DASHBOARD_PORT, head_service_name
 from workloads import export_model, kube, run_lease, run_lifecycle, run_logs, run_record, run_supervisor
+from workloads import gcs as gcs_json
 
 
 class LogWriter(TypedDict):
@@ -63,7 +64,7 @@ class RunSupervisor(pulumi.ComponentResource):
         # Fails here, at preview, on a field the program does not take.
         run_supervisor.SupervisorConfig(**config)
         modules = {Path(m.__file__).name: Path(m.__file__).read_text()
-                   for m in (run_supervisor, run_lifecycle, run_record, run_lease, run_logs, kube, export_model)}
+                   for m in (run_supervisor, run_lifecycle, run_record, run_lease, run_logs, kube, export_model, gcs_json)}
         spec = supervisor.SupervisorSpec(namespace=args["namespace"], ray_cluster=args["ray_cluster"],
                                          programs=modules, config=config,
                                          ray_token_secret=args.get("ray_token_secret"))

@@ -924,6 +924,11 @@ def _run_problems(cfg: StackConfig) -> list[str]:
         out.append(problem_line(config_key("verl.trainer.save_freq"), save_freq,
                                 f"must be a positive number of steps with {camel(budgets[0][0])}: verl writes its "
                                 "deadline checkpoint only when it saves at all, so the stop would lose the whole run."))
+    if cfg.export_model and save_freq <= 0:
+        out.append(problem_line(config_key("verl.trainer.save_freq"), save_freq,
+                                f"must be a positive number of steps with {config_key('export_model')} = true (the "
+                                "default): verl writes no checkpoint otherwise, and the run would succeed with no "
+                                f"model to export; set {config_key('export_model')} to false to train without one"))
     version = cfg.verl.version
     if verl_version_tuple(version) < DELETES_BEFORE_SAVE_BELOW:
         for path in ("trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep"):

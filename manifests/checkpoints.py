@@ -10,9 +10,11 @@ from typing import Any
 from domain.bucket import LOCAL_CHECKPOINTS
 from domain.grpo_spec import CHECKPOINT_PROGRAM, CHECKPOINT_PROGRAM_DIR
 from domain.platforms import CHECKPOINT_COPIER
+from workloads.checkpoints import BUCKET_ENV
 
 CONFIG_MAP = "verl-gke-checkpoints"
 PROGRAM_FILE = CHECKPOINT_PROGRAM.rsplit("/", 1)[1]
+CLIENT_FILE = "gcs.py"
 LOCAL_VOLUME = "local-checkpoints"
 PROGRAM_VOLUME = "checkpoint-program"
 COPIER = "checkpoint-copier"
@@ -20,14 +22,20 @@ DIGEST_ANNOTATION = "verl-gke/checkpoints-sha256"
 """On the pod templates: a new program restarts the pods that run it."""
 
 
-def program_config_map(*, namespace: str, program: str) -> dict[str, Any]:
-    """workloads/checkpoints.py, mounted read-only at CHECKPOINT_PROGRAM_DIR in the head and the copiers."""
+def program_config_map(*, namespace: str, program: str, client: str) -> dict[str, Any]:
+    """workloads/checkpoints.py and the GCS JSON API client it loads beside it (workloads/gcs.py), mounted
+    read-only at CHECKPOINT_PROGRAM_DIR in the head and the copiers."""
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": CONFIG_MAP, "namespace": namespace},
-            "data": {PROGRAM_FILE: program}}
+            "data": {PROGRAM_FILE: program, CLIENT_FILE: client}}
 
 
 def digest(program: str) -> str:
     return hashlib.sha256(program.encode()).hexdigest()
+
+
+def bucket_env(bucket: str) -> list[dict[str, str]]:
+    """The bucket's name for the checkpoint program (its markers rest on the bucket's object generations)."""
+    return [{"name": BUCKET_ENV, "value": bucket}] if bucket else []
 
 
 def volumes() -> list[dict[str, Any]]:
@@ -43,7 +51,7 @@ def mounts() -> list[dict[str, Any]]:
 
 
 def copier(*, image: str, checkpoint_root: str, bucket_mount: dict[str, Any],
-           security: dict[str, Any]) -> dict[str, Any]:
+           security: dict[str, Any], env: list[dict[str, str]] | None = None) -> dict[str, Any]:
     """The container that copies this worker's announced saves to `checkpoint_root` on the bucket mount."""
     size = {"cpu": str(CHECKPOINT_COPIER.cpu), "memory": f"{CHECKPOINT_COPIER.memory_gi}Gi",
             "ephemeral-storage": f"{CHECKPOINT_COPIER.ephemeral_gi}Gi"}
@@ -52,7 +60,8 @@ def copier(*, image: str, checkpoint_root: str, bucket_mount: dict[str, Any],
         "image": image,
         "command": ["python3", CHECKPOINT_PROGRAM, "copy", "--local-root", LOCAL_CHECKPOINTS,
                     "--bucket-root", checkpoint_root],
-        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
+        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+                *(env or [])],
         "resources": {"requests": dict(size), "limits": dict(size)},
         "securityContext": security,
         "volumeMounts": [*mounts(), bucket_mount],

@@ -108,7 +108,10 @@ class RayClusterSpec:
     """The checkpoint folder on the bucket mount: verl saves on each pod's local disk and a copier beside
     every GPU worker copies each save there (workloads/checkpoints.py); None: no local saves."""
     checkpoint_digest: str = ""
-    """sha256 of the checkpoint program: on the pod templates, so a new program restarts the pods."""
+    bucket: str = ""
+    """The bucket's name, for the checkpoint program's markers (its object generations)."""
+    """sha256 of the checkpoint program (and its GCS client): on the pod templates, so a new program restarts
+    the pods."""
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -254,6 +257,8 @@ def _head_group(spec: RayClusterSpec) -> dict[str, Any]:
     if spec.checkpoint_root:
         # The job's entrypoint (the checkpoint launcher) runs here; the driver saves data.pt here.
         container["volumeMounts"] += checkpoints.mounts()
+        if bucket_env := checkpoints.bucket_env(spec.bucket):
+            container["env"] = [*container.get("env", []), *bucket_env]
         pod["volumes"] += checkpoints.volumes()
         annotations[checkpoints.DIGEST_ANNOTATION] = spec.checkpoint_digest
     return {
@@ -339,8 +344,10 @@ def _worker_group(spec: RayClusterSpec) -> dict[str, Any]:
     if spec.checkpoint_root:
         # verl's ranks save here (the Ray container, first: KubeRay's); the copier takes each save to the bucket.
         container["volumeMounts"] += checkpoints.mounts()
+        container["env"] += checkpoints.bucket_env(spec.bucket)  # verl's trainer may run here (A4X)
         pod["containers"].append(checkpoints.copier(image=spec.image, checkpoint_root=spec.checkpoint_root,
-                                                    bucket_mount=bucket_mount(), security=container_security()))
+                                                    bucket_mount=bucket_mount(), security=container_security(),
+                                                    env=checkpoints.bucket_env(spec.bucket)))
         pod["volumes"] += checkpoints.volumes()
         annotations[checkpoints.DIGEST_ANNOTATION] = spec.checkpoint_digest
     return {

@@ -20,7 +20,7 @@ from workloads.run_record import CLUSTER_LABEL, COMPONENT, LEGACY_SUFFIX
 
 NAME_SUFFIX = "-supervisor"
 PROGRAM_FILES = ("run_supervisor.py", "run_lifecycle.py", "run_record.py", "run_lease.py", "run_logs.py", "kube.py",
-                 "export_model.py")
+                 "export_model.py", "gcs.py")
 """The modules of package `workloads` the supervisor runs, mounted as SCRIPT_DIR/workloads/<file>
 (export_model.py also goes on to the Ray node that merges the model, as a job's working_dir)."""
 MODULE = "workloads.run_supervisor"

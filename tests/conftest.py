@@ -9,7 +9,7 @@ import pytest
 
 from verl_gke import synth
 
-pytest_plugins = ["tests.ray_head"]
+pytest_plugins = ["tests.ray_head", "tests.gcs_emulator"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -50,22 +50,26 @@ def test_every_ray_pod_has_the_local_folder_and_every_worker_its_copier(synth_st
     spec = _cluster(result)["spec"]
     program = next(m for m in result.manifests() if m["kind"] == "ConfigMap"
                    and m["metadata"]["name"] == manifest.CONFIG_MAP)
-    assert program["data"] == {"checkpoints.py": (REPO / "workloads" / "checkpoints.py").read_text()}
+    # With its GCS JSON API client: markers name the bucket's object generations (VERL_GKE_BUCKET below).
+    assert program["data"] == {"checkpoints.py": (REPO / "workloads" / "checkpoints.py").read_text(),
+                               "gcs.py": (REPO / "workloads" / "gcs.py").read_text()}
     head = spec["headGroupSpec"]["template"]
     worker = spec["workerGroupSpecs"][0]["template"]
     ray_head, = head["spec"]["containers"]
     ray_worker, copier = worker["spec"]["containers"]
     local = {"name": "local-checkpoints", "mountPath": "/local-checkpoints"}
     code = {"name": "checkpoint-program", "mountPath": "/opt/verl-gke", "readOnly": True}
+    bucket = next(m for m in result.manifests() if m["kind"] == "PersistentVolume")["spec"]["csi"]["volumeHandle"]
     for container in (ray_head, ray_worker, copier):
         assert local in container["volumeMounts"] and code in container["volumeMounts"]
+        assert {"name": "VERL_GKE_BUCKET", "value": bucket} in container["env"]
     for pod in (head, worker):
         volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
         # The node's ephemeral storage: Local SSD on A4 and A3 Ultra GPU nodes (Platform.local_ssd_count).
         assert volumes["local-checkpoints"] == {"name": "local-checkpoints", "emptyDir": {}}
         assert volumes["checkpoint-program"]["configMap"]["name"] == "verl-gke-checkpoints"
         assert pod["metadata"]["annotations"]["verl-gke/checkpoints-sha256"] == manifest.digest(
-            program["data"]["checkpoints.py"])
+            program["data"]["checkpoints.py"] + program["data"]["gcs.py"])
     assert copier["command"] == ["python3", "/opt/verl-gke/checkpoints.py", "copy", "--local-root",
                                  "/local-checkpoints", "--bucket-root", cfg.verl.get("trainer.default_local_dir")]
     assert {"name": "training-bucket-vol", "mountPath": "/data"} in copier["volumeMounts"]
@@ -104,3 +108,16 @@ def test_verl_composes_the_launchers_settings(synth_stack, stack: str, tmp_path:
 def test_the_program_runs_where_the_pods_mount_it() -> None:
     assert CHECKPOINT_PROGRAM == f"{CHECKPOINT_PROGRAM_DIR}/{manifest.PROGRAM_FILE}"
     assert manifest.PROGRAM_FILE == "checkpoints.py" and LOCAL_CHECKPOINTS == checkpoints.LOCAL_ROOT
+
+
+def test_a_run_that_saves_nothing_with_its_model_export_on_is_refused_in_one_line_naming_both_keys() -> None:
+    """verl writes no checkpoint with trainer.save_freq <= 0 (its default, -1): the run would succeed with no
+    model, and its export fail later (issue 47, item 7)."""
+    from tests.test_config import config, problems, verl
+
+    for freq in (0, -1):
+        assert [p for p in problems(**verl(trainer__save_freq=freq)) if "save_freq" in p] == [
+            f"verl-gke:verl.trainer.save_freq = {freq}: must be a positive number of steps with "
+            "verl-gke:exportModel = true (the default): verl writes no checkpoint otherwise, and the run would "
+            "succeed with no model to export; set verl-gke:exportModel to false to train without one"]
+    assert load_config(config(exportModel="false", **verl(trainer__save_freq=-1))).export_model is False

@@ -623,12 +623,11 @@ def test_a_marker_the_announce_cannot_read_is_dropped(world: dict, monkeypatch: 
     assert export_model.model_steps(world["run"]) == [10]
 
 
-def test_a_copier_of_an_earlier_attempt_stops_at_the_next_file_once_a_later_attempt_saved_the_step(
-        world: dict, monkeypatch: pytest.MonkeyPatch) -> None:
-    """a1's node1 copier (one stream) is writing its first file of 30 when a2 saves, copies and completes
-    30 (node1's ranks on another pod, node1b): the write in flight lands (the residual: a2's marker vouches
-    for sizes only), then the copier stops; no other a1 file and no a1 record reach the folder."""
-    lines, log = _logs()
+def a1_write_in_flight_past_a2s_copy_of_30(world: dict, monkeypatch: pytest.MonkeyPatch, log,
+                                           before_it_lands: Callable[[], None] = lambda: None) -> list[str]:
+    """a1's node1 copier (one stream) is writing its first file of 30 when a2 saves, copies and completes 30
+    (node1's ranks on another pod, node1b); then (`before_it_lands`) the write lands and the copier goes on.
+    Returns the local file whose write was in flight."""
     launch = _start_attempt(world, "a1")
     verl_saves(world["nodes"], world["head"], "a1", 30)
     _stamp(world, "a1", 30, 0xA1)
@@ -645,11 +644,21 @@ def test_a_copier_of_an_earlier_attempt_stops_at_the_next_file_once_a_later_atte
             ck.announce(a2, "a2", 0, log)
             ck.copy_once(world["nodes"][0], world["bucket"], "node0", log)
             ck.copy_once(node1b, world["bucket"], "node1b", log)
+            before_it_lands()
         real(reader, writer, n)
 
     monkeypatch.setattr(ck, "COPY_STREAMS", 1)
     monkeypatch.setattr(ck.shutil, "copyfileobj", copy)
     ck.copy_once(world["nodes"][1], world["bucket"], "node1", log)
+    return fired
+
+
+def test_a_copier_of_an_earlier_attempt_stops_at_the_next_file_once_a_later_attempt_saved_the_step(
+        world: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The write in flight lands, then the copier stops; no other a1 file and no a1 record reach the folder
+    (what the late write does to a2's markers: tests/test_checkpoint_generations.py)."""
+    lines, log = _logs()
+    fired = a1_write_in_flight_past_a2s_copy_of_30(world, monkeypatch, log)
     step = world["run"] / "global_step_30"
     assert fired[0].endswith(f"actor/model_world_size_{WORLD}_rank_2.pt")
     assert _origin(world, 30) == {0: 0xA2, 1: 0xA2, 2: 0xA1, 3: 0xA2}

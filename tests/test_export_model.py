@@ -183,14 +183,19 @@ def test_an_explicit_step_is_exported_only_when_its_model_is_whole_in_the_bucket
 
 @pytest.mark.ray
 def test_cli_export_runs_the_merger_as_a_ray_job_and_prints_the_models_uri(
-        ray_head: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        ray_head: str, gcs_emulator: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from tests.gcs_emulator import exports_on_the_emulator, make_bucket
     from verl_gke import cli
 
-    # The bucket as the nodes mount it: here a folder the loopback head reads.
+    # The bucket as the nodes mount it: here a folder the loopback head reads; its JSON API (the export's
+    # claim and pointer): the emulator, named to the job as Google's libraries are told of one.
     bucket = tmp_path / "bucket"
+    gcs = make_bucket(gcs_emulator, "verl-data-p", bucket)
+    exports_on_the_emulator(monkeypatch, gcs_emulator)
     # The model is named by the run, never by its attempt's Ray job (0.7.0 named it by grpoSubmissionId).
     run_id = "run-0123456789ab"
     model = tiny_checkpoint(bucket / "verl" / "checkpoints" / run_id, step=7, seed=2)
@@ -208,6 +213,8 @@ def test_cli_export_runs_the_merger_as_a_ray_job_and_prints_the_models_uri(
                      "--timeout", "600"])
     out, err = capsys.readouterr()
     assert (code, out) == (0, f"gs://verl-data-p/models/{run_id}/model-step-7\n"), err
+    pointer, _ = gcs.read_json(f"models/{run_id}/model-step-7.json")
+    assert (pointer["export"], pointer["step"]) == (f"verl-export-{run_id}-step-7", 7)
     loaded = AutoModelForCausalLM.from_pretrained(bucket / "models" / run_id / "model-step-7", torch_dtype="auto")
     for key, tensor in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], tensor.to(torch.bfloat16)), key

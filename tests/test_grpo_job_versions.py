@@ -206,11 +206,16 @@ def test_the_supervisors_model_export_runs_and_fails_as_recorded_on_the_clusters
 
 
 def test_cli_export_reports_the_exports_failure_from_the_clusters_ray(
-        old_head: tuple[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        old_head: tuple[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], gcs_emulator: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.gcs_emulator import exports_on_the_emulator, make_bucket
+
     url, venv = old_head
     python = str(venv / "bin" / "python")
     run_id = f"verl-grpo-c-{uuid.uuid4().hex[:12]}"
     bucket = tmp_path / "bucket"
+    make_bucket(gcs_emulator, "verl-data-my-project-123", bucket)  # the export claims the run through its JSON API
+    exports_on_the_emulator(monkeypatch, gcs_emulator)
     checkpoints = bucket / "verl" / "checkpoints" / run_id
     checkpoints.mkdir(parents=True)  # the run's folder, before verl's first save
     outputs = write_outputs(tmp_path / "outputs.json", outputs_doc(
@@ -226,7 +231,8 @@ def test_cli_export_reports_the_exports_failure_from_the_clusters_ray(
                          "(verl writes it after its first save)"), err
     info = JobSubmissionClient(url).get_job_info(export_id)
     target = f"{bucket}/models/{run_id}/model"
-    assert info.entrypoint == f"{python} export_model.py --checkpoint-dir {checkpoints} --target-dir {target}"
+    assert info.entrypoint == (f"{python} export_model.py --checkpoint-dir {checkpoints} --target-dir {target} "
+                               f"--bucket verl-data-my-project-123 --mount {bucket} --export-id {export_id}")
     assert info.metadata == {"verl_gke_export": target}
     assert info.runtime_env["working_dir"].startswith("gcs://_ray_pkg_")  # the SDK uploaded workloads/
     assert driver_resources(url, export_id) == {"CPU": 1.0, "memory": 1e6}

@@ -360,6 +360,7 @@ def test_5_budget_is_enforced_before_every_submission(heads, api):
     # Refused where nothing would enforce the budget, or where its stop would lose the whole run.
     with pytest.raises(ConfigError) as caught:
         load_config({**BASE_CONFIG, "verl-gke:runBudgetHours": "6", "verl-gke:runSupervisor": "false",
+                     "verl-gke:exportModel": "false",
                      "verl-gke:verl": verl_value({"trainer.save_freq": -1, "trainer.max_actor_ckpt_to_keep": 1,
                                                   "trainer.max_critic_ckpt_to_keep": 1})})
     assert caught.value.problems == [

@@ -340,7 +340,8 @@ def test_run_supervisor_gets_the_runs_ids_and_only_its_own_rights(stack: str, sy
     # The model export (exportModel, on by default): the run's checkpoints, merged on a node with the
     # memory for twice the fp32 shards; the program goes with the supervisor's own.
     assert config["export"] == {"checkpoint_dir": f"/data/verl/checkpoints/{config['run_id']}", "mount": "/data",
-                                "memory_bytes": 262_102_056_960, "verl_dir": cfg.verl_dir}
+                                "bucket": config["log_bucket"], "memory_bytes": 262_102_056_960,
+                                "verl_dir": cfg.verl_dir}
     program = _manifest(result, "ConfigMap", name)["data"]
     assert all(program[f] == Path(f"workloads/{f}").read_text() for f in supervisor.PROGRAM_FILES)
     # The run's decider's bounds (runHeadOutageSeconds, runStallSeconds, runReplaceWindowSeconds).

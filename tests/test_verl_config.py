@@ -174,7 +174,7 @@ def test_the_plan_counts_steps_checkpoints_and_their_size() -> None:
     assert alone.lines() == plan.lines()
     _, keep_all = _check({"trainer.max_actor_ckpt_to_keep": 10, "trainer.save_freq": 20})
     assert (keep_all.checkpoints_saved, keep_all.checkpoints_kept) == (3, 3)
-    _, none = _check({"trainer.save_freq": -1})
+    _, none = _check({"trainer.save_freq": -1}, **{"verl-gke:exportModel": "false"})
     assert none.lines()[2] == "  checkpoints: none (trainer.save_freq <= 0): a preempted run starts over"
 
 

@@ -836,15 +836,25 @@ def cmd_export(args: argparse.Namespace) -> int:
     bucket, _, folder = checkpoints.removeprefix("gs://").partition("/")
     if not checkpoints.startswith("gs://") or not folder:
         raise CliError(f"{outputs.source}: checkpointUri {outputs.checkpoint_uri!r} is not gs://<bucket>/<path>")
-    kwargs = export_model.submission(
-        run_id=run_id, checkpoint_dir=f"{args.bucket_mount}/{folder}", step=args.step,
-        working_dir=str(Path(export_model.__file__).parent),
-        memory_bytes=int(args.memory_gb * 1e9) if args.memory_gb else None, mount=args.bucket_mount,
-        verl_dir=args.verl_dir, python=args.python)
+
+    def job(id_suffix: str = "") -> dict:
+        return export_model.submission(
+            run_id=run_id, checkpoint_dir=f"{args.bucket_mount}/{folder}", step=args.step,
+            working_dir=str(Path(export_model.__file__).parent),
+            memory_bytes=int(args.memory_gb * 1e9) if args.memory_gb else None, mount=args.bucket_mount,
+            verl_dir=args.verl_dir, python=args.python, bucket=bucket, id_suffix=id_suffix)
+
+    kwargs = job()
     uri = f"gs://{bucket}/{export_model.model_path(run_id, args.step)}"
     with _head(args, outputs) as url:
         client = _job_client(url)
-        known = _ray_call(url, "listing jobs", lambda: [j.submission_id for j in client.list_jobs()])
+        known = _ray_call(url, "listing jobs", lambda: {str(j.submission_id): str(j.status) for j in client.list_jobs()})
+        # An ended export of this id is an earlier command's, not this one's outcome: a new id (Ray refuses an id
+        # twice); a live one is followed. The export's claim refuses it while another export of the run is live.
+        again = 1
+        while known.get(kwargs["submission_id"]) in TERMINAL_STATUSES:
+            again += 1
+            kwargs = job(f"-re{again}")
         if kwargs["submission_id"] not in known:
             _ray_call(url, "submitting the export", lambda: client.submit_job(**kwargs))
         _progress(f"export {kwargs['submission_id']}: verl's merger into {uri}")

