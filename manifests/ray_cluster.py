@@ -181,11 +181,6 @@ def container_security(capabilities: tuple[str, ...] = ()) -> dict[str, Any]:
     return {"allowPrivilegeEscalation": False, "capabilities": caps}
 
 
-AUTH_TOKEN_KEY = "auth_token"
-"""The key of the Secret KubeRay 1.6 makes for a RayCluster with token authentication, named after the
-RayCluster (ray-operator/controllers/ray/raycluster_controller.go reconcileAuthSecret, utils.CheckName)."""
-
-
 def token_secret(cluster: str, ray_version: str) -> str | None:
     """The Secret holding RayCluster `cluster`'s Ray token, or None where its Ray has no token authentication."""
     return cluster if has_token_auth(ray_version) else None
