@@ -448,6 +448,9 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
         replaces = [key for key in _REPLACE_KEYS if _differs(key, olds.get(key), news.get(key))]
         changed = provider_reference.moved(olds, news) or any(
             _differs(key, olds.get(key), news.get(key)) for key in _SPEC_KEYS)
+        if not replaces and _deleted_under_the_state(olds):
+            # A targeted `up` deleted the job through a replace cascade and kept its old state: submit again.
+            replaces, changed = ["status"], True
         # The old run holds the GPUs: stop it before the new one is submitted.
         return pulumi.dynamic.DiffResult(changes=changed, replaces=replaces, delete_before_replace=True)
 
@@ -550,6 +553,21 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
                 "Restore access to the head (cluster credentials, network) and run again; if the "
                 "cluster is gone for good, remove the job with `pulumi state delete`."
             ) from None
+
+
+def _deleted_under_the_state(olds: Mapping[str, Any]) -> bool:
+    """Whether the run the state holds was ended by the job's own delete (DELETED in its record, its
+    generation): `pulumi up --target`/`--exclude` runs the delete of a replace cascade but keeps the
+    untargeted job's old state (docs/pulumi-lifecycle.md). False when the record cannot be read."""
+    if _is_unknown(dict(olds)) or olds.get("status") in (None, ""):
+        return False
+    try:
+        spec = _JobSpec.from_props(_spec_props(olds))
+        record = spec.records().get(spec.run_key).record
+    except Exception as error:  # noqa: BLE001 - a diff never fails on the record: the next one reads again
+        pulumi.log.debug(f"GrpoJob: run record not readable in diff: {_first_line(error)}")
+        return False
+    return record is not None and record.generation == spec.attempt and record.outcome == run_lifecycle.DELETED
 
 
 def _first_line(error: BaseException) -> str:

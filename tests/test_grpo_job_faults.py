@@ -209,3 +209,31 @@ def test_destroy_with_a_silent_head_and_no_kubernetes_api_fails_in_one_line_nami
     assert "\n" not in message and "Traceback" not in message
     assert message.startswith("GrpoJob verl-grpo-faults-abc (run run-x): cannot tell whether it still runs, so the "
                               "delete fails")
+
+
+def test_a_targeted_up_whose_cascade_deleted_the_job_is_undone_by_the_next_up() -> None:
+    """Issue 47 item 11. `pulumi up --target <gpu pool or RayCluster>` (or `--exclude <grpo>`) with a change
+    that replaces the target: the target is delete-before-replace, so the engine first deletes the
+    resources that must go with it (pulumi/pulumi pkg/resource/deploy/step_generator.go,
+    `continueStepsFromDiff`: `calculateDependentReplacements`, and in 3.260 `findDependentCascadeReplacements`
+    for `replaceWith`/`deletedWith`), emitting their delete steps without asking `isTargetedForUpdate`
+    (only `GenerateDeletes`, the end-of-update deletes, filters by the targets). The job, not targeted, then
+    gets a SameStep that copies its old state (`generateSteps`, "not in target group (same)"): its delete
+    ran (the run recorded DELETED, desired stopped) while the state still says RUNNING, and a plain `up`
+    saw no change. Now the provider's `diff` reads the run record and replaces the job whose run a delete
+    ended: the next `up` submits again (the create reopens the run). Read in the stored snapshot of
+    pulumi/pulumi (commit 00285a9b) and the issue's review of 3.260."""
+    from tests.kube_api import kube_api
+    from workloads.run_lifecycle import DELETED
+
+    with kube_api() as (url, state):
+        props, store = _silent_head_run(url, state)
+        news = {k: v for k, v in props.items() if k not in ("submission_id", "status")}
+        provider = GrpoJobProvider()
+        assert not provider.diff("verl-grpo-faults-abc", props, news).replaces  # the run is open: nothing to do
+        provider.delete("verl-grpo-faults-abc", props)  # the cascade's delete; the state keeps `props`
+        assert store.get("run-x").record.outcome == DELETED
+        diff = provider.diff("verl-grpo-faults-abc", props, news)
+    assert diff.changes and diff.replaces == ["status"] and diff.delete_before_replace
+    # The Kubernetes API gone too: no replacement decided on a guess, and no error.
+    assert not GrpoJobProvider().diff("verl-grpo-faults-abc", props, news).replaces
