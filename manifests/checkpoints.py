@@ -21,20 +21,27 @@ DIGEST_ANNOTATION = "verl-gke/checkpoints-sha256"
 
 
 def program_config_map(*, namespace: str, program: str) -> dict[str, Any]:
-    """workloads/checkpoints.py, mounted read-only at CHECKPOINT_PROGRAM_DIR in the head and the copiers."""
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": CONFIG_MAP, "namespace": namespace},
-            "data": {PROGRAM_FILE: program}}
+    """workloads/checkpoints.py, mounted read-only at CHECKPOINT_PROGRAM_DIR in the head and the copiers.
+    Named by its content and immutable: a running pod keeps the version it mounted (a new program is a new
+    ConfigMap, created before the old one goes), and every pod of one template runs one program."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": config_map_name(digest(program)), "namespace": namespace},
+            "immutable": True, "data": {PROGRAM_FILE: program}}
 
 
 def digest(program: str) -> str:
     return hashlib.sha256(program.encode()).hexdigest()
 
 
-def volumes() -> list[dict[str, Any]]:
+def config_map_name(program_digest: str) -> str:
+    return f"{CONFIG_MAP}-{program_digest[:10]}"
+
+
+def volumes(program_digest: str) -> list[dict[str, Any]]:
     """The local folder (an emptyDir: the node's ephemeral storage, Local SSD on A4 and A3 Ultra nodes) and
-    the program."""
+    the program of that digest."""
     return [{"name": LOCAL_VOLUME, "emptyDir": {}},
-            {"name": PROGRAM_VOLUME, "configMap": {"name": CONFIG_MAP, "defaultMode": 0o444}}]
+            {"name": PROGRAM_VOLUME, "configMap": {"name": config_map_name(program_digest), "defaultMode": 0o444}}]
 
 
 def mounts() -> list[dict[str, Any]]:

@@ -193,6 +193,9 @@ def ray_cluster(spec: RayClusterSpec) -> dict[str, Any]:
         "rayVersion": spec.ray_version,
         "headGroupSpec": _head_group(spec),
         "workerGroupSpecs": [_worker_group(spec)],
+        # A new spec (a new checkpoint program's ConfigMap, an image) recreates every pod, so all run one
+        # program: KubeRay 1.6.2 recreates a running cluster's pods only so (shouldRecreatePodsForUpgrade).
+        "upgradeStrategy": {"type": "Recreate"},
     }
     if token_secret(spec.name, spec.ray_version):
         body["authOptions"] = {"mode": "token"}
@@ -249,7 +252,7 @@ def _head_group(spec: RayClusterSpec) -> dict[str, Any]:
     if spec.checkpoint_root:
         # The job's entrypoint (the checkpoint launcher) runs here; the driver saves data.pt here.
         container["volumeMounts"] += checkpoints.mounts()
-        pod["volumes"] += checkpoints.volumes()
+        pod["volumes"] += checkpoints.volumes(spec.checkpoint_digest)
         annotations[checkpoints.DIGEST_ANNOTATION] = spec.checkpoint_digest
     return {
         "rayStartParams": start_params,
@@ -336,7 +339,7 @@ def _worker_group(spec: RayClusterSpec) -> dict[str, Any]:
         container["volumeMounts"] += checkpoints.mounts()
         pod["containers"].append(checkpoints.copier(image=spec.image, checkpoint_root=spec.checkpoint_root,
                                                     bucket_mount=bucket_mount(), security=container_security()))
-        pod["volumes"] += checkpoints.volumes()
+        pod["volumes"] += checkpoints.volumes(spec.checkpoint_digest)
         annotations[checkpoints.DIGEST_ANNOTATION] = spec.checkpoint_digest
     return {
         "groupName": WORKER_GROUP,
