@@ -448,6 +448,9 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
         replaces = [key for key in _REPLACE_KEYS if _differs(key, olds.get(key), news.get(key))]
         changed = provider_reference.moved(olds, news) or any(
             _differs(key, olds.get(key), news.get(key)) for key in _SPEC_KEYS)
+        if not replaces and _deleted_under_the_state(olds):
+            # A targeted `up` deleted the job through a replace cascade and kept its old state: submit again.
+            replaces, changed = ["status"], True
         # The old run holds the GPUs: stop it before the new one is submitted.
         return pulumi.dynamic.DiffResult(changes=changed, replaces=replaces, delete_before_replace=True)
 
@@ -524,22 +527,69 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
                 # stops; a released run has no head to ask.
                 steps = run_lifecycle.delete_run(records, lease, spec.run, reach, also=(id_,))
                 give_up = time.monotonic() + spec.reach_timeout_s + STOP_TIMEOUT_S
-                for label in steps:
-                    if label.startswith("waiting"):
-                        if time.monotonic() >= give_up:
-                            raise RuntimeError(f"the run's attempts are still live {STOP_TIMEOUT_S:g} s after "
-                                               "they were stopped")
-                        time.sleep(0.5)
+                try:
+                    for label in steps:
+                        if label.startswith("waiting"):
+                            if time.monotonic() >= give_up:
+                                raise RuntimeError(f"the run's attempts are still live {STOP_TIMEOUT_S:g} s after "
+                                                   "they were stopped")
+                            time.sleep(0.5)
+                except HeadGoneError:
+                    raise
+                except (HeadAccessError, HeadRequestError) as error:
+                    if not _stop_through_cluster(spec, records, lease):
+                        raise
+                    pulumi.log.warn(f"GrpoJob run {spec.run_key}: the Ray head did not answer; stopped through "
+                                    f"RayCluster {spec.namespace}/{spec.ray_cluster} (spec.suspend: true), its GPU "
+                                    f"workers released, the delete goes on: {_first_line(error)}")
         except HeadGoneError as error:
             # The Kubernetes API says the head's service is gone, and its jobs with it.
             pulumi.log.warn(f"GrpoJob {id_}: nothing to stop; {error}")
         except Exception as error:  # noqa: BLE001 - any doubt must fail the delete
             # Succeeding here would let Pulumi start a replacement beside a run that may be live.
             raise RuntimeError(
-                f"GrpoJob {id_}: cannot tell whether it still runs, so the delete fails: {error}. "
+                f"GrpoJob {id_} (run {spec.run_key}): cannot tell whether it still runs, so the delete fails: "
+                f"{_first_line(error)}. "
                 "Restore access to the head (cluster credentials, network) and run again; if the "
                 "cluster is gone for good, remove the job with `pulumi state delete`."
             ) from None
+
+
+def _deleted_under_the_state(olds: Mapping[str, Any]) -> bool:
+    """Whether the run the state holds was ended by the job's own delete (DELETED in its record, its
+    generation): `pulumi up --target`/`--exclude` runs the delete of a replace cascade but keeps the
+    untargeted job's old state (docs/pulumi-lifecycle.md). False when the record cannot be read."""
+    if _is_unknown(dict(olds)) or olds.get("status") in (None, ""):
+        return False
+    try:
+        spec = _JobSpec.from_props(_spec_props(olds))
+        record = spec.records().get(spec.run_key).record
+    except Exception as error:  # noqa: BLE001 - a diff never fails on the record: the next one reads again
+        pulumi.log.debug(f"GrpoJob: run record not readable in diff: {_first_line(error)}")
+        return False
+    return record is not None and record.generation == spec.attempt and record.outcome == run_lifecycle.DELETED
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def _stop_through_cluster(spec: _JobSpec, records: RecordStore | MemoryRecords, lease: Lease | HeldLease) -> bool:
+    """A delete whose head does not answer (Pending on a CPU pool at zero, a stalled dashboard) while the
+    Kubernetes API does: suspends the RayCluster, which stops every attempt with its pods (KubeRay 1.6.2
+    deletes every pod of a suspended cluster, the head's included, and resumes only once none is left, so a
+    replacement's create that resumes it cannot overlap them), and records the run released. False (the
+    delete fails) without the API or the RayCluster: then nothing says the run stopped."""
+    api = spec.kube_api()
+    if api is None:
+        return False
+    lease.check()
+    if not RayClusterControl(api, spec.namespace, spec.ray_cluster).set_suspended(True):
+        return False
+    where = f"{spec.namespace}/{spec.ray_cluster}"
+    run_lifecycle.write_record(records, spec.run_key, lambda r: None if r is None else
+                               run_lifecycle.suspended_by_stack(r, where), lease)
+    return True
 
 
 def ended_status(outcome: str) -> str:

@@ -18,8 +18,9 @@ KEY = "__provider"
 STATE_REFERENCES = (
     ("components.grpo_job", "GrpoJobProvider"),
     ("components.pinned_image", "PinnedImageProvider"),
+    ("components.upgrade_exclusion", "UpgradeExclusionStartProvider"),
 )
-"""Every provider class a stack's state has named (both modules were added once and never moved). A
+"""Every provider class a stack's state has named (the three modules were added once and never moved). A
 move keeps the old path importable (a module re-exporting the class) until every stack ran an `up`."""
 
 

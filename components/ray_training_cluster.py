@@ -222,8 +222,10 @@ class RayTrainingCluster(pulumi.ComponentResource):
                 program_opts = pulumi.ResourceOptions(parent=self, depends_on=args["operator_depends_on"])
             program = checkpoints.program_config_map(namespace=spec.namespace, program=checkpoint_program(),
                                                      client=checkpoint_client())
+            # Named by its content: a new program is created beside the old, which goes at the end of the `up`.
             program_map = k8s.core.v1.ConfigMap(f"{name}-checkpoint-program", metadata=program["metadata"],
-                                                data=program["data"], opts=program_opts)
+                                                immutable=program["immutable"], data=program["data"],
+                                                opts=program_opts)
             cluster_opts = cluster_opts.merge(pulumi.ResourceOptions(depends_on=[program_map]))
         timeout = f"{args.get('ready_timeout_minutes', DEFAULT_READY_TIMEOUT_MINUTES)}m"
         # The builder only places the pinned ref (resolved by the engine, like the claim's name).

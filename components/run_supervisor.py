@@ -60,7 +60,7 @@ class RunSupervisor(pulumi.ComponentResource):
         super().__init__("verl-gke:index:RunSupervisor", name, {}, opts)
         child = child_options(self, opts)
         head_url = f"http://{head_service_name(args['ray_cluster'])}.{args['namespace']}.svc.cluster.local:{DASHBOARD_PORT}"
-        config = {**args["config"], "head_url": head_url}
+        config = {**args["config"], "head_url": head_url, "ray_token_secret": args.get("ray_token_secret") or ""}
         # Fails here, at preview, on a field the program does not take.
         run_supervisor.SupervisorConfig(**config)
         modules = {Path(m.__file__).name: Path(m.__file__).read_text()

@@ -24,9 +24,12 @@ DIGEST_ANNOTATION = "verl-gke/checkpoints-sha256"
 
 def program_config_map(*, namespace: str, program: str, client: str) -> dict[str, Any]:
     """workloads/checkpoints.py and the GCS JSON API client it loads beside it (workloads/gcs.py), mounted
-    read-only at CHECKPOINT_PROGRAM_DIR in the head and the copiers."""
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": CONFIG_MAP, "namespace": namespace},
-            "data": {PROGRAM_FILE: program, CLIENT_FILE: client}}
+    read-only at CHECKPOINT_PROGRAM_DIR in the head and the copiers. Named by its content and immutable: a
+    running pod keeps the version it mounted (a new program is a new ConfigMap, created before the old one
+    goes), and every pod of one template runs one program."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": config_map_name(digest(program + client)), "namespace": namespace},
+            "immutable": True, "data": {PROGRAM_FILE: program, CLIENT_FILE: client}}
 
 
 def digest(program: str) -> str:
@@ -38,11 +41,15 @@ def bucket_env(bucket: str) -> list[dict[str, str]]:
     return [{"name": BUCKET_ENV, "value": bucket}] if bucket else []
 
 
-def volumes() -> list[dict[str, Any]]:
+def config_map_name(program_digest: str) -> str:
+    return f"{CONFIG_MAP}-{program_digest[:10]}"
+
+
+def volumes(program_digest: str) -> list[dict[str, Any]]:
     """The local folder (an emptyDir: the node's ephemeral storage, Local SSD on A4 and A3 Ultra nodes) and
-    the program."""
+    the program of that digest."""
     return [{"name": LOCAL_VOLUME, "emptyDir": {}},
-            {"name": PROGRAM_VOLUME, "configMap": {"name": CONFIG_MAP, "defaultMode": 0o444}}]
+            {"name": PROGRAM_VOLUME, "configMap": {"name": config_map_name(program_digest), "defaultMode": 0o444}}]
 
 
 def mounts() -> list[dict[str, Any]]:

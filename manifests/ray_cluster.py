@@ -184,11 +184,6 @@ def container_security(capabilities: tuple[str, ...] = ()) -> dict[str, Any]:
     return {"allowPrivilegeEscalation": False, "capabilities": caps}
 
 
-AUTH_TOKEN_KEY = "auth_token"
-"""The key of the Secret KubeRay 1.6 makes for a RayCluster with token authentication, named after the
-RayCluster (ray-operator/controllers/ray/raycluster_controller.go reconcileAuthSecret, utils.CheckName)."""
-
-
 def token_secret(cluster: str, ray_version: str) -> str | None:
     """The Secret holding RayCluster `cluster`'s Ray token, or None where its Ray has no token authentication."""
     return cluster if has_token_auth(ray_version) else None
@@ -201,6 +196,9 @@ def ray_cluster(spec: RayClusterSpec) -> dict[str, Any]:
         "rayVersion": spec.ray_version,
         "headGroupSpec": _head_group(spec),
         "workerGroupSpecs": [_worker_group(spec)],
+        # A new spec (a new checkpoint program's ConfigMap, an image) recreates every pod, so all run one
+        # program: KubeRay 1.6.2 recreates a running cluster's pods only so (shouldRecreatePodsForUpgrade).
+        "upgradeStrategy": {"type": "Recreate"},
     }
     if token_secret(spec.name, spec.ray_version):
         body["authOptions"] = {"mode": "token"}
@@ -259,7 +257,7 @@ def _head_group(spec: RayClusterSpec) -> dict[str, Any]:
         container["volumeMounts"] += checkpoints.mounts()
         if bucket_env := checkpoints.bucket_env(spec.bucket):
             container["env"] = [*container.get("env", []), *bucket_env]
-        pod["volumes"] += checkpoints.volumes()
+        pod["volumes"] += checkpoints.volumes(spec.checkpoint_digest)
         annotations[checkpoints.DIGEST_ANNOTATION] = spec.checkpoint_digest
     return {
         "rayStartParams": start_params,
@@ -348,7 +346,7 @@ def _worker_group(spec: RayClusterSpec) -> dict[str, Any]:
         pod["containers"].append(checkpoints.copier(image=spec.image, checkpoint_root=spec.checkpoint_root,
                                                     bucket_mount=bucket_mount(), security=container_security(),
                                                     env=checkpoints.bucket_env(spec.bucket)))
-        pod["volumes"] += checkpoints.volumes()
+        pod["volumes"] += checkpoints.volumes(spec.checkpoint_digest)
         annotations[checkpoints.DIGEST_ANNOTATION] = spec.checkpoint_digest
     return {
         "groupName": WORKER_GROUP,

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from manifests.ray_cluster import AUTH_TOKEN_KEY
+from workloads.kube import AUTH_TOKEN_KEY
 from manifests.staging import IMAGE, RUN_AS, SCRIPT_DIR, off_gpu_nodes, restricted_container
 from workloads.run_record import CLUSTER_LABEL, COMPONENT, LEGACY_SUFFIX
 
@@ -87,7 +87,8 @@ def role(spec: SupervisorSpec) -> dict[str, Any]:
     """Read and patch one RayCluster (its `spec.suspend`); keep the run records (ConfigMaps: RBAC
     cannot limit list and create to names, nor any verb to labels, so the record admission policy
     holds the writes to run records of this cluster); read its own program's ConfigMap (to notice a
-    rollout); keep its Lease (create cannot be limited to a name either). No more."""
+    rollout); keep its Lease (create cannot be limited to a name either); read the Ray token Secret,
+    where there is one. No more."""
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(spec, spec.name),
         "rules": [
@@ -97,6 +98,9 @@ def role(spec: SupervisorSpec) -> dict[str, Any]:
             {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
             {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
              "resourceNames": [lease_name(spec.ray_cluster)], "verbs": ["get", "update"]},
+            # The Ray token KubeRay writes anew when the RayCluster is replaced (the pod's env keeps the old).
+            *([{"apiGroups": [""], "resources": ["secrets"], "resourceNames": [spec.ray_token_secret],
+                "verbs": ["get"]}] if spec.ray_token_secret else []),
         ],
     }
 

@@ -49,7 +49,7 @@ def test_every_ray_pod_has_the_local_folder_and_every_worker_its_copier(synth_st
     cfg = load_config(raw_config(stack)[0])
     spec = _cluster(result)["spec"]
     program = next(m for m in result.manifests() if m["kind"] == "ConfigMap"
-                   and m["metadata"]["name"] == manifest.CONFIG_MAP)
+                   and m["metadata"]["name"].startswith(manifest.CONFIG_MAP))
     # With its GCS JSON API client: markers name the bucket's object generations (VERL_GKE_BUCKET below).
     assert program["data"] == {"checkpoints.py": (REPO / "workloads" / "checkpoints.py").read_text(),
                                "gcs.py": (REPO / "workloads" / "gcs.py").read_text()}
@@ -67,7 +67,8 @@ def test_every_ray_pod_has_the_local_folder_and_every_worker_its_copier(synth_st
         volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
         # The node's ephemeral storage: Local SSD on A4 and A3 Ultra GPU nodes (Platform.local_ssd_count).
         assert volumes["local-checkpoints"] == {"name": "local-checkpoints", "emptyDir": {}}
-        assert volumes["checkpoint-program"]["configMap"]["name"] == "verl-gke-checkpoints"
+        assert volumes["checkpoint-program"]["configMap"]["name"] == program["metadata"]["name"] == (
+            f"verl-gke-checkpoints-{manifest.digest(program['data']['checkpoints.py'] + program['data']['gcs.py'])[:10]}")
         assert pod["metadata"]["annotations"]["verl-gke/checkpoints-sha256"] == manifest.digest(
             program["data"]["checkpoints.py"] + program["data"]["gcs.py"])
     assert copier["command"] == ["python3", "/opt/verl-gke/checkpoints.py", "copy", "--local-root",

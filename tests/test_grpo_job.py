@@ -353,7 +353,8 @@ def test_delete_raises_when_credentials_fail_instead_of_letting_a_second_run_sta
     with pytest.raises(RuntimeError) as raised:
         GrpoJobProvider().delete("verl-grpo-dev-abc", _tunnelled(props, cluster, ready_timeout_s=1.0))
     message = str(raised.value)
-    assert message.startswith("GrpoJob verl-grpo-dev-abc: cannot tell whether it still runs, so the delete fails")
+    assert message.startswith("GrpoJob verl-grpo-dev-abc (run verl-grpo-")
+    assert ": cannot tell whether it still runs, so the delete fails" in message
     assert "You must be logged in to the server (Unauthorized)" in message
     assert "`pulumi state delete`" in message
 

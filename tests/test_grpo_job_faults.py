@@ -141,3 +141,99 @@ def test_no_sequence_of_updates_under_faults_leaves_two_runs_of_one_stack(ray_he
         for job in client.list_jobs():
             if job.submission_id and job.submission_id.startswith(f"verl-grpo-{stack}-"):
                 client.stop_job(job.submission_id)
+
+
+# --- a destroy (or a replacement's delete) with a silent head, the Kubernetes API answering -----------
+
+
+def _silent_head_run(api_url: str, state: object) -> tuple[dict[str, object], object]:
+    """A run with a live attempt on RayCluster rc-x (its pods up), whose head no longer answers: its port
+    closed (a head Pending on a CPU pool at zero nodes answers nothing either)."""
+    from tests.ray_head import free_ports
+    from workloads.kube import KubernetesApi
+    from workloads.run_record import Attempt, RecordStore, RunRecord
+
+    state.put_object("/apis/ray.io/v1/namespaces/ray/rayclusters/rc-x", {"metadata": {"name": "rc-x"}, "spec": {}})
+    state.pods["/apis/ray.io/v1/namespaces/ray/rayclusters/rc-x"] = True
+    store = RecordStore(KubernetesApi(api_url), "ray", "rc-x")
+    store.write(store.get("run-x"), RunRecord("run-x", attempts=(
+        Attempt(0, "verl-grpo-faults-abc", "pulumi-up", "pulumi-up", submitted=True),)))
+    [port] = free_ports(1)
+    props = {**_props(f"http://127.0.0.1:{port}"), "ready_timeout_s": 2.0, "kube_api_url": api_url,
+             "namespace": "ray", "head_service": "rc-x-head-svc", "run_record": "rc-x-run", "run_id": "run-x",
+             "submission_id": "verl-grpo-faults-abc", "status": "RUNNING"}
+    return props, store
+
+
+def test_destroy_with_a_silent_head_stops_the_run_through_its_raycluster_records_it_and_goes_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 47 item 14: the job's delete used to fail here ("cannot tell whether it still runs"), so
+    `pulumi destroy` (or the replacement of a pool, the RayCluster or the cluster) stopped while the
+    GPU pools kept billing. Suspending the RayCluster stops every attempt: KubeRay 1.6.2 deletes every
+    pod of a suspended cluster, the head's included, and clears the suspension only once none is left
+    (raycluster_controller.go; the stand-in's `reconcile`)."""
+    import pulumi
+
+    from tests.kube_api import kube_api
+    from workloads.run_lifecycle import DELETED
+
+    warned: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **k: warned.append(message))
+    with kube_api() as (url, state):
+        props, store = _silent_head_run(url, state)
+        started = time.monotonic()
+        GrpoJobProvider().delete("verl-grpo-faults-abc", props)
+        assert time.monotonic() - started < 10
+        cluster = state.get("/apis/ray.io/v1/namespaces/ray/rayclusters/rc-x")
+        assert cluster["spec"]["suspend"] is True
+        state.reconcile()
+        state.reconcile()
+        assert state.pods["/apis/ray.io/v1/namespaces/ray/rayclusters/rc-x"] is False
+        record = store.get("run-x").record
+    assert (record.outcome, record.released) == (DELETED, True)
+    assert record.decisions[-1].endswith(
+        "pulumi-up suspended RayCluster ray/rc-x: the Ray head did not answer, so every attempt stops with its pods")
+    assert len(warned) == 1 and "\n" not in warned[0]
+    assert warned[0].startswith("GrpoJob run run-x: the Ray head did not answer; stopped through RayCluster ray/rc-x "
+                                "(spec.suspend: true)")
+
+
+def test_destroy_with_a_silent_head_and_no_kubernetes_api_fails_in_one_line_naming_the_run() -> None:
+    from tests.kube_api import kube_api
+
+    with kube_api() as (url, state):
+        props, _ = _silent_head_run(url, state)
+    with pytest.raises(RuntimeError) as raised:  # the API's port closed now too
+        GrpoJobProvider().delete("verl-grpo-faults-abc", props)
+    message = str(raised.value)
+    assert "\n" not in message and "Traceback" not in message
+    assert message.startswith("GrpoJob verl-grpo-faults-abc (run run-x): cannot tell whether it still runs, so the "
+                              "delete fails")
+
+
+def test_a_targeted_up_whose_cascade_deleted_the_job_is_undone_by_the_next_up() -> None:
+    """Issue 47 item 11. `pulumi up --target <gpu pool or RayCluster>` (or `--exclude <grpo>`) with a change
+    that replaces the target: the target is delete-before-replace, so the engine first deletes the
+    resources that must go with it (pulumi/pulumi pkg/resource/deploy/step_generator.go,
+    `continueStepsFromDiff`: `calculateDependentReplacements`, and in 3.260 `findDependentCascadeReplacements`
+    for `replaceWith`/`deletedWith`), emitting their delete steps without asking `isTargetedForUpdate`
+    (only `GenerateDeletes`, the end-of-update deletes, filters by the targets). The job, not targeted, then
+    gets a SameStep that copies its old state (`generateSteps`, "not in target group (same)"): its delete
+    ran (the run recorded DELETED, desired stopped) while the state still says RUNNING, and a plain `up`
+    saw no change. Now the provider's `diff` reads the run record and replaces the job whose run a delete
+    ended: the next `up` submits again (the create reopens the run). Read in the stored snapshot of
+    pulumi/pulumi (commit 00285a9b) and the issue's review of 3.260."""
+    from tests.kube_api import kube_api
+    from workloads.run_lifecycle import DELETED
+
+    with kube_api() as (url, state):
+        props, store = _silent_head_run(url, state)
+        news = {k: v for k, v in props.items() if k not in ("submission_id", "status")}
+        provider = GrpoJobProvider()
+        assert not provider.diff("verl-grpo-faults-abc", props, news).replaces  # the run is open: nothing to do
+        provider.delete("verl-grpo-faults-abc", props)  # the cascade's delete; the state keeps `props`
+        assert store.get("run-x").record.outcome == DELETED
+        diff = provider.diff("verl-grpo-faults-abc", props, news)
+    assert diff.changes and diff.replaces == ["status"] and diff.delete_before_replace
+    # The Kubernetes API gone too: no replacement decided on a guess, and no error.
+    assert not GrpoJobProvider().diff("verl-grpo-faults-abc", props, news).replaces

@@ -146,3 +146,32 @@ def test_every_reference_a_stack_holds_still_loads(module, name) -> None:
     assert (live.__module__, live.__qualname__) == (module, name)
     loaded = dill.loads(base64.b64decode(serialize_provider(live())))
     assert type(loaded) is live
+
+
+def test_every_dynamic_provider_of_the_program_is_a_listed_reference() -> None:
+    """Each ResourceProvider class in components/ is pickled into a state by reference to its module:
+    each must be in STATE_REFERENCES, or a move of it would go unchecked."""
+    import importlib
+    import inspect
+
+    found = set()
+    for path in sorted(Path(grpo_job.__file__).parent.glob("*.py")):
+        module = importlib.import_module(f"components.{path.stem}")
+        found |= {(cls.__module__, cls.__qualname__) for _, cls in inspect.getmembers(module, inspect.isclass)
+                  if issubclass(cls, pulumi.dynamic.ResourceProvider) and cls.__module__ == module.__name__}
+    assert found == set(STATE_REFERENCES)
+    assert ("components.upgrade_exclusion", "UpgradeExclusionStartProvider") in found
+
+
+def test_the_exclusion_start_takes_a_moved_provider_reference_as_an_update() -> None:
+    from components.upgrade_exclusion import UpgradeExclusionStartProvider
+
+    host, current = _host(), serialize_provider(UpgradeExclusionStartProvider())
+    with _moved(UpgradeExclusionStartProvider) as stale:
+        state = {"cluster": "gke", "location": "us-central1", "start": "2026-01-01T00:00:00Z", PROVIDER_KEY: stale}
+    inputs = {"cluster": "gke", "location": "us-central1", "start": None, PROVIDER_KEY: current}
+    diff = host.Diff(proto.DiffRequest(id="gke@s", olds=_struct(state), news=_struct(inputs)), _Context())
+    assert diff.changes == proto.DiffResponse.DIFF_SOME and list(diff.replaces) == []
+    updated = _props(host.Update(proto.UpdateRequest(id="gke@s", olds=_struct(state), news=_struct(inputs)),
+                                 _Context()).properties)
+    assert (updated["start"], updated[PROVIDER_KEY]) == ("2026-01-01T00:00:00Z", current)

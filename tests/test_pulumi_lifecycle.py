@@ -23,6 +23,7 @@ Sources (read at the versions named; docs/pulumi-lifecycle.md cites the same):
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -364,9 +365,10 @@ def unsafe(old: list[synth.Registration], new: synth.SynthResult, steps: dict[st
       kubernetes.io/pvc-protection while a scheduled pod uses it, and the delete waits until it is gone
       (await.go `Deletion`, 10 minutes by default);
     - pods left on a claim the `up` deletes (an object that mounts it, not deleted first): that claim's
-      delete at the end waits for them. KubeRay 1.6.2 never recreates a RayCluster's pods for a new
-      template (no `upgradeStrategy`), and deletes go Foreground (overrides.go `DeletionPropagation`), so
-      an object deleted first takes its pods with it."""
+      delete at the end waits for them. KubeRay 1.6.2 recreates a RayCluster's pods for a new spec
+      (`upgradeStrategy: Recreate`) only after the update returned, nothing awaits it, and deletes go
+      Foreground (overrides.go `DeletionPropagation`), so only an object deleted first surely takes its
+      pods with it."""
     olds = {r.urn: r for r in old}
     problems = []
     for r in new.registrations:
@@ -522,3 +524,41 @@ def test_the_ray_cluster_is_awaited_until_ready_and_never_on_a_suspended_one(sta
     assert wait_for_satisfied(expression, SUSPENDED) and wait_for_satisfied(expression, RESUMING)
     assert monitor.sent[ray.name].timeouts == ("60m", "60m")
 
+
+
+def test_an_upgrade_rolls_the_ray_pods_onto_one_checkpoint_program(monkeypatch) -> None:
+    """Issue 47 item 13. KubeRay 1.6.2 recreates a running cluster's pods for a new spec only with
+    `upgradeStrategy: {type: Recreate}` (raycluster_controller.go `shouldRecreatePodsForUpgrade`: it
+    compares a hash of the spec, replicas and workersToDelete left out, with the head pod's annotation, and
+    deletes every pod on a mismatch); the CRD's enum is Recreate | None. Without it a new program changed
+    the fixed-name ConfigMap under the running pods (kubelet refreshes a mounted ConfigMap), so copiers kept
+    the old code while the next attempt's launcher ran the new one. Now the program's ConfigMap is named by
+    its content and immutable: a running pod keeps its version, the new name changes every pod template,
+    and Recreate rolls every pod onto it; the old ConfigMap is created-first-replaced, so it stays until the
+    end of that `up`."""
+    from components import ray_training_cluster
+    from manifests import checkpoints
+
+    def program_map(result: synth.SynthResult) -> dict[str, Any]:
+        found, = [m for m in result.manifests() if m["kind"] == "ConfigMap"
+                  and m["metadata"]["name"].startswith(checkpoints.CONFIG_MAP)]
+        return found
+
+    def cluster(result: synth.SynthResult) -> dict[str, Any]:
+        return next(m for m in result.manifests() if m["kind"] == "RayCluster")
+
+    old = _run("a4-standard")[0]
+    text = ray_training_cluster.checkpoint_program()
+    both = text + ray_training_cluster.checkpoint_client()  # the program and its GCS client, one ConfigMap
+    assert program_map(old)["metadata"]["name"] == f"verl-gke-checkpoints-{hashlib.sha256(both.encode()).hexdigest()[:10]}"
+    assert program_map(old)["immutable"] is True
+    assert cluster(old)["spec"]["upgradeStrategy"] == {"type": "Recreate"}
+    monkeypatch.setattr(ray_training_cluster, "checkpoint_program", lambda: text + "\n# 0.7.1\n")
+    new = _run("a4-standard")[0]
+    olds, news = program_map(old), program_map(new)
+    assert olds["metadata"]["name"] != news["metadata"]["name"]
+    assert provider_diff("kubernetes:core/v1:ConfigMap", olds, news) == (True, True, False)  # created first
+    spec = cluster(new)["spec"]
+    for pod in (spec["headGroupSpec"]["template"], *(g["template"] for g in spec["workerGroupSpecs"])):
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        assert volumes["checkpoint-program"]["configMap"]["name"] == news["metadata"]["name"]

@@ -114,6 +114,8 @@ def _corrected(tutorial: dict[str, Any], namespace: str, autopilot: bool = False
             lifecycle["postStart"]["exec"]["command"] = HASHED_TRANSFER_QUEUE
     # Namespaced explicitly; not awaited by pulumi-kubernetes (the job provider's gate waits).
     out["metadata"] = {"name": out["metadata"]["name"], "namespace": namespace}
+    # A new spec rolls every pod, so all run one checkpoint program (KubeRay recreates only so).
+    out["spec"]["upgradeStrategy"] = {"type": "Recreate"}
     head_selector = _head_pod(out)["nodeSelector"]
     head_selector.pop("cloud.google.com/gke-spot", None)  # bug 6: never a Spot head
     if head_selector.get("cloud.google.com/gke-nodepool") == "default-pool":

@@ -11,6 +11,7 @@ import re
 import shlex
 import sys
 import threading
+import time
 import urllib.parse
 import uuid
 from collections.abc import Iterator
@@ -474,3 +475,75 @@ def test_each_run_has_its_checkpoint_folder_beside_the_stacks_own() -> None:
     stack = replace(OUTPUTS, checkpoint_uri="gs://b/verl/checkpoints/run-a", run_id="run-a")
     assert stack.run_checkpoint_uri("run-a") == "gs://b/verl/checkpoints/run-a"
     assert stack.run_checkpoint_uri("run-0") == "gs://b/verl/checkpoints/run-0"
+
+
+# --- what CI reads after the run: the final outcome and modelUri from the record, not the stale outputs --
+
+
+def _json_line(out: str) -> dict[str, Any]:
+    """The one JSON object `--json` prints on stdout (progress goes to stderr)."""
+    lines = out.splitlines()
+    assert len(lines) == 1, out
+    return json.loads(lines[0])
+
+
+def test_wait_json_waits_for_the_claimed_export_and_gives_the_model_uri(capsys: pytest.CaptureFixture[str],
+                                                                        api: str, tmp_path: Path) -> None:
+    """`pulumi stack output` after the run still says grpoJobStatus RUNNING and modelUri '' (the outputs
+    are those of the last `up` or refresh); `wait --json` answers from the record once the export is over."""
+    from workloads.export_model import model_path
+
+    store = RecordStore(KubernetesApi(api), NAMESPACE, "b200-ray-cluster")
+    attempts = (Attempt(0, "sid-0", "pulumi-up", "pulumi-up", submitted=True),
+                Attempt(1, "sid-1", "supervisor", "preempted", submitted=True))
+    store.write(store.get("run-1"), RunRecord("run-1", attempts=attempts, outcome=run_lifecycle.SUCCEEDED,
+                                              export_id="verl-export-run-1-0", export_target="models/run-1"))
+
+    def export_ends() -> None:
+        time.sleep(0.6)
+        stored = store.get("run-1")
+        assert stored.record is not None
+        store.write(stored, replace(stored.record, export_outcome="SUCCEEDED"))
+
+    ender = threading.Thread(target=export_ends)
+    ender.start()
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("sid-0", runId="run-1", namespace=NAMESPACE))
+    code, out, _ = run(capsys, "wait", "--json", "--poll", "0.1", "--outputs", str(outputs), "--kube-api-url", api)
+    ender.join()
+    assert code == 0
+    assert _json_line(out) == {
+        "runId": "run-1", "outcome": "succeeded", "status": "SUCCEEDED", "attempts": 2, "submissionId": "sid-1",
+        "released": False, "exportOutcome": "SUCCEEDED",
+        "modelUri": f"gs://verl-data-my-project-123/{model_path('run-1')}"}
+
+
+def test_wait_json_of_a_failed_run_keeps_its_exit_code_and_names_no_model(capsys: pytest.CaptureFixture[str],
+                                                                          api: str, tmp_path: Path) -> None:
+    store = RecordStore(KubernetesApi(api), NAMESPACE, "b200-ray-cluster")
+    store.write(store.get("run-1"), RunRecord("run-1", attempts=(Attempt(0, "sid-0", "pulumi-up", "pulumi-up",
+                                                                         submitted=True),),
+                                              outcome="failed by itself 3 times: exit 1", released=True))
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("sid-0", runId="run-1", namespace=NAMESPACE))
+    code, out, err = run(capsys, "wait", "--json", "--outputs", str(outputs), "--kube-api-url", api)
+    assert code == runs.EXIT_FAILED
+    assert error_line(err) == "verl-gke: error: run run-1 ended FAILED: failed by itself 3 times: exit 1"
+    assert _json_line(out) == {"runId": "run-1", "outcome": "failed by itself 3 times: exit 1", "status": "FAILED",
+                               "attempts": 1, "submissionId": "sid-0", "released": True, "exportOutcome": "",
+                               "modelUri": ""}
+
+
+def test_runs_json_lists_every_run_with_its_outcome_and_model(capsys: pytest.CaptureFixture[str], api: str,
+                                                              tmp_path: Path) -> None:
+    from workloads.export_model import model_path
+
+    store = RecordStore(KubernetesApi(api), NAMESPACE, "b200-ray-cluster")
+    store.write(store.get("run-1"), RunRecord("run-1", outcome=run_lifecycle.SUCCEEDED, export_outcome="SUCCEEDED",
+                                              attempts=(Attempt(0, "sid-0", "pulumi-up", "pulumi-up",
+                                                                submitted=True),), released=True))
+    store.write(store.get("run-2"), RunRecord("run-2", attempts=(Attempt(0, "sid-9", "pulumi-up", "pulumi-up",
+                                                                         submitted=True),)))
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("sid-9", runId="run-2", namespace=NAMESPACE))
+    code, out, _ = run(capsys, "runs", "--json", "--outputs", str(outputs), "--kube-api-url", api)
+    assert code == 0
+    assert {r["runId"]: (r["status"], r["modelUri"]) for r in json.loads(out)} == {
+        "run-1": ("SUCCEEDED", f"gs://verl-data-my-project-123/{model_path('run-1')}"), "run-2": ("RUNNING", "")}

@@ -409,3 +409,18 @@ def test_after_up_the_stack_is_verified_while_the_run_stands_and_reported_once_i
     last = steps[-1]
     assert last["if"] == "${{ !cancelled() && steps.verify.outcome == 'failure' }}"
     assert "exit 1" in last["run"]
+
+
+def test_ci_reads_the_runs_final_outcome_and_model_uri_from_wait_json_not_the_stale_outputs() -> None:
+    """`pulumi stack output` after `up` holds grpoJobStatus/modelUri as that `up` saw them (RUNNING, '');
+    `verl-gke wait --json` answers from the run record once the run (and a claimed export) ended."""
+    follow = load()["jobs"]["follow"]
+    waits = [s for s in follow["steps"] if "verl-gke wait " in s.get("run", "")]
+    assert len(waits) == 1
+    wait = waits[0]
+    assert wait["id"] == "run"
+    assert "--json" in wait["run"] and "> run/outcome.json" in wait["run"]
+    assert 'echo "model_uri=$(jq -r .modelUri run/outcome.json)" >> "$GITHUB_OUTPUT"' in wait["run"]
+    assert follow["outputs"] == {"model_uri": "${{ steps.run.outputs.model_uri }}",
+                                 "outcome": "${{ steps.run.outputs.outcome }}"}
+    assert not any("modelUri" in s.get("run", "") and "stack output" in s.get("run", "") for s in follow["steps"])

@@ -165,6 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
     wait.add_argument("--outage-window", type=_positive_float, default=OUTAGE_WINDOW_S, metavar="S",
                       help="keep retrying while the run record (with --submission-id: the Ray head) cannot be "
                            f"read, up to S seconds (default {OUTAGE_WINDOW_S:g})")
+    wait.add_argument("--json", action="store_true",
+                      help="once the run ended (and its model export, if one was claimed), print its outcome, "
+                           "newest submission id and modelUri as one JSON object on stdout (the exit status is "
+                           "the same): the stack outputs say only what the last `pulumi up` or refresh saw")
     wait.set_defaults(handler=cmd_wait)
 
     stop = commands.add_parser(
@@ -188,6 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "the modeled one.")
     listing.add_argument("--step-times", action="store_true",
                          help="read each run's logs from the bucket copy for its measured step time")
+    listing.add_argument("--json", action="store_true",
+                         help="every run as JSON (runId, outcome, status, attempts, submissionId, released, "
+                              "exportOutcome, modelUri)")
     listing.set_defaults(handler=runs.cmd_runs)
 
     dash = commands.add_parser(
@@ -686,7 +693,9 @@ async def _tail(client: JobSubmissionClient, submission_id: str, out: TextIO) ->
 def cmd_wait(args: argparse.Namespace) -> int:
     target = _target(args, need_outputs=False)
     if target.run is not None and target.run.store is not None:
-        return runs.follow(target.run, args.timeout, args.poll, args.outage_window)
+        return runs.follow(target.run, args.timeout, args.poll, args.outage_window, as_json=args.json)
+    if args.json:
+        raise CliError("--json follows a run through its record: it needs the run's Kubernetes API, not one job")
     return _wait_job(args, target)
 
 

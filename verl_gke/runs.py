@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import calendar
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from verl_gke.console import CliError, HeadUnreachable, one_line, print_rows, pr
 from verl_gke.head_access import HeadAccessSetupError, OutageClock
 from verl_gke.stack_outputs import StackOutputs
 from workloads.kube import KubernetesApi
-from workloads.run_lifecycle import outcome_kind, provisional, stop_asked, write_record
+from workloads.run_lifecycle import SUCCEEDED, outcome_kind, provisional, stop_asked, write_record
 from workloads.run_logs import RECORD_FILE, attempt_file, run_folder
 from workloads.run_record import Attempt, RecordStore, RunRecord, record_name
 
@@ -218,11 +219,32 @@ NO_RECORD_WHY = ("it was never started on this stack (`pulumi up` starts it), or
                  "verl-gke:runReplaceWindowSeconds; run this again then")
 
 
+def summary(run_id: str, record: RunRecord, outputs: StackOutputs) -> dict[str, object]:
+    """A run as `wait --json` and `runs --json` give it to CI: what the stack outputs grpoJobStatus,
+    grpoSubmissionId and modelUri said at the last `up` or refresh, current (they go stale after it)."""
+    from workloads.export_model import model_path
+
+    kind = outcome_kind(record.outcome) if record.outcome else ""
+    status = ("RUNNING" if not record.outcome else "SUCCEEDED" if kind == "succeeded"
+              else "STOPPED" if kind == "stopped" else "FAILED")
+    model = (f"gs://{outputs.bucket_name}/{model_path(run_id)}" if record.export_outcome == "SUCCEEDED" else "")
+    return {"runId": run_id, "outcome": record.outcome, "status": status, "attempts": len(record.attempts),
+            "submissionId": record.newest.submission_id if record.newest else "", "released": record.released,
+            "exportOutcome": record.export_outcome, "modelUri": model}
+
+
+def settled(record: RunRecord) -> bool:
+    """Ended for good: not provisional, and a model export its decider claimed is over."""
+    exporting = record.outcome == SUCCEEDED and bool(record.export_id) and not record.export_outcome
+    return bool(record.outcome) and not provisional(record) and not exporting
+
+
 def follow(run: Run, timeout_s: float | None, poll_s: float, outage_window_s: float,
-           report_every_s: float = 300.0, sleep: Callable[[float], None] = time.sleep) -> int:
+           report_every_s: float = 300.0, sleep: Callable[[float], None] = time.sleep, as_json: bool = False) -> int:
     """`wait`: reads the run's record every `poll_s` until the run ends, reporting each new attempt and
     each new decision; 0 only when it succeeded, else RunEnded with EXIT_CODES' status. A record that
-    cannot be read for `outage_window_s` is HeadUnreachable (3): the run may still go on."""
+    cannot be read for `outage_window_s` is HeadUnreachable (3): the run may still go on. `as_json`:
+    also waits for a claimed model export to end, and prints the run's `summary` on stdout."""
     started = time.monotonic()
     outage = OutageClock(outage_window_s)
     shown_attempts, shown_decisions, said = 0, None, 0.0
@@ -252,8 +274,10 @@ def follow(run: Run, timeout_s: float | None, poll_s: float, outage_window_s: fl
             if new is not None:
                 progress(f"run {run.run_id} after {duration(elapsed)}: {new}")
             shown_decisions, said = new, elapsed
-        if record.outcome and not provisional(record):
-            return ended(run, record)
+        if settled(record) or (record.outcome and not provisional(record) and not as_json):
+            if as_json:
+                print(json.dumps(summary(run.run_id, record, run.outputs), sort_keys=True), flush=True)
+            return ended(run, record, quiet=as_json)
         if timeout_s is not None and elapsed + poll_s > timeout_s:
             newest = record.newest
             raise CliError(f"run {run.run_id} has not ended after {duration(elapsed)} (--timeout {timeout_s:g} s)"
@@ -261,10 +285,10 @@ def follow(run: Run, timeout_s: float | None, poll_s: float, outage_window_s: fl
         sleep(poll_s)
 
 
-def ended(run: Run, record: RunRecord) -> int:
+def ended(run: Run, record: RunRecord, quiet: bool = False) -> int:
     kind = outcome_kind(record.outcome)
     if kind == "succeeded":
-        print(f"run {run.run_id} SUCCEEDED after {len(record.attempts)} attempt(s)")
+        (progress if quiet else print)(f"run {run.run_id} SUCCEEDED after {len(record.attempts)} attempt(s)")
         return 0
     raise RunEnded(f"run {run.run_id} ended {kind.upper()}: {record.outcome.removeprefix(f'{kind}: ')}",
                    EXIT_CODES[kind])
@@ -438,6 +462,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if store is None:
         raise CliError(no_records(outputs, "runs"))
     rows = run_rows(store)
+    if args.json:
+        print(json.dumps([summary(row.run_id, row.record, outputs) for row in rows], indent=2, sort_keys=True))
+        return 0
     if not rows:
         print(f"no run recorded on RayCluster {outputs.ray_cluster} in namespace {outputs.namespace}")
         return 0

@@ -8,6 +8,7 @@ large, or immutable); anything else raises the HTTP error.
 
 from __future__ import annotations
 
+import base64
 import json
 import ssl
 import urllib.error
@@ -21,6 +22,9 @@ REQUEST_TIMEOUT_S = 30.0
 FIELD_MANAGER = "verl-gke-run-supervisor"
 """The one field manager of the RayCluster's `spec.suspend` (the release and the resume)."""
 CAS_TRIES = 8
+AUTH_TOKEN_KEY = "auth_token"
+"""The key of the Secret KubeRay 1.6 makes for a RayCluster with token authentication, named after the
+RayCluster (ray-operator/controllers/ray/raycluster_controller.go reconcileAuthSecret, utils.CheckName)."""
 
 
 class Conflict(Exception):
@@ -85,6 +89,13 @@ class KubernetesApi:
         if code == 422:
             raise Invalid(message)
         return reply
+
+
+def secret_value(api: KubernetesApi, namespace: str, name: str, key: str) -> str | None:
+    """One key of a Secret, decoded; None when the Secret or the key is not there."""
+    found = api.request("GET", f"/api/v1/namespaces/{namespace}/secrets/{name}")
+    value = ((found or {}).get("data") or {}).get(key)
+    return None if value is None else base64.b64decode(value).decode()
 
 
 class RayClusterControl:

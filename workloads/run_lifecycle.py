@@ -1192,6 +1192,14 @@ def delete_run(records: Store, lease: LeaseLike, run: RunSpec, reach: Callable[[
         yield "waiting for the stops"
 
 
+def suspended_by_stack(record: RunRecord, ray_cluster: str) -> RunRecord:
+    """A delete that could not reach the head suspended the RayCluster instead (KubeRay deletes every pod,
+    the head's too, so no attempt runs on): the run, stopped by the stack, is released. A create reopens it."""
+    return replace(record, released=True).decided(
+        f"pulumi-up suspended RayCluster {ray_cluster}: the Ray head did not answer, so every attempt stops with "
+        "its pods")
+
+
 def drive(steps: Iterator[str], sleep: Callable[[], None] = lambda: None, timeout_s: float | None = None,
           clock: Callable[[], float] = time.monotonic) -> Any:
     """Runs a step generator to its end, calling `sleep` after each waiting step (TimeoutError once

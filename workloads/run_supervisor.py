@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from workloads import export_model
-from workloads.kube import KubernetesApi, RayClusterControl
+from workloads.kube import AUTH_TOKEN_KEY, KubernetesApi, RayClusterControl, secret_value
 from workloads.run_lease import SUPERVISOR, Lease, identity
 from workloads.run_lifecycle import Decider, Policy, RayJobs, submit_attempt, write_record
 from workloads.run_logs import GcsSink, LogCopier, Sink
@@ -98,6 +98,8 @@ class SupervisorConfig:
     """How long from its claim the export may take before it is stopped and recorded as failed."""
     log_bucket: str = ""
     """The bucket whose `logs/<run id>/` gets each attempt's driver log and the decisions ('': no copy)."""
+    ray_token_secret: str = ""
+    """The Secret KubeRay keeps the head's Ray token in ('': the head has no token authentication)."""
 
     @classmethod
     def from_file(cls, path: Path) -> SupervisorConfig:
@@ -120,6 +122,32 @@ class SupervisorConfig:
                                       **self.export)
         job["metadata"] = {**job["metadata"], "verl-gke.run_id": run_id}
         return job
+
+
+class TokenRayJobs(RayJobs):
+    """The head's API with the Ray token of KubeRay's Secret. A RayCluster replacement (a new pool, a
+    new bucket, `pulumi up --replace`) makes KubeRay write a new token into a new Secret of the same
+    name (owned by the RayCluster; KubeRay v1.6.2 reconcileAuthSecret), while this pod's env keeps
+    the old one. Ray refuses a request without a token with 401 and one with another token with 403
+    (ray/_private/authentication/http_token_authentication.py, 2.60): then the Secret is read again and
+    the request sent once more with its token."""
+
+    def __init__(self, url: str, token: Callable[[], str | None]) -> None:
+        super().__init__(url)
+        self.token = token
+
+    def send(self, method: str, path: str, data: bytes | None, content_type: str) -> tuple[bytes, str | None]:
+        try:
+            return super().send(method, path, data, content_type)
+        except urllib.error.HTTPError as error:
+            if error.code not in (401, 403):
+                raise
+            current = self.token()
+            if not current or self._auth.get("Authorization") == f"Bearer {current}":
+                raise  # the Secret holds the token that was refused, or none: no second try
+            error.close()
+            self._auth = {"Authorization": f"Bearer {current}"}
+            return super().send(method, path, data, content_type)
 
 
 @dataclass
@@ -190,6 +218,9 @@ def decider(config: SupervisorConfig, api: KubernetesApi, namespace: str, ray_cl
             control: Any = None, clock: Callable[[], float] = time.monotonic, sink: Sink | None = None) -> Decider:
     """The supervisor's decider for `ray_cluster`; its logs copied into `sink` (default: the config's
     log_bucket, if any)."""
+    if ray is None and config.ray_token_secret:
+        ray = TokenRayJobs(config.head_url,
+                           lambda: secret_value(api, namespace, config.ray_token_secret, AUTH_TOKEN_KEY))
     ray = ray or RayJobs(config.head_url)
     control = control or RayClusterControl(api, namespace, ray_cluster)
     lease = lease or Lease(api, namespace, ray_cluster, identity(SUPERVISOR), clock=clock, log=log)
