@@ -804,7 +804,8 @@ def semantic_problems(cfg: StackConfig, now: datetime | None = None) -> list[str
         add("verl_image", cfg.verl_image, f"is built for {built_for} only; {p.title} nodes are {p.arch}: use "
             f"{p.image} or an image built for {p.arch}.")
     out.extend(_run_problems(cfg))
-    for problem in verl_problems(cfg.verl, p.gpus_per_node, cfg.gpu_nodes):
+    for problem in [*verl_problems(cfg.verl, p.gpus_per_node, cfg.gpu_nodes),
+                    *grpo_spec.stack_problems(cfg.verl, p, cfg.model, cfg.verl_image)]:
         add(f"verl.{problem.path}", problem.value, problem.message)
     # One line per phase that would not fit, naming the paths that size it.
     for paths, message in run_memory.problems(cfg.verl, p, cfg.model, cfg.gpu_nodes):

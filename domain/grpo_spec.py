@@ -8,6 +8,7 @@ commands (A4/A3 Ultra and A4X); the user's `verl-gke:verl` values go over them
 
 from __future__ import annotations
 
+import json
 import math
 import shlex
 from collections.abc import Callable, Mapping
@@ -20,7 +21,7 @@ from hydra.errors import HydraException
 
 from domain import run_memory, verl_settings
 from domain.bucket import HF_CACHE_DIR, MOUNT_PATH, run_checkpoint_dir
-from domain.platforms import Platform
+from domain.platforms import IMAGE_ROLLOUTS, Platform
 from domain.verl_settings import Problem, VerlSettings
 from workloads.stage_data import model_dir_for
 
@@ -231,7 +232,10 @@ def verl_problems(run: VerlSettings, gpus_per_node: int, nnodes: int) -> list[Pr
     if mini > batch:
         add(actor + "ppo_mini_batch_size", f"must be <= data.train_batch_size ({batch}).")
     # Only after allocation (rollout worker): world size divisible by TP; TP within a node.
-    if n_gpus % tp:
+    if tp > gpus_per_node:
+        add("actor_rollout_ref.rollout.tensor_model_parallel_size",
+            f"a vLLM replica runs on one node: at most its {gpus_per_node} GPUs.")
+    elif n_gpus % tp:
         add("actor_rollout_ref.rollout.tensor_model_parallel_size", f"must divide the {n_gpus} GPUs of the cluster.")
     elif n_gpus // tp > 1 and gpus_per_node % tp:
         add("actor_rollout_ref.rollout.tensor_model_parallel_size",
@@ -253,6 +257,50 @@ def verl_problems(run: VerlSettings, gpus_per_node: int, nnodes: int) -> list[Pr
     elif micro and (rollouts // dp) % micro:
         add(actor + "ppo_micro_batch_size_per_gpu",
             f"must divide the per-GPU mini batch ({rollouts // dp} = ppo_mini_batch_size x rollout.n / {dp}).")
+    return out
+
+
+NO_CRITIC = ("needs a critic (PPO with a value model), which verl-gke does not support yet: the GPU memory estimate "
+             "counts no critic; use a critic-free estimator such as grpo or rloo.")
+FSDP_ONLY = "verl-gke runs verl's FSDP workers only; use \"fsdp2\" or \"fsdp\"."
+
+
+def stack_problems(run: VerlSettings, platform: Platform, model: str, image: str) -> list[Problem]:
+    """Settings verl's config takes that cannot run on this stack, refused before anything is created
+    (verl itself fails on them only once the GPUs are allocated, or the stack's image lacks what they need)."""
+    out: list[Problem] = []
+
+    def add(path: str, message: str) -> None:
+        out.append(Problem(path, run.get(path), message))
+
+    # verl 0.6.1/0.9.0 `need_critic`: GAE's advantages come from a value model, as does critic.enable.
+    if run.get("algorithm.adv_estimator") == "gae":
+        add("algorithm.adv_estimator", NO_CRITIC)
+    if run.get("critic.enable"):
+        add("critic.enable", NO_CRITIC)
+    engines = IMAGE_ROLLOUTS.get(image)
+    engine = run.get("actor_rollout_ref.rollout.name")
+    if engines and engine not in engines:
+        names = {"vllm": "vLLM", "sglang": "SGLang"}
+        add("actor_rollout_ref.rollout.name", f"{image} holds {' and '.join(names.get(e, e) for e in engines)} "
+            f"only; use {' or '.join(json.dumps(e) for e in engines)}.")
+    # The Ray pods start verl's FSDP workers; Megatron needs Megatron-LM and its own checkpoint layout.
+    # The reference's strategy follows the actor's (verl's `${actor_rollout_ref.actor.strategy}`) unless set.
+    for path in ("actor_rollout_ref.actor.strategy", "actor_rollout_ref.ref.strategy"):
+        if run.get(path) == "megatron" and (path.endswith("actor.strategy") or path in run.given):
+            add(path, FSDP_ONLY)
+    shape = run_memory.MODELS.get(model)
+    tp = run.get("actor_rollout_ref.rollout.tensor_model_parallel_size")
+    if shape and tp <= platform.gpus_per_node:
+        # vLLM's ModelConfig.verify_with_parallel_config: the attention heads must split evenly over TP.
+        heads = shape.hidden // shape.head_dim
+        if heads % tp:
+            fits = [str(t) for t in range(1, platform.gpus_per_node + 1)
+                    if heads % t == 0 and platform.gpus_per_node % t == 0]
+            allowed = ", ".join(fits[:-1]) + f" or {fits[-1]}" if len(fits) > 1 else fits[0]
+            add("actor_rollout_ref.rollout.tensor_model_parallel_size",
+                f"must divide {model}'s {heads} attention heads (vLLM splits them across a replica's GPUs): "
+                f"{allowed} on {platform.gpus_per_node} GPUs a node.")
     return out
 
 

@@ -218,3 +218,61 @@ def test_synth_never_resolves_or_prints_an_environment_variable(tmp_path: Path, 
     out, err = capsys.readouterr()
     assert "canary-value-never-printed" not in out + err
     assert err.count("no Hydra/OmegaConf interpolation") == 2 and "Traceback" not in err
+
+
+# --- settings verl's config takes but the stack cannot run (issue 49, item 4) --------------------------------
+
+def test_settings_the_stack_cannot_run_are_refused_at_synth_one_line_each_all_at_once() -> None:
+    assert refused({"algorithm.adv_estimator": "gae", R + "name": "sglang", A + "strategy": "megatron"}) == [
+        'verl-gke:verl.algorithm.adv_estimator = "gae": needs a critic (PPO with a value model), which verl-gke does '
+        "not support yet: the GPU memory estimate counts no critic; use a critic-free estimator such as grpo or rloo.",
+        'verl-gke:verl.actor_rollout_ref.rollout.name = "sglang": verlai/verl:vllm011.dev7 holds vLLM only; use '
+        '"vllm".',
+        'verl-gke:verl.actor_rollout_ref.actor.strategy = "megatron": verl-gke runs verl\'s FSDP workers only; use '
+        '"fsdp2" or "fsdp".',
+    ]
+
+
+def test_a_critic_switched_on_is_refused_like_gae() -> None:
+    assert refused({"critic.enable": True}) == [
+        "verl-gke:verl.critic.enable = true: needs a critic (PPO with a value model), which verl-gke does not "
+        "support yet: the GPU memory estimate counts no critic; use a critic-free estimator such as grpo or rloo."]
+
+
+def test_the_reference_policy_on_megatron_is_refused_too() -> None:
+    assert refused({"actor_rollout_ref.ref.strategy": "megatron"}) == [
+        'verl-gke:verl.actor_rollout_ref.ref.strategy = "megatron": verl-gke runs verl\'s FSDP workers only; use '
+        '"fsdp2" or "fsdp".']
+
+
+def test_a_rollout_tp_larger_than_a_node_is_refused() -> None:
+    # 2 nodes x 8 GPUs: TP 16 divides the 16 GPUs, but a vLLM replica's GPUs must share a node's NVLink.
+    assert refused({R + "tensor_model_parallel_size": 16}) == [
+        "verl-gke:verl.actor_rollout_ref.rollout.tensor_model_parallel_size = 16: a vLLM replica runs on one node: "
+        "at most its 8 GPUs."]
+
+
+def test_a_rollout_tp_that_does_not_divide_the_models_attention_heads_is_refused() -> None:
+    # Qwen2.5-7B-Instruct: 28 heads (hidden 3584 / head_dim 128); vLLM refuses TP 8 ("Total number of attention
+    # heads (28) must be divisible by tensor parallel size (8)").
+    assert refused({R + "tensor_model_parallel_size": 8}, **{"verl-gke:model": "Qwen/Qwen2.5-7B-Instruct",
+                                                              "verl-gke:modelRevision": "a" * 40}) == [
+        "verl-gke:verl.actor_rollout_ref.rollout.tensor_model_parallel_size = 8: must divide "
+        "Qwen/Qwen2.5-7B-Instruct's 28 attention heads (vLLM splits them across a replica's GPUs): 1, 2 or 4 on 8 "
+        "GPUs a node."]
+
+
+@pytest.mark.parametrize("paths", [{"algorithm.adv_estimator": "rloo"}, {R + "name": "vllm"},
+                                   {A + "strategy": "fsdp"}, {R + "tensor_model_parallel_size": 8}])
+def test_settings_the_stack_runs_pass(paths: dict[str, Any]) -> None:
+    [(path, value)] = paths.items()
+    assert cfg_with(paths).verl.get(path) == value
+
+
+def test_synth_refuses_a_setting_the_stack_cannot_run_without_a_traceback(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    value = verl_value({"algorithm.adv_estimator": "gae", R + "name": "sglang"})
+    assert synth.main(["a4", "--out", str(tmp_path), "--set", f"{KEY}={value}"]) == 2
+    _, err = capsys.readouterr()
+    assert "adv_estimator = \"gae\": needs a critic" in err and "holds vLLM only" in err
+    assert "Traceback" not in err and not (tmp_path.exists() and any(tmp_path.iterdir()))
