@@ -20,7 +20,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
 from domain import run_memory, verl_settings
-from domain.bucket import HF_CACHE_DIR, MOUNT_PATH, run_checkpoint_dir
+from domain.bucket import HF_CACHE_DIR, LOGS_DIR, MOUNT_PATH, run_checkpoint_dir
 from domain.platforms import IMAGE_ROLLOUTS, Platform
 from domain.verl_settings import Problem, VerlSettings
 from workloads.stage_data import model_dir_for
@@ -376,11 +376,41 @@ def entrypoint(run: VerlSettings, *, run_id: str = "", legacy_trainer: bool = Fa
     return " ".join([*CHECKPOINT_LAUNCHER, "python3", "-m", VERL_ENTRY_MODULE, *(shlex.quote(a) for a in args)])
 
 
+TRACKERS = ("console", "tensorboard", "mlflow")
+"""verl's loggers (trainer.logger) the job gets what they need for."""
+
+
+def loggers(run: VerlSettings) -> list[str]:
+    """trainer.logger as a list (verl's Tracking takes one name or a list)."""
+    value = run.get("trainer.logger")
+    return [value] if isinstance(value, str) else list(value or [])
+
+
+def tensorboard_dir(run_id: str) -> str:
+    """Where TensorBoard's event files go: the run's folder of the bucket's logs/, which the Ray pods may write
+    and which outlives the cluster."""
+    return f"{MOUNT_PATH}/{LOGS_DIR}/{run_id}/tensorboard"
+
+
+def tracking_env(run: VerlSettings, *, run_id: str, mlflow_tracking_uri: str) -> dict[str, str]:
+    """What verl's Tracking (verl/utils/tracking.py, 0.6.1 and 0.9.0) reads from the environment for the run's
+    loggers: `_TensorboardAdapter` writes to $TENSORBOARD_DIR, else to tensorboard_log/<project>/<experiment> in
+    the working directory (the pod's disk); mlflow logs to $MLFLOW_TRACKING_URI, else sqlite:////tmp/mlruns.db."""
+    names = loggers(run)
+    env = {}
+    if "tensorboard" in names:
+        env["TENSORBOARD_DIR"] = tensorboard_dir(run_id)
+    if "mlflow" in names:
+        env["MLFLOW_TRACKING_URI"] = mlflow_tracking_uri
+    return env
+
+
 def runtime_env(platform: Platform, *, nnodes: int, worker_cpus: int,
-                verl_dir: str | None) -> dict[str, object]:
+                verl_dir: str | None, tracking: Mapping[str, str] | None = None) -> dict[str, object]:
     """The job's Ray runtime env: the tutorial's variables for the platform, none of its broken
-    keys, no pip installs at job start, HF_HOME on the bucket, and `verl_dir` (a verl tree on the
-    bucket, None when the image has verl) first on the path of the driver and every worker."""
+    keys, no pip installs at job start, HF_HOME on the bucket, `verl_dir` (a verl tree on the
+    bucket, None when the image has verl) first on the path of the driver and every worker, and the
+    loggers' `tracking` variables (tracking_env)."""
     env = {
         "PYTHONUNBUFFERED": "1",
         "LD_LIBRARY_PATH": platform.ld_library_path,
@@ -394,4 +424,5 @@ def runtime_env(platform: Platform, *, nnodes: int, worker_cpus: int,
     }
     if verl_dir:
         env.update(verl_path_env(verl_dir))
+    env.update(tracking or {})
     return {"env_vars": env}

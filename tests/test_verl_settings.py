@@ -276,3 +276,63 @@ def test_synth_refuses_a_setting_the_stack_cannot_run_without_a_traceback(
     _, err = capsys.readouterr()
     assert "adv_estimator = \"gae\": needs a critic" in err and "holds vLLM only" in err
     assert "Traceback" not in err and not (tmp_path.exists() and any(tmp_path.iterdir()))
+
+
+# --- experiment tracking: trainer.logger (issue 49, item 1) --------------------------------------------------
+
+def synth_job(tmp_path: Path, **config: str) -> dict[str, Any]:
+    """The GRPO job's inputs as synth renders them (resources.json): entrypoint, runtime_env, run_id."""
+    sets = [arg for key, value in config.items() for arg in ("--set", f"{key}={value}")]
+    assert synth.main(["a4", "--out", str(tmp_path), *sets]) == 0
+    [job] = [r for r in json.loads((tmp_path / "resources.json").read_text())
+             if r["type"] == "pulumi-python:dynamic:GrpoJob"]
+    return job["inputs"]
+
+
+def test_tensorboard_writes_its_event_files_to_the_bucket_under_the_run(tmp_path: Path) -> None:
+    # verl's _TensorboardAdapter writes to $TENSORBOARD_DIR, else to tensorboard_log/<project>/<experiment> under the
+    # process's working directory: the pod's disk, gone at release.
+    job = synth_job(tmp_path, **{KEY: verl_value({"trainer.logger": ["console", "tensorboard"]})})
+    env = job["runtime_env"]["env_vars"]
+    assert env["TENSORBOARD_DIR"] == f"/data/logs/{job['run_id']}/tensorboard"
+    assert "MLFLOW_TRACKING_URI" not in env
+
+
+def test_the_console_logger_alone_adds_no_tracking_variable(tmp_path: Path) -> None:
+    env = synth_job(tmp_path)["runtime_env"]["env_vars"]
+    assert not {"TENSORBOARD_DIR", "MLFLOW_TRACKING_URI", "WANDB_API_KEY"} & set(env)
+
+
+def test_mlflow_logs_to_the_tracking_uri_of_its_key(tmp_path: Path) -> None:
+    job = synth_job(tmp_path, **{KEY: verl_value({"trainer.logger": ["console", "mlflow"]}),
+                                 "verl-gke:mlflowTrackingUri": "https://mlflow.example.com"})
+    assert job["runtime_env"]["env_vars"]["MLFLOW_TRACKING_URI"] == "https://mlflow.example.com"
+    assert "trainer.logger=[console,mlflow]" in shlex.split(job["entrypoint"])
+
+
+def test_mlflow_without_a_tracking_uri_is_refused_naming_the_key() -> None:
+    assert refused({"trainer.logger": "mlflow"}) == [
+        'verl-gke:mlflowTrackingUri = "": trainer.logger has mlflow, which without a tracking server writes to '
+        "sqlite:////tmp/mlruns.db on a pod, lost at release: set the server's http(s):// URL."]
+
+
+@pytest.mark.parametrize("uri", ["sqlite:////tmp/mlruns.db", "mlflow.example.com", "https://user:pw@mlflow.example"])
+def test_a_tracking_uri_that_is_not_a_plain_server_url_is_refused(uri: str) -> None:
+    [line] = refused({"trainer.logger": ["console", "mlflow"]}, **{"verl-gke:mlflowTrackingUri": uri})
+    assert line.startswith("verl-gke:mlflowTrackingUri = ") and line.endswith(
+        ": an http:// or https:// URL of an MLflow tracking server, without credentials (they would be in the "
+        "job's command and Pulumi's state).")
+    assert "pw" not in line
+
+
+def test_wandb_is_refused_until_its_api_key_can_reach_the_job() -> None:
+    assert refused({"trainer.logger": ["console", "wandb"]}) == [
+        'verl-gke:verl.trainer.logger = ["console", "wandb"]: verl-gke does not pass wandb\'s API key to the job yet, '
+        "and wandb stops the run without it once training starts; use console, tensorboard (event files in the "
+        "bucket) or mlflow (verl-gke:mlflowTrackingUri)."]
+
+
+def test_a_logger_verl_gke_does_not_wire_is_refused_with_those_it_does() -> None:
+    assert refused({"trainer.logger": ["console", "swanlab", "file"]}) == [
+        'verl-gke:verl.trainer.logger = ["console", "swanlab", "file"]: verl-gke wires console, tensorboard and '
+        'mlflow (not swanlab, file).']
