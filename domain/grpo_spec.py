@@ -234,7 +234,7 @@ def verl_problems(run: VerlSettings, gpus_per_node: int, nnodes: int) -> list[Pr
     # Only after allocation (rollout worker): world size divisible by TP; TP within a node.
     if tp > gpus_per_node:
         add("actor_rollout_ref.rollout.tensor_model_parallel_size",
-            f"a vLLM replica runs on one node: at most its {gpus_per_node} GPUs.")
+            f"a vLLM replica runs within one node: at most the {gpus_per_node} GPUs per node.")
     elif n_gpus % tp:
         add("actor_rollout_ref.rollout.tensor_model_parallel_size", f"must divide the {n_gpus} GPUs of the cluster.")
     elif n_gpus // tp > 1 and gpus_per_node % tp:
@@ -291,7 +291,7 @@ def stack_problems(run: VerlSettings, platform: Platform, model: str, image: str
             add(path, FSDP_ONLY)
     shape = run_memory.MODELS.get(model)
     tp = run.get("actor_rollout_ref.rollout.tensor_model_parallel_size")
-    if shape and tp <= platform.gpus_per_node:
+    if shape and platform.gpus_per_node % tp == 0:  # else verl_problems names the TP already
         # vLLM's ModelConfig.verify_with_parallel_config: the attention heads must split evenly over TP.
         heads = shape.hidden // shape.head_dim
         if heads % tp:

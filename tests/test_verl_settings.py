@@ -248,8 +248,8 @@ def test_the_reference_policy_on_megatron_is_refused_too() -> None:
 def test_a_rollout_tp_larger_than_a_node_is_refused() -> None:
     # 2 nodes x 8 GPUs: TP 16 divides the 16 GPUs, but a vLLM replica's GPUs must share a node's NVLink.
     assert refused({R + "tensor_model_parallel_size": 16}) == [
-        "verl-gke:verl.actor_rollout_ref.rollout.tensor_model_parallel_size = 16: a vLLM replica runs on one node: "
-        "at most its 8 GPUs."]
+        "verl-gke:verl.actor_rollout_ref.rollout.tensor_model_parallel_size = 16: a vLLM replica runs within one node: "
+        "at most the 8 GPUs per node."]
 
 
 def test_a_rollout_tp_that_does_not_divide_the_models_attention_heads_is_refused() -> None:
