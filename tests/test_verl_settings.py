@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from domain import grpo_spec
+from domain.bucket import bucket_path, ray_writable_prefixes
 from domain.config import ConfigError, load_config
 from domain.grpo_spec import CHECKPOINT_LAUNCHER, RENAMED, entrypoint
 from domain.stack_files import raw_config
@@ -295,6 +296,8 @@ def test_tensorboard_writes_its_event_files_to_the_bucket_under_the_run(tmp_path
     job = synth_job(tmp_path, **{KEY: verl_value({"trainer.logger": ["console", "tensorboard"]})})
     env = job["runtime_env"]["env_vars"]
     assert env["TENSORBOARD_DIR"] == f"/data/logs/{job['run_id']}/tensorboard"
+    # A managed folder the Ray pods may write, which outlives the cluster (domain/bucket.py).
+    assert bucket_path(env["TENSORBOARD_DIR"]).startswith(ray_writable_prefixes("/data/verl/checkpoints"))
     assert "MLFLOW_TRACKING_URI" not in env
 
 
