@@ -17,7 +17,7 @@ from components.image_mirror import ImageMirror
 from domain.image_mirror import is_docker_hub, registry_prefix, repository_id
 from domain.run_identity import submission_ids
 from domain.stack_run import stack_run
-from domain.grpo_spec import CHECKPOINT_DIR, entrypoint, runtime_env
+from domain.grpo_spec import CHECKPOINT_DIR, entrypoint, runtime_env, tracking_env
 from components.namespace_security import NamespaceSecurity
 from components.network_mapping import NetworkMapping
 from domain.preflight import STACK_LABEL, required_apis
@@ -199,7 +199,8 @@ ray = RayTrainingCluster("ray", {
 run_id, legacy_trainer = stack_run(cfg)
 entry = entrypoint(cfg.verl, run_id=run_id, legacy_trainer=legacy_trainer)
 checkpoint_dir = run_checkpoint_dir(cfg.verl.get(CHECKPOINT_DIR), run_id)
-job_env = runtime_env(facts, nnodes=cfg.gpu_nodes, worker_cpus=cfg.worker_cpus, verl_dir=cfg.verl_dir)
+job_env = runtime_env(facts, nnodes=cfg.gpu_nodes, worker_cpus=cfg.worker_cpus, verl_dir=cfg.verl_dir,
+                      tracking=tracking_env(cfg.verl, run_id=run_id, mlflow_tracking_uri=cfg.mlflow_tracking_uri))
 job_waits_for: list[pulumi.Resource] = [ray, staging]
 if cfg.run_supervisor:
     # Restarted with a new run's spec before the job provider submits it.

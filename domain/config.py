@@ -215,6 +215,7 @@ class StackConfig(BaseModel):
     run_budget_usd: int = Field(0, ge=0)
     release_workers_when_done: bool = True
     export_model: bool = True
+    mlflow_tracking_uri: str = ""
     fabric_min_bus_bandwidth_gbps: int = Field(0, ge=0)
 
     verl: VerlSettings
@@ -804,7 +805,9 @@ def semantic_problems(cfg: StackConfig, now: datetime | None = None) -> list[str
         add("verl_image", cfg.verl_image, f"is built for {built_for} only; {p.title} nodes are {p.arch}: use "
             f"{p.image} or an image built for {p.arch}.")
     out.extend(_run_problems(cfg))
-    for problem in verl_problems(cfg.verl, p.gpus_per_node, cfg.gpu_nodes):
+    out.extend(_logger_problems(cfg))
+    for problem in [*verl_problems(cfg.verl, p.gpus_per_node, cfg.gpu_nodes),
+                    *grpo_spec.stack_problems(cfg.verl, p, cfg.model, cfg.verl_image)]:
         add(f"verl.{problem.path}", problem.value, problem.message)
     # One line per phase that would not fit, naming the paths that size it.
     for paths, message in run_memory.problems(cfg.verl, p, cfg.model, cfg.gpu_nodes):
@@ -937,6 +940,31 @@ def _run_problems(cfg: StackConfig) -> list[str]:
                                         f"verl {version} deletes its oldest checkpoint before it writes the next: "
                                         "keeping 1 loses the only one when a node is lost during a save; keep at "
                                         "least 2."))
+    return out
+
+
+def _logger_problems(cfg: StackConfig) -> list[str]:
+    """verl's loggers (trainer.logger) the job can run: each gets what verl's Tracking reads (domain/grpo_spec.py)."""
+    out = []
+    loggers = grpo_spec.loggers(cfg.verl)
+    key = config_key("verl.trainer.logger")
+    unwired = [name for name in loggers if name not in (*grpo_spec.TRACKERS, "wandb")]
+    if unwired:
+        out.append(problem_line(key, cfg.verl.get("trainer.logger"), f"verl-gke wires {', '.join(grpo_spec.TRACKERS[:-1])}"
+                                f" and {grpo_spec.TRACKERS[-1]} (not {', '.join(unwired)})."))
+    elif "wandb" in loggers:
+        out.append(problem_line(key, cfg.verl.get("trainer.logger"), "verl-gke does not pass wandb's API key to the job "
+                                "yet, and wandb stops the run without it once training starts; use console, tensorboard "
+                                "(event files in the bucket) or mlflow (verl-gke:mlflowTrackingUri)."))
+    uri = cfg.mlflow_tracking_uri
+    if "mlflow" in loggers and not uri:
+        out.append(problem_line(config_key("mlflow_tracking_uri"), uri, "trainer.logger has mlflow, which without a "
+                                "tracking server writes to sqlite:////tmp/mlruns.db on a pod, lost at release: set the "
+                                "server's http(s):// URL."))
+    elif uri and (not re.match(r"^https?://[^\s/]+", uri) or _without_credentials(uri) != uri):
+        out.append(problem_line(config_key("mlflow_tracking_uri"), _without_credentials(uri),
+                                "an http:// or https:// URL of an MLflow tracking server, without credentials (they "
+                                "would be in the job's command and Pulumi's state)."))
     return out
 
 

@@ -8,6 +8,7 @@ commands (A4/A3 Ultra and A4X); the user's `verl-gke:verl` values go over them
 
 from __future__ import annotations
 
+import json
 import math
 import shlex
 from collections.abc import Callable, Mapping
@@ -19,8 +20,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
 from domain import run_memory, verl_settings
-from domain.bucket import HF_CACHE_DIR, MOUNT_PATH, run_checkpoint_dir
-from domain.platforms import Platform
+from domain.bucket import HF_CACHE_DIR, LOGS_DIR, MOUNT_PATH, run_checkpoint_dir
+from domain.platforms import IMAGE_ROLLOUTS, Platform
 from domain.verl_settings import Problem, VerlSettings
 from workloads.stage_data import model_dir_for
 
@@ -231,7 +232,10 @@ def verl_problems(run: VerlSettings, gpus_per_node: int, nnodes: int) -> list[Pr
     if mini > batch:
         add(actor + "ppo_mini_batch_size", f"must be <= data.train_batch_size ({batch}).")
     # Only after allocation (rollout worker): world size divisible by TP; TP within a node.
-    if n_gpus % tp:
+    if tp > gpus_per_node:
+        add("actor_rollout_ref.rollout.tensor_model_parallel_size",
+            f"a vLLM replica runs within one node: at most the {gpus_per_node} GPUs per node.")
+    elif n_gpus % tp:
         add("actor_rollout_ref.rollout.tensor_model_parallel_size", f"must divide the {n_gpus} GPUs of the cluster.")
     elif n_gpus // tp > 1 and gpus_per_node % tp:
         add("actor_rollout_ref.rollout.tensor_model_parallel_size",
@@ -253,6 +257,50 @@ def verl_problems(run: VerlSettings, gpus_per_node: int, nnodes: int) -> list[Pr
     elif micro and (rollouts // dp) % micro:
         add(actor + "ppo_micro_batch_size_per_gpu",
             f"must divide the per-GPU mini batch ({rollouts // dp} = ppo_mini_batch_size x rollout.n / {dp}).")
+    return out
+
+
+NO_CRITIC = ("needs a critic (PPO with a value model), which verl-gke does not support yet: the GPU memory estimate "
+             "counts no critic; use a critic-free estimator such as grpo or rloo.")
+FSDP_ONLY = "verl-gke runs verl's FSDP workers only; use \"fsdp2\" or \"fsdp\"."
+
+
+def stack_problems(run: VerlSettings, platform: Platform, model: str, image: str) -> list[Problem]:
+    """Settings verl's config takes that cannot run on this stack, refused before anything is created
+    (verl itself fails on them only once the GPUs are allocated, or the stack's image lacks what they need)."""
+    out: list[Problem] = []
+
+    def add(path: str, message: str) -> None:
+        out.append(Problem(path, run.get(path), message))
+
+    # verl 0.6.1/0.9.0 `need_critic`: GAE's advantages come from a value model, as does critic.enable.
+    if run.get("algorithm.adv_estimator") == "gae":
+        add("algorithm.adv_estimator", NO_CRITIC)
+    if run.get("critic.enable"):
+        add("critic.enable", NO_CRITIC)
+    engines = IMAGE_ROLLOUTS.get(image)
+    engine = run.get("actor_rollout_ref.rollout.name")
+    if engines and engine not in engines:
+        names = {"vllm": "vLLM", "sglang": "SGLang"}
+        add("actor_rollout_ref.rollout.name", f"{image} holds {' and '.join(names.get(e, e) for e in engines)} "
+            f"only; use {' or '.join(json.dumps(e) for e in engines)}.")
+    # The Ray pods start verl's FSDP workers; Megatron needs Megatron-LM and its own checkpoint layout.
+    # The reference's strategy follows the actor's (verl's `${actor_rollout_ref.actor.strategy}`) unless set.
+    for path in ("actor_rollout_ref.actor.strategy", "actor_rollout_ref.ref.strategy"):
+        if run.get(path) == "megatron" and (path.endswith("actor.strategy") or path in run.given):
+            add(path, FSDP_ONLY)
+    shape = run_memory.MODELS.get(model)
+    tp = run.get("actor_rollout_ref.rollout.tensor_model_parallel_size")
+    if shape and platform.gpus_per_node % tp == 0:  # else verl_problems names the TP already
+        # vLLM's ModelConfig.verify_with_parallel_config: the attention heads must split evenly over TP.
+        heads = shape.hidden // shape.head_dim
+        if heads % tp:
+            fits = [str(t) for t in range(1, platform.gpus_per_node + 1)
+                    if heads % t == 0 and platform.gpus_per_node % t == 0]
+            allowed = ", ".join(fits[:-1]) + f" or {fits[-1]}" if len(fits) > 1 else fits[0]
+            add("actor_rollout_ref.rollout.tensor_model_parallel_size",
+                f"must divide {model}'s {heads} attention heads (vLLM splits them across a replica's GPUs): "
+                f"{allowed} on {platform.gpus_per_node} GPUs a node.")
     return out
 
 
@@ -328,11 +376,41 @@ def entrypoint(run: VerlSettings, *, run_id: str = "", legacy_trainer: bool = Fa
     return " ".join([*CHECKPOINT_LAUNCHER, "python3", "-m", VERL_ENTRY_MODULE, *(shlex.quote(a) for a in args)])
 
 
+TRACKERS = ("console", "tensorboard", "mlflow")
+"""verl's loggers (trainer.logger) the job gets what they need for."""
+
+
+def loggers(run: VerlSettings) -> list[str]:
+    """trainer.logger as a list (verl's Tracking takes one name or a list)."""
+    value = run.get("trainer.logger")
+    return [value] if isinstance(value, str) else list(value or [])
+
+
+def tensorboard_dir(run_id: str) -> str:
+    """Where TensorBoard's event files go: the run's folder of the bucket's logs/, which the Ray pods may write
+    and which outlives the cluster."""
+    return f"{MOUNT_PATH}/{LOGS_DIR}/{run_id}/tensorboard"
+
+
+def tracking_env(run: VerlSettings, *, run_id: str, mlflow_tracking_uri: str) -> dict[str, str]:
+    """What verl's Tracking (verl/utils/tracking.py, 0.6.1 and 0.9.0) reads from the environment for the run's
+    loggers: `_TensorboardAdapter` writes to $TENSORBOARD_DIR, else to tensorboard_log/<project>/<experiment> in
+    the working directory (the pod's disk); mlflow logs to $MLFLOW_TRACKING_URI, else sqlite:////tmp/mlruns.db."""
+    names = loggers(run)
+    env = {}
+    if "tensorboard" in names:
+        env["TENSORBOARD_DIR"] = tensorboard_dir(run_id)
+    if "mlflow" in names:
+        env["MLFLOW_TRACKING_URI"] = mlflow_tracking_uri
+    return env
+
+
 def runtime_env(platform: Platform, *, nnodes: int, worker_cpus: int,
-                verl_dir: str | None) -> dict[str, object]:
+                verl_dir: str | None, tracking: Mapping[str, str] | None = None) -> dict[str, object]:
     """The job's Ray runtime env: the tutorial's variables for the platform, none of its broken
-    keys, no pip installs at job start, HF_HOME on the bucket, and `verl_dir` (a verl tree on the
-    bucket, None when the image has verl) first on the path of the driver and every worker."""
+    keys, no pip installs at job start, HF_HOME on the bucket, `verl_dir` (a verl tree on the
+    bucket, None when the image has verl) first on the path of the driver and every worker, and the
+    loggers' `tracking` variables (tracking_env)."""
     env = {
         "PYTHONUNBUFFERED": "1",
         "LD_LIBRARY_PATH": platform.ld_library_path,
@@ -346,4 +424,5 @@ def runtime_env(platform: Platform, *, nnodes: int, worker_cpus: int,
     }
     if verl_dir:
         env.update(verl_path_env(verl_dir))
+    env.update(tracking or {})
     return {"env_vars": env}

@@ -195,6 +195,9 @@ X86_VERL_IMAGE = "verlai/verl:vllm011.dev7"
 ARM_VERL_IMAGE = "verlai/verl:vllm023.aarch64.dev1"
 PINNED_IMAGE_ARCH = {X86_VERL_IMAGE: "amd64", ARM_VERL_IMAGE: "arm64"}
 """Each pinned image is built for one CPU architecture only."""
+IMAGE_ROLLOUTS = {X86_VERL_IMAGE: ("vllm",), ARM_VERL_IMAGE: ("vllm",)}
+"""The rollout engines (verl's `actor_rollout_ref.rollout.name`) each pinned image holds: verl's
+Dockerfile.stable.vllm installs vLLM and no SGLang (verl builds SGLang into images of their own)."""
 
 
 # The release verl's CI runs in verlai/verl:vllm011.dev7 (every workflow at tag v0.6.1).

@@ -199,3 +199,35 @@ def test_reads_numpy_2_values_as_verls_own_formatter_prints_them(version: str) -
 @pytest.mark.parametrize("raw", ["np.float64(high)", "np.float64(0.5", "np.str_(0.5)", "float64(0.5)"])
 def test_a_value_that_only_looks_like_a_numpy_number_is_not_read(raw: str) -> None:
     assert metrics.parse_line(f"step:1 - {REWARD_KEY}:{raw}") is None
+
+
+# verl 0.6.1 ray_trainer._validate names the validation score `val-core/<data_source>/<var>/<metric>`, with var
+# `acc` where the reward function returns one, else `reward`, and metric mean@<n>; GSM8K's data_source is
+# openai/gsm8k (verl's examples/data_preprocess/gsm8k.py), its reward function returns a plain score.
+VAL_KEY = "val-core/openai/gsm8k/reward/mean@1"
+VAL_COLOR = (0.0, 0.5, 0.0)  # what plot_reward draws the validation score in (matplotlib's "green")
+
+
+def _pixels_of(path: Path, rgb: tuple[float, float, float]) -> int:
+    image = imread(path)[:, :, :3]
+    return int(np.all(np.abs(image - np.array(rgb)) < 0.02, axis=-1).sum())
+
+
+def test_plot_draws_the_validation_score_beside_the_reward(tmp_path: Path) -> None:
+    lines = [verl_line(step, {REWARD_KEY: reward, **({VAL_KEY: 0.4 + step / 100} if step % 2 == 0 else {})})
+             for step, reward in enumerate(REWARDS, start=1)]
+    parsed = metrics.parse_log("\n".join(lines) + "\n")
+    assert metrics.validation_key(parsed) == VAL_KEY
+    assert parsed.series(VAL_KEY) == [(2, 0.42), (4, 0.44)]
+    with_val, without = tmp_path / "with.png", tmp_path / "without.png"
+    metrics.plot_reward(parsed, with_val)
+    metrics.plot_reward(metrics.parse_log("\n".join(verl_line(s, {REWARD_KEY: r})
+                                                    for s, r in enumerate(REWARDS, start=1)) + "\n"), without)
+    assert _pixels_of(with_val, VAL_COLOR) > 100 and _pixels_of(without, VAL_COLOR) == 0
+
+
+def test_the_validation_key_prefers_verls_core_score_and_takes_acc_where_the_reward_gives_one() -> None:
+    parsed = metrics.parse_log(verl_line(10, {"val-aux/openai/gsm8k/reward/std@1": 0.1,
+                                              "val-core/openai/gsm8k/acc/mean@1": 0.5}) + "\n")
+    assert metrics.validation_key(parsed) == "val-core/openai/gsm8k/acc/mean@1"
+    assert metrics.validation_key(metrics.parse_log(verl_line(1, {REWARD_KEY: 0.1}) + "\n")) is None

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from domain import grpo_spec
+from domain.bucket import bucket_path, ray_writable_prefixes
 from domain.config import ConfigError, load_config
 from domain.grpo_spec import CHECKPOINT_LAUNCHER, RENAMED, entrypoint
 from domain.stack_files import raw_config
@@ -218,3 +219,123 @@ def test_synth_never_resolves_or_prints_an_environment_variable(tmp_path: Path, 
     out, err = capsys.readouterr()
     assert "canary-value-never-printed" not in out + err
     assert err.count("no Hydra/OmegaConf interpolation") == 2 and "Traceback" not in err
+
+
+# --- settings verl's config takes but the stack cannot run (issue 49, item 4) --------------------------------
+
+def test_settings_the_stack_cannot_run_are_refused_at_synth_one_line_each_all_at_once() -> None:
+    assert refused({"algorithm.adv_estimator": "gae", R + "name": "sglang", A + "strategy": "megatron"}) == [
+        'verl-gke:verl.algorithm.adv_estimator = "gae": needs a critic (PPO with a value model), which verl-gke does '
+        "not support yet: the GPU memory estimate counts no critic; use a critic-free estimator such as grpo or rloo.",
+        'verl-gke:verl.actor_rollout_ref.rollout.name = "sglang": verlai/verl:vllm011.dev7 holds vLLM only; use '
+        '"vllm".',
+        'verl-gke:verl.actor_rollout_ref.actor.strategy = "megatron": verl-gke runs verl\'s FSDP workers only; use '
+        '"fsdp2" or "fsdp".',
+    ]
+
+
+def test_a_critic_switched_on_is_refused_like_gae() -> None:
+    assert refused({"critic.enable": True}) == [
+        "verl-gke:verl.critic.enable = true: needs a critic (PPO with a value model), which verl-gke does not "
+        "support yet: the GPU memory estimate counts no critic; use a critic-free estimator such as grpo or rloo."]
+
+
+def test_the_reference_policy_on_megatron_is_refused_too() -> None:
+    assert refused({"actor_rollout_ref.ref.strategy": "megatron"}) == [
+        'verl-gke:verl.actor_rollout_ref.ref.strategy = "megatron": verl-gke runs verl\'s FSDP workers only; use '
+        '"fsdp2" or "fsdp".']
+
+
+def test_a_rollout_tp_larger_than_a_node_is_refused() -> None:
+    # 2 nodes x 8 GPUs: TP 16 divides the 16 GPUs, but a vLLM replica's GPUs must share a node's NVLink.
+    assert refused({R + "tensor_model_parallel_size": 16}) == [
+        "verl-gke:verl.actor_rollout_ref.rollout.tensor_model_parallel_size = 16: a vLLM replica runs within one node: "
+        "at most the 8 GPUs per node."]
+
+
+def test_a_rollout_tp_that_does_not_divide_the_models_attention_heads_is_refused() -> None:
+    # Qwen2.5-7B-Instruct: 28 heads (hidden 3584 / head_dim 128); vLLM refuses TP 8 ("Total number of attention
+    # heads (28) must be divisible by tensor parallel size (8)").
+    assert refused({R + "tensor_model_parallel_size": 8}, **{"verl-gke:model": "Qwen/Qwen2.5-7B-Instruct",
+                                                              "verl-gke:modelRevision": "a" * 40}) == [
+        "verl-gke:verl.actor_rollout_ref.rollout.tensor_model_parallel_size = 8: must divide "
+        "Qwen/Qwen2.5-7B-Instruct's 28 attention heads (vLLM splits them across a replica's GPUs): 1, 2 or 4 on 8 "
+        "GPUs a node."]
+
+
+@pytest.mark.parametrize("paths", [{"algorithm.adv_estimator": "rloo"}, {R + "name": "vllm"},
+                                   {A + "strategy": "fsdp"}, {R + "tensor_model_parallel_size": 8}])
+def test_settings_the_stack_runs_pass(paths: dict[str, Any]) -> None:
+    [(path, value)] = paths.items()
+    assert cfg_with(paths).verl.get(path) == value
+
+
+def test_synth_refuses_a_setting_the_stack_cannot_run_without_a_traceback(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    value = verl_value({"algorithm.adv_estimator": "gae", R + "name": "sglang"})
+    assert synth.main(["a4", "--out", str(tmp_path), "--set", f"{KEY}={value}"]) == 2
+    _, err = capsys.readouterr()
+    assert "adv_estimator = \"gae\": needs a critic" in err and "holds vLLM only" in err
+    assert "Traceback" not in err and not (tmp_path.exists() and any(tmp_path.iterdir()))
+
+
+# --- experiment tracking: trainer.logger (issue 49, item 1) --------------------------------------------------
+
+def synth_job(tmp_path: Path, **config: str) -> dict[str, Any]:
+    """The GRPO job's inputs as synth renders them (resources.json): entrypoint, runtime_env, run_id."""
+    sets = [arg for key, value in config.items() for arg in ("--set", f"{key}={value}")]
+    assert synth.main(["a4", "--out", str(tmp_path), *sets]) == 0
+    [job] = [r for r in json.loads((tmp_path / "resources.json").read_text())
+             if r["type"] == "pulumi-python:dynamic:GrpoJob"]
+    return job["inputs"]
+
+
+def test_tensorboard_writes_its_event_files_to_the_bucket_under_the_run(tmp_path: Path) -> None:
+    # verl's _TensorboardAdapter writes to $TENSORBOARD_DIR, else to tensorboard_log/<project>/<experiment> under the
+    # process's working directory: the pod's disk, gone at release.
+    job = synth_job(tmp_path, **{KEY: verl_value({"trainer.logger": ["console", "tensorboard"]})})
+    env = job["runtime_env"]["env_vars"]
+    assert env["TENSORBOARD_DIR"] == f"/data/logs/{job['run_id']}/tensorboard"
+    # A managed folder the Ray pods may write, which outlives the cluster (domain/bucket.py).
+    assert bucket_path(env["TENSORBOARD_DIR"]).startswith(ray_writable_prefixes("/data/verl/checkpoints"))
+    assert "MLFLOW_TRACKING_URI" not in env
+
+
+def test_the_console_logger_alone_adds_no_tracking_variable(tmp_path: Path) -> None:
+    env = synth_job(tmp_path)["runtime_env"]["env_vars"]
+    assert not {"TENSORBOARD_DIR", "MLFLOW_TRACKING_URI", "WANDB_API_KEY"} & set(env)
+
+
+def test_mlflow_logs_to_the_tracking_uri_of_its_key(tmp_path: Path) -> None:
+    job = synth_job(tmp_path, **{KEY: verl_value({"trainer.logger": ["console", "mlflow"]}),
+                                 "verl-gke:mlflowTrackingUri": "https://mlflow.example.com"})
+    assert job["runtime_env"]["env_vars"]["MLFLOW_TRACKING_URI"] == "https://mlflow.example.com"
+    assert "trainer.logger=[console,mlflow]" in shlex.split(job["entrypoint"])
+
+
+def test_mlflow_without_a_tracking_uri_is_refused_naming_the_key() -> None:
+    assert refused({"trainer.logger": "mlflow"}) == [
+        'verl-gke:mlflowTrackingUri = "": trainer.logger has mlflow, which without a tracking server writes to '
+        "sqlite:////tmp/mlruns.db on a pod, lost at release: set the server's http(s):// URL."]
+
+
+@pytest.mark.parametrize("uri", ["sqlite:////tmp/mlruns.db", "mlflow.example.com", "https://user:pw@mlflow.example"])
+def test_a_tracking_uri_that_is_not_a_plain_server_url_is_refused(uri: str) -> None:
+    [line] = refused({"trainer.logger": ["console", "mlflow"]}, **{"verl-gke:mlflowTrackingUri": uri})
+    assert line.startswith("verl-gke:mlflowTrackingUri = ") and line.endswith(
+        ": an http:// or https:// URL of an MLflow tracking server, without credentials (they would be in the "
+        "job's command and Pulumi's state).")
+    assert "pw" not in line
+
+
+def test_wandb_is_refused_until_its_api_key_can_reach_the_job() -> None:
+    assert refused({"trainer.logger": ["console", "wandb"]}) == [
+        'verl-gke:verl.trainer.logger = ["console", "wandb"]: verl-gke does not pass wandb\'s API key to the job yet, '
+        "and wandb stops the run without it once training starts; use console, tensorboard (event files in the "
+        "bucket) or mlflow (verl-gke:mlflowTrackingUri)."]
+
+
+def test_a_logger_verl_gke_does_not_wire_is_refused_with_those_it_does() -> None:
+    assert refused({"trainer.logger": ["console", "swanlab", "file"]}) == [
+        'verl-gke:verl.trainer.logger = ["console", "swanlab", "file"]: verl-gke wires console, tensorboard and '
+        'mlflow (not swanlab, file).']

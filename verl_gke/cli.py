@@ -216,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     met.add_argument("--log-file", type=Path, metavar="FILE", help="read this saved log instead of the job's logs")
     met.add_argument("--keys", type=_key_list, default=[], metavar="K1,K2",
                      help=f"more metric keys to show, comma-separated (always shown: {', '.join(metrics.DEFAULT_KEYS)})")
-    met.add_argument("--plot", type=Path, metavar="PNG", help=f"write a PNG plot of {metrics.REWARD_KEY} over the steps")
+    met.add_argument("--plot", type=Path, metavar="PNG",
+                     help=f"write a PNG plot of {metrics.REWARD_KEY} over the steps, the validation score beside it")
     met.set_defaults(handler=cmd_metrics)
 
     fab = commands.add_parser(

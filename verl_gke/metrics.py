@@ -20,6 +20,11 @@ REWARD_KEY = "critic/score/mean"
 STEP_TIME_KEY = "perf/time_per_step"
 """Seconds of one training step, as verl measures it (rollout, log-probs, update, weight sync)."""
 DEFAULT_KEYS: tuple[str, ...] = (REWARD_KEY, "perf/throughput", STEP_TIME_KEY)
+# verl 0.6.1/0.9.0 ray_trainer `_validate`: `val-core/<data_source>/<var>/<metric>` for the score (var `acc` where
+# the reward function returns one, else `reward`) at the largest n (mean@1 with one validation sample);
+# GSM8K's is val-core/openai/gsm8k/reward/mean@1, logged every trainer.test_freq steps.
+_VALIDATION = re.compile(r"^val-core/.+/(?:acc|reward)/mean@\d+$")
+VALIDATION_COLOR = "green"
 
 RISING_RULE = (
     "rising = least-squares slope of the reward over the steps > 0 "
@@ -174,8 +179,15 @@ def _cell(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def validation_key(parsed: ParsedLog) -> str | None:
+    """The validation score verl logged (its first `val-core/.../mean@n`, `acc` before `reward`), or None."""
+    found = sorted((k for k in parsed.keys() if _VALIDATION.match(k)), key=lambda k: "/acc/" not in k)
+    return found[0] if found else None
+
+
 def plot_reward(parsed: ParsedLog, path: Path, key: str = REWARD_KEY) -> Trend:
-    """Write a PNG of `key` over the steps, with its least-squares line; return the trend drawn."""
+    """Write a PNG of `key` over the steps, with its least-squares line and, where verl validated, the
+    validation score beside it; return the trend drawn."""
     # The Agg canvas renders without a display and without touching pyplot's global state.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -194,6 +206,11 @@ def plot_reward(parsed: ParsedLog, path: Path, key: str = REWARD_KEY) -> Trend:
         ends = [steps[0], steps[-1]]
         axes.plot(ends, [verdict.intercept + verdict.slope * x for x in ends],
                   linestyle="--", label=f"least squares ({verdict.slope:+.3g}/step)")
+    validation = validation_key(parsed)
+    scores = [(s, v) for s, v in parsed.series(validation) if math.isfinite(v)] if validation else []
+    if scores:
+        axes.plot([s for s, _ in scores], [v for _, v in scores], marker="s", markersize=4,
+                  color=VALIDATION_COLOR, label=validation)
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_xlabel("step")
     axes.set_ylabel(key)
