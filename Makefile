@@ -10,7 +10,7 @@ RUNTIME := $(VENV)/.runtime-installed
 TESTSET := $(VENV)/.tests-installed
 PIP := $(BIN)/pip install --progress-bar off --disable-pip-version-check
 
-.PHONY: synth synth-all test lint bench clean deploy-venv
+.PHONY: synth synth-all test lint bench clean deploy-venv explore
 
 # The runtime: what synth, `pulumi up` (the provider host runs in this venv) and the verl-gke CLI import.
 $(RUNTIME): requirements.txt constraints.txt pyproject.toml
@@ -47,6 +47,12 @@ TEST_WORKERS ?= 2
 test: $(TESTSET)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || { status=$$?; \
 	  [ $$status -ne 5 ] || echo "make test: pytest collected no test (exit 5): nothing was checked" >&2; exit $$status; }
+
+# The run lifecycle's interleavings, far longer than CI's 400 derandomized examples: a random seed,
+# minutes; a failure prints its shrunk steps, kept in CI as a regression (docs/development.md).
+EXPLORE ?= 3000
+explore: $(TESTSET)
+	VERL_GKE_EXPLORE=$(EXPLORE) $(BIN)/python -m pytest -n 0 -q -x tests/test_run_interleavings.py -k promises
 
 # Pyflakes, syntax errors and bugbear: unused code, undefined names, likely bugs.
 lint: $(TESTSET)

@@ -8,6 +8,7 @@ a time so that any interleaving, and a crash after any write, can be played."""
 
 from __future__ import annotations
 
+import http.client
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,10 +18,20 @@ from domain.run_identity import submission_ids
 from tests.kube_api import InProcessApi, KubeApiStandIn
 from tests.ray_jobs import RayHeadStandIn
 from verl_gke.stack_outputs import StackOutputs
-from workloads.kube import RayClusterControl
-from workloads.run_lease import LEASE_WAIT_S, PULUMI_UP, RENEW_EVERY_S, Lease
-from workloads.run_lifecycle import Created, Decider, RayJobs, RunSpec, create_run, delete_run, fail_start, meta
-from workloads.run_record import RecordStore
+from workloads.kube import Conflict, Invalid, RayClusterControl
+from workloads.run_lease import LEASE_WAIT_S, PULUMI_UP, RENEW_EVERY_S, Lease, LeaseLost
+from workloads.run_lifecycle import (
+    Created,
+    Decider,
+    RayJobs,
+    Refused,
+    RunSpec,
+    create_run,
+    delete_run,
+    fail_start,
+    meta,
+)
+from workloads.run_record import Gone, RecordStore
 from workloads.run_supervisor import SupervisorConfig, decider
 
 NS, RC = "ray", "rc"
@@ -36,6 +47,14 @@ OUTPUTS = StackOutputs(
     gpu_nodes=2, gpus_per_node=8, cluster_endpoint=None, cluster_ca_certificate=None)
 """What `verl-gke stop` reads of the stack: where the records are."""
 START_STEPS = 3
+FAULTS = (OSError, http.client.HTTPException, Conflict, Invalid, Gone, LeaseLost)
+"""What the world's faults raise (and nothing else): an API server or head that does not answer (URLError,
+HTTPError, timeouts are OSErrors), the API's 409/422/404, a Lease that ran out in a step. Any other
+exception is a bug that the exploration reports."""
+
+
+class StartFailed(RuntimeError):
+    """The provider's start-up grace saw its job fail (the create fails, as GrpoJobProvider's does)."""
 """How many looks `create` takes at a job it submitted before it calls it started or gives up."""
 
 
@@ -96,6 +115,9 @@ class World:
     bad_stops: list[str] = field(default_factory=list)
     """Attempts stopped while their run's record gave no reason to (a budget, the stack, a stall, a
     start that failed)."""
+    undeleted: list[str] = field(default_factory=list)
+    """Runs a `pulumi up` delete reported done while their attempt still ran or their record was open, or a
+    create reported done with no attempt of them running or succeeded."""
 
     def __post_init__(self) -> None:
         self.kube.on_head = self._pods
@@ -179,7 +201,7 @@ class World:
             try:
                 provider.lease.renew()
                 provider.last_renew = now
-            except Exception:  # noqa: BLE001 - the thread logs it and tries again
+            except FAULTS:  # the thread logs it and tries again
                 pass
 
     def ray(self) -> RayJobs:
@@ -238,11 +260,11 @@ class World:
             yield "waiting for the start"
             job = ray.jobs().get(created.submission_id)
             if job is not None and job["status"] in ("FAILED", "STOPPED"):
-                raise RuntimeError(f"{created.submission_id} {job['status']} while starting")
+                raise StartFailed(f"{created.submission_id} {job['status']} while starting")
             if job is not None and job["status"] in ("RUNNING", "SUCCEEDED"):
                 return
         yield from fail_start(records, lease, ray, run.run_id, created.submission_id)
-        raise TimeoutError(f"{created.submission_id} did not start")
+        raise StartFailed(f"{created.submission_id} did not start")
 
     def provider_step(self) -> str:
         """One step of `pulumi up`; its renewing thread renews when due. 'done', 'failed' or the step."""
@@ -251,10 +273,21 @@ class World:
         try:
             return next(provider.steps)
         except StopIteration:
+            if provider.kind == "delete":
+                record = self.records().get(provider.run.run_id)
+                live = [sid for sid in self.head.live() if sid in provider.run.submission_ids]
+                if live or (record is not None and not record.outcome):
+                    self.undeleted.append(f"{provider.run.run_id}: live {live}, record {record}")
+            if provider.kind == "create":
+                record = self.records().get(provider.run.run_id)
+                ran = [sid for sid, job in self.head.jobs.items() if sid in provider.run.submission_ids
+                       and job["status"] in ("PENDING", "RUNNING", "SUCCEEDED")]
+                if record is None or (record.outcome != "succeeded" and (record.outcome or not ran)):
+                    self.undeleted.append(f"{provider.run.run_id}: created, yet nothing of it ran: {record}")
             provider.lease.release()
             self.provider = None
             return "done"
-        except Exception as error:  # noqa: BLE001 - a failed `pulumi up`: its Lease is released
+        except (*FAULTS, Refused, StartFailed) as error:  # a failed `pulumi up`: its Lease is released
             self.log.append(f"pulumi up failed: {error}")
             provider.lease.release()
             self.provider = None

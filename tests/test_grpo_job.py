@@ -27,7 +27,8 @@ from pulumi.runtime import rpc
 from ray.job_submission import JobSubmissionClient
 
 from components.grpo_job import GrpoJob, GrpoJobProvider, _JobSpec
-from workloads.run_record import RecordStore
+from workloads.run_lifecycle import DELETED
+from workloads.run_record import RecordStore, RunRecord
 from tests.kube_api import kube_api
 from tests.ray_head import FlakyLink, free_ports, kubectl_record
 from verl_gke.local_proxy import BROWSER_BLOCKED_PORTS
@@ -341,10 +342,34 @@ def _tunnelled(props: Callable[..., dict[str, Any]], cluster: dict[str, Any], **
 
 def test_delete_succeeds_without_stopping_only_when_the_api_says_the_head_is_gone(
         props: Callable[..., dict[str, Any]], fake_kubectl: Path, monkeypatch: pytest.MonkeyPatch, cluster: dict[str, Any]) -> None:
+    _delete_with_the_head_gone(props, monkeypatch, cluster)
+
+
+def test_the_head_gone_delete_check_fails_when_the_delete_does_nothing(
+        props: Callable[..., dict[str, Any]], fake_kubectl: Path, monkeypatch: pytest.MonkeyPatch, cluster: dict[str, Any]) -> None:
+    monkeypatch.setattr(GrpoJobProvider, "delete", lambda *_args: None)
+    with pytest.raises(AssertionError):
+        _delete_with_the_head_gone(props, monkeypatch, cluster)
+
+
+def _delete_with_the_head_gone(props: Callable[..., dict[str, Any]], monkeypatch: pytest.MonkeyPatch,
+                               cluster: dict[str, Any]) -> None:
     monkeypatch.setenv("FAKE_KUBECTL_MODE", "fail")  # kubectl: services "head-svc" not found
+    outs = _tunnelled(props, cluster, ready_timeout_s=1.0)
+    spec = _JobSpec.from_props(outs)
+    records = spec.records()
+    records.write(records.get(spec.run.run_id), RunRecord(run_id=spec.run.run_id, generation=spec.run.generation))
+    warned: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *_args, **_kwargs: warned.append(message))
     started = time.monotonic()
-    GrpoJobProvider().delete("verl-grpo-dev-abc", _tunnelled(props, cluster, ready_timeout_s=1.0))
+    GrpoJobProvider().delete("verl-grpo-dev-abc", outs)
     assert time.monotonic() - started < 10
+    # It went through the lifecycle's delete: the run recorded stopped by the stack (its supervisor submits
+    # nothing more), then nothing left to stop, said once.
+    record = records.get(spec.run.run_id).record
+    assert record is not None and (record.desired, record.outcome) == ("stopped", DELETED)
+    assert len(warned) == 1 and warned[0].startswith("GrpoJob verl-grpo-dev-abc: nothing to stop; "), warned
+    assert "not found" in warned[0]
 
 
 def test_delete_raises_when_credentials_fail_instead_of_letting_a_second_run_start(

@@ -14,31 +14,48 @@ seed (derandomized); VERL_GKE_EXPLORE=<sequences> explores further, with a rando
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
-from hypothesis import HealthCheck, settings
+import pytest
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
-from tests.run_world import HEAD_OUTAGE_S, NS, OUTPUTS, RC, RC_PATH, World, run_spec
+from tests.run_world import FAULTS, HEAD_OUTAGE_S, NS, OUTPUTS, RC, RC_PATH, WORKERS, World, run_spec
+from verl_gke.console import CliError
 from verl_gke.runs import BucketCopy, Run, stop
 from workloads.run_lease import LEASE_DURATION_S
+from workloads.run_lifecycle import Created, Decider, RunSpec
 from workloads.run_record import CLUSTER_LABEL, COMPONENT, RECORD_KEY, RecordStore
 
 EXPLORE = int(os.environ.get("VERL_GKE_EXPLORE", "0"))
 EXAMPLES = EXPLORE or 400
 STEPS = 60
-RELEASE_WITHIN_S = LEASE_DURATION_S + 120.0 + 120.0
-"""After every run ended or was lost, a supervisor that holds the Lease this long has released the
-GPUs: the replace window (120 s here) and a few steps."""
-RELEASE_UNANSWERED_S = RELEASE_WITHIN_S + HEAD_OUTAGE_S
-"""The same while the head does not answer (its pods up, maybe a live attempt): the outage bound more."""
+RELEASE_WITHIN_S = 2 * LEASE_DURATION_S + 120.0 + 120.0
+"""After every run ended or was lost, with a supervisor up and the API answering this long, the GPUs are
+released: a dead holder's Lease expires and is taken at a step, the replace window (120 s here) and a
+few steps."""
+RELEASE_UNANSWERED_S = RELEASE_WITHIN_S + HEAD_OUTAGE_S / 0.99
+"""The same while the head does not answer (its pods up, maybe a live attempt): the outage bound more, on
+a clock up to 1% slow."""
+PROGRESS_S = LEASE_DURATION_S + 300.0
+"""With the API and a whole head answering, no `pulumi up` in flight and a supervisor up this long, a run
+the user wants running has a live attempt: a dead holder's Lease expires, a retry's backoff (30 s, 60 s)
+and the settle time pass, and a few steps."""
 
 
 class RunLifecycle(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.world = World()
-        self.over_held_s, self.over_holder = 0.0, ""
+        self.over_held_s = 0.0
         """Time one live supervisor held the Lease, with the API up, since every run on the cluster ended
         or was lost (no record left, and a head that answers with GPU workers and no job, or that does
         not answer)."""
@@ -46,6 +63,9 @@ class RunLifecycle(RuleBasedStateMachine):
         """The head did not answer at some point of that time: the outage bound applies."""
         self.stopped: dict[str, int] = {}
         """Runs `verl-gke stop` ended: how many attempts each had then (none is added after)."""
+        self.healthy_s = 0.0
+        """Time the API and a whole head answered, with a supervisor up and no `pulumi up` in flight, in
+        the current spell of ordinary operation (everyone_steps)."""
 
     # --- the stack ---------------------------------------------------------------------------------
 
@@ -113,7 +133,7 @@ class RunLifecycle(RuleBasedStateMachine):
             world.desired = run_spec(old.run_id, old.generation + 1, world.budget_s)
         world.runs[f"{world.desired.run_id}/{world.desired.generation}"] = world.desired
         world.supervisors.clear()  # Recreate: the old pod goes first
-        world.start_supervisor(slot, skew)
+        self.a_supervisor_starts(slot, skew)
 
     # --- supervisors -----------------------------------------------------------------------------------
 
@@ -122,28 +142,46 @@ class RunLifecycle(RuleBasedStateMachine):
         decider = self.world.supervisors.get(slot)
         if decider is None:
             return
+        decided = False
         try:
             decided = decider.step()
-        except Exception as error:  # noqa: BLE001 - a failed step is retried (run_forever)
+        except FAULTS as error:  # an injected fault: the step is retried (run_forever); anything else fails
             self.world.log.append(f"supervisor {slot}: step failed: {error!r}")
-            return
         if decided and not self.world.api_down and self.world.head.up:
             self._every_live_attempt_is_its_runs_newest()
-        over, silent = self._over()
-        if decider.lease.holder != self.over_holder or not over:
-            self.over_held_s, self.over_holder, self.unanswered = 0.0, decider.lease.holder, False  # counts from now
-        self.unanswered = self.unanswered or silent
+        self._released_within_the_bound()
+        self._a_wanted_run_runs()
+
+    def _released_within_the_bound(self) -> None:
+        """Whether or not a step decided: the time counts while a supervisor is up and the API answers."""
+        if not self._over()[0]:
+            self.over_held_s, self.unanswered = 0.0, False  # a run began again (a create reopened it)
+            return
         bound = RELEASE_UNANSWERED_S if self.unanswered else RELEASE_WITHIN_S
-        if decided and self.over_held_s >= bound and (self.unanswered or not self.world.head.live()):
+        if self.over_held_s >= bound and (self.unanswered or not self.world.head.live()):
             assert self.world.suspended() in (True, None), (
                 f"every run ended or was lost {self.over_held_s:g} s ago under this supervisor"
                 + (" (the head did not answer for some of it)" if self.unanswered else "")
                 + ", and the cluster is still up")
 
+    def _a_wanted_run_runs(self) -> None:
+        """Progress: with everything answering for PROGRESS_S, a run whose record is open has a live attempt
+        (one cluster runs one attempt: another run's counts)."""
+        if not self._healthy():
+            self.healthy_s = 0.0  # a fault since the last time_passes
+        if self.healthy_s < PROGRESS_S:
+            return
+        waiting = [r for r in self.world.records().values() if r is not None and not r.outcome
+                   and r.desired == "running"]
+        assert not waiting or self.world.head.live(), (
+            f"{[r.run_id for r in waiting]} open with nothing live after {self.healthy_s:g} s of a whole cluster "
+            f"answering: {waiting}")
+
     @rule(slot=st.integers(0, 1), skew=st.integers(0, 3))
     def a_supervisor_starts(self, slot: int, skew: int) -> None:
         """A restart (OOM, eviction, a node gone), a second replica (a hand scale), a rollout's pod."""
         self.world.start_supervisor(slot, skew)
+        self.over_held_s = 0.0  # the release is counted from the newest supervisor's start
 
     @rule(slot=st.integers(0, 1))
     def a_supervisor_dies(self, slot: int) -> None:
@@ -152,19 +190,30 @@ class RunLifecycle(RuleBasedStateMachine):
     # --- the cluster -------------------------------------------------------------------------------------
 
     @rule(seconds=st.sampled_from([1.0, 5.0, 15.0, 30.0, 60.0, 100.0, 400.0, 700.0]))
-    def time_passes(self, seconds: float) -> None:
+    def time_passes(self, seconds: float, stepping: bool = False) -> None:
+        """`stepping`: the supervisors step every `seconds` (the bounds count only such time; a jump
+        without steps neither counts nor resets them)."""
         world = self.world
         world.passes(seconds)
-        holder = ((world.kube.objects.get("/apis/coordination.k8s.io/v1/namespaces/ray/leases/rc-decider") or {})
-                  .get("spec") or {}).get("holderIdentity", "")
         over, silent = self._over()
-        if over and not world.api_down \
-                and holder == self.over_holder and any(d.lease.holder == holder and d.lease.valid()
-                                                       for d in world.supervisors.values()):
+        # A supervisor that could decide (alive, reaching the API) whether or not it holds the Lease now:
+        # a dead holder's Lease expires within the bound.
+        able = not world.api_down and any(f"supervisor {slot}" not in world.cut for slot in world.supervisors)
+        if not stepping and over and able:
+            return
+        # Counted from the end of the last `pulumi up` (its create may reopen the run) and anew after a
+        # release (a later resume).
+        if over and able and world.provider is None and world.suspended() is False and not world.fail_next:
             self.over_held_s += seconds
             self.unanswered = self.unanswered or silent
         else:
-            self.over_held_s, self.over_holder, self.unanswered = 0.0, holder, False
+            self.over_held_s, self.unanswered = 0.0, False
+        self.healthy_s = self.healthy_s + seconds if self._healthy() and stepping else 0.0
+
+    def _healthy(self) -> bool:
+        world = self.world
+        return not world.api_down and not world.cut and bool(world.supervisors) and world.provider is None \
+            and world.head.up and world.head.workers == WORKERS and not world.fail_next
 
     def _over(self) -> tuple[bool, bool]:
         """(every run on the cluster ended or was lost, the head does not answer)."""
@@ -172,7 +221,9 @@ class RunLifecycle(RuleBasedStateMachine):
         records = [r for r in world.records().values() if r is not None]  # a broken record is none
         silent = world.pods and not world.head.up
         lost = not records and (silent or (world.head.workers > 0 and not world.head.live()))
-        return bool(lost or (records and all(r.outcome for r in records))), silent
+        # A succeeded run's model export holds the GPUs until it ends (bounded by exportTimeoutSeconds).
+        return bool(lost or (records and all(r.outcome and (r.outcome != "succeeded" or r.export_outcome)
+                                             for r in records))), silent
 
     @rule()
     def the_attempt_fails(self) -> None:
@@ -210,7 +261,7 @@ class RunLifecycle(RuleBasedStateMachine):
         try:
             stop(Run(run_id, OUTPUTS, BucketCopy(run_id, "", None), lambda: store), wait=False, timeout_s=0.0,
                  poll_s=0.0)
-        except Exception as error:  # noqa: BLE001 - a failed CLI call (409s spent, a 5xx): the user runs it again
+        except (*FAULTS, CliError) as error:  # a failed CLI call (409s spent, a 5xx): the user runs it again
             self.world.log.append(f"verl-gke stop: {error!r}")
 
     @rule(fault=st.sampled_from(["preemption", "node back", "head restart", "link cut", "API outage",
@@ -256,12 +307,13 @@ class RunLifecycle(RuleBasedStateMachine):
     @rule(rounds=st.integers(1, 6))
     def everyone_steps(self, rounds: int, seconds: float = 15.0) -> None:
         """Ordinary operation: `pulumi up` (if one runs) and every supervisor take a step, 15 s pass."""
+        self.healthy_s = 0.0  # progress is judged over one spell of ordinary operation, after any event
         for _ in range(rounds):
             if self.world.provider is not None:
                 self.pulumi_up_goes_on(1)
             for slot in sorted(self.world.supervisors):
                 self.supervisor_steps(slot)
-            self.time_passes(seconds)
+            self.time_passes(seconds, stepping=True)
 
     @rule(code=st.sampled_from([409, 404, 422, 500]), count=st.integers(1, 3))
     def the_api_answers(self, code: int, count: int) -> None:
@@ -309,6 +361,10 @@ class RunLifecycle(RuleBasedStateMachine):
     def an_attempt_is_stopped_only_for_a_reason(self) -> None:
         """A budget, the stack's delete, a stall, a start that failed, the head lost past its bound."""
         assert not self.world.bad_stops, self.world.bad_stops
+
+    @invariant()
+    def a_create_or_delete_done_did_it(self) -> None:
+        assert not self.world.undeleted, self.world.undeleted
 
     @invariant()
     def never_two_live_attempts_on_the_cluster(self) -> None:
@@ -361,7 +417,98 @@ class RunLifecycle(RuleBasedStateMachine):
 
 
 RunLifecycle.TestCase.settings = settings(
+    phases=[Phase.explicit, Phase.reuse, Phase.generate] + ([] if os.environ.get("VERL_GKE_NO_SHRINK") else [Phase.shrink]),
     max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, derandomize=not EXPLORE, database=None,
     print_blob=True,
     suppress_health_check=list(HealthCheck))
 test_run_lifecycle_promises_hold_over_explored_interleavings = RunLifecycle.TestCase
+
+
+# --- schedules the exploration found once, replayed in CI for good --------------------------------------
+
+Step = tuple[str, dict[str, object]]
+REGRESSIONS: dict[str, list[Step]] = {
+    # Issue 47 item 9: `verl-gke stop` while the head is silent ends the run, a later create of another run
+    # fails with the head silent; the stopped run's outage reached the bound first and the release took
+    # the head of its still-live attempt, while the failed create's record had counted less silence.
+    "item 9: a release by the oldest outage count": [
+        ("a_stack", {"deployed": "no", "budget": 0.0}), *[("the_attempt_fails", {})] * 9,
+        ("pulumi_up", {"kind": "create", "crash_after": None, "skew": 0}), ("pulumi_up_creates", {"skew": 0}),
+        ("the_head_goes_silent", {"answers": False}), ("the_user_stops_a_run", {"which": 0}),
+        ("the_stack_changes_its_run", {"change": "run id", "slot": 0, "skew": 0}),
+        ("the_stack_changes_its_run", {"change": "run id", "slot": 0, "skew": 0}),
+        ("pulumi_up_dies", {}), ("a_quiet_spell", {"rounds": 7}), ("pulumi_up_deletes", {"skew": 0}),
+        ("pulumi_up_dies", {}), ("pulumi_up", {"kind": "create", "crash_after": None, "skew": 0}),
+        ("a_quiet_spell", {"rounds": 30})],
+    # Issue 47 item 10: the release bound counted a run's export as "over"; the export's job went with the
+    # record and the head's job table. The bound now counts from the export's end.
+    "item 10: record and job table lost after a success": [
+        ("a_stack", {"deployed": "no", "budget": 0.0}),
+        ("pulumi_up", {"kind": "create", "crash_after": None, "skew": 0}), ("the_attempt_succeeds", {}),
+        ("a_supervisor_dies", {"slot": 0}), ("a_supervisor_starts", {"slot": 1, "skew": 0}),
+        ("a_quiet_spell", {"rounds": 30}),
+        ("a_fault", {"fault": "record and job table lost", "rounds": 1, "which": 0}), ("supervisor_steps", {"slot": 1})],
+}
+"""Each failure the exploration ever finds (`make explore`), as its shrunk steps (docs/development.md)."""
+
+
+def replay(steps: list[Step]) -> None:
+    """The steps in order, every promise checked after each (as hypothesis does)."""
+    machine = RunLifecycle()
+    promises = [name for name in dir(RunLifecycle)
+                if getattr(getattr(RunLifecycle, name), "hypothesis_stateful_invariant", None)]
+    assert "never_two_live_attempts_on_the_cluster" in promises, promises  # the marker still marks them
+    for name, arguments in steps:
+        getattr(machine, name)(**arguments)
+        for promise in promises:
+            getattr(machine, promise)()
+
+
+@pytest.mark.parametrize("name", sorted(REGRESSIONS))
+def test_a_schedule_found_once_holds(name: str) -> None:
+    replay(REGRESSIONS[name])
+
+
+# --- the explorer can fail: each promise-breaking mutation of the real code is caught -------------------
+
+
+def _explores(monkeypatch: pytest.MonkeyPatch, name: str, value: object, examples: int = 60) -> None:
+    """A small derandomized exploration (no shrinking: only whether it fails) with `name` replaced."""
+    monkeypatch.setattr(name, value)
+    run_state_machine_as_test(RunLifecycle, settings=settings(
+        max_examples=examples, stateful_step_count=STEPS, deadline=None, derandomize=True, database=None,
+        phases=[Phase.generate], suppress_health_check=list(HealthCheck)))
+
+
+def _raises(*_args: object, **_kwargs: object) -> object:
+    raise TypeError("broken on purpose")
+
+
+def _idle_step(self: Decider) -> bool:
+    """A decider that holds the Lease and decides nothing: every promise that is an upper bound holds."""
+    return self.lease.hold()
+
+
+def _create_nothing(records: object, lease: object, run: RunSpec, *_args: object) -> Iterator[str]:
+    yield "opened"
+    return Created(run.submission_ids[0], None, True)
+
+
+def _delete_nothing(*_args: object, **_kwargs: object) -> Iterator[str]:
+    yield "stopped by the stack"
+
+
+@pytest.mark.parametrize(("name", "value", "fails_with"), [
+    ("workloads.run_lifecycle.Decider.step", _raises, TypeError),
+    ("workloads.run_lifecycle.Decider.step", _idle_step, AssertionError),
+    ("tests.run_world.create_run", _raises, TypeError),
+    ("tests.run_world.create_run", _create_nothing, AssertionError),
+    ("tests.run_world.delete_run", _raises, TypeError),
+    ("tests.run_world.delete_run", _delete_nothing, AssertionError),
+], ids=["decider raises", "decider idles", "create raises", "create does nothing", "delete raises",
+        "delete does nothing"])
+def test_the_exploration_fails_when_the_code_is_broken(monkeypatch: pytest.MonkeyPatch, name: str, value: object,
+                                                       fails_with: type[Exception]) -> None:
+    with pytest.raises(fails_with) as raised:
+        _explores(monkeypatch, name, value)
+    print(f"{name} {getattr(value, '__name__', value)}: {str(raised.value).splitlines()[0]}")

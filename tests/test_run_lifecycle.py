@@ -15,7 +15,7 @@ from tests.run_world import NS, OUTPUTS, RC, RC_PATH, World, run_spec
 from verl_gke.runs import BucketCopy, Run, RunEnded, follow, stop
 from workloads import run_lifecycle
 from workloads.kube import Invalid, cluster_state
-from workloads.run_lease import DECIDE_MARGIN_S, HANDOVER_ANNOTATION, LEASE_DURATION_S, Lease
+from workloads.run_lease import DECIDE_MARGIN_S, HANDOVER_ANNOTATION, LEASE_DURATION_S, Lease, LeaseLost
 from workloads.run_lifecycle import (
     DELETED,
     DEPLOY_FAILED,
@@ -927,3 +927,128 @@ def test_a_released_unanswered_run_stays_released_when_the_head_answers_during_t
     after = record(world)
     assert after.outcome == UNANSWERED and after.released and world.suspended() is True, (
         after.outcome, [a.submission_id for a in after.attempts], world.head.live(), world.suspended())
+
+
+# --- issue 47 -----------------------------------------------------------------------------------------
+
+
+def test_issue47_item5_a_create_over_a_provisional_record_keeps_it_provisional_while_the_head_is_silent():
+    """A create over a "head did not answer" record while the head still does not answer: 0.7.0 reopened
+    it (outage zeroed), the create failed, and the record ended DEPLOY_FAILED, no longer provisional, so
+    the attempt still live behind the silence was never adopted when the head answered. Now the create
+    reaches the head before it reopens: it fails, the record stays provisional with its outage, and
+    the head's answer rebuilds the record with the live attempt."""
+    world = deployed()
+    attempt = world.desired.submission_ids[0]
+    world.set_link(False)
+    path = next(p for p in world.kube.objects if "/configmaps/" in p)
+    world.kube.handle("DELETE", path, {}, None)
+    steps(world, rounds=12)
+    before = record(world)
+    assert (before.outcome, before.released) == (UNANSWERED, False) and before.outage_s > 0
+    assert pulumi_up(world) == "failed"
+    kept = record(world)
+    assert (kept.outcome, kept.desired, kept.outage_s) == (UNANSWERED, before.desired, before.outage_s)
+    world.set_link(True)
+    steps(world)
+    back = record(world)
+    assert (back.outcome, [a.submission_id for a in back.attempts]) == ("", [attempt])
+    assert world.head.live() == [attempt] and not world.bad_stops
+
+
+def test_issue47_item1_a_create_retried_after_a_stop_leaves_the_run_stopped():
+    """`verl-gke stop`, then a `pulumi up` retrying a create that failed after it submitted: 0.7.0's
+    create set `desired` back to running over the recorded stop and the run trained on. Now the stop
+    stays (only a new generation clears it): the create refuses in one line and the run is stopped."""
+    world = deployed()
+    sid = world.desired.submission_ids[0]
+    assert stop(cli_run(world), wait=False, timeout_s=0.0, poll_s=0.0) == 0
+    assert pulumi_up(world) == "failed"
+    assert world.log[-1] == ("pulumi up failed: run run-a (jobAttempt 0) was stopped by `verl-gke stop`: nothing "
+                             "submitted. Bump verl-gke:jobAttempt to run it again from its last checkpoint.")
+    assert record(world).desired == "stopped"
+    steps(world, rounds=3)
+    assert world.head.live() == [] and record(world).outcome == USER_STOPPED
+    assert [a.submission_id for a in record(world).attempts] == [sid]
+
+
+def test_issue47_item1_a_stop_during_the_creates_gates_submits_nothing():
+    """A stop that lands while the create runs its gates (the head reached, the fabric check, ...):
+    0.7.0 submitted a new attempt anyway. Now the submit step reads `desired` first."""
+    world = World()
+    world.start_supervisor(0, 0)
+
+    def the_user_stops(label: str) -> None:
+        if label == "resumed":
+            assert stop(cli_run(world), wait=False, timeout_s=0.0, poll_s=0.0) == 0
+
+    assert pulumi_up(world, between=the_user_stops) == "failed"
+    assert world.head.jobs == {}
+    steps(world)
+    assert (record(world).outcome, record(world).desired, record(world).attempts) == (USER_STOPPED, "stopped", ())
+
+
+def test_issue47_item1_a_replace_after_a_stop_does_not_undo_it():
+    """A stop, then a replace (its delete, then its create) before the decider acted on the stop: the
+    delete ends the run as the user's stop (not reopenable), so the replace's create refuses."""
+    world = deployed()
+    assert stop(cli_run(world), wait=False, timeout_s=0.0, poll_s=0.0) == 0
+    assert pulumi_up(world, "delete") == "done"
+    assert record(world).outcome == USER_STOPPED
+    assert pulumi_up(world) == "failed"
+    steps(world, rounds=2)
+    assert world.head.live() == [] and record(world).outcome == USER_STOPPED
+
+
+def test_issue47_item2_a_submission_retried_on_5xx_never_lands_after_the_lease_ran_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A head whose job agent is still starting answers 500 to submissions for a while; 0.7.0 retried for
+    up to 60 s after one Lease check, past the holder's 55 s of validity: its retry could land after
+    another decider took over and submitted. Now the Lease is checked before every try."""
+    world = World()
+    world.start_supervisor(0, 0)
+    decider = world.supervisors[0]
+    assert decider.step()
+    handle, posts = world.head.handle, []
+
+    def agent_starting(method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
+        if method == "POST" and path == "/api/jobs/":
+            posts.append(world.t)
+            if len(posts) <= 70:
+                return 500, b"No available agent to submit job, please try again later."
+        return handle(method, path, body)
+
+    world.head.handle = agent_starting  # type: ignore[method-assign]
+
+    class WorldTime:  # the lifecycle's clock and sleep, on the world's time (nobody renews meanwhile)
+        monotonic = staticmethod(lambda: world.t)
+        sleep = staticmethod(world.passes)
+
+    monkeypatch.setattr(run_lifecycle, "time", WorldTime)
+    run = RunRecord(run_id="run-a", generation=0)
+    attempt = Attempt(index=0, submission_id=world.desired.submission_ids[0], by="supervisor", cause="pulumi-up")
+    with pytest.raises(LeaseLost):
+        decider.hands.submit(run, attempt)
+    assert world.head.jobs == {} and 50 <= len(posts) <= LEASE_DURATION_S - DECIDE_MARGIN_S + 1, posts
+
+
+def test_issue47_item8_the_silence_count_survives_a_new_holder():
+    """No record and a silent head: 0.7.0's count lived in the holder's memory and restarted at every
+    re-acquire (a restart, a renew 409, a `pulumi up` hand-over). Now it is carried in the Lease: a new
+    holder counts on, and records the run lost once the silence (not its own share) reaches the window."""
+    world = deployed()
+    world.set_link(False)
+    path = next(p for p in world.kube.objects if "/configmaps/" in p)
+    world.kube.handle("DELETE", path, {}, None)
+    steps(world, rounds=7)  # 90 s counted by supervisor 0 (its first step after the loss counts from the last)
+    assert world.records() == {}
+    world.supervisors.pop(0)
+    world.start_supervisor(1, 2)
+    taken = None
+    while not world.records():
+        if world.supervisors[1].step() and taken is None:
+            taken = world.t
+        world.passes(15.0)
+    assert taken is not None and world.t - taken <= 60.0, (taken, world.t)
+    lost = record(world)
+    assert lost.outcome == UNANSWERED and lost.outage_s >= 90.0, lost

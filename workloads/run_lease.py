@@ -30,6 +30,9 @@ LEASE_WAIT_S = 300.0
 """How long `pulumi up` waits for the Lease: a live supervisor hands over within a step, a dead
 holder's Lease expires within LEASE_DURATION_S of the last change seen."""
 HANDOVER_ANNOTATION = "verl-gke/handover-to"
+UNANSWERED_ANNOTATION = "verl-gke/unanswered-s"
+"""The holder's count of "no record and a head that does not answer" (seconds), carried in the Lease so
+that the next holder (a re-acquire, a `pulumi up` hand-over, a restart) counts on from it."""
 PULUMI_UP, SUPERVISOR = "pulumi-up", "supervisor"
 
 
@@ -58,6 +61,10 @@ class Lease:
         """(resourceVersion, when this process first saw it)."""
         self.acquired = 0
         """How many times this process took the Lease (the decider resets its timers' baseline)."""
+        self.annotations: dict[str, str] = {}
+        """The Lease's annotations as last read or written."""
+        self.carry: dict[str, str] = {}
+        """Annotations the holder sets at its next write of the Lease ('' removes one)."""
 
     @property
     def role(self) -> str:
@@ -79,6 +86,7 @@ class Lease:
     def _read(self) -> dict[str, Any] | None:
         found = self.api.request("GET", f"{self._path}/{self.name}")
         if found is not None:
+            self.annotations = dict((found.get("metadata") or {}).get("annotations") or {})
             version = found["metadata"]["resourceVersion"]
             if self._seen is None or self._seen[0] != version:
                 self._seen = (version, self.clock())
@@ -108,6 +116,9 @@ class Lease:
                                            "app.kubernetes.io/component": "run-decider"}}
         old_annotations = dict(((found or {}).get("metadata") or {}).get("annotations") or {})
         meta["annotations"] = old_annotations if annotations is None else annotations
+        if holder == self.holder and holder:
+            meta["annotations"].update(self.carry)
+            meta["annotations"] = {k: v for k, v in meta["annotations"].items() if v}
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": spec}
         try:
             if found is None:
@@ -120,6 +131,7 @@ class Lease:
         if reply is None:
             return False  # deleted meanwhile: the next look creates it
         self._seen = (reply["metadata"]["resourceVersion"], self.clock())
+        self.annotations = dict((reply.get("metadata") or {}).get("annotations") or {})
         if holder == self.holder:
             if transition:
                 self.acquired += 1
@@ -244,6 +256,8 @@ class HeldLease:
     holder = f"{PULUMI_UP}/memory"
     role = PULUMI_UP
     acquired = 1
+    annotations: dict[str, str] = {}
+    carry: dict[str, str] = {}
 
     def valid(self) -> bool:
         return True

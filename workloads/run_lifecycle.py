@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from workloads.kube import REQUEST_TIMEOUT_S, Conflict, Invalid
+from workloads.run_lease import UNANSWERED_ANNOTATION
 from workloads.run_record import (
     REASON_CHARS,
     RUNNING,
@@ -229,11 +230,12 @@ def opened(record: RunRecord | None, run_id: str, generation: int, budget_s: flo
             f"generation {generation} begun by pulumi-up")
     if record.generation != generation:
         return record
-    if record.outcome in REOPENABLE:
+    # A recorded stop (`verl-gke stop`) is never cleared here: only a new generation clears it.
+    if record.outcome in REOPENABLE and (record.desired != STOPPED or record.outcome in (DELETED, UNANSWERED)):
         return replace(record, desired=RUNNING, outcome="", released=False, waiting_s=0.0, stopped_s=0.0,
                        outage_s=0.0, stall_s=0.0, last_step=None, grace_s=0.0, budget_s=budget_s,
                        opened_at=len(record.attempts)).decided(f"reopened by pulumi-up after: {record.outcome}")
-    return replace(record, desired=RUNNING, budget_s=budget_s) if not record.outcome else record
+    return replace(record, budget_s=budget_s) if not record.outcome else record
 
 
 def claimed(record: RunRecord, attempt: Attempt) -> RunRecord:
@@ -266,8 +268,11 @@ def ended(record: RunRecord, outcome: str) -> RunRecord:
 
 
 def stopped_by_stack(record: RunRecord) -> RunRecord:
-    """`pulumi destroy` or a replace's delete: desired stopped, and the run ended (reopenable)."""
-    return replace(ended(record, DELETED), desired=STOPPED)
+    """`pulumi destroy` or a replace's delete: desired stopped, and the run ended (reopenable, unless the
+    user's stop came first: a replace's create must not undo it)."""
+    if record.outcome and not provisional(record):
+        return record  # over already: its `desired` stays as the user left it
+    return replace(ended(record, USER_STOPPED if record.desired == STOPPED else DELETED), desired=STOPPED)
 
 
 def provisional(record: RunRecord) -> bool:
@@ -693,8 +698,10 @@ def _release(d: _Decision) -> None:
     headless = view.cluster in ("suspended", "absent", "suspending")
     live = [sid for sid, job in (view.jobs or {}).items() if job.get("status") in LIVE
             and sid not in {r.export_id for r in records.values() if r.export_outcome}]
-    quiet = headless or (view.jobs is not None and not live) or any(
-        r.outage_s >= policy.head_outage_s for r in pending)
+    # Past the outage bound by every pending record's count: a record begun during the silence (a create
+    # that failed) counts less of it, and the head's silence is only known from the shortest count.
+    quiet = headless or (view.jobs is not None and not live) or (pending and all(
+        r.outage_s >= policy.head_outage_s for r in pending))
     if pending and quiet:
         for record in pending:
             records[record.run_id] = replace(record, released=True).decided("GPU workers released")
@@ -798,12 +805,14 @@ class LeaseLike(Protocol):
 
 def submit_attempt(ray: RayJobs, record: RunRecord, attempt: Attempt, entrypoint: str,
                    runtime_env: Mapping[str, Any], extra_metadata: Mapping[str, str] | None = None,
-                   sleep: Callable[[float], None] = time.sleep) -> None:
+                   check: Callable[[], None] = lambda: None) -> None:
     """Submits a claimed attempt under its id: Ray refuses a second job under one id, so a second
-    submission of one claim starts nothing (its refusal is taken as done)."""
+    submission of one claim starts nothing (its refusal is taken as done). `check` (the Lease's) runs
+    before every try: a retry never lands after another decider may have taken over."""
     env, metadata = attempt_submission(runtime_env, record, attempt, ray.head_time)
     give_up = time.monotonic() + SUBMIT_RETRY_S
     while True:
+        check()
         try:
             ray.submit(attempt.submission_id, entrypoint, env, {**(extra_metadata or {}), **metadata})
             return
@@ -814,7 +823,7 @@ def submit_attempt(ray: RayJobs, record: RunRecord, attempt: Attempt, entrypoint
             # A head that just started answers 500 "No available agent to submit job" for a while.
             if error.code < 500 or time.monotonic() >= give_up:
                 raise
-            sleep(1.0)
+            time.sleep(1.0)
 
 
 @dataclass
@@ -853,7 +862,16 @@ class Decider:
         jobs = {} if over and cluster in ("suspended", "absent") else self._jobs()
         stored = self._repair(stored, jobs)
         records = {run_id: s.record for run_id, s in stored.items() if s.record is not None}
-        self._unanswered_s = self._unanswered_s + elapsed if held and jobs is None and not records else 0.0
+        if jobs is None and not records:
+            # Counted on from the Lease's note when this process (re)took it: the bound holds across holders.
+            carried = getattr(self.lease, "annotations", {}).get(UNANSWERED_ANNOTATION, "")
+            base = self._unanswered_s if held else float(carried or 0.0)
+            self._unanswered_s = base + elapsed
+        else:
+            self._unanswered_s = 0.0
+        carry = getattr(self.lease, "carry", None)
+        if carry is not None:
+            carry[UNANSWERED_ANNOTATION] = f"{self._unanswered_s:g}" if self._unanswered_s else ""
         capacity = self.ray.capacity() if jobs is not None and (not records or any(
             not r.outcome for r in records.values())) else None
         for sid, job in (jobs or {}).items():
@@ -1068,7 +1086,7 @@ def deploy_failed(records: Store, lease: LeaseLike, run_id: str, started: bool =
     def change(record: RunRecord | None) -> RunRecord | None:
         if record is None or record.outcome or not (started or not any(a.submitted for a in record.opened)):
             return None
-        return ended(record, DEPLOY_FAILED)
+        return ended(record, USER_STOPPED if record.desired == STOPPED else DEPLOY_FAILED)
 
     return write_record(records, run_id, change, lease)
 
@@ -1081,6 +1099,14 @@ def create_run(records: Store, lease: LeaseLike, run: RunSpec, reach: Callable[[
     `gates` and submits: the claimed and unsubmitted attempt under its own id, else a new claim.
     Returns Created (StopIteration.value). Any failure before an attempt was submitted ends the run
     as a failed deploy."""
+    before = records.get(run.run_id).record
+    if before is not None and provisional(before):
+        # Recorded lost while its head did not answer: reopened only once the head answers (it may answer
+        # with the live attempt, and the decider rebuilds the record from it); until then it stays
+        # provisional, its outage counting on.
+        lease.check()
+        reach()
+        yield "reached"
     record = write_record(records, run.run_id, lambda r: opened(r, run.run_id, run.generation, run.budget_s), lease)
     assert record is not None
     yield "opened"
@@ -1093,6 +1119,8 @@ def create_run(records: Store, lease: LeaseLike, run: RunSpec, reach: Callable[[
                       "above it to start a new generation.")
     if record.outcome == SUCCEEDED:
         return Created(record.attempts[-1].submission_id if record.attempts else run.submission_ids[0], None, True)
+    if record.desired == STOPPED:
+        _refuse_stopped(records, lease, run)
     if record.outcome:
         raise Refused(f"run {run.run_id} (jobAttempt {run.generation}) already ended: {record.outcome}. "
                       "Bump verl-gke:jobAttempt to run it again from its last checkpoint.")
@@ -1135,19 +1163,30 @@ def _submit(records: Store, lease: LeaseLike, ray: RayJobs, record: RunRecord, r
         new = Attempt(index=index, submission_id=run.submission_ids[index], by="pulumi-up", cause="pulumi-up",
                       dead_nodes=ray.capacity().dead)
         claim = write_record(records, run.run_id, lambda r: None if r is None or len(r.attempts) != index
-                             else claimed(r, new), lease)
+                             or r.desired == STOPPED or r.outcome else claimed(r, new), lease)
+        if claim is not None and claim.desired == STOPPED:
+            _refuse_stopped(records, lease, run)
         if claim is None or len(claim.attempts) <= index or claim.attempts[index] != new:
             raise Conflict(f"run record of {run.run_id} changed under the Lease")
         record, attempt = claim, new
         yield "claimed"
     ray.jobs()  # the head's clock, for the budget's deadline
+    now = records.get(run.run_id).record
+    if now is None or now.desired == STOPPED:  # a stop that landed during the gates: nothing submitted
+        _refuse_stopped(records, lease, run)
     lease.check()
-    submit_attempt(ray, record, attempt, run.entrypoint, run.runtime_env, run.metadata)
+    submit_attempt(ray, record, attempt, run.entrypoint, run.runtime_env, run.metadata, check=lease.check)
     yield "submitted"
     write_record(records, run.run_id, lambda r: submitted(r, attempt.index)
                  if r is not None and len(r.attempts) > attempt.index else None, lease)
     yield "marked submitted"
     return attempt.submission_id
+
+
+def _refuse_stopped(records: Store, lease: LeaseLike, run: RunSpec) -> None:
+    deploy_failed(records, lease, run.run_id)
+    raise Refused(f"run {run.run_id} (jobAttempt {run.generation}) was stopped by `verl-gke stop`: nothing submitted. "
+                  "Bump verl-gke:jobAttempt to run it again from its last checkpoint.")
 
 
 def fail_start(records: Store, lease: LeaseLike, ray: RayJobs, run_id: str, submission_id: str) -> Iterator[str]:

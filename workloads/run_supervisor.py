@@ -164,7 +164,8 @@ class SupervisorHands:
     lease: Any = None
 
     def submit(self, record: RunRecord, attempt: Attempt) -> None:
-        submit_attempt(self.ray, record, attempt, self.config.entrypoint, self.config.runtime_env)
+        submit_attempt(self.ray, record, attempt, self.config.entrypoint, self.config.runtime_env,
+                       check=self.lease.check)
 
     def submit_export(self, record: RunRecord) -> str:
         # The REST API takes no local working_dir (the SDK uploads it to the GCS first): export_model.py
