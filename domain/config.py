@@ -816,7 +816,7 @@ def semantic_problems(cfg: StackConfig, now: datetime | None = None) -> list[str
 # What verl-gke offers per platform: A4X's pool holds a whole NVLink rack under one COMPACT placement
 # (fixed size, Cluster Toolkit's gke-a4x), which flex-start's autoscaled, queued nodes do not give.
 PLATFORM_CAPACITY: dict[str, tuple[CapacityKind, ...]] = {
-    "a4": CAPACITY_KINDS, "a3u": CAPACITY_KINDS, "a4x": ("reservation", "spot"),
+    "a4": CAPACITY_KINDS, "a3u": CAPACITY_KINDS, "a4x": ("reservation", "spot"), "g2": CAPACITY_KINDS,
 }
 
 

@@ -43,7 +43,8 @@ def test_dist_layout_reads_back(stack: str, synth_stack, tmp_path: Path):
 @pytest.mark.parametrize("stack", STACKS)
 def test_outputs_name_the_platform(stack: str, synth_stack):
     outputs = synth_stack(stack).outputs
-    expected = {"a4": ("a4", 8), "a4-standard": ("a4", 8), "a3u-standard": ("a3u", 8), "a4x": ("a4x", 4)}[stack]
+    expected = {"a4": ("a4", 8), "a4-standard": ("a4", 8), "a3u-standard": ("a3u", 8), "a4x": ("a4x", 4),
+                "smoke": ("g2", 1)}[stack]
     assert (outputs["gpuPlatform"], outputs["gpusPerNode"]) == expected
 
 
@@ -143,7 +144,7 @@ def test_the_cli_takes_verbose(tmp_path: Path, capsys: pytest.CaptureFixture[str
 def test_unknown_stack_lists_the_stacks():
     run = _synth_cli("a5")
     assert run.returncode != 0
-    assert "no stack file Pulumi.a5.yaml; stacks: a3u-standard, a4, a4-standard, a4x" in run.stderr
+    assert "no stack file Pulumi.a5.yaml; stacks: a3u-standard, a4, a4-standard, a4x, smoke" in run.stderr
 
 
 def test_a_real_run_stops_at_once_on_placeholders():
@@ -239,7 +240,8 @@ def test_a_first_preview_leaves_every_computed_output_unknown(stack: str):
     assert any(r.type == synth.GRPO_JOB_TYPE for r in result.registrations)
     for key in ("clusterEndpoint", "clusterCaCertificate", "grpoSubmissionId", "grpoJobStatus", "bucketUrl"):
         assert result.outputs[key] == "[unknown]", key
-    assert result.outputs["gpuPlatform"] == {"a4": "a4", "a4-standard": "a4", "a3u-standard": "a3u", "a4x": "a4x"}[stack]
+    assert result.outputs["gpuPlatform"] == {"a4": "a4", "a4-standard": "a4", "a3u-standard": "a3u", "a4x": "a4x",
+                                            "smoke": "g2"}[stack]
 
 
 def test_the_job_provider_gets_numbers_as_floats():
