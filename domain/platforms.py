@@ -266,6 +266,9 @@ class Platform:
     own DaemonSet (manifests.nccl.installer_daemonset)."""
     head_on_gpu_node: bool = False
     """The Ray head shares a GPU node with a worker (A4X: its arm64-only image runs on no CPU node)."""
+    trainer_on_worker: bool = False
+    """The head takes no Ray CPUs, so verl's trainer (its TaskRunner) runs on a GPU worker: A4X's placement, on
+    the smoke platform so that its run exercises it (the checkpoint copiers' harder case)."""
     min_gke_version: str | None = None
     """Lowest GKE version the platform's own features need (A4X: DRA resource.k8s.io/v1, GKE 1.34)."""
     fabric_min_busbw_gbps: float = 100.0
@@ -549,6 +552,7 @@ PLATFORMS: dict[str, Platform] = {
         # G2 boots from Persistent Disk (Compute Engine's disk support per machine series: no Hyperdisk Balanced).
         boot_disk_type="pd-balanced",
         boot_disk_gb=200,
+        trainer_on_worker=True,
     ),
 }
 SMOKE_PLATFORM = "g2"

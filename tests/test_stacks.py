@@ -523,3 +523,14 @@ def test_the_shipped_supervisor_runs_from_its_config_map_alone(synth_stack, tmp_
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "--program-dir" in done.stdout
+
+
+def test_the_smoke_stacks_head_takes_no_tasks_so_verls_trainer_runs_on_a_worker(synth_stack):
+    [ray] = _by_type(synth_stack("smoke"), "kubernetes:ray.io/v1:RayCluster")
+    assert ray.inputs["spec"]["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+    [group] = ray.inputs["spec"]["workerGroupSpecs"]
+    # One L4 a node, two nodes: verl's FSDP ranks and vLLM talk across nodes over TCP, no RDMA annotation.
+    assert (group["replicas"], group["rayStartParams"]["num-cpus"]) == (2, "3")
+    assert "networking.gke.io/interfaces" not in group["template"]["metadata"].get("annotations", {})
+    [a4] = _by_type(synth_stack("a4-standard"), "kubernetes:ray.io/v1:RayCluster")
+    assert "num-cpus" not in a4.inputs["spec"]["headGroupSpec"]["rayStartParams"]
