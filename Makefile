@@ -40,7 +40,7 @@ synth: $(RUNTIME)
 	$(BIN)/python -m verl_gke.synth $(STACK)
 
 synth-all: $(RUNTIME)
-	for s in a4 a4-standard a3u-standard a4x; do $(BIN)/python -m verl_gke.synth $$s || exit 1; done
+	for s in a4 a4-standard a3u-standard a4x smoke; do $(BIN)/python -m verl_gke.synth $$s || exit 1; done
 
 # Two workers, each test file on one of them (its module-scoped Ray head is not started twice).
 TEST_WORKERS ?= 2

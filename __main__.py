@@ -157,11 +157,14 @@ staging = DataStaging("staging", {
     "verl": cfg.staged_verl, "hf_token_secret": hf_token.secret_name(cfg.project, pulumi.get_stack()),
 }, k8s.merge(pulumi.ResourceOptions(depends_on=[storage, guard])))
 
-mapping = NetworkMapping("network", {"platform": facts, "networks": networks,
-                                     "nccl_installer_url": cfg.nccl_installer_url or nccl.google_installer_url(facts, cfg.cluster_mode)},
-                         k8s.merge(pulumi.ResourceOptions(depends_on=gpu_ready)))
+installer_url = cfg.nccl_installer_url or nccl.google_installer_url(facts, cfg.cluster_mode)
+# No RDMA (G2): NCCL runs over TCP, nothing to map or install.
+mapping = NetworkMapping("network", {"platform": facts, "networks": networks, "nccl_installer_url": installer_url},
+                         k8s.merge(pulumi.ResourceOptions(depends_on=gpu_ready))) \
+    if networks or installer_url or facts.nccl_installer_image else None
+fabric_set_up: list[pulumi.Resource] = [mapping] if mapping else gpu_ready
 
-ray_waits_for: list[pulumi.Resource] = [storage, guard, mapping, *gpu_ready]
+ray_waits_for: list[pulumi.Resource] = [storage, guard, *fabric_set_up, *gpu_ready]
 image_mirror: str | None = None
 if cfg.image_mirror and is_docker_hub(cfg.verl_image):
     # The nodes pull (and GKE streams) the image from the stack's remote repository of Docker Hub.
@@ -228,7 +231,7 @@ if cfg.run_supervisor:
         "log_writer": {"bucket": storage.bucket_name, "project": cfg.project, "project_number": storage.project_number},
     # It waits for a head that does not answer yet (workloads/run_supervisor.run_forever), so it
     # need not wait for the RayCluster's pods: it starts with them, once the GPU nodes are set up.
-    }, k8s.merge(pulumi.ResourceOptions(depends_on=[storage, guard, mapping]))))
+    }, k8s.merge(pulumi.ResourceOptions(depends_on=[storage, guard, *fabric_set_up]))))
 
 job = GrpoJob("grpo", {
     "entrypoint": entry, "runtime_env": job_env,
@@ -277,7 +280,8 @@ pulumi.export("hourlyCostUsd", cfg.hourly_usd)
 pulumi.export("estimatedRunCostUsd", run_cost(cfg.run_budget_h, cfg.hourly_usd))
 # What `verl-gke runs --step-times` and `metrics` hold the measured step against (domain/run_time.py).
 # To a tenth of a second: a model's figure, not a measurement.
-pulumi.export("modeledStepSeconds", round(modeled.step_s, 1) if modeled else None)
+# The model's own step, never a measured one (measured/<stack>.json): the figure a measured step is held against.
+pulumi.export("modeledStepSeconds", round(modeled.modeled_step_s, 1) if modeled else None)
 pulumi.export("modeledRunSeconds", round(modeled.run_s, 1) if modeled else None)
 pulumi.export("gpuPlatform", cfg.platform)
 pulumi.export("gpuNodes", cfg.gpu_nodes)

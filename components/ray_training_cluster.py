@@ -121,6 +121,7 @@ def cluster_spec(args: RayTrainingClusterArgs, claim_name: str) -> RayClusterSpe
         rdma_nics=platform.rdma_nics,
         arm64=platform.arch == "arm64",
         a4x=a4x,
+        head_runs_tasks=not platform.trainer_on_worker,
         dra_nics=a4x and args.get("nic_claims", True),
         worker_spot=args.get("worker_spot", False),
         compute_class=args.get("compute_class"),

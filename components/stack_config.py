@@ -9,7 +9,10 @@ from pulumi.runtime import mocks, settings
 from domain.config import (
     ConfigError, StackConfig, config_warnings, load_config, placeholders,
 )
+from domain.measured import MeasuredError
+from domain.measured import load as load_measured
 from domain.run_time import RunTime
+from domain.stack_files import PROJECT_DIR
 from domain.verl_config import verl_run_check
 
 
@@ -31,7 +34,11 @@ def from_pulumi(allow_placeholders: bool | None = None) -> tuple[StackConfig, Ru
         raise pulumi.RunError(str(error)) from None
     for warning in config_warnings(raw):
         pulumi.log.warn(warning)
-    problems, plan = verl_run_check(cfg)
+    try:
+        measured = load_measured(PROJECT_DIR, pulumi.get_stack())
+    except MeasuredError as error:
+        raise pulumi.RunError(str(error)) from None
+    problems, plan = verl_run_check(cfg, measured)
     if problems:
         raise pulumi.RunError(str(ConfigError(problems, source)))
     if plan is not None:

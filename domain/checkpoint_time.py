@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from domain.measured import Measured
 from domain.platforms import Platform
 
 MODEL_BYTES_PER_PARAM = 4
@@ -48,6 +49,22 @@ class CheckpointTime:
     """Each node's share fits Linux's dirty-page limit of the worker's memory, as the local rate assumes."""
     bucket_total_s: float
     """What the same saves cost straight to the bucket."""
+    save_gbps: float = SAVE_GBPS_PER_RANK
+    bucket_gbps: float = BUCKET_WRITE_GBPS
+    measured: Measured | None = None
+    """The run whose local-save and bucket rates replace the assumed ones, where it measured them."""
+
+    def _rates(self) -> str:
+        """The two rates, each "assumed" or "measured on run X"."""
+        rates = self.measured.rates if self.measured else None
+
+        def said(value: float, measured: float | None, what: str) -> str:
+            return f"{value:g} GB/s {what} ({self.measured.note})" if measured and self.measured else \
+                f"assumed {value:g} GB/s {what}"
+
+        local = said(self.save_gbps, rates.local_save_gbps_per_rank if rates else None, "per rank into the page cache")
+        bucket = said(self.bucket_gbps, rates.bucket_write_gbps if rates else None, "per node to the bucket")
+        return f"{local}, {bucket}" if self.local else bucket
 
     @property
     def total_s(self) -> float:
@@ -65,24 +82,27 @@ class CheckpointTime:
     def line(self) -> str:
         if not self.local:
             return (f"{LINE_START} {self.saves} saves x {self.stall_per_save_s:.0f} s straight to the bucket = "
-                    f"{self.total_s:.0f} s of GPU time; assumed {BUCKET_WRITE_GBPS:g} GB/s per node to the bucket")
+                    f"{self.total_s:.0f} s of GPU time; {self._rates()}")
         return (f"{LINE_START} {self.saves} saves x {self.stall_per_save_s:.0f} s to local disk + "
                 f"{self.last_copy_s:.0f} s for the last save's model to the bucket ({MODEL_BYTES_PER_PARAM} of its "
                 f"{CHECKPOINT_BYTES_PER_PARAM} bytes per parameter; the optimizer state follows in the background) = "
                 f"{self.total_s:.0f} s of GPU time "
-                f"(straight to the bucket: {self.bucket_total_s:.0f} s); assumed {SAVE_GBPS_PER_RANK:g} GB/s per "
-                f"rank into the page cache, {BUCKET_WRITE_GBPS:g} GB/s per node to the bucket"
+                f"(straight to the bucket: {self.bucket_total_s:.0f} s); {self._rates()}"
                 + ("" if self.fits_page_cache else "; a node's share exceeds its page cache: expect longer saves"))
 
 
 def checkpoint_time(platform: Platform, *, checkpoint_bytes: int, nodes: int, saves: int,
-                    local: bool = True) -> CheckpointTime:
+                    local: bool = True, measured: Measured | None = None) -> CheckpointTime:
     """The model for `saves` checkpoints of `checkpoint_bytes` (model and AdamW state) over `nodes` GPU nodes
-    of `platform`."""
+    of `platform`, at a run's `measured` rates where it measured them."""
+    rates = measured.rates if measured else None
+    save_gbps = (rates.local_save_gbps_per_rank if rates else None) or SAVE_GBPS_PER_RANK
+    bucket_gbps = (rates.bucket_write_gbps if rates else None) or BUCKET_WRITE_GBPS
     per_node_gb = checkpoint_bytes / nodes / 1e9
-    copy_s = per_node_gb / BUCKET_WRITE_GBPS
-    local_s = per_node_gb / (SAVE_GBPS_PER_RANK * platform.gpus_per_node)
+    copy_s = per_node_gb / bucket_gbps
+    local_s = per_node_gb / (save_gbps * platform.gpus_per_node)
     page_cache_gb = DIRTY_RATIO * platform.worker_memory_gi * 2**30 / 1e9
     return CheckpointTime(saves=saves, stall_per_save_s=local_s if local else copy_s, copy_per_save_s=copy_s,
                           last_copy_s=copy_s * MODEL_BYTES_PER_PARAM / CHECKPOINT_BYTES_PER_PARAM, local=local,
-                          fits_page_cache=per_node_gb <= page_cache_gb, bucket_total_s=saves * copy_s)
+                          fits_page_cache=per_node_gb <= page_cache_gb, bucket_total_s=saves * copy_s,
+                          save_gbps=save_gbps, bucket_gbps=bucket_gbps, measured=measured)

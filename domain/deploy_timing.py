@@ -23,7 +23,10 @@ from domain.platforms import (
     RAY_PODS_FROM_DOCKER_HUB,
     RAY_PODS_STREAMED,
     Duration,
+    gpu_pool_name,
 )
+from domain.pricing import CAPACITY_KINDS
+from domain.run_time import RunTime
 
 CLUSTER = "gcp:container/cluster:Cluster"
 NODE_POOL = "gcp:container/nodePool:NodePool"
@@ -33,6 +36,7 @@ CONFIG_FILE = "kubernetes:yaml/v2:ConfigFile"
 DAEMONSET = "kubernetes:apps/v1:DaemonSet"
 """The NCCL installer where verl-gke builds it (Standard); Google's manifest (a CONFIG_FILE) on Autopilot."""
 AR_REPOSITORY = "gcp:artifactregistry/repository:Repository"
+STAGING_JOB = "kubernetes:batch/v1:Job"
 UNKNOWN = "[unknown]"
 """How synth records a value the engine does not know yet (verl_gke.synth)."""
 FLOOR_SLACK = 0.10
@@ -68,9 +72,16 @@ class DeployModel:
     def total_s(self) -> float:
         return self.path[-1].end_s if self.path else 0.0
 
-    def lines(self) -> list[str]:
-        out = [f"Time to first training step (modeled): {self.total_s / 60:.1f} min; GKE's floor (cluster + "
-               f"GPU nodes + RDMA set-up + job start) {self.floor_s / 60:.1f} min ({self.total_s / self.floor_s - 1:+.0%})"]
+    def lines(self, run: RunTime | None = None, usd_per_hour: float | None = None) -> list[str]:
+        """The deploy's time, and with the run's model the time to its first step and to released GPUs."""
+        job = (f"the job RUNNING at {self.total_s / 60:.1f} min; GKE's floor (cluster + GPU nodes + RDMA set-up + "
+               f"job start) {self.floor_s / 60:.1f} min ({self.total_s / self.floor_s - 1:+.0%})")
+        if run is None:
+            out = [f"Time to first training step (modeled): not made (the model is not in the model table); {job}"]
+        else:
+            first = self.total_s + run.verl_startup_s
+            out = [f"Time to first training step (modeled): {first / 60:.1f} min; {job}; then {run.startup_line()}"]
+            out += _to_release(first, run, usd_per_hour)
         steps = [s for s in self.path if s.duration.seconds]
         out.append(f"{CRITICAL_PATH}: " + " -> ".join(f"{s.name} {s.duration.seconds / 60:.1f}" for s in steps)
                    + " (min)")
@@ -79,15 +90,36 @@ class DeployModel:
         return out
 
 
-def duration(resource: Mapping[str, Any], has_gpu_pool: bool, streaming: bool = True) -> Duration | None:
+def _to_release(first_step_s: float, run: RunTime, usd_per_hour: float | None) -> list[str]:
+    """From `pulumi up` to released GPUs: the first step, the run, the export and the release, and its cost."""
+    if run.run_s is None:
+        return []
+    total = first_step_s + run.run_s + run.export_s + RELEASE.seconds
+    cost = (f"~${total / 3600 * usd_per_hour:.2f} at ${usd_per_hour:.2f}/h (every node for the whole time: an "
+            "upper bound)" if usd_per_hour is not None else "cost unknown (no price)")
+    return [f"From `pulumi up` to released GPUs (modeled): {total / 60:.0f} min, {cost}: first step "
+            f"{first_step_s / 60:.1f} + run {run.run_s / 60:.1f} + export {run.export_s / 60:.1f} + release "
+            f"{RELEASE.seconds / 60:.1f} min"]
+
+
+RELEASE = Duration(660, "the supervisor suspends the RayCluster once the export is done; GKE's cluster "
+                   "autoscaler removes a GPU node unneeded for 10 minutes (GKE's cluster autoscaler docs, scale-down) "
+                   "and deleting it takes about a minute; an estimate, not measured")
+"""From the run's end to the GPU nodes gone (no longer billed)."""
+
+
+def duration(resource: Mapping[str, Any], has_gpu_pool: bool, streaming: bool = True,
+             staging: Duration | None = None) -> Duration | None:
     """The resource's create time; None for a custom type the table lacks. `streaming`: GKE image
-    streaming is on for the GPU nodes (Autopilot: always)."""
+    streaming is on for the GPU nodes (Autopilot: always); `staging`: the staging Job's, for the stack's model."""
     kind = resource["type"]
+    if kind == STAGING_JOB and staging is not None:
+        return staging
     if kind == CONFIG_FILE:
         return DEPLOY_DURATIONS[kind]
     if not resource.get("custom") or kind.startswith("pulumi:providers:"):
         return _NO_TIME
-    if kind == NODE_POOL and resource["name"] == GPU_POOL_NAME:
+    if is_gpu_pool(resource):
         return GPU_POOL_CREATE
     if kind == RAY_CLUSTER:
         pods = RAY_PODS_STREAMED if streaming and _streamed(resource) else RAY_PODS_FROM_DOCKER_HUB
@@ -117,10 +149,11 @@ def _urn_type(urn: str) -> str:
     return parts[2].rsplit("$", 1)[-1] if len(parts) == 4 else ""
 
 
-def model(resources: Sequence[Mapping[str, Any]]) -> DeployModel:
-    """The critical path of `resources` (in registration order: dependencies come first)."""
+def model(resources: Sequence[Mapping[str, Any]], staging: Duration | None = None) -> DeployModel:
+    """The critical path of `resources` (in registration order: dependencies come first); `staging`: the
+    staging Job's time for the stack's model (platforms.staging_duration), else the 32B model's."""
     by_urn = {r["urn"]: r for r in resources}
-    pools = [r for r in resources if r["type"] == NODE_POOL and r["name"] == GPU_POOL_NAME]
+    pools = [r for r in resources if is_gpu_pool(r)]
     has_gpu_pool = bool(pools)
     streaming = all(((p["inputs"].get("nodeConfig") or {}).get("gcfsConfig") or {}).get("enabled") for p in pools)
     ends: dict[str, float] = {}
@@ -140,7 +173,7 @@ def model(resources: Sequence[Mapping[str, Any]]) -> DeployModel:
         if r.get("provider") in by_urn:
             waits.append(r["provider"])
         first = max(waits, key=lambda u: ends[u], default=None)
-        took = duration(r, has_gpu_pool, streaming)
+        took = duration(r, has_gpu_pool, streaming, staging)
         if took is None:
             unknown.add(r["type"])
             took = Duration(0, "unknown")
@@ -151,13 +184,21 @@ def model(resources: Sequence[Mapping[str, Any]]) -> DeployModel:
     while urn is not None:
         path.append(steps[urn])
         urn = before[urn]
-    floor = sum(_floor_part(r, has_gpu_pool, streaming) for r in resources)
+    # The GPU pools of several capacity kinds are created side by side: one counts.
+    floor = sum(_floor_part(r, has_gpu_pool, streaming) for r in resources) + (GPU_POOL_CREATE.seconds if pools else 0)
     return DeployModel(tuple(reversed(path)), floor, tuple(sorted(unknown)))
 
 
+GPU_POOLS = {GPU_POOL_NAME, *(f"{gpu_pool_name(kind)}-pool" for kind in CAPACITY_KINDS)}
+"""The GPU node pools' resource names: `gpu-pool`, or `gpu-<kind>-pool` for each kind a ComputeClass orders."""
+
+
+def is_gpu_pool(resource: Mapping[str, Any]) -> bool:
+    return resource["type"] == NODE_POOL and resource["name"] in GPU_POOLS
+
+
 def _floor_part(resource: Mapping[str, Any], has_gpu_pool: bool, streaming: bool) -> float:
-    if resource["type"] in (CLUSTER, RAY_CLUSTER, GRPO_JOB, CONFIG_FILE, DAEMONSET) or (
-            resource["type"] == NODE_POOL and resource["name"] == GPU_POOL_NAME):
+    if resource["type"] in (CLUSTER, RAY_CLUSTER, GRPO_JOB, CONFIG_FILE, DAEMONSET):
         took = duration(resource, has_gpu_pool, streaming)
         return took.seconds if took else 0.0
     return 0.0

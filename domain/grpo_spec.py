@@ -110,6 +110,7 @@ _SETTINGS: dict[str, Any] = {
 PLATFORM_SETTINGS: dict[str, dict[str, Any]] = {
     "a4": {"trainer.val_before_train": False},
     "a3u": {"trainer.val_before_train": False},
+    "g2": {"trainer.val_before_train": False},
     # The tutorial's A4X `ray job submit` inside the head pod: mini batch 64 with the KL loss. The update's
     # token budget holds a whole mini-batch share of a GPU (64 x 8 / 16 GPUs x (512 + 512) = 32,768 tokens),
     # so a mini-batch is one micro-batch: verl 0.9.0 keeps an unsharded fp32 gradient across micro-batches

@@ -130,7 +130,7 @@ def is_pinned_image(image: str) -> bool:
     return bool(name) and "/" not in tag and tag not in ("", "latest")
 
 
-PlatformName = Literal["a4", "a3u", "a4x"]
+PlatformName = Literal["a4", "a3u", "a4x", "g2"]
 
 
 @dataclass(frozen=True)
@@ -235,7 +235,7 @@ DRANET_MIN_GKE = "1.34.1-gke.1829001"
 
 @dataclass(frozen=True)
 class Platform:
-    """Everything that differs between A4, A3 Ultra and A4X."""
+    """Everything that differs between A4, A3 Ultra, A4X and the G2 smoke platform."""
 
     name: PlatformName
     title: str
@@ -253,8 +253,9 @@ class Platform:
     """The verl release the image was built for."""
     ray_version: str
     ray_cluster_name: str
-    nccl_installer_image: str
-    """The NCCL RDMA installer's image (name:tag) in Google's manifest for this platform."""
+    nccl_installer_image: str | None
+    """The NCCL RDMA installer's image (name:tag) in Google's manifest for this platform; None: no RDMA (G2),
+    NCCL runs over TCP and nothing is installed."""
     nccl_env: dict[str, str] = field(default_factory=dict)
     ld_library_path: str = "/usr/local/nvidia/lib64"
     worker_ephemeral_storage_gi: int = 1000
@@ -268,6 +269,9 @@ class Platform:
     own DaemonSet (manifests.nccl.installer_daemonset)."""
     head_on_gpu_node: bool = False
     """The Ray head shares a GPU node with a worker (A4X: its arm64-only image runs on no CPU node)."""
+    trainer_on_worker: bool = False
+    """The head takes no Ray CPUs, so verl's trainer (its TaskRunner) runs on a GPU worker: A4X's placement, on
+    the smoke platform so that its run exercises it (the checkpoint copiers' harder case)."""
     min_gke_version: str | None = None
     """Lowest GKE version the platform's own features need (A4X: DRA resource.k8s.io/v1, GKE 1.34)."""
     fabric_min_busbw_gbps: float = 100.0
@@ -509,7 +513,54 @@ PLATFORMS: dict[str, Platform] = {
         head_on_gpu_node=True,
         min_gke_version="1.34",
     ),
+    # The smoke platform: the cheapest GPUs verl runs on, to prove the whole path before paying for the
+    # others. One L4 a node, so two nodes put verl's trainer on a worker and NCCL across nodes, over TCP
+    # (no RDMA NICs, no DRA/IMEX; amd64). g2-standard-8 (GCP's accelerator-optimized machines: 8 vCPUs,
+    # 32 GB, one L4, one bundled 375 GB Local SSD, up to 16 Gbps egress): g2-standard-4's 16 GB leaves the
+    # worker ~10 GiB beside the fp32 actor, vLLM's host side and the export's merge.
+    "g2": Platform(
+        name="g2",
+        title="G2 (1x NVIDIA L4, smoke)",
+        machine_type="g2-standard-8",
+        accelerator="nvidia-l4",
+        gpus_per_node=1,
+        rdma_nics=0,
+        arch="amd64",
+        machine_vcpus=8,
+        machine_memory_gb=32,
+        # The A4/A3 Ultra image: vLLM 0.11 and its torch 2.8 wheels are built for sm_89 (CUDA 12.8 arch list
+        # 7.0-12.0), and FlashAttention 2 runs on Ada (sm_80 and up); only FlashAttention 3 (Hopper) and FP8
+        # MoE kernels are not, which a dense bf16 0.5B run does not use.
+        image=X86_VERL_IMAGE,
+        verl=VERL_0_6_1,
+        ray_version="2.47.0",
+        ray_cluster_name="l4-ray-cluster",
+        nccl_installer_image=None,
+        # NCCL over TCP on the pod's own interface (NET/Socket); no plugin, no RDMA.
+        nccl_env={"NCCL_SOCKET_IFNAME": "eth0"},
+        worker_ephemeral_storage_gi=200,
+        shm_size_gi=8,
+        autopilot_supported=False,
+        fabric_min_busbw_gbps=0.5,
+        fabric_line_rate_gbps=2.0,
+        fabric_links="one gVNIC of up to 16 Gbps per g2-standard-8 (TCP)",
+        fabric_floor_source=(
+            "a quarter of the 2 GB/s (16 Gbps) a g2-standard-8 sends (GCP's G2 machine docs): NCCL over TCP "
+            "between two pods reaches a share of it; set from line rate, not yet from a measured deploy"),
+        fabric_transports=("NET/Socket",),
+        # nvidia-smi on L4: 23034MiB (22.5 GiB); NVIDIA L4 datasheet: 121 TFLOP/s dense bf16 (242 sparse).
+        gpu_memory_mib=23_034,
+        peak_bf16_flops=0.121e15,
+        local_ssd_count=1,
+        # G2 boots from Persistent Disk (Compute Engine's disk support per machine series: no Hyperdisk Balanced).
+        boot_disk_type="pd-balanced",
+        boot_disk_gb=200,
+        trainer_on_worker=True,
+    ),
 }
+SMOKE_PLATFORM = "g2"
+SMOKE_CANNOT_EXERCISE = "RDMA (NCCL runs over TCP), DRA/IMEX and ComputeDomains (A4X), arm64 images (A4X)"
+"""What the smoke platform cannot exercise of the others, said once in synth's output and the docs."""
 
 
 CPU_MACHINE_SERIES: dict[str, tuple[str, ...]] = {
@@ -563,6 +614,7 @@ DEPLOY_DURATIONS: dict[str, Duration] = {
         120, f"the NCCL installer DaemonSet's rollout on the GPU nodes (awaited); {_ESTIMATE}"),
     "kubernetes:batch/v1:Job": Duration(
         600, f"staging: ~65 GB of Qwen2.5-32B from the Hugging Face Hub into the bucket; {_ESTIMATE}"),
+    # (A model of another size: staging_duration.)
     "kubernetes:apps/v1:Deployment": Duration(60, f"a small image's pull and rollout on a CPU node; {_ESTIMATE}"),
     "pulumi-python:dynamic:GrpoJob": Duration(
         90, "the readiness gate, the fabric check (an all-reduce of 256 MB, seconds, after NCCL set-up) and "
@@ -572,6 +624,18 @@ DEPLOY_DURATIONS: dict[str, Duration] = {
         2, f"two small HTTPS requests to the image's registry (a token, a manifest HEAD); {_ESTIMATE}"),
 }
 """Create time per resource type; a Kubernetes object not listed is one API write (KUBE_WRITE)."""
+STAGING_FIXED_S = 60.0
+"""Staging's pod start, GSM8K and the verl wheel, besides the model; an estimate."""
+_STAGED_32B_BYTES = 65.5e9
+"""Qwen2.5-32B-Instruct's bf16 safetensors, which DEPLOY_DURATIONS' staging Job figure is for."""
+
+
+def staging_duration(model_bytes: float) -> Duration:
+    """The staging Job for a model of `model_bytes`, at the Hub-to-bucket rate of the 32B estimate above."""
+    rate = _STAGED_32B_BYTES / (DEPLOY_DURATIONS["kubernetes:batch/v1:Job"].seconds - STAGING_FIXED_S)
+    return Duration(STAGING_FIXED_S + model_bytes / rate,
+                    f"staging: {model_bytes / 1e9:.1f} GB from the Hugging Face Hub at {rate / 1e6:.0f} MB/s (the "
+                    f"32B estimate's rate) + {STAGING_FIXED_S:g} s; {_ESTIMATE}")
 KUBE_WRITE = Duration(2, "one Kubernetes API write, not awaited further")
 GPU_POOL_CREATE = Duration(
     600, "GKE node pool of reserved A4 / A3 Ultra / A4X machines: VM creation, GPU driver install, node "

@@ -37,10 +37,18 @@ PREEMPTIBLE_GPU_QUOTA_ID = "PREEMPTIBLE-GPUS-PER-GPU-FAMILY-per-project-region"
 introducing-flex-start-vms-for-the-compute-engine-instance-api, read 2026-12-04). The id follows the
 on-demand one with the PREEMPTIBLE- prefix of Compute Engine's PREEMPTIBLE_NVIDIA_<model>_GPUS metrics;
 not confirmed in Google's Cloud Quotas docs we read."""
-GPU_QUOTA_BY_KIND = {"on-demand": GPU_QUOTA_ID, "spot": PREEMPTIBLE_GPU_QUOTA_ID,
-                     "flex-start": PREEMPTIBLE_GPU_QUOTA_ID}
-"""Which GPU quota each capacity kind consumes; a reservation's machines are checked on the reservation."""
-GPU_FAMILY = {"a4": "NVIDIA_B200", "a3u": "NVIDIA_H200", "a4x": "NVIDIA_GB200"}
+PER_MODEL_GPU_QUOTA = {"g2": ("NVIDIA-L4-GPUS-per-project-region", "PREEMPTIBLE-NVIDIA-L4-GPUS-per-project-region")}
+"""(on-demand, preemptible) quota ids of a platform whose GPUs Compute Engine counts per model, not per family:
+L4 has its own NVIDIA_L4_GPUS and PREEMPTIBLE_NVIDIA_L4_GPUS quotas (Compute Engine's "GPU quota" docs), with
+no gpu_family dimension."""
+
+
+def gpu_quota_ids(cfg: StackConfig) -> dict[str, str]:
+    """capacity kind -> the GPU quota it consumes on this stack's platform; a reservation's machines are checked
+    on the reservation."""
+    on_demand, preemptible = PER_MODEL_GPU_QUOTA.get(cfg.platform, (GPU_QUOTA_ID, PREEMPTIBLE_GPU_QUOTA_ID))
+    return {"on-demand": on_demand, "spot": preemptible, "flex-start": preemptible}
+GPU_FAMILY = {"a4": "NVIDIA_B200", "a3u": "NVIDIA_H200", "a4x": "NVIDIA_GB200", "g2": "NVIDIA_L4"}
 """The quota's `gpu_family` dimension per platform (H200 and GB200 spelt after B200's and H100's, which
 third-party Cloud Quotas readers show; not in GKE's docs we read)."""
 
@@ -206,14 +214,16 @@ def gpu_quota(cfg: StackConfig, answer: Mapping[str, Any]) -> int | None:
     return None if best is None else best[1]
 
 
-def quota_problems(cfg: StackConfig, answer: Mapping[str, Any], quota_id: str = GPU_QUOTA_ID) -> list[str]:
-    """GPU nodes need the quota their capacity kinds consume; its limit, not what other VMs use of it, is all
-    Cloud Quotas tells."""
+def quota_problems(cfg: StackConfig, answer: Mapping[str, Any], quota_id: str | None = None) -> list[str]:
+    """GPU nodes need the quota their capacity kinds consume (`quota_id`, the on-demand one by default); its
+    limit, not what other VMs use of it, is all Cloud Quotas tells."""
+    ids = gpu_quota_ids(cfg)
+    quota_id = quota_id or ids["on-demand"]
     limit, need = gpu_quota(cfg, answer), cfg.gpu_nodes * cfg.facts.gpus_per_node
     if limit is None or limit >= need:
         return []
-    kinds = "on demand" if quota_id == GPU_QUOTA_ID else "on " + " or ".join(
-        k for k in cfg.capacity_kinds if GPU_QUOTA_BY_KIND.get(k) == quota_id)
+    kinds = "on demand" if quota_id == ids["on-demand"] else "on " + " or ".join(
+        k for k in cfg.capacity_kinds if ids.get(k) == quota_id and k != "on-demand")
     return [problem_line(config_key("gpu_nodes"), cfg.gpu_nodes,
                          f"{need} {GPU_FAMILY[cfg.platform]} GPUs {kinds}, but the project's {quota_id} quota in "
                          f"{cfg.region} is {limit}; request more quota or lower gpuNodes.")]
@@ -296,8 +306,9 @@ def run_preflight(cfg: StackConfig, invoke: Invoke, stack: str | None = None) ->
         with _unexpected_shape(result, f"machine type {machine}", cfg, "zone"):
             passed(machine_type_problems(cfg, machines),
                    f"machine type: {cfg.zone} offers {machine} at the size the worker requests assume")
-    for quota_id in dict.fromkeys(GPU_QUOTA_BY_KIND[k] for k in cfg.capacity_kinds if k in GPU_QUOTA_BY_KIND):
-        label = "GPU quota" if quota_id == GPU_QUOTA_ID else "preemptible GPU quota"
+    ids = gpu_quota_ids(cfg)
+    for quota_id in dict.fromkeys(ids[k] for k in cfg.capacity_kinds if k in ids):
+        label = "GPU quota" if quota_id == ids["on-demand"] else "preemptible GPU quota"
         try:  # Cloud Quotas' own API (cloudquotas.googleapis.com) may be off: then the quota goes unchecked
             quota = invoke(QUOTA, {"parent": f"projects/{cfg.project}", "service": "compute.googleapis.com",
                                    "quotaId": quota_id})

@@ -36,7 +36,7 @@ provisioning", https://cloud.google.com/kubernetes-engine/docs/concepts/dws)."""
 HOURS_PER_MONTH = 730
 """Google Cloud's month for per-month prices (the pricing pages' 730 hours)."""
 
-# Sources, each read on PRICES_READ.
+# Sources, each read on PRICES_READ unless it says otherwise.
 PRICES_READ = "2026-12-03"
 _BILLING_CATALOG_SNAPSHOT = (
     "https://huggingface.co/datasets/tanod/cloud-gpu-list-prices (Google Cloud Billing Catalog API, "
@@ -44,6 +44,10 @@ _BILLING_CATALOG_SNAPSHOT = (
 _C2_TABLE = ("https://github.com/Cyclenerd/google-cloud-pricing-cost-calculator/blob/"
              "0166a59ebba7c36f2cc8c931d9f258dcebc44776/pricing.yml (Cloud Billing Catalog; c2-standard-4 x 4: "
              "C2 is priced per vCPU and GB, so 16 vCPU/64 GB is four times 4 vCPU/16 GB)")
+_G2_TABLE = ("https://github.com/Cyclenerd/google-cloud-pricing-cost-calculator/blob/"
+             "0166a59ebba7c36f2cc8c931d9f258dcebc44776/pricing.yml (Cloud Billing Catalog, generated 2025-03-06: "
+             "g2-standard-8 hour and hour_spot, read 2026-12-07; Google's own pages, https://cloud.google.com/compute/gpus-pricing "
+             "and https://cloud.google.com/spot-vms/pricing, price G2 by its L4, vCPUs and memory)")
 _RESERVATION_RULE = ("https://cloud.google.com/compute/docs/instances/reservations-overview: reserved VMs are "
                      "billed at the on-demand rate whether or not they run; committed-use discounts are not modeled")
 _FLEX_UNKNOWN = ("no published flex-start price found for this machine (https://cloud.google.com/products/dws/"
@@ -79,7 +83,9 @@ def _machine(on_demand: float | None, spot: float | None, source: str) -> dict[C
 _NO_A4_SOURCE = (
     "no Google-published or Billing-Catalog price for this machine found in our sources (SkyPilot's catalog, "
     "built from the Billing Catalog, lists a4-highgpu-8g at 0.0 and a4x-highgpu-4g not at all: "
-    "https://github.com/skypilot-org/skypilot-catalog/blob/8427bbff988abdd050a9f51addd314ef31cb4e85/catalogs/v8/gcp/vms.csv)")
+    "https://github.com/skypilot-org/skypilot-catalog/blob/8427bbff988abdd050a9f51addd314ef31cb4e85/catalogs/v8/gcp/vms.csv; "
+    "nor Cyclenerd's Billing-Catalog table at 0166a59e (_G2_TABLE), which has no a4 or a4x machine, read 2026-12-07); "
+    "your price: set verl-gke:gpuNodeHourlyUsd")
 
 # (machine type, region) -> capacity kind -> price of one node per hour.
 MACHINE_PRICES: dict[tuple[str, str], dict[CapacityKind, Price]] = {
@@ -89,6 +95,9 @@ MACHINE_PRICES: dict[tuple[str, str], dict[CapacityKind, Price]] = {
     ("a3-ultragpu-8g", "europe-west1"): _machine(91.9472, 55.1552, _BILLING_CATALOG_SNAPSHOT),
     ("a4-highgpu-8g", "us-central1"): _machine(None, None, _NO_A4_SOURCE),
     ("a4x-highgpu-4g", "us-central1"): _machine(None, None, _NO_A4_SOURCE),
+    # The smoke stack's G2: one L4, 8 vCPUs, 32 GB.
+    ("g2-standard-8", "us-central1"): _machine(0.853624271, 0.336764, _G2_TABLE),
+    ("g2-standard-8", "europe-west1"): _machine(0.939925708, 0.339764, _G2_TABLE),
 }
 
 # (machine type, region) -> on-demand price of one CPU node per hour (the head's pool never runs on Spot).

@@ -81,6 +81,10 @@ MODELS: dict[str, ModelShape] = {
     "Qwen/Qwen2.5-32B-Instruct": ModelShape(5120, 27648, 64, 8, 128, 152064, False),
     # huggingface.co/Qwen/Qwen2.5-7B-Instruct config.json.
     "Qwen/Qwen2.5-7B-Instruct": ModelShape(3584, 18944, 28, 4, 128, 152064, False),
+    # huggingface.co/Qwen/Qwen2.5-1.5B-Instruct config.json: 1.5B parameters, tied embeddings.
+    "Qwen/Qwen2.5-1.5B-Instruct": ModelShape(1536, 8960, 28, 2, 128, 151936, True),
+    # huggingface.co/Qwen/Qwen2.5-0.5B-Instruct config.json (the smoke stack's, verl's quickstart model): 0.49B.
+    "Qwen/Qwen2.5-0.5B-Instruct": ModelShape(896, 4864, 24, 2, 64, 151936, True),
 }
 
 
@@ -176,10 +180,12 @@ def estimate(run: VerlSettings, shape: ModelShape, gpu_bytes: float, n_gpus: int
                f"several micro-batches ({micro_batches} here: a GPU's share of a mini-batch is up to {share} tokens); "
                f"make ppo_max_token_len_per_gpu x the Ulysses size at least that share (one micro-batch), lower "
                f"ppo_mini_batch_size or add GPU nodes")
-    lp_dynamic = [bool(run.get(role + "log_prob_use_dynamic_bsz")) for role in (rollout, ref_)]
+    # The reference policy's pass runs only where verl builds one.
+    roles = (rollout, ref_) if has_reference(run) else (rollout,)
+    lp_dynamic = [bool(run.get(role + "log_prob_use_dynamic_bsz")) for role in roles]
     lp_tokens = max(_tokens(d, run.get(role + "log_prob_max_token_len_per_gpu"),
                             run.get(role + "log_prob_micro_batch_size_per_gpu"), seq)
-                    for d, role in zip(lp_dynamic, (rollout, ref_)))
+                    for d, role in zip(lp_dynamic, roles))
     log_prob = Phase("log-prob", {
         "actor state": resident,
         "reference": ref,
@@ -188,7 +194,7 @@ def estimate(run: VerlSettings, shape: ModelShape, gpu_bytes: float, n_gpus: int
         # bf16 logits and the fp32 log-softmax verl takes of them.
         "logits": lp_tokens * shape.vocab * (_BF16 + 4),
     }, tuple(role + ("log_prob_max_token_len_per_gpu" if d else "log_prob_micro_batch_size_per_gpu")
-             for d, role in zip(lp_dynamic, (rollout, ref_))), "lower it or add GPU nodes")
+             for d, role in zip(lp_dynamic, roles)), "lower it or add GPU nodes")
     vllm = run.get(rollout + "gpu_memory_utilization") * gpu_bytes
     rollout_phase = Phase("rollout", {"actor state": resident, "reference": ref, "vLLM": vllm},
                           (rollout + "gpu_memory_utilization",), "lower it or add GPU nodes")

@@ -20,6 +20,7 @@ from domain import run_memory, run_time
 from domain.checkpoint_time import CHECKPOINT_BYTES_PER_PARAM, CheckpointTime, checkpoint_time
 from domain.config import StackConfig, config_key, problem_line
 from domain.grpo_spec import Override, overrides
+from domain.measured import Measured
 from domain.run_time import RunTime
 from domain.stack_run import stack_run
 from domain.verl_settings import compose_run
@@ -86,16 +87,16 @@ def _gb(n: int) -> str:
     return f"{n / 1e12:.1f} TB" if n >= 1e12 else f"{n / 1e9:.0f} GB"
 
 
-def check_run(cfg: StackConfig, config_dir: Path) -> tuple[list[str], RunPlan | None]:
+def check_run(cfg: StackConfig, config_dir: Path, measured: Measured | None = None) -> tuple[list[str], RunPlan | None]:
     """The job's own command line composed by Hydra with the pinned verl's config: its problems (each naming
-    the config key behind it), or the run's plan."""
+    the config key behind it), or the run's plan (at a run's `measured` rates where it measured them)."""
     run_id, legacy = stack_run(cfg)
     program = overrides(cfg.verl, run_id=run_id, legacy_trainer=legacy)
     try:
         composed = compose_run(config_dir, [o.arg for o in program])
     except HydraException as e:
         return [_program_problem(e, cfg, program)], None
-    return [], _plan(cfg, composed, _warnings(composed, cfg.verl.given), run_id)
+    return [], _plan(cfg, composed, _warnings(composed, cfg.verl.given), run_id, measured)
 
 
 def _program_problem(error: HydraException, cfg: StackConfig, program: list[Override]) -> str:
@@ -126,7 +127,8 @@ def _warnings(composed: DictConfig, given: Iterable[str]) -> list[str]:
             for path in sorted(given) for prefix, why in unread if path.startswith(prefix)]
 
 
-def _plan(cfg: StackConfig, composed: DictConfig, warnings: list[str], run_id: str) -> RunPlan:
+def _plan(cfg: StackConfig, composed: DictConfig, warnings: list[str], run_id: str,
+          measured: Measured | None = None) -> RunPlan:
     trainer = composed.trainer
     steps = trainer.total_training_steps
     if steps is None and (cfg.dataset, cfg.dataset_revision) == (DEFAULT_DATASET_REPO, DEFAULT_DATASET_REVISION):
@@ -143,17 +145,21 @@ def _plan(cfg: StackConfig, composed: DictConfig, warnings: list[str], run_id: s
     billions = _BILLIONS.search(cfg.model.rsplit("/", 1)[-1])
     params = shape.params if shape else int(float(billions.group(1)) * 1e9) if billions else None
     size = params * CHECKPOINT_BYTES_PER_PARAM if params else None
-    timing = (checkpoint_time(cfg.facts, checkpoint_bytes=size, nodes=cfg.gpu_nodes, saves=saved)
+    timing = (checkpoint_time(cfg.facts, checkpoint_bytes=size, nodes=cfg.gpu_nodes, saves=saved, measured=measured)
               if size is not None and saved else None)
     time = None
     if shape and cfg.facts.peak_bf16_flops:
+        reference = run_memory.has_reference(cfg.verl)
         time = run_time.model(run_time.RunShape(
             params=shape.params, sequences=int(composed.data.train_batch_size * composed.actor_rollout_ref.rollout.n),
             n_gpus=cfg.facts.gpus_per_node * cfg.gpu_nodes, peak_flops=cfg.facts.peak_bf16_flops,
-            reference=run_memory.has_reference(cfg.verl),
+            reference=reference,
             recompute=bool(composed.actor_rollout_ref.model.enable_gradient_checkpointing),
-            steps=steps, checkpoint_s=timing.total_s if timing else 0.0),
-            run_time.Assumptions.for_platform(cfg.platform))
+            steps=steps, checkpoint_s=timing.total_s if timing else 0.0,
+            max_response_tokens=int(composed.data.max_response_length),
+            validations=run_time.validation_passes(steps, int(trainer.test_freq)),
+            validate_first=bool(trainer.val_before_train), model_loads=2 if reference else 1),
+            run_time.Assumptions.for_platform(cfg.platform, measured))
     shown = [f"{'*' if o.key in cfg.verl.given else ' '} {o.arg}" for o in overrides(cfg.verl)]
     return RunPlan(cfg.verl.version, steps, save_freq, saved, kept, size, warnings, run_id=run_id,
                    checkpoint_folder=str(trainer.default_local_dir), checkpoint_time=timing, time=time,
@@ -164,10 +170,10 @@ def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
 
 
-def verl_run_check(cfg: StackConfig) -> tuple[list[str], RunPlan | None]:
+def verl_run_check(cfg: StackConfig, measured: Measured | None = None) -> tuple[list[str], RunPlan | None]:
     """The run composed with its pinned verl's own config: (problems, RunPlan or None)."""
     try:
         folder = config_dir(cfg.verl.release)
     except VerlUnavailable as e:
         return [f"cannot check the GRPO run against verl's own config: {e}"], None
-    return check_run(cfg, folder)
+    return check_run(cfg, folder, measured)

@@ -91,6 +91,9 @@ class RayClusterSpec:
     a4x: bool = False
     """GB200: the head runs on a GPU node (the image is arm64 only), one worker per host claiming
     the ComputeDomain's IMEX channel, TransferQueue installed at start."""
+    head_runs_tasks: bool = True
+    """The head offers Ray its CPUs; False: `num-cpus: 0`, so verl's trainer runs on a GPU worker (A4X always,
+    the smoke platform to exercise that placement)."""
     dra_nics: bool = False
     """NICs come as DRA claims (A4X with DRANET, the tutorial's path) instead of multi-network
     interfaces named in the `networking.gke.io/interfaces` annotation."""
@@ -241,10 +244,11 @@ def _head_group(spec: RayClusterSpec) -> dict[str, Any]:
         "securityContext": dict(POD_SECURITY_CONTEXT),
         "nodeSelector": _head_node_selector(spec),
     }
-    if spec.a4x:
-        # No CPU node can run the arm64-only image: the head shares a GB200 node but takes no
-        # Ray CPUs, so no task is scheduled on it.
+    if spec.a4x or not spec.head_runs_tasks:
+        # No task is scheduled on a head that takes no Ray CPUs (A4X: it shares a GB200 node, no CPU node can
+        # run the arm64-only image).
         start_params["num-cpus"] = "0"
+    if spec.a4x:
         pod["tolerations"] = [dict(GPU_TOLERATION)]
         container["lifecycle"] = _transfer_queue_hook()
     if spec.arm64:

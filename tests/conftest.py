@@ -42,7 +42,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except AssertionError:
         pass
 
-STACKS = ("a4", "a4-standard", "a3u-standard", "a4x")
+STACKS = ("a4", "a4-standard", "a3u-standard", "a4x", "smoke")
 
 # A valid raw config as the engine would pass it; tests change one key at a time.
 BASE_CONFIG = {

@@ -61,6 +61,9 @@ CONFIG_CASES = [
     ("verl-gke:existingCluster", "1", "a4-standard"),
     ("verl-gke:jobReadyTimeoutSeconds", "9223372036854775807", "a4-standard"),
     ("gpuNodes", "4", "a4-standard"),
+    # The smoke stack's verl settings are sized for its 2 L4s: a misspelt platform is its line alone.
+    ("verl-gke:platform", "g3", "smoke", {"verl-gke:reservation": ""}),
+    ("verl-gke:platform", "G2", "smoke", {"verl-gke:reservation": ""}),
 ]
 
 
@@ -107,3 +110,36 @@ def test_each_bad_flag_is_one_clean_line_naming_it(flag: str, argv, tmp_path: Pa
     [line] = [line for line in captured.err.splitlines() if not line.startswith("synth: ")]
     assert line.startswith("synth failed: ") and flag in line, line
     assert captured.out == "" and not [word for word in FOREIGN if word in line], line
+
+
+def test_a_misspelt_platform_lists_the_allowed_ones() -> None:
+    raw, _ = raw_config("smoke", overrides={"gcp:project": "my-project-123", "verl-gke:platform": "l4"})
+    with pytest.raises(ConfigError) as caught:
+        load_config(raw, "Pulumi.smoke.yaml")
+    assert caught.value.problems == ["verl-gke:platform = \"l4\": must be one of 'a4', 'a3u', 'a4x' or 'g2'"]
+
+
+def test_a_model_too_big_for_the_smoke_gpu_is_refused_with_its_memory(capsys: pytest.CaptureFixture[str],
+                                                                     tmp_path: Path) -> None:
+    argv = ["smoke", "--out", str(tmp_path / "out"), "--set", "verl-gke:model=Qwen/Qwen2.5-32B-Instruct",
+            "--set", "verl-gke:modelRevision=5ede1c97bbab6ce5cda5812749b4c0bdf79b18dd"]
+    assert synth.main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[1:3] == ["synth failed: Pulumi.smoke.yaml has 4 problems:",
+                        "  verl-gke:verl.actor_rollout_ref.actor.ppo_max_token_len_per_gpu = 4096: the training phase "
+                        "needs ~252 GiB per GPU (actor state 244, checkpointed activations 2, logits and their gradient "
+                        "2 GiB) of the 22 GiB nvidia-l4, over the 20 GiB limit (10% margin): lower it or add GPU nodes"]
+    assert not [word for line in err for word in FOREIGN if word in line]
+
+
+def test_a_malformed_measured_file_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from domain import measured
+
+    bad = tmp_path / "smoke.json"
+    bad.write_text(json.dumps({"run": "r", "stack": "smoke", "measuredAt": "2026-12-07T12:00:00Z",
+                               "rates": {"stepSeconds": 0}}))
+    monkeypatch.setattr(measured, "path_of", lambda project_dir, stack: bad)
+    assert synth.main(["smoke", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == "synth failed: measured/smoke.json: rates.stepSeconds = 0: a number greater than 0"

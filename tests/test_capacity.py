@@ -176,3 +176,27 @@ def test_a_reservation_pools_own_nodes_count_as_free_under_either_name():
     answer = {"nodePools": [{"name": "gpu-reservation", "nodeCount": 2}, {"name": "gpu-spot", "nodeCount": 3},
                             {"name": "gpu-pool", "nodeCount": 1}]}
     assert preflight.own_gpu_nodes(answer) == 3
+
+
+def _l4_quota(value: str, preemptible: bool) -> dict:
+    """Compute Engine's per-model L4 quotas (NVIDIA_L4_GPUS, PREEMPTIBLE_NVIDIA_L4_GPUS): no gpu_family dimension."""
+    return {"quotaId": f"{'PREEMPTIBLE-' if preemptible else ''}NVIDIA-L4-GPUS-per-project-region",
+            "dimensionsInfos": [{"dimensions": {"region": "us-central1"}, "details": [{"value": value}],
+                                 "applicableLocations": ["us-central1"]}]}
+
+
+def test_the_smoke_stack_checks_the_l4_quotas_spot_first_then_on_demand():
+    import pulumi
+
+    from domain import preflight
+
+    with pytest.raises(pulumi.RunError, match="2 NVIDIA_L4 GPUs on spot, but the project's "
+                                              "PREEMPTIBLE-NVIDIA-L4-GPUS-per-project-region quota in us-central1 "
+                                              "is 1; request more quota or lower gpuNodes"):
+        synth.run("smoke", cloud={preflight.QUOTA: [_l4_quota("1", True), _l4_quota("2", False)]})
+    with pytest.raises(pulumi.RunError, match="2 NVIDIA_L4 GPUs on demand, but the project's "
+                                              "NVIDIA-L4-GPUS-per-project-region quota in us-central1 is 0"):
+        synth.run("smoke", cloud={preflight.QUOTA: [_l4_quota("2", True), _l4_quota("0", False)]})
+    enough = synth.run("smoke", cloud={preflight.QUOTA: [_l4_quota("4", True), _l4_quota("2", False)]})
+    assert "preflight: preemptible GPU quota in us-central1: 4 NVIDIA_L4" in enough.log
+    assert "preflight: GPU quota in us-central1: 2 NVIDIA_L4" in enough.log

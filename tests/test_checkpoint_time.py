@@ -16,6 +16,7 @@ from domain.checkpoint_time import (
     SAVE_GBPS_PER_RANK,
     checkpoint_time,
 )
+from domain.measured import Measured, Rates
 from domain.platforms import PLATFORMS
 
 CKPT = 384 * 10**9
@@ -78,7 +79,7 @@ def test_a_line_names_the_figures_and_the_assumptions() -> None:
     assert t.line() == ("checkpoint time: 6 saves x 6 s to local disk + 16 s for the last save's model to the bucket "
                         "(4 of its 12 bytes per parameter; the optimizer state follows in the background) = 52 s of "
                         "GPU time (straight to the bucket: 288 s); assumed 2 GB/s per rank into the page cache, "
-                        "2 GB/s per node to the bucket")
+                        "assumed 2 GB/s per node to the bucket")
 
 
 @pytest.mark.parametrize(("platform", "share"), [
@@ -93,3 +94,18 @@ def test_the_default_two_node_stacks(platform: str, share: float) -> None:
     assert (t.total_s, t.last_copy_s, t.copy_per_save_s, t.bucket_total_s) == (104.0, 32.0, 96.0, 576.0)
     assert t.share(RUN_S[platform]) == pytest.approx(share) and t.share(RUN_S[platform]) <= 0.05
 
+
+
+def test_measured_rates_replace_the_assumed_ones_and_say_so() -> None:
+    measured = Measured.model_validate({"run": "run-7", "stack": "a4", "measuredAt": "2026-12-07T12:00:00+01:00",
+                                        "rates": {"localSaveGBpsPerRank": 4.0, "bucketWriteGBps": 1.0}})
+    t = checkpoint_time(PLATFORMS["a4"], checkpoint_bytes=CKPT, nodes=4, saves=6, measured=measured)
+    # 96 GB per node: 8 ranks x 4 GB/s = 32 GB/s -> 3 s a save; the last model's 32 GB at 1 GB/s: 32 s.
+    assert (t.stall_per_save_s, t.last_copy_s, t.total_s) == (3.0, 32.0, 50.0)
+    assert t.line().endswith("4 GB/s per rank into the page cache (measured on run run-7), 1 GB/s per node to the "
+                             "bucket (measured on run run-7)")
+    only_bucket = measured.model_copy(update={"rates": Rates(bucket_write_gbps=1.0)})
+    t = checkpoint_time(PLATFORMS["a4"], checkpoint_bytes=CKPT, nodes=4, saves=6, measured=only_bucket)
+    assert t.stall_per_save_s == 6.0
+    assert t.line().endswith("assumed 2 GB/s per rank into the page cache, 1 GB/s per node to the bucket "
+                             "(measured on run run-7)")

@@ -8,15 +8,22 @@ import pytest
 
 from domain import deploy_timing
 from domain.platforms import DEPLOY_DURATIONS, GPU_POOL_CREATE, KUBE_WRITE
+from domain.config import load_config
+from domain.stack_files import raw_config
 from tests.conftest import STACKS
 from verl_gke import synth
 
 # Modeled minutes to the first training step, per stack (the durations of domain.platforms).
-MODELED_MIN = {"a4": 26.2, "a4-standard": 26.2, "a3u-standard": 26.2, "a4x": 26.0}
+MODELED_MIN = {"a4": 26.2, "a4-standard": 26.2, "a3u-standard": 26.2, "a4x": 26.0, "smoke": 23.9}
 
 
 def resources(result: Any) -> list[dict[str, Any]]:
     return [r.__dict__ for r in result.registrations]
+
+
+def staging(stack: str) -> Any:
+    """The staging Job's time for the stack's model, as synth models it."""
+    return synth.staging_time(load_config(raw_config(stack)[0]).model)
 
 
 def names_on_path(model: deploy_timing.DeployModel) -> list[str]:
@@ -25,7 +32,7 @@ def names_on_path(model: deploy_timing.DeployModel) -> list[str]:
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_each_stack_is_within_ten_percent_of_gkes_floor(synth_stack: Any, stack: str) -> None:
-    model = deploy_timing.model(resources(synth_stack(stack)))
+    model = deploy_timing.model(resources(synth_stack(stack)), staging(stack))
     assert model.unknown_types == ()
     assert round(model.total_s / 60, 1) == MODELED_MIN[stack]
     assert model.total_s <= model.floor_s * (1 + deploy_timing.FLOOR_SLACK)
@@ -103,7 +110,7 @@ def test_an_image_not_known_yet_is_streamed_when_the_ray_cluster_waits_for_the_m
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_a_first_preview_models_the_same_time(stack: str) -> None:
-    preview = deploy_timing.model(resources(synth.run(stack, preview=True)))
+    preview = deploy_timing.model(resources(synth.run(stack, preview=True)), staging(stack))
     assert round(preview.total_s / 60, 1) == MODELED_MIN[stack]
 
 
@@ -131,8 +138,39 @@ def test_synth_prints_the_modeled_time_to_first_step(synth_stack: Any) -> None:
     from verl_gke import synth
 
     lines = synth.summary(synth_stack("a4x"), Path("dist/a4x")).splitlines()
-    assert ("Time to first training step (modeled): 26.0 min; GKE's floor (cluster + GPU nodes + RDMA set-up + "
-            "job start) 24.0 min (+8%)") in lines
+    # The deploy to the job RUNNING, then verl's own start-up: the model read twice (actor and reference),
+    # vLLM, the first sync and the validation before training A4X runs.
+    assert ("Time to first training step (modeled): 31.3 min; the job RUNNING at 26.0 min; GKE's floor (cluster + "
+            "GPU nodes + RDMA set-up + job start) 24.0 min (+8%); then verl start-up 5.3 min: processes 60 s + the "
+            "model (65.5 GB bf16, read 2x) through GCS FUSE at 1 GB/s + vLLM start and CUDA graphs 90 s + first "
+            "weight sync 30 s + validation before training 7 s") in lines
+    assert ("From `pulumi up` to released GPUs (modeled): 98 min, cost unknown (no price): first step 31.3 + run "
+            "49.9 + export 5.4 + release 11.0 min") in lines
+
+
+def test_the_smoke_stack_is_under_45_minutes_and_5_dollars_to_released_gpus(synth_stack: Any) -> None:
+    from pathlib import Path
+
+    lines = synth.summary(synth_stack("smoke"), Path("dist/smoke")).splitlines()
+    [line] = [line for line in lines if line.startswith("From `pulumi up` to released GPUs (modeled): ")]
+    assert line == ("From `pulumi up` to released GPUs (modeled): 41 min, ~$1.83 at $2.67/h (every node for the "
+                    "whole time: an upper bound): first step 26.9 + run 2.2 + export 1.1 + release 11.0 min")
+    assert ("The smoke stack cannot exercise: RDMA (NCCL runs over TCP), DRA/IMEX and ComputeDomains (A4X), arm64 "
+            "images (A4X).") in lines
+
+
+def test_staging_takes_the_time_of_the_stacks_model() -> None:
+    # 600 s for Qwen2.5-32B's 65.5 GB: 60 s + 65.5 GB at 121 MB/s; the smoke stack's 0.99 GB: 60 + 8 s.
+    assert synth.staging_time("Qwen/Qwen2.5-32B-Instruct").seconds == pytest.approx(600.0, abs=1)
+    assert synth.staging_time("Qwen/Qwen2.5-0.5B-Instruct").seconds == pytest.approx(60 + 0.988 / 0.1213, abs=0.1)
+    assert synth.staging_time("someone/other-model") is None  # not in the model table: the 32B estimate
+
+
+def test_gpu_pools_of_several_capacity_kinds_count_once_in_the_floor(synth_stack: Any) -> None:
+    model = deploy_timing.model(resources(synth_stack("smoke")), staging("smoke"))
+    # Spot and on-demand pools are created side by side: cluster 9 + one pool 10 + Ray pods 1.5 + job 1.5.
+    assert model.floor_s == 540 + GPU_POOL_CREATE.seconds + 90 + 90
+    assert "gpu-on-demand-pool" in names_on_path(model) or "gpu-spot-pool" in names_on_path(model)
 
 
 def test_without_the_mirror_or_image_streaming_the_image_is_pulled_whole() -> None:

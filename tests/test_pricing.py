@@ -6,7 +6,7 @@ import pytest
 
 from domain import pricing
 from domain.config import ConfigError, load_config
-from tests.conftest import BASE_CONFIG
+from tests.conftest import BASE_CONFIG, STACKS
 
 A3U = {"verl-gke:platform": "a3u"}
 
@@ -176,3 +176,48 @@ def test_synth_prints_the_price_and_exports_the_estimate_and_the_budget_in_secon
     assert result.outputs["estimatedRunCostUsd"] == 1000.0
     [job] = [r for r in result.registrations if r.type == synth.GRPO_JOB_TYPE]
     assert job.inputs["budget_s"] == round(1000 / 184.94 * 3600)
+
+
+# Every stack's price as shipped: the table's where a price is published, else the reason, which names the key.
+STACK_PRICES = {
+    # europe-west1: 2 x 91.9472 + c2-standard-16 0.9188 + GKE 0.10 + NAT 0.0092 + bucket 0.0226.
+    "a3u-standard": [("reservation", 184.94)],
+    # us-central1: 2 x g2-standard-8 (Spot 0.336764, on demand 0.853624271) + c2-standard-16 0.835232 + GKE 0.10
+    # + NAT (3 VMs x 0.0014 + one address 0.005) + bucket 824.6 GB x 0.020 / 730.
+    "smoke": [("spot", 1.64), ("on-demand", 2.67)],
+    "a4": [("spot", None)], "a4-standard": [("reservation", None)], "a4x": [("reservation", None)],
+}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_stack_has_the_published_price_or_says_none_is(stack: str) -> None:
+    from domain.stack_files import raw_config
+
+    cfg = load_config(raw_config(stack, overrides={"gcp:project": "my-project-123",
+                                                   "verl-gke:reservation": "my-reservation"}
+                                 if stack != "smoke" else {"gcp:project": "my-project-123"})[0])
+    assert [(c.kind, c.usd) for c in cfg.hourly_costs] == STACK_PRICES[stack]
+    for cost in cfg.hourly_costs:
+        source = pricing.MACHINE_PRICES[(cfg.facts.machine_type, cfg.region)][cost.kind].source
+        # A price names where it was read; no price says which sources had none and the key that sets it.
+        assert ("https://" in source) if cost.usd else ("gpuNodeHourlyUsd" in source and "https://" in source)
+
+
+def test_the_g2_price_is_the_billing_catalogs_per_region() -> None:
+    prices = pricing.MACHINE_PRICES
+    assert (prices[("g2-standard-8", "us-central1")]["on-demand"].usd_per_hour,
+            prices[("g2-standard-8", "us-central1")]["spot"].usd_per_hour,
+            prices[("g2-standard-8", "europe-west1")]["on-demand"].usd_per_hour,
+            prices[("g2-standard-8", "europe-west1")]["spot"].usd_per_hour) == (0.853624271, 0.336764, 0.939925708,
+                                                                                 0.339764)
+    # Flex-start: no published price in our sources for any machine.
+    assert prices[("g2-standard-8", "us-central1")]["flex-start"].usd_per_hour is None
+
+
+def test_a_dollar_budget_works_on_the_smoke_stack() -> None:
+    from domain.stack_files import raw_config
+
+    cfg = load_config(raw_config("smoke", overrides={"gcp:project": "my-project-123",
+                                                     "verl-gke:runBudgetUsd": "5"})[0])
+    # The dearer kind bounds it: $5 at $2.67/h on demand.
+    assert cfg.hourly_usd == 2.67 and cfg.run_budget_h == pytest.approx(5 / 2.67)

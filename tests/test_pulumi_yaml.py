@@ -112,4 +112,4 @@ def test_declared_defaults_equal_the_models_defaults():
 
 
 def test_the_four_stacks_exist():
-    assert stack_names() == ["a3u-standard", "a4", "a4-standard", "a4x"]
+    assert stack_names() == ["a3u-standard", "a4", "a4-standard", "a4x", "smoke"]

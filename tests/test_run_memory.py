@@ -42,9 +42,9 @@ def test_qwen_32b_has_its_published_size() -> None:
 
 
 def test_gpu_memory_is_what_the_devices_report_in_gib() -> None:
-    # nvidia-smi's memory.total: B200 183359MiB, H200 143771MiB, GB200 189471MiB.
+    # nvidia-smi's memory.total: B200 183359MiB, H200 143771MiB, GB200 189471MiB, L4 23034MiB.
     assert {name: p.gpu_memory_bytes for name, p in PLATFORMS.items()} == {
-        "a4": 183_359 * 2**20, "a3u": 143_771 * 2**20, "a4x": 189_471 * 2**20}
+        "a4": 183_359 * 2**20, "a3u": 143_771 * 2**20, "a4x": 189_471 * 2**20, "g2": 23_034 * 2**20}
     est = run_memory.for_run(cfg_of("a3u").verl, PLATFORMS["a3u"], "Qwen/Qwen2.5-32B-Instruct", 2)
     # vLLM's budget is gpu_memory_utilization of the bytes CUDA reports: 0.6 x 143771 MiB.
     assert est.phases[2].parts["vLLM"] == 0.6 * 143_771 * 2**20

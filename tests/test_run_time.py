@@ -9,6 +9,7 @@ import pytest
 
 from domain import run_time
 from domain.config import load_config
+from domain.measured import Measured, Rates
 from domain.run_time import Assumptions, RunShape
 from domain.verl_config import check_run
 from domain.verl_wheel import config_dir
@@ -16,7 +17,8 @@ from tests.conftest import BASE_CONFIG
 
 # Round numbers, so that every figure below is a hand calculation.
 SHAPE = RunShape(params=10**9, sequences=100, n_gpus=2, peak_flops=1e15, reference=True, recompute=True,
-                 steps=10, checkpoint_s=4.0)
+                 steps=10, checkpoint_s=4.0, max_response_tokens=150, validations=2, validate_first=True,
+                 model_loads=2)
 ASSUME = Assumptions(mfu=0.5, prompt_tokens=100, response_tokens=100, decode_share=0.2, step_overhead_s=10.0)
 
 
@@ -26,12 +28,46 @@ def test_each_formula_matches_a_hand_calculation() -> None:
     assert t.update_s == pytest.approx(8 * 1e9 * 20_000 / 1e15)  # forward, backward, recompute: 0.16 s
     assert t.log_prob_s == pytest.approx(2 * 1e9 * 20_000 * 2 / 1e15)  # actor and reference: 0.08 s
     assert t.decode_tokens_per_s == pytest.approx(1e15 * 0.2 / 2e9)  # 100,000 tokens/s a GPU
-    assert t.rollout_s == pytest.approx(100 * 100 / (2 * 100_000))  # 0.05 s
-    assert t.step_s == pytest.approx(0.16 + 0.08 + 0.05 + 10)
-    assert t.run_s == pytest.approx(10 * 10.29 + 4)  # and the checkpoints' GPU time: 106.9 s
-    assert t.gpu_hours == pytest.approx(106.9 * 2 / 3600)
-    assert t.cost_usd(36.0) == 1.07  # 106.9 s at $36/h
-    assert run_time.measured_ratio(20.58, t.step_s) == pytest.approx(2.0)
+    # The tail: responses up to 150 tokens against a mean of 100, 50 iterations at 20 ms.
+    assert t.tail_s == pytest.approx(50 * 0.02)  # 1 s
+    assert t.rollout_s == pytest.approx(100 * 100 / (2 * 100_000) + 1.0)  # 1.05 s
+    assert t.step_s == t.modeled_step_s == pytest.approx(0.16 + 0.08 + 1.05 + 10)  # 11.29 s
+    # A validation pass: GSM8K's 1,319 test prompts at the decode rate, and the same tail.
+    assert t.validation_s == pytest.approx(1319 * 100 / 200_000 + 1.0)  # 1.6595 s
+    # Start-up: processes 60 s, the bf16 model (2 GB) read twice at 1 GB/s, vLLM 90 s, first sync 30 s and
+    # the validation before training.
+    assert t.startup_s == t.verl_startup_s == pytest.approx(60 + 4 + 90 + 30 + 1.6595)
+    assert t.export_s == pytest.approx(60 + 8)  # the fp32 model read and the merged one written at 1 GB/s
+    assert t.run_s == pytest.approx(10 * 11.29 + 2 * 1.6595 + 4)  # steps, validations, checkpoints: 120.219 s
+    assert t.gpu_hours == pytest.approx(120.219 * 2 / 3600)
+    assert t.cost_usd(36.0) == 1.2  # 120.219 s at $36/h
+    assert run_time.measured_ratio(22.58, t.step_s) == pytest.approx(2.0)
+
+
+def test_validation_passes_are_verls() -> None:
+    # Every test_freq steps and after the last (verl's fit loop); none with test_freq <= 0.
+    assert [run_time.validation_passes(58, f) for f in (10, 29, 58, 100, 0, -1)] == [6, 2, 1, 1, 0, 0]
+    assert run_time.validation_passes(None, 10) == 0
+
+
+def test_measured_rates_replace_the_assumed_ones_and_say_so() -> None:
+    measured = Measured.model_validate({"run": "run-1", "stack": "smoke", "measuredAt": "2026-12-07T12:00:00Z",
+                                        "rates": {"modelLoadGBps": 2.0, "verlStartupSeconds": 300.0,
+                                                  "stepSeconds": 30.0}})
+    a = Assumptions.for_platform("g2", measured)
+    assert a.model_load_gbps == 2.0 and a.mfu == 0.20
+    t = run_time.model(SHAPE, Assumptions(**{**ASSUME.__dict__, "model_load_gbps": 2.0, "measured": measured}))
+    assert t.modeled_step_s == pytest.approx(11.29) and t.step_s == 30.0
+    assert t.run_s == pytest.approx(10 * 30 + 2 * 1.6595 + 4)
+    assert t.startup_s == pytest.approx(60 + 2 + 90 + 30 + 1.6595) and t.verl_startup_s == 300.0
+    assert t.lines(None)[0].startswith("Modeled run: step ~30 s (measured on run run-1) (modeled 11: ")
+    assert t.startup_line() == "verl start-up 5.0 min (measured on run run-1) (modeled 3.1)"
+    load_only = run_time.model(SHAPE, Assumptions(**{**ASSUME.__dict__, "model_load_gbps": 2.0, "measured":
+                                                     measured.model_copy(update={"rates": Rates(model_load_gbps=2.0)})}))
+    assert load_only.startup_line() == (
+        "verl start-up 3.1 min: processes 60 s + the model (2.0 GB bf16, read 2x) through GCS FUSE at 2 GB/s "
+        "(measured on run run-1) + vLLM start and CUDA graphs 90 s + first weight sync 30 s + validation before "
+        "training 2 s")
 
 
 def test_no_reference_no_recompute_and_unknowns() -> None:
@@ -45,13 +81,22 @@ def test_the_assumptions_are_this_modules_and_named_in_what_synth_prints() -> No
     a = Assumptions.for_platform("a3u")
     assert (a.mfu, a.prompt_tokens, a.response_tokens, a.decode_share, a.step_overhead_s) == (0.40, 128, 320, 0.20,
                                                                                               10.0)
-    assert run_time.model(SHAPE, ASSUME).lines(None) == [
-        "Modeled run: step ~10 s (rollout 0, log-probs 0, update 0, weight sync and overhead 10); 10 steps and "
-        "checkpoints (4 s) ~2 min, 0.1 GPU-hours, cost unknown (no price: set verl-gke:gpuNodeHourlyUsd)",
+    assert (a.tail_token_s, a.model_load_gbps, a.measured) == (0.02, 1.0, None)
+    assert (run_time.VALIDATION_PROMPTS, run_time.VERL_PROCESS_START_S, run_time.VLLM_START_S,
+            run_time.FIRST_SYNC_S, run_time.EXPORT_START_S) == (1319, 60.0, 90.0, 30.0, 60.0)
+    t = run_time.model(SHAPE, ASSUME)
+    assert t.lines(None) == [
+        "Modeled run: step ~11 s (modeled 11: rollout 1 with a response tail of 1, log-probs 0, update 0, weight sync "
+        "and overhead 10); 10 steps, 2 validation passes (2 s each) and checkpoints (4 s) ~2 min, 0.1 GPU-hours, cost "
+        "unknown (no price: set verl-gke:gpuNodeHourlyUsd)",
         "  assumptions (domain/run_time.py): training at 50% MFU of 1 PFLOP/s bf16 a GPU; 200 tokens a sequence (100 "
-        "prompt + 100 response), 100 sequences a step; decode ~100,000 tokens/s a GPU (20% of peak); 10 s a step for "
-        "weight sync and overhead; checkpoints as above (domain/checkpoint_time.py)",
+        "prompt + 100 response), 100 sequences a step; decode ~100,000 tokens/s a GPU (20% of peak); responses up to "
+        "150 tokens, the tail at 20 ms an iteration; 1319 validation prompts a pass; 10 s a step for weight sync and "
+        "overhead; checkpoints as above (domain/checkpoint_time.py)",
     ]
+    assert t.startup_line() == (
+        "verl start-up 3.1 min: processes 60 s + the model (2.0 GB bf16, read 2x) through GCS FUSE at 1 GB/s + vLLM "
+        "start and CUDA graphs 90 s + first weight sync 30 s + validation before training 2 s")
 
 
 def _plan(platform: str, nodes: str, **config: str) -> Any:
@@ -61,14 +106,16 @@ def _plan(platform: str, nodes: str, **config: str) -> Any:
     return plan
 
 
-# The issue's ballpark for each platform's default run: a step, and the 58 steps in 40-75 minutes.
-@pytest.mark.parametrize(("platform", "nodes", "step"), [("a3u", "2", (65, 75)), ("a4", "2", (40, 45)),
-                                                         ("a4x", "4", (40, 50))])
+# The issue's ballpark for each platform's default run, with the response tail (~4 s a step) and six
+# validation passes added (issue 46): a step, and the 58 steps in 40-80 minutes.
+@pytest.mark.parametrize(("platform", "nodes", "step"), [("a3u", "2", (70, 80)), ("a4", "2", (45, 50)),
+                                                         ("a4x", "4", (45, 55))])
 def test_each_platforms_default_run_is_in_the_issues_ballpark(platform: str, nodes: str, step: tuple[int, int]) -> None:
     plan = _plan(platform, nodes)
     t = plan.time
     assert step[0] <= t.step_s <= step[1]
-    assert t.shape.steps == 58 and 40 <= t.run_s / 60 <= 75
+    assert t.shape.steps == 58 and 40 <= t.run_s / 60 <= 80
+    assert (t.shape.validations, t.shape.max_response_tokens) == (6, 512)  # test_freq 10, and after step 58
     assert t.shape.checkpoint_s == plan.checkpoint_time.total_s  # the checkpoints' own model
     assert t.shape.reference is (platform == "a4x")  # the A4X run has the KL loss, so a reference policy
 

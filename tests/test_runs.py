@@ -364,11 +364,14 @@ def test_the_stack_exports_the_step_and_run_time_its_plan_models(synth_stack: An
     # By hand, 2 x A4 (16 B200 at 2.25 PFLOP/s bf16, 30% MFU: 1.08e16 FLOP/s), Qwen2.5-32B (32,762,757,120
     # parameters), 2,048 sequences of 448 tokens (917,504 tokens): update 8 x P x T / 1.08e16 = 22.27 s,
     # log-probs (no reference policy) 2 x P x T / 1.08e16 = 5.57 s, rollout 2,048 x 320 tokens at
-    # 16 x 6,867.6 tokens/s (2.25e15 x 20% / 2P a GPU) = 5.96 s, plus 10 s: 43.80 s a step.
-    assert out["modeledStepSeconds"] == round(plan.time.step_s, 1) == 43.8
-    # 58 steps and the checkpoints' GPU time (domain/checkpoint_time.py's model, read from the plan).
-    assert out["modeledRunSeconds"] == round(plan.time.run_s, 1) == pytest.approx(58 * 43.80 + plan.time.shape.checkpoint_s,
-                                                                         abs=1.0)
+    # 16 x 6,867.6 tokens/s (2.25e15 x 20% / 2P a GPU) = 5.96 s and its tail (512 - 320 tokens at 20 ms: 3.84 s),
+    # plus 10 s: 47.64 s a step.
+    assert out["modeledStepSeconds"] == round(plan.time.step_s, 1) == 47.6
+    # 58 steps, 6 validation passes (1,319 x 320 tokens at 16 x 6,867.6 tokens/s + the tail: 7.68 s each) and the
+    # checkpoints' GPU time (domain/checkpoint_time.py's model, read from the plan).
+    assert plan.time.validation_s == pytest.approx(1319 * 320 / (16 * 6867.6) + 3.84, abs=0.01)
+    assert out["modeledRunSeconds"] == round(plan.time.run_s, 1) == pytest.approx(
+        58 * 47.64 + 6 * 7.68 + plan.time.shape.checkpoint_s, abs=1.0)
     loaded = stack_outputs.from_mapping(out, "synth")
     assert (loaded.modeled_step_s, loaded.modeled_run_s) == (round(plan.time.step_s, 1), round(plan.time.run_s, 1))
 

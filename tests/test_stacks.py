@@ -13,13 +13,14 @@ import pytest
 from manifests import supervisor
 
 from domain.config import load_config
+from domain.deploy_timing import is_gpu_pool
 from domain.stack_run import stack_run
 from tests.conftest import STACKS
 from tests.k8s_schema import validate_core, validate_custom
 from verl_gke import synth
 from domain.stack_files import raw_config
 
-CUSTOM_KINDS = {"RayCluster", "ComputeDomain"}
+CUSTOM_KINDS = {"RayCluster", "ComputeDomain", "ComputeClass"}
 # GKE's own CRDs: no schema ships with this repo or kubernetes-validate.
 UNCHECKED_KINDS = {"GKENetworkParamSet", "Network"}
 
@@ -30,6 +31,8 @@ EXPECTED_COUNTS = {
     "a4-standard": (3, 10, 2, 9, 0, 0),
     "a3u-standard": (3, 10, 2, 9, 0, 0),
     "a4x": (1, 1, 2, 0, 2, 1),
+    # No RDMA: the cluster's VPC and subnet only; the CPU pool and a GPU pool per capacity kind (Spot, on demand).
+    "smoke": (1, 1, 3, 0, 0, 0),
 }
 
 
@@ -231,7 +234,7 @@ def test_nodes_are_private_behind_the_stacks_cloud_nat(stack: str, synth_stack):
     waiting = {r.name for r in result.registrations if waits_for_nat(r.urn, set())}
     assert cluster.name not in waiting
     pulls = {"staging-job", "ray-ray-cluster", "supervisor-deployment"}
-    pulls |= {"gpu-pool"} if cfg.cluster_mode == "standard" else set()
+    pulls |= {r.name for r in result.registrations if is_gpu_pool(r.__dict__)}  # none on Autopilot
     pulls |= {"dra-driver", "ray-kuberay-operator"} if stack == "a4x" else set()
     assert pulls <= waiting
 
@@ -247,13 +250,13 @@ def test_private_nodes_and_nat_can_be_turned_off_each():
     assert not _by_type(own_nat, "gcp:compute/router:Router")
 
 
-@pytest.mark.parametrize("stack", ["a4-standard", "a3u-standard", "a4x"])
+@pytest.mark.parametrize("stack", ["a4-standard", "a3u-standard", "a4x", "smoke"])
 def test_gpu_pool_streams_images_unless_turned_off(stack: str, synth_stack):
-    (pool,) = [r for r in _by_type(synth_stack(stack), "gcp:container/nodePool:NodePool") if r.name == "gpu-pool"]
-    assert pool.inputs["nodeConfig"]["gcfsConfig"] == {"enabled": True}
+    pools = [r for r in synth_stack(stack).registrations if is_gpu_pool(r.__dict__)]
+    assert pools and all(pool.inputs["nodeConfig"]["gcfsConfig"] == {"enabled": True} for pool in pools)
     off = synth.run(stack, overrides={"verl-gke:imageStreaming": "false"})
-    (pool,) = [r for r in _by_type(off, "gcp:container/nodePool:NodePool") if r.name == "gpu-pool"]
-    assert pool.inputs["nodeConfig"]["gcfsConfig"] == {"enabled": False}
+    pools = [r for r in off.registrations if is_gpu_pool(r.__dict__)]
+    assert pools and all(pool.inputs["nodeConfig"]["gcfsConfig"] == {"enabled": False} for pool in pools)
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -340,8 +343,9 @@ def test_run_supervisor_gets_the_runs_ids_and_only_its_own_rights(stack: str, sy
     # The model export (exportModel, on by default): the run's checkpoints, merged on a node with the
     # memory for twice the fp32 shards; the program goes with the supervisor's own.
     assert config["export"] == {"checkpoint_dir": f"/data/verl/checkpoints/{config['run_id']}", "mount": "/data",
-                                "bucket": config["log_bucket"], "memory_bytes": 262_102_056_960,
-                                "verl_dir": cfg.verl_dir}
+                                "bucket": config["log_bucket"],
+                                "memory_bytes": {"Qwen/Qwen2.5-0.5B-Instruct": 3_951_689_728}.get(
+                                    cfg.model, 262_102_056_960), "verl_dir": cfg.verl_dir}
     program = _manifest(result, "ConfigMap", name)["data"]
     assert all(program[f] == Path(f"workloads/{f}").read_text() for f in supervisor.PROGRAM_FILES)
     # The run's decider's bounds (runHeadOutageSeconds, runStallSeconds, runReplaceWindowSeconds).
@@ -408,10 +412,13 @@ def test_the_cluster_has_a_network_of_its_own_with_jumbo_mtu_and_planned_ranges(
         "stackType": "IPV4", "clusterSecondaryRangeName": "pods", "servicesSecondaryRangeName": "services"}
 
 
-@pytest.mark.parametrize("stack", ["a4-standard", "a3u-standard", "a4x"])
+@pytest.mark.parametrize("stack", ["a4-standard", "a3u-standard", "a4x", "smoke"])
 def test_gpu_nodes_boot_from_the_platform_tables_disk(stack: str, synth_stack):
-    (pool,) = [r for r in _by_type(synth_stack(stack), "gcp:container/nodePool:NodePool") if r.name == "gpu-pool"]
-    assert (pool.inputs["nodeConfig"]["diskType"], pool.inputs["nodeConfig"]["diskSizeGb"]) == ("hyperdisk-balanced", 100)
+    # A4, A3 Ultra and A4X boot from Hyperdisk only; G2 from Persistent Disk (no Hyperdisk Balanced).
+    disk = {"smoke": ("pd-balanced", 200)}.get(stack, ("hyperdisk-balanced", 100))
+    pools = [r for r in synth_stack(stack).registrations if is_gpu_pool(r.__dict__)]
+    assert pools and all((pool.inputs["nodeConfig"]["diskType"], pool.inputs["nodeConfig"]["diskSizeGb"]) == disk
+                         for pool in pools)
 
 
 def test_autopilot_a4_workers_fit_autopilots_pod_ceiling_with_the_sidecar(synth_stack):
@@ -517,3 +524,14 @@ def test_the_shipped_supervisor_runs_from_its_config_map_alone(synth_stack, tmp_
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "--program-dir" in done.stdout
+
+
+def test_the_smoke_stacks_head_takes_no_tasks_so_verls_trainer_runs_on_a_worker(synth_stack):
+    [ray] = _by_type(synth_stack("smoke"), "kubernetes:ray.io/v1:RayCluster")
+    assert ray.inputs["spec"]["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+    [group] = ray.inputs["spec"]["workerGroupSpecs"]
+    # One L4 a node, two nodes: verl's FSDP ranks and vLLM talk across nodes over TCP, no RDMA annotation.
+    assert (group["replicas"], group["rayStartParams"]["num-cpus"]) == (2, "3")
+    assert "networking.gke.io/interfaces" not in group["template"]["metadata"].get("annotations", {})
+    [a4] = _by_type(synth_stack("a4-standard"), "kubernetes:ray.io/v1:RayCluster")
+    assert "num-cpus" not in a4.inputs["spec"]["headGroupSpec"]["rayStartParams"]

@@ -43,7 +43,8 @@ def test_dist_layout_reads_back(stack: str, synth_stack, tmp_path: Path):
 @pytest.mark.parametrize("stack", STACKS)
 def test_outputs_name_the_platform(stack: str, synth_stack):
     outputs = synth_stack(stack).outputs
-    expected = {"a4": ("a4", 8), "a4-standard": ("a4", 8), "a3u-standard": ("a3u", 8), "a4x": ("a4x", 4)}[stack]
+    expected = {"a4": ("a4", 8), "a4-standard": ("a4", 8), "a3u-standard": ("a3u", 8), "a4x": ("a4x", 4),
+                "smoke": ("g2", 1)}[stack]
     assert (outputs["gpuPlatform"], outputs["gpusPerNode"]) == expected
 
 
@@ -104,10 +105,12 @@ _DETAILS = ("  critical path: ", "  assumptions (domain/run_time.py): ", "  chec
 def test_the_default_output_fits_one_screen_and_says_what_a_deployer_needs(stack: str, synth_stack):
     lines = synth.summary(synth_stack(stack), Path("dist") / stack).splitlines()
     assert len(lines) <= SCREEN, "\n".join(lines)
-    starts = ("`pulumi up` would create ", "GRPO run with verl ", "Modeled run: step ~", "verl settings: 37, 0 of them",
+    # The smoke stack sizes its run for two L4s in its stack file.
+    settings = "verl settings: 38, 9 of them" if stack == "smoke" else "verl settings: 37, 0 of them"
+    starts = ("`pulumi up` would create ", "GRPO run with verl ", "Modeled run: step ~", settings,
               "price per hour, GPU nodes on ", "run estimate: ", "GPU memory estimate per GPU: ",
-              "Time to first training step (modeled): ", "Images (every one pulled by digest", "Live checks not made",
-              "Set these before `pulumi up`")
+              "Time to first training step (modeled): ", "From `pulumi up` to released GPUs (modeled): ",
+              "Images (every one pulled by digest", "Live checks not made", "Set these before `pulumi up`")
     assert [s for s in starts if not any(line.startswith(s) for line in lines)] == []
     assert [line for line in lines if line.startswith(_DETAILS)] == []
 
@@ -143,7 +146,7 @@ def test_the_cli_takes_verbose(tmp_path: Path, capsys: pytest.CaptureFixture[str
 def test_unknown_stack_lists_the_stacks():
     run = _synth_cli("a5")
     assert run.returncode != 0
-    assert "no stack file Pulumi.a5.yaml; stacks: a3u-standard, a4, a4-standard, a4x" in run.stderr
+    assert "no stack file Pulumi.a5.yaml; stacks: a3u-standard, a4, a4-standard, a4x, smoke" in run.stderr
 
 
 def test_a_real_run_stops_at_once_on_placeholders():
@@ -239,7 +242,8 @@ def test_a_first_preview_leaves_every_computed_output_unknown(stack: str):
     assert any(r.type == synth.GRPO_JOB_TYPE for r in result.registrations)
     for key in ("clusterEndpoint", "clusterCaCertificate", "grpoSubmissionId", "grpoJobStatus", "bucketUrl"):
         assert result.outputs[key] == "[unknown]", key
-    assert result.outputs["gpuPlatform"] == {"a4": "a4", "a4-standard": "a4", "a3u-standard": "a3u", "a4x": "a4x"}[stack]
+    assert result.outputs["gpuPlatform"] == {"a4": "a4", "a4-standard": "a4", "a3u-standard": "a3u", "a4x": "a4x",
+                                            "smoke": "g2"}[stack]
 
 
 def test_the_job_provider_gets_numbers_as_floats():
@@ -260,3 +264,35 @@ def test_synth_says_what_it_is_doing_while_it_runs(tmp_path: Path, capsys: pytes
         "call, no credential)",
         f"synth: a4: writing {written} files to {out}",
     ]
+
+
+def test_measured_rates_replace_the_models_and_synth_says_on_which_run(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from domain import measured
+
+    path = tmp_path / "smoke.json"
+    path.write_text(json.dumps({"run": "run-0123456789ab", "stack": "smoke", "measuredAt": "2026-12-07T12:00:00Z",
+                                "rates": {"verlStartupSeconds": 300.0, "stepSeconds": 30.0,
+                                          "localSaveGBpsPerRank": 1.0}}))
+    monkeypatch.setattr(measured, "path_of", lambda project_dir, stack: path)
+    result = synth.run("smoke")
+    lines = result.log + result.modeled
+    [run] = [line for line in lines if line.startswith("Modeled run: ")]
+    assert run.startswith("Modeled run: step ~30 s (measured on run run-0123456789ab) (modeled 17: ")
+    assert "; 6 steps, 2 validation passes (12 s each) and checkpoints (6 s) ~4 min, " in run  # 186 + 25 + 6 s
+    [first] = [line for line in lines if line.startswith("Time to first training step (modeled): ")]
+    assert first.endswith("then verl start-up 5.0 min (measured on run run-0123456789ab) (modeled 3.0)")
+    [saves] = [line for line in lines if line.startswith("  checkpoint time: ")]
+    assert saves.endswith("1 GB/s per rank into the page cache (measured on run run-0123456789ab), assumed 2 GB/s "
+                          "per node to the bucket")
+    # The exported model stays the model's own step (what a measured step is held against); the run uses the measured.
+    from domain.config import load_config
+    from domain.stack_files import raw_config
+    from domain.verl_config import verl_run_check
+
+    _, plan = verl_run_check(load_config(raw_config("smoke")[0]), measured.load(Path("."), "smoke"))
+    assert result.outputs["modeledStepSeconds"] == round(plan.time.modeled_step_s, 1) == 17.2
+    # 5.93 GB over 2 nodes: each save 2.96 GB at 1 GB/s measured, the last model (a third) at 2 GB/s assumed.
+    assert plan.checkpoint_time.total_s == pytest.approx(2 * 2.964 + 2.964 / 3 / 2, abs=0.01)
+    assert result.outputs["modeledRunSeconds"] == round(6 * 30.0 + 2 * plan.time.validation_s
+                                                        + plan.checkpoint_time.total_s, 1)

@@ -139,4 +139,4 @@ def test_an_out_folder_that_cannot_be_made_is_one_line(tmp_path: Path, capsys: p
 def test_a_stack_name_pulumi_would_refuse_is_one_line(stack: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert synth.main([stack]) == 2
     assert capsys.readouterr().err == (f"synth failed: stack {stack!r}: a Pulumi stack name is letters, digits, '-', "
-                                       "'_' or '.'; stacks here: a3u-standard, a4, a4-standard, a4x\n")
+                                       "'_' or '.'; stacks here: a3u-standard, a4, a4-standard, a4x, smoke\n")

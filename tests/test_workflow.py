@@ -162,7 +162,7 @@ def test_triggers_are_pull_requests_pushes_to_main_and_manual_runs() -> None:
     assert on["push"] == {"branches": ["main"]}
     assert on["pull_request"] == {"branches": ["main"]}
     stack = on["workflow_dispatch"]["inputs"]["stack"]
-    assert stack["options"] == ["a4", "a4-standard", "a3u-standard", "a4x"]
+    assert stack["options"] == ["a4", "a4-standard", "a3u-standard", "a4x", "smoke"]
 
 
 def test_stack_comes_from_the_form_then_the_repository_variable() -> None:

@@ -30,7 +30,7 @@ from manifests import dra, kuberay, nccl, staging
 from verl_gke.registry import RegistryError, resolve_digest
 
 TAGGED_IMAGES: tuple[str, ...] = tuple(sorted(
-    {p.image for p in PLATFORMS.values()} | {p.nccl_installer_image for p in PLATFORMS.values()}
+    {p.image for p in PLATFORMS.values()} | {p.nccl_installer_image for p in PLATFORMS.values() if p.nccl_installer_image}
     | {kuberay.CHART.image, dra.CHART.image}))
 """The images of the platform table and the charts, which come by tag and are pinned by this command."""
 TABLE = Path(platforms.__file__)
@@ -91,7 +91,7 @@ def stack_images(cfg: StackConfig) -> tuple[list[StackImage], str | None]:
     elif nccl.google_installer_url(facts, cfg.cluster_mode):
         by_tag = ("Google's Autopilot NCCL installer manifest, applied as Google wrote it (Autopilot admits its "
                   "privileged pods only so)")
-    else:
+    elif facts.nccl_installer_image:  # none where NCCL runs over TCP (G2)
         images += [StackImage(facts.nccl_installer_image, "NCCL installer"),
                    StackImage(nccl.PAUSE_IMAGE, "NCCL installer")]
     if cfg.ray_operator == "helm":

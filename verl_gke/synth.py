@@ -32,7 +32,9 @@ from pulumi.runtime.config import set_all_config
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
 
-from domain import checkpoint_time, deploy_timing, preflight, run_memory, run_time, verl_config
+from domain import checkpoint_time, deploy_timing, measured, preflight, run_memory, run_time, verl_config
+from domain.platforms import SMOKE_CANNOT_EXERCISE, SMOKE_PLATFORM, Duration, staging_duration
+from domain.verl_config import verl_run_check
 from components import pinned_image
 from components.grpo_job import planned_outs
 from domain.run_identity import whole_numbers
@@ -390,10 +392,20 @@ def run(stack: str, project_dir: Path = PROJECT_DIR, overrides: dict[str, Any] |
         stack=stack, config=raw, secret_keys=secret_keys, preview=preview, monitor=monitor, log=log)
     unchecked = list(getattr(monitor.mocks, "unchecked", []))
     cfg = load_config(raw, declared=declared)
+    _, plan = verl_run_check(cfg, measured.load(project_dir, stack))  # the program ran it: no problem left
     modeled = [run_memory.summary_line(cfg.verl, cfg.facts, cfg.model, cfg.gpu_nodes),
-               *deploy_timing.model([r.__dict__ for r in registrations]).lines()]
+               *deploy_timing.model([r.__dict__ for r in registrations], staging_time(cfg.model)).lines(
+                   plan.time if plan else None, cfg.hourly_usd)]
+    if cfg.platform == SMOKE_PLATFORM:
+        modeled.append(f"The smoke stack cannot exercise: {SMOKE_CANNOT_EXERCISE}.")
     return SynthResult(stack, registrations, outputs, placeholders(raw, cfg), log, unchecked, modeled,
                        image_pins.summary_lines(cfg))
+
+
+def staging_time(model: str) -> Duration | None:
+    """The staging Job's time for a model of the table (its bf16 safetensors); None: the 32B estimate."""
+    shape = run_memory.MODELS.get(model)
+    return staging_duration(2 * shape.params) if shape else None
 
 
 def render(result: SynthResult) -> dict[str, str]:
@@ -580,7 +592,7 @@ def main(argv: list[str] | None = None) -> int:
                           "(offline: no cloud call, no credential)")
     try:
         result = run(args.stack, overrides=overrides, cloud=cloud)
-    except (ConfigError, pulumi.RunError, FileNotFoundError) as error:
+    except (ConfigError, pulumi.RunError, FileNotFoundError, measured.MeasuredError) as error:
         output_dir.clear(out_dir)
         print(f"synth failed: {error}", file=sys.stderr)
         return 2
