@@ -79,6 +79,7 @@ _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 # Ranges allowed for the CIDR keys that admit traffic: RFC 1918 and RFC 6598 (shared) space only.
 PRIVATE_RANGES = tuple(ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
                                                           "100.64.0.0/10"))
+_SHA256 = re.compile(r"^sha256:[0-9a-f]{64}$")
 _ADMITTING_CIDR_FIELDS = ("internal_source_range", "master_authorized_cidrs", "ray_dashboard_cidrs")
 DASHBOARD_CIDR_MIN_PREFIX = 16
 """The widest range rayDashboardCidrs admits to the Ray Job API (a /16): a VPN's or a bastion's range."""
@@ -190,6 +191,7 @@ class StackConfig(BaseModel):
 
     ray_cluster_name: str = ""
     verl_image: str = ""
+    image_digests: dict[str, str] = Field(default_factory=dict)
     ray_version: str = ""
     verl_source_install: bool = False
     verl_in_image: bool = False
@@ -734,6 +736,13 @@ def semantic_problems(cfg: StackConfig, now: datetime | None = None) -> list[str
     elif cfg.verl_image not in PINNED_IMAGE_ARCH and not has_digest(cfg.verl_image):
         add("verl_image", cfg.verl_image, "an image of your own must be pinned by digest "
             "(name@sha256:<64 hex>): a tag can be moved to other code that then runs on every node.")
+    for image, digest in cfg.image_digests.items():
+        if not (_is_image_reference(image) and is_pinned_image(image)) or has_digest(image):
+            add("image_digests", {image: digest}, "keys are tagged images as the stack names them (name:tag, "
+                "e.g. verlai/verl:vllm011.dev7), values their sha256:<64 hex> digest.")
+        elif not _SHA256.match(digest):
+            add("image_digests", {image: digest}, "each digest is sha256:<64 lowercase hex> (the registry's "
+                "manifest digest, as `python -m verl_gke.image_pins --stack <stack>` prints it).")
     if cfg.nccl_installer_url and not is_nccl_installer_url(cfg.nccl_installer_url):
         add("nccl_installer_url", _without_credentials(cfg.nccl_installer_url),
             f"a manifest of Google's installers at a commit: {NCCL_INSTALLER_REPO}/<40-hex commit>/gpudirect-rdma/"
