@@ -28,8 +28,8 @@ from domain.verl_wheel import VerlUnavailable
 from domain.bucket import DEFAULT_CAPACITY, MOUNT_PATH, ray_writable_prefixes
 from domain.platforms import (
     AUTOPILOT_SIDECAR, CHECKPOINT_COPIER, CPU_MACHINE_SERIES, LOCAL_SSD_SERIES, NCCL_INSTALLER_REPO, PINNED_IMAGE_ARCH,
-    PLATFORMS, Mode, Platform, PlatformName, VerlRelease, has_digest, is_nccl_installer_url, is_pinned_image,
-    is_ray_version,
+    PLATFORMS, Mode, Platform, PlatformName, VerlRelease, has_digest, has_token_auth, is_nccl_installer_url,
+    is_pinned_image, is_ray_version,
 )
 from domain import pricing
 from domain.pricing import CAPACITY_KINDS, CapacityKind
@@ -749,11 +749,16 @@ def semantic_problems(cfg: StackConfig, now: datetime | None = None) -> list[str
             "<file>.yaml (no branch, tag, other host or repository, query or fragment).")
     if cfg.job_dashboard_url:
         url = _without_credentials(cfg.job_dashboard_url)
-        if not re.match(r"^https?://[^\s/]+", cfg.job_dashboard_url):
-            add("job_dashboard_url", url, "an http(s) URL of a privately reachable Ray dashboard.")
+        if not re.match(r"^https://[^\s/]+", cfg.job_dashboard_url):
+            add("job_dashboard_url", url, "an https URL of a privately reachable Ray dashboard behind a TLS front "
+                "(plain http carries the jobs, and with token authentication the token, in clear).")
         elif url != cfg.job_dashboard_url:
             add("job_dashboard_url", url, "no credentials in the URL (user info, query or fragment): they would "
                 "be stored in clear in the job's inputs. Reach the dashboard through a private network instead.")
+        elif not cfg.ray_network_policy and not has_token_auth(cfg.image_ray_version):
+            add("job_dashboard_url", url, f"with Ray {cfg.image_ray_version} (no token authentication) only with "
+                "rayNetworkPolicy on and rayDashboardCidrs single hosts behind an authenticated front; or an image "
+                "with Ray >= 2.52 (verlImage, rayVersion).")
         elif cfg.ray_network_policy and not cfg.ray_dashboard_cidrs:
             add("job_dashboard_url", url, "the stack's NetworkPolicy admits only the Ray pods to port "
                 "8265; add the caller's range to rayDashboardCidrs, or set rayNetworkPolicy to false.")
@@ -985,6 +990,11 @@ def _cidr_problems(cfg: StackConfig) -> list[str]:
                                     "internet."))
         if field == "ray_dashboard_cidrs":
             out += _dashboard_cidr_problems(text, net, nets)
+            if net.prefixlen != 32 and not has_token_auth(cfg.image_ray_version):
+                out.append(problem_line(config_key(field), text, f"a single host (/32) behind an authenticated front: "
+                                        f"Ray {cfg.image_ray_version} of this stack's image has no token "
+                                        "authentication, so any host of the range could run jobs (CVE-2023-48022); "
+                                        "or an image with Ray >= 2.52 (verlImage, rayVersion)."))
         if field not in _ADMITTING_CIDR_FIELDS:
             for other_field, other in nets:
                 if net.overlaps(other):

@@ -196,12 +196,14 @@ def test_the_ray_token_from_kurays_secret_reaches_the_head_and_a_dead_pod_side_i
     seen: list[str | None] = []
 
     class Head(BaseHTTPRequestHandler):
+        """Ray >= 2.52 with RAY_AUTH_MODE=token: 401 without `Authorization: Bearer <token>`."""
         def do_GET(self) -> None:  # noqa: N802
             seen.append(self.headers.get("Authorization"))
-            self.send_response(200)
+            ok = self.headers.get("Authorization") == "Bearer tok-123"
+            self.send_response(200 if ok else 401)
             self.send_header("Content-Length", "2")
             self.end_headers()
-            self.wfile.write(b"ok")
+            self.wfile.write(b"ok" if ok else b"no")
 
         def log_message(self, *args: object) -> None:
             pass
@@ -219,7 +221,25 @@ def test_the_ray_token_from_kurays_secret_reaches_the_head_and_a_dead_pod_side_i
                 state.forward_to.clear()  # the pod side refuses now
                 status, body = _get(f"{url}/api/version")
                 assert status == 502 and b"connection refused" in body
-        assert seen == ["Bearer tok-123"]
+        assert seen == [None, "Bearer tok-123"]  # dashboard()'s own call without the token first
     finally:
         head.shutdown()
         head.server_close()
+
+
+@pytest.mark.ray
+def test_a_head_that_answers_without_the_clusters_token_is_refused(ray_head: str) -> None:
+    """Why 6: token authentication was trusted from rayVersion alone. A cluster with KubeRay's token
+    Secret whose head (here a real Ray without RAY_AUTH_MODE) answers a call without it is refused."""
+    with kube_api() as (api_url, state):
+        state.add_head("ray", "verl-head-svc", "verl-head-0", int(ray_head.rsplit(":", 1)[1]))
+        state.put_object("/api/v1/namespaces/ray/secrets/verl", {"apiVersion": "v1", "kind": "Secret",
+                         "metadata": {"name": "verl", "namespace": "ray"},
+                         "data": {"auth_token": base64.b64encode(b"tok-123").decode()}})
+        with pytest.raises(HeadAccessSetupError) as raised:
+            with dashboard(None, api=KubernetesApi(api_url), namespace="ray", head_service="verl-head-svc"):
+                pytest.fail("the block must not run")
+    assert str(raised.value) == (
+        "the Ray head of svc/verl-head-svc in namespace ray answered GET /api/jobs/ without the cluster's token "
+        "(HTTP/1.1 200 OK): its token authentication is off, so anyone who reaches 8265 could run jobs. Check the "
+        "Ray version of verlImage (rayVersion claims >= 2.52) and its RAY_AUTH_MODE")

@@ -171,12 +171,39 @@ def dashboard(
     try:
         forward.resolve()
         token = _ray_token(forward, ray_cluster_of(head_service))
+        if token:
+            _check_refuses_without_token(forward, target)
     except ForwardGone as error:
         raise HeadGoneError(f"port-forward to {target}: {error}") from None
-    except ForwardError as error:
+    except OSError as error:  # ForwardError, or the head's pod side timing out
         raise HeadAccessError(f"port-forward to {target}: {error}") from None
     with LocalProxy(forward.connect, token) as url:
         yield url
+
+
+def _check_refuses_without_token(forward: PodForward, target: str) -> None:
+    """A cluster with a token must have a head that refuses a call without it: the RayCluster's
+    rayVersion is only a claim about its image (an image whose Ray ignores RAY_AUTH_MODE would run
+    any job submitted to it)."""
+    stream = forward.connect(REQUEST_TIMEOUT_S)
+    try:
+        stream.sendall(b"GET /api/jobs/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        answer = b""
+        while b"\r\n" not in answer and len(answer) < 4096:
+            chunk = stream.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+    finally:
+        stream.close()
+    status = answer.split(b"\r\n", 1)[0].decode("latin-1")
+    if not status.startswith("HTTP/1."):
+        raise ForwardError(f"the Ray head gave no HTTP answer to a call without the token ({status[:80]!r})")
+    if status.split(" ")[1].startswith("2"):
+        raise HeadAccessSetupError(
+            f"the Ray head of {target} answered GET /api/jobs/ without the cluster's token ({status}): its token "
+            "authentication is off, so anyone who reaches 8265 could run jobs. Check the Ray version of verlImage "
+            "(rayVersion claims >= 2.52) and its RAY_AUTH_MODE")
 
 
 def _ray_token(forward: PodForward, ray_cluster: str) -> str | None:
