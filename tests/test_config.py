@@ -755,7 +755,7 @@ def test_checkpoints_never_go_where_staging_puts_code_the_model_or_data(path: st
                                        ("data.val_files", "/data/huggingface_cache/test.parquet")])
 def test_the_model_and_data_a_run_reads_are_not_where_ray_pods_write(key: str, path: str):
     assert only_problem(verl=verl_value({key: path})) == (
-        f'verl-gke:verl.{key} = "{path}": outside the folders the Ray pods may write (verl/checkpoints/, models/, logs/, '
+        f'verl-gke:verl.{key} = "{path}": outside the folders the Ray pods may write (verl/checkpoints/, models/, '
         "huggingface_cache/): a job could replace what the next run loads.")
 
 

@@ -355,3 +355,15 @@ def test_any_stack_name_becomes_a_valid_bucket_label(stack: str, label: str):
 
     assert label_value(stack) == label
     assert _label_problem("stack", label_value(stack)) is None
+
+
+def test_only_the_run_supervisor_may_write_the_runs_logs() -> None:
+    """Why 6: with objectUser on `logs/`, any Ray job could forge the log and record copies the CLI and
+    CI read once the cluster is gone. Now one grant on that managed folder: the supervisor's."""
+    from verl_gke import synth
+
+    result = synth.run("a4-standard")
+    folders = [r for r in result.registrations if r.type == "gcp:storage/managedFolderIamMember:ManagedFolderIamMember"]
+    assert [(r.name, r.inputs["managedFolder"]) for r in folders] == [
+        ("storage-ray-writes-verl-checkpoints-user", "verl/checkpoints/"), ("storage-ray-writes-models-user", "models/"),
+        ("storage-ray-writes-huggingface-cache-user", "huggingface_cache/"), ("supervisor-log-writer", "logs/")]
