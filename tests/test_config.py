@@ -782,7 +782,7 @@ def test_image_digests_take_tagged_images_and_sha256_digests_only():
     assert cfg.image_digests == {"verlai/verl:vllm011.dev7": good}
     assert problems(imageDigests=json.dumps({"verlai/verl:vllm011.dev7": "sha256:abc",
                                              f"verlai/verl@{good}": good})) == [
-        f'verl-gke:imageDigests = {{"verlai/verl:vllm011.dev7": "sha256:abc"}}: each digest is sha256:<64 lowercase '
+        'verl-gke:imageDigests = {"verlai/verl:vllm011.dev7": "sha256:abc"}: each digest is sha256:<64 lowercase '
         "hex> (the registry's manifest digest, as `python -m verl_gke.image_pins --stack <stack>` prints it).",
         f'verl-gke:imageDigests = {{"verlai/verl@{good}": "{good}"}}: keys are tagged images as the stack names them '
         "(name:tag, e.g. verlai/verl:vllm011.dev7), values their sha256:<64 hex> digest.",
