@@ -30,6 +30,7 @@ from pulumi_gcp import secretmanager
 from pulumi_gcp import storage as gcs
 
 from components.children import child_options
+from domain.bucket import LOGS_DIR
 from manifests import storage
 
 BUCKET_ROLE = "roles/storage.objectUser"
@@ -183,6 +184,10 @@ class GcsFuseStorage(pulumi.ComponentResource):
             writes.append(gcs.ManagedFolderIamMember(f"{name}-ray-writes-{_folder_slug(prefix)}-user",
                                                      bucket=bucket.name, managed_folder=folder.name, role=BUCKET_ROLE,
                                                      member=ray, opts=child))
+        # The run supervisor's alone (components/run_supervisor.py grants it): no Ray grant. Its resource
+        # name is the one it had when the Ray pods could write it, so the folder is kept, not replaced.
+        gcs.ManagedFolder(f"{name}-ray-writes-{_folder_slug(LOGS_DIR)}", bucket=bucket.name, name=f"{LOGS_DIR}/",
+                          force_destroy=True, opts=child)
         access = gcs.BucketIAMMember(
             f"{name}-bucket-object-user", bucket=bucket.name, role=BUCKET_ROLE, member=staging, opts=child
         )

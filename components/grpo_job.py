@@ -43,7 +43,6 @@ from workloads.run_lease import PULUMI_UP, HeldLease, Lease, identity
 from workloads.run_lifecycle import DEADLINE_ENV, LIVE, SUCCEEDED, RayJobs, RunSpec
 from workloads.run_record import MemoryRecords, RecordStore
 from verl_gke.head_access import (
-    PORT_FORWARD_START_TIMEOUT_S,
     HeadAccessError,
     HeadAccessSetupError,
     HeadGoneError,
@@ -303,7 +302,7 @@ class _JobSpec:
         if self.dashboard_url:
             return self.dashboard_url
         return (f"svc/{self.head_service} in namespace {self.namespace} of GKE cluster "
-                f"{self.cluster_name} (kubectl port-forward)")
+                f"{self.cluster_name} (port-forward through its API)")
 
     @property
     def reach_timeout_s(self) -> float:
@@ -385,7 +384,7 @@ def _problems(props: Mapping[str, Any]) -> list[tuple[str, str]]:
         optional = ("cluster_ca_certificate",) if isinstance(endpoint, str) and is_dns_endpoint(endpoint) else ()
         missing = [key for key in _ACCESS_KEYS[1:] if not known.get(key) and key not in optional]
         if missing:
-            problems.append(("dashboard_url", "unset, so the head is reached by kubectl port-forward, "
+            problems.append(("dashboard_url", "unset, so the head is reached by a port-forward through the cluster's API, "
                                               f"which needs {', '.join(missing)}"))
     for key in ("namespace", "stack"):
         value = known.get(key)
@@ -607,7 +606,7 @@ def _spec_props(props: Mapping[str, Any]) -> dict[str, Any]:
 def _client(spec: _JobSpec, timeout_s: float) -> Iterator[JobSubmissionClient]:
     """A JobSubmissionClient on the head, reached within `timeout_s`, or HeadAccessError naming it.
 
-    The port-forward is retried until the deadline: kubectl fails while the head pod is pending.
+    The port-forward is retried until the deadline: there is no head pod to forward to while it is pending.
     The last error's kind is kept, so a head the API says is gone stays HeadGoneError.
     """
     deadline = time.monotonic() + timeout_s
@@ -615,10 +614,8 @@ def _client(spec: _JobSpec, timeout_s: float) -> Iterator[JobSubmissionClient]:
         stack = ExitStack()
         try:
             url = stack.enter_context(dashboard(
-                spec.dashboard_url, cluster_endpoint=spec.cluster_endpoint,
-                cluster_ca_certificate=spec.cluster_ca_certificate, cluster_name=spec.cluster_name,
-                namespace=spec.namespace, head_service=spec.head_service,
-                start_timeout_s=max(1.0, min(PORT_FORWARD_START_TIMEOUT_S, deadline - time.monotonic()))))
+                spec.dashboard_url, api=None if spec.dashboard_url else spec.kube_api(),
+                namespace=spec.namespace, head_service=spec.head_service))
             wait_for_dashboard(url, max(0.1, deadline - time.monotonic()))
             break
         except HeadAccessSetupError:

@@ -80,6 +80,8 @@ class PinnedImage(pulumi.dynamic.Resource, name="PinnedImage"):
 
 def pinned_ref(resource_name: str, image: str, opts: pulumi.ResourceOptions) -> pulumi.Input[str]:
     """`image` (name:tag, or already name@digest) by digest: the repository's pin where
-    domain.platforms.IMAGE_DIGESTS has one, else a PinnedImage that asks its registry at the first
+    domain.platforms.IMAGE_DIGESTS has one, else the stack config's (`verl-gke:imageDigests`, checked by
+    domain/config.py before any resource), else a PinnedImage that asks its registry at the first
     `pulumi up` and keeps the answer in the stack's state."""
-    return repository_pin(image) or PinnedImage(resource_name, {"image": image}, opts).ref
+    stack_digests = pulumi.Config("verl-gke").get_object("imageDigests") or {}
+    return repository_pin(image, stack_digests) or PinnedImage(resource_name, {"image": image}, opts).ref

@@ -41,8 +41,9 @@ def bucket_path(mount_path: str) -> str:
 
 def ray_writable_prefixes(checkpoint_dir: str) -> tuple[str, ...]:
     """The managed folders (`prefix/`) the Ray pods may write: the run's checkpoints under
-    `checkpoint_dir` (a path under the mount), the exported models, the logs and the HF cache."""
-    return tuple(f"{prefix}/" for prefix in (bucket_path(checkpoint_dir), MODELS_DIR, LOGS_DIR, HF_CACHE_DIR))
+    `checkpoint_dir` (a path under the mount), the exported models and the HF cache. Not LOGS_DIR: the
+    run supervisor alone writes the logs and record copies there, so no job can forge them."""
+    return tuple(f"{prefix}/" for prefix in (bucket_path(checkpoint_dir), MODELS_DIR, HF_CACHE_DIR))
 
 
 LOCAL_CHECKPOINTS = LOCAL_ROOT

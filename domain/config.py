@@ -28,8 +28,8 @@ from domain.verl_wheel import VerlUnavailable
 from domain.bucket import DEFAULT_CAPACITY, MOUNT_PATH, ray_writable_prefixes
 from domain.platforms import (
     AUTOPILOT_SIDECAR, CHECKPOINT_COPIER, CPU_MACHINE_SERIES, LOCAL_SSD_SERIES, NCCL_INSTALLER_REPO, PINNED_IMAGE_ARCH,
-    PLATFORMS, Mode, Platform, PlatformName, VerlRelease, has_digest, is_nccl_installer_url, is_pinned_image,
-    is_ray_version,
+    PLATFORMS, Mode, Platform, PlatformName, VerlRelease, has_digest, has_token_auth, is_nccl_installer_url,
+    is_pinned_image, is_ray_version,
 )
 from domain import pricing
 from domain.pricing import CAPACITY_KINDS, CapacityKind
@@ -79,6 +79,7 @@ _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 # Ranges allowed for the CIDR keys that admit traffic: RFC 1918 and RFC 6598 (shared) space only.
 PRIVATE_RANGES = tuple(ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
                                                           "100.64.0.0/10"))
+_SHA256 = re.compile(r"^sha256:[0-9a-f]{64}$")
 _ADMITTING_CIDR_FIELDS = ("internal_source_range", "master_authorized_cidrs", "ray_dashboard_cidrs")
 DASHBOARD_CIDR_MIN_PREFIX = 16
 """The widest range rayDashboardCidrs admits to the Ray Job API (a /16): a VPN's or a bastion's range."""
@@ -190,6 +191,7 @@ class StackConfig(BaseModel):
 
     ray_cluster_name: str = ""
     verl_image: str = ""
+    image_digests: dict[str, str] = Field(default_factory=dict)
     ray_version: str = ""
     verl_source_install: bool = False
     verl_in_image: bool = False
@@ -738,17 +740,29 @@ def semantic_problems(cfg: StackConfig, now: datetime | None = None) -> list[str
     elif cfg.verl_image not in PINNED_IMAGE_ARCH and not has_digest(cfg.verl_image):
         add("verl_image", cfg.verl_image, "an image of your own must be pinned by digest "
             "(name@sha256:<64 hex>): a tag can be moved to other code that then runs on every node.")
+    for image, digest in cfg.image_digests.items():
+        if not (_is_image_reference(image) and is_pinned_image(image)) or has_digest(image):
+            add("image_digests", {image: digest}, "keys are tagged images as the stack names them (name:tag, "
+                "e.g. verlai/verl:vllm011.dev7), values their sha256:<64 hex> digest.")
+        elif not _SHA256.match(digest):
+            add("image_digests", {image: digest}, "each digest is sha256:<64 lowercase hex> (the registry's "
+                "manifest digest, as `python -m verl_gke.image_pins --stack <stack>` prints it).")
     if cfg.nccl_installer_url and not is_nccl_installer_url(cfg.nccl_installer_url):
         add("nccl_installer_url", _without_credentials(cfg.nccl_installer_url),
             f"a manifest of Google's installers at a commit: {NCCL_INSTALLER_REPO}/<40-hex commit>/gpudirect-rdma/"
             "<file>.yaml (no branch, tag, other host or repository, query or fragment).")
     if cfg.job_dashboard_url:
         url = _without_credentials(cfg.job_dashboard_url)
-        if not re.match(r"^https?://[^\s/]+", cfg.job_dashboard_url):
-            add("job_dashboard_url", url, "an http(s) URL of a privately reachable Ray dashboard.")
+        if not re.match(r"^https://[^\s/]+", cfg.job_dashboard_url):
+            add("job_dashboard_url", url, "an https URL of a privately reachable Ray dashboard behind a TLS front "
+                "(plain http carries the jobs, and with token authentication the token, in clear).")
         elif url != cfg.job_dashboard_url:
             add("job_dashboard_url", url, "no credentials in the URL (user info, query or fragment): they would "
                 "be stored in clear in the job's inputs. Reach the dashboard through a private network instead.")
+        elif not cfg.ray_network_policy and not has_token_auth(cfg.image_ray_version):
+            add("job_dashboard_url", url, f"with Ray {cfg.image_ray_version} (no token authentication) only with "
+                "rayNetworkPolicy on and rayDashboardCidrs single hosts behind an authenticated front; or an image "
+                "with Ray >= 2.52 (verlImage, rayVersion).")
         elif cfg.ray_network_policy and not cfg.ray_dashboard_cidrs:
             add("job_dashboard_url", url, "the stack's NetworkPolicy admits only the Ray pods to port "
                 "8265; add the caller's range to rayDashboardCidrs, or set rayNetworkPolicy to false.")
@@ -1012,6 +1026,11 @@ def _cidr_problems(cfg: StackConfig) -> list[str]:
                                     "internet."))
         if field == "ray_dashboard_cidrs":
             out += _dashboard_cidr_problems(text, net, nets)
+            if net.prefixlen != 32 and not has_token_auth(cfg.image_ray_version):
+                out.append(problem_line(config_key(field), text, f"a single host (/32) behind an authenticated front: "
+                                        f"Ray {cfg.image_ray_version} of this stack's image has no token "
+                                        "authentication, so any host of the range could run jobs (CVE-2023-48022); "
+                                        "or an image with Ray >= 2.52 (verlImage, rayVersion)."))
         if field not in _ADMITTING_CIDR_FIELDS:
             for other_field, other in nets:
                 if net.overlaps(other):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -96,12 +97,12 @@ IMAGE_DIGESTS: dict[str, str] = {
 # END IMAGE_DIGESTS
 
 
-def repository_pin(image: str) -> str | None:
-    """`image` by digest as the repository pins it (`name:tag@sha256:...`), or None when only the first
-    `pulumi up` can (a tag the table has no digest for)."""
+def repository_pin(image: str, stack_digests: Mapping[str, str] | None = None) -> str | None:
+    """`image` by digest as the repository pins it (`name:tag@sha256:...`), else as the stack's config
+    does (imageDigests), or None when only the first `pulumi up` can."""
     if has_digest(image):
         return image
-    digest = IMAGE_DIGESTS.get(image)
+    digest = IMAGE_DIGESTS.get(image) or (stack_digests or {}).get(image)
     return f"{image}@{digest}" if digest else None
 
 

@@ -240,8 +240,7 @@ def run_preflight(cfg: StackConfig, invoke: Invoke, stack: str | None = None) ->
     """Every live check this stack needs; the problems of all of them together."""
     result = PreflightResult()
     if cfg.existing_cluster:
-        if stack is not None:
-            result.problems += own_cluster_problems(cfg, stack, invoke)
+        result.problems += existing_cluster_problems(cfg, stack, invoke)
         return result
 
     def ask(token: str, args: dict[str, Any], what: str, field_: str) -> dict[str, Any] | None:
@@ -369,18 +368,56 @@ STACK_LABEL = "verl-gke-stack"
 """Label on the clusters verl-gke creates: the stack (domain.names.stack_slug) that owns it."""
 
 
-def own_cluster_problems(cfg: StackConfig, stack: str, invoke: Invoke) -> list[str]:
-    """existingCluster on a stack whose own cluster it is: the update would delete that cluster."""
+def existing_cluster_problems(cfg: StackConfig, stack: str | None, invoke: Invoke) -> list[str]:
+    """existingCluster on a stack whose own cluster it is (the update would delete that cluster), or on a
+    cluster without the posture verl-gke's objects rely on (cluster_posture_problems)."""
     try:
         answer = invoke(CLUSTER, {"name": cfg.cluster_name, "location": cfg.cluster_location, "project": cfg.project})
     except Exception:  # noqa: BLE001 not found or not readable: the lookup in the program says so
         return []
-    if (answer.get("resourceLabels") or {}).get(STACK_LABEL) != stack_slug(stack):
-        return []
-    return [problem_line(config_key("existing_cluster"), True, f"cluster {cfg.cluster_name} was created by this "
+    problems = [] if answer.get(STAND_IN) else cluster_posture_problems(cfg, answer)
+    if stack is None or (answer.get("resourceLabels") or {}).get(STACK_LABEL) != stack_slug(stack):
+        return problems
+    return problems + [problem_line(config_key("existing_cluster"), True, f"cluster {cfg.cluster_name} was created by this "
                          f"stack, and `pulumi up` with existingCluster would delete it; to keep it and manage only "
                          f"what runs on it, `pulumi state delete` its cluster and node pool resources and remove its "
                          f"{STACK_LABEL} label first, or set existingCluster back to false.")]
+
+
+def _first(answer: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    """A nested block of pulumi-gcp's getCluster answer (a one-element list), or {}."""
+    found = answer.get(key) or [{}]
+    return found[0] if isinstance(found, list) and found and isinstance(found[0], Mapping) else {}
+
+
+def cluster_posture_problems(cfg: StackConfig, answer: Mapping[str, Any]) -> list[str]:
+    """What an existing cluster must have for the stack's controls to hold: network-policy enforcement
+    (else every NetworkPolicy is inert), Workload Identity, and the GKE metadata server on every pool
+    (else Ray pods read the node's service account token). Autopilot has all three."""
+    if answer.get("enableAutopilot"):
+        return []
+    name, where = cfg.cluster_name, f"--location {cfg.cluster_location} --project {cfg.project}"
+    out = []
+    enforced = answer.get("datapathProvider") == "ADVANCED_DATAPATH" or _first(answer, "networkPolicies").get("enabled")
+    if not enforced:
+        out.append(problem_line(config_key("existing_cluster"), True, f"cluster {name} enforces no NetworkPolicy "
+                                "(neither Dataplane V2 nor Calico), so the stack's default-deny policies would be "
+                                f"inert: `gcloud container clusters update {name} {where} --update-addons="
+                                f"NetworkPolicy=ENABLED`, then `gcloud container clusters update {name} {where} "
+                                "--enable-network-policy` (Dataplane V2 is chosen only at a cluster's creation)."))
+    if not _first(answer, "workloadIdentityConfigs").get("workloadPool"):
+        out.append(problem_line(config_key("existing_cluster"), True, f"cluster {name} has no Workload Identity, "
+                                "so the stack's grants reach no pod and pods act as the node's service account: "
+                                f"`gcloud container clusters update {name} {where} --workload-pool="
+                                f"{cfg.project}.svc.id.goog`."))
+    for pool in answer.get("nodePools") or []:
+        mode = _first(_first(pool, "nodeConfigs"), "workloadMetadataConfigs").get("mode")
+        if mode != "GKE_METADATA":
+            out.append(problem_line(config_key("existing_cluster"), True, f"node pool {pool.get('name')} of cluster "
+                                    f"{name} runs without the GKE metadata server, so its pods can read the node's "
+                                    f"service account token: `gcloud container node-pools update {pool.get('name')} "
+                                    f"--cluster {name} {where} --workload-metadata=GKE_METADATA`."))
+    return out
 
 
 def fallback_version(cfg: StackConfig) -> str | None:
@@ -431,7 +468,8 @@ def existing_cluster_answer(args: Mapping[str, Any]) -> dict[str, Any]:
     return {"name": args.get("name"), "location": args.get("location"), "endpoint": MOCK_ENDPOINT,
             "controlPlaneEndpointsConfigs": [{"dnsEndpointConfigs": [endpoints["dnsEndpointConfig"]],
                                               "ipEndpointsConfigs": [endpoints["ipEndpointsConfig"]]}],
-            "masterAuths": [{"clusterCaCertificate": MOCK_CA}], "nodePools": []}
+            "masterAuths": [{"clusterCaCertificate": MOCK_CA}], "nodePools": [],
+            "datapathProvider": "ADVANCED_DATAPATH", "workloadIdentityConfigs": [{"workloadPool": "p.svc.id.goog"}]}
 
 
 def healthy_answers(cfg: StackConfig) -> Callable[[str, dict[str, Any]], dict[str, Any] | None]:

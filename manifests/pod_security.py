@@ -65,6 +65,15 @@ def variables(ray_cluster: str, worker_group: str) -> list[dict[str, str]]:
     ]
 
 
+def _no_host(handler: str) -> str:
+    """CEL: the handler at `handler` (`c.livenessProbe`) has no httpGet or tcpSocket host but ''."""
+    parts = handler.split(".")
+    present = " && ".join(f"has({'.'.join(parts[:i + 1])})" for i in range(1, len(parts)))
+    return (f"(!({present}) || (" + " && ".join(
+        f"(!has({handler}.{kind}) || !has({handler}.{kind}.host) || {handler}.{kind}.host == '')"
+        for kind in ("httpGet", "tcpSocket")) + "))")
+
+
 def _each_container(condition: str) -> str:
     return f"variables.containers.all(c, {condition})"
 
@@ -121,6 +130,11 @@ def validations() -> list[dict[str, str]]:
          "object.spec.securityContext.seccompProfile.type != 'Unconfined') && "
          + _each_container(f"!{sc} || !has(c.securityContext.seccompProfile) || "
                            "c.securityContext.seccompProfile.type != 'Unconfined'")),
+        # Baseline from v1.34 ("Probes and lifecycle hooks"): a host would make the kubelet call another machine.
+        ("a host in probes or lifecycle hooks",
+         _each_container(" && ".join(
+             _no_host(f"c.{handler}") for handler in ("livenessProbe", "readinessProbe", "startupProbe",
+                                                      "lifecycle.postStart", "lifecycle.preStop")))),
         ("sysctls beyond the safe set",
          f"!{pod_sc} || !has(object.spec.securityContext.sysctls) || "
          f"object.spec.securityContext.sysctls.all(s, s.name in {_cel_list(SAFE_SYSCTLS)})"),

@@ -174,7 +174,8 @@ def _is_record(obj: str, spec: SupervisorSpec) -> str:
 
 def record_admission_policy(spec: SupervisorSpec) -> dict[str, Any]:
     """The supervisor's ConfigMap writes (create, update, delete) touch run records of this cluster
-    only: RBAC cannot say so, and without it the supervisor could rewrite its own program. On DELETE
+    only, and the only Lease it creates is its own: RBAC cannot say so (resourceNames does not limit
+    create), and without it the supervisor could rewrite its own program or take another cluster's Lease. On DELETE
     `object` is null and `oldObject` the object (Kubernetes docs, "Validating Admission Policy",
     variables `object` and `oldObject`)."""
     return {
@@ -185,15 +186,21 @@ def record_admission_policy(spec: SupervisorSpec) -> dict[str, Any]:
             "matchConstraints": {
                 "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": spec.namespace}},
                 "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"],
-                                   "operations": ["CREATE", "UPDATE", "DELETE"]}],
+                                   "operations": ["CREATE", "UPDATE", "DELETE"]},
+                                  # RBAC cannot limit create to a name (resourceNames does not apply to it).
+                                  {"apiGroups": ["coordination.k8s.io"], "apiVersions": ["v1"],
+                                   "resources": ["leases"], "operations": ["CREATE"]}],
             },
             "matchConditions": [{
                 "name": "run-supervisor",
                 "expression": f"request.userInfo.username == 'system:serviceaccount:{spec.namespace}:{spec.name}'",
             }],
             "validations": [
-                {"expression": f"object == null || ({_is_record('object', spec)})",
+                {"expression": f"object == null || object.kind == 'Lease' || ({_is_record('object', spec)})",
                  "message": "the run supervisor may write only run record ConfigMaps of its RayCluster"},
+                {"expression": f"object == null || object.kind != 'Lease' || "
+                               f"object.metadata.name == '{lease_name(spec.ray_cluster)}'",
+                 "message": f"the run supervisor may create only its Lease {lease_name(spec.ray_cluster)}"},
                 {"expression": f"oldObject == null || ({_is_record('oldObject', spec)})",
                  "message": "the run supervisor may change or delete only run record ConfigMaps of its RayCluster"},
             ],

@@ -35,12 +35,23 @@ real one where the run lifecycle depends on it:
   included, whatever `spec.suspend` says now, and becomes `RayClusterSuspended` once none is left;
   only a Suspended one whose `spec.suspend` is false is cleared, and its pods (a new head) come back.
   `on_head(alive)` links the Ray side: a suspended (or deleted) cluster has no head.
+- `pods/<name>/portforward` upgrades to a WebSocket of subprotocol `v4.channel.k8s.io` as kubelet's
+  does (kubernetes pkg/kubelet/cri/streaming/portforward/websocket.go at v1.34: one port per
+  `ports=`; channels 0 data and 1 error; the port, 2 bytes little endian, first on each channel; a
+  connection the pod refuses is reported on the error channel; the stream closes when the pod side
+  does; RFC 6455: client frames must be masked, else the connection fails). A pod's port is served
+  by a real loopback port (`forward_to`); an unknown pod is 404, a request without a WebSocket
+  upgrade 400.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
+import hashlib
 import json
+import socket
+import struct
 import threading
 import time
 import urllib.parse
@@ -52,7 +63,8 @@ from typing import Any
 
 CUSTOM_PREFIX = "/apis/ray.io/"
 MAX_CONFIGMAP_BYTES = 1024 * 1024
-KINDS = {"configmaps": "ConfigMap", "leases": "Lease", "rayclusters": "RayCluster"}
+KINDS = {"configmaps": "ConfigMap", "leases": "Lease", "rayclusters": "RayCluster", "pods": "Pod",
+         "services": "Service", "secrets": "Secret"}
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -81,6 +93,21 @@ class KubeApiStandIn:
         """RayCluster path -> whether its pods (the head's among them) exist."""
         self.on_head: Callable[[str, bool], None] = lambda _path, _alive: None
         """Called with a RayCluster's path when its head goes (False) or comes back (True)."""
+        self.forward_to: dict[tuple[str, int], int] = {}
+        """(pod path, pod port) -> the 127.0.0.1 port that serves it."""
+        self.forwards: list[str] = []
+        """The pod path of each port-forward stream opened."""
+
+    def add_head(self, namespace: str, service: str, pod: str, local_port: int, port: int = 8265) -> None:
+        """A Service selecting one Running pod whose `port` is served on 127.0.0.1:`local_port`."""
+        labels = {"ray.io/node-type": "head", "ray.io/cluster": service.removesuffix("-head-svc")}
+        base = f"/api/v1/namespaces/{namespace}"
+        self.put_object(f"{base}/services/{service}", {"apiVersion": "v1", "kind": "Service", "metadata": {
+            "name": service, "namespace": namespace}, "spec": {"selector": labels, "ports": [
+                {"name": "dashboard", "port": port, "targetPort": port}]}})
+        self.put_object(f"{base}/pods/{pod}", {"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": pod, "namespace": namespace, "labels": labels}, "status": {"phase": "Running"}})
+        self.forward_to[(f"{base}/pods/{pod}", port)] = local_port
 
     def put_object(self, path: str, obj: dict[str, Any]) -> None:
         with self.lock:
@@ -249,7 +276,85 @@ def kube_api() -> Iterator[tuple[str, KubeApiStandIn]]:
             self.end_headers()
             self.wfile.write(data)
 
-        do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _answer
+        def do_GET(self) -> None:  # noqa: N802
+            path, _, query = self.path.partition("?")
+            if path.endswith("/portforward"):
+                self._portforward(path.removesuffix("/portforward"), urllib.parse.parse_qs(query))
+            else:
+                self._answer()
+
+        def _portforward(self, pod: str, query: dict[str, list[str]]) -> None:
+            if pod not in state.objects:
+                self.send_error(404)
+                return
+            key = self.headers.get("Sec-WebSocket-Key", "")
+            if self.headers.get("Upgrade", "").lower() != "websocket" or "v4.channel.k8s.io" not in [
+                    p.strip() for p in self.headers.get("Sec-WebSocket-Protocol", "").split(",")]:
+                self.send_error(400)
+                return
+            [port] = [int(p) for p in query["ports"][0].split(",")]
+            state.forwards.append(pod)
+            accept = base64.b64encode(hashlib.sha1(key.encode() + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+            self.close_connection = True
+            self.wfile.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                             b"Sec-WebSocket-Accept: " + accept + b"\r\nSec-WebSocket-Protocol: v4.channel.k8s.io\r\n\r\n")
+            self.wfile.flush()
+            out = self.connection
+            lock = threading.Lock()
+
+            def frame(opcode: int, payload: bytes) -> None:
+                size = len(payload)
+                head = (struct.pack(">BB", 0x80 | opcode, size) if size < 126 else
+                        struct.pack(">BBH", 0x80 | opcode, 126, size) if size < 65536 else
+                        struct.pack(">BBQ", 0x80 | opcode, 127, size))
+                with lock:
+                    out.sendall(head + payload)
+
+            prefix = struct.pack("<H", port)
+            frame(0x2, b"\x00" + prefix)
+            frame(0x2, b"\x01" + prefix)
+            local = state.forward_to.get((pod, port))
+            try:
+                upstream = socket.create_connection(("127.0.0.1", local), timeout=5) if local else None
+            except OSError:
+                upstream = None
+            if upstream is None:
+                frame(0x2, b"\x01" + f"error forwarding port {port} to pod: connection refused".encode())
+                frame(0x8, struct.pack(">H", 1000))
+                return
+            upstream.settimeout(None)
+
+            def pod_to_client() -> None:
+                try:
+                    while chunk := upstream.recv(65536):
+                        frame(0x2, b"\x00" + chunk)
+                    frame(0x8, struct.pack(">H", 1000))
+                except OSError:
+                    pass
+
+            threading.Thread(target=pod_to_client, daemon=True).start()
+            try:
+                while True:
+                    b0, b1 = self.rfile.read(2)
+                    size = b1 & 0x7F
+                    if size == 126:
+                        size = struct.unpack(">H", self.rfile.read(2))[0]
+                    elif size == 127:
+                        size = struct.unpack(">Q", self.rfile.read(8))[0]
+                    if not b1 & 0x80:
+                        return  # an unmasked client frame fails the connection
+                    mask = self.rfile.read(4)
+                    data = bytes(c ^ mask[i % 4] for i, c in enumerate(self.rfile.read(size)))
+                    if b0 & 0x0F == 0x8:
+                        return
+                    if b0 & 0x0F == 0x2 and data[:1] == b"\x00":
+                        upstream.sendall(data[1:])
+            except (OSError, ValueError):
+                pass
+            finally:
+                upstream.close()
+
+        do_POST = do_PUT = do_PATCH = do_DELETE = _answer
 
         def log_message(self, *args: Any) -> None:
             pass

@@ -1,13 +1,10 @@
-"""A real, private Ray head on 127.0.0.1 for the tests and the latency bench, a fake kubectl, and a
-TCP relay to the head that can be cut (FlakyLink).
+"""A real, private Ray head on 127.0.0.1 for the tests and the latency bench, and a TCP relay to
+the head that can be cut (FlakyLink).
 
 Loaded as a pytest plugin (`pytest_plugins = ["tests.ray_head"]` in tests/conftest.py). The head
 runs as a child in its own process group with every port chosen free and its own temp dir, so it
 collides with nothing else on the machine, and it is ended through that group: `ray stop` would
 end every Ray process on the machine.
-
-`fake_kubectl` stands in for kubectl only (there is no cluster here): it prints kubectl's
-"Forwarding from" line for a port it is told, which can be the real head's dashboard port.
 """
 
 from __future__ import annotations
@@ -388,53 +385,6 @@ def ray_head() -> Iterator[str]:
     finally:
         # As ray_cluster's: its state is thrown away, and a clean exit can take the whole grace.
         stop_head(head, grace_s=5.0)
-
-
-@pytest.fixture
-def fake_kubectl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A `kubectl` first on PATH that records its call and kubeconfig in the returned file, then
-    per FAKE_KUBECTL_MODE: `forward` (default) prints the "Forwarding from" line for
-    FAKE_KUBECTL_PORT (default 45678) and sleeps, `fail` exits 1 with kubectl's error for a
-    missing service, `auth` exits 1 as kubectl does with expired credentials, `silent` sleeps
-    without a word."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    record = tmp_path / "record"
-    script = bin_dir / "kubectl"
-    script.write_text(
-        "#!/bin/bash\n"
-        'args=("$@"); kc=""\n'
-        'for ((i = 0; i < $#; i++)); do [[ ${args[i]} == --kubeconfig ]] && kc=${args[i+1]}; done\n'
-        # `get secret` (the Ray token's lookup) answers FAKE_KUBECTL_SECRET (base64; unset: none) and
-        # records its arguments beside the port-forward's.
-        'if [[ $1 == get ]]; then printf "arg %s\\n" "$@" > "$FAKE_KUBECTL_RECORD.get"; '
-        'printf %s "${FAKE_KUBECTL_SECRET:-}"; exit 0; fi\n'
-        '{ echo "pid $$"; echo "mode $(stat -c %a "$kc")"; echo "kubeconfig $kc"; printf "arg %s\\n" "$@"; } > "$FAKE_KUBECTL_RECORD"\n'
-        'cp "$kc" "$FAKE_KUBECTL_RECORD.kubeconfig"\n'
-        'case "$FAKE_KUBECTL_MODE" in\n'
-        '  fail) echo \'error: services "head-svc" not found\' >&2; exit 1 ;;\n'
-        '  auth) echo \'error: You must be logged in to the server (Unauthorized)\' >&2; exit 1 ;;\n'
-        '  silent) exec sleep 300 ;;\n'
-        'esac\n'
-        'port=${FAKE_KUBECTL_PORT:-45678}\n'
-        'echo "Forwarding from 127.0.0.1:$port -> 8265"\n'
-        'echo "Forwarding from [::1]:$port -> 8265"\n'
-        "exec sleep 300\n"
-    )
-    script.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_KUBECTL_RECORD", str(record))
-    monkeypatch.setenv("FAKE_KUBECTL_MODE", "forward")
-    return record
-
-
-def kubectl_record(record: Path) -> dict[str, list[str]]:
-    """What the last fake kubectl call recorded: `pid`, `mode` (of its kubeconfig), `kubeconfig`, `arg`s."""
-    lines: dict[str, list[str]] = {}
-    for line in record.read_text().splitlines():
-        key, _, value = line.partition(" ")
-        lines.setdefault(key, []).append(value)
-    return lines
 
 
 class FlakyLink:

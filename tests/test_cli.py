@@ -24,13 +24,11 @@ from typing import Any
 
 import pytest
 import ray
-import yaml
 from matplotlib.image import imread
 from ray.job_submission import JobStatus, JobSubmissionClient
 
-from tests.ray_head import FlakyLink, free_ports, kubectl_record
-from verl_gke import cli, stack_outputs
-from verl_gke.local_proxy import BROWSER_BLOCKED_PORTS
+from tests.ray_head import FlakyLink, free_ports
+from verl_gke import cli, runs, stack_outputs
 from verl_gke.stack_outputs import OutputsError
 
 
@@ -399,34 +397,44 @@ def test_status_never_prints_secrets(
     assert "super-secret" not in out + err
 
 
+@pytest.fixture
+def gke_api(ray_head: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, list[tuple[str, str | None]]]]:
+    """The cluster's API as the Kubernetes API stand-in, whose head pod's 8265 is the real head: the
+    CLI's cluster_api is given (and records) the endpoint and CA it would use on GCP."""
+    from tests.kube_api import kube_api
+    from workloads.kube import KubernetesApi
+
+    asked: list[tuple[str, str | None]] = []
+    with kube_api() as (url, state):
+        state.add_head("default", "b200-ray-cluster-head-svc", "b200-ray-cluster-head-x", int(ray_head.rsplit(":", 1)[1]))
+
+        def stand_in(endpoint: str, ca: str | None, timeout_s: float) -> KubernetesApi:
+            asked.append((endpoint, ca))
+            return KubernetesApi(url, timeout_s=timeout_s)
+
+        monkeypatch.setattr(cli, "cluster_api", stand_in)
+        monkeypatch.setattr(runs, "cluster_api", stand_in)
+        yield url, asked
+
+
 @pytest.mark.ray
 def test_status_through_a_port_forward_the_way_the_job_provider_reaches_the_head(
         capsys: pytest.CaptureFixture[str], ray_head: str, finished_job: str, tmp_path: Path,
-        fake_kubectl: Path, fake_gcloud: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The fake kubectl announces a forward to the real head's port, so the whole path is exercised.
-    monkeypatch.setenv("FAKE_KUBECTL_PORT", ray_head.rsplit(":", 1)[1])
+        gke_api: tuple[str, list[tuple[str, str | None]]], fake_gcloud: Path) -> None:
     outputs = write_outputs(tmp_path / "outputs.json", outputs_doc(
         finished_job, clusterEndpoint="34.1.2.3", clusterCaCertificate=CA))
     code, out, err = run(capsys, "status", "--outputs", str(outputs))
     assert code == 0, err
-    # Through the local proxy (shown without its session's secret) in front of the forward.
+    # Through the local proxy (shown without its session's secret) and a stream through the cluster's API.
     assert re.search(rf"^Ray head       http://127\.0\.0\.1:\d+  Ray {re.escape(ray.__version__)}, "
                      "svc/b200-ray-cluster-head-svc in namespace default$", out, re.M), out
     assert f"GRPO job       {finished_job}  SUCCEEDED (Pulumi last saw RUNNING)" in out
     assert ("verl-gke: opening a port-forward to svc/b200-ray-cluster-head-svc in namespace default "
             "of cluster verl-a4") in err.splitlines()
-    call = kubectl_record(fake_kubectl)
-    assert call["arg"][:7] == ["port-forward", "svc/b200-ray-cluster-head-svc", call["arg"][2],
-                               "-n", "default", "--address", "127.0.0.1"]
-    assert int(call["arg"][2].removesuffix(":8265")) in BROWSER_BLOCKED_PORTS
-    kubeconfig = yaml.safe_load(Path(f"{fake_kubectl}.kubeconfig").read_text())
     # GKE's endpoint and CA, not the file's.
-    assert kubeconfig["clusters"][0]["cluster"] == {"server": f"https://{GKE_ENDPOINT}",
-                                                    "certificate-authority-data": GKE_CA}
+    assert set(gke_api[1]) == {(GKE_ENDPOINT, GKE_CA)}
     assert fake_gcloud.read_text().splitlines() == ["container", "clusters", "describe", "verl-a4", "--location",
                                                     "us-central1", "--format", "json"]
-    assert not Path(call["kubeconfig"][0]).exists()  # the throw-away kubeconfig is gone
-
 
 
 def _in_a_terminal() -> None:
@@ -437,12 +445,12 @@ def _in_a_terminal() -> None:
 @pytest.mark.ray
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_dashboard_holds_the_port_forward_until_ctrl_c_or_sigterm_and_then_cleans_up(
-        ray_head: str, tmp_path: Path, fake_kubectl: Path, fake_gcloud: Path, monkeypatch: pytest.MonkeyPatch,
+        ray_head: str, tmp_path: Path, gke_api: tuple[str, list[tuple[str, str | None]]], fake_gcloud: Path,
         sig: signal.Signals) -> None:
-    monkeypatch.setenv("FAKE_KUBECTL_PORT", ray_head.rsplit(":", 1)[1])
     outputs = write_outputs(tmp_path / "outputs.json", outputs_doc(
         "raysubmit_1", clusterEndpoint="34.1.2.3", clusterCaCertificate=CA))
-    process = subprocess.Popen([sys.executable, "-m", "verl_gke", "dashboard", "--outputs", str(outputs)],
+    process = subprocess.Popen([sys.executable, "-m", "verl_gke", "dashboard", "--outputs", str(outputs),
+                                "--kube-api-url", gke_api[0]],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                                preexec_fn=_in_a_terminal)
     try:
@@ -452,9 +460,6 @@ def test_dashboard_holds_the_port_forward_until_ctrl_c_or_sigterm_and_then_clean
         proxied = line.removeprefix("Ray dashboard: ").strip()
         with urllib.request.urlopen(f"{proxied}api/version", timeout=30) as answer:  # the head, through the proxy
             assert json.load(answer)["ray_version"] == ray.__version__
-        seen = kubectl_record(fake_kubectl)
-        kubectl_pid, kubeconfig = int(seen["pid"][0]), Path(seen["kubeconfig"][0])
-        assert Path(f"/proc/{kubectl_pid}").exists() and kubeconfig.exists()
         process.send_signal(sig)
         _, err = process.communicate(timeout=30)
     finally:
@@ -463,24 +468,20 @@ def test_dashboard_holds_the_port_forward_until_ctrl_c_or_sigterm_and_then_clean
             process.wait()
     assert process.returncode == 0
     assert "verl-gke: closing the port-forward" in err.splitlines()
-    assert not Path(f"/proc/{kubectl_pid}").exists()  # the tunnel closed with the command
-    assert not kubeconfig.parent.exists()  # and its temporary kubeconfig folder
+    with pytest.raises(OSError):  # the proxy, the one way in, closed with the command
+        urllib.request.urlopen(f"{proxied}api/version", timeout=5)
 
 
 @pytest.mark.ray
 def test_dashboard_closes_its_port_forward_when_its_time_is_up(
-        ray_head: str, tmp_path: Path, fake_kubectl: Path, fake_gcloud: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FAKE_KUBECTL_PORT", ray_head.rsplit(":", 1)[1])
+        ray_head: str, tmp_path: Path, gke_api: tuple[str, list[tuple[str, str | None]]], fake_gcloud: Path) -> None:
     outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("raysubmit_1"))
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "verl_gke", "dashboard", "--outputs", str(outputs), "--minutes", "0.02"],
-                          capture_output=True, text=True, cwd=REPO, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "verl_gke", "dashboard", "--outputs", str(outputs), "--minutes", "0.02",
+                           "--kube-api-url", gke_api[0]], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert done.returncode == 0, done.stderr
     assert time.monotonic() - started >= 1.2
     assert "verl-gke: closing the port-forward after 0.02 min" in done.stderr.splitlines()
-    seen = kubectl_record(fake_kubectl)
-    assert int(seen["arg"][2].removesuffix(":8265")) in BROWSER_BLOCKED_PORTS  # a port no browser connects to
-    assert not Path(f"/proc/{seen['pid'][0]}").exists()
 
 
 @pytest.mark.ray
@@ -536,21 +537,18 @@ def test_no_outputs_file_and_no_pulumi_cli(capsys: pytest.CaptureFixture[str], n
 @pytest.mark.ray
 def test_an_outputs_file_never_decides_where_the_users_credentials_go(
         capsys: pytest.CaptureFixture[str], ray_head: str, finished_job: str, tmp_path: Path,
-        fake_kubectl: Path, fake_gcloud: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A file naming an attacker's endpoint and CA: the kubeconfig kubectl gets names GKE's instead."""
-    monkeypatch.setenv("FAKE_KUBECTL_PORT", ray_head.rsplit(":", 1)[1])
+        gke_api: tuple[str, list[tuple[str, str | None]]], fake_gcloud: Path) -> None:
+    """A file naming an attacker's endpoint and CA: the API the CLI talks to is GKE's instead."""
     evil_ca = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nattacker\n-----END CERTIFICATE-----\n").decode()
     outputs = write_outputs(tmp_path / "outputs.json", outputs_doc(
         finished_job, clusterEndpoint="attacker.example", clusterCaCertificate=evil_ca))
     code, _, err = run(capsys, "status", "--outputs", str(outputs))
     assert code == 0, err
-    text = Path(f"{fake_kubectl}.kubeconfig").read_text()
-    assert "attacker" not in text and evil_ca not in text and f"https://{GKE_ENDPOINT}" in text
+    assert set(gke_api[1]) == {(GKE_ENDPOINT, GKE_CA)}
 
 
 def test_a_cluster_gke_does_not_know_stops_before_any_port_forward(
-        capsys: pytest.CaptureFixture[str], tmp_path: Path, fake_kubectl: Path, fake_gcloud: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, fake_gcloud: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_GCLOUD_FAIL", "ERROR: (gcloud.container.clusters.describe) ResponseError: code=404, "
                                            "message=Not found: projects/p/locations/us-central1/clusters/verl-a4.")
     outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("x", clusterEndpoint="34.1.2.3",
@@ -560,7 +558,6 @@ def test_a_cluster_gke_does_not_know_stops_before_any_port_forward(
     assert error_line(err) == ("verl-gke: error: `gcloud container clusters describe verl-a4 --location us-central1` "
                                "failed (exit 1): ERROR: (gcloud.container.clusters.describe) ResponseError: code=404, "
                                "message=Not found: projects/p/locations/us-central1/clusters/verl-a4.")
-    assert not fake_kubectl.exists()
 
 
 def test_gcloud_answers_are_checked(tmp_path: Path, fake_gcloud: Path) -> None:

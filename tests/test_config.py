@@ -325,8 +325,8 @@ def test_an_image_of_ones_own_must_be_pinned_by_digest(image: str):
 
 def test_urls_and_quantities():
     assert "a manifest of Google's installers at a commit" in only_problem(ncclInstallerUrl="http://example.com/x.yaml")
-    assert "http(s) URL" in only_problem(jobDashboardUrl="ray-head:8265")
-    load_config(config(jobDashboardUrl="http://10.200.0.5:8265", rayDashboardCidrs='["10.200.0.0/16"]',
+    assert "an https URL" in only_problem(jobDashboardUrl="ray-head:8265")
+    load_config(config(jobDashboardUrl="https://10.200.0.5:8265", rayDashboardCidrs='["10.200.0.5/32"]',
                        volumeCapacity="1Ti"))
     assert "a Kubernetes quantity" in only_problem(volumeCapacity="768GB")
 
@@ -359,8 +359,8 @@ def test_nccl_installer_url_must_be_googles_installer_at_a_commit(url: str, ok: 
 
 
 @pytest.mark.parametrize("url, shown", [
-    ("http://admin:hunter2@10.0.0.5:8265", "http://***@10.0.0.5:8265"),
-    ("http://10.0.0.5:8265/?token=hunter2", "http://10.0.0.5:8265/?***"),
+    ("https://admin:hunter2@10.0.0.5:8265", "https://***@10.0.0.5:8265"),
+    ("https://10.0.0.5:8265/?token=hunter2", "https://10.0.0.5:8265/?***"),
     ("https://10.0.0.5:8265/#hunter2", "https://10.0.0.5:8265/#***"),
 ])
 def test_credentials_in_the_dashboard_url_are_refused_and_never_printed(url: str, shown: str):
@@ -396,6 +396,7 @@ def test_cidrs_that_admit_traffic_must_be_private(key: str, value: str, shown: s
 
 def test_private_and_shared_ranges_are_admitted():
     cfg = load_config(config(rayDashboardCidrs='["100.64.0.0/16", "172.16.4.0/24"]', internalSourceRange="10.0.0.0/8",
+                             **TOKEN_AUTH_IMAGE,
                              gvnicSubnetCidr="10.1.0.0/24",
                              rdmaSubnetCidrs=json_list(f"10.2.{i}.0/24" for i in range(8))))
     assert cfg.ray_dashboard_cidrs == ("100.64.0.0/16", "172.16.4.0/24")
@@ -412,7 +413,30 @@ def test_private_and_shared_ranges_are_admitted():
                       "bastion's range, not a whole private address space."),
 ])
 def test_dashboard_cidrs_admit_neither_the_clusters_own_ranges_nor_a_whole_address_space(cidr: str, why: str):
-    assert f'verl-gke:rayDashboardCidrs = "{cidr}": {why}' in problems(rayDashboardCidrs=f'["{cidr}"]')
+    assert f'verl-gke:rayDashboardCidrs = "{cidr}": {why}' in problems(rayDashboardCidrs=f'["{cidr}"]',
+                                                                      **TOKEN_AUTH_IMAGE)
+
+
+TOKEN_AUTH_IMAGE = {"verlImage": "example.com/me/verl@sha256:" + "0" * 64, "rayVersion": "2.52.0"}
+
+
+def test_without_ray_token_auth_the_job_api_is_open_to_single_hosts_only_and_never_over_http():
+    """Why 3: Ray 2.47/2.49 run any job submitted to 8265 (CVE-2023-48022): a range admits every host
+    in it; a single host is the authenticated front (a bastion's proxy). http carries jobs in clear."""
+    assert problems(rayDashboardCidrs='["10.200.0.0/24", "10.201.0.7/32"]') == [
+        'verl-gke:rayDashboardCidrs = "10.200.0.0/24": a single host (/32) behind an authenticated front: Ray 2.47.0 '
+        "of this stack's image has no token authentication, so any host of the range could run jobs "
+        "(CVE-2023-48022); or an image with Ray >= 2.52 (verlImage, rayVersion)."]
+    assert load_config(config(rayDashboardCidrs='["10.200.0.0/24"]', **TOKEN_AUTH_IMAGE)).ray_dashboard_cidrs == (
+        "10.200.0.0/24",)
+    assert only_problem(jobDashboardUrl="http://10.200.0.5:8265", rayDashboardCidrs='["10.200.0.5/32"]') == (
+        'verl-gke:jobDashboardUrl = "http://10.200.0.5:8265": an https URL of a privately reachable Ray dashboard '
+        "behind a TLS front (plain http carries the jobs, and with token authentication the token, in clear).")
+    assert only_problem(jobDashboardUrl="https://10.0.0.5:8265", rayNetworkPolicy="false") == (
+        'verl-gke:jobDashboardUrl = "https://10.0.0.5:8265": with Ray 2.47.0 (no token authentication) only with '
+        "rayNetworkPolicy on and rayDashboardCidrs single hosts behind an authenticated front; or an image with "
+        "Ray >= 2.52 (verlImage, rayVersion).")
+    load_config(config(jobDashboardUrl="https://10.0.0.5:8265", rayNetworkPolicy="false", **TOKEN_AUTH_IMAGE))
 
 
 def test_job_attempt_is_a_whole_number_from_zero():
@@ -559,11 +583,10 @@ def test_verl_in_image_with_an_image_without_verl_is_refused():
 
 
 def test_a_dashboard_url_the_stacks_network_policy_blocks_is_refused():
-    assert only_problem(jobDashboardUrl="http://10.0.0.5:8265") == (
-        'verl-gke:jobDashboardUrl = "http://10.0.0.5:8265": the stack\'s NetworkPolicy admits only the Ray pods '
+    assert only_problem(jobDashboardUrl="https://10.0.0.5:8265") == (
+        'verl-gke:jobDashboardUrl = "https://10.0.0.5:8265": the stack\'s NetworkPolicy admits only the Ray pods '
         'to port 8265; add the caller\'s range to rayDashboardCidrs, or set rayNetworkPolicy to false.')
-    load_config(config(jobDashboardUrl="http://10.200.0.5:8265", rayDashboardCidrs='["10.200.0.0/16"]'))
-    load_config(config(jobDashboardUrl="http://10.0.0.5:8265", rayNetworkPolicy="false"))
+    load_config(config(jobDashboardUrl="https://10.200.0.5:8265", rayDashboardCidrs='["10.200.0.5/32"]'))
 
 
 def test_a_gvnic_subnet_outside_the_firewalls_source_range_is_refused():
@@ -732,7 +755,7 @@ def test_checkpoints_never_go_where_staging_puts_code_the_model_or_data(path: st
                                        ("data.val_files", "/data/huggingface_cache/test.parquet")])
 def test_the_model_and_data_a_run_reads_are_not_where_ray_pods_write(key: str, path: str):
     assert only_problem(verl=verl_value({key: path})) == (
-        f'verl-gke:verl.{key} = "{path}": outside the folders the Ray pods may write (verl/checkpoints/, models/, logs/, '
+        f'verl-gke:verl.{key} = "{path}": outside the folders the Ray pods may write (verl/checkpoints/, models/, '
         "huggingface_cache/): a job could replace what the next run loads.")
 
 
@@ -751,3 +774,16 @@ def test_the_ray_version_is_the_images():
     assert only_problem(rayVersion="2.54.0") == (
         'verl-gke:rayVersion = "2.54.0": verlai/verl:vllm011.dev7 has Ray 2.47.0: leave rayVersion unset, or set it '
         "with an image of your own.")
+
+
+def test_image_digests_take_tagged_images_and_sha256_digests_only():
+    good = "sha256:" + "ab" * 32
+    cfg = load_config(config(imageDigests=json.dumps({"verlai/verl:vllm011.dev7": good})))
+    assert cfg.image_digests == {"verlai/verl:vllm011.dev7": good}
+    assert problems(imageDigests=json.dumps({"verlai/verl:vllm011.dev7": "sha256:abc",
+                                             f"verlai/verl@{good}": good})) == [
+        'verl-gke:imageDigests = {"verlai/verl:vllm011.dev7": "sha256:abc"}: each digest is sha256:<64 lowercase '
+        "hex> (the registry's manifest digest, as `python -m verl_gke.image_pins --stack <stack>` prints it).",
+        f'verl-gke:imageDigests = {{"verlai/verl@{good}": "{good}"}}: keys are tagged images as the stack names them '
+        "(name:tag, e.g. verlai/verl:vllm011.dev7), values their sha256:<64 hex> digest.",
+    ]

@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,7 @@ from components.grpo_job import GrpoJob, GrpoJobProvider, _JobSpec
 from workloads.run_lifecycle import DELETED
 from workloads.run_record import RecordStore, RunRecord
 from tests.kube_api import kube_api
-from tests.ray_head import FlakyLink, free_ports, kubectl_record
-from verl_gke.local_proxy import BROWSER_BLOCKED_PORTS
+from tests.ray_head import FlakyLink, free_ports
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
 
@@ -146,54 +146,61 @@ CLUSTER = {"cluster_endpoint": "34.1.2.3", "cluster_ca_certificate": "Y2E=", "cl
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[dict[str, Any]]:
-    """CLUSTER, with the run record kept through the Kubernetes API stand-in (34.1.2.3 is no API)."""
-    with kube_api() as (url, _state):
-        yield {**CLUSTER, "kube_api_url": url}
+def cluster_api_stand_in() -> Iterator[tuple[str, Any]]:
+    with kube_api() as (url, state):
+        yield url, state
+
+
+@pytest.fixture(scope="module")
+def cluster(cluster_api_stand_in: tuple[str, Any]) -> dict[str, Any]:
+    """CLUSTER, with the run record kept and the head reached through the Kubernetes API stand-in
+    (34.1.2.3 is no API)."""
+    return {**CLUSTER, "kube_api_url": cluster_api_stand_in[0]}
+
+
+@pytest.fixture
+def head_pod(cluster_api_stand_in: tuple[str, Any]) -> Iterator[Callable[[int], None]]:
+    """Gives svc/verl-head-svc in namespace ray a running head pod served on a loopback port, for the test."""
+    state = cluster_api_stand_in[1]
+    yield lambda port: state.add_head("ray", "verl-head-svc", "verl-head-0", port)
+    for path in ("/api/v1/namespaces/ray/services/verl-head-svc", "/api/v1/namespaces/ray/pods/verl-head-0"):
+        state.objects.pop(path, None)
 
 
 def test_create_reaches_the_head_through_a_port_forward(
-        ray_head: str, props: Callable[..., dict[str, Any]], fake_kubectl: Path,
-        monkeypatch: pytest.MonkeyPatch, cluster: dict[str, Any]) -> None:
-    # The fake kubectl "forwards" to the real head's dashboard port.
-    monkeypatch.setenv("FAKE_KUBECTL_PORT", ray_head.rsplit(":", 1)[1])
+        ray_head: str, props: Callable[..., dict[str, Any]], cluster: dict[str, Any], head_pod: Any) -> None:
+    # The API stand-in's head pod is the real head: the provider's requests go through its local
+    # proxy and a port-forward stream per connection.
+    head_pod(int(ray_head.rsplit(":", 1)[1]))
     job_props = {**props(_py("print('tunnelled')")), **cluster}
     del job_props["dashboard_url"]
     created = GrpoJobProvider().create(job_props)
     assert JobSubmissionClient(ray_head).get_job_info(created.id).entrypoint == _py("print('tunnelled')")
-    seen = kubectl_record(fake_kubectl)
-    # kubectl's end on a port no browser connects to; the provider's requests through its local proxy.
-    assert seen["arg"][:7] == ["port-forward", "svc/verl-head-svc", seen["arg"][2], "-n", "ray",
-                               "--address", "127.0.0.1"]
-    assert int(seen["arg"][2].removesuffix(":8265")) in BROWSER_BLOCKED_PORTS
-    assert not Path(seen["kubeconfig"][0]).exists()
     assert _outs_of(created)["dashboard_command"] == f"verl-gke dashboard --stack {job_props['stack']}"
-    # Endpoint and CA are kept to rebuild the kubeconfig at refresh and destroy; never a kubeconfig.
+    # Endpoint and CA are kept to reach the API at refresh and destroy; never a kubeconfig.
     assert _outs_of(created)["cluster_endpoint"] == "34.1.2.3" and "kubeconfig" not in _outs_of(created)
 
 
-def test_a_failing_port_forward_is_retried_until_ready_timeout_and_named(
-        props: Callable[..., dict[str, Any]], fake_kubectl: Path, monkeypatch: pytest.MonkeyPatch, cluster: dict[str, Any]) -> None:
-    monkeypatch.setenv("FAKE_KUBECTL_MODE", "fail")
+def test_a_missing_head_service_is_retried_until_ready_timeout_and_named(
+        props: Callable[..., dict[str, Any]], cluster: dict[str, Any]) -> None:
     job_props = {**props(_py("pass")), **cluster, "ready_timeout_s": 3.0}
     del job_props["dashboard_url"]
     started = time.monotonic()
     with pytest.raises(RuntimeError) as raised:
         GrpoJobProvider().create(job_props)
     assert 3 <= time.monotonic() - started < 15
-    message = str(raised.value)
-    assert message.startswith("Ray head at svc/verl-head-svc in namespace ray of GKE cluster verl "
-                              "(kubectl port-forward) not reachable within 3 s: ")
-    assert 'services "head-svc" not found' in message
+    assert str(raised.value) == ("Ray head at svc/verl-head-svc in namespace ray of GKE cluster verl (port-forward "
+                                 "through its API) not reachable within 3 s: port-forward to svc/verl-head-svc in "
+                                 'namespace ray: services "verl-head-svc" not found')
 
 
-def test_a_missing_kubectl_fails_create_at_once(
-        props: Callable[..., dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cluster: dict[str, Any]) -> None:
+def test_a_missing_auth_plugin_fails_create_at_once(
+        props: Callable[..., dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
-    job_props = {**props(_py("pass")), **cluster}
+    job_props = {**props(_py("pass")), **CLUSTER}
     del job_props["dashboard_url"]
     started = time.monotonic()
-    with pytest.raises(RuntimeError, match="^kubectl not found on PATH"):
+    with pytest.raises(RuntimeError, match="^gke-gcloud-auth-plugin not found on PATH"):
         GrpoJobProvider().create(job_props)
     assert time.monotonic() - started < 5
 
@@ -266,7 +273,7 @@ def test_check_names_each_bad_prop_and_lets_unknowns_pass() -> None:
     assert {f.property for f in result.failures} == {
         "entrypoint", "runtime_env", "ready_timeout_s", "stack", "wait_for_completion", "retries", "dashboard_url"}
     assert ("ready_timeout_s", "-1.0 must be a positive number of seconds") in failures
-    assert ("dashboard_url", "unset, so the head is reached by kubectl port-forward, which needs "
+    assert ("dashboard_url", "unset, so the head is reached by a port-forward through the cluster's API, which needs "
                              "cluster_endpoint, cluster_ca_certificate, cluster_name, head_service") in failures
 
     preview = provider.check({}, {"entrypoint": rpc.UNKNOWN, "runtime_env": {"env_vars": {"A": Unknown()}},
@@ -289,7 +296,7 @@ def test_the_dns_endpoint_needs_no_ca_an_ip_endpoint_does() -> None:
     assert provider.check({}, {**access, "cluster_endpoint": DNS_ENDPOINT}).failures == []
     [failure] = provider.check({}, {**access, "cluster_endpoint": "34.1.2.3"}).failures
     assert (failure.property, failure.reason) == (
-        "dashboard_url", "unset, so the head is reached by kubectl port-forward, which needs cluster_ca_certificate")
+        "dashboard_url", "unset, so the head is reached by a port-forward through the cluster's API, which needs cluster_ca_certificate")
 
 
 @pytest.mark.parametrize(("endpoint", "ca", "ca_data"), [
@@ -341,12 +348,12 @@ def _tunnelled(props: Callable[..., dict[str, Any]], cluster: dict[str, Any], **
 
 
 def test_delete_succeeds_without_stopping_only_when_the_api_says_the_head_is_gone(
-        props: Callable[..., dict[str, Any]], fake_kubectl: Path, monkeypatch: pytest.MonkeyPatch, cluster: dict[str, Any]) -> None:
+        props: Callable[..., dict[str, Any]], monkeypatch: pytest.MonkeyPatch, cluster: dict[str, Any]) -> None:
     _delete_with_the_head_gone(props, monkeypatch, cluster)
 
 
 def test_the_head_gone_delete_check_fails_when_the_delete_does_nothing(
-        props: Callable[..., dict[str, Any]], fake_kubectl: Path, monkeypatch: pytest.MonkeyPatch, cluster: dict[str, Any]) -> None:
+        props: Callable[..., dict[str, Any]], monkeypatch: pytest.MonkeyPatch, cluster: dict[str, Any]) -> None:
     monkeypatch.setattr(GrpoJobProvider, "delete", lambda *_args: None)
     with pytest.raises(AssertionError):
         _delete_with_the_head_gone(props, monkeypatch, cluster)
@@ -354,7 +361,7 @@ def test_the_head_gone_delete_check_fails_when_the_delete_does_nothing(
 
 def _delete_with_the_head_gone(props: Callable[..., dict[str, Any]], monkeypatch: pytest.MonkeyPatch,
                                cluster: dict[str, Any]) -> None:
-    monkeypatch.setenv("FAKE_KUBECTL_MODE", "fail")  # kubectl: services "head-svc" not found
+    # The stand-in has no svc/verl-head-svc: the API says it is gone.
     outs = _tunnelled(props, cluster, ready_timeout_s=1.0)
     spec = _JobSpec.from_props(outs)
     records = spec.records()
@@ -373,14 +380,36 @@ def _delete_with_the_head_gone(props: Callable[..., dict[str, Any]], monkeypatch
 
 
 def test_delete_raises_when_credentials_fail_instead_of_letting_a_second_run_start(
-        props: Callable[..., dict[str, Any]], fake_kubectl: Path, monkeypatch: pytest.MonkeyPatch, cluster: dict[str, Any]) -> None:
-    monkeypatch.setenv("FAKE_KUBECTL_MODE", "auth")
-    with pytest.raises(RuntimeError) as raised:
-        GrpoJobProvider().delete("verl-grpo-dev-abc", _tunnelled(props, cluster, ready_timeout_s=1.0))
+        props: Callable[..., dict[str, Any]]) -> None:
+    class Unauthorized(BaseHTTPRequestHandler):
+        """An API server refusing expired credentials: 401 and a Status (every request)."""
+        def do_GET(self) -> None:  # noqa: N802
+            body = b'{"kind":"Status","apiVersion":"v1","status":"Failure","message":"Unauthorized","code":401}'
+            self.send_response(401)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_PUT = do_POST = do_PATCH = do_GET
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Unauthorized)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        outs = _tunnelled(props, {**CLUSTER, "kube_api_url": f"http://127.0.0.1:{server.server_port}"},
+                          ready_timeout_s=1.0)
+        with pytest.raises(RuntimeError) as raised:
+            GrpoJobProvider().delete("verl-grpo-dev-abc", outs)
+    finally:
+        server.shutdown()
+        server.server_close()
     message = str(raised.value)
     assert message.startswith("GrpoJob verl-grpo-dev-abc (run verl-grpo-")
     assert ": cannot tell whether it still runs, so the delete fails" in message
-    assert "You must be logged in to the server (Unauthorized)" in message
+    assert "HTTP Error 401: Unauthorized" in message
     assert "`pulumi state delete`" in message
 
 

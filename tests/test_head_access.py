@@ -1,43 +1,38 @@
 """verl_gke.kubeconfig and verl_gke.head_access: how clients reach the Ray dashboard.
 
-The port-forward path is driven through a fake `kubectl` put first on PATH: it prints kubectl's
-"Forwarding from" line and serves nothing. That fakes kubectl only; Ray is always real.
+The port-forward path goes through the Kubernetes API stand-in (tests/kube_api.py), whose
+pods/portforward WebSocket reaches a real Ray head on 127.0.0.1.
 """
 
 from __future__ import annotations
 
 import base64
-import re
-import signal
-import socket
-import stat
-import subprocess
-import sys
+import json
+import threading
 import time
-from contextlib import AbstractContextManager
+import urllib.error
+import urllib.parse
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.ray_head import free_ports, kubectl_record
-from verl_gke.local_proxy import BROWSER_BLOCKED_PORTS
+from tests.kube_api import kube_api
+from tests.ray_head import free_ports
 from verl_gke.head_access import (
     HeadAccessError,
     HeadAccessSetupError,
+    HeadGoneError,
     dashboard,
     dashboard_command,
     wait_for_dashboard,
 )
 from verl_gke.kubeconfig import gke_kubeconfig, is_dns_endpoint
+from workloads.kube import KubernetesApi
 
 CA = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg=="
-
-
-def _forward(start_timeout_s: float = 60.0) -> AbstractContextManager[str]:
-    """The port-forward way to svc/head-svc in namespace ray of cluster verl."""
-    return dashboard(None, cluster_endpoint="34.1.2.3", cluster_ca_certificate=CA, cluster_name="verl",
-                     namespace="ray", head_service="head-svc", start_timeout_s=start_timeout_s)
 
 
 def test_kubeconfig_authenticates_with_the_gke_auth_plugin_only() -> None:
@@ -90,30 +85,13 @@ def test_is_dns_endpoint_tells_a_host_name_from_an_address() -> None:
                                                                                             False]
 
 
-def test_port_forward_to_the_dns_endpoint_needs_no_ca(fake_kubectl: Path) -> None:
-    with dashboard(None, cluster_endpoint=DNS_ENDPOINT, cluster_ca_certificate=None, cluster_name="verl",
-                   namespace="ray", head_service="head-svc") as url:
-        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/[\w-]{43}", url)
-    written = yaml.safe_load(Path(f"{fake_kubectl}.kubeconfig").read_text())
-    assert written["clusters"] == [{"name": "verl", "cluster": {"server": f"https://{DNS_ENDPOINT}"}}]
-
-
-def test_port_forward_to_an_ip_endpoint_without_a_ca_is_refused(fake_kubectl: Path) -> None:
-    with pytest.raises(HeadAccessSetupError, match=r"\(missing: cluster_ca_certificate\)"):
-        with dashboard(None, cluster_endpoint="34.1.2.3", cluster_ca_certificate=None, cluster_name="verl",
-                       namespace="ray", head_service="head-svc"):
-            pytest.fail("the block must not run")
-    assert not fake_kubectl.exists()
-
-
 def test_the_dashboard_command_is_the_clis_never_a_bare_port_forward() -> None:
     assert dashboard_command("a4") == "verl-gke dashboard --stack a4"
     assert dashboard_command("my stack") == "verl-gke dashboard --stack 'my stack'"
 
 
 def test_a_given_dashboard_url_is_yielded_as_is() -> None:
-    with dashboard("http://127.0.0.1:8265/", cluster_endpoint=None, cluster_ca_certificate=None,
-                   cluster_name=None, namespace="default", head_service=None) as url:
+    with dashboard("http://127.0.0.1:8265/", api=None, namespace="default", head_service=None) as url:
         assert url == "http://127.0.0.1:8265"
 
 
@@ -135,136 +113,133 @@ def test_wait_for_dashboard_on_a_closed_port_times_out_naming_the_address() -> N
     assert f"Ray dashboard at {url} did not answer GET /api/version within 1.5 s" in str(raised.value)
 
 
-def _alive(pid: int) -> bool:
+def _listeners_of_this_process() -> set[int]:
+    """The loopback TCP ports this process listens on (/proc/net/tcp state 0A, by socket inode)."""
+    inodes = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            target = fd.readlink().name
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A" and fields[9] in inodes:
+            ports.add(int(fields[1].split(":")[1], 16))
+    return ports
+
+
+def _children() -> set[int]:
+    return {int(pid) for task in Path("/proc/self/task").iterdir()
+            for pid in (task / "children").read_text().split()}
+
+
+def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, headers=headers or {})
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
 
 
-def test_port_forward_runs_kubectl_on_loopback_with_a_private_kubeconfig(fake_kubectl: Path) -> None:
-    with _forward() as url:
-        # The block gets the local proxy's URL, with its session's secret, never kubectl's port.
-        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/[\w-]{43}", url) and ":45678" not in url
-        seen = kubectl_record(fake_kubectl)
-        kubeconfig = Path(seen["kubeconfig"][0])
-        # kubectl's end on a port every browser refuses (verl_gke/local_proxy.py).
-        assert seen["arg"] == ["port-forward", "svc/head-svc", seen["arg"][2], "-n", "ray",
-                               "--address", "127.0.0.1", "--kubeconfig", str(kubeconfig)]
-        assert int(seen["arg"][2].removesuffix(":8265")) in BROWSER_BLOCKED_PORTS
-        assert seen["mode"] == ["600"]
-        assert stat.S_IMODE(kubeconfig.stat().st_mode) == 0o600
-        pid = int(seen["pid"][0])
-        assert _alive(pid)
-    assert not kubeconfig.exists()
-    assert not _alive(pid)
-    written = yaml.safe_load(Path(f"{fake_kubectl}.kubeconfig").read_text())
-    assert written == yaml.safe_load(gke_kubeconfig("verl", "34.1.2.3", CA))
+@pytest.mark.ray
+def test_no_local_listener_reaches_the_job_api_without_the_secret(ray_head: str) -> None:
+    """Why 1: kubectl port-forward's loopback port answered any local process (a direct request
+    returned 200). Now the only listener of the whole block is the proxy, which wants the secret;
+    the head is reached by a port-forward stream per connection, through the API server."""
+    with kube_api() as (api_url, state):
+        state.add_head("ray", "head-svc", "head-0", int(ray_head.rsplit(":", 1)[1]))
+        before, children = _listeners_of_this_process(), _children()
+        with dashboard(None, api=KubernetesApi(api_url), namespace="ray", head_service="head-svc") as url:
+            opened = _listeners_of_this_process() - before
+            proxy_port = int(urllib.parse.urlsplit(url).port or 0)
+            assert opened == {proxy_port}
+            assert _children() == children  # no kubectl, nothing else that could listen
+            assert _get(f"http://127.0.0.1:{proxy_port}/api/version")[0] == 403
+            assert _get(f"http://127.0.0.1:{proxy_port}/api/jobs/")[0] == 403
+            assert state.forwards == []  # refused before any stream to the head opened
+            status, body = _get(f"{url}/api/version")
+            assert status == 200 and json.loads(body)["ray_version"]
+            assert state.forwards == ["/api/v1/namespaces/ray/pods/head-0"]
+        assert _listeners_of_this_process() - before == set()
 
 
-def test_port_forward_is_terminated_when_the_block_raises(fake_kubectl: Path) -> None:
-    with pytest.raises(RuntimeError, match="inside the block"):
-        with _forward():
-            pid = int(kubectl_record(fake_kubectl)["pid"][0])
-            raise RuntimeError("inside the block")
-    assert not _alive(pid)
-
-
-def test_kubectl_failing_is_reported_with_its_error_line(fake_kubectl: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FAKE_KUBECTL_MODE", "fail")
-    with pytest.raises(HeadAccessError) as raised:
-        with _forward():
-            pytest.fail("the block must not run")
-    message = str(raised.value)
-    assert "kubectl port-forward to svc/head-svc in namespace ray of cluster verl exited with status 1" in message
-    assert 'services "head-svc" not found' in message
-    assert not Path(kubectl_record(fake_kubectl)["kubeconfig"][0]).exists()
-
-
-def test_kubectl_that_never_forwards_times_out_and_is_killed(fake_kubectl: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FAKE_KUBECTL_MODE", "silent")
-    started = time.monotonic()
-    with pytest.raises(HeadAccessError, match=r"did not open within 1 s"):
-        with _forward(start_timeout_s=1):
-            pytest.fail("the block must not run")
-    assert time.monotonic() - started < 10
-    assert not _alive(int(kubectl_record(fake_kubectl)["pid"][0]))
-
-
-def test_missing_kubectl_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(HeadAccessSetupError) as raised:
-        with _forward():
-            pytest.fail("the block must not run")
-    message = str(raised.value)
-    assert message.startswith("kubectl not found on PATH")
-    assert "\n" not in message
+def test_a_missing_head_service_is_the_head_gone_and_a_pending_head_is_not_yet_reachable() -> None:
+    with kube_api() as (api_url, state):
+        with pytest.raises(HeadGoneError, match='^port-forward to svc/head-svc in namespace ray: '
+                                                'services "head-svc" not found$'):
+            with dashboard(None, api=KubernetesApi(api_url), namespace="ray", head_service="head-svc"):
+                pytest.fail("the block must not run")
+        state.add_head("ray", "head-svc", "head-0", 1)
+        state.objects["/api/v1/namespaces/ray/pods/head-0"]["status"]["phase"] = "Pending"
+        with pytest.raises(HeadAccessError) as raised:
+            with dashboard(None, api=KubernetesApi(api_url), namespace="ray", head_service="head-svc"):
+                pytest.fail("the block must not run")
+        assert not isinstance(raised.value, HeadGoneError)
+        assert str(raised.value) == ("port-forward to svc/head-svc in namespace ray: no running pod behind "
+                                     "svc/head-svc (the head is not up yet)")
 
 
 def test_missing_cluster_facts_are_named() -> None:
-    with pytest.raises(HeadAccessSetupError) as raised:
-        with dashboard(None, cluster_endpoint="34.1.2.3", cluster_ca_certificate=None,
-                       cluster_name="verl", namespace="ray", head_service=None):
+    with pytest.raises(HeadAccessSetupError, match=r"give dashboard_url, or the cluster's API \(cluster_endpoint, "
+                                                   r"and cluster_ca_certificate for an IP endpoint\) and head_service"):
+        with dashboard(None, api=None, namespace="ray", head_service="head-svc"):
             pytest.fail("the block must not run")
-    assert "(missing: cluster_ca_certificate, head_service)" in str(raised.value)
 
 
-def test_a_port_forward_ends_with_the_process_that_opened_it_even_on_sigkill(
-        fake_kubectl: Path) -> None:
-    # A stand-in for the provider process, killed without a chance to clean up.
-    opener = subprocess.Popen([sys.executable, "-c", (
-        "from verl_gke.head_access import dashboard\n"
-        "import time\n"
-        "with dashboard(None, cluster_endpoint='34.1.2.3', cluster_ca_certificate='Y2E=', cluster_name='c',"
-        " namespace='ray', head_service='h-svc') as url:\n"
-        "    print(url, flush=True); time.sleep(300)\n")], stdout=subprocess.PIPE, text=True,
-        cwd=Path(__file__).resolve().parent.parent)
-    try:
-        assert opener.stdout is not None and opener.stdout.readline().startswith("http://127.0.0.1:")
-        kubectl_pid = int(kubectl_record(fake_kubectl)["pid"][0])
-        opener.send_signal(signal.SIGKILL)
-        opener.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while _alive(kubectl_pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not _alive(kubectl_pid)
-    finally:
-        if opener.poll() is None:
-            opener.kill()
-
-
-def _alive(pid: int) -> bool:
-    """Running, not a zombie waiting for its new parent to reap it."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def test_a_taken_browser_refused_port_is_passed_over(fake_kubectl: Path) -> None:
-    with _forward():
-        first = int(kubectl_record(fake_kubectl)["arg"][2].removesuffix(":8265"))
-    with socket.create_server(("127.0.0.1", first)):
-        with _forward():
-            taken_over = int(kubectl_record(fake_kubectl)["arg"][2].removesuffix(":8265"))
-    assert taken_over != first and taken_over in BROWSER_BLOCKED_PORTS
-
-
-def test_the_ray_token_is_read_from_the_secret_kuberay_keeps(fake_kubectl: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_ray_token_from_kurays_secret_reaches_the_head_and_a_dead_pod_side_is_a_502() -> None:
     """KubeRay 1.6 keeps the token of a RayCluster with token authentication in the Secret named after
-    it, key auth_token; none exists otherwise (--ignore-not-found: nothing printed, no token)."""
-    from verl_gke import head_access
-
+    it, key auth_token; the proxy adds it to each request it forwards, never the caller."""
     seen: list[str | None] = []
-    real = head_access.LocalProxy
-    monkeypatch.setattr(head_access, "LocalProxy", lambda port, token: seen.append(token) or real(port, token))
-    with _forward():
-        pass
-    monkeypatch.setenv("FAKE_KUBECTL_SECRET", base64.b64encode(b"tok-123").decode())
-    with _forward():
-        pass
-    assert seen == [None, "tok-123"]
-    get = Path(f"{fake_kubectl}.get").read_text().split("\n")
-    assert [line.removeprefix("arg ") for line in get[:5]] == ["get", "secret", "head-svc", "-n", "ray"]
-    assert "jsonpath={.data.auth_token}" in Path(f"{fake_kubectl}.get").read_text()
+
+    class Head(BaseHTTPRequestHandler):
+        """Ray >= 2.52 with RAY_AUTH_MODE=token: 401 without `Authorization: Bearer <token>`."""
+        def do_GET(self) -> None:  # noqa: N802
+            seen.append(self.headers.get("Authorization"))
+            ok = self.headers.get("Authorization") == "Bearer tok-123"
+            self.send_response(200 if ok else 401)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok" if ok else b"no")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    head = ThreadingHTTPServer(("127.0.0.1", 0), Head)
+    threading.Thread(target=head.serve_forever, daemon=True).start()
+    try:
+        with kube_api() as (api_url, state):
+            state.add_head("ray", "verl-head-svc", "verl-head-0", head.server_port)
+            state.put_object("/api/v1/namespaces/ray/secrets/verl", {"apiVersion": "v1", "kind": "Secret",
+                             "metadata": {"name": "verl", "namespace": "ray"},
+                             "data": {"auth_token": base64.b64encode(b"tok-123").decode()}})
+            with dashboard(None, api=KubernetesApi(api_url), namespace="ray", head_service="verl-head-svc") as url:
+                assert _get(f"{url}/api/version", {"Authorization": "Bearer mine"}) == (200, b"ok")
+                state.forward_to.clear()  # the pod side refuses now
+                status, body = _get(f"{url}/api/version")
+                assert status == 502 and b"connection refused" in body
+        assert seen == [None, "Bearer tok-123"]  # dashboard()'s own call without the token first
+    finally:
+        head.shutdown()
+        head.server_close()
+
+
+@pytest.mark.ray
+def test_a_head_that_answers_without_the_clusters_token_is_refused(ray_head: str) -> None:
+    """Why 6: token authentication was trusted from rayVersion alone. A cluster with KubeRay's token
+    Secret whose head (here a real Ray without RAY_AUTH_MODE) answers a call without it is refused."""
+    with kube_api() as (api_url, state):
+        state.add_head("ray", "verl-head-svc", "verl-head-0", int(ray_head.rsplit(":", 1)[1]))
+        state.put_object("/api/v1/namespaces/ray/secrets/verl", {"apiVersion": "v1", "kind": "Secret",
+                         "metadata": {"name": "verl", "namespace": "ray"},
+                         "data": {"auth_token": base64.b64encode(b"tok-123").decode()}})
+        with pytest.raises(HeadAccessSetupError) as raised:
+            with dashboard(None, api=KubernetesApi(api_url), namespace="ray", head_service="verl-head-svc"):
+                pytest.fail("the block must not run")
+    assert str(raised.value) == (
+        "the Ray head of svc/verl-head-svc in namespace ray answered GET /api/jobs/ without the cluster's token "
+        "(HTTP/1.1 200 OK): its token authentication is off, so anyone who reaches 8265 could run jobs. Check the "
+        "Ray version of verlImage (rayVersion claims >= 2.52) and its RAY_AUTH_MODE")

@@ -61,8 +61,8 @@ def test_synth_says_which_images_are_pinned_in_the_repository_and_which_at_the_f
         "Images (every one pulled by digest):",
         "  pinned in the repository: python:3.11.13-slim-bookworm (staging, run supervisor), gke.gcr.io/pause:3.8 "
         "(NCCL installer)",
-        "  pinned at the first `pulumi up` (no digest in domain/platforms.py yet; `python -m verl_gke.image_pins` "
-        "writes them):",
+        "  pinned at the first `pulumi up` (no digest in domain/platforms.py or imageDigests; "
+        "`python -m verl_gke.image_pins --stack <stack>` prints them; CI refuses to deploy so):",
         "    verlai/verl:vllm023.aarch64.dev1 (Ray head and workers)",
         "    us-docker.pkg.dev/gce-ai-infra/gpudirect-gib/nccl-plugin-gib-arm64:v1.1.0 (NCCL installer)",
         "    quay.io/kuberay/operator:v1.6.2 (KubeRay operator)",
@@ -134,3 +134,40 @@ def test_a_digest_in_the_repository_is_pulled_as_is_and_nothing_is_resolved_at_u
     assert head.endswith(f"verlai/verl:vllm011.dev7@sha256:{'d4' * 32}")
     pinned_at_up = [r.inputs["image"] for r in result.registrations if r.type == synth.PINNED_IMAGE_TYPE]
     assert image not in pinned_at_up and pinned_at_up == [platforms.PLATFORMS["a4"].nccl_installer_image]
+
+
+def test_a_digest_in_the_stacks_config_is_pulled_as_is_and_nothing_is_resolved_at_up() -> None:
+    image = platforms.X86_VERL_IMAGE
+    result = synth.run("a4-standard", overrides={"verl-gke:imageDigests": {image: "sha256:" + "e5" * 32}})
+    (cluster,) = [m for m in result.manifests() if m["kind"] == "RayCluster"]
+    head = cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"]
+    assert head.endswith(f"verlai/verl:vllm011.dev7@sha256:{'e5' * 32}")
+    pinned_at_up = [r.inputs["image"] for r in result.registrations if r.type == synth.PINNED_IMAGE_TYPE]
+    assert pinned_at_up == [platforms.PLATFORMS["a4"].nccl_installer_image]
+
+
+def test_a_stacks_images_are_pinned_in_its_config_before_its_first_up_and_ci_refuses_them_unpinned(
+        registries, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Why 2: a new stack trusted whatever its tags served at its first `up`. The command prints the
+    `pulumi config set` lines (reviewed, then run); `--check` (CI, before `pulumi up`) refuses a
+    stack with an image pinned neither in the repository nor in its config."""
+    _, digests = registries
+    for name in ("Pulumi.yaml", "Pulumi.a4-standard.yaml"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    argv = ["--stack", "a4-standard", "--project-dir", str(tmp_path)]
+    unpinned = sorted(i for i in (platforms.X86_VERL_IMAGE, platforms.PLATFORMS["a4"].nccl_installer_image)
+                      if i not in platforms.IMAGE_DIGESTS)
+    assert image_pins.main([*argv, "--check"]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"image_pins: stack a4-standard would pull {image} by a digest asked at `pulumi up`: pin it first "
+        "(`python -m verl_gke.image_pins --stack a4-standard` prints the command)" for image in unpinned]
+    assert image_pins.main(argv) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"pulumi config set --stack a4-standard --path 'verl-gke:imageDigests[\"{image}\"]' {digests[image]}"
+        for image in unpinned]
+    stack_file = tmp_path / "Pulumi.a4-standard.yaml"
+    stack_file.write_text(stack_file.read_text() + "  verl-gke:imageDigests:\n" + "".join(
+        f'    "{image}": "{digests[image]}"\n' for image in unpinned))
+    assert image_pins.main([*argv, "--check"]) == 0
+    assert image_pins.main(argv) == 0
+    assert capsys.readouterr().out == "every image of stack a4-standard is pinned\n"

@@ -132,12 +132,29 @@ REFUSES = "Pod Security (Baseline, verl-gke) refuses "
      "SELinux options beyond Baseline's"),
     (lambda p: p["spec"].setdefault("ephemeralContainers", []).append(
         {"name": "debug", "image": "i", "securityContext": {"privileged": True}}), "privileged containers"),
+
+    # Baseline v1.34, "Probes and lifecycle hooks": the host field is unset or "" (Pod Security Standards).
+    (lambda p: _container(p).update(livenessProbe={"httpGet": {"host": "169.254.169.254", "port": 80}}),
+     "a host in probes or lifecycle hooks"),
+    (lambda p: _container(p).update(startupProbe={"tcpSocket": {"host": "10.0.0.1", "port": 22}}),
+     "a host in probes or lifecycle hooks"),
+    (lambda p: _container(p).update(lifecycle={"preStop": {"httpGet": {"host": "example.com", "port": 80}}}),
+     "a host in probes or lifecycle hooks"),
+    (lambda p: p["spec"]["initContainers"].append({"name": "x", "image": "i", "lifecycle": {
+        "postStart": {"tcpSocket": {"host": "10.0.0.1", "port": 1}}}}), "a host in probes or lifecycle hooks"),
 ])
 def test_a_gpu_worker_beyond_its_named_exceptions_is_refused(synth_stack, change, what: str):
     pod = _worker(synth_stack)
     assert refusals(pod) == []
     change(pod)
     assert refusals(pod) == [REFUSES + what]
+
+
+def test_probes_and_hooks_without_a_host_pass(synth_stack):
+    pod = _worker(synth_stack)
+    _container(pod).update(readinessProbe={"httpGet": {"host": "", "port": 8265, "path": "/"}},
+                           lifecycle={"preStop": {"exec": {"command": ["true"]}}, "postStart": {"tcpSocket": {"port": 1}}})
+    assert refusals(pod) == []
 
 
 def test_the_workers_exceptions_are_the_workers_alone(synth_stack):

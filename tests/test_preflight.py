@@ -351,15 +351,51 @@ def test_a_new_project_without_enable_apis_is_one_problem_per_check():
 
 # --- existingCluster on a stack that created its cluster -----------------------------------------
 
+HARDENED_POOL = {"name": "cpu-pool", "nodeConfigs": [{"workloadMetadataConfigs": [{"mode": "GKE_METADATA"}]}]}
+HARDENED = {"datapathProvider": "ADVANCED_DATAPATH", "workloadIdentityConfigs": [{"workloadPool": "my-project-123.svc.id.goog"}],
+            "nodePools": [HARDENED_POOL]}
+
+
 def test_existing_cluster_on_the_stacks_own_cluster_is_refused():
     own = {CLUSTER: {"name": "verl-a4", "location": "us-central1", "endpoint": "10.0.0.2",
                      "masterAuths": [{"clusterCaCertificate": synth.MOCK_CA}],
-                     "resourceLabels": {"verl-gke-stack": STACK}}}
+                     "resourceLabels": {"verl-gke-stack": STACK}, **HARDENED}}
     text = problems_of(own, **{"verl-gke:existingCluster": "true"})
     assert ("verl-gke:existingCluster = true: cluster verl-a4 was created by this stack, and `pulumi up` with "
             "existingCluster would delete it;") in text
     other = {CLUSTER: {**own[CLUSTER], "resourceLabels": {"verl-gke-stack": "a4x"}}}
     assert synth_with(other, **{"verl-gke:existingCluster": "true"}).outputs["clusterName"] == "verl-a4"
+
+
+def test_an_existing_cluster_without_policy_enforcement_workload_identity_or_the_metadata_server_is_refused():
+    """Why 4: the lookup read only the endpoint and CA, so such a cluster made every NetworkPolicy
+    inert and let Ray pods read the node's token. Each gap is one line with the command that closes it."""
+    base = {"name": "verl-a4", "location": "us-central1", "endpoint": "10.0.0.2",
+            "masterAuths": [{"clusterCaCertificate": synth.MOCK_CA}]}
+    legacy_pool = {"name": "gpu", "nodeConfigs": [{"workloadMetadataConfigs": [{"mode": "GCE_METADATA"}]}]}
+    bare_pool = {"name": "old", "nodeConfigs": [{}]}
+    cloud = {CLUSTER: {**base, "datapathProvider": "LEGACY_DATAPATH", "networkPolicies": [{"enabled": False}],
+                       "workloadIdentityConfigs": [], "nodePools": [HARDENED_POOL, legacy_pool, bare_pool]}}
+    lines = [line.strip() for line in problems_of(cloud, **{"verl-gke:existingCluster": "true"}).splitlines()
+             if "verl-gke:existingCluster" in line]
+    where = "--location us-central1 --project my-project-123"
+    assert lines == [
+        "verl-gke:existingCluster = true: cluster verl-a4 enforces no NetworkPolicy (neither Dataplane V2 nor "
+        "Calico), so the stack's default-deny policies would be inert: `gcloud container clusters update verl-a4 "
+        f"{where} --update-addons=NetworkPolicy=ENABLED`, then `gcloud container clusters update verl-a4 {where} "
+        "--enable-network-policy` (Dataplane V2 is chosen only at a cluster's creation).",
+        "verl-gke:existingCluster = true: cluster verl-a4 has no Workload Identity, so the stack's grants reach no "
+        "pod and pods act as the node's service account: `gcloud container clusters update verl-a4 "
+        f"{where} --workload-pool=my-project-123.svc.id.goog`.",
+        *(f"verl-gke:existingCluster = true: node pool {pool} of cluster verl-a4 runs without the GKE metadata "
+          f"server, so its pods can read the node's service account token: `gcloud container node-pools update "
+          f"{pool} --cluster verl-a4 {where} --workload-metadata=GKE_METADATA`." for pool in ("gpu", "old")),
+    ]
+    calico = {CLUSTER: {**base, **HARDENED, "datapathProvider": "LEGACY_DATAPATH",
+                        "networkPolicies": [{"enabled": True, "provider": "CALICO"}]}}
+    assert synth_with(calico, **{"verl-gke:existingCluster": "true"}).outputs["clusterName"] == "verl-a4"
+    autopilot = {CLUSTER: {**base, "enableAutopilot": True}}
+    assert synth_with(autopilot, **{"verl-gke:existingCluster": "true"}).outputs["clusterName"] == "verl-a4"
 
 
 def test_the_cluster_carries_its_stacks_label(synth_stack):

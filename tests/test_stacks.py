@@ -309,11 +309,14 @@ def test_run_supervisor_gets_the_runs_ids_and_only_its_own_rights(stack: str, sy
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
          "resourceNames": [f"{cfg.ray_cluster_name}-decider"], "verbs": ["get", "update"]},
     ]
-    # Its ConfigMap writes are held to run records of this cluster; the Role is bound after both policies.
+    # Its ConfigMap writes are held to run records of this cluster, its Lease creates to its own Lease;
+    # the Role is bound after both policies.
     records = _manifest(result, "ValidatingAdmissionPolicy", f"{cfg.namespace}.{name}-records")
     assert records["spec"]["matchConstraints"]["resourceRules"] == [
         {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"],
-         "operations": ["CREATE", "UPDATE", "DELETE"]}]
+         "operations": ["CREATE", "UPDATE", "DELETE"]},
+        {"apiGroups": ["coordination.k8s.io"], "apiVersions": ["v1"], "resources": ["leases"],
+         "operations": ["CREATE"]}]
     assert _manifest(result, "ValidatingAdmissionPolicyBinding", f"{cfg.namespace}.{name}-records")["spec"][
         "policyName"] == f"{cfg.namespace}.{name}-records"
     # Its RayCluster patches may change spec.suspend only.

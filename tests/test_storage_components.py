@@ -23,7 +23,7 @@ PROJECT = "my-project-123"
 SECRET_ID = "verl-gke-a4-hf-token"
 SECRET = f"projects/{PROJECT}/secrets/{SECRET_ID}"
 BUCKET = "verl-data-my-project-123"
-WRITABLE = ("verl/checkpoints/", "models/", "logs/", "huggingface_cache/")
+WRITABLE = ("verl/checkpoints/", "models/", "huggingface_cache/")
 MODEL_REV = "5ede1c97bbab6ce5cda5812749b4c0bdf79b18dd"
 DATASET_REV = "740312add88f781978c0658806c59bc2815b9866"
 
@@ -100,7 +100,7 @@ def test_registers_what_the_tutorial_creates(run: MockRun) -> None:
         ("gcp:storage/bucketIAMMember:BucketIAMMember", "storage-ray-bucket-reader"),
         *(("gcp:storage/managedFolder:ManagedFolder", f"storage-ray-writes-{f}") for f in FOLDERS),
         *(("gcp:storage/managedFolderIamMember:ManagedFolderIamMember", f"storage-ray-writes-{f}-user")
-          for f in FOLDERS),
+          for f in FOLDERS if f != "logs"),
         ("kubernetes:core/v1:Namespace", "storage-namespace"),
         ("kubernetes:core/v1:ServiceAccount", "storage-ksa"),
         ("kubernetes:core/v1:ServiceAccount", "storage-staging-ksa"),
@@ -112,7 +112,7 @@ def test_registers_what_the_tutorial_creates(run: MockRun) -> None:
         ("kubernetes:core/v1:ConfigMap", "staging-script"),
         ("kubernetes:batch/v1:Job", "staging-job"),
     }
-    assert len(run.registrations) == 23
+    assert len(run.registrations) == 22  # logs/ has no Ray grant (the supervisor writes it)
 
 
 def test_no_namespace_is_created_for_default(run_default_ns: MockRun) -> None:
@@ -193,7 +193,8 @@ def test_the_ray_pods_write_only_their_managed_folders(run: MockRun) -> None:
         assert (grant["bucket"], grant["role"], grant["member"]) == (BUCKET, "roles/storage.objectUser", ray), folder
     folders = {r.inputs["name"]: r.inputs for r in run.registrations if r.type == "gcp:storage/managedFolder:ManagedFolder"}
     # Removing a folder's policy (destroy) never deletes what the run wrote under it.
-    assert folders == {f: {"bucket": BUCKET, "name": f, "forceDestroy": True} for f in WRITABLE}
+    # logs/ too, which only the run supervisor may write (its grant is the supervisor component's).
+    assert folders == {f: {"bucket": BUCKET, "name": f, "forceDestroy": True} for f in (*WRITABLE, "logs/")}
     members = [r.inputs["member"] for r in run.registrations if "IAMMember" in r.type or "IamMember" in r.type]
     assert members.count(ray) == 1 + len(WRITABLE)
 
@@ -355,3 +356,17 @@ def test_any_stack_name_becomes_a_valid_bucket_label(stack: str, label: str):
 
     assert label_value(stack) == label
     assert _label_problem("stack", label_value(stack)) is None
+
+
+def test_only_the_run_supervisor_may_write_the_runs_logs() -> None:
+    """Why 6: with objectUser on `logs/`, any Ray job could forge the log and record copies the CLI and
+    CI read once the cluster is gone. Now one grant on that managed folder: the supervisor's."""
+    from verl_gke import synth
+
+    result = synth.run("a4-standard")
+    folders = [r for r in result.registrations if r.type == "gcp:storage/managedFolderIamMember:ManagedFolderIamMember"]
+    made = [r.inputs["name"] for r in result.registrations if r.type == "gcp:storage/managedFolder:ManagedFolder"]
+    assert sorted(made) == ["huggingface_cache/", "logs/", "models/", "verl/checkpoints/"]  # logs/: no Ray grant
+    assert sorted((r.name, r.inputs["managedFolder"]) for r in folders) == [
+        ("storage-ray-writes-huggingface-cache-user", "huggingface_cache/"), ("storage-ray-writes-models-user", "models/"),
+        ("storage-ray-writes-verl-checkpoints-user", "verl/checkpoints/"), ("supervisor-log-writer", "logs/")]

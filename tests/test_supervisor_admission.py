@@ -171,3 +171,20 @@ def test_no_other_configmap_can_be_written_by_it(target):
     assert set(_record_denials(program, None)) == {sorted(denied)[0]}  # delete
     # Relabelling its own program as a record is an update of a non-record: denied.
     assert _record_denials(program, {**RECORD, "metadata": {**RECORD["metadata"], "name": program["metadata"]["name"]}})
+
+
+def test_the_only_lease_the_supervisor_may_create_is_its_own():
+    """Why 6: RBAC's resourceNames does not limit create (Kubernetes docs, "Using RBAC Authorization",
+    Referring to resources), so the Role lets the supervisor create a Lease of any name; the policy
+    admits its own Lease only."""
+    rules = supervisor.record_admission_policy(SPEC)["spec"]["matchConstraints"]["resourceRules"]
+    assert {"apiGroups": ["coordination.k8s.io"], "apiVersions": ["v1"], "resources": ["leases"],
+            "operations": ["CREATE"]} in rules
+    own = supervisor.lease_name(SPEC.ray_cluster)
+
+    def lease(name: str) -> dict[str, Any]:
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": name, "namespace": "verl"},
+                "spec": {"holderIdentity": "x"}}
+
+    assert _record_denials(None, lease(own)) == []
+    assert _record_denials(None, lease("another-cluster-lease")) == [f"the run supervisor may create only its Lease {own}"]

@@ -123,7 +123,7 @@ def test_verbose_adds_the_types_every_setting_the_critical_path_and_the_assumpti
     assert set(brief) - set(full) == {
         brief[1], "verl settings: 37, 0 of them set in verl-gke:verl (the platform's defaults; --verbose lists them)",
         "(--verbose: every resource type, every verl setting, the critical path, the models' assumptions)"}
-    assert brief[1] == ("`pulumi up` would create 111 resources: 1 GKE cluster, 2 node pools, 3 VPCs, 1 bucket, "
+    assert brief[1] == ("`pulumi up` would create 110 resources: 1 GKE cluster, 2 node pools, 3 VPCs, 1 bucket, "
                         "1 RayCluster, 1 GRPO job, 45 Kubernetes objects in all; 28 stack outputs")
 
 

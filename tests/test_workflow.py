@@ -308,7 +308,7 @@ def test_after_up_the_run_is_awaited_with_the_cli_its_bucket_logs_read_and_the_p
     scripts = [step.get("run", "") for step in follow["steps"]]
     order = [
         next(i for i, s in enumerate(scripts) if 'pulumi stack output --json --stack "$STACK" > run/outputs.json' in s),
-        next(i for i, s in enumerate(scripts) if s.startswith(".venv/bin/verl-gke wait --outputs run/outputs.json")),
+        next(i for i, s in enumerate(scripts) if "\n.venv/bin/verl-gke wait --outputs run/outputs.json" in s),
         # The run's logs from the bucket copy, final once flushed before the release: no race with it.
         next(i for i, s in enumerate(scripts)
              if "verl-gke logs --outputs run/outputs.json --all --from-bucket --copy-wait" in s),
@@ -319,7 +319,11 @@ def test_after_up_the_run_is_awaited_with_the_cli_its_bucket_logs_read_and_the_p
     # The run is followed by its id (stack output runId), never by a submission id that changes on a retry.
     assert not any("--submission-id" in s for s in scripts)
     upload = follow["steps"][order[-1]]
-    assert upload["with"]["path"] == "run/"
+    # The plot, the metrics and the outputs; never the job's log (what a job prints stays in the bucket).
+    # Never the job's own log (it stays in the bucket): what verl-gke itself wrote.
+    assert upload["with"]["path"].split() == ["run/reward.png", "run/metrics.txt", "run/outputs.json",
+                                              "run/outcome.json", "run/verify.txt", "run/report.txt",
+                                              "run/report.png"]
     # The plot is uploaded even when the job failed or the wait timed out.
     assert upload["if"] == "${{ !cancelled() && steps.outputs.outcome == 'success' }}"
 
@@ -424,3 +428,59 @@ def test_ci_reads_the_runs_final_outcome_and_model_uri_from_wait_json_not_the_st
     assert follow["outputs"] == {"model_uri": "${{ steps.run.outputs.model_uri }}",
                                  "outcome": "${{ steps.run.outputs.outcome }}"}
     assert not any("modelUri" in s.get("run", "") and "stack output" in s.get("run", "") for s in follow["steps"])
+
+
+def test_the_deploy_identitys_iam_admin_grant_is_conditioned_to_the_roles_the_stack_grants() -> None:
+    """Why 5: an unconditional projectIamAdmin lets code that reaches a main push make itself owner.
+    The condition lists exactly the roles every stack grants at the project (from the real program
+    under the mock engine), so a `pulumi up` still works and nothing else can be granted."""
+    from verl_gke import synth
+
+    granted = {r.inputs["role"] for stack in ("a4", "a4-standard", "a3u-standard", "a4x")
+               for r in synth.run(stack).registrations if r.type == "gcp:projects/iAMMember:IAMMember"}
+    binding = _shell_command(_setup_text(), "gcloud projects add-iam-policy-binding")
+    assert "--role=roles/resourcemanager.projectIamAdmin" in binding
+    (condition,) = [w for w in binding if w.startswith("--condition=")]
+    match = re.fullmatch(r"--condition=\^:\^title=[\w-]+:expression=api\.getAttribute\("
+                         r"'iam\.googleapis\.com/modifiedGrantsByRole', \[\]\)\.hasOnly\(\[(.*)\]\)", condition)
+    assert match, condition
+    assert {role.strip().strip("'") for role in match.group(1).split(",")} == granted == {
+        "roles/container.defaultNodeServiceAccount"}
+
+
+def test_the_deploy_environment_needs_a_reviewer_other_than_the_pusher_and_main() -> None:
+    text = _setup_text()
+    put = _shell_command(text, "gh api -X PUT repos/<OWNER>/<REPO>/environments/deploy")
+    body = yaml.safe_load(put[put.index("<<<") + 1].replace("<REVIEWER_USER_ID>", "1"))
+    assert body == {"reviewers": [{"type": "User", "id": 1}], "prevent_self_review": True,
+                    "deployment_branch_policy": {"protected_branches": False, "custom_branch_policies": True}}
+    policy = _shell_command(text, "gh api -X POST repos/<OWNER>/<REPO>/environments/deploy/deployment-branch-policies")
+    assert policy[-4:] == ["-f", "name=main", "-f", "type=branch"]
+
+
+def test_an_image_without_a_reviewed_digest_stops_the_deploy_before_preview() -> None:
+    up = load()["jobs"]["up"]
+    scripts = [step.get("run", "") for step in up["steps"]]
+    check = scripts.index('.venv/bin/python -m verl_gke.image_pins --stack "$STACK" --check')
+    assert check < next(i for i, s in enumerate(scripts) if s.startswith("pulumi preview"))
+
+
+@pytest.mark.parametrize(("minutes", "runs"), [("330", True), ("1", True), ("360", True), ("361", False),
+                                               ("0", False), ("1+1", False), ("a[$(touch pwned)]", False),
+                                               ("x\n::error::forged", False), ("", False)])
+def test_wait_minutes_reaches_bash_arithmetic_only_as_whole_minutes(tmp_path: Path, minutes: str, runs: bool) -> None:
+    """Why 6: bash arithmetic evaluates a variable's text as an expression (`a[$(cmd)]` runs cmd)."""
+    (step,) = [s for s in load()["jobs"]["follow"]["steps"] if s.get("name") == "Wait for the GRPO run"]
+    cli = tmp_path / ".venv" / "bin" / "verl-gke"
+    cli.parent.mkdir(parents=True)
+    cli.write_text('#!/bin/bash\nprintf "%s\\n" "$@" > called\n')
+    cli.chmod(0o755)
+    done = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=tmp_path, env={"WAIT_MINUTES": minutes,
+                          "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=30)
+    assert not (tmp_path / "pwned").exists()
+    if runs:
+        assert done.returncode == 0, done.stderr
+        assert (tmp_path / "called").read_text().split()[-1] == str(int(minutes) * 60)
+    else:
+        assert done.returncode == 2 and not (tmp_path / "called").exists()
+        assert done.stdout.startswith("::error::wait_minutes = ") and done.stdout.count("\n") == 1

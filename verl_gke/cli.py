@@ -49,8 +49,10 @@ from verl_gke.console import print_rows as _print_rows
 from verl_gke.console import progress as _progress
 from verl_gke.cluster_readiness import ClusterNotReadyError, await_capacity, duration, read_capacity
 from verl_gke.log_text import InertLines, inert
+from verl_gke.cluster_api import cluster_api
 from verl_gke.head_access import (
     OUTAGE_WINDOW_S,
+    REQUEST_TIMEOUT_S,
     HeadAccessError,
     HeadRequestError,
     OutageClock,
@@ -60,6 +62,7 @@ from verl_gke.head_access import (
     wait_for_dashboard,
 )
 from verl_gke.stack_outputs import OutputsError, StackOutputs
+from workloads.kube import KubernetesApi
 
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
@@ -119,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="one Ray job to follow instead of a run (its submission id; no record is read)")
     source.add_argument("--kube-api-url", metavar="URL",
                         help="a directly reachable Kubernetes API (e.g. `kubectl proxy`'s) to read the run records "
-                             "from (default: the cluster's endpoint, with your Google credentials; with "
+                             "from and port-forward through (default: the cluster's endpoint, with your Google credentials; with "
                              "--dashboard-url alone no record is read)")
     source.add_argument("--bucket-dir", metavar="PATH",
                         help="a local mount or copy of the bucket to read the run's logs from, under "
@@ -341,8 +344,7 @@ def _head(args: argparse.Namespace, outputs: StackOutputs | None, timeout_s: flo
     (default --head-timeout)."""
     head_timeout = args.head_timeout if timeout_s is None else timeout_s
     if args.dashboard_url:
-        context = dashboard(args.dashboard_url, cluster_endpoint=None, cluster_ca_certificate=None,
-                            cluster_name=None, namespace="", head_service=None)
+        context = dashboard(args.dashboard_url, api=None, namespace="", head_service=None)
     else:
         assert outputs is not None, "_target loads the outputs whenever --dashboard-url is absent"
         if outputs.offline:
@@ -358,14 +360,10 @@ def _head(args: argparse.Namespace, outputs: StackOutputs | None, timeout_s: flo
             raise CliError(str(error)) from None
         _progress(f"opening a port-forward to svc/{outputs.ray_head_service} in namespace "
                   f"{outputs.namespace} of cluster {outputs.cluster_name}")
-        context = dashboard(
-            None,
-            cluster_endpoint=facts.endpoint,
-            cluster_ca_certificate=facts.ca_certificate,
-            cluster_name=outputs.cluster_name,
-            namespace=outputs.namespace,
-            head_service=outputs.ray_head_service,
-        )
+        api_timeout = min(REQUEST_TIMEOUT_S, head_timeout)
+        api = (KubernetesApi(args.kube_api_url, timeout_s=api_timeout) if args.kube_api_url
+               else cluster_api(facts.endpoint, facts.ca_certificate, api_timeout))
+        context = dashboard(None, api=api, namespace=outputs.namespace, head_service=outputs.ray_head_service)
     with context as url:
         try:
             wait_for_dashboard(url, min(_QUICK_PROBE_S, head_timeout))

@@ -2,17 +2,17 @@
 
 Two ways, chosen by `dashboard(...)`:
 - `dashboard_url` given (a privately exposed dashboard, or a local head in tests): used as is.
-- otherwise `kubectl port-forward` to the head service through the Kubernetes API, with a
-  throw-away kubeconfig built from the cluster's endpoint (and CA, for an IP endpoint; no credential in it: the
-  gke-gcloud-auth-plugin fetches a token at use time), on 127.0.0.1 and a port no browser connects to,
-  behind a LocalProxy of this process (verl_gke/local_proxy.py) that admits only requests carrying its
-  session's secret, for its own Host, from no other site; it adds the Ray cluster's token where the
-  cluster has token authentication. Both live exactly as long as the block.
+- otherwise a LocalProxy of this process (verl_gke/local_proxy.py), on a random 127.0.0.1 port, that
+  admits only requests carrying its session's secret, for its own Host, from no other site, and opens
+  for each a port-forward stream to the head pod through the cluster's API (verl_gke/pod_forward.py,
+  the API server's pods/portforward; the token from gke-gcloud-auth-plugin at use time). Nothing else
+  listens: no kubectl child, no forward port. It adds the Ray cluster's token where the cluster has
+  token authentication. It lives exactly as long as the block.
 
 Used by the GrpoJob provider and the CLI:
 
-    with dashboard(None, cluster_endpoint=ep, cluster_ca_certificate=ca, cluster_name="c",
-                   namespace="ray", head_service="b200-ray-cluster-head-svc") as url:
+    with dashboard(None, api=cluster_api(endpoint, ca, 30), namespace="ray",
+                   head_service="b200-ray-cluster-head-svc") as url:
         wait_for_dashboard(url, timeout_s=60)
         JobSubmissionClient(url).list_jobs()
 """
@@ -20,40 +20,22 @@ Used by the GrpoJob provider and the CLI:
 from __future__ import annotations
 
 import base64
-import collections
-import ctypes
-import os
-import re
 import shlex
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from manifests.ray_cluster import DASHBOARD_PORT, ray_cluster_of
-from verl_gke.kubeconfig import gke_kubeconfig, is_dns_endpoint
-from verl_gke.local_proxy import BROWSER_BLOCKED_PORTS, LocalProxy
+from verl_gke.local_proxy import LocalProxy
+from verl_gke.pod_forward import ForwardError, ForwardGone, PodForward
+from workloads.kube import KubernetesApi
 
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
-
-PORT_FORWARD_START_TIMEOUT_S = 60.0
-"""How long kubectl may take to authenticate and open the tunnel before we give up."""
-
-_FORWARDING = re.compile(rb"Forwarding from 127\.0\.0\.1:(\d+) ->")
-_STOP_GRACE_S = 5.0
-_ERROR_LINES = 10
 
 
 class HeadAccessError(RuntimeError):
@@ -61,7 +43,7 @@ class HeadAccessError(RuntimeError):
 
 
 class HeadAccessSetupError(HeadAccessError):
-    """kubectl or a cluster fact is missing: retrying cannot help."""
+    """gke-gcloud-auth-plugin or a cluster fact is missing: retrying cannot help."""
 
 
 class HeadRequestError(RuntimeError):
@@ -71,11 +53,6 @@ class HeadRequestError(RuntimeError):
 
 class HeadGoneError(HeadAccessError):
     """The Kubernetes API says the head's service (or its namespace) does not exist."""
-
-
-# kubectl's words for an object the API server does not have: `services "x" not found`,
-# `Error from server (NotFound): namespaces "x" not found`.
-_NOT_FOUND = re.compile(r'(?:services|namespaces) "[^"]+" not found')
 
 
 REQUEST_TIMEOUT_S = 30.0
@@ -169,177 +146,78 @@ def wait_for_dashboard(url: str, timeout_s: float) -> None:
 def dashboard(
     dashboard_url: str | None,
     *,
-    cluster_endpoint: str | None,
-    cluster_ca_certificate: str | None,
-    cluster_name: str | None,
+    api: KubernetesApi | None,
     namespace: str,
     head_service: str | None,
     port: int = DASHBOARD_PORT,
-    start_timeout_s: float = PORT_FORWARD_START_TIMEOUT_S,
 ) -> Iterator[str]:
     """Yields an http URL of the Ray dashboard for the duration of the block.
 
-    `dashboard_url` is yielded as is when given. Otherwise a `kubectl port-forward` to
-    `svc/<head_service>` runs for the block, with a temporary kubeconfig (mode 0600, deleted on
-    exit); it is always terminated on exit. Raises HeadAccessSetupError when kubectl or a cluster
-    fact is missing, HeadAccessError when the tunnel does not open within `start_timeout_s`.
+    `dashboard_url` is yielded as is when given. Otherwise a LocalProxy of this process, whose every
+    admitted connection is a port-forward stream to `svc/<head_service>` through `api` (the cluster's
+    API; verl_gke.pod_forward): nothing else listens. Raises HeadAccessSetupError when a cluster fact
+    is missing, HeadGoneError when the API has no such service, HeadAccessError when its head pod is
+    not running or the API does not answer.
     """
     if dashboard_url:
         yield dashboard_url.rstrip("/")
         return
-    facts = {"cluster_endpoint": cluster_endpoint, "cluster_ca_certificate": cluster_ca_certificate,
-             "cluster_name": cluster_name, "head_service": head_service}
-    if cluster_endpoint and is_dns_endpoint(cluster_endpoint):
-        del facts["cluster_ca_certificate"]  # the DNS endpoint's certificate is publicly trusted
-    missing = [key for key, value in facts.items() if not value]
-    if missing:
+    if api is None or not head_service:
         raise HeadAccessSetupError(
-            f"cannot reach the Ray dashboard: give dashboard_url, or all of cluster_endpoint, "
-            f"cluster_ca_certificate (for an IP endpoint), cluster_name and head_service "
-            f"(missing: {', '.join(missing)})"
-        )
-    assert cluster_endpoint and cluster_name and head_service
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
+            "cannot reach the Ray dashboard: give dashboard_url, or the cluster's API (cluster_endpoint, and "
+            "cluster_ca_certificate for an IP endpoint) and head_service")
+    forward = PodForward(api, namespace, head_service, port)
+    target = f"svc/{head_service} in namespace {namespace}"
+    try:
+        forward.resolve()
+        token = _ray_token(forward, ray_cluster_of(head_service))
+        if token:
+            _check_refuses_without_token(forward, target)
+    except ForwardGone as error:
+        raise HeadGoneError(f"port-forward to {target}: {error}") from None
+    except OSError as error:  # ForwardError, or the head's pod side timing out
+        raise HeadAccessError(f"port-forward to {target}: {error}") from None
+    with LocalProxy(forward.connect, token) as url:
+        yield url
+
+
+def _check_refuses_without_token(forward: PodForward, target: str) -> None:
+    """A cluster with a token must have a head that refuses a call without it: the RayCluster's
+    rayVersion is only a claim about its image (an image whose Ray ignores RAY_AUTH_MODE would run
+    any job submitted to it)."""
+    stream = forward.connect(REQUEST_TIMEOUT_S)
+    try:
+        stream.sendall(b"GET /api/jobs/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        answer = b""
+        while b"\r\n" not in answer and len(answer) < 4096:
+            chunk = stream.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+    finally:
+        stream.close()
+    status = answer.split(b"\r\n", 1)[0].decode("latin-1")
+    if not status.startswith("HTTP/1."):
+        raise ForwardError(f"the Ray head gave no HTTP answer to a call without the token ({status[:80]!r})")
+    if status.split(" ")[1].startswith("2"):
         raise HeadAccessSetupError(
-            "kubectl not found on PATH: it is needed to port-forward to the Ray head service "
-            "(install kubectl and gke-gcloud-auth-plugin, or give dashboard_url)"
-        )
-    with tempfile.TemporaryDirectory(prefix="verl-gke-") as workdir:
-        kubeconfig = Path(workdir) / "kubeconfig"
-        _write_private(kubeconfig, gke_kubeconfig(cluster_name, cluster_endpoint, cluster_ca_certificate))
-        target = f"svc/{head_service} in namespace {namespace} of cluster {cluster_name}"
-        token = _ray_token(kubectl, kubeconfig, namespace, head_service, target, start_timeout_s)
-        command = [kubectl, "port-forward", f"svc/{head_service}", f"{_blocked_free_port()}:{port}", "-n", namespace,
-                   "--address", "127.0.0.1", "--kubeconfig", str(kubeconfig)]
-        with _PortForward(command, target, start_timeout_s) as local_port, LocalProxy(local_port, token) as url:
-            yield url
+            f"the Ray head of {target} answered GET /api/jobs/ without the cluster's token ({status}): its token "
+            "authentication is off, so anyone who reaches 8265 could run jobs. Check the Ray version of verlImage "
+            "(rayVersion claims >= 2.52) and its RAY_AUTH_MODE")
 
 
-def _blocked_free_port() -> int:
-    """A port of BROWSER_BLOCKED_PORTS nothing listens on yet, for kubectl's end of the forward."""
-    for port in BROWSER_BLOCKED_PORTS:
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise HeadAccessError(f"every port browsers refuse ({', '.join(map(str, BROWSER_BLOCKED_PORTS))}) is in use "
-                          "on 127.0.0.1: close other verl-gke commands, or port-forwards, that hold them")
-
-
-def _ray_token(kubectl: str, kubeconfig: Path, namespace: str, head_service: str, target: str,
-               timeout_s: float) -> str | None:
+def _ray_token(forward: PodForward, ray_cluster: str) -> str | None:
     """The Ray cluster's token where it has token authentication, else None: KubeRay 1.6 keeps it in the
     Secret named after the RayCluster, key `auth_token` (ray-operator/controllers/ray/raycluster_controller.go,
-    reconcileAuthSecret), which exists only then."""
-    command = [kubectl, "get", "secret", ray_cluster_of(head_service), "-n", namespace, "--kubeconfig",
-               str(kubeconfig), "--ignore-not-found", "-o", "jsonpath={.data.auth_token}"]
+    reconcileAuthSecret), which exists only then. A Secret not yours to read counts as none (a head
+    that wants a token then says so itself, HTTP 401)."""
     try:
-        done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout_s,
-                              check=False)
-    except subprocess.TimeoutExpired:
-        raise HeadAccessError(f"kubectl get secret for {target} did not answer within {timeout_s:g} s") from None
-    error = done.stderr.decode(errors="replace").strip()
-    if done.returncode != 0 and ("forbidden" in error.lower() or "not found" in error.lower()):
-        # Not yours to read (a head that wants a token then says so itself, HTTP 401), or no such
-        # namespace (the port-forward then names what is gone).
-        return None
-    if done.returncode != 0:
-        raise HeadAccessError(f"kubectl get secret for {target} exited with status {done.returncode}: {error[-300:]}")
-    encoded = done.stdout.strip()
+        secret = forward.api.request("GET", f"/api/v1/namespaces/{forward.namespace}/secrets/{ray_cluster}")
+    except urllib.error.HTTPError as error:
+        if error.code == 403:
+            return None
+        raise ForwardError(f"GET secret {ray_cluster}: HTTP {error.code}") from None
+    except (OSError, ValueError) as error:
+        raise ForwardError(f"GET secret {ray_cluster}: {getattr(error, 'reason', error)}") from None
+    encoded = ((secret or {}).get("data") or {}).get("auth_token")
     return base64.b64decode(encoded).decode() if encoded else None
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Writes a file readable by its owner only, with that mode from its creation on."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the kubectl child: end when the thread that started it dies, even by SIGKILL (an engine
-    cancelling the provider), so no port-forward outlives its caller. The child lives only within
-    one call on that thread."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-class _PortForward:
-    """A kubectl port-forward child: started on enter, always terminated on exit.
-
-    Its output is drained by two threads for its whole life: kubectl prints a line per
-    connection, and a full pipe would block it.
-    """
-
-    def __init__(self, command: list[str], target: str, start_timeout_s: float) -> None:
-        self._command = command
-        self._target = target
-        self._start_timeout_s = start_timeout_s
-        self._port: int | None = None
-        self._ready = threading.Event()
-        self._errors: collections.deque[str] = collections.deque(maxlen=_ERROR_LINES)
-        self._process: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> int:
-        self._process = subprocess.Popen(self._command, stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         preexec_fn=_die_with_parent)
-        assert self._process.stdout and self._process.stderr
-        readers = [threading.Thread(target=self._read_stdout, args=(self._process.stdout,), daemon=True),
-                   threading.Thread(target=self._read_stderr, args=(self._process.stderr,), daemon=True)]
-        for reader in readers:
-            reader.start()
-        try:
-            if not self._ready.wait(self._start_timeout_s):
-                raise HeadAccessError(
-                    f"kubectl port-forward to {self._target} did not open within "
-                    f"{self._start_timeout_s:g} s{self._error_tail()}"
-                )
-            if self._port is None:
-                for reader in readers:
-                    reader.join(timeout=_STOP_GRACE_S)
-                gone = any(_NOT_FOUND.search(line) for line in self._errors)
-                raise (HeadGoneError if gone else HeadAccessError)(
-                    f"kubectl port-forward to {self._target} exited with status "
-                    f"{self._process.wait()}{self._error_tail()}"
-                )
-        except BaseException:
-            self._stop()
-            raise
-        return self._port
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop()
-
-    def _read_stdout(self, stream: IO[bytes]) -> None:
-        for line in stream:
-            match = _FORWARDING.search(line)
-            if match and self._port is None:
-                self._port = int(match.group(1))
-                self._ready.set()
-        self._ready.set()  # EOF: kubectl exited; __enter__ reports it
-
-    def _read_stderr(self, stream: IO[bytes]) -> None:
-        for line in stream:
-            self._errors.append(line.decode(errors="replace").rstrip())
-
-    def _error_tail(self) -> str:
-        lines = [line for line in self._errors if line]
-        return (": " + " | ".join(lines)) if lines else ""
-
-    def _stop(self) -> None:
-        process = self._process
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=_STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()

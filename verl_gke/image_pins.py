@@ -11,6 +11,13 @@ state. This machine reaches no registry, so on a machine that does, a maintainer
 which asks each image's registry (verl_gke.registry: anonymous, the digest `docker pull` resolves the
 tag to) and writes the digests into the table; review the diff and commit it. Nothing is written
 unless every image resolves.
+
+For one stack, before its first `pulumi up` (so not even that one trusts a tag):
+
+    .venv/bin/python -m verl_gke.image_pins --stack <stack>           # prints `pulumi config set` lines
+    .venv/bin/python -m verl_gke.image_pins --stack <stack> --check   # CI: exit 1 if an image is unpinned
+
+The digests then live in the stack's config (`verl-gke:imageDigests`), reviewed like any config change.
 """
 
 from __future__ import annotations
@@ -18,13 +25,15 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from domain import platforms
-from domain.config import StackConfig
+from domain.config import ConfigError, StackConfig, load_config
+from domain.stack_files import PROJECT_DIR, raw_config
 from domain.platforms import PLATFORMS, repository_pin
 from manifests import dra, kuberay, nccl, staging
 from verl_gke.registry import RegistryError, resolve_digest
@@ -46,7 +55,16 @@ def block(digests: dict[str, str]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m verl_gke.image_pins", description=__doc__.split("\n\n")[0])
     parser.add_argument("--table", type=Path, default=TABLE, help=f"the platform table to write (default {TABLE})")
+    parser.add_argument("--stack", help="print the `pulumi config set` commands pinning this stack's images instead")
+    parser.add_argument("--check", action="store_true",
+                        help="with --stack: ask no registry; exit 1 naming each image with no digest in the "
+                             "repository or the stack's config")
+    parser.add_argument("--project-dir", type=Path, default=PROJECT_DIR, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.stack:
+        return _stack(args.stack, args.project_dir, args.check)
+    if args.check:
+        parser.error("--check needs --stack")
     digests = {}
     for image in TAGGED_IMAGES:
         try:
@@ -65,6 +83,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     part.write_text(_BLOCK.sub(lambda m: m.group(1) + block(digests) + m.group(3), text))
     os.replace(part, args.table)
     print(f"wrote {len(digests)} digests to {args.table}")
+    return 0
+
+
+def _stack(stack: str, project_dir: Path, check: bool) -> int:
+    try:
+        raw, _ = raw_config(stack, project_dir)
+        cfg = load_config(raw, f"Pulumi.{stack}.yaml")
+    except (ConfigError, FileNotFoundError) as error:
+        print(f"image_pins: {error}", file=sys.stderr)
+        return 1
+    images, by_tag = stack_images(cfg)
+    unpinned = sorted({i.image for i in images if not repository_pin(i.image, cfg.image_digests)})
+    if check:
+        for image in unpinned:
+            print(f"image_pins: stack {stack} would pull {image} by a digest asked at `pulumi up`: pin it first "
+                  f"(`python -m verl_gke.image_pins --stack {stack}` prints the command)", file=sys.stderr)
+        if by_tag:
+            print(f"image_pins: stack {stack} applies by tag: {by_tag}", file=sys.stderr)
+        return 1 if unpinned else 0
+    lines = []
+    for image in unpinned:
+        try:
+            digest = resolve_digest(image)
+        except RegistryError as error:
+            print(f"image_pins: {error}", file=sys.stderr)
+            return 1
+        lines.append(shlex.join(["pulumi", "config", "set", "--stack", stack, "--path",
+                                 f'verl-gke:imageDigests["{image}"]', digest]))
+    print("\n".join(lines) if lines else f"every image of stack {stack} is pinned")
     return 0
 
 
@@ -105,13 +152,16 @@ def summary_lines(cfg: StackConfig) -> list[str]:
     """What synth says of the stack's images: pinned in the repository, or at the first `pulumi up`."""
     images, by_tag = stack_images(cfg)
     in_repo = [i for i in images if repository_pin(i.image)]
-    at_up = [i for i in images if not repository_pin(i.image)]
+    in_config = [i for i in images if not repository_pin(i.image) and repository_pin(i.image, cfg.image_digests)]
+    at_up = [i for i in images if not repository_pin(i.image, cfg.image_digests)]
     lines = ["Images (every one pulled by digest):" if by_tag is None else
              "Images (every one pulled by digest, but one by tag):"]
     lines.append("  pinned in the repository: " + ", ".join(i.shown for i in in_repo))
+    if in_config:
+        lines.append("  pinned in the stack's config (imageDigests): " + ", ".join(i.shown for i in in_config))
     if at_up:
-        lines.append("  pinned at the first `pulumi up` (no digest in domain/platforms.py yet; "
-                     "`python -m verl_gke.image_pins` writes them):")
+        lines.append("  pinned at the first `pulumi up` (no digest in domain/platforms.py or imageDigests; "
+                     "`python -m verl_gke.image_pins --stack <stack>` prints them; CI refuses to deploy so):")
         lines += [f"    {i.shown}" for i in at_up]
     if by_tag:
         lines.append(f"  by tag: {by_tag}")

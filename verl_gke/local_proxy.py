@@ -4,8 +4,9 @@ reach a port-forwarded Ray dashboard.
 A web page in the browser can reach any loopback port: Firefox and Safari let a page scan them, and
 DNS rebinding then points a name of the page's own at 127.0.0.1 so the browser sends it the page's
 requests (Ray's dashboard checks no Host; the Job API of Ray before 2.52 has no authentication;
-CVE-2025-62593). So the port-forward listens on a port every browser refuses to connect to
-(BROWSER_BLOCKED_PORTS), and this proxy, on a random loopback port, admits only requests that:
+CVE-2025-62593); any local user can too. So the port-forward has no listener (verl_gke/pod_forward.py
+opens a stream per connection inside this process), and this proxy, on a random loopback port, is
+the only way in; it admits only requests that:
 
 - carry the session's secret as the first path segment (`http://127.0.0.1:<port>/<secret>/...`,
   32 random bytes, made when the command starts and gone when it ends; the page cannot know it);
@@ -14,7 +15,7 @@ CVE-2025-62593). So the port-forward listens on a port every browser refuses to 
   is `same-origin` or `none` (typed in, or the dashboard's own pages).
 
 It forwards the rest without the secret segment, one request per connection (a WebSocket upgrade,
-for `logs --follow`, stays open), with `Host` rewritten to the forward's and, where the Ray cluster
+for `logs --follow`, stays open) on a stream of its own, with `Host` rewritten to the upstream's and, where the Ray cluster
 has token authentication, the token added as `Authorization: Bearer` (so the browser and the CLI
 never hold it). Ray's dashboard serves its pages with relative links, so it works under the secret
 prefix (open the URL with its trailing `/`).
@@ -26,14 +27,9 @@ import hmac
 import secrets
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
-BROWSER_BLOCKED_PORTS = (6665, 6666, 6667, 6668, 6669, 6697, 6000, 5060, 5061, 3659, 4045, 2049, 1719, 1720,
-                         1723, 6566, 10080)
-"""Ports browsers never connect to (WHATWG Fetch Standard, "port blocking": a request to a bad port is a
-network error, WebSockets included; Chromium, Firefox and WebKit implement the list), those an
-unprivileged user may bind. The port-forward listens on one of them, so only non-browser clients
-(this proxy) can use it."""
 _HEAD_LIMIT = 64 * 1024
 _CHUNK = 64 * 1024
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "proxy-authorization", "te", "trailer", "upgrade",
@@ -43,8 +39,16 @@ _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "proxy-authorizat
 class LocalProxy:
     """Started on enter (yields the URL with the session's secret), stopped on exit."""
 
-    def __init__(self, upstream_port: int, token: str | None = None, timeout_s: float = 30.0) -> None:
-        self._upstream = ("127.0.0.1", upstream_port)
+    def __init__(self, upstream: int | Callable[[float], Any], token: str | None = None,
+                 timeout_s: float = 30.0) -> None:
+        """`upstream`: a loopback port (a head of your own), or a function opening a stream (a
+        socket-like object) to the head within a deadline (verl_gke.pod_forward)."""
+        if isinstance(upstream, int):
+            port = upstream
+            self._connect: Callable[[float], Any] = lambda t: socket.create_connection(("127.0.0.1", port), timeout=t)
+            self._upstream_host = f"127.0.0.1:{port}"
+        else:
+            self._connect, self._upstream_host = upstream, "127.0.0.1"
         self._token = token
         self._timeout_s = timeout_s
         self._secret = secrets.token_urlsafe(32)
@@ -105,11 +109,19 @@ class LocalProxy:
                 _answer(conn, 411, "verl-gke's local proxy takes request bodies with a Content-Length only")
                 return
             upgrade = headers.get("upgrade", "").lower() == "websocket"
-            upstream = socket.create_connection(self._upstream, timeout=self._timeout_s)
+            try:
+                upstream = self._connect(self._timeout_s)
+            except OSError as error:
+                _answer(conn, 502, f"verl-gke's local proxy could not reach the Ray head: {error}")
+                return
             with self._lock:
                 self._open.add(upstream)
-            upstream.sendall(self._request_head(method, path, headers, upgrade))
-            _copy_body(conn, upstream, rest, int(headers.get("content-length", "0") or 0))
+            try:
+                upstream.sendall(self._request_head(method, path, headers, upgrade))
+                _copy_body(conn, upstream, rest, int(headers.get("content-length", "0") or 0))
+            except OSError as error:
+                _answer(conn, 502, f"verl-gke's local proxy could not reach the Ray head: {_cause(upstream, error)}")
+                return
             if upgrade:
                 conn.settimeout(None)
                 upstream.settimeout(None)
@@ -142,7 +154,7 @@ class LocalProxy:
 
     def _request_head(self, method: str, path: str, headers: dict[str, str], upgrade: bool) -> bytes:
         out = {k: v for k, v in headers.items() if k not in _HOP_BY_HOP and k not in ("host", "origin")}
-        out["host"] = f"{self._upstream[0]}:{self._upstream[1]}"
+        out["host"] = self._upstream_host
         if self._token:
             out["authorization"] = f"Bearer {self._token}"
         if upgrade:
@@ -194,7 +206,11 @@ def _copy_body(src: socket.socket, dst: socket.socket, already: bytes, length: i
 
 def _relay_response(upstream: socket.socket, client: socket.socket) -> None:
     """The forward's answer with `Connection: close` (one request per connection), then its body."""
-    head, rest = _read_head(upstream)
+    try:
+        head, rest = _read_head(upstream)
+    except OSError as error:  # the forward's pod side failed (verl_gke.pod_forward), or timed out
+        _answer(client, 502, f"verl-gke's local proxy got no answer from the Ray head: {error}")
+        return
     if head is None:
         return
     status, *lines = head.decode("latin-1").split("\r\n")
@@ -218,12 +234,21 @@ def _pipe(src: socket.socket, dst: socket.socket) -> None:
 
 
 def _answer(sock: socket.socket, status: int, text: str, headers: dict[str, Any] | None = None) -> None:
-    reasons = {308: "Permanent Redirect", 403: "Forbidden", 411: "Length Required"}
+    reasons = {308: "Permanent Redirect", 403: "Forbidden", 411: "Length Required", 502: "Bad Gateway"}
     body = (text + "\n").encode() if text else b""
     lines = [f"HTTP/1.1 {status} {reasons[status]}", "Content-Type: text/plain; charset=utf-8",
              f"Content-Length: {len(body)}", "Connection: close",
              *(f"{k}: {v}" for k, v in (headers or {}).items())]
     sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+
+
+def _cause(upstream: Any, error: OSError) -> OSError:
+    """Why a stream refused a write: the pod side's own error where it sent one before closing."""
+    try:
+        upstream.recv(1)
+    except OSError as reported:
+        return reported
+    return error
 
 
 def _close(sock: socket.socket) -> None:
