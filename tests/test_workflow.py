@@ -400,7 +400,7 @@ def test_after_up_the_stack_is_verified_while_the_run_stands_and_reported_once_i
     scripts = [step.get("run", "") for step in steps]
     outputs = next(i for i, s in enumerate(scripts) if "> run/outputs.json" in s)
     verify = next(i for i, s in enumerate(scripts) if ".venv/bin/verl-gke verify --outputs run/outputs.json" in s)
-    wait = next(i for i, s in enumerate(scripts) if s.startswith(".venv/bin/verl-gke wait "))
+    wait = next(i for i, s in enumerate(scripts) if "\n.venv/bin/verl-gke wait " in s)
     report = next(i for i, s in enumerate(scripts)
                   if ".venv/bin/verl-gke report --outputs run/outputs.json --plot run/report.png" in s)
     logs = next(i for i, s in enumerate(scripts) if "verl-gke logs --outputs run/outputs.json --all" in s)
@@ -475,8 +475,10 @@ def test_wait_minutes_reaches_bash_arithmetic_only_as_whole_minutes(tmp_path: Pa
     cli.parent.mkdir(parents=True)
     cli.write_text('#!/bin/bash\nprintf "%s\\n" "$@" > called\n')
     cli.chmod(0o755)
-    done = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=tmp_path, env={"WAIT_MINUTES": minutes,
-                          "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=30)
+    (tmp_path / "run").mkdir()  # the outputs step made it
+    done = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=tmp_path, env={
+        "WAIT_MINUTES": minutes, "PATH": "/usr/bin:/bin", "GITHUB_OUTPUT": str(tmp_path / "github-output")},
+        capture_output=True, text=True, timeout=30)
     assert not (tmp_path / "pwned").exists()
     if runs:
         assert done.returncode == 0, done.stderr
