@@ -474,3 +474,27 @@ def test_each_run_has_its_checkpoint_folder_beside_the_stacks_own() -> None:
     stack = replace(OUTPUTS, checkpoint_uri="gs://b/verl/checkpoints/run-a", run_id="run-a")
     assert stack.run_checkpoint_uri("run-a") == "gs://b/verl/checkpoints/run-a"
     assert stack.run_checkpoint_uri("run-0") == "gs://b/verl/checkpoints/run-0"
+
+
+def test_wait_honours_its_timeout_while_the_run_record_is_unreadable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`wait --timeout 30` during an API outage ends at 30 s with the timeout's own exit status (8), not
+    after the 600 s outage window."""
+    from tests.run_world import OUTPUTS
+
+    now = [1000.0]
+    monkeypatch.setattr(runs.time, "monotonic", lambda: now[0])
+
+    def unreadable() -> Any:
+        raise ConnectionRefusedError("connection refused")
+
+    def time_passes(seconds: float) -> None:
+        now[0] += seconds
+
+    run = runs.Run("run-a", OUTPUTS, runs.BucketCopy("run-a", "", None), lambda: None)
+    monkeypatch.setattr(run, "record", unreadable)
+    with pytest.raises(runs.CliError) as caught:
+        runs.follow(run, timeout_s=30.0, poll_s=10.0, outage_window_s=600.0, sleep=time_passes)
+    assert getattr(caught.value, "exit_code", 1) == 8
+    assert now[0] - 1000.0 <= 30.0
+    assert str(caught.value) == ("run run-a: its record was not readable for 0m30s, and --timeout 30 s has passed "
+                                 "(the run may go on): connection refused")

@@ -16,9 +16,7 @@ the output runId) is read from its record through the Kubernetes API (verl_gke/r
 reached the way the GrpoJob provider reaches it (verl_gke.head_access): a port-forward through the
 Kubernetes API, or `--dashboard-url` for a head that is directly reachable; once the head is gone,
 the run's logs come from its copy in the bucket. Results go to stdout, progress to stderr. An error
-is one line on stderr. Exit status: 0 done, 1 the command failed, 2 a wrong command line, 3 `wait`
-could not read the run for its outage window, 4 `wait`: the run failed, 5 stopped, 6 over its budget,
-7 lost, 130 interrupted.
+is one line on stderr; the exit statuses: EPILOG (docs/runs.md).
 """
 
 from __future__ import annotations
@@ -39,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO, TypeVar
 
 from verl_gke import fabric, gke_facts, metrics, runs, stack_outputs
-from verl_gke.console import PROG, CliError, HeadUnreachable, UsageError
+from verl_gke.console import PROG, CliError, HeadUnreachable, TimedOut, UsageError
 from verl_gke.console import fail as _fail
 from verl_gke.console import first_line as _first_line
 from verl_gke.console import one_line as _one_line
@@ -101,29 +99,70 @@ class Target:
 # Arguments
 
 
+def _flags(title: str, *flags: tuple[tuple[str, ...], dict[str, Any]]) -> argparse.ArgumentParser:
+    """A group of shared flags, composed into the commands that read them (argparse parents)."""
+    parent = _Parser(add_help=False)
+    group = parent.add_argument_group(title)
+    for names, options in flags:
+        group.add_argument(*names, **options)
+    return parent
+
+
+def _flag_groups() -> dict[str, argparse.ArgumentParser]:
+    return {
+        "outputs": _flags(
+            "where the stack is",
+            (("--outputs",), dict(type=Path, metavar="FILE",
+                                  help="stack outputs as JSON (a saved `pulumi stack output --json`, or "
+                                       "dist/<stack>/outputs.json); default: ask the pulumi CLI")),
+            (("--stack",), dict(metavar="NAME", help="Pulumi stack to read the outputs of (default: the selected one)"))),
+        "head": _flags(
+            "how the Ray head is reached",
+            (("--dashboard-url",), dict(metavar="URL",
+                                        help="a directly reachable Ray dashboard, e.g. http://127.0.0.1:8265 "
+                                             "(default: port-forward to the head service through the Kubernetes "
+                                             "API)")),
+            (("--head-timeout",), dict(type=_positive_float, default=DEFAULT_HEAD_TIMEOUT_S, metavar="S",
+                                       help="seconds to wait for the Ray dashboard to answer "
+                                            f"(default {DEFAULT_HEAD_TIMEOUT_S:g})"))),
+        "run": _flags(
+            "which run",
+            (("--run",), dict(metavar="RUN_ID",
+                              help="the run to follow (default: the stack output runId); its record names its "
+                                   "attempts"))),
+        "job": _flags(
+            "or one Ray job",
+            (("--submission-id",), dict(metavar="ID", help="one Ray job to follow instead of a run (its submission "
+                                                          "id; no record is read)"))),
+        "records": _flags(
+            "where the run records are read",
+            (("--kube-api-url",), dict(metavar="URL",
+                                       help="a directly reachable Kubernetes API (e.g. `kubectl proxy`'s) to read "
+                                            "the run records from (default: the cluster's endpoint, with your "
+                                            "Google credentials)"))),
+        "bucket": _flags(
+            "where the run's log copy is read",
+            (("--bucket-dir",), dict(metavar="PATH",
+                                     help="a local mount or copy of the bucket to read the run's logs from, under "
+                                          "PATH/logs/<run>/ (default: `gcloud storage cat "
+                                          "gs://<bucketName>/logs/<run>/...`)"))),
+    }
+
+
+# The flag groups each command reads (tests/test_cli.py checks them against the code).
+_FOLLOW = ("outputs", "head", "run", "job", "records")
+COMMAND_FLAGS: dict[str, tuple[str, ...]] = {
+    "status": _FOLLOW, "logs": (*_FOLLOW, "bucket"), "wait": _FOLLOW, "stop": ("outputs", "run", "records"),
+    "runs": ("outputs", "records", "bucket"), "dashboard": ("outputs", "head"),
+    "metrics": (*_FOLLOW, "bucket"), "fabric": ("outputs", "head"), "export": _FOLLOW,
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    common = _Parser(add_help=False)
-    source = common.add_argument_group("where the stack is")
-    source.add_argument("--outputs", type=Path, metavar="FILE",
-                        help="stack outputs as JSON (a saved `pulumi stack output --json`, or "
-                             "dist/<stack>/outputs.json); default: ask the pulumi CLI")
-    source.add_argument("--stack", metavar="NAME", help="Pulumi stack to read the outputs of (default: the selected one)")
-    source.add_argument("--dashboard-url", metavar="URL",
-                        help="a directly reachable Ray dashboard, e.g. http://127.0.0.1:8265 "
-                             "(default: port-forward to the head service through the Kubernetes API)")
-    source.add_argument("--run", metavar="RUN_ID",
-                        help="the run to follow (default: the stack output runId); its record names its attempts")
-    source.add_argument("--submission-id", metavar="ID",
-                        help="one Ray job to follow instead of a run (its submission id; no record is read)")
-    source.add_argument("--kube-api-url", metavar="URL",
-                        help="a directly reachable Kubernetes API (e.g. `kubectl proxy`'s) to read the run records "
-                             "from (default: the cluster's endpoint, with your Google credentials; with "
-                             "--dashboard-url alone no record is read)")
-    source.add_argument("--bucket-dir", metavar="PATH",
-                        help="a local mount or copy of the bucket to read the run's logs from, under "
-                             "PATH/logs/<run>/ (default: `gcloud storage cat gs://<bucketName>/logs/<run>/...`)")
-    source.add_argument("--head-timeout", type=_positive_float, default=DEFAULT_HEAD_TIMEOUT_S, metavar="S",
-                        help=f"seconds to wait for the Ray dashboard to answer (default {DEFAULT_HEAD_TIMEOUT_S:g})")
+    groups = _flag_groups()
+
+    def parents(command: str) -> list[argparse.ArgumentParser]:
+        return [groups[name] for name in COMMAND_FLAGS[command]]
 
     parser = _Parser(
         prog=PROG, description="Follow the GRPO run of a verl-gke stack.",
@@ -132,12 +171,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    status = commands.add_parser("status", parents=[common], help="cluster, head, workers, GPUs and job, on one screen",
+    status = commands.add_parser("status", parents=parents("status"), help="cluster, head, workers, GPUs and job, on one screen",
                                  description="Show the cluster, the Ray head, the workers and GPUs that joined, and the job status.")
     status.set_defaults(handler=cmd_status)
 
     logs = commands.add_parser(
-        "logs", parents=[common], help="print the run's logs (the current attempt, one, or all)",
+        "logs", parents=parents("logs"), help="print the run's logs (the current attempt, one, or all)",
         description="Print the run's driver logs: the current attempt's, --attempt N's or --all of them, from the "
                     "Ray head, or from the run's copy in the bucket (logs/<run>/) once the head is gone.")
     which = logs.add_mutually_exclusive_group()
@@ -152,10 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
     logs.set_defaults(handler=cmd_logs)
 
     wait = commands.add_parser(
-        "wait", parents=[common], help="wait for the run to end; exit 0 only if it succeeded",
+        "wait", parents=parents("wait"), help="wait for the run to end; exit 0 only if it succeeded",
         description="Follow the run through its record across attempts until it ends, reporting each new attempt "
                     "and decision on stderr. Exit 0 if it succeeded, 4 failed, 5 stopped, 6 over its budget, 7 "
-                    "lost (its head unreachable past runHeadOutageSeconds); 1 the timeout passed (the run goes "
+                    "lost (its head unreachable past runHeadOutageSeconds); 8 --timeout passed (the run goes "
                     "on); 3 the record (or, following one job, the head) unreadable for the outage window.")
     wait.add_argument("--timeout", type=_positive_float, metavar="S", help="give up after S seconds (default: never)")
     wait.add_argument("--poll", type=_positive_float, default=DEFAULT_POLL_S, metavar="S",
@@ -166,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     wait.set_defaults(handler=cmd_wait)
 
     stop = commands.add_parser(
-        "stop", parents=[common], help="end the run: stop its job, keep its checkpoints, release the GPUs",
+        "stop", parents=parents("stop"), help="end the run: stop its job, keep its checkpoints, release the GPUs",
         description="Ask the run's decider (the run supervisor) to end the run, through its record: it stops the "
                     "live attempt, keeps the checkpoints and releases the GPU workers. Idempotent. Waits for the "
                     "release unless --no-wait. A later run of the same spec needs a new verl-gke:jobAttempt "
@@ -179,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     stop.set_defaults(handler=runs.cmd_stop)
 
     listing = commands.add_parser(
-        "runs", parents=[common], help="the stack's runs: outcome, attempts, times, GPU-hours, cost, URIs",
+        "runs", parents=parents("runs"), help="the stack's runs: outcome, attempts, times, GPU-hours, cost, URIs",
         description="List the runs whose records the stack keeps (every open run and the newest 10 ended ones): "
                     "id, outcome, attempts, start and end, GPU-hours and cost (at hourlyCostUsd), checkpoint and "
                     "model URIs; with --step-times the measured step time from the bucket's log copy against "
@@ -189,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.set_defaults(handler=runs.cmd_runs)
 
     dash = commands.add_parser(
-        "dashboard", parents=[common], help="open the Ray dashboard locally until Ctrl-C or --minutes",
+        "dashboard", parents=parents("dashboard"), help="open the Ray dashboard locally until Ctrl-C or --minutes",
         description="Open a port-forward to the Ray head behind a local proxy of this command and print its URL "
                     "until Ctrl-C or --minutes. The URL holds a secret of this session: the proxy admits only "
                     "requests that carry it, for its own address, from no other site, so a web page in your "
@@ -199,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     dash.set_defaults(handler=cmd_dashboard)
 
     met = commands.add_parser(
-        "metrics", parents=[common], help="per-step metrics table, reward plot and verdict",
+        "metrics", parents=parents("metrics"), help="per-step metrics table, reward plot and verdict",
         description="Parse verl's console metrics (step:N - key:value ...) from the job's logs or a saved "
                     f"log file. Verdict rule: {metrics.RISING_RULE}. With the stack's outputs (a saved log: "
                     "--outputs or --stack), the measured step time against the modeled one.",
@@ -211,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     met.set_defaults(handler=cmd_metrics)
 
     fab = commands.add_parser(
-        "fabric", parents=[common], help="measure the GPU fabric: all-reduce bus bandwidth across the workers",
+        "fabric", parents=parents("fabric"), help="measure the GPU fabric: all-reduce bus bandwidth across the workers",
         description="Run the fabric check the deploy runs before the GRPO run: an all-reduce across every GPU "
                     "worker as a Ray job, its bus bandwidth printed. Exit 1 below the floor. The GPUs must be "
                     "free: while the run trains, the check waits for them until its timeout.")
@@ -226,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     fab.set_defaults(handler=cmd_fabric)
 
     exp = commands.add_parser(
-        "export", parents=[common], help="merge a checkpoint into a Hugging Face model in the bucket",
+        "export", parents=parents("export"), help="merge a checkpoint into a Hugging Face model in the bucket",
         description="Run verl's model merger on the head as a Ray job: the checkpoint at --step (default: the "
                     "newest) becomes safetensors at gs://<bucket>/models/<run>/model (or model-step-N), which "
                     "transformers and vLLM load. Waits for the job and prints the model's gs:// URI.")
@@ -248,7 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 EPILOG = ("Errors are one line on stderr. Exit status: 0 done, 1 the command failed, 2 a wrong command line, 3 "
           "`wait` could not read the run for its outage window, 4 `wait`: the run failed, 5 stopped, 6 over its "
-          "budget, 7 lost, 130 interrupted.")
+          "budget, 7 lost, 8 `wait`, `stop` or `export`: its --timeout passed (what it waits for goes on), 130 "
+          "interrupted.")
 
 
 def _version() -> str:
@@ -311,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 # Reaching the job
 
 
-def _target(args: argparse.Namespace, *, need_outputs: bool) -> Target:
+def _target(args: argparse.Namespace, *, need_outputs: bool, bucket_dir: str | None = None) -> Target:
     """Loads the stack outputs unless the flags alone say where the job is."""
     outputs = None
     if need_outputs or not (args.dashboard_url and args.submission_id):
@@ -319,7 +359,11 @@ def _target(args: argparse.Namespace, *, need_outputs: bool) -> Target:
     submission_id = args.submission_id or (outputs.grpo_submission_id if outputs else "")
     if args.submission_id and args.run:
         raise UsageError("--run and --submission-id name two things to follow: give one")
-    run = runs.run_of(args, outputs) if outputs is not None and not args.submission_id else None
+    run = None
+    if outputs is not None and not args.submission_id:
+        found = outputs
+        run = runs.run_of(args.run, outputs, lambda: runs.record_store(found, args.kube_api_url,
+                                                                       bool(args.dashboard_url)), bucket_dir)
     return Target(outputs=outputs, submission_id=submission_id, run=run)
 
 
@@ -600,7 +644,7 @@ def _ray_version(url: str) -> str:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    target = _target(args, need_outputs=False)
+    target = _target(args, need_outputs=False, bucket_dir=args.bucket_dir)
     if not args.follow:
         for header, text in _run_logs(args, target, every=args.all, index=args.attempt):
             if header:
@@ -692,9 +736,12 @@ def _wait_job(args: argparse.Namespace, target: Target) -> int:
     reported: tuple[str, float] | None = None
     outage = OutageClock(args.outage_window)
     while True:
-        left = outage.left()
+        # The head is waited for no longer than the outage window or the --timeout leaves.
+        bounds = [args.head_timeout, *([] if (left := outage.left()) is None else [max(1.0, left)])]
+        if args.timeout is not None:
+            bounds.append(max(1.0, args.timeout - (time.monotonic() - started)))
         try:
-            with _head(args, target.outputs, None if left is None else min(args.head_timeout, max(1.0, left))) as url:
+            with _head(args, target.outputs, min(bounds)) as url:
                 client = _job_client(url)
                 while True:
                     status, message = _job_info(client, url, target.submission_id)
@@ -706,7 +753,7 @@ def _wait_job(args: argparse.Namespace, target: Target) -> int:
                     if status in TERMINAL_STATUSES:
                         break
                     if args.timeout is not None and elapsed + args.poll > args.timeout:
-                        raise CliError(f"job {target.submission_id} is still {status} after {duration(elapsed)} "
+                        raise TimedOut(f"job {target.submission_id} is still {status} after {duration(elapsed)} "
                                        f"(--timeout {args.timeout:g} s)")
                     time.sleep(args.poll)
             break
@@ -715,9 +762,14 @@ def _wait_job(args: argparse.Namespace, target: Target) -> int:
             if (lost := outage.lost()) >= args.outage_window:
                 raise HeadUnreachable(f"lost the Ray head for {duration(lost)} "
                                       f"(--outage-window {args.outage_window:g} s): {_one_line(error)}") from None
+            pause = min(args.poll, RECONNECT_PAUSE_S)
+            if args.timeout is not None and time.monotonic() - started + pause > args.timeout:
+                raise TimedOut(f"job {target.submission_id}: the Ray head did not answer for {duration(lost)}, and "
+                               f"--timeout {args.timeout:g} s has passed (the job may go on): "
+                               f"{_one_line(error)}") from None
             _progress(f"head unreachable ({_one_line(error)}); reconnecting for up to "
                       f"{duration(args.outage_window - lost)}")
-            time.sleep(min(args.poll, RECONNECT_PAUSE_S))
+            time.sleep(pause)
     if status != "SUCCEEDED":
         raise runs.RunEnded(f"job {target.submission_id} ended {status}" + (f": {message}" if message else ""),
                             runs.EXIT_STOPPED if status == "STOPPED" else runs.EXIT_FAILED)
@@ -756,7 +808,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
         outputs = stack_outputs.load(args.outputs, args.stack) if args.outputs or args.stack else None
         run_id = args.run or ""
     else:
-        target = _target(args, need_outputs=False)
+        target = _target(args, need_outputs=False, bucket_dir=args.bucket_dir)
         outputs, run_id = target.outputs, target.run.run_id if target.run else ""
         source = f"the logs of run {target.run.run_id}" if target.run else f"the logs of job {target.submission_id}"
         # Every attempt of the run: a resumed attempt repeats steps, and the latest value of a step wins.
@@ -791,8 +843,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 def cmd_fabric(args: argparse.Namespace) -> int:
     from domain.platforms import PLATFORMS
 
-    outputs = _target(args, need_outputs=True).outputs
-    assert outputs is not None
+    outputs = stack_outputs.load(args.outputs, args.stack)
     platform = PLATFORMS.get(outputs.gpu_platform)
     if platform is None:
         raise CliError(f"{outputs.source}: gpuPlatform {outputs.gpu_platform!r} is not one of {', '.join(PLATFORMS)}")
@@ -849,7 +900,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                                        lambda: client.get_job_status(kwargs["submission_id"])))) \
                 not in TERMINAL_STATUSES:
             if time.monotonic() > deadline:
-                raise CliError(f"export {kwargs['submission_id']} still {status} after {args.timeout:g} s")
+                raise TimedOut(f"export {kwargs['submission_id']} still {status} after {args.timeout:g} s")
             time.sleep(args.poll)
         if status != "SUCCEEDED":
             logs = _ray_call(url, "reading the export's logs", lambda: client.get_job_logs(kwargs["submission_id"]))

@@ -23,7 +23,7 @@ from verl_gke import gke_facts, metrics, stack_outputs
 from verl_gke.cluster_api import cluster_api
 from verl_gke.cluster_readiness import duration
 from verl_gke.commands import run_tool
-from verl_gke.console import CliError, HeadUnreachable, one_line, print_rows, progress
+from verl_gke.console import CliError, HeadUnreachable, TimedOut, one_line, print_rows, progress
 from verl_gke.head_access import HeadAccessSetupError, OutageClock
 from verl_gke.stack_outputs import StackOutputs
 from workloads.kube import KubernetesApi
@@ -34,9 +34,11 @@ from workloads.run_record import Attempt, RecordStore, RunRecord, record_name
 EXIT_FAILED, EXIT_STOPPED, EXIT_OVER_BUDGET, EXIT_LOST = 4, 5, 6, 7
 EXIT_CODES = {"succeeded": 0, "failed": EXIT_FAILED, "stopped": EXIT_STOPPED, "over budget": EXIT_OVER_BUDGET,
               "lost": EXIT_LOST}
-"""`wait`'s exit status by the kind of the run's outcome (1, 2, 3 and 130 are the CLI's own)."""
+"""`wait`'s exit status by the kind of the run's outcome (1, 2, 3, 8 and 130 are the CLI's own)."""
 STOP_TIMEOUT_S = 900.0
 """How long `stop` waits for the decider to stop the attempt and release the GPU workers."""
+KUBE_API_TIMEOUT_S = 30.0
+"""The deadline of one Kubernetes API call for the run records."""
 GCLOUD_TIMEOUT_S = 120.0
 """The deadline of one `gcloud storage cat` (a log copy is at most LOG_COPY_LINES lines)."""
 
@@ -125,25 +127,26 @@ class Run:
         return self.store.get(self.run_id).record
 
 
-def run_of(args: argparse.Namespace, outputs: StackOutputs) -> Run:
-    run_id = args.run or outputs.run_id
-    local = Path(args.bucket_dir) if args.bucket_dir else None
-    return Run(run_id, outputs, BucketCopy(run_id, outputs.bucket_name, local), lambda: record_store(args, outputs))
+def run_of(run_id: str, outputs: StackOutputs, open_store: Callable[[], RecordStore | None],
+           bucket_dir: str | None = None) -> Run:
+    run_id = run_id or outputs.run_id
+    return Run(run_id, outputs, BucketCopy(run_id, outputs.bucket_name, Path(bucket_dir) if bucket_dir else None),
+               open_store)
 
 
-def record_store(args: argparse.Namespace, outputs: StackOutputs) -> RecordStore | None:
+def record_store(outputs: StackOutputs, kube_api_url: str | None, head_direct: bool = False) -> RecordStore | None:
     """The stack's run records through `--kube-api-url`, or the cluster's API with the user's Google
-    credentials; None with `--dashboard-url` alone (a head reached directly, no cluster API)."""
-    if args.kube_api_url:
-        api = KubernetesApi(args.kube_api_url, timeout_s=args.head_timeout)
-    elif args.dashboard_url or outputs.offline:
+    credentials; None for a head reached directly (`--dashboard-url`, no cluster API) or synth's outputs."""
+    if kube_api_url:
+        api = KubernetesApi(kube_api_url, timeout_s=KUBE_API_TIMEOUT_S)
+    elif head_direct or outputs.offline:
         return None  # `stop` and `runs` say why; `wait` and `logs` follow a job, or say there is no head
     else:
         try:
             facts = gke_facts.describe(outputs.cluster_name, outputs.cluster_location)
         except gke_facts.GkeLookupError as error:
             raise CliError(str(error)) from None
-        api = cluster_api(facts.endpoint, facts.ca_certificate, args.head_timeout)
+        api = cluster_api(facts.endpoint, facts.ca_certificate, KUBE_API_TIMEOUT_S)
     return RecordStore(api, outputs.namespace, outputs.ray_cluster)
 
 
@@ -236,9 +239,13 @@ def follow(run: Run, timeout_s: float | None, poll_s: float, outage_window_s: fl
             if (lost := outage.lost()) >= outage_window_s:
                 raise HeadUnreachable(f"could not read run record {run.record_name} for {duration(lost)} "
                                       f"(--outage-window {outage_window_s:g} s): {one_line(error)}") from None
+            pause = min(poll_s, 5.0)
+            if timeout_s is not None and time.monotonic() - started + pause > timeout_s:
+                raise TimedOut(f"run {run.run_id}: its record was not readable for {duration(lost)}, and --timeout "
+                               f"{timeout_s:g} s has passed (the run may go on): {one_line(error)}") from None
             progress(f"run record unreadable ({one_line(error)}); retrying for up to "
                      f"{duration(outage_window_s - lost)}")
-            sleep(min(poll_s, 5.0))
+            sleep(pause)
             continue
         if record is None:
             raise CliError(f"run {run.run_id} has no record ({run.record_name} in namespace "
@@ -256,7 +263,7 @@ def follow(run: Run, timeout_s: float | None, poll_s: float, outage_window_s: fl
             return ended(run, record)
         if timeout_s is not None and elapsed + poll_s > timeout_s:
             newest = record.newest
-            raise CliError(f"run {run.run_id} has not ended after {duration(elapsed)} (--timeout {timeout_s:g} s)"
+            raise TimedOut(f"run {run.run_id} has not ended after {duration(elapsed)} (--timeout {timeout_s:g} s)"
                            + (f"; {attempt_line(newest)} goes on" if newest else ""))
         sleep(poll_s)
 
@@ -315,20 +322,21 @@ def stop(run: Run, wait: bool, timeout_s: float, poll_s: float, sleep: Callable[
             return 0
         if time.monotonic() >= deadline:
             if record is not None and provisional(record):
-                raise CliError(f"run {run.run_id}: its Ray head has not answered; the stop is recorded and is carried "
+                raise TimedOut(f"run {run.run_id}: its Ray head has not answered; the stop is recorded and is carried "
                                "out if it answers, and the GPU workers go once it has been silent for "
                                "verl-gke:runHeadOutageSeconds (default 1800 s): run `verl-gke stop` again, or pass a "
                                "longer --timeout, to wait for that")
             state = "not ended" if record is None or not record.outcome else f"ended ({record.outcome}), GPU " \
                     "workers not released"
-            raise CliError(f"run {run.run_id} is {state} after {duration(timeout_s)}: is the run supervisor "
+            raise TimedOut(f"run {run.run_id} is {state} after {duration(timeout_s)}: is the run supervisor "
                            "running (verl-gke:runSupervisor) and releasing (verl-gke:releaseWorkersWhenDone)?")
         sleep(poll_s)
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
     outputs = stack_outputs.load(args.outputs, args.stack)
-    return stop(run_of(args, outputs), not args.no_wait, args.timeout, args.poll)
+    run = run_of(args.run, outputs, lambda: record_store(outputs, args.kube_api_url))
+    return stop(run, not args.no_wait, args.timeout, args.poll)
 
 
 # --- runs --------------------------------------------------------------------------------------
@@ -434,7 +442,7 @@ def step_time(parsed: metrics.ParsedLog, outputs: StackOutputs, where: str, run_
 
 def cmd_runs(args: argparse.Namespace) -> int:
     outputs = stack_outputs.load(args.outputs, args.stack)
-    store = record_store(args, outputs)
+    store = record_store(outputs, args.kube_api_url)
     if store is None:
         raise CliError(no_records(outputs, "runs"))
     rows = run_rows(store)
