@@ -1002,3 +1002,73 @@ def test_wait_honours_its_timeout_while_the_head_is_unreachable(capsys: pytest.C
     assert code == 8
     assert re.fullmatch(r"verl-gke: error: job job-1: the Ray head did not answer for 0m0\ds, and --timeout 2 s has "
                         r"passed \(the job may go on\): .*", error_line(err))
+
+
+@pytest.fixture
+def refusing_server() -> Iterator[str]:
+    """An HTTP server that answers every request 401 Unauthorized with a JSON Status, as the Kubernetes API
+    does for a token it does not accept (and as a Ray head with token authentication does without one)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Refuse(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = b'{"kind": "Status", "status": "Failure", "message": "Unauthorized", "reason": "Unauthorized", "code": 401}'
+            self.send_response(401)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("command", [["runs"], ["stop", "--no-wait"], ["wait", "--poll", "1", "--timeout", "60"]])
+def test_an_unreachable_kube_api_url_is_one_line_naming_what_was_read_and_what_to_do(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, command: list[str]) -> None:
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("raysubmit_x"))
+    (closed,) = free_ports(1)
+    code, _, err = run(capsys, *command, "--outputs", str(outputs), "--kube-api-url", f"http://127.0.0.1:{closed}",
+                       *(["--outage-window", "1"] if command[0] == "wait" else []))
+    what = "the run records of RayCluster b200-ray-cluster" if command[0] == "runs" else \
+        "run record b200-ray-cluster-run-6c7f546429ec"
+    assert code == (3 if command[0] == "wait" else 1)
+    assert error_line(err).endswith(
+        f"could not reach the Kubernetes API at http://127.0.0.1:{closed} (--kube-api-url) reading {what} in "
+        "namespace default: Connection refused; is `kubectl proxy` (or the API you named) running there?")
+
+
+@pytest.mark.parametrize("command", [["runs"], ["wait", "--poll", "1", "--timeout", "60"]])
+def test_a_kube_api_that_refuses_the_credentials_is_said_at_once_with_the_fix(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, command: list[str], refusing_server: str) -> None:
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("raysubmit_x"))
+    started = time.monotonic()
+    code, _, err = run(capsys, *command, "--outputs", str(outputs), "--kube-api-url", refusing_server)
+    assert time.monotonic() - started < 5  # not retried: no retry mends credentials
+    what = "the run records of RayCluster b200-ray-cluster" if command[0] == "runs" else \
+        "run record b200-ray-cluster-run-6c7f546429ec"
+    assert code == 1
+    assert error_line(err) == (
+        f"verl-gke: error: the Kubernetes API at {refusing_server} (--kube-api-url) answered 401 Unauthorized "
+        f"reading {what} in namespace default: it wants credentials; give --kube-api-url the address of "
+        "`kubectl proxy` (which adds yours), or leave it out to use your Google credentials")
+
+
+def test_a_ray_head_that_refuses_the_request_is_said_at_once_with_the_fix(
+        capsys: pytest.CaptureFixture[str], refusing_server: str) -> None:
+    started = time.monotonic()
+    code, _, err = run(capsys, "wait", "--dashboard-url", refusing_server, "--submission-id", "job-1")
+    assert time.monotonic() - started < 5  # not retried for --head-timeout's 30 s
+    assert code == 1
+    assert error_line(err) == (
+        f"verl-gke: error: Ray dashboard at {refusing_server} answered GET /api/version with 401 Unauthorized: the "
+        "Ray cluster has token authentication; leave out --dashboard-url (the port-forward adds the cluster's "
+        "token), and check that your account may read the Secret named after the RayCluster (key auth_token)")

@@ -48,6 +48,7 @@ from verl_gke.log_text import InertLines, inert
 from verl_gke.head_access import (
     OUTAGE_WINDOW_S,
     HeadAccessError,
+    HeadAccessSetupError,
     HeadRequestError,
     OutageClock,
     dashboard,
@@ -401,6 +402,8 @@ def _head(args: argparse.Namespace, outputs: StackOutputs | None, timeout_s: flo
     with context as url:
         try:
             wait_for_dashboard(url, min(_QUICK_PROBE_S, head_timeout))
+        except HeadAccessSetupError:
+            raise
         except HeadAccessError:
             if head_timeout <= _QUICK_PROBE_S:
                 raise
@@ -757,6 +760,8 @@ def _wait_job(args: argparse.Namespace, target: Target) -> int:
                                        f"(--timeout {args.timeout:g} s)")
                     time.sleep(args.poll)
             break
+        except HeadAccessSetupError:
+            raise  # nothing a retry mends
         except (HeadAccessError, HeadRequestError) as error:
             # A head restart or a dropped port-forward must not fail a wait that may last a day.
             if (lost := outage.lost()) >= args.outage_window:

@@ -13,10 +13,12 @@ from __future__ import annotations
 import argparse
 import calendar
 import time
+import urllib.error
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from domain import run_time
 from verl_gke import gke_facts, metrics, stack_outputs
@@ -134,11 +136,51 @@ def run_of(run_id: str, outputs: StackOutputs, open_store: Callable[[], RecordSt
                open_store)
 
 
+class ApiUnreachable(CliError):
+    """The Kubernetes API did not answer: `wait` rides it out for its outage window."""
+
+
+class _UsersApi(KubernetesApi):
+    """The Kubernetes API as the CLI reads the run records: what it cannot read is one line naming the API,
+    what was read and what to do; a refused credential is said at once (no retry mends it)."""
+
+    def __init__(self, api: KubernetesApi, named: str, outputs: StackOutputs) -> None:
+        super().__init__(api.url, api.token, api.ca_file, api.ca_data, api.timeout_s)
+        self.named, self.outputs = named, outputs
+
+    def send(self, method: str, path: str, data: bytes | None, headers: dict[str, str]) -> tuple[int, Any]:
+        run = path.rsplit("/configmaps/", 1)[1] if "/configmaps/" in path else ""
+        what = (f"run record {run}" if run else f"the run records of RayCluster {self.outputs.ray_cluster}") \
+            + f" in namespace {self.outputs.namespace}"
+        where = f"the Kubernetes API at {self.url} ({self.named})"
+        try:
+            return super().send(method, path, data, headers)
+        except urllib.error.HTTPError as error:
+            if error.code not in (401, 403):
+                raise
+            error.close()
+            fix = (CREDENTIALS_FIX if self.named == "--kube-api-url" else
+                   "run `gcloud auth login` (your Google credentials expired or were refused), then try again") \
+                if error.code == 401 else (f"your account may not {method} ConfigMaps in namespace "
+                                           f"{self.outputs.namespace}: ask for roles/container.developer")
+            raise CliError(f"{where} answered {error.code} {error.reason} reading {what}: {fix}") from None
+        except OSError as error:  # refused, reset, timed out, no such host
+            reason = getattr(error, "reason", error)
+            fix = ("is `kubectl proxy` (or the API you named) running there?" if self.named == "--kube-api-url" else
+                   "check that this machine may reach it (verl-gke:masterAuthorizedCidrs) and try again")
+            raise ApiUnreachable(f"could not reach {where} reading {what}: "
+                                 f"{getattr(reason, 'strerror', None) or reason}; {fix}") from None
+
+
+CREDENTIALS_FIX = ("it wants credentials; give --kube-api-url the address of `kubectl proxy` (which adds yours), or "
+                   "leave it out to use your Google credentials")
+
+
 def record_store(outputs: StackOutputs, kube_api_url: str | None, head_direct: bool = False) -> RecordStore | None:
     """The stack's run records through `--kube-api-url`, or the cluster's API with the user's Google
     credentials; None for a head reached directly (`--dashboard-url`, no cluster API) or synth's outputs."""
     if kube_api_url:
-        api = KubernetesApi(kube_api_url, timeout_s=KUBE_API_TIMEOUT_S)
+        api = _UsersApi(KubernetesApi(kube_api_url, timeout_s=KUBE_API_TIMEOUT_S), "--kube-api-url", outputs)
     elif head_direct or outputs.offline:
         return None  # `stop` and `runs` say why; `wait` and `logs` follow a job, or say there is no head
     else:
@@ -146,7 +188,8 @@ def record_store(outputs: StackOutputs, kube_api_url: str | None, head_direct: b
             facts = gke_facts.describe(outputs.cluster_name, outputs.cluster_location)
         except gke_facts.GkeLookupError as error:
             raise CliError(str(error)) from None
-        api = cluster_api(facts.endpoint, facts.ca_certificate, KUBE_API_TIMEOUT_S)
+        api = _UsersApi(cluster_api(facts.endpoint, facts.ca_certificate, KUBE_API_TIMEOUT_S),
+                        f"cluster {outputs.cluster_name}'s endpoint", outputs)
     return RecordStore(api, outputs.namespace, outputs.ray_cluster)
 
 
@@ -233,9 +276,16 @@ def follow(run: Run, timeout_s: float | None, poll_s: float, outage_window_s: fl
         try:
             record = run.record()
             outage.reached()
-        except (CliError, HeadAccessSetupError):
-            raise  # nothing a retry mends (no gke-gcloud-auth-plugin, an unknown cluster)
-        except Exception as error:  # noqa: BLE001 - an API outage: ridden out for the window
+        except (CliError, HeadAccessSetupError) as error:
+            if not isinstance(error, ApiUnreachable):
+                raise  # nothing a retry mends (refused credentials, no gke-gcloud-auth-plugin, an unknown cluster)
+            failure: Exception | None = error
+        except Exception as error:  # noqa: BLE001 - an API outage (a 5xx, a broken reply): ridden out for the window
+            failure = error
+        else:
+            failure = None
+        if failure is not None:
+            error = failure
             if (lost := outage.lost()) >= outage_window_s:
                 raise HeadUnreachable(f"could not read run record {run.record_name} for {duration(lost)} "
                                       f"(--outage-window {outage_window_s:g} s): {one_line(error)}") from None
