@@ -192,6 +192,7 @@ def test_status_shows_cluster_head_workers_gpus_and_job_on_one_screen(
     spend = round((job.end_time - job.start_time) / 1000 / 3600 * 184.94, 2)
     assert code == 0
     assert out.splitlines() == [
+        "Run            checkpoints",  # the outputs' runId: the handle, first
         f"Stack outputs  {outputs_file}",
         "Cluster        verl-a4 in us-central1, platform a4, 2 GPU nodes x 8 GPUs",
         f"Ray head       {ray_head}  Ray {ray.__version__}, svc/b200-ray-cluster-head-svc in namespace default",
@@ -368,17 +369,21 @@ def test_status_of_an_ended_run_whose_head_is_gone_comes_from_the_run_record(
         code, out, err = run(capsys, *argv, "--kube-api-url", url)
         assert code == 0, err
         assert out.splitlines() == [
+            "Run            run-1  ended: succeeded",
             f"Stack outputs  {outputs}",
             "Cluster        verl-a4 in us-central1, platform a4, 2 GPU nodes x 8 GPUs",
             "Ray head       none: the run ended and the run supervisor released the GPU workers by suspending the "
             "RayCluster (the head and its logs went with them)",
-            "Run            run-1  ended: succeeded",
-            "Attempt 0      verl-gke-0123456789ab-0  (pulumi-up, first)",
+            "Attempt 0      pulumi-up, first",
             "Last decision  2023-11-14T23:13:20Z run ended: succeeded",
             "Checkpoints    gs://verl-data-my-project-123/verl/checkpoints/run-1",
             "Resume         a new run, or `pulumi config set verl-gke:jobAttempt <n+1>` and `pulumi up`, resumes "
             "the RayCluster",
         ]
+        _assert_status_help_names(out)
+        # The submission ids only when asked for.
+        code, out, err = run(capsys, *argv, "--kube-api-url", url, "--verbose")
+        assert "Attempt 0      pulumi-up, first; Ray submission id verl-gke-0123456789ab-0" in out.splitlines()
 
     # No record to read either: both reasons in one line.
     code, _, err = run(capsys, *argv, "--kube-api-url", f"http://127.0.0.1:{closed}")
@@ -832,16 +837,17 @@ def test_status_shows_what_synths_outputs_name_and_that_nothing_is_deployed(
     code, out, err = run(capsys, "status", "--outputs", str(synth_outputs))
     assert (code, err) == (0, "")
     assert out.splitlines() == [
+        f"Run            {doc['runId']}  not started: `pulumi up` submits its attempt 0",
         f"Stack outputs  {synth_outputs}: synth's offline outputs, nothing deployed",
         "Cluster        verl-a4 in us-central1, platform a4, 2 GPU nodes x 8 GPUs",
         "Ray head       none: `pulumi up` creates svc/b200-ray-cluster-head-svc in namespace verl-gke",
-        f"GRPO job       {doc['grpoSubmissionId']}  not submitted (the run's first attempt)",
         "Price          unknown: the stack outputs have no hourlyCostUsd; set verl-gke:gpuNodeHourlyUsd (USD per GPU "
         "node-hour, by capacity kind) and run `pulumi up`",
         "Preflight      not checked offline (`pulumi preview` checks the live project)",
         f"Checkpoints    {doc['checkpointUri']}",
         f"Dashboard      {doc['dashboardCommand']}",
     ]
+    _assert_status_help_names(out)
 
 
 def test_a_command_that_needs_a_head_says_how_to_try_it_on_synths_outputs(
@@ -1012,7 +1018,8 @@ def refusing_server() -> Iterator[str]:
 
     class Refuse(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            body = b'{"kind": "Status", "status": "Failure", "message": "Unauthorized", "reason": "Unauthorized", "code": 401}'
+            body = json.dumps({"kind": "Status", "status": "Failure", "message": "Unauthorized",
+                               "reason": "Unauthorized", "code": 401}).encode()
             self.send_response(401)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -1072,3 +1079,11 @@ def test_a_ray_head_that_refuses_the_request_is_said_at_once_with_the_fix(
         f"verl-gke: error: Ray dashboard at {refusing_server} answered GET /api/version with 401 Unauthorized: the "
         "Ray cluster has token authentication; leave out --dashboard-url (the port-forward adds the cluster's "
         "token), and check that your account may read the Secret named after the RayCluster (key auth_token)")
+
+
+def _assert_status_help_names(out: str) -> None:
+    """`status --help` names every row `status` printed (its help describes today's output)."""
+    help_text = " ".join(cli.build_parser()._subparsers._group_actions[0].choices["status"].description.split())
+    labels = {re.sub(r" \d+$", " N", line[:15].strip()) for line in out.splitlines()}
+    assert {label for label in labels if label not in help_text} == set()
+    assert help_text.startswith("One screen: Run (the run's id")

@@ -116,7 +116,8 @@ def _flag_groups() -> dict[str, argparse.ArgumentParser]:
             (("--outputs",), dict(type=Path, metavar="FILE",
                                   help="stack outputs as JSON (a saved `pulumi stack output --json`, or "
                                        "dist/<stack>/outputs.json); default: ask the pulumi CLI")),
-            (("--stack",), dict(metavar="NAME", help="Pulumi stack to read the outputs of (default: the selected one)"))),
+            (("--stack",), dict(metavar="NAME",
+                                help="Pulumi stack to read the outputs of (default: the selected one)"))),
         "head": _flags(
             "how the Ray head is reached",
             (("--dashboard-url",), dict(metavar="URL",
@@ -172,8 +173,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    status = commands.add_parser("status", parents=parents("status"), help="cluster, head, workers, GPUs and job, on one screen",
-                                 description="Show the cluster, the Ray head, the workers and GPUs that joined, and the job status.")
+    status = commands.add_parser(
+        "status", parents=parents("status"),
+        help="the run, its attempts, the cluster, head, workers and GPUs, on one screen",
+        description="One screen: Run (the run's id, the handle the other commands take with --run), Stack outputs, "
+                    "Cluster, Ray head, Workers and GPUs visible (how many joined), Attempt N (each attempt of the run "
+                    "on the head: its status and why it was submitted; --verbose adds its Ray submission id), or GRPO "
+                    "job (one Ray job that is no run's attempt) with its Job message, Budget, Model export, Spend, "
+                    "Fabric, Preflight, Checkpoints, Dashboard. Once the run ended and its GPU workers were released: "
+                    "the run from its record, with its Last decision and how to Resume. With synth's outputs: what "
+                    "they name, with the Price.")
+    status.add_argument("--verbose", "-v", action="store_true", help="also each attempt's Ray submission id")
     status.set_defaults(handler=cmd_status)
 
     logs = commands.add_parser(
@@ -444,7 +454,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     outputs = target.outputs
     assert outputs is not None
     if outputs.offline and not args.dashboard_url:
-        return _print_rows(_offline_rows(outputs))
+        return _print_rows(_offline_rows(outputs, args.verbose))
     try:
         return _live_status(args, replace(target, submission_id=_current_id(target)), outputs)
     except HeadAccessError as unreachable:
@@ -452,7 +462,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         record = _released_run(target, unreachable)
         if record is None:
             raise
-        return _print_rows(_ended_rows(outputs, record))
+        return _print_rows(_ended_rows(outputs, record, args.verbose))
 
 
 def _released_run(target: Target, unreachable: HeadAccessError) -> RunRecord | None:
@@ -490,16 +500,21 @@ def _current_id(target: Target) -> str:
     return newest.submission_id if newest is not None else target.submission_id
 
 
-def _ended_rows(outputs: StackOutputs, record: RunRecord) -> list[tuple[str, str]]:
+def _submission(submission_id: str, verbose: bool) -> str:
+    """An attempt's Ray submission id, shown only when asked for (--verbose): the run id is the handle."""
+    return f"; Ray submission id {submission_id}" if verbose else ""
+
+
+def _ended_rows(outputs: StackOutputs, record: RunRecord, verbose: bool) -> list[tuple[str, str]]:
     rows = [
+        ("Run", f"{record.run_id}  ended: {record.outcome}"),
         ("Stack outputs", outputs.source),
         ("Cluster", _cluster_line(outputs)),
         ("Ray head", "none: the run ended and the run supervisor released the GPU workers by suspending the "
                      "RayCluster (the head and its logs went with them)"),
-        ("Run", f"{record.run_id}  ended: {record.outcome}"),
     ]
-    rows += [(f"Attempt {a.index}", f"{a.submission_id}  ({a.by}, {a.cause}{': ' + a.reason if a.reason else ''})")
-             for a in record.attempts]
+    rows += [(f"Attempt {a.index}", f"{a.by}, {a.cause}{': ' + a.reason if a.reason else ''}"
+                                    + _submission(a.submission_id, verbose)) for a in record.attempts]
     if record.export_id:
         rows.append(("Model export", f"{record.export_id}  {record.export_outcome or 'not finished'}  "
                                      f"-> {record.export_target}"))
@@ -511,13 +526,14 @@ def _ended_rows(outputs: StackOutputs, record: RunRecord) -> list[tuple[str, str
     return rows
 
 
-def _offline_rows(outputs: StackOutputs) -> list[tuple[str, str]]:
+def _offline_rows(outputs: StackOutputs, verbose: bool) -> list[tuple[str, str]]:
     """What synth's outputs name (`dist/<stack>/outputs.json`): the stack as `pulumi up` would make it."""
     return [
+        ("Run", f"{outputs.run_id}  not started: `pulumi up` submits its attempt 0"
+                + _submission(outputs.grpo_submission_id, verbose)),
         ("Stack outputs", f"{outputs.source}: synth's offline outputs, nothing deployed"),
         ("Cluster", _cluster_line(outputs)),
         ("Ray head", f"none: `pulumi up` creates svc/{outputs.ray_head_service} in namespace {outputs.namespace}"),
-        ("GRPO job", f"{outputs.grpo_submission_id}  not submitted (the run's first attempt)"),
         ("Price", f"${outputs.hourly_cost_usd:.2f}/h" if outputs.hourly_cost_usd is not None
          else _spend([], None, 0.0)),
         ("Preflight", "not checked offline (`pulumi preview` checks the live project)"),
@@ -546,20 +562,21 @@ def _live_status(args: argparse.Namespace, target: Target, outputs: StackOutputs
         exports = _ray_call(url, "listing the model export", lambda: _exports(client, attempts))
     gpus, dead = capacity.gpus, capacity.dead
     shortfall = "" if gpus >= expected_gpus else f"  <- {expected_gpus - gpus:g} GPUs not joined yet"
-    rows = [
+    rows = [("Run", target.run.run_id)] if target.run is not None else []
+    rows += [
         ("Stack outputs", outputs.source),
         ("Cluster", _cluster_line(outputs)),
         ("Ray head", f"{shown(url)}  Ray {version}, svc/{outputs.ray_head_service} in namespace {outputs.namespace}"),
         ("Workers", f"{capacity.workers} of {outputs.gpu_nodes} joined"
                     + (f" ({dead} dead node{'s' if dead != 1 else ''})" if dead else "")),
         ("GPUs visible", f"{gpus:g} of {expected_gpus}{shortfall}"),
-        ("GRPO job", f"{target.submission_id}  {status}"
-                     + (f" (Pulumi last saw {outputs.grpo_job_status})"
-                        if outputs.grpo_job_status not in (None, status) else "")),
     ]
+    pulumi_saw = "" if outputs.grpo_job_status in (None, status) else f" (Pulumi last saw {outputs.grpo_job_status})"
+    if not attempts:  # one Ray job that is no run's attempt (--submission-id, or an id of another tool)
+        rows.append(("GRPO job", f"{target.submission_id}  {status}{pulumi_saw}"))
     if message:
         rows.append(("Job message", message))
-    rows += _attempt_rows(attempts)
+    rows += _attempt_rows(attempts, args.verbose)
     rows += [("Model export", f"{j.submission_id}  {j.status}  -> {(j.metadata or {}).get(EXPORT_META, '')}")
              for j in exports]
     rows.append(("Spend", _spend(timed, outputs.hourly_cost_usd, time.time())))
@@ -599,7 +616,7 @@ def _exports(client: JobSubmissionClient, attempts: list[Any]) -> list[Any]:
     return sorted(jobs, key=lambda j: j.start_time or 0)
 
 
-def _attempt_rows(attempts: list[Any]) -> list[tuple[str, str]]:
+def _attempt_rows(attempts: list[Any], verbose: bool) -> list[tuple[str, str]]:
     """What the run supervisor decided, as it recorded it in each attempt's metadata."""
     from workloads.run_lifecycle import meta
 
@@ -608,7 +625,8 @@ def _attempt_rows(attempts: list[Any]) -> list[tuple[str, str]]:
         info = {"metadata": job.metadata or {}}
         cause, reason = meta(info, "cause") or "submitted", meta(info, "reason")
         rows.append((f"Attempt {meta(info, 'attempt') or '?'}",
-                     f"{job.submission_id}  {job.status}  ({cause}{': ' + reason if reason else ''})"))
+                     f"{job.status}  ({cause}{': ' + reason if reason else ''})"
+                     + _submission(job.submission_id, verbose)))
     deadline = next((meta({"metadata": j.metadata or {}}, "budget_deadline") for j in attempts), "")
     if deadline:
         left = float(deadline) - time.time()
