@@ -336,9 +336,11 @@ def test_status_still_shows_the_cluster_when_the_head_lost_the_job(
     code, out, _ = run(capsys, "status", "--outputs", str(outputs), "--dashboard-url", ray_head)
     assert code == 1
     lines = out.splitlines()
-    assert lines[1] == "Cluster        verl-a4 in us-central1, platform a4, 2 GPU nodes x 8 GPUs"
-    assert lines[5] == "GRPO job       raysubmit_doesnotexist  UNREADABLE (Pulumi last saw RUNNING)"
-    assert lines[6].startswith(f"Job message    reading job raysubmit_doesnotexist at {ray_head} failed: ")
+    assert lines[0] == "Run            checkpoints"
+    assert lines[2] == "Cluster        verl-a4 in us-central1, platform a4, 2 GPU nodes x 8 GPUs"
+    assert lines[6] == "GRPO job       raysubmit_doesnotexist  UNREADABLE (Pulumi last saw RUNNING)"
+    assert lines[7].startswith(f"Job message    reading job raysubmit_doesnotexist at {ray_head} failed: ")
+    _assert_status_help_names(out)
 
 
 def test_status_of_an_ended_run_whose_head_is_gone_comes_from_the_run_record(
