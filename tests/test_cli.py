@@ -1079,8 +1079,9 @@ def test_a_ray_head_that_refuses_the_request_is_said_at_once_with_the_fix(
     assert code == 1
     assert error_line(err) == (
         f"verl-gke: error: Ray dashboard at {refusing_server} answered GET /api/version with 401 Unauthorized: the "
-        "Ray cluster has token authentication; leave out --dashboard-url (the port-forward adds the cluster's "
-        "token), and check that your account may read the Secret named after the RayCluster (key auth_token)")
+        "Ray cluster has token authentication; reach it through the port-forward (no --dashboard-url or "
+        "verl-gke:jobDashboardUrl), which adds the cluster's token, with an account that may read the Secret named "
+        "after the RayCluster (key auth_token)")
 
 
 def _assert_status_help_names(out: str) -> None:

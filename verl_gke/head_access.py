@@ -162,8 +162,9 @@ def wait_for_dashboard(url: str, timeout_s: float) -> None:
             if error.code == 401:  # no retry brings a token
                 raise HeadAccessSetupError(
                     f"Ray dashboard at {shown(url)} answered GET /api/version with 401 Unauthorized: the Ray cluster "
-                    "has token authentication; leave out --dashboard-url (the port-forward adds the cluster's token), "
-                    "and check that your account may read the Secret named after the RayCluster (key auth_token)"
+                    "has token authentication; reach it through the port-forward (no --dashboard-url or "
+                    "verl-gke:jobDashboardUrl), which adds the cluster's token, with an account that may read the "
+                    "Secret named after the RayCluster (key auth_token)"
                 ) from None
             last_error = f"HTTP {error.code}"
         except (OSError, ValueError) as error:  # refused, reset, timed out, bad URL

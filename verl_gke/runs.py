@@ -203,8 +203,9 @@ def no_records(outputs: StackOutputs, command: str) -> str:
 
 
 def attempt_line(attempt: Attempt) -> str:
-    return f"attempt {attempt.index} {attempt.submission_id} ({attempt.by}, {attempt.cause}" \
-           + (f": {attempt.reason}" if attempt.reason else "") + ")"
+    """An attempt by its number (its Ray submission id: `status --verbose`)."""
+    return f"attempt {attempt.index} ({attempt.by}, {attempt.cause}" + (f": {attempt.reason}" if attempt.reason else "") \
+        + ")"
 
 
 # --- logs --------------------------------------------------------------------------------------
@@ -363,7 +364,7 @@ def stop(run: Run, wait: bool, timeout_s: float, poll_s: float, sleep: Callable[
         return 0
     live = found.newest
     progress(f"waiting up to {duration(timeout_s)} for the run's decider (the run supervisor) to stop "
-             + (f"{live.submission_id}, " if live else "") + "keep the checkpoints and release the GPU workers")
+             + (f"attempt {live.index}, " if live else "") + "keep the checkpoints and release the GPU workers")
     deadline = time.monotonic() + timeout_s
     while True:
         record = run.store.get(run.run_id).record
@@ -455,7 +456,7 @@ def describe(row: RunRow, outputs: StackOutputs, now: float, step: str | None) -
     if provisional(record):
         shown += " (provisional: the Ray head may still answer with the run's attempts; released at runHeadOutageSeconds)"
     rows = [("Run", f"{row.run_id}  {shown}"),
-            ("Attempts", "; ".join(f"{a.index} {a.submission_id} ({a.cause})" for a in record.attempts) or "none"),
+            ("Attempts", "; ".join(f"{a.index} ({a.cause})" for a in record.attempts) or "none"),
             ("Started", _when(row.start)), ("Ended", _when(row.end) if record.outcome else "-"),
             ("Usage", usage), ("Checkpoints", checkpoints),
             ("Model", f"gs://{bucket}/{model_path(row.run_id)}" if record.export_outcome == "SUCCEEDED"
