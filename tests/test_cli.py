@@ -1013,16 +1013,19 @@ def test_wait_honours_its_timeout_while_the_head_is_unreachable(capsys: pytest.C
 
 
 @pytest.fixture
-def refusing_server() -> Iterator[str]:
-    """An HTTP server that answers every request 401 Unauthorized with a JSON Status, as the Kubernetes API
-    does for a token it does not accept (and as a Ray head with token authentication does without one)."""
+def refusing_server(request: pytest.FixtureRequest) -> Iterator[str]:
+    """An HTTP server that answers every request 401 Unauthorized (or the code given as the fixture's param)
+    with a JSON Status, as the Kubernetes API does for a token it does not accept (and as a Ray head with
+    token authentication does without one)."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    code = getattr(request, "param", 401)
 
     class Refuse(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            body = json.dumps({"kind": "Status", "status": "Failure", "message": "Unauthorized",
-                               "reason": "Unauthorized", "code": 401}).encode()
-            self.send_response(401)
+            body = json.dumps({"kind": "Status", "status": "Failure", "message": self.responses[code][0],
+                               "reason": self.responses[code][0], "code": code}).encode()
+            self.send_response(code)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -1090,3 +1093,14 @@ def _assert_status_help_names(out: str) -> None:
     labels = {re.sub(r" \d+$", " N", line[:15].strip()) for line in out.splitlines()}
     assert {label for label in labels if label not in help_text} == set()
     assert help_text.startswith("One screen: Run (the run's id")
+
+
+@pytest.mark.parametrize("refusing_server", [503], indirect=True)
+def test_a_kube_api_error_answer_is_one_line_naming_what_was_read(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, refusing_server: str) -> None:
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("raysubmit_x"))
+    code, _, err = run(capsys, "runs", "--outputs", str(outputs), "--kube-api-url", refusing_server)
+    assert code == 1
+    assert error_line(err) == (
+        f"verl-gke: error: the Kubernetes API at {refusing_server} (--kube-api-url) answered 503 Service Unavailable "
+        "reading the run records of RayCluster b200-ray-cluster in namespace default; try again")

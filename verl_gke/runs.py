@@ -156,9 +156,10 @@ class _UsersApi(KubernetesApi):
         try:
             return super().send(method, path, data, headers)
         except urllib.error.HTTPError as error:
-            if error.code not in (401, 403):
-                raise
             error.close()
+            if error.code not in (401, 403):  # e.g. a 503 while the control plane upgrades
+                raise ApiUnreachable(f"{where} answered {error.code} {error.reason} reading {what}; try again") \
+                    from None
             fix = (CREDENTIALS_FIX if self.named == "--kube-api-url" else
                    "run `gcloud auth login` (your Google credentials expired or were refused), then try again") \
                 if error.code == 401 else (f"your account may not {method} ConfigMaps in namespace "
