@@ -823,14 +823,28 @@ def semantic_problems(cfg: StackConfig, now: datetime | None = None) -> list[str
             f"{p.image} or an image built for {p.arch}.")
     out.extend(_run_problems(cfg))
     out.extend(_logger_problems(cfg))
-    for problem in [*verl_problems(cfg.verl, p.gpus_per_node, cfg.gpu_nodes),
-                    *grpo_spec.stack_problems(cfg.verl, p, cfg.model, cfg.verl_image)]:
+    sizing = verl_problems(cfg.verl, p.gpus_per_node, cfg.gpu_nodes)
+    if sizing and not ({q.path for q in sizing} | _SIZING_PATHS) & cfg.verl.given:
+        # verl's sizes are the defaults the user left alone: the node count they set is what to change.
+        fits = [str(n) for n in range(1, cfg.gpu_max_nodes + 1) if not verl_problems(cfg.verl, p.gpus_per_node, n)]
+        paths = " and ".join(config_key(f"verl.{path}") for path in dict.fromkeys(q.path for q in sizing))
+        add("gpu_nodes", cfg.gpu_nodes, f"verl's defaults, which the stack does not set, do not fit its "
+            f"{cfg.gpu_nodes * p.gpus_per_node} GPUs ({'; '.join(q.message.rstrip('.') for q in sizing)}): "
+            + (f"use gpuNodes {', '.join(fits[:-1])} or {fits[-1]}, or " if len(fits) > 1 else
+               f"use gpuNodes {fits[0]}, or " if fits else "") + f"set {paths} to sizes that fit.")
+        sizing = []
+    for problem in [*sizing, *grpo_spec.stack_problems(cfg.verl, p, cfg.model, cfg.verl_image)]:
         add(f"verl.{problem.path}", problem.value, problem.message)
     # One line per phase that would not fit, naming the paths that size it.
     for paths, message in run_memory.problems(cfg.verl, p, cfg.model, cfg.gpu_nodes):
         named = ", ".join(f"{config_key('verl.' + path)} = {json.dumps(cfg.verl.get(path))}" for path in paths)
         out.append(f"{named}: {message}")
     return out
+
+
+# The verl paths grpo_spec.verl_problems sizes against the GPU count.
+_SIZING_PATHS = frozenset({"data.train_batch_size", "actor_rollout_ref.rollout.n",
+                           "actor_rollout_ref.actor.ppo_mini_batch_size"})
 
 
 # What verl-gke offers per platform: A4X's pool holds a whole NVLink rack under one COMPACT placement

@@ -74,6 +74,7 @@ def _is(value: Any, kind: str | None) -> bool:
     return False
 
 
+_FRACTION = re.compile(r"[0-9]+\.[0-9]*[1-9][0-9]*")
 _PLURAL = {"string": "strings", "integer": "whole numbers", "boolean": "booleans (true or false)",
            "object": "maps"}
 
@@ -88,6 +89,10 @@ def from_engine(text: str, declared: Declared) -> Any:
     if declared.type == "integer":
         if _ATOI.fullmatch(text) and int(text) in _INT64:
             return int(text)
+        if _FRACTION.fullmatch(text):  # 1.5: say what it rounds to, and that no fraction gets through Pulumi
+            low = math.floor(float(text))
+            raise TypeProblem(f"must be a whole number such as {low} or {low + 1} (Pulumi's integer type has no "
+                              "fractions).")
         raise TypeProblem("must be a whole number such as 2 (Pulumi's integer type).")
     if declared.type not in ("array", "object"):
         return text
@@ -183,6 +188,26 @@ def _go_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int | float:
 
 
 _Yaml12Loader.add_constructor("tag:yaml.org,2002:int", _go_int)
+
+
+def _unique_keys(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    """yaml.v3 refuses a mapping key given twice (PyYAML would keep the last): so does this."""
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if isinstance(key, str) and key in seen:
+            raise DuplicateKey(key, seen[key], key_node.start_mark.line + 1)
+        seen.setdefault(key, key_node.start_mark.line + 1)
+    return loader.construct_mapping(node)
+
+
+class DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: str, first: int, second: int) -> None:
+        super().__init__(f"{key} is given twice, at lines {first} and {second} (Pulumi refuses a key given twice); "
+                         "keep one")
+
+
+_Yaml12Loader.add_constructor("tag:yaml.org,2002:map", _unique_keys)
 
 
 def read_stack_yaml(text: str) -> Any:

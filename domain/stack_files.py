@@ -14,7 +14,7 @@ import yaml
 
 from domain.problems import ConfigError, problem_line
 from domain.pulumi_config import (  # noqa: F401 engine_string: the engine's text of a value, for readers of stack files
-    Declared, declarations, engine_string, is_secure, read_stack_yaml, shape_problem,
+    Declared, DuplicateKey, declarations, engine_string, is_secure, read_stack_yaml, shape_problem,
 )
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -60,6 +60,8 @@ def _load_yaml(path: Path) -> Any:
     except UnicodeDecodeError as error:
         raise ConfigError([f"{path.name}: not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset "
                            f"{error.start}); save it as UTF-8"], path.name) from None
+    except DuplicateKey as error:
+        raise ConfigError([f"{path.name}: {error}"], path.name) from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"

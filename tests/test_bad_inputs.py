@@ -143,3 +143,43 @@ def test_a_malformed_measured_file_is_one_line(capsys: pytest.CaptureFixture[str
     assert synth.main(["smoke", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err[-1] == "synth failed: measured/smoke.json: rates.stepSeconds = 0: a number greater than 0"
+
+
+def _stack_file_problems(tmp_path: Path, lines: str) -> list[str]:
+    (tmp_path / "Pulumi.yaml").write_text((Path(__file__).parent.parent / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.mine.yaml").write_text(
+        "config:\n  gcp:project: my-project-123\n  gcp:region: us-central1\n  gcp:zone: us-central1-b\n"
+        f"  verl-gke:reservation: my-reservation\n{lines}")
+    raw, secret_keys = raw_config("mine", tmp_path)
+    with pytest.raises(ConfigError) as caught:
+        load_config(raw, "Pulumi.mine.yaml", secret_keys)
+    return caught.value.problems
+
+
+def test_gpu_nodes_that_do_not_divide_the_default_batches_is_blamed_on_gpu_nodes_with_the_fix(tmp_path: Path):
+    # The user set gpuNodes only: the batch sizes are the platform's defaults, so the line names gpuNodes.
+    assert _stack_file_problems(tmp_path, '  verl-gke:gpuNodes: "3"\n') == [
+        "verl-gke:gpuNodes = 3: verl's defaults, which the stack does not set, do not fit its 24 GPUs "
+        "(data.train_batch_size x actor_rollout_ref.rollout.n (2048) must be divisible by the 24 GPUs (3 nodes x 8); "
+        "ppo_mini_batch_size x rollout.n (2048) must be divisible by the data-parallel size (24)): use gpuNodes 1, 2, "
+        "4 or 8, or set verl-gke:verl.data.train_batch_size and verl-gke:verl.actor_rollout_ref.actor."
+        "ppo_mini_batch_size to sizes that fit."]
+
+
+def test_a_fractional_run_budget_in_hours_is_refused_with_the_true_reason(tmp_path: Path):
+    # Pulumi's config types (project.json simpleConfigType) have integer, no fractional number: `pulumi up`
+    # refuses 1.5 for runBudgetHours, so the line says so and offers the whole hours around it.
+    assert _stack_file_problems(tmp_path, "  verl-gke:runBudgetHours: 1.5\n") == [
+        'verl-gke:runBudgetHours = "1.5": must be a whole number such as 1 or 2 (Pulumi\'s integer type has no '
+        'fractions).']
+
+
+def test_a_verl_path_given_to_set_is_answered_with_what_set_takes(capsys: pytest.CaptureFixture[str], tmp_path: Path):
+    assert synth.main(["a4-standard", "--out", str(tmp_path / "out"),
+                       "--set", "verl-gke:verl.trainer.total_epochs=3"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == (
+        "synth failed: --set verl-gke:verl.trainer.total_epochs=3: --set takes whole keys, not verl paths: "
+        "--set 'verl-gke:verl={\"trainer\": {\"total_epochs\": 3}}' (it replaces the stack file's verl-gke:verl "
+        "for this synth), or `pulumi config set --path verl-gke:verl.trainer.total_epochs 3` "
+        "(see synth --help)\n")

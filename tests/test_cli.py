@@ -190,6 +190,7 @@ def test_status_shows_cluster_head_workers_gpus_and_job_on_one_screen(
     spend = round((job.end_time - job.start_time) / 1000 / 3600 * 184.94, 2)
     assert code == 0
     assert out.splitlines() == [
+        "Run            checkpoints",  # the outputs' runId: the handle, first
         f"Stack outputs  {outputs_file}",
         "Cluster        verl-a4 in us-central1, platform a4, 2 GPU nodes x 8 GPUs",
         f"Ray head       {ray_head}  Ray {ray.__version__}, svc/b200-ray-cluster-head-svc in namespace default",
@@ -307,7 +308,7 @@ def test_wait_gives_up_after_its_timeout(
     try:
         code, _, err = run(capsys, "wait", "--outputs", str(outputs), "--dashboard-url", ray_head,
                            "--poll", "1", "--timeout", "1")
-        assert code == 1
+        assert code == 8  # the timeout's own status: the job goes on
         assert re.fullmatch(
             rf"verl-gke: error: job {submission_id} is still (PENDING|RUNNING) after 0m0\ds \(--timeout 1 s\)",
             error_line(err))
@@ -333,9 +334,11 @@ def test_status_still_shows_the_cluster_when_the_head_lost_the_job(
     code, out, _ = run(capsys, "status", "--outputs", str(outputs), "--dashboard-url", ray_head)
     assert code == 1
     lines = out.splitlines()
-    assert lines[1] == "Cluster        verl-a4 in us-central1, platform a4, 2 GPU nodes x 8 GPUs"
-    assert lines[5] == "GRPO job       raysubmit_doesnotexist  UNREADABLE (Pulumi last saw RUNNING)"
-    assert lines[6].startswith(f"Job message    reading job raysubmit_doesnotexist at {ray_head} failed: ")
+    assert lines[0] == "Run            checkpoints"
+    assert lines[2] == "Cluster        verl-a4 in us-central1, platform a4, 2 GPU nodes x 8 GPUs"
+    assert lines[6] == "GRPO job       raysubmit_doesnotexist  UNREADABLE (Pulumi last saw RUNNING)"
+    assert lines[7].startswith(f"Job message    reading job raysubmit_doesnotexist at {ray_head} failed: ")
+    _assert_status_help_names(out)
 
 
 def test_status_of_an_ended_run_whose_head_is_gone_comes_from_the_run_record(
@@ -366,17 +369,21 @@ def test_status_of_an_ended_run_whose_head_is_gone_comes_from_the_run_record(
         code, out, err = run(capsys, *argv, "--kube-api-url", url)
         assert code == 0, err
         assert out.splitlines() == [
+            "Run            run-1  ended: succeeded",
             f"Stack outputs  {outputs}",
             "Cluster        verl-a4 in us-central1, platform a4, 2 GPU nodes x 8 GPUs",
             "Ray head       none: the run ended and the run supervisor released the GPU workers by suspending the "
             "RayCluster (the head and its logs went with them)",
-            "Run            run-1  ended: succeeded",
-            "Attempt 0      verl-gke-0123456789ab-0  (pulumi-up, first)",
+            "Attempt 0      pulumi-up, first",
             "Last decision  2023-11-14T23:13:20Z run ended: succeeded",
             "Checkpoints    gs://verl-data-my-project-123/verl/checkpoints/run-1",
             "Resume         a new run, or `pulumi config set verl-gke:jobAttempt <n+1>` and `pulumi up`, resumes "
             "the RayCluster",
         ]
+        _assert_status_help_names(out)
+        # The submission ids only when asked for.
+        code, out, err = run(capsys, *argv, "--kube-api-url", url, "--verbose")
+        assert "Attempt 0      pulumi-up, first; Ray submission id verl-gke-0123456789ab-0" in out.splitlines()
 
     # No record to read either: both reasons in one line.
     code, _, err = run(capsys, *argv, "--kube-api-url", f"http://127.0.0.1:{closed}")
@@ -726,13 +733,13 @@ def test_the_exit_statuses_are_the_same_in_the_epilog_the_docstring_and_the_docs
     epilog = " ".join((cli.build_parser().epilog or "").split())
     assert epilog == ("Errors are one line on stderr. Exit status: 0 done, 1 the command failed, 2 a wrong command "
                       "line, 3 `wait` could not read the run for its outage window, 4 `wait`: the run failed, 5 "
-                      "stopped, 6 over its budget, 7 lost, 8 `report`: the run never started, 130 interrupted.")
+                      "stopped, 6 over its budget, 7 lost, 8 `wait`, `stop` or `export`: its --timeout passed "
+                      "(what it waits for goes on), 9 `report`: the run never started, 130 interrupted.")
     statuses = epilog.removeprefix("Errors are one line on stderr. ")
     docs = " ".join(" ".join(path.read_text().split()) for path in [REPO / "README.md", *(REPO / "docs").glob("*.md")])
     assert statuses in " ".join((REPO / "docs" / "runs.md").read_text().split())
     assert "with exit status 1" not in docs
-    doc = " ".join((cli.__doc__ or "").split())
-    assert statuses in doc
+    assert sum(docs.count(status) for status in ("5 stopped", "7 lost")) == 2  # told once, in docs/runs.md
 
 
 def test_python_dash_m_runs_the_cli() -> None:
@@ -829,16 +836,17 @@ def test_status_shows_what_synths_outputs_name_and_that_nothing_is_deployed(
     code, out, err = run(capsys, "status", "--outputs", str(synth_outputs))
     assert (code, err) == (0, "")
     assert out.splitlines() == [
+        f"Run            {doc['runId']}  not started: `pulumi up` submits its attempt 0",
         f"Stack outputs  {synth_outputs}: synth's offline outputs, nothing deployed",
         "Cluster        verl-a4 in us-central1, platform a4, 2 GPU nodes x 8 GPUs",
         "Ray head       none: `pulumi up` creates svc/b200-ray-cluster-head-svc in namespace verl-gke",
-        f"GRPO job       {doc['grpoSubmissionId']}  not submitted (the run's first attempt)",
         "Price          unknown: the stack outputs have no hourlyCostUsd; set verl-gke:gpuNodeHourlyUsd (USD per GPU "
         "node-hour, by capacity kind) and run `pulumi up`",
         "Preflight      not checked offline (`pulumi preview` checks the live project)",
         f"Checkpoints    {doc['checkpointUri']}",
         f"Dashboard      {doc['dashboardCommand']}",
     ]
+    _assert_status_help_names(out)
 
 
 def test_a_command_that_needs_a_head_says_how_to_try_it_on_synths_outputs(
@@ -930,3 +938,166 @@ def test_python_dash_m_either_module_is_the_cli(module: str) -> None:
 
     done = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout) == (0, f"verl-gke {version('verl-gke')}\n"), done.stderr
+
+
+def _reads(handler: Any) -> tuple[set[str], set[str]]:
+    """The flags a command's code reads, derived from its source: `args.<name>` (must exist) and
+    `getattr(args, "<name>", default)` (read when the command has it), in its handler and every function of
+    the CLI's modules it reaches by name."""
+    import ast
+    import importlib
+    import inspect
+
+    modules = {name: importlib.import_module(name) for name in ("verl_gke.cli", "verl_gke.runs", handler.__module__)}
+    trees = {name: {node.name: node for node in ast.parse(inspect.getsource(module)).body
+                    if isinstance(node, ast.FunctionDef)} for name, module in modules.items()}
+    aliases = {alias: name for name in modules for alias in (name, name.rsplit(".", 1)[1])}
+    must, may, seen = set(), set(), set()
+    todo = [(handler.__module__, handler.__name__)]
+    while todo:
+        module, name = todo.pop()
+        if (module, name) in seen or name not in trees[module]:
+            continue
+        seen.add((module, name))
+        for node in ast.walk(trees[module][name]):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "args":
+                must.add(node.attr)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" \
+                    and isinstance(node.args[0], ast.Name) and node.args[0].id == "args":
+                may.add(node.args[1].value)  # type: ignore[attr-defined]
+            elif isinstance(node, ast.Name):
+                todo.append((module, node.id))
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+                todo.append((aliases[node.value.id], node.attr))
+    return must, may
+
+
+def _subcommands() -> dict[str, Any]:
+    import argparse
+
+    parser = cli.build_parser()
+    [commands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(commands.choices)
+
+
+@pytest.mark.parametrize("command", list(_subcommands()))
+def test_each_command_lists_exactly_the_flags_its_code_reads(command: str, capsys: pytest.CaptureFixture[str],
+                                                             monkeypatch: pytest.MonkeyPatch):
+    sub = _subcommands()[command]
+    listed = {a.dest for a in sub._actions if a.dest != "help"}
+    must, may = _reads(sub.get_default("handler"))
+    assert must <= listed, f"{command} reads flags it does not take: {sorted(must - listed)}"
+    assert listed <= must | may, f"{command} lists flags it never reads: {sorted(listed - must - may)}"
+    # Its help names only flags it takes (another tool's flags are in `backticks`).
+    monkeypatch.setenv("COLUMNS", "1000")  # no flag broken across lines
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    own = {option for a in sub._actions for option in a.option_strings}
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", re.sub(r"`[^`]*`", "", capsys.readouterr().out)))
+    assert named <= own, f"{command} --help names flags it does not take: {sorted(named - own)}"
+
+
+def test_wait_honours_its_timeout_while_the_head_is_unreachable(capsys: pytest.CaptureFixture[str]) -> None:
+    """`wait --timeout 2` during a head outage ends at its timeout (exit 8), not after the outage window."""
+    (closed,) = free_ports(1)
+    started = time.monotonic()
+    code, _, err = run(capsys, "wait", "--dashboard-url", f"http://127.0.0.1:{closed}", "--submission-id", "job-1",
+                       "--poll", "0.5", "--timeout", "2", "--head-timeout", "1")
+    assert time.monotonic() - started < 6
+    assert code == 8
+    assert re.fullmatch(r"verl-gke: error: job job-1: the Ray head did not answer for 0m0\ds, and --timeout 2 s has "
+                        r"passed \(the job may go on\): .*", error_line(err))
+
+
+@pytest.fixture
+def refusing_server(request: pytest.FixtureRequest) -> Iterator[str]:
+    """An HTTP server that answers every request 401 Unauthorized (or the code given as the fixture's param)
+    with a JSON Status, as the Kubernetes API does for a token it does not accept (and as a Ray head with
+    token authentication does without one)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    code = getattr(request, "param", 401)
+
+    class Refuse(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = json.dumps({"kind": "Status", "status": "Failure", "message": self.responses[code][0],
+                               "reason": self.responses[code][0], "code": code}).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("command", [["runs"], ["stop", "--no-wait"], ["wait", "--poll", "1", "--timeout", "60"]])
+def test_an_unreachable_kube_api_url_is_one_line_naming_what_was_read_and_what_to_do(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, command: list[str]) -> None:
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("raysubmit_x"))
+    (closed,) = free_ports(1)
+    code, _, err = run(capsys, *command, "--outputs", str(outputs), "--kube-api-url", f"http://127.0.0.1:{closed}",
+                       *(["--outage-window", "1"] if command[0] == "wait" else []))
+    what = "the run records of RayCluster b200-ray-cluster" if command[0] == "runs" else \
+        "run record b200-ray-cluster-run-6c7f546429ec"
+    assert code == (3 if command[0] == "wait" else 1)
+    assert error_line(err).endswith(
+        f"could not reach the Kubernetes API at http://127.0.0.1:{closed} (--kube-api-url) reading {what} in "
+        "namespace default: Connection refused; is `kubectl proxy` (or the API you named) running there?")
+
+
+@pytest.mark.parametrize("command", [["runs"], ["wait", "--poll", "1", "--timeout", "60"]])
+def test_a_kube_api_that_refuses_the_credentials_is_said_at_once_with_the_fix(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, command: list[str], refusing_server: str) -> None:
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("raysubmit_x"))
+    started = time.monotonic()
+    code, _, err = run(capsys, *command, "--outputs", str(outputs), "--kube-api-url", refusing_server)
+    assert time.monotonic() - started < 5  # not retried: no retry mends credentials
+    what = "the run records of RayCluster b200-ray-cluster" if command[0] == "runs" else \
+        "run record b200-ray-cluster-run-6c7f546429ec"
+    assert code == 1
+    assert error_line(err) == (
+        f"verl-gke: error: the Kubernetes API at {refusing_server} (--kube-api-url) answered 401 Unauthorized "
+        f"reading {what} in namespace default: it wants credentials; give --kube-api-url the address of "
+        "`kubectl proxy` (which adds yours), or leave it out to use your Google credentials")
+
+
+def test_a_ray_head_that_refuses_the_request_is_said_at_once_with_the_fix(
+        capsys: pytest.CaptureFixture[str], refusing_server: str) -> None:
+    started = time.monotonic()
+    code, _, err = run(capsys, "wait", "--dashboard-url", refusing_server, "--submission-id", "job-1")
+    assert time.monotonic() - started < 5  # not retried for --head-timeout's 30 s
+    assert code == 1
+    assert error_line(err) == (
+        f"verl-gke: error: Ray dashboard at {refusing_server} answered GET /api/version with 401 Unauthorized: the "
+        "Ray cluster has token authentication; reach it through the port-forward (no --dashboard-url or "
+        "verl-gke:jobDashboardUrl), which adds the cluster's token, with an account that may read the Secret named "
+        "after the RayCluster (key auth_token)")
+
+
+def _assert_status_help_names(out: str) -> None:
+    """`status --help` names every row `status` printed (its help describes today's output)."""
+    help_text = " ".join(cli.build_parser()._subparsers._group_actions[0].choices["status"].description.split())
+    labels = {re.sub(r" \d+$", " N", line[:15].strip()) for line in out.splitlines()}
+    assert {label for label in labels if label not in help_text} == set()
+    assert help_text.startswith("One screen: Run (the run's id")
+
+
+@pytest.mark.parametrize("refusing_server", [503], indirect=True)
+def test_a_kube_api_error_answer_is_one_line_naming_what_was_read(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, refusing_server: str) -> None:
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("raysubmit_x"))
+    code, _, err = run(capsys, "runs", "--outputs", str(outputs), "--kube-api-url", refusing_server)
+    assert code == 1
+    assert error_line(err) == (
+        f"verl-gke: error: the Kubernetes API at {refusing_server} (--kube-api-url) answered 503 Service Unavailable "
+        "reading the run records of RayCluster b200-ray-cluster in namespace default; try again")

@@ -657,7 +657,7 @@ def test_the_cluster_network_is_empty_or_a_vpc_name():
     # "true" or "false" (or a YAML boolean), an integer what strconv.Atoi reads.
     ("runSupervisor", "yes", "must be true or false (Pulumi's boolean type: `pulumi up` refuses any other spelling)."),
     ("runSupervisor", "True", "must be true or false (Pulumi's boolean type: `pulumi up` refuses any other spelling)."),
-    ("gpuNodes", "4.5", "must be a whole number such as 2 (Pulumi's integer type)."),
+    ("gpuNodes", "4.5", "must be a whole number such as 4 or 5 (Pulumi's integer type has no fractions)."),
     ("gpuNodes", "1_000", "must be a whole number such as 2 (Pulumi's integer type)."),
     ("gpuNodes", "0x10", "must be a whole number such as 2 (Pulumi's integer type)."),
     ("gpuNodes", " 4", "must be a whole number such as 2 (Pulumi's integer type)."),

@@ -295,7 +295,7 @@ def test_a_run_that_never_started_is_one_line_and_exit_8(tmp_path: Path, capsys:
     outputs.write_text(json.dumps(OUTPUTS))
     (tmp_path / "bucket").mkdir()
     assert cli.main(["report", "--outputs", str(outputs), "--bucket-dir", str(tmp_path / "bucket"),
-                     "--run", "run-9"]) == report.EXIT_NEVER_STARTED == 8
+                     "--run", "run-9"]) == report.EXIT_NEVER_STARTED == 9
     assert capsys.readouterr().err == (f"verl-gke: error: run run-9 never started: nothing recorded in "
                                        f"{tmp_path / 'bucket'}/logs/run-9/ (no record, timeline or step), nor in "
                                        "the cluster\n")
@@ -305,7 +305,7 @@ def test_report_of_synths_offline_outputs_is_one_line_and_exit_8(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     outputs = tmp_path / "outputs.json"
     outputs.write_text(json.dumps({**OUTPUTS, "clusterCaCertificate": "c3ludGgtY2E=", "bucketName": "[unknown]"}))
-    assert cli.main(["report", "--outputs", str(outputs)]) == 8
+    assert cli.main(["report", "--outputs", str(outputs)]) == 9
     assert capsys.readouterr().err == (f"verl-gke: error: nothing to report: {outputs} holds synth's offline "
                                        "outputs (clusterCaCertificate is a stand-in)\n")
 

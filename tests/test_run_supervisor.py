@@ -200,8 +200,8 @@ def test_status_lists_every_attempt_and_why_it_was_submitted(ray_cluster: RayHea
         outputs = write_outputs(tmp_path / "outputs.json", outputs_doc(first))
         assert cli.main(["status", "--outputs", str(outputs), "--dashboard-url", ray_cluster.dashboard_url]) == 0
         out = capsys.readouterr().out
-        assert f"Attempt 0      {first}  STOPPED  (pulumi-up)" in out
-        assert f"Attempt 1      {spec.supervised_ids[0]}  RUNNING  (node-lost: test)" in out
+        assert "Attempt 0      STOPPED  (pulumi-up)" in out  # by number: the Ray ids with --verbose
+        assert "Attempt 1      RUNNING  (node-lost: test)" in out
         client.stop_job(spec.supervised_ids[0])
     finally:
         stop_node(node, ray_cluster)

@@ -131,8 +131,8 @@ def test_wait_follows_the_run_across_a_killed_attempt_to_success_and_logs_outliv
         assert code == 0, err
         assert out == f"run {spec.run_key} SUCCEEDED after 2 attempt(s)\n"
         first, second = spec.attempt_ids[:2]
-        assert f"verl-gke: run {spec.run_key}: attempt 0 {first} (pulumi-up, pulumi-up)\n" in err
-        assert f"verl-gke: run {spec.run_key}: attempt 1 {second} (supervisor, run-failed: after {first}: " in err
+        assert f"verl-gke: run {spec.run_key}: attempt 0 (pulumi-up, pulumi-up)\n" in err
+        assert f"verl-gke: run {spec.run_key}: attempt 1 (supervisor, run-failed: after {first}: " in err
 
         # What following the first attempt's submission id (grpoSubmissionId, all 0.5.1 had) says of it.
         code, _, err = run(capsys, "wait", "--outputs", str(outputs), "--dashboard-url", ray_head, "--submission-id",
@@ -148,8 +148,8 @@ def test_wait_follows_the_run_across_a_killed_attempt_to_success_and_logs_outliv
         code, out, err = run(capsys, "logs", *where, "--dashboard-url", ray_head, "--all")
         assert code == 0, err
         headers = [line for line in out.splitlines() if line.startswith("==> ")]
-        assert headers == [f"==> attempt 0 {first} (pulumi-up, pulumi-up) <==",
-                           f"==> attempt 1 {second} (supervisor, run-failed: after {first}: "
+        assert headers == ["==> attempt 0 (pulumi-up, pulumi-up) <==",
+                           f"==> attempt 1 (supervisor, run-failed: after {first}: "
                            f"{record_of(api, spec).attempts[1].reason.split(': ', 1)[1]}) <=="]
         assert out.index("attempt 0 killed") < out.index(headers[1]) < out.index("attempt 1 done")
         # The release: the copy is flushed before the suspend.
@@ -194,7 +194,7 @@ def test_stop_ends_the_run_through_its_record_and_runs_lists_it_stopped(
         code, out, err = run(capsys, "stop", *where, "--poll", "0.2", "--timeout", "60")
         assert code == 0, err
         assert out == f"run {spec.run_key} ended: {USER_STOPPED}; GPU workers released\n"
-        assert (f"waiting up to 1m00s for the run's decider (the run supervisor) to stop {spec.submission_id}, "
+        assert ("waiting up to 1m00s for the run's decider (the run supervisor) to stop attempt 0, "
                 "keep the checkpoints and release the GPU workers") in err
     assert client.get_job_status(spec.submission_id) == "STOPPED"
     assert control.suspended
@@ -209,7 +209,7 @@ def test_stop_ends_the_run_through_its_record_and_runs_lists_it_stopped(
     assert code == 0, err
     rows = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in out.splitlines())
     assert rows["Run"] == f"{spec.run_key}  {USER_STOPPED}"  # the outcome names its kind: not printed twice
-    assert rows["Attempts"] == f"0 {spec.submission_id} (pulumi-up)"
+    assert rows["Attempts"] == "0 (pulumi-up)"
     assert rows["Checkpoints"] == f"gs://verl-data-my-project-123/verl/checkpoints/{spec.run_key}"
     assert rows["Model"] == "none (not exported)"
     assert re.fullmatch(r"0\.\d GPU-hours \(0\.0\d h x 16 GPUs\), \$\d\.\d\d at \$184\.94/h", rows["Usage"])
@@ -550,3 +550,27 @@ def test_runs_json_lists_every_run_with_its_outcome_and_model(capsys: pytest.Cap
     assert code == 0
     assert {r["runId"]: (r["status"], r["modelUri"]) for r in json.loads(out)} == {
         "run-1": ("SUCCEEDED", f"gs://verl-data-my-project-123/{model_path('run-1')}"), "run-2": ("RUNNING", "")}
+
+
+def test_wait_honours_its_timeout_while_the_run_record_is_unreadable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`wait --timeout 30` during an API outage ends at 30 s with the timeout's own exit status (8), not
+    after the 600 s outage window."""
+    from tests.run_world import OUTPUTS
+
+    now = [1000.0]
+    monkeypatch.setattr(runs.time, "monotonic", lambda: now[0])
+
+    def unreadable() -> Any:
+        raise ConnectionRefusedError("connection refused")
+
+    def time_passes(seconds: float) -> None:
+        now[0] += seconds
+
+    run = runs.Run("run-a", OUTPUTS, runs.BucketCopy("run-a", "", None), lambda: None)
+    monkeypatch.setattr(run, "record", unreadable)
+    with pytest.raises(runs.CliError) as caught:
+        runs.follow(run, timeout_s=30.0, poll_s=10.0, outage_window_s=600.0, sleep=time_passes)
+    assert getattr(caught.value, "exit_code", 1) == 8
+    assert now[0] - 1000.0 <= 30.0
+    assert str(caught.value) == ("run run-a: its record was not readable for 0m30s, and --timeout 30 s has passed "
+                                 "(the run may go on): connection refused")

@@ -109,3 +109,14 @@ def test_a_stack_file_value_of_the_wrong_shape_is_refused_as_pulumi_would(projec
     with pytest.raises(ConfigError) as caught:
         stack_files.raw_config("t", project)
     assert caught.value.problems == [problem]
+
+
+def test_a_key_given_twice_is_refused_naming_the_file_the_key_and_both_lines(project: Path) -> None:
+    # The Pulumi CLI's YAML reader (yaml.v3) refuses a mapping key defined twice; PyYAML keeps the last.
+    (project / "Pulumi.twice.yaml").write_text("config:\n  gcp:project: my-project-123\n  verl-gke:gpuNodes: 2\n"
+                                               "  verl-gke:gpuNodes: 4\n")
+    with pytest.raises(ConfigError) as caught:
+        stack_files.raw_config("twice", project)
+    assert caught.value.problems == [
+        "Pulumi.twice.yaml: verl-gke:gpuNodes is given twice, at lines 3 and 4 (Pulumi refuses a key given twice); "
+        "keep one"]

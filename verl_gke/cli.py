@@ -18,9 +18,7 @@ the output runId) is read from its record through the Kubernetes API (verl_gke/r
 reached the way the GrpoJob provider reaches it (verl_gke.head_access): a port-forward through the
 Kubernetes API, or `--dashboard-url` for a head that is directly reachable; once the head is gone,
 the run's logs come from its copy in the bucket. Results go to stdout, progress to stderr. An error
-is one line on stderr. Exit status: 0 done, 1 the command failed, 2 a wrong command line, 3 `wait`
-could not read the run for its outage window, 4 `wait`: the run failed, 5 stopped, 6 over its budget,
-7 lost, 8 `report`: the run never started, 130 interrupted.
+is one line on stderr; the exit statuses: EPILOG (docs/runs.md).
 """
 
 from __future__ import annotations
@@ -41,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO, TypeVar
 
 from verl_gke import fabric, gke_facts, metrics, report, runs, stack_outputs, verify
-from verl_gke.console import PROG, CliError, HeadUnreachable, UsageError
+from verl_gke.console import PROG, CliError, HeadUnreachable, TimedOut, UsageError
 from verl_gke.console import fail as _fail
 from verl_gke.console import first_line as _first_line
 from verl_gke.console import one_line as _one_line
@@ -54,6 +52,7 @@ from verl_gke.head_access import (
     OUTAGE_WINDOW_S,
     REQUEST_TIMEOUT_S,
     HeadAccessError,
+    HeadAccessSetupError,
     HeadRequestError,
     OutageClock,
     dashboard,
@@ -106,29 +105,71 @@ class Target:
 # Arguments
 
 
+def _flags(title: str, *flags: tuple[tuple[str, ...], dict[str, Any]]) -> argparse.ArgumentParser:
+    """A group of shared flags, composed into the commands that read them (argparse parents)."""
+    parent = _Parser(add_help=False)
+    group = parent.add_argument_group(title)
+    for names, options in flags:
+        group.add_argument(*names, **options)
+    return parent
+
+
+def _flag_groups() -> dict[str, argparse.ArgumentParser]:
+    return {
+        "outputs": _flags(
+            "where the stack is",
+            (("--outputs",), dict(type=Path, metavar="FILE",
+                                  help="stack outputs as JSON (a saved `pulumi stack output --json`, or "
+                                       "dist/<stack>/outputs.json); default: ask the pulumi CLI")),
+            (("--stack",), dict(metavar="NAME",
+                                help="Pulumi stack to read the outputs of (default: the selected one)"))),
+        "head": _flags(
+            "how the Ray head is reached",
+            (("--dashboard-url",), dict(metavar="URL",
+                                        help="a directly reachable Ray dashboard, e.g. http://127.0.0.1:8265 "
+                                             "(default: port-forward to the head service through the Kubernetes "
+                                             "API)")),
+            (("--head-timeout",), dict(type=_positive_float, default=DEFAULT_HEAD_TIMEOUT_S, metavar="S",
+                                       help="seconds to wait for the Ray dashboard to answer "
+                                            f"(default {DEFAULT_HEAD_TIMEOUT_S:g})"))),
+        "run": _flags(
+            "which run",
+            (("--run",), dict(metavar="RUN_ID",
+                              help="the run to follow (default: the stack output runId); its record names its "
+                                   "attempts"))),
+        "job": _flags(
+            "or one Ray job",
+            (("--submission-id",), dict(metavar="ID", help="one Ray job to follow instead of a run (its submission "
+                                                          "id; no record is read)"))),
+        "records": _flags(
+            "where the run records are read",
+            (("--kube-api-url",), dict(metavar="URL",
+                                       help="a directly reachable Kubernetes API (e.g. `kubectl proxy`'s) to read "
+                                            "the run records from (default: the cluster's endpoint, with your "
+                                            "Google credentials)"))),
+        "bucket": _flags(
+            "where the run's log copy is read",
+            (("--bucket-dir",), dict(metavar="PATH",
+                                     help="a local mount or copy of the bucket to read the run's logs from, under "
+                                          "PATH/logs/<run>/ (default: `gcloud storage cat "
+                                          "gs://<bucketName>/logs/<run>/...`)"))),
+    }
+
+
+# The flag groups each command reads (tests/test_cli.py checks them against the code).
+_FOLLOW = ("outputs", "head", "run", "job", "records")
+COMMAND_FLAGS: dict[str, tuple[str, ...]] = {
+    "status": _FOLLOW, "logs": (*_FOLLOW, "bucket"), "wait": _FOLLOW, "stop": ("outputs", "run", "records"),
+    "runs": ("outputs", "records", "bucket"), "dashboard": ("outputs", "head"),
+    "metrics": (*_FOLLOW, "bucket"), "fabric": ("outputs", "head"), "export": _FOLLOW,
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    common = _Parser(add_help=False)
-    source = common.add_argument_group("where the stack is")
-    source.add_argument("--outputs", type=Path, metavar="FILE",
-                        help="stack outputs as JSON (a saved `pulumi stack output --json`, or "
-                             "dist/<stack>/outputs.json); default: ask the pulumi CLI")
-    source.add_argument("--stack", metavar="NAME", help="Pulumi stack to read the outputs of (default: the selected one)")
-    source.add_argument("--dashboard-url", metavar="URL",
-                        help="a directly reachable Ray dashboard, e.g. http://127.0.0.1:8265 "
-                             "(default: port-forward to the head service through the Kubernetes API)")
-    source.add_argument("--run", metavar="RUN_ID",
-                        help="the run to follow (default: the stack output runId); its record names its attempts")
-    source.add_argument("--submission-id", metavar="ID",
-                        help="one Ray job to follow instead of a run (its submission id; no record is read)")
-    source.add_argument("--kube-api-url", metavar="URL",
-                        help="a directly reachable Kubernetes API (e.g. `kubectl proxy`'s) to read the run records "
-                             "from and port-forward through (default: the cluster's endpoint, with your Google credentials; with "
-                             "--dashboard-url alone no record is read)")
-    source.add_argument("--bucket-dir", metavar="PATH",
-                        help="a local mount or copy of the bucket to read the run's logs from, under "
-                             "PATH/logs/<run>/ (default: `gcloud storage cat gs://<bucketName>/logs/<run>/...`)")
-    source.add_argument("--head-timeout", type=_positive_float, default=DEFAULT_HEAD_TIMEOUT_S, metavar="S",
-                        help=f"seconds to wait for the Ray dashboard to answer (default {DEFAULT_HEAD_TIMEOUT_S:g})")
+    groups = _flag_groups()
+
+    def parents(command: str) -> list[argparse.ArgumentParser]:
+        return [groups[name] for name in COMMAND_FLAGS[command]]
 
     parser = _Parser(
         prog=PROG, description="Follow the GRPO run of a verl-gke stack.",
@@ -137,12 +178,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    status = commands.add_parser("status", parents=[common], help="cluster, head, workers, GPUs and job, on one screen",
-                                 description="Show the cluster, the Ray head, the workers and GPUs that joined, and the job status.")
+    status = commands.add_parser(
+        "status", parents=parents("status"),
+        help="the run, its attempts, the cluster, head, workers and GPUs, on one screen",
+        description="One screen: Run (the run's id, the handle the other commands take with --run), Stack outputs, "
+                    "Cluster, Ray head, Workers and GPUs visible (how many joined), Attempt N (each attempt of the run "
+                    "on the head: its status and why it was submitted; --verbose adds its Ray submission id), or GRPO "
+                    "job (one Ray job that is no run's attempt) with its Job message, Budget, Model export, Spend, "
+                    "Fabric, Preflight, Checkpoints, Dashboard. Once the run ended and its GPU workers were released: "
+                    "the run from its record, with its Last decision and how to Resume. With synth's outputs: what "
+                    "they name, with the Price.")
+    status.add_argument("--verbose", "-v", action="store_true", help="also each attempt's Ray submission id")
     status.set_defaults(handler=cmd_status)
 
     logs = commands.add_parser(
-        "logs", parents=[common], help="print the run's logs (the current attempt, one, or all)",
+        "logs", parents=parents("logs"), help="print the run's logs (the current attempt, one, or all)",
         description="Print the run's driver logs: the current attempt's, --attempt N's or --all of them, from the "
                     "Ray head, or from the run's copy in the bucket (logs/<run>/) once the head is gone.")
     which = logs.add_mutually_exclusive_group()
@@ -157,10 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
     logs.set_defaults(handler=cmd_logs)
 
     wait = commands.add_parser(
-        "wait", parents=[common], help="wait for the run to end; exit 0 only if it succeeded",
+        "wait", parents=parents("wait"), help="wait for the run to end; exit 0 only if it succeeded",
         description="Follow the run through its record across attempts until it ends, reporting each new attempt "
                     "and decision on stderr. Exit 0 if it succeeded, 4 failed, 5 stopped, 6 over its budget, 7 "
-                    "lost (its head unreachable past runHeadOutageSeconds); 1 the timeout passed (the run goes "
+                    "lost (its head unreachable past runHeadOutageSeconds); 8 --timeout passed (the run goes "
                     "on); 3 the record (or, following one job, the head) unreadable for the outage window.")
     wait.add_argument("--timeout", type=_positive_float, metavar="S", help="give up after S seconds (default: never)")
     wait.add_argument("--poll", type=_positive_float, default=DEFAULT_POLL_S, metavar="S",
@@ -175,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     wait.set_defaults(handler=cmd_wait)
 
     stop = commands.add_parser(
-        "stop", parents=[common], help="end the run: stop its job, keep its checkpoints, release the GPUs",
+        "stop", parents=parents("stop"), help="end the run: stop its job, keep its checkpoints, release the GPUs",
         description="Ask the run's decider (the run supervisor) to end the run, through its record: it stops the "
                     "live attempt, keeps the checkpoints and releases the GPU workers. Idempotent. Waits for the "
                     "release unless --no-wait. A later run of the same spec needs a new verl-gke:jobAttempt "
@@ -188,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     stop.set_defaults(handler=runs.cmd_stop)
 
     listing = commands.add_parser(
-        "runs", parents=[common], help="the stack's runs: outcome, attempts, times, GPU-hours, cost, URIs",
+        "runs", parents=parents("runs"), help="the stack's runs: outcome, attempts, times, GPU-hours, cost, URIs",
         description="List the runs whose records the stack keeps (every open run and the newest 10 ended ones): "
                     "id, outcome, attempts, start and end, GPU-hours and cost (at hourlyCostUsd), checkpoint and "
                     "model URIs; with --step-times the measured step time from the bucket's log copy against "
@@ -201,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.set_defaults(handler=runs.cmd_runs)
 
     dash = commands.add_parser(
-        "dashboard", parents=[common], help="open the Ray dashboard locally until Ctrl-C or --minutes",
+        "dashboard", parents=parents("dashboard"), help="open the Ray dashboard locally until Ctrl-C or --minutes",
         description="Open a port-forward to the Ray head behind a local proxy of this command and print its URL "
                     "until Ctrl-C or --minutes. The URL holds a secret of this session: the proxy admits only "
                     "requests that carry it, for its own address, from no other site, so a web page in your "
@@ -211,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     dash.set_defaults(handler=cmd_dashboard)
 
     met = commands.add_parser(
-        "metrics", parents=[common], help="per-step metrics table, reward plot and verdict",
+        "metrics", parents=parents("metrics"), help="per-step metrics table, reward plot and verdict",
         description="Parse verl's console metrics (step:N - key:value ...) from the job's logs or a saved "
                     f"log file. Verdict rule: {metrics.RISING_RULE}. With the stack's outputs (a saved log: "
                     "--outputs or --stack), the measured step time against the modeled one.",
@@ -224,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     met.set_defaults(handler=cmd_metrics)
 
     fab = commands.add_parser(
-        "fabric", parents=[common], help="measure the GPU fabric: all-reduce bus bandwidth across the workers",
+        "fabric", parents=parents("fabric"), help="measure the GPU fabric: all-reduce bus bandwidth across the workers",
         description="Run the fabric check the deploy runs before the GRPO run: an all-reduce across every GPU "
                     "worker as a Ray job, its bus bandwidth printed. Exit 1 below the floor. The GPUs must be "
                     "free: while the run trains, the check waits for them until its timeout.")
@@ -239,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     fab.set_defaults(handler=cmd_fabric)
 
     exp = commands.add_parser(
-        "export", parents=[common], help="merge a checkpoint into a Hugging Face model in the bucket",
+        "export", parents=parents("export"), help="merge a checkpoint into a Hugging Face model in the bucket",
         description="Run verl's model merger on the head as a Ray job: the checkpoint at --step (default: the "
                     "newest) becomes safetensors at gs://<bucket>/models/<run>/model (or model-step-N), which "
                     "transformers and vLLM load. Waits for the job and prints the model's gs:// URI.")
@@ -263,7 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 EPILOG = ("Errors are one line on stderr. Exit status: 0 done, 1 the command failed, 2 a wrong command line, 3 "
           "`wait` could not read the run for its outage window, 4 `wait`: the run failed, 5 stopped, 6 over its "
-          "budget, 7 lost, 8 `report`: the run never started, 130 interrupted.")
+          "budget, 7 lost, 8 `wait`, `stop` or `export`: its --timeout passed (what it waits for goes on), 9 "
+          "`report`: the run never started, 130 interrupted.")
 
 
 def _version() -> str:
@@ -326,7 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 # Reaching the job
 
 
-def _target(args: argparse.Namespace, *, need_outputs: bool) -> Target:
+def _target(args: argparse.Namespace, *, need_outputs: bool, bucket_dir: str | None = None) -> Target:
     """Loads the stack outputs unless the flags alone say where the job is."""
     outputs = None
     if need_outputs or not (args.dashboard_url and args.submission_id):
@@ -334,7 +385,11 @@ def _target(args: argparse.Namespace, *, need_outputs: bool) -> Target:
     submission_id = args.submission_id or (outputs.grpo_submission_id if outputs else "")
     if args.submission_id and args.run:
         raise UsageError("--run and --submission-id name two things to follow: give one")
-    run = runs.run_of(args, outputs) if outputs is not None and not args.submission_id else None
+    run = None
+    if outputs is not None and not args.submission_id:
+        found = outputs
+        run = runs.run_of(args.run, outputs, lambda: runs.record_store(found, args.kube_api_url,
+                                                                       bool(args.dashboard_url)), bucket_dir)
     return Target(outputs=outputs, submission_id=submission_id, run=run)
 
 
@@ -367,6 +422,8 @@ def _head(args: argparse.Namespace, outputs: StackOutputs | None, timeout_s: flo
     with context as url:
         try:
             wait_for_dashboard(url, min(_QUICK_PROBE_S, head_timeout))
+        except HeadAccessSetupError:
+            raise
         except HeadAccessError:
             if head_timeout <= _QUICK_PROBE_S:
                 raise
@@ -407,7 +464,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     outputs = target.outputs
     assert outputs is not None
     if outputs.offline and not args.dashboard_url:
-        return _print_rows(_offline_rows(outputs))
+        return _print_rows(_offline_rows(outputs, args.verbose))
     try:
         return _live_status(args, replace(target, submission_id=_current_id(target)), outputs)
     except HeadAccessError as unreachable:
@@ -415,7 +472,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         record = _released_run(target, unreachable)
         if record is None:
             raise
-        return _print_rows(_ended_rows(outputs, record))
+        return _print_rows(_ended_rows(outputs, record, args.verbose))
 
 
 def _released_run(target: Target, unreachable: HeadAccessError) -> RunRecord | None:
@@ -453,16 +510,21 @@ def _current_id(target: Target) -> str:
     return newest.submission_id if newest is not None else target.submission_id
 
 
-def _ended_rows(outputs: StackOutputs, record: RunRecord) -> list[tuple[str, str]]:
+def _submission(submission_id: str, verbose: bool) -> str:
+    """An attempt's Ray submission id, shown only when asked for (--verbose): the run id is the handle."""
+    return f"; Ray submission id {submission_id}" if verbose else ""
+
+
+def _ended_rows(outputs: StackOutputs, record: RunRecord, verbose: bool) -> list[tuple[str, str]]:
     rows = [
+        ("Run", f"{record.run_id}  ended: {record.outcome}"),
         ("Stack outputs", outputs.source),
         ("Cluster", _cluster_line(outputs)),
         ("Ray head", "none: the run ended and the run supervisor released the GPU workers by suspending the "
                      "RayCluster (the head and its logs went with them)"),
-        ("Run", f"{record.run_id}  ended: {record.outcome}"),
     ]
-    rows += [(f"Attempt {a.index}", f"{a.submission_id}  ({a.by}, {a.cause}{': ' + a.reason if a.reason else ''})")
-             for a in record.attempts]
+    rows += [(f"Attempt {a.index}", f"{a.by}, {a.cause}{': ' + a.reason if a.reason else ''}"
+                                    + _submission(a.submission_id, verbose)) for a in record.attempts]
     if record.export_id:
         rows.append(("Model export", f"{record.export_id}  {record.export_outcome or 'not finished'}  "
                                      f"-> {record.export_target}"))
@@ -474,13 +536,14 @@ def _ended_rows(outputs: StackOutputs, record: RunRecord) -> list[tuple[str, str
     return rows
 
 
-def _offline_rows(outputs: StackOutputs) -> list[tuple[str, str]]:
+def _offline_rows(outputs: StackOutputs, verbose: bool) -> list[tuple[str, str]]:
     """What synth's outputs name (`dist/<stack>/outputs.json`): the stack as `pulumi up` would make it."""
     return [
+        ("Run", f"{outputs.run_id}  not started: `pulumi up` submits its attempt 0"
+                + _submission(outputs.grpo_submission_id, verbose)),
         ("Stack outputs", f"{outputs.source}: synth's offline outputs, nothing deployed"),
         ("Cluster", _cluster_line(outputs)),
         ("Ray head", f"none: `pulumi up` creates svc/{outputs.ray_head_service} in namespace {outputs.namespace}"),
-        ("GRPO job", f"{outputs.grpo_submission_id}  not submitted (the run's first attempt)"),
         ("Price", f"${outputs.hourly_cost_usd:.2f}/h" if outputs.hourly_cost_usd is not None
          else _spend([], None, 0.0)),
         ("Preflight", "not checked offline (`pulumi preview` checks the live project)"),
@@ -509,20 +572,21 @@ def _live_status(args: argparse.Namespace, target: Target, outputs: StackOutputs
         exports = _ray_call(url, "listing the model export", lambda: _exports(client, attempts))
     gpus, dead = capacity.gpus, capacity.dead
     shortfall = "" if gpus >= expected_gpus else f"  <- {expected_gpus - gpus:g} GPUs not joined yet"
-    rows = [
+    rows = [("Run", target.run.run_id)] if target.run is not None else []
+    rows += [
         ("Stack outputs", outputs.source),
         ("Cluster", _cluster_line(outputs)),
         ("Ray head", f"{shown(url)}  Ray {version}, svc/{outputs.ray_head_service} in namespace {outputs.namespace}"),
         ("Workers", f"{capacity.workers} of {outputs.gpu_nodes} joined"
                     + (f" ({dead} dead node{'s' if dead != 1 else ''})" if dead else "")),
         ("GPUs visible", f"{gpus:g} of {expected_gpus}{shortfall}"),
-        ("GRPO job", f"{target.submission_id}  {status}"
-                     + (f" (Pulumi last saw {outputs.grpo_job_status})"
-                        if outputs.grpo_job_status not in (None, status) else "")),
     ]
+    pulumi_saw = "" if outputs.grpo_job_status in (None, status) else f" (Pulumi last saw {outputs.grpo_job_status})"
+    if not attempts:  # one Ray job that is no run's attempt (--submission-id, or an id of another tool)
+        rows.append(("GRPO job", f"{target.submission_id}  {status}{pulumi_saw}"))
     if message:
         rows.append(("Job message", message))
-    rows += _attempt_rows(attempts)
+    rows += _attempt_rows(attempts, args.verbose)
     rows += [("Model export", f"{j.submission_id}  {j.status}  -> {(j.metadata or {}).get(EXPORT_META, '')}")
              for j in exports]
     rows.append(("Spend", _spend(timed, outputs.hourly_cost_usd, time.time())))
@@ -562,7 +626,7 @@ def _exports(client: JobSubmissionClient, attempts: list[Any]) -> list[Any]:
     return sorted(jobs, key=lambda j: j.start_time or 0)
 
 
-def _attempt_rows(attempts: list[Any]) -> list[tuple[str, str]]:
+def _attempt_rows(attempts: list[Any], verbose: bool) -> list[tuple[str, str]]:
     """What the run supervisor decided, as it recorded it in each attempt's metadata."""
     from workloads.run_lifecycle import meta
 
@@ -571,7 +635,8 @@ def _attempt_rows(attempts: list[Any]) -> list[tuple[str, str]]:
         info = {"metadata": job.metadata or {}}
         cause, reason = meta(info, "cause") or "submitted", meta(info, "reason")
         rows.append((f"Attempt {meta(info, 'attempt') or '?'}",
-                     f"{job.submission_id}  {job.status}  ({cause}{': ' + reason if reason else ''})"))
+                     f"{job.status}  ({cause}{': ' + reason if reason else ''})"
+                     + _submission(job.submission_id, verbose)))
     deadline = next((meta({"metadata": j.metadata or {}}, "budget_deadline") for j in attempts), "")
     if deadline:
         left = float(deadline) - time.time()
@@ -610,7 +675,7 @@ def _ray_version(url: str) -> str:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    target = _target(args, need_outputs=False)
+    target = _target(args, need_outputs=False, bucket_dir=args.bucket_dir)
     if not args.follow:
         for header, text in _run_logs(args, target, every=args.all, index=args.attempt):
             if header:
@@ -704,9 +769,12 @@ def _wait_job(args: argparse.Namespace, target: Target) -> int:
     reported: tuple[str, float] | None = None
     outage = OutageClock(args.outage_window)
     while True:
-        left = outage.left()
+        # The head is waited for no longer than the outage window or the --timeout leaves.
+        bounds = [args.head_timeout, *([] if (left := outage.left()) is None else [max(1.0, left)])]
+        if args.timeout is not None:
+            bounds.append(max(1.0, args.timeout - (time.monotonic() - started)))
         try:
-            with _head(args, target.outputs, None if left is None else min(args.head_timeout, max(1.0, left))) as url:
+            with _head(args, target.outputs, min(bounds)) as url:
                 client = _job_client(url)
                 while True:
                     status, message = _job_info(client, url, target.submission_id)
@@ -718,18 +786,25 @@ def _wait_job(args: argparse.Namespace, target: Target) -> int:
                     if status in TERMINAL_STATUSES:
                         break
                     if args.timeout is not None and elapsed + args.poll > args.timeout:
-                        raise CliError(f"job {target.submission_id} is still {status} after {duration(elapsed)} "
+                        raise TimedOut(f"job {target.submission_id} is still {status} after {duration(elapsed)} "
                                        f"(--timeout {args.timeout:g} s)")
                     time.sleep(args.poll)
             break
+        except HeadAccessSetupError:
+            raise  # nothing a retry mends
         except (HeadAccessError, HeadRequestError) as error:
             # A head restart or a dropped port-forward must not fail a wait that may last a day.
             if (lost := outage.lost()) >= args.outage_window:
                 raise HeadUnreachable(f"lost the Ray head for {duration(lost)} "
                                       f"(--outage-window {args.outage_window:g} s): {_one_line(error)}") from None
+            pause = min(args.poll, RECONNECT_PAUSE_S)
+            if args.timeout is not None and time.monotonic() - started + pause > args.timeout:
+                raise TimedOut(f"job {target.submission_id}: the Ray head did not answer for {duration(lost)}, and "
+                               f"--timeout {args.timeout:g} s has passed (the job may go on): "
+                               f"{_one_line(error)}") from None
             _progress(f"head unreachable ({_one_line(error)}); reconnecting for up to "
                       f"{duration(args.outage_window - lost)}")
-            time.sleep(min(args.poll, RECONNECT_PAUSE_S))
+            time.sleep(pause)
     if status != "SUCCEEDED":
         raise runs.RunEnded(f"job {target.submission_id} ended {status}" + (f": {message}" if message else ""),
                             runs.EXIT_STOPPED if status == "STOPPED" else runs.EXIT_FAILED)
@@ -768,7 +843,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
         outputs = stack_outputs.load(args.outputs, args.stack) if args.outputs or args.stack else None
         run_id = args.run or ""
     else:
-        target = _target(args, need_outputs=False)
+        target = _target(args, need_outputs=False, bucket_dir=args.bucket_dir)
         outputs, run_id = target.outputs, target.run.run_id if target.run else ""
         source = f"the logs of run {target.run.run_id}" if target.run else f"the logs of job {target.submission_id}"
         # Every attempt of the run: a resumed attempt repeats steps, and the latest value of a step wins.
@@ -803,8 +878,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 def cmd_fabric(args: argparse.Namespace) -> int:
     from domain.platforms import PLATFORMS
 
-    outputs = _target(args, need_outputs=True).outputs
-    assert outputs is not None
+    outputs = stack_outputs.load(args.outputs, args.stack)
     platform = PLATFORMS.get(outputs.gpu_platform)
     if platform is None:
         raise CliError(f"{outputs.source}: gpuPlatform {outputs.gpu_platform!r} is not one of {', '.join(PLATFORMS)}")
@@ -871,7 +945,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                                        lambda: client.get_job_status(kwargs["submission_id"])))) \
                 not in TERMINAL_STATUSES:
             if time.monotonic() > deadline:
-                raise CliError(f"export {kwargs['submission_id']} still {status} after {args.timeout:g} s")
+                raise TimedOut(f"export {kwargs['submission_id']} still {status} after {args.timeout:g} s")
             time.sleep(args.poll)
         if status != "SUCCEEDED":
             logs = _ray_call(url, "reading the export's logs", lambda: client.get_job_logs(kwargs["submission_id"]))

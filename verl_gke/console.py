@@ -23,6 +23,12 @@ class HeadUnreachable(CliError):
     exit_code = 3
 
 
+class TimedOut(CliError):
+    """A command's --timeout passed: what it waited for goes on."""
+
+    exit_code = 8
+
+
 def progress(message: str) -> None:
     print(f"{PROG}: {message}", file=sys.stderr, flush=True)
 

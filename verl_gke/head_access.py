@@ -136,6 +136,13 @@ def wait_for_dashboard(url: str, timeout_s: float) -> None:
                     return
                 last_error = f"HTTP {response.status}"
         except urllib.error.HTTPError as error:
+            if error.code == 401:  # no retry brings a token
+                raise HeadAccessSetupError(
+                    f"Ray dashboard at {shown(url)} answered GET /api/version with 401 Unauthorized: the Ray cluster "
+                    "has token authentication; reach it through the port-forward (no --dashboard-url or "
+                    "verl-gke:jobDashboardUrl), which adds the cluster's token, with an account that may read the "
+                    "Secret named after the RayCluster (key auth_token)"
+                ) from None
             last_error = f"HTTP {error.code}"
         except (OSError, ValueError) as error:  # refused, reset, timed out, bad URL
             last_error = str(getattr(error, "reason", error))

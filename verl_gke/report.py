@@ -4,7 +4,7 @@ reads in place of its assumed ones.
 
 The model is the stack's: its outputs (modeledStepSeconds, modeledRunSeconds) and the named assumptions of
 domain/ (deploy durations, checkpoint rates). A run other than the stack's own is shown measured only.
-Exit: 0 shown, 1 the command failed, EXIT_NEVER_STARTED (8) the run never started (or nothing is deployed).
+Exit: 0 shown, 1 the command failed, EXIT_NEVER_STARTED (9) the run never started (or nothing is deployed).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from workloads.run_logs import DECISIONS_FILE, RECORD_FILE, TIMELINE_FILE, attem
 from workloads.run_record import RunRecord
 from workloads.stage_data import MARKER_NAME
 
-EXIT_NEVER_STARTED = 8
+EXIT_NEVER_STARTED = 9
 SUPERVISOR_STEP_S = 15.0
 """The release comes within one supervisor step of the outcome (docs/architecture.md)."""
 STAGING_JOB = "kubernetes:batch/v1:Job"

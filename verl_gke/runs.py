@@ -14,17 +14,19 @@ import argparse
 import calendar
 import json
 import time
+import urllib.error
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from domain import run_time
 from verl_gke import gke_facts, metrics, stack_outputs
 from verl_gke.cluster_api import cluster_api
 from verl_gke.cluster_readiness import duration
 from verl_gke.commands import run_tool
-from verl_gke.console import CliError, HeadUnreachable, one_line, print_rows, progress
+from verl_gke.console import CliError, HeadUnreachable, TimedOut, one_line, print_rows, progress
 from verl_gke.head_access import HeadAccessSetupError, OutageClock
 from verl_gke.stack_outputs import StackOutputs
 from workloads.kube import KubernetesApi
@@ -35,9 +37,11 @@ from workloads.run_record import Attempt, RecordStore, RunRecord, record_name
 EXIT_FAILED, EXIT_STOPPED, EXIT_OVER_BUDGET, EXIT_LOST = 4, 5, 6, 7
 EXIT_CODES = {"succeeded": 0, "failed": EXIT_FAILED, "stopped": EXIT_STOPPED, "over budget": EXIT_OVER_BUDGET,
               "lost": EXIT_LOST}
-"""`wait`'s exit status by the kind of the run's outcome (1, 2, 3 and 130 are the CLI's own)."""
+"""`wait`'s exit status by the kind of the run's outcome (1, 2, 3, 8 and 130 are the CLI's own)."""
 STOP_TIMEOUT_S = 900.0
 """How long `stop` waits for the decider to stop the attempt and release the GPU workers."""
+KUBE_API_TIMEOUT_S = 30.0
+"""The deadline of one Kubernetes API call for the run records."""
 GCLOUD_TIMEOUT_S = 120.0
 """The deadline of one `gcloud storage cat` (a log copy is at most LOG_COPY_LINES lines)."""
 
@@ -126,25 +130,68 @@ class Run:
         return self.store.get(self.run_id).record
 
 
-def run_of(args: argparse.Namespace, outputs: StackOutputs) -> Run:
-    run_id = args.run or outputs.run_id
-    local = Path(args.bucket_dir) if args.bucket_dir else None
-    return Run(run_id, outputs, BucketCopy(run_id, outputs.bucket_name, local), lambda: record_store(args, outputs))
+def run_of(run_id: str, outputs: StackOutputs, open_store: Callable[[], RecordStore | None],
+           bucket_dir: str | None = None) -> Run:
+    run_id = run_id or outputs.run_id
+    return Run(run_id, outputs, BucketCopy(run_id, outputs.bucket_name, Path(bucket_dir) if bucket_dir else None),
+               open_store)
 
 
-def record_store(args: argparse.Namespace, outputs: StackOutputs) -> RecordStore | None:
+class ApiUnreachable(CliError):
+    """The Kubernetes API did not answer: `wait` rides it out for its outage window."""
+
+
+class _UsersApi(KubernetesApi):
+    """The Kubernetes API as the CLI reads the run records: what it cannot read is one line naming the API,
+    what was read and what to do; a refused credential is said at once (no retry mends it)."""
+
+    def __init__(self, api: KubernetesApi, named: str, outputs: StackOutputs) -> None:
+        super().__init__(api.url, api.token, api.ca_file, api.ca_data, api.timeout_s)
+        self.named, self.outputs = named, outputs
+
+    def send(self, method: str, path: str, data: bytes | None, headers: dict[str, str]) -> tuple[int, Any]:
+        run = path.rsplit("/configmaps/", 1)[1] if "/configmaps/" in path else ""
+        what = (f"run record {run}" if run else f"the run records of RayCluster {self.outputs.ray_cluster}") \
+            + f" in namespace {self.outputs.namespace}"
+        where = f"the Kubernetes API at {self.url} ({self.named})"
+        try:
+            return super().send(method, path, data, headers)
+        except urllib.error.HTTPError as error:
+            error.close()
+            if error.code not in (401, 403):  # e.g. a 503 while the control plane upgrades
+                raise ApiUnreachable(f"{where} answered {error.code} {error.reason} reading {what}; try again") \
+                    from None
+            fix = (CREDENTIALS_FIX if self.named == "--kube-api-url" else
+                   "run `gcloud auth login` (your Google credentials expired or were refused), then try again") \
+                if error.code == 401 else (f"your account may not {method} ConfigMaps in namespace "
+                                           f"{self.outputs.namespace}: ask for roles/container.developer")
+            raise CliError(f"{where} answered {error.code} {error.reason} reading {what}: {fix}") from None
+        except OSError as error:  # refused, reset, timed out, no such host
+            reason = getattr(error, "reason", error)
+            fix = ("is `kubectl proxy` (or the API you named) running there?" if self.named == "--kube-api-url" else
+                   "check that this machine may reach it (verl-gke:masterAuthorizedCidrs) and try again")
+            raise ApiUnreachable(f"could not reach {where} reading {what}: "
+                                 f"{getattr(reason, 'strerror', None) or reason}; {fix}") from None
+
+
+CREDENTIALS_FIX = ("it wants credentials; give --kube-api-url the address of `kubectl proxy` (which adds yours), or "
+                   "leave it out to use your Google credentials")
+
+
+def record_store(outputs: StackOutputs, kube_api_url: str | None, head_direct: bool = False) -> RecordStore | None:
     """The stack's run records through `--kube-api-url`, or the cluster's API with the user's Google
-    credentials; None with `--dashboard-url` alone (a head reached directly, no cluster API)."""
-    if args.kube_api_url:
-        api = KubernetesApi(args.kube_api_url, timeout_s=args.head_timeout)
-    elif args.dashboard_url or outputs.offline:
+    credentials; None for a head reached directly (`--dashboard-url`, no cluster API) or synth's outputs."""
+    if kube_api_url:
+        api = _UsersApi(KubernetesApi(kube_api_url, timeout_s=KUBE_API_TIMEOUT_S), "--kube-api-url", outputs)
+    elif head_direct or outputs.offline:
         return None  # `stop` and `runs` say why; `wait` and `logs` follow a job, or say there is no head
     else:
         try:
             facts = gke_facts.describe(outputs.cluster_name, outputs.cluster_location)
         except gke_facts.GkeLookupError as error:
             raise CliError(str(error)) from None
-        api = cluster_api(facts.endpoint, facts.ca_certificate, args.head_timeout)
+        api = _UsersApi(cluster_api(facts.endpoint, facts.ca_certificate, KUBE_API_TIMEOUT_S),
+                        f"cluster {outputs.cluster_name}'s endpoint", outputs)
     return RecordStore(api, outputs.namespace, outputs.ray_cluster)
 
 
@@ -158,8 +205,9 @@ def no_records(outputs: StackOutputs, command: str) -> str:
 
 
 def attempt_line(attempt: Attempt) -> str:
-    return f"attempt {attempt.index} {attempt.submission_id} ({attempt.by}, {attempt.cause}" \
-           + (f": {attempt.reason}" if attempt.reason else "") + ")"
+    """An attempt by its number (its Ray submission id: `status --verbose`)."""
+    return f"attempt {attempt.index} ({attempt.by}, {attempt.cause}" + (f": {attempt.reason}" if attempt.reason else "") \
+        + ")"
 
 
 # --- logs --------------------------------------------------------------------------------------
@@ -252,15 +300,26 @@ def follow(run: Run, timeout_s: float | None, poll_s: float, outage_window_s: fl
         try:
             record = run.record()
             outage.reached()
-        except (CliError, HeadAccessSetupError):
-            raise  # nothing a retry mends (no gke-gcloud-auth-plugin, an unknown cluster)
-        except Exception as error:  # noqa: BLE001 - an API outage: ridden out for the window
+        except (CliError, HeadAccessSetupError) as error:
+            if not isinstance(error, ApiUnreachable):
+                raise  # nothing a retry mends (refused credentials, no gke-gcloud-auth-plugin, an unknown cluster)
+            failure: Exception | None = error
+        except Exception as error:  # noqa: BLE001 - an API outage (a 5xx, a broken reply): ridden out for the window
+            failure = error
+        else:
+            failure = None
+        if failure is not None:
+            error = failure
             if (lost := outage.lost()) >= outage_window_s:
                 raise HeadUnreachable(f"could not read run record {run.record_name} for {duration(lost)} "
                                       f"(--outage-window {outage_window_s:g} s): {one_line(error)}") from None
+            pause = min(poll_s, 5.0)
+            if timeout_s is not None and time.monotonic() - started + pause > timeout_s:
+                raise TimedOut(f"run {run.run_id}: its record was not readable for {duration(lost)}, and --timeout "
+                               f"{timeout_s:g} s has passed (the run may go on): {one_line(error)}") from None
             progress(f"run record unreadable ({one_line(error)}); retrying for up to "
                      f"{duration(outage_window_s - lost)}")
-            sleep(min(poll_s, 5.0))
+            sleep(pause)
             continue
         if record is None:
             raise CliError(f"run {run.run_id} has no record ({run.record_name} in namespace "
@@ -280,7 +339,7 @@ def follow(run: Run, timeout_s: float | None, poll_s: float, outage_window_s: fl
             return ended(run, record, quiet=as_json)
         if timeout_s is not None and elapsed + poll_s > timeout_s:
             newest = record.newest
-            raise CliError(f"run {run.run_id} has not ended after {duration(elapsed)} (--timeout {timeout_s:g} s)"
+            raise TimedOut(f"run {run.run_id} has not ended after {duration(elapsed)} (--timeout {timeout_s:g} s)"
                            + (f"; {attempt_line(newest)} goes on" if newest else ""))
         sleep(poll_s)
 
@@ -330,7 +389,7 @@ def stop(run: Run, wait: bool, timeout_s: float, poll_s: float, sleep: Callable[
         return 0
     live = found.newest
     progress(f"waiting up to {duration(timeout_s)} for the run's decider (the run supervisor) to stop "
-             + (f"{live.submission_id}, " if live else "") + "keep the checkpoints and release the GPU workers")
+             + (f"attempt {live.index}, " if live else "") + "keep the checkpoints and release the GPU workers")
     deadline = time.monotonic() + timeout_s
     while True:
         record = run.store.get(run.run_id).record
@@ -339,20 +398,21 @@ def stop(run: Run, wait: bool, timeout_s: float, poll_s: float, sleep: Callable[
             return 0
         if time.monotonic() >= deadline:
             if record is not None and provisional(record):
-                raise CliError(f"run {run.run_id}: its Ray head has not answered; the stop is recorded and is carried "
+                raise TimedOut(f"run {run.run_id}: its Ray head has not answered; the stop is recorded and is carried "
                                "out if it answers, and the GPU workers go once it has been silent for "
                                "verl-gke:runHeadOutageSeconds (default 1800 s): run `verl-gke stop` again, or pass a "
                                "longer --timeout, to wait for that")
             state = "not ended" if record is None or not record.outcome else f"ended ({record.outcome}), GPU " \
                     "workers not released"
-            raise CliError(f"run {run.run_id} is {state} after {duration(timeout_s)}: is the run supervisor "
+            raise TimedOut(f"run {run.run_id} is {state} after {duration(timeout_s)}: is the run supervisor "
                            "running (verl-gke:runSupervisor) and releasing (verl-gke:releaseWorkersWhenDone)?")
         sleep(poll_s)
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
     outputs = stack_outputs.load(args.outputs, args.stack)
-    return stop(run_of(args, outputs), not args.no_wait, args.timeout, args.poll)
+    run = run_of(args.run, outputs, lambda: record_store(outputs, args.kube_api_url))
+    return stop(run, not args.no_wait, args.timeout, args.poll)
 
 
 # --- runs --------------------------------------------------------------------------------------
@@ -421,7 +481,7 @@ def describe(row: RunRow, outputs: StackOutputs, now: float, step: str | None) -
     if provisional(record):
         shown += " (provisional: the Ray head may still answer with the run's attempts; released at runHeadOutageSeconds)"
     rows = [("Run", f"{row.run_id}  {shown}"),
-            ("Attempts", "; ".join(f"{a.index} {a.submission_id} ({a.cause})" for a in record.attempts) or "none"),
+            ("Attempts", "; ".join(f"{a.index} ({a.cause})" for a in record.attempts) or "none"),
             ("Started", _when(row.start)), ("Ended", _when(row.end) if record.outcome else "-"),
             ("Usage", usage), ("Checkpoints", checkpoints),
             ("Model", f"gs://{bucket}/{model_path(row.run_id)}" if record.export_outcome == "SUCCEEDED"
@@ -458,7 +518,7 @@ def step_time(parsed: metrics.ParsedLog, outputs: StackOutputs, where: str, run_
 
 def cmd_runs(args: argparse.Namespace) -> int:
     outputs = stack_outputs.load(args.outputs, args.stack)
-    store = record_store(args, outputs)
+    store = record_store(outputs, args.kube_api_url)
     if store is None:
         raise CliError(no_records(outputs, "runs"))
     rows = run_rows(store)

@@ -13,6 +13,7 @@ import json
 import logging
 import re
 import runpy
+import shlex
 import signal
 import sys
 import uuid
@@ -560,6 +561,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _verl_path_advice(item: str) -> str:
+    """What to give --set instead of a verl path (`pulumi config set --path` has paths; --set has keys)."""
+    key, _, text = item.partition("=")
+    try:
+        value: Any = json.loads(text)
+    except ValueError:
+        value = text
+    nested: Any = value
+    for part in reversed(key.removeprefix("verl-gke:verl.").split(".")):
+        nested = {part: nested}
+    whole = shlex.quote(f"verl-gke:verl={json.dumps(nested)}")
+    return (f"--set {item}: --set takes whole keys, not verl paths: --set {whole} (it replaces the stack file's "
+            f"verl-gke:verl for this synth), or `pulumi config set --path {key} {shlex.quote(text)}`")
+
+
 def main(argv: list[str] | None = None) -> int:
     from domain.config import ConfigError
 
@@ -569,6 +585,8 @@ def main(argv: list[str] | None = None) -> int:
         bad = [item for item in args.set if "=" not in item or ":" not in item.split("=", 1)[0]]
         if bad:
             parser.error(f"--set takes NAMESPACE:KEY=VALUE, got {bad[0]!r}")
+        if paths := [item for item in args.set if item.startswith("verl-gke:verl.")]:
+            parser.error(_verl_path_advice(paths[0]))
     except _UsageError as error:
         print(f"synth failed: {error} (see synth --help)", file=sys.stderr)
         return 2
