@@ -686,7 +686,7 @@ def test_help_everywhere(capsys: pytest.CaptureFixture[str], command: list[str])
 @pytest.mark.parametrize(("argv", "line"), [
     ([], "verl-gke: error: the following arguments are required: COMMAND (see verl-gke --help)"),
     (["stat"], "verl-gke: error: argument COMMAND: invalid choice: 'stat' (choose from 'status', 'logs', "
-               "'wait', 'stop', 'runs', 'dashboard', 'metrics', 'fabric', 'export') (see verl-gke --help)"),
+               "'wait', 'stop', 'runs', 'dashboard', 'metrics', 'fabric', 'export', 'verify', 'report') (see verl-gke --help)"),
     (["status", "--nope"], "verl-gke: error: unrecognized arguments: --nope (see verl-gke --help)"),
     (["wait", "--poll", "soon"],
      "verl-gke: error: wait: argument --poll: 'soon' is not a number of seconds (see verl-gke wait --help)"),

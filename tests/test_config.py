@@ -82,7 +82,7 @@ def test_message_names_the_file_and_count():
 
 
 @pytest.mark.parametrize("key, value, fragment", [
-    ("platform", "h100", "must be one of 'a4', 'a3u' or 'a4x'"),
+    ("platform", "h100", "must be one of 'a4', 'a3u', 'a4x' or 'g2'"),
     ("gpuNodes", "two", "must be a whole number"),
     ("gpuSpot", "maybe", "must be true or false"),
     ("clusterMode", "serverless", "must be one of 'autopilot' or 'standard'"),

@@ -142,11 +142,11 @@ def _flag_groups() -> dict[str, argparse.ArgumentParser]:
             (("--submission-id",), dict(metavar="ID", help="one Ray job to follow instead of a run (its submission "
                                                           "id; no record is read)"))),
         "records": _flags(
-            "where the run records are read",
+            "the Kubernetes API",
             (("--kube-api-url",), dict(metavar="URL",
                                        help="a directly reachable Kubernetes API (e.g. `kubectl proxy`'s) to read "
-                                            "the run records from (default: the cluster's endpoint, with your "
-                                            "Google credentials)"))),
+                                            "the run records from and port-forward to the Ray head through "
+                                            "(default: the cluster's endpoint, with your Google credentials)"))),
         "bucket": _flags(
             "where the run's log copy is read",
             (("--bucket-dir",), dict(metavar="PATH",
@@ -160,8 +160,8 @@ def _flag_groups() -> dict[str, argparse.ArgumentParser]:
 _FOLLOW = ("outputs", "head", "run", "job", "records")
 COMMAND_FLAGS: dict[str, tuple[str, ...]] = {
     "status": _FOLLOW, "logs": (*_FOLLOW, "bucket"), "wait": _FOLLOW, "stop": ("outputs", "run", "records"),
-    "runs": ("outputs", "records", "bucket"), "dashboard": ("outputs", "head"),
-    "metrics": (*_FOLLOW, "bucket"), "fabric": ("outputs", "head"), "export": _FOLLOW,
+    "runs": ("outputs", "records", "bucket"), "dashboard": ("outputs", "head", "records"),
+    "metrics": (*_FOLLOW, "bucket"), "fabric": ("outputs", "head", "records"), "export": _FOLLOW,
 }
 
 
