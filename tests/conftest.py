@@ -1,13 +1,45 @@
-"""Shared fixtures: the offline mock engine and whole-stack synth results."""
+"""Shared fixtures: the offline mock engine and whole-stack synth results; the session's own HOME."""
 
 from __future__ import annotations
 
+import atexit
 import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 
-from verl_gke import synth
+from domain.cache import CACHE_ROOT_ENV, cache_root
+
+# What a user's environment would change a result by: credentials and config of Ray (RAY_AUTH_*,
+# RAY_ADDRESS), Pulumi (PULUMI_CONFIG is the program's config), gcloud, kubectl and Hugging Face.
+_USER_ENV_PREFIXES = ("RAY_", "PULUMI_", "CLOUDSDK_", "GOOGLE_", "GCLOUD_", "HF_", "HUGGING_FACE_")
+_USER_ENV = ("KUBECONFIG", "PIP_CONFIG_FILE")
+
+
+def _hermetic_home() -> Path:
+    """The session runs in a HOME of its own (Ray's ~/.ray/auth_token, ~/.kube/config, gcloud's and
+    pip's config and HF's token of the user are out of sight; the Ray processes the tests start inherit
+    it), removed at exit. The download caches stay where they were (domain.cache, pip's cache)."""
+    os.environ.setdefault(CACHE_ROOT_ENV, str(cache_root()))
+    os.environ.setdefault("PIP_CACHE_DIR", str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pip"))
+    for name in [n for n in os.environ if n.startswith(_USER_ENV_PREFIXES) or n in _USER_ENV]:
+        del os.environ[name]
+    home = Path(tempfile.mkdtemp(prefix="verl-gke-home-"))
+    os.environ["HOME"] = str(home)
+    for name, sub in (("XDG_CONFIG_HOME", ".config"), ("XDG_CACHE_HOME", ".cache"), ("XDG_DATA_HOME", ".local/share"),
+                      ("XDG_STATE_HOME", ".local/state")):
+        os.environ[name] = str(home / sub)
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
+    return home
+
+
+SESSION_HOME = _hermetic_home()
+
+from verl_gke import synth  # noqa: E402 after HOME moved: nothing may read the user's at import
 
 pytest_plugins = ["tests.ray_head"]
 

@@ -43,6 +43,8 @@ HEAD_ENV = {
     # off; off, every Ray process binds and talks on loopback only (a joining node: tests/ray_loopback.py).
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_USAGE_STATS_ENABLED": "0",
+    # No token authentication, whatever token file Ray finds (a test that wants it says so).
+    "RAY_AUTH_MODE": "disabled",
 }
 
 
