@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import atexit
+import fcntl
+import inspect
 import json
 import os
+import pickle
 import shutil
 import tempfile
 from pathlib import Path
@@ -45,6 +48,12 @@ pytest_plugins = ["tests.ray_head"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    for tier, what in TIERS.items():
+        config.addinivalue_line("markers", f"{tier}: {what}")
+    _fill_download_caches(config)
+
+
+def _fill_download_caches(config: pytest.Config) -> None:
     """Under pytest-xdist (make test), the controller fills the download caches the workers share
     (the pinned verl wheels, the vLLM sources, the CRD files) before any worker starts, so that no two workers write
     one cache entry at once. A failure here is left to the tests that need the entry to report."""
@@ -99,13 +108,65 @@ def verl_value(paths: dict[str, Any]) -> str:
 
 
 @pytest.fixture(scope="session")
-def synth_stack() -> Callable[[str], synth.SynthResult]:
-    """Runs the real program for a stack under mocks once per session and caches the result."""
+def synth_stack(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], synth.SynthResult]:
+    """Runs the real program for a stack under mocks once per run: the first pytest worker that needs a
+    stack synthesizes it and leaves the result (pickled) in the run's temp folder the workers share; the
+    others wait for it and read it."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     cache: dict[str, synth.SynthResult] = {}
 
     def get(stack: str) -> synth.SynthResult:
         if stack not in cache:
-            cache[stack] = synth.run(stack)
+            done = shared / f"synth-{stack}.pickle"
+            with open(shared / f"synth-{stack}.lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # another worker synthesizing it: at most one synth's time
+                try:
+                    if done.is_file():
+                        cache[stack] = pickle.loads(done.read_bytes())
+                    else:
+                        cache[stack] = synth.run(stack)
+                        done.with_suffix(".tmp").write_bytes(pickle.dumps(cache[stack]))
+                        done.with_suffix(".tmp").rename(done)
+                finally:
+                    fcntl.flock(lock, fcntl.LOCK_UN)
         return cache[stack]
 
     return get
+
+
+# The tiers (docs/development.md): `make test-fast` runs the units alone.
+TIERS = {
+    "unit": "pure code: no real Ray head, no whole-stack synth",
+    "synth": "runs the whole program under the mock engine (synth.run, the synth_stack fixture)",
+    "integration": "starts or uses real processes: a Ray head on 127.0.0.1, nodes, a venv of another Ray",
+}
+_RAY_FIXTURES = {"ray_head", "ray_cluster"}
+
+
+def _synthesizes(item: pytest.Function) -> bool:
+    """Whether the test, or a fixture it uses, runs the whole program (read from their source)."""
+    if "synth_stack" in item.fixturenames:
+        return True
+    functions = [item.function, *(d.func for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs
+                                  if d.baseid)]  # the tests' own fixtures, not pytest's
+    for function in functions:
+        try:
+            if "synth.run(" in inspect.getsource(function):
+                return True
+        except (OSError, TypeError):
+            continue
+    return False
+
+
+def tier_of(item: pytest.Function) -> str:
+    if item.get_closest_marker("ray") or _RAY_FIXTURES & set(item.fixturenames):
+        return "integration"
+    return "synth" if _synthesizes(item) else "unit"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test gets the marker of its tier, from what it uses: `-m unit` selects the inner loop."""
+    for item in items:
+        if isinstance(item, pytest.Function):
+            item.add_marker(tier_of(item))
