@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import fcntl
+import functools
 import inspect
 import json
 import os
@@ -150,13 +151,15 @@ def _synthesizes(item: pytest.Function) -> bool:
         return True
     functions = [item.function, *(d.func for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs
                                   if d.baseid)]  # the tests' own fixtures, not pytest's
-    for function in functions:
-        try:
-            if "synth.run(" in inspect.getsource(function):
-                return True
-        except (OSError, TypeError):
-            continue
-    return False
+    return any(_calls_synth(function) for function in functions)
+
+
+@functools.cache
+def _calls_synth(function: Callable[..., Any]) -> bool:
+    try:
+        return "synth.run(" in inspect.getsource(function)
+    except (OSError, TypeError):
+        return False
 
 
 def tier_of(item: pytest.Function) -> str:
@@ -165,8 +168,18 @@ def tier_of(item: pytest.Function) -> str:
     return "synth" if _synthesizes(item) else "unit"
 
 
+def _shares_a_module_fixture(item: pytest.Function) -> bool:
+    """Whether the test uses a fixture set up once per module or class (a head of its own, a finished job)."""
+    return any(defs[-1].scope in ("module", "class") for defs in item._fixtureinfo.name2fixturedefs.values())
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each test gets the marker of its tier, from what it uses: `-m unit` selects the inner loop."""
+    """Each test gets the marker of its tier, from what it uses: `-m unit` selects the inner loop. Under
+    `--dist loadgroup` (make test), a file whose tests share a module fixture runs on one worker (set up
+    once); every other test goes to whichever worker is free, so no long file bounds the run."""
     for item in items:
         if isinstance(item, pytest.Function):
             item.add_marker(tier_of(item))
+            if _shares_a_module_fixture(item) and not item.get_closest_marker("xdist_group"):
+                item.add_marker(pytest.mark.xdist_group(item.path.name))
