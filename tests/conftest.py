@@ -151,15 +151,33 @@ def _synthesizes(item: pytest.Function) -> bool:
         return True
     functions = [item.function, *(d.func for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs
                                   if d.baseid)]  # the tests' own fixtures, not pytest's
-    return any(_calls_synth(function) for function in functions)
+    if any(_calls_synth(function) for function in functions):
+        return True
+    source = _source(item.function)
+    return any(f"{helper}(" in source for helper in _synth_helpers(item.module))
+
+
+_SYNTH_CALLS = ("synth.run(", "synth.main(", '"verl_gke.synth"')
+"""The program synthesized in this process, through synth's CLI, or in a child process."""
 
 
 @functools.cache
-def _calls_synth(function: Callable[..., Any]) -> bool:
+def _source(function: Callable[..., Any]) -> str:
     try:
-        return "synth.run(" in inspect.getsource(function)
+        return inspect.getsource(function)
     except (OSError, TypeError):
-        return False
+        return ""
+
+
+def _calls_synth(function: Callable[..., Any]) -> bool:
+    return any(call in _source(function) for call in _SYNTH_CALLS)
+
+
+@functools.cache
+def _synth_helpers(module: Any) -> tuple[str, ...]:
+    """The test module's own helper functions that synthesize."""
+    return tuple(name for name, value in vars(module).items() if inspect.isfunction(value)
+                 and value.__module__ == module.__name__ and not name.startswith("test_") and _calls_synth(value))
 
 
 def tier_of(item: pytest.Function) -> str:
