@@ -1,4 +1,4 @@
-# The two commands: `make synth STACK=<stack>` and `make test`.
+# The commands: `make synth STACK=<stack>`, `make test` (all tiers) and `make test-fast` (the units).
 # Both create .venv on first use with nothing but python3.
 PYTHON ?= python3
 # .ci/run sets `python3 -m virtualenv` where python3 has no venv module (Debian without python3-venv).
@@ -8,9 +8,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.runtime-installed
 TESTSET := $(VENV)/.tests-installed
-PIP := $(BIN)/pip install --progress-bar off --disable-pip-version-check
+# --no-compile: pip would compile all ~20,000 installed modules (77 s of CPU); Python compiles the few it imports.
+PIP := $(BIN)/pip install --progress-bar off --disable-pip-version-check --no-compile
 
-.PHONY: synth synth-all test lint bench clean deploy-venv explore
+.PHONY: synth synth-all test test-fast lint bench bench-tests clean deploy-venv explore
 
 # The runtime: what synth, `pulumi up` (the provider host runs in this venv) and the verl-gke CLI import.
 $(RUNTIME): requirements.txt constraints.txt pyproject.toml
@@ -42,11 +43,16 @@ synth: $(RUNTIME)
 synth-all: $(RUNTIME)
 	for s in a4 a4-standard a3u-standard a4x smoke; do $(BIN)/python -m verl_gke.synth $$s || exit 1; done
 
-# Two workers, each test file on one of them (its module-scoped Ray head is not started twice).
+# Two workers; a file whose tests share a module fixture stays on one of them (tests/conftest.py groups
+# it), every other test goes to whichever worker is free. `make test-fast`: the unit tier alone.
 TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
+NO_TEST = { status=$$?; [ $$status -ne 5 ] || echo "make $@: pytest collected no test (exit 5): nothing was checked" >&2; exit $$status; }
 test: $(TESTSET)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || { status=$$?; \
-	  [ $$status -ne 5 ] || echo "make test: pytest collected no test (exit 5): nothing was checked" >&2; exit $$status; }
+	$(PYTEST) $(PYTEST_ARGS) || $(NO_TEST)
+
+test-fast: $(TESTSET)
+	$(PYTEST) -m unit $(PYTEST_ARGS) || $(NO_TEST)
 
 # The run lifecycle's interleavings, far longer than CI's 400 derandomized examples: a random seed,
 # minutes; a failure prints its shrunk steps, kept in CI as a regression (docs/development.md).
@@ -61,6 +67,10 @@ lint: $(TESTSET)
 bench: $(TESTSET)
 	$(BIN)/python -m bench.synth_time
 	$(BIN)/python -m bench.job_latency
+
+# The suite's wall time per tier (unit, synth, integration).
+bench-tests: $(TESTSET)
+	$(BIN)/python -m bench.test_tiers
 
 clean:
 	rm -rf dist .pytest_cache

@@ -7,6 +7,7 @@ check, the same marker, so a cached copy is reused only when it is complete.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -30,7 +31,12 @@ def cache_dir() -> Path:
 
 def unpacked(release: VerlRelease) -> Path:
     """The directory holding `verl/` of `release` (put first on a path, it imports as installed)."""
-    dest = cache_dir() / release.dir_name
+    return _staged(release, cache_dir() / release.dir_name)
+
+
+@functools.cache
+def _staged(release: VerlRelease, dest: Path) -> Path:
+    """Checked against the wheel once per process: each check downloads it again (~0.5 s)."""
     try:
         stage_wheel(url=release.wheel_url, sha256=release.sha256, dest=dest)
     except (StagingError, OSError) as e:

@@ -1,18 +1,60 @@
-"""Shared fixtures: the offline mock engine and whole-stack synth results."""
+"""Shared fixtures: the offline mock engine and whole-stack synth results; the session's own HOME."""
 
 from __future__ import annotations
 
+import atexit
+import fcntl
+import functools
+import inspect
 import json
+import os
+import pickle
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 
-from verl_gke import synth
+from domain.cache import CACHE_ROOT_ENV, cache_root
+
+# What a user's environment would change a result by: credentials and config of Ray (RAY_AUTH_*,
+# RAY_ADDRESS), Pulumi (PULUMI_CONFIG is the program's config), gcloud, kubectl and Hugging Face.
+_USER_ENV_PREFIXES = ("RAY_", "PULUMI_", "CLOUDSDK_", "GOOGLE_", "GCLOUD_", "HF_", "HUGGING_FACE_")
+_USER_ENV = ("KUBECONFIG", "PIP_CONFIG_FILE")
+
+
+def _hermetic_home() -> Path:
+    """The session runs in a HOME of its own (Ray's ~/.ray/auth_token, ~/.kube/config, gcloud's and
+    pip's config and HF's token of the user are out of sight; the Ray processes the tests start inherit
+    it), removed at exit. The download caches stay where they were (domain.cache, pip's cache)."""
+    os.environ.setdefault(CACHE_ROOT_ENV, str(cache_root()))
+    os.environ.setdefault("PIP_CACHE_DIR", str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pip"))
+    for name in [n for n in os.environ if n.startswith(_USER_ENV_PREFIXES) or n in _USER_ENV]:
+        del os.environ[name]
+    home = Path(tempfile.mkdtemp(prefix="verl-gke-home-"))
+    os.environ["HOME"] = str(home)
+    for name, sub in (("XDG_CONFIG_HOME", ".config"), ("XDG_CACHE_HOME", ".cache"), ("XDG_DATA_HOME", ".local/share"),
+                      ("XDG_STATE_HOME", ".local/state")):
+        os.environ[name] = str(home / sub)
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
+    return home
+
+
+SESSION_HOME = _hermetic_home()
+
+from verl_gke import synth  # noqa: E402 after HOME moved: nothing may read the user's at import
 
 pytest_plugins = ["tests.ray_head", "tests.gcs_emulator"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    for tier, what in TIERS.items():
+        config.addinivalue_line("markers", f"{tier}: {what}")
+    _fill_download_caches(config)
+
+
+def _fill_download_caches(config: pytest.Config) -> None:
     """Under pytest-xdist (make test), the controller fills the download caches the workers share
     (the pinned verl wheels, the vLLM sources, the CRD files) before any worker starts, so that no two workers write
     one cache entry at once. A failure here is left to the tests that need the entry to report."""
@@ -67,13 +109,95 @@ def verl_value(paths: dict[str, Any]) -> str:
 
 
 @pytest.fixture(scope="session")
-def synth_stack() -> Callable[[str], synth.SynthResult]:
-    """Runs the real program for a stack under mocks once per session and caches the result."""
+def synth_stack(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], synth.SynthResult]:
+    """Runs the real program for a stack under mocks once per run: the first pytest worker that needs a
+    stack synthesizes it and leaves the result (pickled) in the run's temp folder the workers share; the
+    others wait for it and read it."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     cache: dict[str, synth.SynthResult] = {}
 
     def get(stack: str) -> synth.SynthResult:
         if stack not in cache:
-            cache[stack] = synth.run(stack)
+            done = shared / f"synth-{stack}.pickle"
+            with open(shared / f"synth-{stack}.lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # another worker synthesizing it: at most one synth's time
+                try:
+                    if done.is_file():
+                        cache[stack] = pickle.loads(done.read_bytes())
+                    else:
+                        cache[stack] = synth.run(stack)
+                        done.with_suffix(".tmp").write_bytes(pickle.dumps(cache[stack]))
+                        done.with_suffix(".tmp").rename(done)
+                finally:
+                    fcntl.flock(lock, fcntl.LOCK_UN)
         return cache[stack]
 
     return get
+
+
+# The tiers (docs/development.md): `make test-fast` runs the units alone.
+TIERS = {
+    "unit": "pure code: no real Ray head, no whole-stack synth",
+    "synth": "runs the whole program under the mock engine (synth.run, the synth_stack fixture)",
+    "integration": "starts or uses real processes: a Ray head on 127.0.0.1, nodes, a venv of another Ray",
+}
+_RAY_FIXTURES = {"ray_head", "ray_cluster"}
+
+
+def _synthesizes(item: pytest.Function) -> bool:
+    """Whether the test, or a fixture it uses, runs the whole program (read from their source)."""
+    if "synth_stack" in item.fixturenames:
+        return True
+    functions = [item.function, *(d.func for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs
+                                  if d.baseid)]  # the tests' own fixtures, not pytest's
+    if any(_calls_synth(function) for function in functions):
+        return True
+    source = _source(item.function)
+    return any(f"{helper}(" in source for helper in _synth_helpers(item.module))
+
+
+_SYNTH_CALLS = ("synth.run(", "synth.main(", '"verl_gke.synth"')
+"""The program synthesized in this process, through synth's CLI, or in a child process."""
+
+
+@functools.cache
+def _source(function: Callable[..., Any]) -> str:
+    try:
+        return inspect.getsource(function)
+    except (OSError, TypeError):
+        return ""
+
+
+def _calls_synth(function: Callable[..., Any]) -> bool:
+    return any(call in _source(function) for call in _SYNTH_CALLS)
+
+
+@functools.cache
+def _synth_helpers(module: Any) -> tuple[str, ...]:
+    """The test module's own helper functions that synthesize."""
+    return tuple(name for name, value in vars(module).items() if inspect.isfunction(value)
+                 and value.__module__ == module.__name__ and not name.startswith("test_") and _calls_synth(value))
+
+
+def tier_of(item: pytest.Function) -> str:
+    if item.get_closest_marker("ray") or _RAY_FIXTURES & set(item.fixturenames):
+        return "integration"
+    return "synth" if _synthesizes(item) else "unit"
+
+
+def _shares_a_module_fixture(item: pytest.Function) -> bool:
+    """Whether the test uses a fixture set up once per module or class (a head of its own, a finished job)."""
+    return any(defs[-1].scope in ("module", "class") for defs in item._fixtureinfo.name2fixturedefs.values())
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test gets the marker of its tier, from what it uses: `-m unit` selects the inner loop. Under
+    `--dist loadgroup` (make test), a file whose tests share a module fixture runs on one worker (set up
+    once); every other test goes to whichever worker is free, so no long file bounds the run."""
+    for item in items:
+        if isinstance(item, pytest.Function):
+            item.add_marker(tier_of(item))
+            if _shares_a_module_fixture(item) and not item.get_closest_marker("xdist_group"):
+                item.add_marker(pytest.mark.xdist_group(item.path.name))

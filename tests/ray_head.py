@@ -40,6 +40,8 @@ HEAD_ENV = {
     # off; off, every Ray process binds and talks on loopback only (a joining node: tests/ray_loopback.py).
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_USAGE_STATS_ENABLED": "0",
+    # No token authentication, whatever token file Ray finds (a test that wants it says so).
+    "RAY_AUTH_MODE": "disabled",
 }
 
 
@@ -364,10 +366,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "ray: starts or uses a real local Ray head")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[RayHead]:
-    """A head of the test module's own (0 GPUs) that nodes join and leave with `start_node`; each
-    test stops the nodes it started."""
+    """The worker's one head (0 GPUs), shared by every test of the session: nodes join and leave it with
+    `start_node`, and each test stops the nodes it started, so the next test finds the head alone."""
     head = start_head(env=MULTI_NODE_ENV)
     try:
         yield head
@@ -377,14 +379,9 @@ def ray_cluster() -> Iterator[RayHead]:
 
 
 @pytest.fixture(scope="session")
-def ray_head() -> Iterator[str]:
-    """The dashboard URL of a real Ray head on 127.0.0.1, shared by the session."""
-    head = start_head()
-    try:
-        yield head.dashboard_url
-    finally:
-        # As ray_cluster's: its state is thrown away, and a clean exit can take the whole grace.
-        stop_head(head, grace_s=5.0)
+def ray_head(ray_cluster: RayHead) -> str:
+    """The dashboard URL of the session's real Ray head on 127.0.0.1 (ray_cluster's)."""
+    return ray_cluster.dashboard_url
 
 
 class FlakyLink:
