@@ -60,7 +60,6 @@ if networks and builds_infra:
     rdma = RdmaNetwork("rdma", {
         "project": cfg.project, "region": cfg.region, "zone": cfg.zone, "names": networks,
         "gvnic_cidr": cfg.gvnic_subnet_cidr, "rdma_cidrs": cfg.rdma_subnet_cidrs,
-        "internal_source_range": cfg.internal_source_range,
     }, gcp_ready)
 
 vpc = None

@@ -25,16 +25,14 @@ class RdmaNetworkArgs(TypedDict):
     names: NetworkNames
     """Prefixes and RDMA NIC count: `<gvnic>-net`, `<gvnic>-sub`, `<rdma>-net`, `<rdma>-sub-N`."""
     gvnic_cidr: str
-    """Range of the gVNIC subnet (tutorial: 192.168.0.0/24)."""
+    """Range of the gVNIC subnet (tutorial: 192.168.0.0/24), also the only source its firewall rule admits."""
     rdma_cidrs: Sequence[str]
     """One subnet range per RDMA NIC, in NIC order (tutorial: 192.168.1.0/24 ... 192.168.8.0/24).
     domain.config checks they are valid and disjoint."""
-    internal_source_range: str
-    """Sources the gVNIC VPC's firewall rule admits (tutorial: 192.168.0.0/16)."""
 
 
 class RdmaNetwork(pulumi.ComponentResource):
-    """A gVNIC VPC with one subnet and an internal firewall rule, and a RoCE VPC with one subnet
+    """A gVNIC VPC with one subnet and a firewall rule admitting that subnet, and a RoCE VPC with one subnet
     per RDMA NIC, named as the tutorial's gcloud commands name them."""
 
     node_networks: pulumi.Output[list[NodeNetwork]]
@@ -73,7 +71,8 @@ class RdmaNetwork(pulumi.ComponentResource):
                 compute.FirewallAllowArgs(protocol="udp", ports=["0-65535"]),
                 compute.FirewallAllowArgs(protocol="icmp"),
             ],
-            source_ranges=[args["internal_source_range"]],
+            # Only the gVNIC subnet's own NICs (the tutorial admits 192.168.0.0/16).
+            source_ranges=[args["gvnic_cidr"]],
             opts=child,
         )
 

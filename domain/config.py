@@ -50,6 +50,8 @@ from workloads.stage_data import (
 NAMESPACE = "verl-gke"
 PLACEHOLDER_MARK = "replace-me"
 HF_TOKEN_KEY = f"{NAMESPACE}:hfToken"
+INTERNAL_SOURCE_RANGE_KEY = f"{NAMESPACE}:internalSourceRange"
+"""Retired: the gVNIC firewall admits gvnicSubnetCidr only (the VPC holds nothing else)."""
 VERL_KEY = f"{NAMESPACE}:verl"
 """verl's own settings by verl's config paths (domain/verl_settings.py)."""
 GCP_FIELDS = ("project", "region", "zone")
@@ -80,7 +82,9 @@ _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 PRIVATE_RANGES = tuple(ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
                                                           "100.64.0.0/10"))
 _SHA256 = re.compile(r"^sha256:[0-9a-f]{64}$")
-_ADMITTING_CIDR_FIELDS = ("internal_source_range", "master_authorized_cidrs", "ray_dashboard_cidrs")
+_ADMITTING_CIDR_FIELDS = ("master_authorized_cidrs", "ray_dashboard_cidrs")
+_PRIVATE_CIDR_FIELDS = (*_ADMITTING_CIDR_FIELDS, "gvnic_subnet_cidr")
+"""Ranges that admit traffic: the gVNIC subnet is also its firewall's source."""
 DASHBOARD_CIDR_MIN_PREFIX = 16
 """The widest range rayDashboardCidrs admits to the Ray Job API (a /16): a VPN's or a bastion's range."""
 _CLUSTER_RANGE_FIELDS = ("node_subnet_cidr", "pod_cidr", "service_cidr")
@@ -158,7 +162,6 @@ class StackConfig(BaseModel):
     rdma_network_prefix: str = ""
     gvnic_subnet_cidr: str = "192.168.0.0/24"
     rdma_subnet_cidrs: tuple[str, ...] = ()
-    internal_source_range: str = "192.168.0.0/16"
     a4x_networking: Literal["dranet", "multi-network"] = "dranet"
     cluster_network: str = ""
     node_subnet_cidr: str = "10.0.0.0/20"
@@ -481,7 +484,7 @@ def _as_field_values(raw: Mapping[str, Any]) -> dict[str, Any]:
         ns, _, key = full_key.partition(":")
         if ns == "gcp" and key in GCP_FIELDS:
             data[key] = value
-        elif ns != NAMESPACE or full_key == HF_TOKEN_KEY or _verl_key_problem(full_key, value):
+        elif ns != NAMESPACE or full_key in (HF_TOKEN_KEY, INTERNAL_SOURCE_RANGE_KEY) or _verl_key_problem(full_key, value):
             continue
         elif full_key == VERL_KEY:
             data["verl"] = value
@@ -544,6 +547,9 @@ def load_config(raw: Mapping[str, Any], source: str = "The stack config", secret
         problems.append(f"{HF_TOKEN_KEY}: no longer read, and a token in Pulumi config ends up in its state: "
                         f"`pulumi config rm {HF_TOKEN_KEY}`, then store the token in Secret Manager with "
                         "`gcloud secrets versions add verl-gke-<stack>-hf-token --project <project> --data-file=-`.")
+    if INTERNAL_SOURCE_RANGE_KEY in raw:
+        problems.append(f"{INTERNAL_SOURCE_RANGE_KEY}: no longer read: the gVNIC firewall admits gvnicSubnetCidr "
+                        f"only; `pulumi config rm {INTERNAL_SOURCE_RANGE_KEY}`.")
     large = {k for k, v in raw.items() if k.startswith(f"{NAMESPACE}:") and len(str(v).encode()) > MAX_VALUE_BYTES}
     # No value: it is long, and may be a secret.
     problems += [f"{key}: {len(str(raw[key]).encode()):,} bytes; at most {MAX_VALUE_BYTES:,} (Linux's MAX_ARG_STRLEN: "
@@ -1025,7 +1031,6 @@ def _cidr_problems(cfg: StackConfig) -> list[str]:
     fields = [("node_subnet_cidr", cfg.node_subnet_cidr), ("pod_cidr", cfg.pod_cidr),
               ("service_cidr", cfg.service_cidr), ("gvnic_subnet_cidr", cfg.gvnic_subnet_cidr)]
     fields += [("rdma_subnet_cidrs", c) for c in cfg.rdma_subnet_cidrs]
-    fields.append(("internal_source_range", cfg.internal_source_range))
     fields += [("master_authorized_cidrs", c) for c in cfg.master_authorized_cidrs]
     fields += [("ray_dashboard_cidrs", c) for c in cfg.ray_dashboard_cidrs]
     for field, text in fields:
@@ -1034,7 +1039,7 @@ def _cidr_problems(cfg: StackConfig) -> list[str]:
         except ValueError:
             out.append(problem_line(config_key(field), text, "an IPv4 CIDR such as 192.168.1.0/24."))
             continue
-        if field in _ADMITTING_CIDR_FIELDS and not any(net.subnet_of(r) for r in PRIVATE_RANGES):
+        if field in _PRIVATE_CIDR_FIELDS and not any(net.subnet_of(r) for r in PRIVATE_RANGES):
             out.append(problem_line(config_key(field), text, "a private range (inside 10.0.0.0/8, 172.16.0.0/12, "
                                     "192.168.0.0/16 or 100.64.0.0/10): this key admits traffic, never from the "
                                     "internet."))
@@ -1050,14 +1055,6 @@ def _cidr_problems(cfg: StackConfig) -> list[str]:
                 if net.overlaps(other):
                     out.append(problem_line(config_key(field), text, f"overlaps {other} ({config_key(other_field)})."))
             nets.append((field, net))
-    try:
-        if cfg.rdma_nics and not ipaddress.IPv4Network(cfg.gvnic_subnet_cidr).subnet_of(
-                ipaddress.IPv4Network(cfg.internal_source_range)):
-            out.append(problem_line(config_key("gvnic_subnet_cidr"), cfg.gvnic_subnet_cidr,
-                                    f"lies outside internalSourceRange {cfg.internal_source_range}, so the firewall "
-                                    "drops node-to-node traffic on it."))
-    except ValueError:
-        pass  # an invalid CIDR is reported above
     if len(cfg.rdma_subnet_cidrs) != cfg.rdma_nics:
         out.append(problem_line(config_key("rdma_subnet_cidrs"), list(cfg.rdma_subnet_cidrs),
                             f"{cfg.facts.title} needs exactly {cfg.rdma_nics} RDMA subnets, one per NIC."))

@@ -386,17 +386,14 @@ PRIVATE = ("a private range (inside 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16 or
     ("rayDashboardCidrs", '["0.0.0.0/0"]', "0.0.0.0/0"),
     ("rayDashboardCidrs", '["8.8.8.0/24"]', "8.8.8.0/24"),
     ("rayDashboardCidrs", '["10.0.0.0/7"]', "10.0.0.0/7"),
-    ("internalSourceRange", "0.0.0.0/0", "0.0.0.0/0"),
-    ("internalSourceRange", "100.0.0.0/8", "100.0.0.0/8"),
+    ("gvnicSubnetCidr", "100.0.0.0/24", "100.0.0.0/24"),  # the gVNIC firewall's source
 ])
 def test_cidrs_that_admit_traffic_must_be_private(key: str, value: str, shown: str):
-    # (a public internalSourceRange also leaves the default gVNIC subnet outside it: a second problem)
     assert f'verl-gke:{key} = "{shown}": {PRIVATE}' in problems(**{key: value})
 
 
 def test_private_and_shared_ranges_are_admitted():
-    cfg = load_config(config(rayDashboardCidrs='["100.64.0.0/16", "172.16.4.0/24"]', internalSourceRange="10.0.0.0/8",
-                             **TOKEN_AUTH_IMAGE,
+    cfg = load_config(config(rayDashboardCidrs='["100.64.0.0/16", "172.16.4.0/24"]', **TOKEN_AUTH_IMAGE,
                              gvnicSubnetCidr="10.1.0.0/24",
                              rdmaSubnetCidrs=json_list(f"10.2.{i}.0/24" for i in range(8))))
     assert cfg.ray_dashboard_cidrs == ("100.64.0.0/16", "172.16.4.0/24")
@@ -589,10 +586,10 @@ def test_a_dashboard_url_the_stacks_network_policy_blocks_is_refused():
     load_config(config(jobDashboardUrl="https://10.200.0.5:8265", rayDashboardCidrs='["10.200.0.5/32"]'))
 
 
-def test_a_gvnic_subnet_outside_the_firewalls_source_range_is_refused():
-    assert only_problem(gvnicSubnetCidr="172.16.0.0/24") == (
-        'verl-gke:gvnicSubnetCidr = "172.16.0.0/24": lies outside internalSourceRange 192.168.0.0/16, so the '
-        'firewall drops node-to-node traffic on it.')
+def test_internal_source_range_is_no_longer_read_the_gvnic_firewall_admits_its_subnet():
+    assert only_problem(internalSourceRange="192.168.0.0/16") == (
+        "verl-gke:internalSourceRange: no longer read: the gVNIC firewall admits gvnicSubnetCidr only; "
+        "`pulumi config rm verl-gke:internalSourceRange`.")
 
 
 @pytest.mark.parametrize("start", ["2026-02-30T00:00:00Z", "2026-13-01T00:00:00Z", "2026-12-01T24:00:00Z"])

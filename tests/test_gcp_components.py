@@ -49,8 +49,7 @@ def cluster_args(**overrides: Any) -> GkeClusterArgs:
 def rdma_network(platform: str) -> RdmaNetwork:
     nics = PLATFORMS[platform].rdma_nics
     return RdmaNetwork("net", {"project": PROJECT, "region": REGION, "zone": ZONE, "names": names_for(platform),
-                               "gvnic_cidr": "192.168.0.0/24", "rdma_cidrs": tutorial_rdma_cidrs(nics),
-                               "internal_source_range": "192.168.0.0/16"})
+                               "gvnic_cidr": "192.168.0.0/24", "rdma_cidrs": tutorial_rdma_cidrs(nics)})
 
 
 def gpu_pool_args(platform: str, cluster: GkeCluster, **overrides: Any) -> GpuNodePoolArgs:
@@ -105,7 +104,7 @@ def test_gvnic_vpc_subnet_and_firewall_match_the_gcloud_commands(a4_standard: Mo
     assert fw["name"] == "verl-gvnic-internal"
     assert fw["allows"] == [{"protocol": "tcp", "ports": ["0-65535"]}, {"protocol": "udp", "ports": ["0-65535"]},
                             {"protocol": "icmp"}]
-    assert fw["sourceRanges"] == ["192.168.0.0/16"]
+    assert fw["sourceRanges"] == ["192.168.0.0/24"]  # the gVNIC subnet only, not the tutorial's /16
     assert fw["direction"] == "INGRESS"
 
 
@@ -134,8 +133,7 @@ def test_subnets_and_firewall_wait_for_their_vpc(a4_standard: MockRun):
 def test_a_range_per_rdma_nic_is_required_before_anything_is_registered():
     def program() -> None:
         RdmaNetwork("net", {"project": PROJECT, "region": REGION, "zone": ZONE, "names": names_for("a4"),
-                            "gvnic_cidr": "192.168.0.0/24", "rdma_cidrs": tutorial_rdma_cidrs(7),
-                            "internal_source_range": "192.168.0.0/16"})
+                            "gvnic_cidr": "192.168.0.0/24", "rdma_cidrs": tutorial_rdma_cidrs(7)})
 
     monitor = synth.RecordingMonitor(synth.SynthMocks())
     with pytest.raises(Exception, match=re.escape("RdmaNetwork: rdma_cidrs has 7 ranges: needs one per RDMA NIC (8)")):
@@ -146,13 +144,13 @@ def test_a_range_per_rdma_nic_is_required_before_anything_is_registered():
 def test_other_ranges_from_config_reach_the_subnets_and_firewall():
     def program() -> None:
         RdmaNetwork("net", {"project": PROJECT, "region": REGION, "zone": ZONE, "names": names_for("a4"),
-                            "gvnic_cidr": "10.10.0.0/24", "rdma_cidrs": [f"10.20.{n}.0/24" for n in range(8)],
-                            "internal_source_range": "10.10.0.0/16"})
+                            "gvnic_cidr": "10.10.0.0/24", "rdma_cidrs": [f"10.20.{n}.0/24" for n in range(8)]})
 
     run = MockRun(program)
     assert run.inputs("net-gvnic-sub")["ipCidrRange"] == "10.10.0.0/24"
     assert run.inputs("net-rdma-sub-5")["ipCidrRange"] == "10.20.5.0/24"
-    assert run.inputs("net-gvnic-internal")["sourceRanges"] == ["10.10.0.0/16"]
+    # The gVNIC NICs' traffic comes only from the gVNIC subnet: the rule admits that range, no wider one.
+    assert run.inputs("net-gvnic-internal")["sourceRanges"] == ["10.10.0.0/24"]
 
 
 # --- GkeCluster: Standard ----------------------------------------------------------------------
