@@ -187,7 +187,7 @@ OUTPUTS = {"bucketName": "verl-data", "checkpointUri": "gs://verl-data/verl/chec
            "clusterCaCertificate": CA, "dashboardCommand": "kubectl ...", "gpuNodes": 2, "gpuPlatform": "a4",
            "gpusPerNode": 8, "grpoJobStatus": "SUCCEEDED", "grpoSubmissionId": "verl-grpo-1", "namespace": "default",
            "rayHeadService": "b200-ray-cluster-head-svc", "runId": "run-1", "modeledStepSeconds": 100.0,
-           "modeledRunSeconds": 3000.0}
+           "modeledRunSeconds": 3000.0, "modeledVerlStartupSeconds": 240.0}
 
 EXPECTED = [
     "Run run-1: measured against the stack's model",
@@ -200,7 +200,7 @@ EXPECTED = [
     'completionTime; bytes from its markers',
     'RayCluster ready          90.0 s   180.0 s  2.00x        -  the RayCluster created to '
     'RayClusterProvisioned (KubeRay)',
-    "verl start-up                  -   300.0 s      -        -  job start to its first step's start "
+    "verl start-up            240.0 s   300.0 s  1.25x        -  job start to its first step's start "
     '(the step seen at most 60 s late)',
     "step                     100.0 s   115.0 s  1.15x        -  mean of verl's timing_s/step over 4 steps",
     "checkpoint local save      1.5 s    12.5 s  8.33x  48.0 GB  verl's timing_s/save_checkpoint, mean of 2 saves",

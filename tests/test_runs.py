@@ -374,6 +374,8 @@ def test_the_stack_exports_the_step_and_run_time_its_plan_models(synth_stack: An
         58 * 47.64 + 6 * 7.68 + plan.time.shape.checkpoint_s, abs=1.0)
     loaded = stack_outputs.from_mapping(out, "synth")
     assert (loaded.modeled_step_s, loaded.modeled_run_s) == (round(plan.time.step_s, 1), round(plan.time.run_s, 1))
+    # verl's start-up, what `report` holds its measured twin against (the same figure synth prints).
+    assert out["modeledVerlStartupSeconds"] == loaded.modeled_verl_startup_s == round(plan.time.startup_s, 1) > 0
 
 
 def test_refresh_reports_a_run_stopped_by_the_user_as_stopped() -> None:

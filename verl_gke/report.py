@@ -79,6 +79,7 @@ def modeled(phase: str, measured: Measured, outputs: StackOutputs, autopilot: bo
         "image pull": (RAY_PODS_STREAMED if "-docker.pkg.dev/" in image else RAY_PODS_FROM_DOCKER_HUB).seconds,
         "staging": DEPLOY_DURATIONS[STAGING_JOB].seconds,
         "RayCluster ready": (RAY_PODS_STREAMED if "-docker.pkg.dev/" in image else RAY_PODS_FROM_DOCKER_HUB).seconds,
+        "verl start-up": outputs.modeled_verl_startup_s,
         "step": outputs.modeled_step_s,
         "checkpoint local save": save.rank_bytes / (SAVE_GBPS_PER_RANK * 1e9) if save else None,
         "checkpoint bucket copy": save.bytes / save.nodes / (BUCKET_WRITE_GBPS * 1e9) if save else None,

@@ -84,6 +84,8 @@ class StackOutputs:
     """The run's modeled step (`modeledStepSeconds`, domain/run_time.py); None: not modeled, or an older stack."""
     modeled_run_s: float | None = None
     """The run's modeled time, steps and checkpoints (`modeledRunSeconds`); None: not modeled, or steps unknown."""
+    modeled_verl_startup_s: float | None = None
+    """verl's modeled start-up once the job runs (`modeledVerlStartupSeconds`); None: not modeled, or older."""
 
     def run_checkpoint_uri(self, run_id: str) -> str:
         """Where `run_id`'s checkpoints are: checkpointUri is `<verl.trainer.default_local_dir>/<the stack's
@@ -185,6 +187,7 @@ def from_mapping(data: Any, source: str) -> StackOutputs:
         bucket_name=_text(data.get("bucketName")),
         modeled_step_s=_figure(data.get("modeledStepSeconds")),
         modeled_run_s=_figure(data.get("modeledRunSeconds")),
+        modeled_verl_startup_s=_figure(data.get("modeledVerlStartupSeconds")),
     )
 
 
