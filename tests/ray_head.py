@@ -366,10 +366,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "ray: starts or uses a real local Ray head")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[RayHead]:
-    """The worker's one head (0 GPUs), shared by every test of the session: nodes join and leave it with
-    `start_node`, and each test stops the nodes it started, so the next test finds the head alone."""
+    """A head of the test module's own (0 GPUs) that nodes join and leave with `start_node`; each
+    test stops the nodes it started."""
     head = start_head(env=MULTI_NODE_ENV)
     try:
         yield head
@@ -379,9 +379,14 @@ def ray_cluster() -> Iterator[RayHead]:
 
 
 @pytest.fixture(scope="session")
-def ray_head(ray_cluster: RayHead) -> str:
-    """The dashboard URL of the session's real Ray head on 127.0.0.1 (ray_cluster's)."""
-    return ray_cluster.dashboard_url
+def ray_head() -> Iterator[str]:
+    """The dashboard URL of a real Ray head on 127.0.0.1, shared by the session."""
+    head = start_head()
+    try:
+        yield head.dashboard_url
+    finally:
+        # As ray_cluster's: its state is thrown away, and a clean exit can take the whole grace.
+        stop_head(head, grace_s=5.0)
 
 
 class FlakyLink:
