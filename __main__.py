@@ -202,7 +202,8 @@ run_id, legacy_trainer = stack_run(cfg)
 entry = entrypoint(cfg.verl, run_id=run_id, legacy_trainer=legacy_trainer)
 checkpoint_dir = run_checkpoint_dir(cfg.verl.get(CHECKPOINT_DIR), run_id)
 job_env = runtime_env(facts, nnodes=cfg.gpu_nodes, worker_cpus=cfg.worker_cpus, verl_dir=cfg.verl_dir,
-                      tracking=tracking_env(cfg.verl, run_id=run_id, mlflow_tracking_uri=cfg.mlflow_tracking_uri))
+                      tracking=tracking_env(cfg.verl, run_checkpoint_dir=checkpoint_dir,
+                                            mlflow_tracking_uri=cfg.mlflow_tracking_uri))
 job_waits_for: list[pulumi.Resource] = [ray, staging]
 if cfg.run_supervisor:
     # Restarted with a new run's spec before the job provider submits it.

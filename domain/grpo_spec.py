@@ -20,7 +20,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
 from domain import run_memory, verl_settings
-from domain.bucket import HF_CACHE_DIR, LOGS_DIR, MOUNT_PATH, run_checkpoint_dir
+from domain.bucket import HF_CACHE_DIR, MOUNT_PATH, run_checkpoint_dir
 from domain.platforms import IMAGE_ROLLOUTS, Platform
 from domain.verl_settings import Problem, VerlSettings
 from workloads.stage_data import model_dir_for
@@ -387,20 +387,21 @@ def loggers(run: VerlSettings) -> list[str]:
     return [value] if isinstance(value, str) else list(value or [])
 
 
-def tensorboard_dir(run_id: str) -> str:
-    """Where TensorBoard's event files go: the run's folder of the bucket's logs/, which the Ray pods may write
-    and which outlives the cluster."""
-    return f"{MOUNT_PATH}/{LOGS_DIR}/{run_id}/tensorboard"
+def tensorboard_dir(run_checkpoint_dir: str) -> str:
+    """Where TensorBoard's event files go: beside the run's checkpoints (a folder the Ray pods may write, which
+    outlives the cluster; the copiers and rotation touch only its global_step_* folders). Not logs/: the run
+    supervisor alone writes there."""
+    return f"{run_checkpoint_dir}/tensorboard"
 
 
-def tracking_env(run: VerlSettings, *, run_id: str, mlflow_tracking_uri: str) -> dict[str, str]:
+def tracking_env(run: VerlSettings, *, run_checkpoint_dir: str, mlflow_tracking_uri: str) -> dict[str, str]:
     """What verl's Tracking (verl/utils/tracking.py, 0.6.1 and 0.9.0) reads from the environment for the run's
     loggers: `_TensorboardAdapter` writes to $TENSORBOARD_DIR, else to tensorboard_log/<project>/<experiment> in
     the working directory (the pod's disk); mlflow logs to $MLFLOW_TRACKING_URI, else sqlite:////tmp/mlruns.db."""
     names = loggers(run)
     env = {}
     if "tensorboard" in names:
-        env["TENSORBOARD_DIR"] = tensorboard_dir(run_id)
+        env["TENSORBOARD_DIR"] = tensorboard_dir(run_checkpoint_dir)
     if "mlflow" in names:
         env["MLFLOW_TRACKING_URI"] = mlflow_tracking_uri
     return env

@@ -119,18 +119,18 @@ def _updates_under_faults(ray_head: str) -> None:
     provider = GrpoJobProvider()
     state: dict[str, object] | None = None
     # (link up, spec): a spec change while the head cannot be asked, then again once it can; then random;
-    # last, a new spec with the link up (an id whose start timed out is spent), which must leave the stack's
-    # new run live and named by the state.
+    # last, the first spec again with the link up (a run live to replace), then a new spec, which must leave
+    # the stack's new run live and named by the state (an id whose start timed out is spent).
     steps = [(True, 0), (False, 1), (True, 1), (False, 2), (False, 0), (True, 2)]
     steps += [(rng.random() < 0.6, rng.randrange(3)) for _ in range(6)]
-    steps += [(True, 3)]
+    steps += [(True, 0), (True, 3)]
     live: list[str] = []
     try:
         for step, (up, spec) in enumerate(steps):
             link.up.set() if up else link.up.clear()
             news = {"dashboard_url": f"http://127.0.0.1:{link.port}", "stack": stack,
                     "entrypoint": f"{sys.executable} -c 'import time; time.sleep(600)' {spec}",
-                    "runtime_env": {}, "ready_timeout_s": 2.0 if spec < 3 else 30.0, "startup_grace_s": 0.0}
+                    "runtime_env": {}, "ready_timeout_s": 30.0 if up else 2.0, "startup_grace_s": 0.0}
             state = _engine_up(provider, state, news)
             live = [j.submission_id for j in client.list_jobs()
                     if j.submission_id and j.submission_id.startswith(f"verl-grpo-{stack}-")
@@ -138,8 +138,9 @@ def _updates_under_faults(ray_head: str) -> None:
             assert len(live) <= 1, f"step {step}: {live}"
             if live and state is not None:
                 assert live == [state["submission_id"]], f"step {step}: the state lost track of {live}"
-        # Progress: with the head answering, the update went through.
+        # Progress: with the head answering, the update went through: the new spec's run is the live one.
         assert state is not None and live == [state["submission_id"]], (state, live)
+        assert str(state["entrypoint"]).endswith(" 3"), state
     finally:
         link.close()
         for job in client.list_jobs():

@@ -106,13 +106,13 @@ def test_a_second_staging_finds_verl_in_place_and_skips(bucket: Path) -> None:
 
 
 def _verl_wiring(result: Any) -> tuple[list[str], str | None, list[dict[str, str]]]:
-    """What a synth puts in place for verl: staging flags, the job's PYTHONPATH, the Ray containers' env."""
+    """What a synth puts in place for verl: staging flags, the job's PYTHONPATH, the Ray head's PYTHONPATH."""
     args = _staging_args(result)
     flags = [a for a in args if a.startswith("--verl")]
     job_path = _inputs(result, "pulumi-python:dynamic:GrpoJob")["runtime_env"]["env_vars"].get("PYTHONPATH")
     ray = next(m for m in result.manifests() if m["kind"] == "RayCluster")
     head_env = ray["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0].get("env", [])
-    return flags, job_path, head_env
+    return flags, job_path, [e for e in head_env if e["name"] == "PYTHONPATH"]
 
 
 @pytest.mark.parametrize(("stack", "version"), [("a4-standard", "0.6.1"), ("a3u-standard", "0.6.1"), ("a4x", "0.9.0")])

@@ -295,7 +295,7 @@ def test_tensorboard_writes_its_event_files_to_the_bucket_under_the_run(tmp_path
     # process's working directory: the pod's disk, gone at release.
     job = synth_job(tmp_path, **{KEY: verl_value({"trainer.logger": ["console", "tensorboard"]})})
     env = job["runtime_env"]["env_vars"]
-    assert env["TENSORBOARD_DIR"] == f"/data/logs/{job['run_id']}/tensorboard"
+    assert env["TENSORBOARD_DIR"] == f"/data/verl/checkpoints/{job['run_id']}/tensorboard"
     # A managed folder the Ray pods may write, which outlives the cluster (domain/bucket.py).
     assert bucket_path(env["TENSORBOARD_DIR"]).startswith(ray_writable_prefixes("/data/verl/checkpoints"))
     assert "MLFLOW_TRACKING_URI" not in env
