@@ -900,6 +900,11 @@ def test_logs_follow_ends_with_one_line_when_the_head_stops_answering(
     monkeypatch.setattr(cli, "FOLLOW_CHECK_S", 1.0)
     monkeypatch.setattr(head_access, "REQUEST_TIMEOUT_S", 2.0)
     submission_id = submit(ray_head, entrypoint="python -c 'import time; print(\"started\", flush=True); time.sleep(60)'")
+    # The job has printed before the link's 6 s start: a loaded machine can take longer to start it.
+    deadline = time.monotonic() + 60
+    while "started" not in JobSubmissionClient(ray_head).get_job_logs(submission_id):
+        assert time.monotonic() < deadline, "the job did not print within 60 s"
+        time.sleep(0.5)
     link = FlakyLink(int(ray_head.rsplit(":", 1)[1]))
     link.up.set()
     threading.Timer(6.0, link.up.clear).start()  # the open log stream stays, new requests fail
