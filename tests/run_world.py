@@ -108,7 +108,11 @@ class World:
     suspended_under: list[str] = field(default_factory=list)
     """Jobs live when a suspend (the decider's only way to delete the pods) took their head."""
     lost_under: list[str] = field(default_factory=list)
-    """The same past the stated bound: a head that did not answer for runHeadOutageSeconds, by every record."""
+    """The same past the stated bound: a head that did not answer a supervisor for runHeadOutageSeconds."""
+    answered_at: float = 0.0
+    """When the head last answered a supervisor's request (supervisor_steps sets it)."""
+    head_calls: int = 0
+    """Requests the head answered."""
     by_hand: bool = False
     cut: set[str] = field(default_factory=set)
     """Processes cut off from the API server (a partition, a node gone NotReady with its pod on it)."""
@@ -124,6 +128,7 @@ class World:
         handle = self.head.handle
 
         def watched(method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
+            self.head_calls += 1
             if method == "POST" and path.endswith("/stop"):
                 self._judge_stop(path.split("/")[-2])
             return handle(method, path, body)
@@ -140,9 +145,9 @@ class World:
         if path != RC_PATH:
             return
         if not alive and not self.by_hand:
-            records = self.records().values()
-            past_bound = not self.link_up and records and all(
-                r is not None and r.outage_s >= HEAD_OUTAGE_S for r in records)
+            # The world's own count, not the records' (a released record counts nothing while another waits):
+            # the head has not answered a supervisor for the bound, on the fastest clock (1%).
+            past_bound = not self.link_up and (self.t - self.answered_at) * 1.01 >= HEAD_OUTAGE_S
             (self.lost_under if past_bound else self.suspended_under).extend(self.head.live())
         self.pods = alive
         # Pods deleted: the head and its job table go, workers too; created: a new, empty head.

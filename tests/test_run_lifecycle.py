@@ -293,6 +293,14 @@ def test_a_head_that_does_not_answer_is_neither_live_nor_ended_until_its_bound()
     assert changed["r"].released and [e.kind for e in effects] == ["suspend"]  # past the bound: released
 
 
+def test_an_ended_runs_outage_restarts_when_the_head_answers():
+    """docs/run-lifecycle.md: `outage_s` is reset when the head answers, for a run that ended while the head
+    was silent (a stop) and waits for its release too: a later silence counts from zero, not on top."""
+    stopped = replace(run_lifecycle.ended(RUNNING_0, USER_STOPPED), outage_s=600.0)
+    changed, _ = decide(view(stopped, {"s0": job("s0", "RUNNING"), "x9": {"submission_id": "x9", "status": "RUNNING"}}))
+    assert changed["r"].outage_s == 0.0 and not changed["r"].released
+
+
 def test_the_driver_log_tells_the_step_and_a_save_under_way():
     assert log_state(["step:3 - a:1", "local_global_step_folder: /ck/global_step_4"]) == run_lifecycle.LogState(3, True)
     assert log_state(["local_global_step_folder: x", "step:4 - a:1"]) == run_lifecycle.LogState(4, False)
