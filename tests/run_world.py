@@ -36,6 +36,7 @@ from workloads.run_supervisor import SupervisorConfig, decider
 
 NS, RC = "ray", "rc"
 RC_PATH = f"/apis/ray.io/v1/namespaces/{NS}/rayclusters/{RC}"
+LEASE_PATH = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/{RC}-decider"
 WORKERS, GPUS = 2, 8
 IDS = 4
 """Submission ids per generation: attempt 0 and three more (max_retries 1 + max_preemptions 2)."""
@@ -119,6 +120,9 @@ class World:
     bad_stops: list[str] = field(default_factory=list)
     """Attempts stopped while their run's record gave no reason to (a budget, the stack, a stall, a
     start that failed)."""
+    unheld: list[str] = field(default_factory=list)
+    """Writes (records, the RayCluster) a supervisor or `pulumi up` sent while the Lease in the API named
+    another holder or none (deleted): a decider acts only on a Lease it has read back."""
     undeleted: list[str] = field(default_factory=list)
     """Runs a `pulumi up` delete reported done while their attempt still ran or their record was open, or a
     create reported done with no attempt of them running or succeeded."""
@@ -174,6 +178,8 @@ class World:
 
                 raise urllib.error.URLError(ConnectionRefusedError(111, "Connection refused"))
             # 409 and 422 answer writes only; 404 a write or a read of an object deleted meanwhile.
+            if method != "GET" and "/leases" not in path:
+                world._judge_write(process, method, path)
             if world.fail_next and (method != "GET" or world.fail_next[0] in (404, 500)):
                 api.fail_next.append(world.fail_next.pop(0))
             return send(method, path, data, headers)
@@ -315,6 +321,19 @@ class World:
         if not reasons:
             self.bad_stops.append(f"{submission_id}: {record}")
 
+    def _judge_write(self, process: str, method: str, path: str) -> None:
+        if process.startswith("supervisor "):
+            decider = self.supervisors.get(int(process.split()[1]))
+            mine = decider.lease.holder if decider is not None else None
+        elif process == "pulumi up" and self.provider is not None:
+            mine = self.provider.lease.holder
+        else:
+            return  # `verl-gke stop` writes only the record's desired state, without the Lease
+        lease = self.kube.objects.get(LEASE_PATH)
+        holder = ((lease or {}).get("spec") or {}).get("holderIdentity") or ""
+        if holder != mine:
+            self.unheld.append(f"{process} {method} {path} while the Lease names {holder or 'nobody'}")
+
     def owner(self, submission_id: str) -> RunSpec | None:
         return next((r for r in self.runs.values() if submission_id in r.submission_ids), None)
 
@@ -329,11 +348,13 @@ class World:
         return None if cluster is None else bool((cluster.get("spec") or {}).get("suspend"))
 
     def deciders(self) -> list[str]:
-        """Every process that may act now, by its own clock."""
+        """Every process that may act now: by its own clock, on the Lease in the API that names it (each
+        action reads it back first; `unheld` catches an action that did not)."""
         leases = [(f"supervisor {slot}", d.lease) for slot, d in self.supervisors.items()]
         if self.provider is not None:
             leases.append(("pulumi up", self.provider.lease))
-        return [name for name, lease in leases if lease.valid()]
+        holder = ((self.kube.objects.get(LEASE_PATH) or {}).get("spec") or {}).get("holderIdentity")
+        return [name for name, lease in leases if lease.valid() and lease.holder == holder]
 
     def job_run(self, submission_id: str) -> tuple[str, str]:
         job = self.head.jobs[submission_id]

@@ -28,7 +28,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from tests.run_world import FAULTS, HEAD_OUTAGE_S, NS, OUTPUTS, RC, RC_PATH, WORKERS, World, run_spec
+from tests.run_world import FAULTS, HEAD_OUTAGE_S, LEASE_PATH, NS, OUTPUTS, RC, RC_PATH, WORKERS, World, run_spec
 from verl_gke.console import CliError
 from verl_gke.runs import BucketCopy, Run, stop
 from workloads.run_lease import LEASE_DURATION_S
@@ -267,7 +267,7 @@ class RunLifecycle(RuleBasedStateMachine):
 
     @rule(fault=st.sampled_from(["preemption", "node back", "head restart", "link cut", "API outage",
                                  "supervisor 0 cut off", "supervisor 1 cut off", "pulumi up cut off",
-                                 "API 409", "API 404", "API 422", "API 500", "RayCluster recreated",
+                                 "API 409", "API 404", "API 422", "API 500", "RayCluster recreated", "Lease deleted",
                                  "record deleted", "record not JSON", "record immutable",
                                  "record and job table lost"]),
           rounds=st.integers(1, 3), which=st.integers(0, 3))
@@ -295,6 +295,9 @@ class RunLifecycle(RuleBasedStateMachine):
             world.cut.clear()
         elif fault.startswith("API "):
             world.fail_next.extend([int(fault[4:])] * rounds)
+        elif fault == "Lease deleted" and LEASE_PATH in world.kube.objects:
+            # `kubectl delete lease`, a namespace clean-up: anyone's next look creates it anew.
+            world.kube.handle("DELETE", LEASE_PATH, {}, None)
         elif fault == "RayCluster recreated":
             self._recreate_the_raycluster()
         elif fault == "record and job table lost":
@@ -354,6 +357,10 @@ class RunLifecycle(RuleBasedStateMachine):
     def one_decider_at_a_time(self) -> None:
         deciders = self.world.deciders()
         assert len(deciders) <= 1, f"{deciders} may all act now"
+
+    @invariant()
+    def only_the_leases_holder_writes(self) -> None:
+        assert not self.world.unheld, self.world.unheld
 
     @invariant()
     def nothing_is_suspended_under_a_live_job(self) -> None:
@@ -464,6 +471,12 @@ REGRESSIONS: dict[str, list[Step]] = {
         ("a_stack", {"deployed": "yes", "budget": 0.0}), ("a_quiet_spell", {"rounds": 30}),
         ("the_stack_changes_its_run", {"change": "run id", "skew": 0, "slot": 0}), ("the_attempt_succeeds", {}),
         ("supervisor_steps", {"slot": 0}), ("a_quiet_spell", {"rounds": 30})],
+    # Issue 47 item 6: `kubectl delete lease` under `pulumi up`; a supervisor creates it anew and decides, and
+    # `up`, valid by its own clock, wrote its record under the supervisor's Lease. Each action reads it back.
+    "item 6: a Lease deleted under pulumi up": [
+        ("a_stack", {"deployed": "no", "budget": 0.0}), ("pulumi_up_creates", {"skew": 0}),
+        ("pulumi_up_goes_on", {"steps": 1}), ("a_fault", {"fault": "Lease deleted", "rounds": 1, "which": 0}),
+        ("supervisor_steps", {"slot": 0}), *[("pulumi_up_goes_on", {"steps": 4})] * 3],
     # Issue 47 item 10: the release bound counted a run's export as "over"; the export's job went with the
     # record and the head's job table. The bound now counts from the export's end.
     "item 10: record and job table lost after a success": [
