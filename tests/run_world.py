@@ -36,6 +36,7 @@ from workloads.run_supervisor import SupervisorConfig, decider
 
 NS, RC = "ray", "rc"
 RC_PATH = f"/apis/ray.io/v1/namespaces/{NS}/rayclusters/{RC}"
+LEASE_PATH = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/{RC}-decider"
 WORKERS, GPUS = 2, 8
 IDS = 4
 """Submission ids per generation: attempt 0 and three more (max_retries 1 + max_preemptions 2)."""
@@ -108,13 +109,20 @@ class World:
     suspended_under: list[str] = field(default_factory=list)
     """Jobs live when a suspend (the decider's only way to delete the pods) took their head."""
     lost_under: list[str] = field(default_factory=list)
-    """The same past the stated bound: a head that did not answer for runHeadOutageSeconds, by every record."""
+    """The same past the stated bound: a head that did not answer a supervisor for runHeadOutageSeconds."""
+    answered_at: float = 0.0
+    """When the head last answered a supervisor's request (supervisor_steps sets it)."""
+    head_calls: int = 0
+    """Requests the head answered."""
     by_hand: bool = False
     cut: set[str] = field(default_factory=set)
     """Processes cut off from the API server (a partition, a node gone NotReady with its pod on it)."""
     bad_stops: list[str] = field(default_factory=list)
     """Attempts stopped while their run's record gave no reason to (a budget, the stack, a stall, a
     start that failed)."""
+    unheld: list[str] = field(default_factory=list)
+    """Writes (records, the RayCluster) a supervisor or `pulumi up` sent while the Lease in the API named
+    another holder or none (deleted): a decider acts only on a Lease it has read back."""
     undeleted: list[str] = field(default_factory=list)
     """Runs a `pulumi up` delete reported done while their attempt still ran or their record was open, or a
     create reported done with no attempt of them running or succeeded."""
@@ -124,6 +132,7 @@ class World:
         handle = self.head.handle
 
         def watched(method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
+            self.head_calls += 1
             if method == "POST" and path.endswith("/stop"):
                 self._judge_stop(path.split("/")[-2])
             return handle(method, path, body)
@@ -140,9 +149,9 @@ class World:
         if path != RC_PATH:
             return
         if not alive and not self.by_hand:
-            records = self.records().values()
-            past_bound = not self.link_up and records and all(
-                r is not None and r.outage_s >= HEAD_OUTAGE_S for r in records)
+            # The world's own count, not the records' (a released record counts nothing while another waits):
+            # the head has not answered a supervisor for the bound, on the fastest clock (1%).
+            past_bound = not self.link_up and (self.t - self.answered_at) * 1.01 >= HEAD_OUTAGE_S
             (self.lost_under if past_bound else self.suspended_under).extend(self.head.live())
         self.pods = alive
         # Pods deleted: the head and its job table go, workers too; created: a new, empty head.
@@ -169,6 +178,8 @@ class World:
 
                 raise urllib.error.URLError(ConnectionRefusedError(111, "Connection refused"))
             # 409 and 422 answer writes only; 404 a write or a read of an object deleted meanwhile.
+            if method != "GET" and "/leases" not in path:
+                world._judge_write(process, method, path)
             if world.fail_next and (method != "GET" or world.fail_next[0] in (404, 500)):
                 api.fail_next.append(world.fail_next.pop(0))
             return send(method, path, data, headers)
@@ -310,6 +321,19 @@ class World:
         if not reasons:
             self.bad_stops.append(f"{submission_id}: {record}")
 
+    def _judge_write(self, process: str, method: str, path: str) -> None:
+        if process.startswith("supervisor "):
+            decider = self.supervisors.get(int(process.split()[1]))
+            mine = decider.lease.holder if decider is not None else None
+        elif process == "pulumi up" and self.provider is not None:
+            mine = self.provider.lease.holder
+        else:
+            return  # `verl-gke stop` writes only the record's desired state, without the Lease
+        lease = self.kube.objects.get(LEASE_PATH)
+        holder = ((lease or {}).get("spec") or {}).get("holderIdentity") or ""
+        if holder != mine:
+            self.unheld.append(f"{process} {method} {path} while the Lease names {holder or 'nobody'}")
+
     def owner(self, submission_id: str) -> RunSpec | None:
         return next((r for r in self.runs.values() if submission_id in r.submission_ids), None)
 
@@ -324,11 +348,13 @@ class World:
         return None if cluster is None else bool((cluster.get("spec") or {}).get("suspend"))
 
     def deciders(self) -> list[str]:
-        """Every process that may act now, by its own clock."""
+        """Every process that may act now: by its own clock, on the Lease in the API that names it (each
+        action reads it back first; `unheld` catches an action that did not)."""
         leases = [(f"supervisor {slot}", d.lease) for slot, d in self.supervisors.items()]
         if self.provider is not None:
             leases.append(("pulumi up", self.provider.lease))
-        return [name for name, lease in leases if lease.valid()]
+        holder = ((self.kube.objects.get(LEASE_PATH) or {}).get("spec") or {}).get("holderIdentity")
+        return [name for name, lease in leases if lease.valid() and lease.holder == holder]
 
     def job_run(self, submission_id: str) -> tuple[str, str]:
         job = self.head.jobs[submission_id]

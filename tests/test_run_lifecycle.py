@@ -122,6 +122,29 @@ def test_a_holder_that_cannot_renew_stops_acting_before_anyone_may_take_over():
     assert DECIDE_MARGIN_S == 35.0
 
 
+def test_item6_a_deleted_lease_stops_its_holder_at_its_next_action_not_when_its_clock_runs_out():
+    """Issue 47 item 6: `kubectl delete lease` (a namespace clean-up) while `pulumi up` holds it. A supervisor
+    creates it anew and decides; the former holder, valid for up to 55 s more by its own clock, reads the
+    Lease back before its next action (one GET) and stops there."""
+    kube = KubeApiStandIn()
+    t = [0.0]
+    apis = [InProcessApi(kube), InProcessApi(kube)]
+    up = Lease(apis[0], NS, RC, "pulumi-up/laptop", clock=lambda: t[0], log=lambda _: None)
+    supervisor = Lease(apis[1], NS, RC, "supervisor/pod", clock=lambda: t[0], log=lambda _: None)
+    up.acquire(wait_s=0.0)
+    up.check()
+    kube.handle("DELETE", LEASE, {}, None)
+    t[0] += 1.0
+    assert supervisor.hold() and up.valid()  # the former holder's clock alone would let it act on
+    with pytest.raises(LeaseLost):
+        up.check()
+    assert not up.valid()
+    # Gone with no new holder yet: it stops too (a step's hold() may take it anew, as any process may).
+    kube.handle("DELETE", LEASE, {}, None)
+    with pytest.raises(LeaseLost):
+        supervisor.check()
+
+
 def test_pulumi_up_asks_the_supervisor_which_hands_the_lease_over_at_its_next_step():
     world = World()
     world.start_supervisor(0, 0)
@@ -291,6 +314,14 @@ def test_a_head_that_does_not_answer_is_neither_live_nor_ended_until_its_bound()
     changed, effects = decide(view(replace(RUNNING_0, outage_s=890.0), None))
     assert changed["r"].outcome == "lost: the Ray head did not answer for 905 s"
     assert changed["r"].released and [e.kind for e in effects] == ["suspend"]  # past the bound: released
+
+
+def test_an_ended_runs_outage_restarts_when_the_head_answers():
+    """docs/run-lifecycle.md: `outage_s` is reset when the head answers, for a run that ended while the head
+    was silent (a stop) and waits for its release too: a later silence counts from zero, not on top."""
+    stopped = replace(run_lifecycle.ended(RUNNING_0, USER_STOPPED), outage_s=600.0)
+    changed, _ = decide(view(stopped, {"s0": job("s0", "RUNNING"), "x9": {"submission_id": "x9", "status": "RUNNING"}}))
+    assert changed["r"].outage_s == 0.0 and not changed["r"].released
 
 
 def test_the_driver_log_tells_the_step_and_a_save_under_way():

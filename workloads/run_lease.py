@@ -79,9 +79,15 @@ class Lease:
         return self._renewed_at is not None and self.clock() < self._renewed_at + LEASE_DURATION_S - DECIDE_MARGIN_S
 
     def check(self) -> None:
-        """Right before an action: LeaseLost unless this process may act."""
-        if not self.valid():
-            raise LeaseLost(f"{self.holder} no longer holds Lease {self.name}")
+        """Right before an action: LeaseLost unless this process may act by its clock and the Lease, read
+        back (one GET), is still its own. Fencing: a deleted (`kubectl delete lease`) or taken Lease stops
+        the holder at its next action, not when its own clock runs out."""
+        if self.valid():
+            found = self._read()
+            if found is not None and (found.get("spec") or {}).get("holderIdentity") == self.holder:
+                return
+            self._renewed_at = None
+        raise LeaseLost(f"{self.holder} no longer holds Lease {self.name}")
 
     def _read(self) -> dict[str, Any] | None:
         found = self.api.request("GET", f"{self._path}/{self.name}")

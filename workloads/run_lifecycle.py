@@ -686,6 +686,8 @@ def _release(d: _Decision) -> None:
     for record in pending:
         if view.jobs is None and view.cluster not in ("suspended", "absent"):
             records[record.run_id] = record = replace(record, outage_s=record.outage_s + view.elapsed_s)
+        elif view.jobs is not None and record.outage_s:
+            records[record.run_id] = record = replace(record, outage_s=0.0)  # it answered: a silence counts anew
         if record.outcome in HELD_FOR_CREATE and record.stopped_s < policy.replace_window_s:
             records[record.run_id] = replace(record, stopped_s=record.stopped_s + view.elapsed_s)
     if any(r.outcome in HELD_FOR_CREATE and r.stopped_s < policy.replace_window_s
