@@ -124,7 +124,7 @@ def test_verbose_adds_the_types_every_setting_the_critical_path_and_the_assumpti
         brief[1], "verl settings: 37, 0 of them set in verl-gke:verl (the platform's defaults; --verbose lists them)",
         "(--verbose: every resource type, every verl setting, the critical path, the models' assumptions)"}
     assert brief[1] == ("`pulumi up` would create 110 resources: 1 GKE cluster, 2 node pools, 3 VPCs, 1 bucket, "
-                        "1 RayCluster, 1 GRPO job, 45 Kubernetes objects in all; 28 stack outputs")
+                        "1 RayCluster, 1 GRPO job, 45 Kubernetes objects in all; 29 stack outputs")
 
 
 def test_the_default_output_lists_the_verl_settings_the_user_set():
