@@ -372,9 +372,10 @@ def test_every_docs_page_opens_with_what_a_user_does_with_it():
     wrong = []
     for page in sorted((PROJECT_DIR / "docs").glob("*.md")):
         lines = page.read_text().splitlines()
-        rest = [line for line in lines[1:] if line.strip()]
-        opening = list(itertools.takewhile(lambda line: not line.startswith(("#", "|", "```", "<!--")), rest))
-        if not lines[0].startswith("# ") or not 1 <= len(opening) <= 2:
+        rest = list(itertools.dropwhile(lambda line: not line.strip(), lines[1:]))
+        opening = list(itertools.takewhile(lambda line: line.strip(), rest))
+        prose = not any(line.startswith(("#", "|", "```", "- ")) for line in opening)
+        if not lines[0].startswith("# ") or not prose or not 1 <= len(opening) <= 2:
             wrong.append(f"{page.name}: {len(opening)} opening lines")
     assert wrong == []
 
