@@ -62,9 +62,9 @@ def chart_source(chart: HelmChart) -> ChartSource:
             path, digest = fetch(chart.url)
         except ChartArchiveError as error:
             raise pulumi.RunError(str(error)) from None
-        pulumi.log.warn(f"chart {chart.key}: {chart.url} serves {digest}; this stack's state keeps it at its first "
-                        f"`pulumi up` and every later `up` refuses other bytes. Review the chart, then keep the pin "
-                        f"in the stack's config (CI deploys no unpinned chart): `{chart.pin_command(digest)}`")
+        pulumi.log.warn(f"chart {chart.key}: {chart.url} serves {digest}; the stack's state keeps the digest of its "
+                        f"first `pulumi up` and every later `up` refuses other bytes. Review the chart, then keep the "
+                        f"pin in the stack's config (CI deploys no unpinned chart): `{chart.pin_command(digest)}`")
         source = ChartSource(str(path), digest, False)
     _sources[chart, pin] = source
     return source

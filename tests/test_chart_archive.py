@@ -146,9 +146,9 @@ def test_the_first_up_fetches_an_unpinned_chart_and_shows_its_digest_for_review(
     assert source == helm_release.ChartSource(str(tmp_path / "charts" / GOOD_SHA[7:] / "demo-1.0.0.tgz"), GOOD_SHA,
                                               False)
     assert warnings == [
-        f"chart demo:1.0.0: {chart.url} serves {GOOD_SHA}; this stack's state keeps it at its first `pulumi up` and "
-        "every later `up` refuses other bytes. Review the chart, then keep the pin in the stack's config (CI deploys "
-        f"no unpinned chart): `pulumi config set --path 'verl-gke:chartDigests[\"demo:1.0.0\"]' {GOOD_SHA}`"]
+        f"chart demo:1.0.0: {chart.url} serves {GOOD_SHA}; the stack's state keeps the digest of its first `pulumi up` "
+        "and every later `up` refuses other bytes. Review the chart, then keep the pin in the stack's config (CI "
+        f"deploys no unpinned chart): `pulumi config set --path 'verl-gke:chartDigests[\"demo:1.0.0\"]' {GOOD_SHA}`"]
 
 
 def test_a_chart_pinned_in_the_config_installs_only_those_bytes(live, served, tmp_path: Path):
