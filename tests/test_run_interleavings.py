@@ -4,7 +4,8 @@ create_run and delete_run, what the GrpoJob provider runs), advanced one step (o
 action) at a time, crashed after any of them, with faults: a second supervisor, a rollout, head
 restarts, preemptions, jobs failing or succeeding, API outages and 409/404/422 answers, records
 deleted or edited by hand, the stack's run id or jobAttempt changed mid-`up`, a RayCluster recreated,
-and every process on a clock of its own (tests/run_world.py).
+`verl-gke stop` racing a create, a submission retried (on the world's clock) across a takeover, and
+every process on a clock of its own (tests/run_world.py).
 
 hypothesis' RuleBasedStateMachine plays the interleavings and shrinks a failure to the shortest
 sequence of steps that breaks a promise. CI runs EXAMPLES sequences of up to STEPS steps with a fixed
