@@ -12,6 +12,7 @@ from components.gke_cluster import DRA_V1BETA1_APIS, GkeCluster
 from components.gpu_compute_class import GpuComputeClass
 from domain import hf_token
 from components.gpu_node_pool import GpuNodePool
+from components.helm_release import check_charts
 from components.grpo_job import GrpoJob
 from components.image_mirror import ImageMirror
 from domain.image_mirror import is_docker_hub, registry_prefix, repository_id
@@ -35,6 +36,7 @@ from domain.pricing import run_cost, run_estimate_line
 from domain.run_memory import merge_memory_bytes
 from domain.names import stack_names, stack_slug
 from verl_gke.fabric import fabric_runtime_env
+from verl_gke.image_pins import stack_charts
 from workloads.export_model import model_path
 from workloads.run_record import record_name
 from workloads.run_supervisor import CAPACITY_TIMEOUT_S
@@ -42,6 +44,8 @@ from workloads.stage_data import model_dir_for
 
 cfg, modeled = from_pulumi()
 live = check_live_project(cfg)
+# Each chart the stack installs, fetched and checked against its pinned sha256 before anything is created.
+check_charts(stack_charts(cfg))
 # Before anything is created: what the stack costs per hour, by capacity kind, and the run's estimate.
 for cost in cfg.hourly_costs:
     pulumi.log.info(f"price per hour, GPU nodes on {cost.line()}")

@@ -17,10 +17,11 @@ KEY = "__provider"
 
 STATE_REFERENCES = (
     ("components.grpo_job", "GrpoJobProvider"),
+    ("components.helm_release", "PinnedChartProvider"),
     ("components.pinned_image", "PinnedImageProvider"),
     ("components.upgrade_exclusion", "UpgradeExclusionStartProvider"),
 )
-"""Every provider class a stack's state has named (the three modules were added once and never moved). A
+"""Every provider class a stack's state has named (each module added once and never moved). A
 move keeps the old path importable (a module re-exporting the class) until every stack ran an `up`."""
 
 

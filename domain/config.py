@@ -82,6 +82,7 @@ _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 PRIVATE_RANGES = tuple(ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
                                                           "100.64.0.0/10"))
 _SHA256 = re.compile(r"^sha256:[0-9a-f]{64}$")
+_CHART_KEY = re.compile(r"^[a-z0-9][a-z0-9-]*:[0-9A-Za-z.+-]+$")
 _ADMITTING_CIDR_FIELDS = ("master_authorized_cidrs", "ray_dashboard_cidrs")
 _PRIVATE_CIDR_FIELDS = (*_ADMITTING_CIDR_FIELDS, "gvnic_subnet_cidr")
 """Ranges that admit traffic: the gVNIC subnet is also its firewall's source."""
@@ -195,6 +196,7 @@ class StackConfig(BaseModel):
     ray_cluster_name: str = ""
     verl_image: str = ""
     image_digests: dict[str, str] = Field(default_factory=dict)
+    chart_digests: dict[str, str] = Field(default_factory=dict)
     ray_version: str = ""
     verl_source_install: bool = False
     verl_in_image: bool = False
@@ -753,6 +755,11 @@ def semantic_problems(cfg: StackConfig, now: datetime | None = None) -> list[str
         elif not _SHA256.match(digest):
             add("image_digests", {image: digest}, "each digest is sha256:<64 lowercase hex> (the registry's "
                 "manifest digest, as `python -m verl_gke.image_pins --stack <stack>` prints it).")
+    for chart, digest in cfg.chart_digests.items():
+        if not (_CHART_KEY.match(chart) and _SHA256.match(digest)):
+            add("chart_digests", {chart: digest}, "keys are charts as name:version (e.g. kuberay-operator:1.6.2), "
+                "values the sha256:<64 lowercase hex> of its archive, as `python -m verl_gke.image_pins --stack "
+                "<stack>` prints it.")
     if cfg.nccl_installer_url and not is_nccl_installer_url(cfg.nccl_installer_url):
         add("nccl_installer_url", _without_credentials(cfg.nccl_installer_url),
             f"a manifest of Google's installers at a commit: {NCCL_INSTALLER_REPO}/<40-hex commit>/gpudirect-rdma/"

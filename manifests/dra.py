@@ -15,7 +15,8 @@ QUOTA_NAME = "nvidia-dra-driver-gpu-quota"
 # The tutorial installs 25.3.1; 25.3.2 is the 25.3.x patch whose ComputeDomain CRD is the one
 # the manifests are validated against (tests/k8s_schema.py), so chart and checks agree.
 CHART = HelmChart(name="nvidia-dra-driver-gpu", repo="https://helm.ngc.nvidia.com/nvidia", version="25.3.2",
-                  image="nvcr.io/nvidia/k8s-dra-driver-gpu:v25.3.2")
+                  image="nvcr.io/nvidia/k8s-dra-driver-gpu:v25.3.2",
+                  url="https://helm.ngc.nvidia.com/nvidia/charts/nvidia-dra-driver-gpu-25.3.2.tgz")
 """Its one image runs the controller, the kubelet plugin and the IMEX daemons it starts (the chart's
 `fullimage`, also their IMAGE_NAME)."""
 

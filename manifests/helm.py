@@ -1,7 +1,8 @@
-"""A Helm chart pinned to a version: what a Helm release is installed from."""
+"""A Helm chart pinned to a version, installed from its archive only if that archive's sha256 is pinned."""
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 
 
@@ -12,6 +13,26 @@ class HelmChart:
     version: str
     image: str
     """The image the chart's pods run (`name:tag`, the chart version's own), set through its values by digest."""
+    url: str
+    """The version's archive, as the repository's index.yaml names it (`urls`)."""
+
+    @property
+    def key(self) -> str:
+        """`name:version`, the chart's key in `verl-gke:chartDigests`."""
+        return f"{self.name}:{self.version}"
+
+    @property
+    def archive(self) -> str:
+        return self.url.rpartition("/")[2]
+
+    def pin_command(self, digest: str, stack: str = "") -> str:
+        return pin_command(self.key, digest, stack)
+
+
+def pin_command(key: str, digest: str, stack: str = "") -> str:
+    """The `pulumi config set` that keeps `digest` as the stack's pin of chart `key` (name:version)."""
+    return shlex.join(["pulumi", "config", "set", *(["--stack", stack] if stack else []), "--path",
+                       f'verl-gke:chartDigests["{key}"]', digest])
 
 
 def image_values(ref: str) -> dict[str, str]:

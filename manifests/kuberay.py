@@ -12,7 +12,9 @@ from manifests.helm import HelmChart
 
 # The chart release that ships the v1.6.2 ray.io CRDs the manifests are validated against.
 CHART = HelmChart(name="kuberay-operator", repo="https://ray-project.github.io/kuberay-helm/", version="1.6.2",
-                  image="quay.io/kuberay/operator:v1.6.2")
+                  image="quay.io/kuberay/operator:v1.6.2",
+                  url="https://github.com/ray-project/kuberay-helm/releases/download/kuberay-operator-1.6.2/"
+                      "kuberay-operator-1.6.2.tgz")
 
 
 def helm_values(*, namespace: str, image: Any) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import http.client
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,6 +126,12 @@ class World:
     undeleted: list[str] = field(default_factory=list)
     """Runs a `pulumi up` delete reported done while their attempt still ran or their record was open, or a
     create reported done with no attempt of them running or succeeded."""
+    busy_submits: int = 0
+    """The head answers this many more submissions 500 "No available agent to submit job" (its job agent
+    still starting, what Ray's job_head.py answers then): submit_attempt retries them."""
+    on_sleep: list[Callable[[], None]] = field(default_factory=list)
+    """What happens during each coming sleep of a process (one each, in order): a takeover mid-retry."""
+    sleeping: bool = False
 
     def __post_init__(self) -> None:
         self.kube.on_head = self._pods
@@ -133,6 +139,9 @@ class World:
 
         def watched(method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
             self.head_calls += 1
+            if method == "POST" and path == "/api/jobs/" and self.busy_submits > 0:
+                self.busy_submits -= 1
+                return 500, b"No available agent to submit job, please try again later."
             if method == "POST" and path.endswith("/stop"):
                 self._judge_stop(path.split("/")[-2])
             return handle(method, path, body)
@@ -215,8 +224,50 @@ class World:
             except FAULTS:  # the thread logs it and tries again
                 pass
 
-    def ray(self) -> RayJobs:
-        return self.head.client()
+    def ray(self, process: str) -> RayJobs:
+        """A process's head client: its submissions and stops are judged like its API writes."""
+        client = self.head.client()
+        send = client.send
+
+        def judged(method: str, path: str, data: bytes | None, content_type: str) -> tuple[bytes, str | None]:
+            if method == "POST" and (path == "/api/jobs/" or path.endswith("/stop")):
+                self._judge_write(process, method, path)
+            return send(method, path, data, content_type)
+
+        client.send = judged  # type: ignore[method-assign]
+        return client
+
+    def sleeper(self, process: str) -> Callable[[float], None]:
+        """A process's sleep (submit_attempt's between retries): the world's time passes, and every other
+        supervisor takes a step meanwhile (a sleep within that step only lets time pass)."""
+
+        def sleep(seconds: float) -> None:
+            self.passes(seconds)
+            if self.sleeping:
+                return
+            self.sleeping = True
+            try:
+                if self.on_sleep:
+                    self.on_sleep.pop(0)()
+                for slot in sorted(self.supervisors):
+                    if f"supervisor {slot}" != process:
+                        self.step_supervisor(slot)
+            finally:
+                self.sleeping = False
+
+        return sleep
+
+    def step_supervisor(self, slot: int) -> bool:
+        """One step of the supervisor in `slot`; an injected fault fails the step (run_forever retries it)."""
+        decider, calls = self.supervisors[slot], self.head_calls
+        decided = False
+        try:
+            decided = decider.step()
+        except FAULTS as error:  # anything else is a bug: the exploration fails
+            self.log.append(f"supervisor {slot}: step failed: {error!r}")
+        if self.head_calls > calls:
+            self.answered_at = self.t
+        return decided
 
     # --- the stack's processes --------------------------------------------------------------------
 
@@ -233,7 +284,8 @@ class World:
         clock = self.clock(skew)
         self.configs[slot] = config
         self.supervisors[slot] = decider(config, self.api(f"supervisor {slot}"), NS, RC, log=self.log.append,
-                                         ray=self.ray(), clock=clock)
+                                         ray=self.ray(f"supervisor {slot}"), clock=clock,
+                                         sleep=self.sleeper(f"supervisor {slot}"))
         self.supervisors[slot].lease.holder = f"supervisor/pod-{slot}/{next(self.counter)}"
 
     def start_provider(self, kind: str, skew: int, run: RunSpec | None = None) -> None:
@@ -247,7 +299,7 @@ class World:
     def _provider_steps(self, kind: str, run: RunSpec, lease: Lease, records: RecordStore) -> Iterator[str]:
         yield from lease.acquiring(LEASE_WAIT_S)
         yield "acquired"
-        ray = self.ray()
+        ray = self.ray("pulumi up")
 
         def reach() -> RayJobs:
             RayClusterControl(lease.api, NS, RC).set_suspended(False)
@@ -262,7 +314,8 @@ class World:
         if kind == "delete":
             yield from delete_run(records, lease, run, reach)
             return
-        created: Created = yield from create_run(records, lease, run, reach, lambda: None)
+        created: Created = yield from create_run(records, lease, run, reach, lambda: None, clock=lease.clock,
+                                                 sleep=self.sleeper("pulumi up"))
         if created.done or created.job is not None:
             return
         # The start-up grace: a job that fails first fails the create (its attempt stays in the record);

@@ -773,6 +773,21 @@ def test_the_ray_version_is_the_images():
         "with an image of your own.")
 
 
+def test_chart_digests_take_name_version_keys_and_sha256_digests_only():
+    good = "sha256:" + "cd" * 32
+    cfg = load_config(config(chartDigests=json.dumps({"kuberay-operator:1.6.2": good})))
+    assert cfg.chart_digests == {"kuberay-operator:1.6.2": good}
+    assert problems(chartDigests=json.dumps({"kuberay-operator:1.6.2": "cd" * 32,
+                                             "kuberay-operator-1.6.2.tgz": good})) == [
+        f'verl-gke:chartDigests = {{"kuberay-operator:1.6.2": "{"cd" * 32}"}}: keys are charts as name:version (e.g. '
+        "kuberay-operator:1.6.2), values the sha256:<64 lowercase hex> of its archive, as `python -m "
+        "verl_gke.image_pins --stack <stack>` prints it.",
+        f'verl-gke:chartDigests = {{"kuberay-operator-1.6.2.tgz": "{good}"}}: keys are charts as name:version (e.g. '
+        "kuberay-operator:1.6.2), values the sha256:<64 lowercase hex> of its archive, as `python -m "
+        "verl_gke.image_pins --stack <stack>` prints it.",
+    ]
+
+
 def test_image_digests_take_tagged_images_and_sha256_digests_only():
     good = "sha256:" + "ab" * 32
     cfg = load_config(config(imageDigests=json.dumps({"verlai/verl:vllm011.dev7": good})))

@@ -55,7 +55,7 @@ def gke_node(pool_inputs: dict[str, Any]) -> dict[str, Any]:
 def a4x(synth_stack: Any) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     result = synth_stack("a4x")
     values = next(r.inputs["values"] for r in result.registrations
-                  if r.type == RELEASE and r.inputs["chart"] == dra.CHART.name)
+                  if r.type == RELEASE and r.inputs["name"] == dra.CHART.name)
     nodes = {r.inputs["name"]: gke_node(r.inputs) for r in result.registrations if r.type == POOL}
     return values, nodes
 

@@ -47,7 +47,7 @@ def test_every_image_a_stack_runs_is_pulled_by_digest(synth_stack, stack: str) -
     images += [i for r in releases for i in _images(r.inputs["values"])]
     assert images and [i for i in images if not PINNED.search(i)] == []
     if stack == "a4x":  # the KubeRay operator's and the NVIDIA DRA driver's charts, through their values
-        charts = {r.inputs["chart"]: _images(r.inputs["values"]) for r in releases}
+        charts = {r.inputs["name"]: _images(r.inputs["values"]) for r in releases}
         assert charts == {
             "kuberay-operator": [f"quay.io/kuberay/operator:v1.6.2@{synth.UNRESOLVED_DIGEST}"],
             "nvidia-dra-driver-gpu": [f"nvcr.io/nvidia/k8s-dra-driver-gpu:v25.3.2@{synth.UNRESOLVED_DIGEST}"],
@@ -57,7 +57,7 @@ def test_every_image_a_stack_runs_is_pulled_by_digest(synth_stack, stack: str) -
 def test_synth_says_which_images_are_pinned_in_the_repository_and_which_at_the_first_up(synth_stack) -> None:
     text = synth.summary(synth_stack("a4x"), Path("dist/a4x"))
     block = text[text.index("Images"):].splitlines()
-    assert block[:8] == [
+    assert block[:11] == [
         "Images (every one pulled by digest):",
         "  pinned in the repository: python:3.11.13-slim-bookworm (staging, run supervisor), gke.gcr.io/pause:3.8 "
         "(NCCL installer)",
@@ -67,6 +67,13 @@ def test_synth_says_which_images_are_pinned_in_the_repository_and_which_at_the_f
         "    us-docker.pkg.dev/gce-ai-infra/gpudirect-gib/nccl-plugin-gib-arm64:v1.1.0 (NCCL installer)",
         "    quay.io/kuberay/operator:v1.6.2 (KubeRay operator)",
         "    nvcr.io/nvidia/k8s-dra-driver-gpu:v25.3.2 (NVIDIA DRA driver)",
+        "Charts (installed from their archive, only with its pinned sha256; not fetched by synth):",
+        *[f"  {chart}: pinned at the first `pulumi up` to what {url} serves then (kept in the state; `python -m "
+          "verl_gke.image_pins --stack <stack>` prints the config line; CI refuses to deploy so)" for chart, url in (
+              ("kuberay-operator:1.6.2", "https://github.com/ray-project/kuberay-helm/releases/download/"
+                                         "kuberay-operator-1.6.2/kuberay-operator-1.6.2.tgz"),
+              ("nvidia-dra-driver-gpu:25.3.2",
+               "https://helm.ngc.nvidia.com/nvidia/charts/nvidia-dra-driver-gpu-25.3.2.tgz"))],
         "Live checks not made (no --cloud answer; `pulumi preview` makes them):",
     ]
 
@@ -170,4 +177,4 @@ def test_a_stacks_images_are_pinned_in_its_config_before_its_first_up_and_ci_ref
         f'    "{image}": "{digests[image]}"\n' for image in unpinned))
     assert image_pins.main([*argv, "--check"]) == 0
     assert image_pins.main(argv) == 0
-    assert capsys.readouterr().out == "every image of stack a4-standard is pinned\n"
+    assert capsys.readouterr().out == "every image and chart of stack a4-standard is pinned\n"

@@ -97,7 +97,15 @@ def test_every_child_uses_the_one_provider_and_waits_for_the_prerequisites() -> 
         pin = run.by_name[name]
         assert (pin.type, pin.parent, pin.dependencies) == (synth.PINNED_IMAGE_TYPE, run.by_name[parent].urn, [])
         assert pin.provider != provider
-    children = [r for r in run.registrations if r.custom and r.name not in ("k8s", "claim", "prerequisite", *pins)]
+    # A chart's archive pin (its sha256 kept at the first `up`) likewise; its Release waits for it.
+    archives = {"ray-kuberay-operator-archive": "ray-kuberay-operator", "dra-driver-archive": "dra-driver"}
+    for name, release in archives.items():
+        kept = run.by_name[name]
+        assert (kept.type, kept.parent, kept.dependencies) == ("pulumi-python:dynamic:PinnedChart",
+                                                               run.by_name[release].parent, [])
+        assert kept.provider != provider and kept.urn in run.by_name[release].dependencies
+    children = [r for r in run.registrations
+                if r.custom and r.name not in ("k8s", "claim", "prerequisite", *pins, *archives)]
     assert len(children) == 8  # the DRA objects, the operator, the RayCluster and its NetworkPolicy
     assert {r.provider for r in children} == {provider}
     prerequisite = run.by_name["prerequisite"].urn
@@ -174,10 +182,12 @@ def test_the_claim_is_waited_for_mounted_and_replaces_the_cluster() -> None:
 def test_kuberay_operator_only_when_asked_and_before_the_cluster() -> None:
     assert deploy(ray_args("a4x")).of_type(RELEASE) == []
     run = deploy(ray_args("a4x", install_kuberay=True), {"namespace": "verl", "gpu_nodes": 2})
-    (operator,) = [r for r in run.of_type(RELEASE) if r.inputs["chart"] == "kuberay-operator"]
-    assert operator.inputs["name"] == "kuberay-operator"
-    assert operator.inputs["version"] == kuberay.CHART.version == "1.6.2"
-    assert operator.inputs["repositoryOpts"] == {"repo": "https://ray-project.github.io/kuberay-helm/"}
+    (operator,) = [r for r in run.of_type(RELEASE) if r.inputs["name"] == "kuberay-operator"]
+    # From the archive whose sha256 is pinned, never the repository by version (offline: not fetched).
+    assert operator.inputs["chart"] == "[kuberay-operator-1.6.2.tgz: fetched at pulumi preview and up, installed only as its pinned sha256]"
+    assert "version" not in operator.inputs and "repositoryOpts" not in operator.inputs
+    assert kuberay.CHART.url == ("https://github.com/ray-project/kuberay-helm/releases/download/"
+                                 "kuberay-operator-1.6.2/kuberay-operator-1.6.2.tgz")
     assert operator.inputs["namespace"] == "verl"
     assert operator.inputs["values"] == {"singleNamespaceInstall": True, "watchNamespace": ["verl"], "image": {
         "repository": "quay.io/kuberay/operator", "tag": f"v1.6.2@{synth.UNRESOLVED_DIGEST}"}}
@@ -193,9 +203,10 @@ def test_a4x_dra_registers_the_tutorials_objects_in_order() -> None:
     domain = run.by_name["dra-compute-domain"]
     assert namespace.inputs["metadata"] == dra.namespace()["metadata"]
     assert quota.inputs["spec"]["hard"] == {"pods": "9"}
-    assert driver.inputs["name"] == driver.inputs["chart"] == "nvidia-dra-driver-gpu"
-    assert driver.inputs["version"] == "25.3.2"
-    assert driver.inputs["repositoryOpts"] == {"repo": "https://helm.ngc.nvidia.com/nvidia"}
+    assert driver.inputs["name"] == "nvidia-dra-driver-gpu"
+    assert driver.inputs["chart"] == "[nvidia-dra-driver-gpu-25.3.2.tgz: fetched at pulumi preview and up, installed only as its pinned sha256]"
+    assert "version" not in driver.inputs and "repositoryOpts" not in driver.inputs
+    assert dra.CHART.url == "https://helm.ngc.nvidia.com/nvidia/charts/nvidia-dra-driver-gpu-25.3.2.tgz"
     assert driver.inputs["namespace"] == "nvidia-dra-driver-gpu"
     assert driver.inputs["values"] == dra.helm_values(accelerator="nvidia-gb200", arch="arm64", image={
         "repository": "nvcr.io/nvidia/k8s-dra-driver-gpu", "tag": f"v25.3.2@{synth.UNRESOLVED_DIGEST}"})

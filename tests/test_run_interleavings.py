@@ -1,7 +1,8 @@
 """The run lifecycle's promises, checked over explored interleavings of the real code: supervisors and
 `pulumi up`'s create and delete, one write or action at a time, crashed after any of them, with faults
 (a second supervisor, head restarts, preemptions, API errors, records edited by hand, run id or
-jobAttempt changed mid-`up`, every process on its own clock: tests/run_world.py).
+jobAttempt changed mid-`up`, a stop racing a create, a submission retry racing a
+takeover, every process on its own clock: tests/run_world.py).
 
 hypothesis' RuleBasedStateMachine shrinks a failure to its shortest steps. CI runs EXAMPLES sequences
 of up to STEPS steps with a fixed seed; VERL_GKE_EXPLORE=<sequences> explores further, randomly
@@ -10,7 +11,8 @@ of up to STEPS steps with a fixed seed; VERL_GKE_EXPLORE=<sequences> explores fu
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -27,6 +29,7 @@ from hypothesis.stateful import (
 from tests.run_world import FAULTS, HEAD_OUTAGE_S, LEASE_PATH, NS, OUTPUTS, RC, RC_PATH, WORKERS, World, run_spec
 from verl_gke.console import CliError
 from verl_gke.runs import BucketCopy, Run, stop
+from workloads import run_lifecycle
 from workloads.run_lease import LEASE_DURATION_S
 from workloads.run_lifecycle import Created, Decider, RunSpec
 from workloads.run_record import CLUSTER_LABEL, COMPONENT, RECORD_KEY, RecordStore
@@ -59,6 +62,8 @@ class RunLifecycle(RuleBasedStateMachine):
         """The head did not answer at some point of that time: the outage bound applies."""
         self.stopped: dict[str, int] = {}
         """Runs `verl-gke stop` ended: how many attempts each had then (none is added after)."""
+        self.stop_jobs: dict[tuple[str, int], set[str]] = {}
+        """Runs (id, generation) a `verl-gke stop` was recorded for: their jobs on the head then."""
         self.healthy_s = 0.0
         """Time the API and a whole head answered, with a supervisor up and no `pulumi up` in flight, in
         the current spell of ordinary operation (everyone_steps)."""
@@ -138,13 +143,7 @@ class RunLifecycle(RuleBasedStateMachine):
         decider = self.world.supervisors.get(slot)
         if decider is None:
             return
-        decided, calls = False, self.world.head_calls
-        try:
-            decided = decider.step()
-        except FAULTS as error:  # an injected fault: the step is retried (run_forever); anything else fails
-            self.world.log.append(f"supervisor {slot}: step failed: {error!r}")
-        if self.world.head_calls > calls:
-            self.world.answered_at = self.world.t
+        decided = self.world.step_supervisor(slot)
         if decided and not self.world.api_down and self.world.head.up:
             self._every_live_attempt_is_its_runs_newest()
         self._released_within_the_bound()
@@ -251,15 +250,71 @@ class RunLifecycle(RuleBasedStateMachine):
     def the_user_stops_a_run(self, which: int) -> None:
         """`verl-gke stop` (its real code, without waiting): desired stopped in the run's record."""
         records = sorted(self.world.records())
-        if not records or self.world.api_down:
+        if records:
+            self._stop(records[which % len(records)])
+
+    def _stop(self, run_id: str) -> None:
+        if self.world.api_down:
             return
-        run_id = records[which % len(records)]
         store = RecordStore(self.world.api("verl-gke stop"), NS, RC)
         try:
             stop(Run(run_id, OUTPUTS, BucketCopy(run_id, "", None), lambda: store), wait=False, timeout_s=0.0,
                  poll_s=0.0)
         except (*FAULTS, CliError) as error:  # a failed CLI call (409s spent, a 5xx): the user runs it again
             self.world.log.append(f"verl-gke stop: {error!r}")
+        record = self.world.records().get(run_id)
+        if record is not None and record.desired == "stopped":
+            key = (run_id, record.generation)
+            self.stop_jobs.setdefault(key, set(self._jobs_of(key)))
+
+    def _jobs_of(self, key: tuple[str, int]) -> list[str]:
+        return [sid for sid in self.world.head.jobs
+                if (owner := self.world.owner(sid)) is not None and (owner.run_id, owner.generation) == key]
+
+    @precondition(lambda self: self.world.provider is None)
+    @rule(at=st.sampled_from(["resumed", "gated", "claimed"]), skew=st.integers(0, 3))
+    def the_user_stops_a_create(self, at: str, skew: int) -> None:
+        """Issue 47 item 1: `verl-gke stop` of the run a `pulumi up` creates, landing right after the
+        create's step `at` (before or during its gates, or between its claim and its submit)."""
+        self.world.start_provider("create", skew)
+        if self._create_until(lambda step: step == at):
+            self._stop(self.world.desired.run_id)
+            self._create_until(lambda _step: False)
+
+    @precondition(lambda self: self.world.provider is None)
+    @rule(tries=st.sampled_from([2, 5, 70]), at=st.sampled_from([0, 1, 3, None]), skew=st.integers(0, 3))
+    def a_retry_races_a_takeover(self, tries: int, at: int | None, skew: int) -> None:
+        """Issue 47 item 2: a `pulumi up` create whose submission the head answers 500 `tries` times
+        (submit_attempt retries it every second of the world's clock, the supervisors stepping meanwhile),
+        and the Lease deleted during its `at`-th wait: a supervisor takes the Lease and decides while the
+        former holder's retry is due."""
+        self.world.start_provider("create", skew)
+        if self._create_until(lambda step: step in ("gated", "claimed")):
+            self.world.busy_submits = tries
+            if at is not None:
+                self.world.on_sleep = [lambda: None] * at + [self._delete_the_lease]
+            self._create_until(lambda _step: False)
+        self.world.busy_submits, self.world.on_sleep = 0, []
+
+    def _delete_the_lease(self) -> None:
+        if LEASE_PATH in self.world.kube.objects:
+            self.world.kube.handle("DELETE", LEASE_PATH, {}, None)
+
+    def _create_until(self, reached: object) -> bool:
+        """The create's steps, the supervisors stepping between them, until a step `reached` names (True)
+        or its end (False)."""
+        for _ in range(40):
+            if self.world.provider is None:
+                return False
+            step = self.world.provider_step()
+            if step in ("done", "failed"):
+                return False
+            if reached(step):  # type: ignore[operator]
+                return True
+            for slot in sorted(self.world.supervisors):
+                self.supervisor_steps(slot)
+            self.world.passes(5.0)
+        return False
 
     @rule(fault=st.sampled_from(["preemption", "node back", "head restart", "link cut", "API outage",
                                  "supervisor 0 cut off", "supervisor 1 cut off", "pulumi up cut off",
@@ -395,13 +450,31 @@ class RunLifecycle(RuleBasedStateMachine):
 
     @invariant()
     def a_run_the_user_stopped_never_runs_again(self) -> None:
-        """Once `verl-gke stop` ended a run, it gets no attempt more (a create refuses to reopen it)."""
-        for record in self.world.records().values():
+        """Once `verl-gke stop` ended a run, it gets no attempt more (a create refuses to reopen it). A record
+        deleted or broken by hand takes the stop with it: a later create may begin the run anew."""
+        records = self.world.records()
+        for key in [k for k in self.stopped if records.get(k.split("/")[0]) is None]:
+            del self.stopped[key]
+        for record in records.values():
             if record is None or record.outcome != "stopped by verl-gke stop":
                 continue
             key = f"{record.run_id}/{record.generation}"
             count = self.stopped.setdefault(key, len(record.attempts))
             assert len(record.attempts) == count, record
+
+    @invariant()
+    def nothing_is_submitted_under_a_stop(self) -> None:
+        """Once a stop is recorded, no job of that run (and generation) starts, and its record stays
+        stopped; a record deleted, broken or begun again for another generation ends the watch."""
+        records = self.world.records()
+        for key, before in list(self.stop_jobs.items()):
+            record = records.get(key[0])
+            if record is None or record.generation != key[1]:
+                del self.stop_jobs[key]
+                continue
+            assert record.desired == "stopped", f"the stop of {key} was undone: {record}"
+            new = set(self._jobs_of(key)) - before
+            assert not new, f"{sorted(new)} submitted after the stop of {key} was recorded: {record}"
 
     @invariant()
     def a_model_is_named_only_once_it_exists(self) -> None:
@@ -481,6 +554,28 @@ REGRESSIONS: dict[str, list[Step]] = {
         ("a_supervisor_dies", {"slot": 0}), ("a_supervisor_starts", {"slot": 1, "skew": 0}),
         ("a_quiet_spell", {"rounds": 30}),
         ("a_fault", {"fault": "record and job table lost", "rounds": 1, "which": 0}), ("supervisor_steps", {"slot": 1})],
+    # Issue 47 item 1's schedule: `verl-gke stop` between the create's claim and its submit.
+    "item 1: a stop between a create's claim and its submit": [
+        ("a_stack", {"deployed": "no", "budget": 0.0}), ("the_user_stops_a_create", {"at": "claimed", "skew": 0}),
+        ("a_quiet_spell", {"rounds": 7})],
+    # Issue 47 item 2's schedule: the head answers a create's submission 500 and the Lease is deleted during the
+    # retry's first wait; the supervisor takes it and submits the claimed attempt; the create's retry is due.
+    "item 2: a retry racing a takeover": [
+        ("a_stack", {"deployed": "no", "budget": 0.0}), ("a_retry_races_a_takeover", {"at": 0, "skew": 0, "tries": 5}),
+        ("a_quiet_spell", {"rounds": 7})],
+    # Issue 47 item 1, found by the rule "a stop racing a create": the stop lands before the gates, the record
+    # is made immutable by hand, a create replaced it by a new record: the stop was gone and it submitted.
+    "a stop racing a create, then an immutable record": [
+        ("a_stack", {"deployed": "no", "budget": 0.0}), ("the_user_stops_a_create", {"at": "resumed", "skew": 0}),
+        ("a_fault", {"fault": "record immutable", "rounds": 1, "which": 0}),
+        ("a_retry_races_a_takeover", {"at": 0, "skew": 0, "tries": 2})],
+    # The same rule: a stop kept after its record was deleted by hand (the check's own fault: a later create
+    # rightly begins the run anew, and a second stop ends it with one attempt).
+    "a stop racing a create, then the record deleted": [
+        ("a_stack", {"deployed": "no", "budget": 0.0}), ("the_user_stops_a_create", {"at": "resumed", "skew": 0}),
+        *[("the_attempt_fails", {})] * 7, ("a_fault", {"fault": "record deleted", "rounds": 1, "which": 0}),
+        ("a_retry_races_a_takeover", {"at": 0, "skew": 0, "tries": 2}), ("the_user_stops_a_run", {"which": 0}),
+        ("a_quiet_spell", {"rounds": 7})],
 }
 """Each failure the exploration ever finds (`make explore`), as its shrunk steps (docs/development.md)."""
 
@@ -522,13 +617,37 @@ def _idle_step(self: Decider) -> bool:
     return self.lease.hold()
 
 
-def _create_nothing(records: object, lease: object, run: RunSpec, *_args: object) -> Iterator[str]:
+def _create_nothing(records: object, lease: object, run: RunSpec, *_args: object, **_kwargs: object) -> Iterator[str]:
     yield "opened"
     return Created(run.submission_ids[0], None, True)
 
 
 def _delete_nothing(*_args: object, **_kwargs: object) -> Iterator[str]:
     yield "stopped by the stack"
+
+
+def _no_refusal(*_args: object) -> None:
+    """0.7.0's create: nothing refuses a stop recorded after the run was opened."""
+
+
+@pytest.mark.parametrize(("schedule", "name", "value", "says"), [
+    ("item 1: a stop between a create's claim and its submit", "workloads.run_lifecycle._refuse_stopped", _no_refusal,
+     "submitted after the stop of ('run-a', 0) was recorded"),
+    ("item 2: a retry racing a takeover", "workloads.run_lifecycle.submit_attempt", "checks once",
+     "pulumi up POST /api/jobs/ while the Lease names supervisor/"),
+], ids=["a create that ignores a stop", "a retry that does not check the Lease"])
+def test_the_race_schedules_fail_when_the_code_is_broken(monkeypatch: pytest.MonkeyPatch, schedule: str, name: str,
+                                                         value: object, says: str) -> None:
+    if value == "checks once":  # 0.7.0's submit_attempt: the Lease checked before the first try only
+        real = run_lifecycle.submit_attempt
+
+        def value(*args: object, check: Callable[[], None] = lambda: None, **kwargs: object) -> None:
+            check()
+            real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(name, value)
+    with pytest.raises(AssertionError, match=re.escape(says)):
+        replay(REGRESSIONS[schedule])
 
 
 @pytest.mark.parametrize(("name", "value", "fails_with"), [

@@ -1019,6 +1019,22 @@ def test_issue47_item1_a_stop_during_the_creates_gates_submits_nothing():
     assert (record(world).outcome, record(world).desired, record(world).attempts) == (USER_STOPPED, "stopped", ())
 
 
+def test_issue47_item1_a_create_over_an_immutable_record_keeps_its_stop():
+    """Found by the exploration (a stop racing a create): a record made immutable by hand is replaced by
+    the create's write; 0.8.0 replaced it with a new record (its content dropped, the stop with it), and the
+    next create submitted under the stop. Now an immutable record's content carries into its replacement."""
+    world = deployed()
+    sid = world.desired.submission_ids[0]
+    assert stop(cli_run(world), wait=False, timeout_s=0.0, poll_s=0.0) == 0
+    path = next(p for p in world.kube.objects if "/configmaps/" in p)
+    world.kube.objects[path]["immutable"] = True
+    assert pulumi_up(world) == "failed"
+    assert not world.kube.objects[path].get("immutable")
+    assert (record(world).desired, [a.submission_id for a in record(world).attempts]) == ("stopped", [sid])
+    steps(world, rounds=3)
+    assert world.head.live() == [] and record(world).outcome == USER_STOPPED
+
+
 def test_issue47_item1_a_replace_after_a_stop_does_not_undo_it():
     """A stop, then a replace (its delete, then its create) before the decider acted on the stop: the
     delete ends the run as the user's stop (not reopenable), so the replace's create refuses."""

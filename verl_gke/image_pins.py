@@ -5,7 +5,8 @@ A digest in domain/platforms.py (IMAGE_DIGESTS) is pinned for every stack; an im
 pinned at the stack's first `pulumi up` (components/pinned_image.py). On a machine that reaches the
 registries, `python -m verl_gke.image_pins` writes every digest into the table (all or nothing; review
 and commit); `--stack <stack>` prints `pulumi config set` lines for verl-gke:imageDigests, and
-`--check` exits 1 if an image is unpinned (CI).
+`--check` exits 1 if an image or a chart
+(verl-gke:chartDigests) is unpinned (CI).
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from domain import platforms
+from domain.chart_archive import ChartArchiveError, fetch
 from domain.config import ConfigError, StackConfig, load_config
 from domain.stack_files import PROJECT_DIR, raw_config
 from domain.platforms import PLATFORMS, repository_pin
 from manifests import dra, kuberay, nccl, staging
+from manifests.helm import HelmChart
 from verl_gke.registry import RegistryError, resolve_digest
 
 TAGGED_IMAGES: tuple[str, ...] = tuple(sorted(
@@ -83,13 +86,18 @@ def _stack(stack: str, project_dir: Path, check: bool) -> int:
         return 1
     images, by_tag = stack_images(cfg)
     unpinned = sorted({i.image for i in images if not repository_pin(i.image, cfg.image_digests)})
+    charts = [chart for chart in stack_charts(cfg) if chart.key not in cfg.chart_digests]
     if check:
         for image in unpinned:
             print(f"image_pins: stack {stack} would pull {image} by a digest asked at `pulumi up`: pin it first "
                   f"(`python -m verl_gke.image_pins --stack {stack}` prints the command)", file=sys.stderr)
+        for chart in charts:
+            print(f"image_pins: stack {stack} would install chart {chart.key} with no sha256 in verl-gke:chartDigests "
+                  f"(its archive's digest is asked at `pulumi up`): pin it first (`python -m verl_gke.image_pins "
+                  f"--stack {stack}` prints the command)", file=sys.stderr)
         if by_tag:
             print(f"image_pins: stack {stack} applies by tag: {by_tag}", file=sys.stderr)
-        return 1 if unpinned else 0
+        return 1 if unpinned or charts else 0
     lines = []
     for image in unpinned:
         try:
@@ -99,7 +107,14 @@ def _stack(stack: str, project_dir: Path, check: bool) -> int:
             return 1
         lines.append(shlex.join(["pulumi", "config", "set", "--stack", stack, "--path",
                                  f'verl-gke:imageDigests["{image}"]', digest]))
-    print("\n".join(lines) if lines else f"every image of stack {stack} is pinned")
+    for chart in charts:
+        try:
+            _, digest = fetch(chart.url)
+        except ChartArchiveError as error:
+            print(f"image_pins: {error}", file=sys.stderr)
+            return 1
+        lines.append(chart.pin_command(digest, stack))
+    print("\n".join(lines) if lines else f"every image and chart of stack {stack} is pinned")
     return 0
 
 
@@ -129,11 +144,14 @@ def stack_images(cfg: StackConfig) -> tuple[list[StackImage], str | None]:
     elif facts.nccl_installer_image:  # none where NCCL runs over TCP (G2)
         images += [StackImage(facts.nccl_installer_image, "NCCL installer"),
                    StackImage(nccl.PAUSE_IMAGE, "NCCL installer")]
-    if cfg.ray_operator == "helm":
-        images.append(StackImage(kuberay.CHART.image, "KubeRay operator"))
-    if cfg.platform == "a4x":
-        images.append(StackImage(dra.CHART.image, "NVIDIA DRA driver"))
+    runs = {kuberay.CHART: "KubeRay operator", dra.CHART: "NVIDIA DRA driver"}
+    images += [StackImage(chart.image, runs[chart]) for chart in stack_charts(cfg)]
     return images, by_tag
+
+
+def stack_charts(cfg: StackConfig) -> list[HelmChart]:
+    """The Helm charts `cfg`'s stack installs."""
+    return [*([kuberay.CHART] if cfg.ray_operator == "helm" else []), *([dra.CHART] if cfg.platform == "a4x" else [])]
 
 
 def summary_lines(cfg: StackConfig) -> list[str]:
@@ -153,6 +171,14 @@ def summary_lines(cfg: StackConfig) -> list[str]:
         lines += [f"    {i.shown}" for i in at_up]
     if by_tag:
         lines.append(f"  by tag: {by_tag}")
+    if charts := stack_charts(cfg):
+        # Offline no archive is fetched: where each chart's sha256 will come from.
+        lines.append("Charts (installed from their archive, only with its pinned sha256; not fetched by synth):")
+        lines += [f"  {c.key}: pinned in the stack's config (chartDigests) to {cfg.chart_digests[c.key]}"
+                  if c.key in cfg.chart_digests else
+                  f"  {c.key}: pinned at the first `pulumi up` to what {c.url} serves then (kept in the state; "
+                  "`python -m verl_gke.image_pins --stack <stack>` prints the config line; CI refuses to deploy so)"
+                  for c in charts]
     return lines
 
 

@@ -807,12 +807,14 @@ class LeaseLike(Protocol):
 
 def submit_attempt(ray: RayJobs, record: RunRecord, attempt: Attempt, entrypoint: str,
                    runtime_env: Mapping[str, Any], extra_metadata: Mapping[str, str] | None = None,
-                   check: Callable[[], None] = lambda: None) -> None:
+                   check: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.monotonic,
+                   sleep: Callable[[float], None] = time.sleep) -> None:
     """Submits a claimed attempt under its id: Ray refuses a second job under one id, so a second
     submission of one claim starts nothing (its refusal is taken as done). `check` (the Lease's) runs
-    before every try: a retry never lands after another decider may have taken over."""
+    before every try: a retry never lands after another decider may have taken over. `clock` and
+    `sleep` pace the retries (the interleaving tests' world clock)."""
     env, metadata = attempt_submission(runtime_env, record, attempt, ray.head_time)
-    give_up = time.monotonic() + SUBMIT_RETRY_S
+    give_up = clock() + SUBMIT_RETRY_S
     while True:
         check()
         try:
@@ -823,9 +825,9 @@ def submit_attempt(ray: RayJobs, record: RunRecord, attempt: Attempt, entrypoint
             if attempt.submission_id in ray.jobs():
                 return  # submitted before (a step or a create that died after it)
             # A head that just started answers 500 "No available agent to submit job" for a while.
-            if error.code < 500 or time.monotonic() >= give_up:
+            if error.code < 500 or clock() >= give_up:
                 raise
-            time.sleep(1.0)
+            sleep(1.0)
 
 
 @dataclass
@@ -1017,16 +1019,23 @@ class Decider:
 def write_record(records: Store, run_id: str, change: Callable[[RunRecord | None], RunRecord | None],
                  lease: LeaseLike, tries: int = 8) -> RunRecord | None:
     """The provider's compare-and-swap: applies `change` to the record as read and writes it,
-    reading again after a conflict; returns the record as stored."""
+    reading again after a conflict; returns the record as stored. A broken record is replaced; an
+    immutable one's content (a stop, its attempts) carries into the replacement."""
+    kept: RunRecord | None = None
     for _ in range(tries):
         found = records.get(run_id)
         if found.broken and found.version is not None:
             lease.check()
             records.delete(found)
+            kept = found.record or kept
             found = records.get(run_id)
-        new = change(found.record)
-        if new is None or new == found.record:
-            return found.record
+        if found.version is None and kept is not None:
+            found = replace(found, record=kept)
+            new = change(kept) or kept  # the replacement is written even when `change` has nothing to add
+        else:
+            new = change(found.record)
+            if new is None or new == found.record:
+                return found.record
         lease.check()
         try:
             return records.write(found, new).record
@@ -1094,7 +1103,8 @@ def deploy_failed(records: Store, lease: LeaseLike, run_id: str, started: bool =
 
 
 def create_run(records: Store, lease: LeaseLike, run: RunSpec, reach: Callable[[], RayJobs],
-               gates: Callable[[], None]) -> Iterator[str]:
+               gates: Callable[[], None], clock: Callable[[], float] = time.monotonic,
+               sleep: Callable[[float], None] = time.sleep) -> Iterator[str]:
     """`pulumi up`'s create while it holds the Lease, one step per write or action (the provider runs
     them through; a test interleaves them). Begins or reopens the run (desired running), then `reach`
     resumes the cluster and reaches its head, and it adopts the run's attempt or runs the deploy
@@ -1141,7 +1151,7 @@ def create_run(records: Store, lease: LeaseLike, run: RunSpec, reach: Callable[[
             if others := others_live(ray.jobs(), record, stack_prefix(run.submission_ids), set(records.list())):
                 raise Refused(f"another run's job is live on the cluster: {', '.join(others)}. Runs would share the "
                               "GPUs; let it end (its supervisor ends it) or stop it, and run again.")
-            submission_id = yield from _submit(records, lease, ray, record, run)
+            submission_id = yield from _submit(records, lease, ray, record, run, clock, sleep)
     except Exception:
         deploy_failed(records, lease, run.run_id)
         raise
@@ -1151,7 +1161,8 @@ def create_run(records: Store, lease: LeaseLike, run: RunSpec, reach: Callable[[
     return Created(submission_id, job)
 
 
-def _submit(records: Store, lease: LeaseLike, ray: RayJobs, record: RunRecord, run: RunSpec) -> Iterator[str]:
+def _submit(records: Store, lease: LeaseLike, ray: RayJobs, record: RunRecord, run: RunSpec,
+            clock: Callable[[], float], sleep: Callable[[float], None]) -> Iterator[str]:
     if record.budget_s and record.budget_used_s >= record.budget_s:
         raise Refused(f"run {run.run_id}: its budget of {record.budget_s:g} s is spent; nothing submitted. Bump "
                       "verl-gke:jobAttempt for a new budget.")
@@ -1177,7 +1188,8 @@ def _submit(records: Store, lease: LeaseLike, ray: RayJobs, record: RunRecord, r
     if now is None or now.desired == STOPPED:  # a stop that landed during the gates: nothing submitted
         _refuse_stopped(records, lease, run)
     lease.check()
-    submit_attempt(ray, record, attempt, run.entrypoint, run.runtime_env, run.metadata, check=lease.check)
+    submit_attempt(ray, record, attempt, run.entrypoint, run.runtime_env, run.metadata, check=lease.check,
+                   clock=clock, sleep=sleep)
     yield "submitted"
     write_record(records, run.run_id, lambda r: submitted(r, attempt.index)
                  if r is not None and len(r.attempts) > attempt.index else None, lease)

@@ -145,10 +145,12 @@ class SupervisorHands:
     copier: LogCopier | None = None
     records: RecordStore | None = None
     lease: Any = None
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
 
     def submit(self, record: RunRecord, attempt: Attempt) -> None:
         submit_attempt(self.ray, record, attempt, self.config.entrypoint, self.config.runtime_env,
-                       check=self.lease.check)
+                       check=self.lease.check, clock=self.clock, sleep=self.sleep)
 
     def submit_export(self, record: RunRecord) -> str:
         # The REST API takes no local working_dir (the SDK uploads it to the GCS first): export_model.py
@@ -199,9 +201,10 @@ _CUT = "log copy cut"
 
 def decider(config: SupervisorConfig, api: KubernetesApi, namespace: str, ray_cluster: str,
             log: Callable[[str], None] = print, lease: Any = None, ray: RayJobs | None = None,
-            control: Any = None, clock: Callable[[], float] = time.monotonic, sink: Sink | None = None) -> Decider:
+            control: Any = None, clock: Callable[[], float] = time.monotonic, sink: Sink | None = None,
+            sleep: Callable[[float], None] = time.sleep) -> Decider:
     """The supervisor's decider for `ray_cluster`; its logs copied into `sink` (default: the config's
-    log_bucket, if any)."""
+    log_bucket, if any); `clock` and `sleep` pace it (a test's world clock)."""
     if ray is None and config.ray_token_secret:
         ray = TokenRayJobs(config.head_url,
                            lambda: secret_value(api, namespace, config.ray_token_secret, AUTH_TOKEN_KEY))
@@ -218,7 +221,7 @@ def decider(config: SupervisorConfig, api: KubernetesApi, namespace: str, ray_cl
         return None if job is None else (job["submission_id"], job["metadata"]["verl_gke_export"])
 
     return Decider(records=records, lease=lease, ray=ray,
-                   hands=SupervisorHands(config, ray, control, log, copier, records, lease), cluster=control.state,
+                   hands=SupervisorHands(config, ray, control, log, copier, records, lease, clock, sleep), cluster=control.state,
                    policy=config.policy,
                    export_ids=export_ids, clock=clock, log=log)
 
