@@ -14,7 +14,7 @@ import json
 import posixpath
 import re
 import shlex
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -115,11 +115,11 @@ Dataset = Annotated[RepoId, rule(dataset_problem)]
 """A repo staging turns into verl's rows."""
 
 
-def _cross_field(rule: Callable[[StackConfig], list[str]]) -> Any:
+def _cross_field(rule: Callable[[StackConfig], Iterator[str]]) -> Any:
     """A model validator for a rule over several fields. Its problems join the other rules' in the context's
     `problems` (load_config's), so that one run names them all; without that list, the first ones raise."""
     def validate(self: StackConfig, info: ValidationInfo) -> StackConfig:
-        if lines := rule(self):
+        if lines := list(rule(self)):
             collected = (info.context or {}).get("problems")
             if collected is None:
                 raise ValueError("; ".join(lines))
@@ -267,7 +267,7 @@ class StackConfig(BaseModel):
         Pulumi.yaml declares it (domain/pulumi_config.py), refusing what `pulumi up` would refuse."""
         key = config_key(info.field_name or "")
         declared = ((info.context or {}).get("declared") or declared_types()).get(key)
-        if not isinstance(value, str) or declared is None or key == VERL_KEY:
+        if not isinstance(value, str) or declared is None:
             return value
         try:
             return from_engine(value, declared)
@@ -377,212 +377,279 @@ class StackConfig(BaseModel):
         return gke_versions.floors(self.facts, self.platform == "a4x" and self.a4x_networking == "dranet")
 
     @_cross_field
-    def _region_and_zone(self) -> list[str]:
+    def _region_and_zone(self) -> Iterator[str]:
         """gcp:zone in gcp:region; a bad region suggests no zone made from it."""
         zone = _ZONE.match(self.zone)
         if not _REGION.match(self.region):  # no zone can be named from it: the zone's own region is the hint
-            return [_line("region", self.region, "a GCP region such as us-central1" + (
-                f" (the region of gcp:zone {self.zone})." if zone else ".")),
-                *([] if zone else [_line("zone", self.zone, "a GCP zone such as us-central1-b.")])]
-        if not zone or zone.group(1) != self.region:
-            return [_line("zone", self.zone, f"must be a zone of region {self.region}, such as {self.region}-b.")]
-        return []
+            yield _line("region", self.region, "a GCP region such as us-central1" + (
+                f" (the region of gcp:zone {self.zone})." if zone else "."))
+            if not zone:
+                yield _line("zone", self.zone, "a GCP zone such as us-central1-b.")
+        elif not zone or zone.group(1) != self.region:
+            yield _line("zone", self.zone, f"must be a zone of region {self.region}, such as {self.region}-b.")
 
     @_cross_field
-    def _cluster_rules(self) -> list[str]:
-        """The cluster's mode, version and node counts against the platform and each other."""
-        out, p = [], self.facts
+    def _cluster_rules(self) -> Iterator[str]:
+        """The cluster's mode, version, place and node counts against the platform and each other."""
+        p = self.facts
         if self.autopilot and not p.autopilot_supported:
-            out.append(_line("cluster_mode", self.cluster_mode, f"{p.title} runs only on Standard clusters; use "
-                             "\"standard\"."))
+            yield _line("cluster_mode", self.cluster_mode, f"{p.title} runs only on Standard clusters; use "
+                        "\"standard\".")
         if self.autopilot and self.ray_operator != "addon":
-            out.append(_line("ray_operator", self.ray_operator, "Autopilot clusters use GKE's Ray operator add-on; "
-                             "use \"addon\"."))
-        floor = next((f"{feature} needs {floor} or newer." for feature, floor in self.gke_floors
-                      if self.kubernetes_version and gke_versions.below_floor(self.kubernetes_version, floor)), None)
-        if floor:
-            out.append(_line("kubernetes_version", self.kubernetes_version, floor))
+            yield _line("ray_operator", self.ray_operator, "Autopilot clusters use GKE's Ray operator add-on; use "
+                        "\"addon\".")
+        yield from [_line("kubernetes_version", self.kubernetes_version, f"{feature} needs {floor} or newer.")
+                    for feature, floor in self.gke_floors
+                    if self.kubernetes_version and gke_versions.below_floor(self.kubernetes_version, floor)][:1]
         if self.cpu_min_nodes > self.cpu_max_nodes:
-            out.append(_line("cpu_min_nodes", self.cpu_min_nodes, f"must be <= cpuMaxNodes ({self.cpu_max_nodes})."))
+            yield _line("cpu_min_nodes", self.cpu_min_nodes, f"must be <= cpuMaxNodes ({self.cpu_max_nodes}).")
         if p.max_placement_nodes and self.gpu_max_nodes > p.max_placement_nodes:
-            out.append(_line("gpu_max_nodes", self.gpu_max_nodes, f"{p.title} nodes share one "
-                             f"{p.accelerator_topology} NVLink domain: at most {p.max_placement_nodes}."))
+            yield _line("gpu_max_nodes", self.gpu_max_nodes, f"{p.title} nodes share one {p.accelerator_topology} "
+                        f"NVLink domain: at most {p.max_placement_nodes}.")
         if self.gpu_nodes > self.gpu_max_nodes:
-            out.append(_line("gpu_nodes", self.gpu_nodes, f"must be <= gpuMaxNodes ({self.gpu_max_nodes})."))
+            yield _line("gpu_nodes", self.gpu_nodes, f"must be <= gpuMaxNodes ({self.gpu_max_nodes}).")
         if self.region and self.cluster_location not in (self.region, *_zones_of(self.cluster_location, self.region)):
-            out.append(_line("cluster_location", self.cluster_location, f"the region {self.region} (gcp:region) or "
-                             f"one of its zones such as {self.region}-b: the subnets, NAT and GPU nodes are there."))
-        return out
+            yield _line("cluster_location", self.cluster_location, f"the region {self.region} (gcp:region) or one of "
+                        f"its zones such as {self.region}-b: the subnets, NAT and GPU nodes are there.")
 
     @_cross_field
-    def _capacity_rules(self) -> list[str]:
+    def _capacity_rules(self) -> Iterator[str]:
         """verl-gke:capacity against the platform, the legacy gpuSpot/reservation keys and the budget."""
-        return [] if self.existing_cluster else capacity_problems(self)
+        if self.existing_cluster:
+            return
+        kinds, p, key = self.capacity_kinds, self.facts, config_key("capacity")
+        if self.capacity:
+            if len(set(kinds)) != len(kinds):
+                yield problem_line(key, list(kinds), "name each kind at most once, in order of preference.")
+            offered = PLATFORM_CAPACITY[self.platform]
+            if refused := [k for k in kinds if k not in offered]:
+                yield problem_line(key, list(kinds), f"{p.title} takes only {', '.join(offered)} in verl-gke (not "
+                                   f"{', '.join(refused)}).")
+            if p.accelerator_topology and len(kinds) > 1:
+                # Its pool has a fixed size (a whole rack): a pool per kind would hold every kind's nodes at once.
+                yield problem_line(key, list(kinds), f"{p.title} nodes come from one kind at a time (a fixed-size "
+                                   f"{p.accelerator_topology} placement); name one.")
+            if self.gpu_spot and kinds != ("spot",):
+                yield _line("gpu_spot", True, f"gpuSpot means capacity [\"spot\"]; with capacity "
+                            f"{json.dumps(list(kinds))} set, drop gpuSpot.")
+        reserve = "reservation" in kinds
+        if self.reservation and (malformed := reservation_problem(self.reservation)):
+            yield malformed
+        if reserve and not self.reservation:
+            yield _line("reservation", self.reservation, "capacity lists \"reservation\": set the reservation's name."
+                        if self.capacity else
+                        "Standard GPU node pools consume a reservation; set its name (or use gpuSpot).")
+        elif self.reservation and not reserve and (self.capacity or not self.autopilot):
+            yield _line("reservation", self.reservation, "Spot VMs cannot consume a reservation; leave it empty with "
+                        "gpuSpot." if not self.capacity else f"capacity {json.dumps(list(kinds))} takes no "
+                        "reservation; add \"reservation\" or leave this empty.")
+        if self.run_budget_usd and self.price_unknown:
+            yield _line("run_budget_usd", self.run_budget_usd, f"needs the stack's hourly price, which is "
+                        f"{self.price_unknown}; or set runBudgetHours.")
 
     @_cross_field
-    def _network_rules(self) -> list[str]:
-        """The cluster's ranges are disjoint; the Job API's callers are neither the cluster nor unauthenticated."""
-        out: list[str] = []
+    def _network_rules(self) -> Iterator[str]:
+        """The cluster's ranges are disjoint; the Job API's callers are neither the cluster, nor a whole address
+        space, nor unauthenticated."""
         nets: list[tuple[str, ipaddress.IPv4Network]] = []
         fields = [("node_subnet_cidr", self.node_subnet_cidr), ("pod_cidr", self.pod_cidr),
                   ("service_cidr", self.service_cidr), ("gvnic_subnet_cidr", self.gvnic_subnet_cidr)]
         for field, text in fields + [("rdma_subnet_cidrs", c) for c in self.rdma_subnet_cidrs]:
             net = ipaddress.IPv4Network(text)
-            out += [_line(field, text, f"overlaps {other} ({config_key(other_field)}).")
-                    for other_field, other in nets if net.overlaps(other)]
+            yield from [_line(field, text, f"overlaps {other} ({config_key(other_field)}).")
+                        for other_field, other in nets if net.overlaps(other)]
             nets.append((field, net))
         for text in self.ray_dashboard_cidrs:
             net = ipaddress.IPv4Network(text)
-            out += [_line("ray_dashboard_cidrs", text, f"overlaps {other} ({config_key(field)}): it would admit the "
-                          "cluster's own nodes or pods, of every namespace, to the Ray Job API.")
-                    for field, other in nets if field in _CLUSTER_RANGE_FIELDS and net.overlaps(other)]
+            yield from [_line("ray_dashboard_cidrs", text, f"overlaps {other} ({config_key(field)}): it would admit "
+                              "the cluster's own nodes or pods, of every namespace, to the Ray Job API.")
+                        for field, other in nets if field in _CLUSTER_RANGE_FIELDS and net.overlaps(other)]
             if net.prefixlen < DASHBOARD_CIDR_MIN_PREFIX:
-                out.append(_line("ray_dashboard_cidrs", text, f"at most {2 ** (32 - DASHBOARD_CIDR_MIN_PREFIX)} "
-                                 f"addresses (a /{DASHBOARD_CIDR_MIN_PREFIX} or narrower): the callers of the Job API "
-                                 "are a VPN's or a bastion's range, not a whole private address space."))
+                yield _line("ray_dashboard_cidrs", text, f"at most {2 ** (32 - DASHBOARD_CIDR_MIN_PREFIX)} addresses "
+                            f"(a /{DASHBOARD_CIDR_MIN_PREFIX} or narrower): the callers of the Job API are a VPN's or "
+                            "a bastion's range, not a whole private address space.")
             if net.prefixlen != 32 and not has_token_auth(self.image_ray_version):
-                out.append(_line("ray_dashboard_cidrs", text, f"a single host (/32) behind an authenticated front: "
-                                 f"Ray {self.image_ray_version} of this stack's image has no token authentication, so "
-                                 "any host of the range could run jobs (CVE-2023-48022); or an image with Ray >= 2.52 "
-                                 "(verlImage, rayVersion)."))
+                yield _line("ray_dashboard_cidrs", text, f"a single host (/32) behind an authenticated front: Ray "
+                            f"{self.image_ray_version} of this stack's image has no token authentication, so any host "
+                            "of the range could run jobs (CVE-2023-48022); or an image with Ray >= 2.52 (verlImage, "
+                            "rayVersion).")
         if len(self.rdma_subnet_cidrs) != self.rdma_nics:
-            out.append(_line("rdma_subnet_cidrs", list(self.rdma_subnet_cidrs),
-                             f"{self.facts.title} needs exactly {self.rdma_nics} RDMA subnets, one per NIC."))
-        return out
+            yield _line("rdma_subnet_cidrs", list(self.rdma_subnet_cidrs),
+                        f"{self.facts.title} needs exactly {self.rdma_nics} RDMA subnets, one per NIC.")
 
     @_cross_field
-    def _worker_rules(self) -> list[str]:
+    def _worker_rules(self) -> Iterator[str]:
         """A worker pod fits its node, and on Autopilot its per-accelerator maximum."""
-        out, p = [], self.facts
+        p = self.facts
         beside_head = " beside the Ray head" if p.head_on_gpu_node else ""
         if self.worker_cpus > p.max_worker_cpus:
-            out.append(_line("worker_cpus", self.worker_cpus, f"each {p.machine_type} node has "
-                             f"{p.allocatable_cpu:.2f} allocatable vCPUs; request at most {p.max_worker_cpus}"
-                             f"{beside_head} (default {p.worker_cpus})."))
+            yield _line("worker_cpus", self.worker_cpus, f"each {p.machine_type} node has {p.allocatable_cpu:.2f} "
+                        f"allocatable vCPUs; request at most {p.max_worker_cpus}{beside_head} (default "
+                        f"{p.worker_cpus}).")
         if self.worker_memory_gi > p.max_worker_memory_gi:
-            out.append(_line("worker_memory_gi", self.worker_memory_gi, f"each {p.machine_type} node has "
-                             f"{p.allocatable_memory_gib:.0f}Gi allocatable; request at most {p.max_worker_memory_gi}"
-                             f"{beside_head} (default {p.worker_memory_gi})."))
+            yield _line("worker_memory_gi", self.worker_memory_gi, f"each {p.machine_type} node has "
+                        f"{p.allocatable_memory_gib:.0f}Gi allocatable; request at most {p.max_worker_memory_gi}"
+                        f"{beside_head} (default {p.worker_memory_gi}).")
         elif self.worker_memory_gi <= p.shm_size_gi:
-            out.append(_line("worker_memory_gi", self.worker_memory_gi,
-                             f"must exceed the {p.shm_size_gi}Gi /dev/shm that counts against it."))
+            yield _line("worker_memory_gi", self.worker_memory_gi,
+                        f"must exceed the {p.shm_size_gi}Gi /dev/shm that counts against it.")
         if self.autopilot and p.autopilot_max_pod and p.autopilot_worker:
             top, car, copier, most = p.autopilot_max_pod, AUTOPILOT_SIDECAR, CHECKPOINT_COPIER, p.autopilot_worker
             for field, value, limit, unit in (("worker_cpus", self.worker_cpus, most.cpu, " vCPUs"),
                                               ("worker_memory_gi", self.worker_memory_gi, most.memory_gi, "Gi")):
                 if value > limit:
-                    out.append(_line(field, value, f"Autopilot admits a {p.accelerator} worker pod of at most "
-                                     f"{top.cpu} vCPUs / {top.memory_gi}Gi, the GCS FUSE sidecar's {car.cpu} vCPUs / "
-                                     f"{car.memory_gi}Gi and the checkpoint copier's {copier.cpu} vCPU / "
-                                     f"{copier.memory_gi}Gi included: at most {limit}{unit}."))
-        return out
+                    yield _line(field, value, f"Autopilot admits a {p.accelerator} worker pod of at most {top.cpu} "
+                                f"vCPUs / {top.memory_gi}Gi, the GCS FUSE sidecar's {car.cpu} vCPUs / "
+                                f"{car.memory_gi}Gi and the checkpoint copier's {copier.cpu} vCPU / "
+                                f"{copier.memory_gi}Gi included: at most {limit}{unit}.")
 
     @_cross_field
-    def _image_rules(self) -> list[str]:
+    def _image_rules(self) -> Iterator[str]:
         """verl comes from one place; the image fits the nodes; its Ray version and digests are its own."""
-        out, p = [], self.facts
+        p, image = self.facts, self.verl_image
         if self.verl_in_image and self.verl_source_install:
-            out.append(_line("verl_in_image", self.verl_in_image,
-                             "verlInImage and verlSourceInstall each bring verl; set at most one of them."))
-        if self.ray_version and self.verl_image in PINNED_IMAGE_ARCH:
-            table = next(p.ray_version for p in PLATFORMS.values() if p.image == self.verl_image)
-            if self.ray_version != table:
-                out.append(_line("ray_version", self.ray_version, f"{self.verl_image} has Ray {table}: leave "
-                                 "rayVersion unset, or set it with an image of your own."))
-        if self.verl_in_image and self.verl_image in PINNED_IMAGE_ARCH:
-            out.append(_line("verl_in_image", self.verl_in_image, f"{self.verl_image} ships verl's dependencies "
-                             "without verl; set verlImage to an image you built with verl, or leave verlInImage false "
-                             "(staging installs it)."))
-        for image, digest in self.image_digests.items():
-            if not (is_image_reference(image) and is_pinned_image(image)) or has_digest(image):
-                out.append(_line("image_digests", {image: digest}, "keys are tagged images as the stack names them "
-                                 "(name:tag, e.g. verlai/verl:vllm011.dev7), values their sha256:<64 hex> digest."))
+            yield _line("verl_in_image", True, "verlInImage and verlSourceInstall each bring verl; set at most one of "
+                        "them.")
+        table = next((q.ray_version for q in PLATFORMS.values() if q.image == image), None)
+        if self.ray_version and table and self.ray_version != table:
+            yield _line("ray_version", self.ray_version, f"{image} has Ray {table}: leave rayVersion unset, or set "
+                        "it with an image of your own.")
+        if self.verl_in_image and image in PINNED_IMAGE_ARCH:
+            yield _line("verl_in_image", True, f"{image} ships verl's dependencies without verl; set verlImage to an "
+                        "image you built with verl, or leave verlInImage false (staging installs it).")
+        for tagged, digest in self.image_digests.items():
+            if not (is_image_reference(tagged) and is_pinned_image(tagged)) or has_digest(tagged):
+                yield _line("image_digests", {tagged: digest}, "keys are tagged images as the stack names them "
+                            "(name:tag, e.g. verlai/verl:vllm011.dev7), values their sha256:<64 hex> digest.")
             elif not SHA256.match(digest):
-                out.append(_line("image_digests", {image: digest}, "each digest is sha256:<64 lowercase hex> (the "
-                                 "registry's manifest digest, as `python -m verl_gke.image_pins --stack <stack>` "
-                                 "prints it)."))
-        built_for = PINNED_IMAGE_ARCH.get(self.verl_image)
+                yield _line("image_digests", {tagged: digest}, "each digest is sha256:<64 lowercase hex> (the "
+                            "registry's manifest digest, as `python -m verl_gke.image_pins --stack <stack>` prints "
+                            "it).")
+        built_for = PINNED_IMAGE_ARCH.get(image)
         if built_for and built_for != p.arch:
-            out.append(_line("verl_image", self.verl_image, f"is built for {built_for} only; {p.title} nodes are "
-                             f"{p.arch}: use {p.image} or an image built for {p.arch}."))
-        return out
+            yield _line("verl_image", image, f"is built for {built_for} only; {p.title} nodes are {p.arch}: use "
+                        f"{p.image} or an image built for {p.arch}.")
 
     @_cross_field
-    def _job_api_rules(self) -> list[str]:
+    def _job_api_rules(self) -> Iterator[str]:
         """jobDashboardUrl reaches a head that only its callers can reach."""
         url = self.job_dashboard_url
         if url and not self.ray_network_policy and not has_token_auth(self.image_ray_version):
-            return [_line("job_dashboard_url", url, f"with Ray {self.image_ray_version} (no token authentication) "
-                          "only with rayNetworkPolicy on and rayDashboardCidrs single hosts behind an authenticated "
-                          "front; or an image with Ray >= 2.52 (verlImage, rayVersion).")]
-        if url and self.ray_network_policy and not self.ray_dashboard_cidrs:
-            return [_line("job_dashboard_url", url, "the stack's NetworkPolicy admits only the Ray pods to port 8265; "
-                          "add the caller's range to rayDashboardCidrs, or set rayNetworkPolicy to false.")]
-        return []
+            yield _line("job_dashboard_url", url, f"with Ray {self.image_ray_version} (no token authentication) only "
+                        "with rayNetworkPolicy on and rayDashboardCidrs single hosts behind an authenticated front; or "
+                        "an image with Ray >= 2.52 (verlImage, rayVersion).")
+        elif url and self.ray_network_policy and not self.ray_dashboard_cidrs:
+            yield _line("job_dashboard_url", url, "the stack's NetworkPolicy admits only the Ray pods to port 8265; "
+                        "add the caller's range to rayDashboardCidrs, or set rayNetworkPolicy to false.")
 
     @_cross_field
-    def _data_rules(self) -> list[str]:
-        """A repo of one's own names its own commit; verl's paths are plain, under the bucket mount, and what the
-        Ray pods may write stays apart from what they run."""
-        out: list[str] = []
+    def _data_rules(self) -> Iterator[str]:
+        """A repo of one's own names its own commit; verl's paths are plain, under the bucket mount; what the Ray
+        pods may write (domain.bucket's layout) stays apart from what they run."""
         for field, default_repo, default_revision in (("model", DEFAULT_MODEL_REPO, DEFAULT_MODEL_REVISION),
                                                       ("dataset", DEFAULT_DATASET_REPO, DEFAULT_DATASET_REVISION)):
             repo, revision = getattr(self, field), getattr(self, f"{field}_revision")
             if repo != default_repo and revision == default_revision:
-                out.append(_line(f"{field}_revision", revision, f"is the commit of the default {field} "
-                                 f"{default_repo}; set the commit of {repo} to stage."))
+                yield _line(f"{field}_revision", revision, f"is the commit of the default {field} {default_repo}; set "
+                            f"the commit of {repo} to stage.")
         plain = []
         for path in grpo_spec.BUCKET_PATHS:
             value = self.verl.get(path)
-            if not isinstance(value, str) or posixpath.normpath(value) != value or not value.startswith(
-                    f"{MOUNT_PATH}/"):
-                out.append(_line(f"verl.{path}", value, f"an absolute path under the bucket mount {MOUNT_PATH}/ that "
-                                 "every node shares, written plainly (no '..', '.', '//' or trailing '/')."))
-            else:
+            if isinstance(value, str) and posixpath.normpath(value) == value and value.startswith(f"{MOUNT_PATH}/"):
                 plain.append(path)
-        if grpo_spec.CHECKPOINT_DIR in plain:
-            out += _write_boundary_problems(self, [p for p in plain if p != grpo_spec.CHECKPOINT_DIR])
-        return out
+            else:
+                yield _line(f"verl.{path}", value, f"an absolute path under the bucket mount {MOUNT_PATH}/ that every "
+                            "node shares, written plainly (no '..', '.', '//' or trailing '/').")
+        if grpo_spec.CHECKPOINT_DIR not in plain:
+            return
+        staged = [f"{MOUNT_PATH}/{model_dir_for(self.model)}", f"{MOUNT_PATH}/{DATASET_DIR}"]
+        if self.staged_verl is not None:
+            staged.append(f"{MOUNT_PATH}/{self.staged_verl.dir_name}")
+        checkpoint_dir = self.verl.get(grpo_spec.CHECKPOINT_DIR)
+        if any(_under(checkpoint_dir, folder) for folder in staged):
+            yield _line(f"verl.{grpo_spec.CHECKPOINT_DIR}", checkpoint_dir, f"outside what staging writes "
+                        f"({', '.join(staged)}): the Ray pods may write the checkpoint dir, never the model, the data "
+                        "or the code they run.")
+            return
+        writable = ray_writable_prefixes(checkpoint_dir)
+        yield from [_line(f"verl.{path}", self.verl.get(path), f"outside the folders the Ray pods may write "
+                          f"({', '.join(writable)}): a job could replace what the next run loads.")
+                    for path in plain if path != grpo_spec.CHECKPOINT_DIR
+                    and any(_under(self.verl.get(path), f"{MOUNT_PATH}/{prefix}") for prefix in writable)]
 
     @_cross_field
-    def _fabric_rules(self) -> list[str]:
+    def _fabric_rules(self) -> Iterator[str]:
         """The fabric check's floor is one a fabric can pass."""
         p = self.facts
         if self.fabric_min_bus_bandwidth_gbps > p.fabric_line_rate_gbps:
-            return [_line("fabric_min_bus_bandwidth_gbps", self.fabric_min_bus_bandwidth_gbps, f"above the "
-                          f"{p.fabric_line_rate_gbps:g} GB/s an {p.title} node's fabric carries ({p.fabric_links}), so "
-                          f"no fabric passes: at most {p.fabric_line_rate_gbps:g} (0: the platform's "
-                          f"{p.fabric_min_busbw_gbps:g}).")]
-        return []
+            yield _line("fabric_min_bus_bandwidth_gbps", self.fabric_min_bus_bandwidth_gbps, f"above the "
+                        f"{p.fabric_line_rate_gbps:g} GB/s an {p.title} node's fabric carries ({p.fabric_links}), so "
+                        f"no fabric passes: at most {p.fabric_line_rate_gbps:g} (0: the platform's "
+                        f"{p.fabric_min_busbw_gbps:g}).")
 
     @_cross_field
-    def _run_rules(self) -> list[str]:
-        """A budget something enforces; checkpoints a stop or an export can rely on; loggers the job can run."""
-        return _run_problems(self) + _logger_problems(self)
+    def _run_rules(self) -> Iterator[str]:
+        """A budget something enforces and whose stop keeps the run; a checkpoint to export; a rotation that keeps
+        one checkpoint through a lost node."""
+        budgets = [(f, getattr(self, f)) for f in ("run_budget_hours", "run_budget_usd") if getattr(self, f)]
+        if not self.run_supervisor:
+            yield from [_line(field, budget, "needs runSupervisor: true: only the run supervisor stops a run at its "
+                              "budget.") for field, budget in budgets]
+        save_freq = self.verl.get("trainer.save_freq")
+        if budgets and save_freq <= 0:
+            yield _line("verl.trainer.save_freq", save_freq, f"must be a positive number of steps with "
+                        f"{camel(budgets[0][0])}: verl writes its deadline checkpoint only when it saves at all, so "
+                        "the stop would lose the whole run.")
+        if self.export_model and save_freq <= 0:
+            export = config_key("export_model")
+            yield _line("verl.trainer.save_freq", save_freq, f"must be a positive number of steps with {export} = true "
+                        "(the default): verl writes no checkpoint otherwise, and the run would succeed with no model "
+                        f"to export; set {export} to false to train without one")
+        version = self.verl.version
+        if verl_version_tuple(version) < DELETES_BEFORE_SAVE_BELOW:
+            yield from [_line(f"verl.{path}", 1, f"verl {version} deletes its oldest checkpoint before it writes the "
+                              "next: keeping 1 loses the only one when a node is lost during a save; keep at least 2.")
+                        for path in ("trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep")
+                        if self.verl.get(path) == 1]
 
     @_cross_field
-    def _verl_sizing_rules(self) -> list[str]:
+    def _logger_rules(self) -> Iterator[str]:
+        """verl's loggers (trainer.logger) the job can run: each gets what verl's Tracking reads
+        (domain/grpo_spec.py)."""
+        loggers, given = grpo_spec.loggers(self.verl), self.verl.get("trainer.logger")
+        if unwired := [name for name in loggers if name not in (*grpo_spec.TRACKERS, "wandb")]:
+            yield _line("verl.trainer.logger", given, f"verl-gke wires {', '.join(grpo_spec.TRACKERS[:-1])} and "
+                        f"{grpo_spec.TRACKERS[-1]} (not {', '.join(unwired)}).")
+        elif "wandb" in loggers:
+            yield _line("verl.trainer.logger", given, "verl-gke does not pass wandb's API key to the job yet, and "
+                        "wandb stops the run without it once training starts; use console, tensorboard (event files "
+                        "in the bucket) or mlflow (verl-gke:mlflowTrackingUri).")
+        if "mlflow" in loggers and not self.mlflow_tracking_uri:
+            yield _line("mlflow_tracking_uri", "", "trainer.logger has mlflow, which without a tracking server writes "
+                        "to sqlite:////tmp/mlruns.db on a pod, lost at release: set the server's http(s):// URL.")
+
+    @_cross_field
+    def _verl_sizing_rules(self) -> Iterator[str]:
         """verl's batch sizes fit the GPUs, and each phase of a step fits their memory."""
-        out, p = [], self.facts
+        p = self.facts
         sizing = verl_problems(self.verl, p.gpus_per_node, self.gpu_nodes)
         if sizing and not ({q.path for q in sizing} | _SIZING_PATHS) & self.verl.given:
             # verl's sizes are the defaults the user left alone: the node count they set is what to change.
             fits = [str(n) for n in range(1, self.gpu_max_nodes + 1)
                     if not verl_problems(self.verl, p.gpus_per_node, n)]
             paths = " and ".join(config_key(f"verl.{path}") for path in dict.fromkeys(q.path for q in sizing))
-            out.append(_line("gpu_nodes", self.gpu_nodes, f"verl's defaults, which the stack does not set, do not fit "
-                             f"its {self.gpu_nodes * p.gpus_per_node} GPUs "
-                             f"({'; '.join(q.message.rstrip('.') for q in sizing)}): "
-                             + (f"use gpuNodes {', '.join(fits[:-1])} or {fits[-1]}, or " if len(fits) > 1 else
-                                f"use gpuNodes {fits[0]}, or " if fits else "") + f"set {paths} to sizes that fit."))
+            why = "; ".join(q.message.rstrip(".") for q in sizing)
+            yield _line("gpu_nodes", self.gpu_nodes, f"verl's defaults, which the stack does not set, do not fit its "
+                        f"{self.gpu_nodes * p.gpus_per_node} GPUs ({why}): "
+                        + (f"use gpuNodes {', '.join(fits[:-1])} or {fits[-1]}, or " if len(fits) > 1 else
+                           f"use gpuNodes {fits[0]}, or " if fits else "") + f"set {paths} to sizes that fit.")
             sizing = []
         for problem in [*sizing, *grpo_spec.stack_problems(self.verl, p, self.model, self.verl_image)]:
-            out.append(_line(f"verl.{problem.path}", problem.value, problem.message))
+            yield _line(f"verl.{problem.path}", problem.value, problem.message)
         # One line per phase that would not fit, naming the paths that size it.
         for paths, message in run_memory.problems(self.verl, p, self.model, self.gpu_nodes):
-            named = ", ".join(f"{config_key('verl.' + path)} = {json.dumps(self.verl.get(path))}" for path in paths)
-            out.append(f"{named}: {message}")
-        return out
+            yield ", ".join(f"{config_key('verl.' + path)} = {json.dumps(self.verl.get(path))}" for path in paths) + (
+                f": {message}")
 
 
 _QUANTITY_BYTES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
@@ -636,122 +703,13 @@ def reservation_problem(reservation: str) -> str | None:
                         "<block>]: names of 1-63 lowercase letters, digits or hyphens, starting with a letter.")
 
 
-def capacity_problems(cfg: StackConfig) -> list[str]:
-    """verl-gke:capacity against the platform, the legacy gpuSpot/reservation keys and the budget."""
-    out: list[str] = []
-    kinds, p = cfg.capacity_kinds, cfg.facts
-    key = config_key("capacity")
-    if cfg.capacity:
-        if len(set(kinds)) != len(kinds):
-            out.append(problem_line(key, list(kinds), "name each kind at most once, in order of preference."))
-        offered = PLATFORM_CAPACITY[cfg.platform]
-        refused = [k for k in kinds if k not in offered]
-        if refused:
-            out.append(problem_line(key, list(kinds), f"{p.title} takes only {', '.join(offered)} in verl-gke "
-                                    f"(not {', '.join(refused)})."))
-        if p.accelerator_topology and len(kinds) > 1:
-            # Its pool has a fixed size (a whole rack): a pool per kind would hold every kind's nodes at once.
-            out.append(problem_line(key, list(kinds), f"{p.title} nodes come from one kind at a time (a fixed-size "
-                                    f"{p.accelerator_topology} placement); name one."))
-        if cfg.gpu_spot and kinds != ("spot",):
-            out.append(problem_line(config_key("gpu_spot"), True, f"gpuSpot means capacity [\"spot\"]; with "
-                                    f"capacity {json.dumps(list(kinds))} set, drop gpuSpot."))
-    reserve = "reservation" in kinds
-    if cfg.reservation and (malformed := reservation_problem(cfg.reservation)):
-        out.append(malformed)
-    if reserve and not cfg.reservation:
-        if cfg.capacity:
-            out.append(problem_line(config_key("reservation"), cfg.reservation,
-                                    "capacity lists \"reservation\": set the reservation's name."))
-        else:
-            out.append(problem_line(config_key("reservation"), cfg.reservation,
-                                    "Standard GPU node pools consume a reservation; set its name (or use gpuSpot)."))
-    elif cfg.reservation and not reserve and (cfg.capacity or not cfg.autopilot):
-        message = ("Spot VMs cannot consume a reservation; leave it empty with gpuSpot." if not cfg.capacity
-                   else f"capacity {json.dumps(list(kinds))} takes no reservation; add \"reservation\" or leave "
-                   "this empty.")
-        out.append(problem_line(config_key("reservation"), cfg.reservation, message))
-    if cfg.run_budget_usd and cfg.price_unknown:
-        out.append(problem_line(config_key("run_budget_usd"), cfg.run_budget_usd,
-                                f"needs the stack's hourly price, which is {cfg.price_unknown}; or set runBudgetHours."))
-    return out
-
-
 def _zones_of(location: str, region: str) -> tuple[str, ...]:
     zone = _ZONE.match(location)
     return (location,) if zone and zone.group(1) == region else ()
 
 
-def _run_problems(cfg: StackConfig) -> list[str]:
-    """A budget nothing would enforce or whose stop would lose the run; a rotation that can lose
-    the only checkpoint."""
-    out = []
-    budgets = [(f, getattr(cfg, f)) for f in ("run_budget_hours", "run_budget_usd") if getattr(cfg, f)]
-    for field, budget in budgets:
-        if not cfg.run_supervisor:
-            out.append(problem_line(config_key(field), budget,
-                                    "needs runSupervisor: true: only the run supervisor stops a run at its budget."))
-    save_freq = cfg.verl.get("trainer.save_freq")
-    if budgets and save_freq <= 0:
-        out.append(problem_line(config_key("verl.trainer.save_freq"), save_freq,
-                                f"must be a positive number of steps with {camel(budgets[0][0])}: verl writes its "
-                                "deadline checkpoint only when it saves at all, so the stop would lose the whole run."))
-    if cfg.export_model and save_freq <= 0:
-        out.append(problem_line(config_key("verl.trainer.save_freq"), save_freq,
-                                f"must be a positive number of steps with {config_key('export_model')} = true (the "
-                                "default): verl writes no checkpoint otherwise, and the run would succeed with no "
-                                f"model to export; set {config_key('export_model')} to false to train without one"))
-    version = cfg.verl.version
-    if verl_version_tuple(version) < DELETES_BEFORE_SAVE_BELOW:
-        for path in ("trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep"):
-            if cfg.verl.get(path) == 1:
-                out.append(problem_line(config_key(f"verl.{path}"), 1,
-                                        f"verl {version} deletes its oldest checkpoint before it writes the next: "
-                                        "keeping 1 loses the only one when a node is lost during a save; keep at "
-                                        "least 2."))
-    return out
-
-
-def _logger_problems(cfg: StackConfig) -> list[str]:
-    """verl's loggers (trainer.logger) the job can run: each gets what verl's Tracking reads (domain/grpo_spec.py)."""
-    out = []
-    loggers = grpo_spec.loggers(cfg.verl)
-    key = config_key("verl.trainer.logger")
-    unwired = [name for name in loggers if name not in (*grpo_spec.TRACKERS, "wandb")]
-    if unwired:
-        out.append(problem_line(key, cfg.verl.get("trainer.logger"), f"verl-gke wires {', '.join(grpo_spec.TRACKERS[:-1])}"
-                                f" and {grpo_spec.TRACKERS[-1]} (not {', '.join(unwired)})."))
-    elif "wandb" in loggers:
-        out.append(problem_line(key, cfg.verl.get("trainer.logger"), "verl-gke does not pass wandb's API key to the job "
-                                "yet, and wandb stops the run without it once training starts; use console, tensorboard "
-                                "(event files in the bucket) or mlflow (verl-gke:mlflowTrackingUri)."))
-    uri = cfg.mlflow_tracking_uri
-    if "mlflow" in loggers and not uri:
-        out.append(problem_line(config_key("mlflow_tracking_uri"), uri, "trainer.logger has mlflow, which without a "
-                                "tracking server writes to sqlite:////tmp/mlruns.db on a pod, lost at release: set the "
-                                "server's http(s):// URL."))
-    return out
-
-
 def _under(path: str, folder: str) -> bool:
     return path == folder.rstrip("/") or path.startswith(folder.rstrip("/") + "/")
-
-
-def _write_boundary_problems(cfg: StackConfig, read_paths: list[str]) -> list[str]:
-    """What the Ray pods may write (domain.bucket's layout) and what they run stay apart: the checkpoint
-    dir outside the staged folders, the model and data a run reads outside the writable ones."""
-    staged = [f"{MOUNT_PATH}/{model_dir_for(cfg.model)}", f"{MOUNT_PATH}/{DATASET_DIR}"]
-    if cfg.staged_verl is not None:
-        staged.append(f"{MOUNT_PATH}/{cfg.staged_verl.dir_name}")
-    checkpoint_dir = cfg.verl.get(grpo_spec.CHECKPOINT_DIR)
-    if any(_under(checkpoint_dir, folder) for folder in staged):
-        return [_line(f"verl.{grpo_spec.CHECKPOINT_DIR}", checkpoint_dir, f"outside what staging writes "
-                      f"({', '.join(staged)}): the Ray pods may write the checkpoint dir, never the model, the data or "
-                      "the code they run.")]
-    writable = ray_writable_prefixes(checkpoint_dir)
-    return [_line(f"verl.{path}", cfg.verl.get(path), f"outside the folders the Ray pods may write "
-                  f"({', '.join(writable)}): a job could replace what the next run loads.")
-            for path in read_paths if any(_under(cfg.verl.get(path), f"{MOUNT_PATH}/{p}") for p in writable)]
 
 
 # Namespaces Pulumi passes to providers and the engine: not ours to judge, beyond a warning for gcp.
@@ -857,6 +815,11 @@ def load_config(raw: Mapping[str, Any], source: str = "The stack config", secret
                  for k in GCP_FIELDS if not data.get(k)]
     for k in GCP_FIELDS:
         data.setdefault(k, "")
+    if isinstance(data.get("verl"), str):  # read before the model, which sizes its defaults from it
+        try:
+            data["verl"] = from_engine(data["verl"], declared[VERL_KEY])
+        except TypeProblem as problem:
+            problems.append(problem_line(VERL_KEY, data.pop("verl"), str(problem)))
     platform = PLATFORMS.get(str(data.get("platform", "a4")), PLATFORMS["a4"])
     try:
         _, verl_problems_ = verl_given(data.get("verl", {}), platform)
@@ -926,9 +889,9 @@ def _field_lines(error: ValidationError, data: Mapping[str, Any], known: Iterabl
 
 
 def _decoded(value: Any) -> Any:
-    """A list or map as the engine's JSON text gives it."""
+    """A list or map as the engine's JSON text gives it; anything else as given."""
     try:
-        return json.loads(value) if isinstance(value, str) else value
+        return json.loads(value) if isinstance(value, str) and value.startswith(("[", "{")) else value
     except ValueError:
         return value
 
