@@ -108,6 +108,8 @@ def config_key(field: str) -> str:
 def _line(field: str, value: Any, message: str) -> str:
     return problem_line(config_key(field), value, message)
 
+
+# Here, not in domain/config_fields.py: their rules are the staging program's (workloads/stage_data.py).
 RepoId = Annotated[str, rule(lambda v: None if is_repo_id(v) else "a Hugging Face repo id such as "
                              "Qwen/Qwen2.5-32B-Instruct: owner/name of letters, digits, '.', '_' or '-', without '--' "
                              "or '..'.")]
@@ -115,17 +117,17 @@ Dataset = Annotated[RepoId, rule(dataset_problem)]
 """A repo staging turns into verl's rows."""
 
 
-def _cross_field(rule: Callable[[StackConfig], Iterator[str]]) -> Any:
+def _cross_field(check: Callable[[StackConfig], Iterator[str]]) -> Any:
     """A model validator for a rule over several fields. Its problems join the other rules' in the context's
     `problems` (load_config's), so that one run names them all; without that list, the first ones raise."""
     def validate(self: StackConfig, info: ValidationInfo) -> StackConfig:
-        if lines := list(rule(self)):
+        if lines := list(check(self)):
             collected = (info.context or {}).get("problems")
             if collected is None:
                 raise ValueError("; ".join(lines))
             collected.extend(lines)
         return self
-    validate.__name__, validate.__doc__ = rule.__name__, rule.__doc__
+    validate.__name__, validate.__doc__ = check.__name__, check.__doc__
     return model_validator(mode="after")(validate)
 
 
