@@ -799,3 +799,18 @@ def test_image_digests_take_tagged_images_and_sha256_digests_only():
         f'verl-gke:imageDigests = {{"verlai/verl@{good}": "{good}"}}: keys are tagged images as the stack names them '
         "(name:tag, e.g. verlai/verl:vllm011.dev7), values their sha256:<64 hex> digest.",
     ]
+
+
+def test_the_model_holds_its_rules_beside_its_fields():
+    """Validating StackConfig alone refuses what load_config refuses: a field's rule is its type, a rule over
+    several fields a model validator (load_config only gathers every problem into one message)."""
+    from pydantic import ValidationError
+
+    from domain.config import StackConfig, _as_field_values
+
+    with pytest.raises(ValidationError) as caught:
+        StackConfig.model_validate(_as_field_values(config(bucketName="goog-bucket", gpuNodes="two")))
+    assert [(e["loc"], e["type"]) for e in caught.value.errors()] == [(("gpuNodes",), "config"),
+                                                                      (("bucketName",), "config")]
+    with pytest.raises(ValidationError, match=r"verl-gke:gpuNodes = 4: must be <= gpuMaxNodes \(3\)\."):
+        StackConfig.model_validate(_as_field_values(config(gpuNodes="4", gpuMaxNodes="3")))

@@ -56,8 +56,10 @@ def job_args(result: synth.SynthResult) -> list[str]:
 
 
 def unchecked(**paths: object) -> StackConfig:
-    """A StackConfig without the program's own batch rules, to ask verl alone."""
-    return StackConfig.model_validate(_as_field_values({**BASE_CONFIG, "verl-gke:verl": verl_value(paths)}))
+    """A StackConfig without the program's own batch rules, to ask verl alone: their problems are collected in the
+    context's list (StackConfig's cross-field rules) and left there."""
+    return StackConfig.model_validate(_as_field_values({**BASE_CONFIG, "verl-gke:verl": verl_value(paths)}),
+                                      context={"problems": []})
 
 
 def args_of(cfg: StackConfig) -> list[str]:
