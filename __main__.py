@@ -10,14 +10,14 @@ from components.data_staging import DataStaging
 from components.gcs_fuse_storage import GcsFuseStorage, label_value
 from components.gke_cluster import DRA_V1BETA1_APIS, GkeCluster
 from components.gpu_compute_class import GpuComputeClass
-from domain import hf_token
+from domain import hf_token, wandb_key
 from components.gpu_node_pool import GpuNodePool
 from components.grpo_job import GrpoJob
 from components.image_mirror import ImageMirror
 from domain.image_mirror import is_docker_hub, registry_prefix, repository_id
 from domain.run_identity import submission_ids
 from domain.stack_run import stack_run
-from domain.grpo_spec import CHECKPOINT_DIR, entrypoint, runtime_env, tracking_env
+from domain.grpo_spec import CHECKPOINT_DIR, entrypoint, loggers, runtime_env, tracking_env
 from components.namespace_security import NamespaceSecurity
 from components.network_mapping import NetworkMapping
 from domain.preflight import STACK_LABEL, required_apis
@@ -128,6 +128,8 @@ if gpu_class:
     gpu_ready.append(GpuComputeClass("gpu-capacity", {"manifest": class_manifest},
                                      k8s.merge(pulumi.ResourceOptions(depends_on=gpu_pools))))
 
+# wandb's API key: from the user's Secret Manager secret through staging to the Ray containers (domain/wandb_key.py).
+wandb = wandb_key.secret_to_copy(cfg.project, cfg.wandb_api_key_secret, loggers(cfg.verl))
 storage = GcsFuseStorage("storage", {
     "project": cfg.project, "region": cfg.region,
     "bucket_name": names.bucket, "force_destroy": cfg.bucket_force_destroy,
@@ -135,6 +137,7 @@ storage = GcsFuseStorage("storage", {
     "staging_service_account": names.staging_service_account,
     "ray_writable_prefixes": ray_writable_prefixes(cfg.verl.get(CHECKPOINT_DIR)),
     "hf_token_secret_id": hf_token.secret_id(pulumi.get_stack()),
+    "wandb_key_secret_id": cfg.wandb_api_key_secret if wandb else None,
     "capacity": cfg.volume_capacity, "labels": {"stack": label_value(pulumi.get_stack())},
     "k8s_provider": cluster.provider,
 }, gcp_ready.merge(pulumi.ResourceOptions(depends_on=egress)))
@@ -144,6 +147,7 @@ guard = NamespaceSecurity("namespace", {
     "namespace": cfg.namespace, "ray_cluster": cfg.ray_cluster_name, "staging_labels": staging_manifests.LABELS,
     "supervisor_labels": supervisor.LABELS if cfg.run_supervisor else None,
     "kuberay_operator": cfg.ray_operator == "helm", "network_policies": cfg.ray_network_policy,
+    "staging_writes_secret": wandb is not None,
 }, k8s.merge(pulumi.ResourceOptions(depends_on=[storage])))
 
 # Staging runs on a CPU node while the GPU pool is still being created.
@@ -154,6 +158,7 @@ staging = DataStaging("staging", {
     "dataset_repo": cfg.dataset, "dataset_revision": cfg.dataset_revision,
     "timeout_minutes": cfg.staging_timeout_minutes,
     "verl": cfg.staged_verl, "hf_token_secret": hf_token.secret_name(cfg.project, pulumi.get_stack()),
+    "wandb_key_secret": wandb,
 }, k8s.merge(pulumi.ResourceOptions(depends_on=[storage, guard])))
 
 installer_url = cfg.nccl_installer_url or nccl.google_installer_url(facts, cfg.cluster_mode)
@@ -196,6 +201,7 @@ ray = RayTrainingCluster("ray", {
     "install_kuberay": cfg.ray_operator == "helm", "operator_depends_on": [storage],
     "network_policy": cfg.ray_network_policy, "dashboard_cidrs": list(cfg.ray_dashboard_cidrs),
     "job_api_clients": supervisor.LABELS if cfg.run_supervisor else None,
+    "wandb_key": wandb is not None,
 }, k8s.merge(pulumi.ResourceOptions(depends_on=ray_waits_for)))
 
 run_id, legacy_trainer = stack_run(cfg)

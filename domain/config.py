@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from domain import gke_versions, grpo_spec, run_memory, upgrade_exclusion, verl_settings
+from domain import gke_versions, grpo_spec, run_memory, upgrade_exclusion, verl_settings, wandb_key
 from domain.grpo_spec import verl_problems
 from domain.run_identity import DELETES_BEFORE_SAVE_BELOW, verl_version_tuple
 from domain.verl_settings import VerlSettings
@@ -221,6 +221,7 @@ class StackConfig(BaseModel):
     release_workers_when_done: bool = True
     export_model: bool = True
     mlflow_tracking_uri: str = ""
+    wandb_api_key_secret: str = ""
     fabric_min_bus_bandwidth_gbps: int = Field(0, ge=0)
 
     verl: VerlSettings
@@ -985,14 +986,15 @@ def _logger_problems(cfg: StackConfig) -> list[str]:
     out = []
     loggers = grpo_spec.loggers(cfg.verl)
     key = config_key("verl.trainer.logger")
-    unwired = [name for name in loggers if name not in (*grpo_spec.TRACKERS, "wandb")]
+    unwired = [name for name in loggers if name not in grpo_spec.TRACKERS]
     if unwired:
         out.append(problem_line(key, cfg.verl.get("trainer.logger"), f"verl-gke wires {', '.join(grpo_spec.TRACKERS[:-1])}"
                                 f" and {grpo_spec.TRACKERS[-1]} (not {', '.join(unwired)})."))
-    elif "wandb" in loggers:
-        out.append(problem_line(key, cfg.verl.get("trainer.logger"), "verl-gke does not pass wandb's API key to the job "
-                                "yet, and wandb stops the run without it once training starts; use console, tensorboard "
-                                "(event files in the bucket) or mlflow (verl-gke:mlflowTrackingUri)."))
+    elif "wandb" in loggers and not cfg.wandb_api_key_secret:
+        out.append(problem_line(key, cfg.verl.get("trainer.logger"), "wandb needs its API key, which staging copies "
+                                f"from Secret Manager: set {wandb_key.CONFIG_KEY} to the secret's id, or drop wandb."))
+    if cfg.wandb_api_key_secret and (problem := wandb_key.id_problem(cfg.wandb_api_key_secret)):
+        out.append(problem_line(wandb_key.CONFIG_KEY, cfg.wandb_api_key_secret, problem))
     uri = cfg.mlflow_tracking_uri
     if "mlflow" in loggers and not uri:
         out.append(problem_line(config_key("mlflow_tracking_uri"), uri, "trainer.logger has mlflow, which without a "
