@@ -6,7 +6,7 @@ from components.a4x_dra import A4xDra
 from components.cloud_nat import CloudNat
 from components.cluster_network import PODS_RANGE, SERVICES_RANGE, ClusterNetwork
 from components.stack_config import from_pulumi
-from components.user_data import UserData
+from components.user_data import UserData, uploads
 from components.data_staging import DataStaging
 from components.gcs_fuse_storage import GcsFuseStorage, label_value
 from components.gke_cluster import DRA_V1BETA1_APIS, GkeCluster
@@ -212,8 +212,8 @@ job_env = runtime_env(facts, nnodes=cfg.gpu_nodes, worker_cpus=cfg.worker_cpus, 
                       tracking=tracking_env(cfg.verl, run_checkpoint_dir=checkpoint_dir,
                                             mlflow_tracking_uri=cfg.mlflow_tracking_uri))
 job_waits_for: list[pulumi.Resource] = [ray, staging]
-if cfg.data_dir:
-    job_waits_for.append(UserData("data", cfg.data_dir, storage.bucket_name, gcp_ready))
+if cfg.data_dir or cfg.reward_function:
+    job_waits_for.append(UserData("data", uploads(cfg.data_dir, cfg.reward_function), storage.bucket_name, gcp_ready))
 if cfg.run_supervisor:
     # Restarted with a new run's spec before the job provider submits it.
     job_waits_for.append(RunSupervisor("supervisor", {

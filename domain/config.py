@@ -20,7 +20,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from domain import gke_versions, grpo_spec, run_memory, upgrade_exclusion, user_data, verl_settings, wandb_key
+from domain import (gke_versions, grpo_spec, reward_fn, run_memory, upgrade_exclusion, user_data, verl_settings,
+                    wandb_key)
 from domain.grpo_spec import verl_problems
 from domain.run_identity import DELETES_BEFORE_SAVE_BELOW, verl_version_tuple
 from domain.verl_settings import VerlSettings
@@ -223,6 +224,7 @@ class StackConfig(BaseModel):
     mlflow_tracking_uri: str = ""
     wandb_api_key_secret: str = ""
     data_dir: str = ""
+    reward_function: str = ""
     fabric_min_bus_bandwidth_gbps: int = Field(0, ge=0)
 
     verl: VerlSettings
@@ -251,7 +253,8 @@ class StackConfig(BaseModel):
                 data[key] = default
         if not isinstance(data.get("verl"), VerlSettings):
             given, _ = verl_given(data.get("verl", {}), platform)
-            given = {**user_data.verl_paths(str(data.get("dataDir") or "")), **given}  # the user's own paths win
+            given = {**user_data.verl_paths(str(data.get("dataDir") or "")),  # the user's own paths win
+                     **reward_fn.verl_paths(str(data.get("rewardFunction") or "")), **given}
             data["verl"] = grpo_spec.run_settings(platform, str(data.get("model", DEFAULT_MODEL_REPO)),
                                                   _nodes(data.get("gpuNodes")), given)
         return data
@@ -833,6 +836,7 @@ def semantic_problems(cfg: StackConfig, now: datetime | None = None) -> list[str
     out.extend(_run_problems(cfg))
     out.extend(_logger_problems(cfg))
     out.extend(_data_problems(cfg))
+    out.extend(_reward_problems(cfg))
     sizing = verl_problems(cfg.verl, p.gpus_per_node, cfg.gpu_nodes)
     if sizing and not ({q.path for q in sizing} | _SIZING_PATHS) & cfg.verl.given:
         # verl's sizes are the defaults the user left alone: the node count they set is what to change.
@@ -996,6 +1000,19 @@ def _data_problems(cfg: StackConfig) -> list[str]:
     return user_data.problems(cfg.data_dir, cfg.facts.verl, cfg.verl)
 
 
+def _reward_problems(cfg: StackConfig) -> list[str]:
+    """verl-gke:rewardFunction's file (domain/reward_fn.py), called on the first row of dataDir's test.parquet
+    when there is one; verl's custom_reward_function left to it."""
+    if not cfg.reward_function:
+        return []
+    ours = reward_fn.verl_paths(cfg.reward_function)
+    both = [path for path, value in ours.items() if cfg.verl.get(path) != value]
+    if both:
+        return [problem_line(reward_fn.KEY, cfg.reward_function, f"sets {' and '.join(both)} itself: remove "
+                             f"{', '.join(config_key(f'verl.{p}') for p in both)}, or this key.")]
+    return reward_fn.problems(cfg.reward_function, user_data.sample(cfg.data_dir))
+
+
 def _logger_problems(cfg: StackConfig) -> list[str]:
     """verl's loggers (trainer.logger) the job can run: each gets what verl's Tracking reads (domain/grpo_spec.py)."""
     out = []
@@ -1086,7 +1103,7 @@ def _write_boundary_problems(cfg: StackConfig, read_paths: list[str], add: Calla
     """What the Ray pods may write (domain.bucket's layout) and what they run stay apart: the checkpoint
     dir outside the staged folders, the model and data a run reads outside the writable ones."""
     staged = [f"{MOUNT_PATH}/{model_dir_for(cfg.model)}", f"{MOUNT_PATH}/{DATASET_DIR}",
-              *([f"{MOUNT_PATH}/{user_data.BUCKET_DIR}"] if cfg.data_dir else [])]
+              *([f"{MOUNT_PATH}/{user_data.BUCKET_DIR}"] if cfg.data_dir or cfg.reward_function else [])]
     if cfg.staged_verl is not None:
         staged.append(f"{MOUNT_PATH}/{cfg.staged_verl.dir_name}")
     checkpoint_dir = cfg.verl.get(grpo_spec.CHECKPOINT_DIR)

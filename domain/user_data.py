@@ -71,6 +71,20 @@ def known_sources(release: VerlRelease) -> tuple[frozenset[str], tuple[str, ...]
     return frozenset(names), tuple(prefixes)
 
 
+def sample(value: str) -> dict[str, Any] | None:
+    """The call verl's reward manager makes for the first row of test.parquet, answered with the ground truth
+    itself; None without readable data."""
+    try:
+        import pyarrow.parquet as pq
+
+        [row] = pq.read_table(Path(value).expanduser() / FILES["data.val_files"]).slice(0, 1).to_pylist()
+        truth = row["reward_model"]["ground_truth"]
+        return {"data_source": row["data_source"], "solution_str": str(truth), "ground_truth": truth,
+                "extra_info": row.get("extra_info") or {}}
+    except Exception:  # noqa: BLE001 dataDir's own check reports what is wrong with the file
+        return None
+
+
 def _columns(schema: Any, prompt_key: str, source_key: str) -> list[str]:
     """What verl's RLHFDataset and reward manager read that the file lacks (verl/utils/dataset/rl_dataset.py:
     the chat messages under data.prompt_key; verl/workers/reward_manager: data.reward_fn_key and
