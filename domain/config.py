@@ -835,8 +835,7 @@ def semantic_problems(cfg: StackConfig, now: datetime | None = None) -> list[str
             f"{p.image} or an image built for {p.arch}.")
     out.extend(_run_problems(cfg))
     out.extend(_logger_problems(cfg))
-    out.extend(_data_problems(cfg))
-    out.extend(_reward_problems(cfg))
+    out.extend(_user_file_problems(cfg))
     sizing = verl_problems(cfg.verl, p.gpus_per_node, cfg.gpu_nodes)
     if sizing and not ({q.path for q in sizing} | _SIZING_PATHS) & cfg.verl.given:
         # verl's sizes are the defaults the user left alone: the node count they set is what to change.
@@ -988,29 +987,21 @@ def _run_problems(cfg: StackConfig) -> list[str]:
     return out
 
 
-def _data_problems(cfg: StackConfig) -> list[str]:
-    """verl-gke:dataDir's files (domain/user_data.py), and the data paths it sets left to it."""
-    if not cfg.data_dir:
-        return []
-    ours = user_data.verl_paths(cfg.data_dir)
-    both = [path for path, value in ours.items() if cfg.verl.get(path) != value]
-    if both:
-        return [problem_line(user_data.KEY, cfg.data_dir, f"sets {' and '.join(both)} itself: remove "
-                             f"{', '.join(config_key(f'verl.{p}') for p in both)}, or this key.")]
-    return user_data.problems(cfg.data_dir, cfg.facts.verl, cfg.verl)
-
-
-def _reward_problems(cfg: StackConfig) -> list[str]:
-    """verl-gke:rewardFunction's file (domain/reward_fn.py), called on the first row of dataDir's test.parquet
-    when there is one; verl's custom_reward_function left to it."""
-    if not cfg.reward_function:
-        return []
-    ours = reward_fn.verl_paths(cfg.reward_function)
-    both = [path for path, value in ours.items() if cfg.verl.get(path) != value]
-    if both:
-        return [problem_line(reward_fn.KEY, cfg.reward_function, f"sets {' and '.join(both)} itself: remove "
-                             f"{', '.join(config_key(f'verl.{p}') for p in both)}, or this key.")]
-    return reward_fn.problems(cfg.reward_function, user_data.sample(cfg.data_dir))
+def _user_file_problems(cfg: StackConfig) -> list[str]:
+    """verl-gke:dataDir and rewardFunction (domain/user_data.py, domain/reward_fn.py): the verl paths each sets
+    left to it, then its files (the reward called on the first row of the data, when there is some)."""
+    out = []
+    for key, value, ours, check in (
+            (user_data.KEY, cfg.data_dir, user_data.verl_paths(cfg.data_dir),
+             lambda: user_data.problems(cfg.data_dir, cfg.facts.verl, cfg.verl)),
+            (reward_fn.KEY, cfg.reward_function, reward_fn.verl_paths(cfg.reward_function),
+             lambda: reward_fn.problems(cfg.reward_function, user_data.sample(cfg.data_dir)))):
+        if both := [path for path, v in ours.items() if cfg.verl.get(path) != v]:
+            out.append(problem_line(key, value, f"sets {' and '.join(both)} itself: remove "
+                                    f"{', '.join(config_key(f'verl.{p}') for p in both)}, or this key."))
+        elif value:
+            out += check()
+    return out
 
 
 def _logger_problems(cfg: StackConfig) -> list[str]:
