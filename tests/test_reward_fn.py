@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from domain import reward_fn
-from domain.config import ConfigError, load_config
+from domain.config import load_config
 from tests.conftest import BASE_CONFIG
-from tests.test_user_data import row, write
+from tests.test_user_data import refused, row, write
 from verl_gke import synth
 
 KEY = "verl-gke:rewardFunction"
@@ -25,12 +25,6 @@ def reward(tmp_path: Path, text: str, name: str = "reward.py") -> Path:
     path = tmp_path / name
     path.write_text(text)
     return path
-
-
-def refused(**config: str) -> list[str]:
-    with pytest.raises(ConfigError) as caught:
-        load_config({**BASE_CONFIG, **config})
-    return caught.value.problems
 
 
 def test_a_good_function_is_passed_to_verl_by_its_bucket_path_and_name(tmp_path: Path) -> None:

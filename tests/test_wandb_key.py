@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from domain.config import ConfigError, load_config
+from domain.config import load_config
 from domain.preflight import SECRET, PreflightResult, wandb_secret_check
 from manifests import staging
 from manifests.staging import SCRIPT_FILE as SCRIPT
@@ -20,6 +20,7 @@ from tests.conftest import BASE_CONFIG, verl_value
 from tests.k8s_schema import validate_core, validate_custom
 from tests.kube_api import InProcessApi, KubeApiStandIn
 from tests.test_staging_manifests import SPEC
+from tests.test_user_data import refused
 from verl_gke import synth
 from workloads import kube
 from workloads import stage_data as sd
@@ -28,12 +29,6 @@ KEY_SECRET = "wandb-key"
 WANDB = {"verl-gke:verl": verl_value({"trainer.logger": ["console", "wandb"]}),
          "verl-gke:wandbApiKeySecret": KEY_SECRET}
 ENV = {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb-api-key", "key": "api-key"}}}
-
-
-def refused(**config: str) -> list[str]:
-    with pytest.raises(ConfigError) as caught:
-        load_config({**BASE_CONFIG, **config})
-    return caught.value.problems
 
 
 def test_wandb_without_its_secret_is_refused_naming_the_key_and_the_fix() -> None:
