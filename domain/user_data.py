@@ -114,6 +114,7 @@ def problems(value: str, release: VerlRelease, run: VerlSettings) -> list[str]:
     if absent:
         return [problem_line(KEY, value, f"a folder holding {' and '.join(FILES.values())} in verl's RL format "
                              f"(missing {', '.join(absent)}).")]
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     prompt_key = str(run.get("data.prompt_key") or "prompt")
@@ -121,21 +122,22 @@ def problems(value: str, release: VerlRelease, run: VerlSettings) -> list[str]:
     names, prefixes = known_sources(release)
     out = []
     for name in FILES.values():
-        try:
-            table = pq.read_table(folder / name)
+        try:  # the schema and the one column read, not the whole file
+            file = pq.ParquetFile(folder / name)
+            schema = file.schema_arrow
         except Exception as error:  # noqa: BLE001 pyarrow's own message says what is wrong with the file
-            out.append(problem_line(KEY, value, f"{name} is not a readable parquet file ({error})."))
+            out.append(problem_line(KEY, value, f"{name} is not a readable parquet file ({' '.join(str(error).split())})."))
             continue
-        if missing := _columns(table.schema, prompt_key, source_key):
+        if missing := _columns(schema, prompt_key, source_key):
             out.append(problem_line(KEY, value, f"{name} lacks what verl reads: {', '.join(missing)} (columns "
                                     f"{prompt_key}, {source_key}, reward_model.ground_truth; extra_info optional)."))
             continue
-        if table.num_rows == 0:
+        if file.metadata.num_rows == 0:
             out.append(problem_line(KEY, value, f"{name} has no rows."))
             continue
         if run.get(CUSTOM_REWARD):
             continue
-        seen = sorted({str(s) for s in table.column(source_key).to_pylist()})
+        seen = sorted({str(s) for s in pc.unique(file.read(columns=[source_key]).column(source_key)).to_pylist()})
         unknown = [s for s in seen if s not in names and not s.startswith(prefixes)]
         if unknown:
             shown = ", ".join(unknown[:_SHOWN]) + (f" and {len(unknown) - _SHOWN} more" if len(unknown) > _SHOWN else "")

@@ -104,3 +104,11 @@ def test_the_program_uploads_the_files_and_the_job_reads_them(tmp_path: Path) ->
     args = shlex.split(job.inputs["entrypoint"])
     assert f"data.train_files=/data/user-data/{d}/train.parquet" in args
     assert f"data.val_files=/data/user-data/{d}/test.parquet" in args
+
+
+def test_a_file_that_is_not_parquet_is_refused_with_pyarrows_reason(tmp_path: Path) -> None:
+    folder = write(tmp_path / "mine", [row()])
+    (folder / "train.parquet").write_text("prompt,data_source\n")
+    [line] = refused(**{KEY: str(folder)})
+    assert line.startswith(f'verl-gke:dataDir = "{folder}": train.parquet is not a readable parquet file (')
+    assert "\n" not in line
