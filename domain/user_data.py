@@ -126,7 +126,8 @@ def problems(value: str, release: VerlRelease, run: VerlSettings) -> list[str]:
             file = pq.ParquetFile(folder / name)
             schema = file.schema_arrow
         except Exception as error:  # noqa: BLE001 pyarrow's own message says what is wrong with the file
-            out.append(problem_line(KEY, value, f"{name} is not a readable parquet file ({' '.join(str(error).split())})."))
+            reason = " ".join(str(error).split())
+            out.append(problem_line(KEY, value, f"{name} is not a readable parquet file ({reason})."))
             continue
         if missing := _columns(schema, prompt_key, source_key):
             out.append(problem_line(KEY, value, f"{name} lacks what verl reads: {', '.join(missing)} (columns "
@@ -140,7 +141,8 @@ def problems(value: str, release: VerlRelease, run: VerlSettings) -> list[str]:
         seen = sorted({str(s) for s in pc.unique(file.read(columns=[source_key]).column(source_key)).to_pylist()})
         unknown = [s for s in seen if s not in names and not s.startswith(prefixes)]
         if unknown:
-            shown = ", ".join(unknown[:_SHOWN]) + (f" and {len(unknown) - _SHOWN} more" if len(unknown) > _SHOWN else "")
+            more = len(unknown) - _SHOWN
+            shown = ", ".join(unknown[:_SHOWN]) + (f" and {more} more" if more > 0 else "")
             out.append(problem_line(KEY, value, f"{name}: {source_key} {shown} is not one verl {release.version}'s "
                                     f"default reward scores ({', '.join(sorted(names)[:8])}, ...); set "
                                     f"verl.{CUSTOM_REWARD} for your own."))

@@ -106,7 +106,8 @@ def test_without_wandb_nothing_of_it_is_rendered(synth_stack) -> None:
     objs = {(m["kind"], m["metadata"]["name"]): m for m in result.manifests()}
     assert objs["Job", "stage-data"]["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
     assert "WANDB_API_KEY" not in json.dumps(result.manifests())
-    assert {"ports": [{"protocol": "TCP", "port": 443}]} not in objs["NetworkPolicy", "staging-egress"]["spec"]["egress"]
+    egress = objs["NetworkPolicy", "staging-egress"]["spec"]["egress"]
+    assert {"ports": [{"protocol": "TCP", "port": 443}]} not in egress
 
 
 def test_staging_applies_the_key_as_the_secret_and_again_on_rotation(monkeypatch: pytest.MonkeyPatch) -> None:
