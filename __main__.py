@@ -6,11 +6,12 @@ from components.a4x_dra import A4xDra
 from components.cloud_nat import CloudNat
 from components.cluster_network import PODS_RANGE, SERVICES_RANGE, ClusterNetwork
 from components.stack_config import from_pulumi
+from components.user_data import UserData, uploads
 from components.data_staging import DataStaging
 from components.gcs_fuse_storage import GcsFuseStorage, label_value
 from components.gke_cluster import DRA_V1BETA1_APIS, GkeCluster
 from components.gpu_compute_class import GpuComputeClass
-from domain import hf_token
+from domain import hf_token, wandb_key
 from components.gpu_node_pool import GpuNodePool
 from components.helm_release import check_charts
 from components.grpo_job import GrpoJob
@@ -18,7 +19,7 @@ from components.image_mirror import ImageMirror
 from domain.image_mirror import is_docker_hub, registry_prefix, repository_id
 from domain.run_identity import submission_ids
 from domain.stack_run import stack_run
-from domain.grpo_spec import CHECKPOINT_DIR, entrypoint, runtime_env, tracking_env
+from domain.grpo_spec import CHECKPOINT_DIR, entrypoint, loggers, runtime_env, tracking_env
 from components.namespace_security import NamespaceSecurity
 from components.network_mapping import NetworkMapping
 from domain.preflight import STACK_LABEL, required_apis
@@ -132,6 +133,8 @@ if gpu_class:
     gpu_ready.append(GpuComputeClass("gpu-capacity", {"manifest": class_manifest},
                                      k8s.merge(pulumi.ResourceOptions(depends_on=gpu_pools))))
 
+# wandb's API key: from the user's Secret Manager secret through staging to the Ray containers (domain/wandb_key.py).
+wandb = wandb_key.secret_to_copy(cfg.project, cfg.wandb_api_key_secret, loggers(cfg.verl))
 storage = GcsFuseStorage("storage", {
     "project": cfg.project, "region": cfg.region,
     "bucket_name": names.bucket, "force_destroy": cfg.bucket_force_destroy,
@@ -139,6 +142,7 @@ storage = GcsFuseStorage("storage", {
     "staging_service_account": names.staging_service_account,
     "ray_writable_prefixes": ray_writable_prefixes(cfg.verl.get(CHECKPOINT_DIR)),
     "hf_token_secret_id": hf_token.secret_id(pulumi.get_stack()),
+    "wandb_key_secret_id": cfg.wandb_api_key_secret if wandb else None,
     "capacity": cfg.volume_capacity, "labels": {"stack": label_value(pulumi.get_stack())},
     "k8s_provider": cluster.provider,
 }, gcp_ready.merge(pulumi.ResourceOptions(depends_on=egress)))
@@ -148,6 +152,7 @@ guard = NamespaceSecurity("namespace", {
     "namespace": cfg.namespace, "ray_cluster": cfg.ray_cluster_name, "staging_labels": staging_manifests.LABELS,
     "supervisor_labels": supervisor.LABELS if cfg.run_supervisor else None,
     "kuberay_operator": cfg.ray_operator == "helm", "network_policies": cfg.ray_network_policy,
+    "staging_writes_secret": wandb is not None,
 }, k8s.merge(pulumi.ResourceOptions(depends_on=[storage])))
 
 # Staging runs on a CPU node while the GPU pool is still being created.
@@ -158,6 +163,7 @@ staging = DataStaging("staging", {
     "dataset_repo": cfg.dataset, "dataset_revision": cfg.dataset_revision,
     "timeout_minutes": cfg.staging_timeout_minutes,
     "verl": cfg.staged_verl, "hf_token_secret": hf_token.secret_name(cfg.project, pulumi.get_stack()),
+    "wandb_key_secret": wandb,
 }, k8s.merge(pulumi.ResourceOptions(depends_on=[storage, guard])))
 
 installer_url = cfg.nccl_installer_url or nccl.google_installer_url(facts, cfg.cluster_mode)
@@ -200,6 +206,7 @@ ray = RayTrainingCluster("ray", {
     "install_kuberay": cfg.ray_operator == "helm", "operator_depends_on": [storage],
     "network_policy": cfg.ray_network_policy, "dashboard_cidrs": list(cfg.ray_dashboard_cidrs),
     "job_api_clients": supervisor.LABELS if cfg.run_supervisor else None,
+    "wandb_key": wandb is not None,
 }, k8s.merge(pulumi.ResourceOptions(depends_on=ray_waits_for)))
 
 run_id, legacy_trainer = stack_run(cfg)
@@ -209,6 +216,8 @@ job_env = runtime_env(facts, nnodes=cfg.gpu_nodes, worker_cpus=cfg.worker_cpus, 
                       tracking=tracking_env(cfg.verl, run_checkpoint_dir=checkpoint_dir,
                                             mlflow_tracking_uri=cfg.mlflow_tracking_uri))
 job_waits_for: list[pulumi.Resource] = [ray, staging]
+if cfg.data_dir or cfg.reward_function:
+    job_waits_for.append(UserData("data", uploads(cfg.data_dir, cfg.reward_function), storage.bucket_name, gcp_ready))
 if cfg.run_supervisor:
     # Restarted with a new run's spec before the job provider submits it.
     job_waits_for.append(RunSupervisor("supervisor", {

@@ -18,7 +18,7 @@ import pulumi_kubernetes as k8s
 
 from components.children import child_options
 from manifests import staging, storage
-from workloads import stage_data
+from workloads import kube, stage_data
 
 
 class DataStagingArgs(TypedDict):
@@ -47,6 +47,9 @@ class DataStagingArgs(TypedDict):
     """The pinned verl wheel to unpack on the bucket; None when the image or the user's tree has verl."""
     hf_token_secret: NotRequired[str | None]
     """`projects/P/secrets/S` holding the Hugging Face token (GcsFuseStorage makes it); None: no token."""
+    wandb_key_secret: NotRequired[str | None]
+    """`projects/P/secrets/S` holding wandb's API key (the user's; GcsFuseStorage lets staging read it), copied
+    into the namespace's Secret stage_data.WANDB_SECRET; None: no wandb."""
 
 
 class DataStaging(pulumi.ComponentResource):
@@ -66,9 +69,20 @@ class DataStaging(pulumi.ComponentResource):
         child = child_options(self, opts)
         ns = args["namespace"]
         script = Path(stage_data.__file__).read_text()
+        client = Path(kube.__file__).read_text()
 
-        cm = staging.script_config_map(namespace=ns, script=script)
+        cm = staging.script_config_map(namespace=ns, script=script, kube=client)
         config_map = k8s.core.v1.ConfigMap(f"{name}-script", metadata=cm["metadata"], data=cm["data"], opts=child)
+        job_waits_for: list[pulumi.Resource] = [config_map]
+        wandb = args.get("wandb_key_secret")
+        if wandb:
+            role = staging.wandb_role(ns)
+            binding = staging.wandb_role_binding(ns, args["service_account"])
+            job_waits_for.append(k8s.rbac.v1.RoleBinding(
+                f"{name}-wandb-key", metadata=binding["metadata"], role_ref=binding["roleRef"],
+                subjects=binding["subjects"], opts=child.merge(pulumi.ResourceOptions(depends_on=[
+                    k8s.rbac.v1.Role(f"{name}-wandb-key", metadata=role["metadata"], rules=role["rules"],
+                                     opts=child)]))))
 
         spec = staging.StagingSpec(
             namespace=ns,
@@ -81,10 +95,11 @@ class DataStaging(pulumi.ComponentResource):
             dataset_repo=args["dataset_repo"],
             dataset_revision=args["dataset_revision"],
             dataset_config=args.get("dataset_config", stage_data.DEFAULT_DATASET_CONFIG),
-            script_digest=staging.script_digest(script),
+            script_digest=staging.script_digest(script, client),
             deadline_seconds=args["timeout_minutes"] * 60,
             verl=args.get("verl"),
             hf_token_secret=args.get("hf_token_secret"),
+            wandb_key_secret=wandb,
         )
         manifest = staging.staging_job(spec)
         timeout = f"{args['timeout_minutes']}m"
@@ -94,7 +109,7 @@ class DataStaging(pulumi.ComponentResource):
             spec=manifest["spec"],
             opts=child.merge(
                 pulumi.ResourceOptions(
-                    depends_on=[config_map],
+                    depends_on=job_waits_for,
                     # pulumi-kubernetes waits for a Job to complete (and fails the update if the Job
                     # fails); the default 10 minutes is far too short for a 66 GB download.
                     custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout),

@@ -54,6 +54,9 @@ class GcsFuseStorageArgs(TypedDict):
     """Managed folders (`prefix/`) the Ray pods may write (domain.bucket.ray_writable_prefixes)."""
     hf_token_secret_id: str
     """Secret Manager secret id for the Hugging Face token; the user adds its value with gcloud."""
+    wandb_key_secret_id: NotRequired[str | None]
+    """The user's Secret Manager secret holding wandb's API key (verl-gke:wandbApiKeySecret): staging may read
+    it, as it reads the token. Default None: no wandb."""
     k8s_provider: k8s.Provider
     """The cluster's Kubernetes provider; every Kubernetes child uses it."""
     capacity: NotRequired[str]
@@ -208,6 +211,13 @@ class GcsFuseStorage(pulumi.ComponentResource):
         token_access = secretmanager.SecretIamMember(
             f"{name}-hf-token-accessor", project=args["project"], secret_id=token_secret.secret_id,
             role=TOKEN_ROLE, member=staging, opts=child)
+
+        if wandb := args.get("wandb_key_secret_id"):
+            # The user's secret: the stack only grants staging's principal, on that secret alone (depend on
+            # this component to wait for it).
+            secretmanager.SecretIamMember(
+                f"{name}-wandb-key-accessor", project=args["project"], secret_id=wandb, role=TOKEN_ROLE,
+                member=staging, opts=child)
 
         self.bucket_name = bucket.name
         self.bucket_url = bucket.url

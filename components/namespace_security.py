@@ -30,6 +30,8 @@ class NamespaceSecurityArgs(TypedDict):
     """Labels of the run supervisor's pod, if the stack runs one."""
     kuberay_operator: NotRequired[bool]
     """The namespace holds the KubeRay operator (its Helm chart, A4X)."""
+    staging_writes_secret: NotRequired[bool]
+    """Staging reaches the Kubernetes API (it writes wandb's key Secret). Default False."""
     network_policies: NotRequired[bool]
     """Default deny and the allows (default True; rayNetworkPolicy)."""
 
@@ -51,7 +53,8 @@ class NamespaceSecurity(pulumi.ComponentResource):
         if args.get("network_policies", True):
             for obj in network_policy.namespace_policies(
                     namespace=ns, cluster=args["ray_cluster"], staging=args["staging_labels"],
-                    supervisor=args.get("supervisor_labels"), kuberay_operator=args.get("kuberay_operator", False)):
+                    supervisor=args.get("supervisor_labels"), kuberay_operator=args.get("kuberay_operator", False),
+                    staging_writes_secret=args.get("staging_writes_secret", False)):
                 k8s.networking.v1.NetworkPolicy(f"{name}-{obj['metadata']['name']}", metadata=obj["metadata"],
                                                 spec=obj["spec"], opts=child)
         self.register_outputs({})

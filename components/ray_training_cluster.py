@@ -88,6 +88,8 @@ class RayTrainingClusterArgs(TypedDict):
     """Let only the cluster's own pods reach its pods (default True); see manifests.network_policy."""
     job_api_clients: NotRequired[dict[str, str] | None]
     """Labels of pods that may also reach the head's Job API (the run supervisor)."""
+    wandb_key: NotRequired[bool]
+    """The Ray containers get WANDB_API_KEY from the Secret staging writes (default False)."""
     dashboard_cidrs: NotRequired[list[str]]
     """With the network policy: CIDRs that may also reach the dashboard and Job API (port 8265)."""
 
@@ -131,6 +133,7 @@ def cluster_spec(args: RayTrainingClusterArgs, claim_name: str) -> RayClusterSpe
         checkpoint_digest=checkpoints.digest(checkpoint_program() + checkpoint_client())
         if args.get("checkpoint_root") else "",
         bucket=args.get("bucket", ""),
+        wandb_key=args.get("wandb_key", False),
     )
     if platform.head_on_gpu_node:
         _check_room_for_head(spec, platform)

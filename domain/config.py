@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from domain import grpo_spec, run_memory, upgrade_exclusion, verl_settings
+from domain import grpo_spec, reward_fn, run_memory, upgrade_exclusion, user_data, verl_settings, wandb_key
 from domain import gke_versions, pricing
 from domain.bucket import DEFAULT_CAPACITY, MOUNT_PATH, ray_writable_prefixes
 from domain.config_fields import (
@@ -233,6 +233,9 @@ class StackConfig(BaseModel):
     release_workers_when_done: bool = True
     export_model: bool = True
     mlflow_tracking_uri: MlflowUri = ""
+    wandb_api_key_secret: str = ""
+    data_dir: str = ""
+    reward_function: str = ""
     fabric_min_bus_bandwidth_gbps: int = Field(0, ge=0)
 
     verl: VerlSettings
@@ -261,6 +264,8 @@ class StackConfig(BaseModel):
                 data[key] = default
         if not isinstance(data.get("verl"), VerlSettings):
             given, _ = verl_given(data.get("verl", {}), platform)
+            given = {**user_data.verl_paths(str(data.get("dataDir") or "")),  # the user's own paths win
+                     **reward_fn.verl_paths(str(data.get("rewardFunction") or "")), **given}
             data["verl"] = grpo_spec.run_settings(platform, str(data.get("model", DEFAULT_MODEL_REPO)),
                                                   _nodes(data.get("gpuNodes")), given)
         return data
@@ -572,7 +577,8 @@ class StackConfig(BaseModel):
                             "node shares, written plainly (no '..', '.', '//' or trailing '/').")
         if grpo_spec.CHECKPOINT_DIR not in plain:
             return
-        staged = [f"{MOUNT_PATH}/{model_dir_for(self.model)}", f"{MOUNT_PATH}/{DATASET_DIR}"]
+        staged = [f"{MOUNT_PATH}/{model_dir_for(self.model)}", f"{MOUNT_PATH}/{DATASET_DIR}",
+                  *([f"{MOUNT_PATH}/{user_data.BUCKET_DIR}"] if self.data_dir or self.reward_function else [])]
         if self.staged_verl is not None:
             staged.append(f"{MOUNT_PATH}/{self.staged_verl.dir_name}")
         checkpoint_dir = self.verl.get(grpo_spec.CHECKPOINT_DIR)
@@ -627,16 +633,32 @@ class StackConfig(BaseModel):
         """verl's loggers (trainer.logger) the job can run: each gets what verl's Tracking reads
         (domain/grpo_spec.py)."""
         loggers, given = grpo_spec.loggers(self.verl), self.verl.get("trainer.logger")
-        if unwired := [name for name in loggers if name not in (*grpo_spec.TRACKERS, "wandb")]:
+        if unwired := [name for name in loggers if name not in grpo_spec.TRACKERS]:
             yield _line("verl.trainer.logger", given, f"verl-gke wires {', '.join(grpo_spec.TRACKERS[:-1])} and "
                         f"{grpo_spec.TRACKERS[-1]} (not {', '.join(unwired)}).")
-        elif "wandb" in loggers:
-            yield _line("verl.trainer.logger", given, "verl-gke does not pass wandb's API key to the job yet, and "
-                        "wandb stops the run without it once training starts; use console, tensorboard (event files "
-                        "in the bucket) or mlflow (verl-gke:mlflowTrackingUri).")
+        elif "wandb" in loggers and not self.wandb_api_key_secret:
+            yield _line("verl.trainer.logger", given, "wandb needs its API key, which staging copies from Secret "
+                        f"Manager: set {wandb_key.CONFIG_KEY} to the secret's id, or drop wandb.")
+        if self.wandb_api_key_secret and (problem := wandb_key.id_problem(self.wandb_api_key_secret)):
+            yield problem_line(wandb_key.CONFIG_KEY, self.wandb_api_key_secret, problem)
         if "mlflow" in loggers and not self.mlflow_tracking_uri:
             yield _line("mlflow_tracking_uri", "", "trainer.logger has mlflow, which without a tracking server writes "
                         "to sqlite:////tmp/mlruns.db on a pod, lost at release: set the server's http(s):// URL.")
+
+    @_cross_field
+    def _user_file_rules(self) -> Iterator[str]:
+        """verl-gke:dataDir and rewardFunction (domain/user_data.py, domain/reward_fn.py): the verl paths each sets
+        left to it, then its files (the reward called on the first row of the data, when there is some)."""
+        for key, value, ours, check in (
+                (user_data.KEY, self.data_dir, user_data.verl_paths(self.data_dir),
+                 lambda: user_data.problems(self.data_dir, self.facts.verl, self.verl)),
+                (reward_fn.KEY, self.reward_function, reward_fn.verl_paths(self.reward_function),
+                 lambda: reward_fn.problems(self.reward_function, user_data.sample(self.data_dir)))):
+            if both := [path for path, v in ours.items() if self.verl.get(path) != v]:
+                yield problem_line(key, value, f"sets {' and '.join(both)} itself: remove "
+                                   f"{', '.join(config_key(f'verl.{p}') for p in both)}, or this key.")
+            elif value:
+                yield from check()
 
     @_cross_field
     def _verl_sizing_rules(self) -> Iterator[str]:

@@ -377,7 +377,7 @@ def entrypoint(run: VerlSettings, *, run_id: str = "", legacy_trainer: bool = Fa
     return " ".join([*CHECKPOINT_LAUNCHER, "python3", "-m", VERL_ENTRY_MODULE, *(shlex.quote(a) for a in args)])
 
 
-TRACKERS = ("console", "tensorboard", "mlflow")
+TRACKERS = ("console", "tensorboard", "mlflow", "wandb")
 """verl's loggers (trainer.logger) the job gets what they need for."""
 
 

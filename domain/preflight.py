@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from domain.image_mirror import MIRROR_APIS
-from domain import gke_versions
+from domain import gke_versions, grpo_spec, wandb_key
 from domain.config import SCHEMA_MINOR, StackConfig, config_key, problem_line
 from domain.names import stack_slug
 from domain.platforms import GPU_POOL_NAME, Platform, gpu_pool_name
@@ -28,6 +28,7 @@ MACHINE_TYPES = "gcp:compute/getMachineTypes:getMachineTypes"
 PROJECT_SERVICE = "gcp:projects/getProjectService:getProjectService"
 CLUSTER = "gcp:container/getCluster:getCluster"
 QUOTA = "gcp:cloudquota/getSQuotaInfo:getSQuotaInfo"
+SECRET = "gcp:secretmanager/getSecret:getSecret"
 GPU_QUOTA_ID = "GPUS-PER-GPU-FAMILY-per-project-region"
 """Compute Engine's quota on GPUs per GPU family and region (Cloud Quotas), which governs the newest
 families (B200, H200, GB200) instead of a per-model NVIDIA-<model>-GPUS quota."""
@@ -239,6 +240,7 @@ def api_problems(service: str, answer: Mapping[str, Any]) -> list[str]:
 def run_preflight(cfg: StackConfig, invoke: Invoke, stack: str | None = None) -> PreflightResult:
     """Every live check this stack needs; the problems of all of them together."""
     result = PreflightResult()
+    wandb_secret_check(cfg, invoke, result)
     if cfg.existing_cluster:
         result.problems += existing_cluster_problems(cfg, stack, invoke)
         return result
@@ -433,6 +435,28 @@ API_OFF = "googleapi: Error 403: SERVICE_DISABLED: {api} has not been used in pr
 """What every invoke of a new project answers until its API is on (the stand-in of a first `up`)."""
 
 
+def wandb_secret_check(cfg: StackConfig, invoke: Invoke, result: PreflightResult) -> None:
+    """The secret verl-gke:wandbApiKeySecret names exists (staging reads its newest version, and fails before
+    the model download when there is none)."""
+    secret = wandb_key.secret_to_copy(cfg.project, cfg.wandb_api_key_secret, grpo_spec.loggers(cfg.verl))
+    if secret is None:
+        return
+    try:
+        answer = invoke(SECRET, {"project": cfg.project, "secretId": cfg.wandb_api_key_secret})
+    except Exception as error:  # noqa: BLE001 the provider's own message is the user's clue
+        message = provider_message(error, SECRET)
+        if re.search(r"\b404\b|not ?found", message, re.IGNORECASE):
+            message = (f"no such secret in project {cfg.project}: create it with `gcloud secrets create "
+                       f"{cfg.wandb_api_key_secret} --project {cfg.project}`, then add the key with `gcloud secrets "
+                       f"versions add {cfg.wandb_api_key_secret} --project {cfg.project} --data-file=-`")
+        else:
+            message = f"the provider said: {message}"
+        result.problems.append(problem_line(wandb_key.CONFIG_KEY, cfg.wandb_api_key_secret, message))
+        return
+    if answer and not answer.get(STAND_IN):
+        result.checks.append(f"wandb: Secret Manager secret {secret} exists")
+
+
 def new_project_answers(project: str) -> dict[str, dict[str, str]]:
     """`--cloud` answers of a project whose APIs are all still off."""
     apis = {RESERVATION: "compute.googleapis.com", MACHINE_TYPES: "compute.googleapis.com",
@@ -499,6 +523,8 @@ def healthy_answers(cfg: StackConfig) -> Callable[[str, dict[str, Any]], dict[st
             return {"id": f"{args['project']}/{args['service']}", "service": args["service"]}
         if token == CLUSTER:
             return existing_cluster_answer(args)
+        if token == SECRET:
+            return {"name": f"projects/{args['project']}/secrets/{args['secretId']}", "secretId": args["secretId"]}
         if token == QUOTA:
             return {"quotaId": args["quotaId"], "dimensionsInfos": [{
                 "dimensions": {"gpu_family": GPU_FAMILY[cfg.platform], "region": cfg.region},

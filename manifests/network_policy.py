@@ -81,10 +81,11 @@ def _kubernetes_api() -> dict[str, Any]:
 
 def namespace_policies(*, namespace: str, cluster: str, staging: Mapping[str, str],
                        supervisor: Mapping[str, str] | None = None,
-                       kuberay_operator: bool = False) -> list[dict[str, Any]]:
+                       kuberay_operator: bool = False, staging_writes_secret: bool = False) -> list[dict[str, Any]]:
     """Default deny for every pod of `namespace` (ingress and egress; CIS GKE 5.3.2), DNS for every
     pod, and the egress each workload needs: the Ray pods of `cluster` to each other, the metadata
-    server and HTTPS; staging (pods labelled `staging`) to the metadata server and HTTPS; the run
+    server and HTTPS; staging (pods labelled `staging`) to the metadata server and HTTPS (and the Kubernetes
+    API when `staging_writes_secret`: wandb's key); the run
     supervisor to the head's Job API, the Kubernetes API, the metadata server and HTTPS (its copy of the
     logs); the KubeRay operator to the Kubernetes API. Ingress to the Ray pods is ray_ingress_policy's."""
     own = {"podSelector": {"matchLabels": {CLUSTER_LABEL: cluster}}}
@@ -99,7 +100,8 @@ def namespace_policies(*, namespace: str, cluster: str, staging: Mapping[str, st
               "ports": [dict(p) for p in DNS_PORTS]}]}},
         _policy(f"{cluster}-egress", namespace, {CLUSTER_LABEL: cluster},
                 [{"to": [own]}, _metadata_server(), _public_https()]),
-        _policy("staging-egress", namespace, staging, [_metadata_server(), _public_https()]),
+        _policy("staging-egress", namespace, staging,
+                [_metadata_server(), _public_https(), *([_kubernetes_api()] if staging_writes_secret else [])]),
     ]
     if supervisor:
         head = {"podSelector": {"matchLabels": {CLUSTER_LABEL: cluster, "ray.io/node-type": "head"}}}

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, get_args
 
+from domain import wandb_key
 from domain.grpo_spec import verl_path_env
 from domain.platforms import A4X_HEAD_CPUS, A4X_HEAD_MEMORY_GI, Mode, has_token_auth, is_pinned_image
 from manifests import checkpoints, compute_class, dra
@@ -113,6 +114,8 @@ class RayClusterSpec:
     checkpoint_digest: str = ""
     bucket: str = ""
     """The bucket's name, for the checkpoint program's markers (its object generations)."""
+    wandb_key: bool = False
+    """The Ray containers (not the copiers) read WANDB_API_KEY from the Secret staging writes (domain/wandb_key.py)."""
     """sha256 of the checkpoint program (and its GCS client): on the pod templates, so a new program restarts
     the pods."""
 
@@ -234,7 +237,7 @@ def _head_group(spec: RayClusterSpec) -> dict[str, Any]:
             bucket_mount(),
         ],
     }
-    env = _verl_path_env(spec)
+    env = [*_verl_path_env(spec), *_wandb_env(spec)]
     if env:
         container["env"] = env
     pod: dict[str, Any] = {
@@ -295,7 +298,7 @@ def _worker_group(spec: RayClusterSpec) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": "ray-worker",
         "image": spec.image,
-        "env": [{"name": "LD_LIBRARY_PATH", "value": spec.ld_library_path}, *_verl_path_env(spec)],
+        "env": [{"name": "LD_LIBRARY_PATH", "value": spec.ld_library_path}, *_verl_path_env(spec), *_wandb_env(spec)],
         "resources": {"limits": dict(size), "requests": dict(size)},
         "securityContext": container_security(WORKER_CAPABILITIES),
         "volumeMounts": [
@@ -395,6 +398,11 @@ def _transfer_queue_hook() -> dict[str, Any]:
     command = ["/bin/bash", "-c", "pip3 install --quiet --no-deps --only-binary=:all: --require-hashes "
                f"-r <(echo '{requirement}')"]
     return {"postStart": {"exec": {"command": command}}}
+
+
+def _wandb_env(spec: RayClusterSpec) -> list[dict[str, Any]]:
+    # verl's Tracking runs wherever its trainer lands (the head, or a worker on A4X).
+    return [wandb_key.env()] if spec.wandb_key else []
 
 
 def _verl_path_env(spec: RayClusterSpec) -> list[dict[str, str]]:

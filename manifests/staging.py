@@ -21,6 +21,8 @@ CONFIG_MAP_NAME = "stage-data-script"
 CONTAINER_NAME = "stage-data"
 SCRIPT_DIR = "/opt/verl-gke"
 SCRIPT_FILE = "stage_data.py"
+KUBE_FILE = "kube.py"
+"""workloads/kube.py, mounted as SCRIPT_DIR/workloads/kube.py: the script's Kubernetes client (wandb's key)."""
 SCRIPT_DIGEST_ANNOTATION = "verl-gke/script-sha256"
 LABELS = {"app.kubernetes.io/name": "verl-gke", "app.kubernetes.io/component": "data-staging"}
 
@@ -118,11 +120,14 @@ class StagingSpec:
     """None when the image or the user's own tree on the bucket provides verl."""
     hf_token_secret: str | None = None
     """`projects/P/secrets/S`: where the Job reads the Hugging Face token (Workload Identity); None: no token."""
+    wandb_key_secret: str | None = None
+    """`projects/P/secrets/S` holding wandb's API key, which the Job applies as Secret WANDB_SECRET (with the
+    pod's Kubernetes token and wandb_role); None: no wandb."""
 
 
-def script_digest(script: str) -> str:
-    """Of the script and its requirements: either changing runs the Job again."""
-    return hashlib.sha256((script + requirements_text()).encode()).hexdigest()
+def script_digest(script: str, kube: str = "") -> str:
+    """Of the script, its Kubernetes client and its requirements: any changing runs the Job again."""
+    return hashlib.sha256((script + kube + requirements_text()).encode()).hexdigest()
 
 
 def requirements_text() -> str:
@@ -131,14 +136,33 @@ def requirements_text() -> str:
                    for req in PIP_REQUIREMENTS)
 
 
-def script_config_map(*, namespace: str, script: str) -> dict[str, Any]:
-    """The ConfigMap holding stage_data.py and its hashed requirements, mounted read-only at /opt/verl-gke."""
+def script_config_map(*, namespace: str, script: str, kube: str) -> dict[str, Any]:
+    """The ConfigMap holding stage_data.py, workloads/kube.py and the hashed requirements, mounted read-only
+    at /opt/verl-gke."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": CONFIG_MAP_NAME, "namespace": namespace, "labels": dict(LABELS)},
-        "data": {SCRIPT_FILE: script, REQUIREMENTS_FILE: requirements_text()},
+        "data": {SCRIPT_FILE: script, KUBE_FILE: kube, REQUIREMENTS_FILE: requirements_text()},
     }
+
+
+def wandb_role(namespace: str) -> dict[str, Any]:
+    """Staging may create and patch the one Secret wandb's key goes in, nothing else. Server-side apply's
+    create is authorized as `create` with the object's name (kube-apiserver endpoints/handlers/patch.go,
+    `createAuthorizerAttributes`), so resourceNames holds it to that name, unlike a POST's."""
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": f"{JOB_NAME}-wandb-key", "namespace": namespace, "labels": dict(LABELS)},
+            "rules": [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": [stage_data.WANDB_SECRET],
+                       "verbs": ["create", "patch"]}]}
+
+
+def wandb_role_binding(namespace: str, service_account: str) -> dict[str, Any]:
+    name = wandb_role(namespace)["metadata"]["name"]
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": name, "namespace": namespace, "labels": dict(LABELS)},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": service_account, "namespace": namespace}]}
 
 
 def script_args(spec: StagingSpec) -> list[str]:
@@ -158,6 +182,8 @@ def script_args(spec: StagingSpec) -> list[str]:
                  "--verl-dir", spec.verl.dir_name]
     if spec.hf_token_secret is not None:
         args += ["--hf-token-secret", spec.hf_token_secret]
+    if spec.wandb_key_secret is not None:
+        args += ["--wandb-key-secret", spec.wandb_key_secret, "--namespace", spec.namespace]
     return args
 
 
@@ -211,8 +237,8 @@ def staging_job(spec: StagingSpec) -> dict[str, Any]:
     }
     pod_spec = {
         "serviceAccountName": spec.service_account,
-        # It reaches only the Hub and the bucket (through the sidecar): no Kubernetes API token.
-        "automountServiceAccountToken": False,
+        # It reaches the Hub and the bucket (through the sidecar); the Kubernetes API only to write wandb's key.
+        "automountServiceAccountToken": spec.wandb_key_secret is not None,
         "restartPolicy": "Never",
         # Downloading needs no GPU: keep the Job off GPU nodes, which may still be coming up
         # while it runs and cost far more per hour.
@@ -229,7 +255,9 @@ def staging_job(spec: StagingSpec) -> dict[str, Any]:
         },
         "containers": [container],
         "volumes": [
-            {"name": _SCRIPT_VOLUME, "configMap": {"name": CONFIG_MAP_NAME, "defaultMode": 0o444}},
+            {"name": _SCRIPT_VOLUME, "configMap": {"name": CONFIG_MAP_NAME, "defaultMode": 0o444, "items": [
+                {"key": SCRIPT_FILE, "path": SCRIPT_FILE}, {"key": REQUIREMENTS_FILE, "path": REQUIREMENTS_FILE},
+                {"key": KUBE_FILE, "path": f"workloads/{KUBE_FILE}"}]}},
             *storage.bucket_volumes(spec.claim_name),
             {"name": _TMP_VOLUME, "emptyDir": {"sizeLimit": RESOURCES["limits"]["ephemeral-storage"]}},
         ],

@@ -7,7 +7,8 @@ Each behaviour and its source are listed below."""
 # - every write bumps the object's `metadata.resourceVersion`; a PUT, or a PATCH that carries a
 #   resourceVersion, with a stale one gets 409 Conflict (Kubernetes API concepts, "Resource versions"
 #   and "Concurrency control and consistency": optimistic concurrency on metadata.resourceVersion);
-# - POST of an object that exists gets 409 AlreadyExists; GET, PUT, PATCH of a missing one 404;
+# - POST of an object that exists gets 409 AlreadyExists; GET, PUT, PATCH of a missing one 404, except a
+#   server-side apply, which creates it ("Server-Side Apply": apply creates the object if it does not exist);
 # - a strategic merge patch of a custom resource gets 415 Unsupported Media Type (Kubernetes docs,
 #   "Update API Objects in Place Using kubectl patch": strategic merge patch is not supported for
 #   custom resources; apiextensions-apiserver serves only json-patch, merge-patch and apply-patch);
@@ -132,9 +133,10 @@ class KubeApiStandIn:
                 return 200, self._list(path, (query.get("labelSelector") or [""])[0])
             if method == "GET":
                 return (200, copy.deepcopy(current)) if current is not None else _status(404, "NotFound")
-            if method == "POST":
+            applies = method == "PATCH" and headers.get("Content-Type") == "application/apply-patch+yaml"
+            if method == "POST" or (applies and current is None):
                 name = body["metadata"]["name"]
-                target = f"{path}/{name}"
+                target = f"{path}/{name}" if method == "POST" else path
                 if target in self.objects:
                     return _status(409, "AlreadyExists")
                 if (invalid := _invalid(None, body)) is not None:

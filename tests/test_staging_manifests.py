@@ -48,7 +48,7 @@ def _container(job: dict) -> dict:
 
 
 def test_config_map_carries_the_script() -> None:
-    cm = staging.script_config_map(namespace="ml", script=SCRIPT_TEXT)
+    cm = staging.script_config_map(namespace="ml", script=SCRIPT_TEXT, kube="# kube")
     assert cm == {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -57,7 +57,7 @@ def test_config_map_carries_the_script() -> None:
             "namespace": "ml",
             "labels": {"app.kubernetes.io/name": "verl-gke", "app.kubernetes.io/component": "data-staging"},
         },
-        "data": {"stage_data.py": SCRIPT_TEXT, "requirements.txt": staging.requirements_text()},
+        "data": {"stage_data.py": SCRIPT_TEXT, "kube.py": "# kube", "requirements.txt": staging.requirements_text()},
     }
 
 
@@ -114,7 +114,10 @@ def test_job_mounts_the_bucket_with_the_gcsfuse_sidecar(job: dict) -> None:
 
 
 def test_script_is_mounted_from_the_config_map_and_run_by_path(job: dict) -> None:
-    assert {"name": "script", "configMap": {"name": "stage-data-script", "defaultMode": 0o444}} in _pod(job)["volumes"]
+    # The Kubernetes client beside it as its package module (stage_data.copy_wandb_key imports workloads.kube).
+    assert {"name": "script", "configMap": {"name": "stage-data-script", "defaultMode": 0o444, "items": [
+        {"key": "stage_data.py", "path": "stage_data.py"}, {"key": "requirements.txt", "path": "requirements.txt"},
+        {"key": "kube.py", "path": "workloads/kube.py"}]}} in _pod(job)["volumes"]
     assert {"name": "script", "mountPath": "/opt/verl-gke", "readOnly": True} in _container(job)["volumeMounts"]
     command = _container(job)["command"]
     assert command[:2] == ["/bin/sh", "-c"]
@@ -225,7 +228,7 @@ def test_names_shared_with_storage(job: dict) -> None:
 
 @pytest.mark.parametrize(
     "obj",
-    [staging.staging_job(SPEC), staging.script_config_map(namespace="ml", script=SCRIPT_TEXT)],
+    [staging.staging_job(SPEC), staging.script_config_map(namespace="ml", script=SCRIPT_TEXT, kube="# kube")],
     ids=lambda o: o["kind"],
 )
 def test_objects_validate_for_kubernetes_1_34(obj: dict) -> None:

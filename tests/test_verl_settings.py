@@ -328,14 +328,7 @@ def test_a_tracking_uri_that_is_not_a_plain_server_url_is_refused(uri: str) -> N
     assert "pw" not in line
 
 
-def test_wandb_is_refused_until_its_api_key_can_reach_the_job() -> None:
-    assert refused({"trainer.logger": ["console", "wandb"]}) == [
-        'verl-gke:verl.trainer.logger = ["console", "wandb"]: verl-gke does not pass wandb\'s API key to the job yet, '
-        "and wandb stops the run without it once training starts; use console, tensorboard (event files in the "
-        "bucket) or mlflow (verl-gke:mlflowTrackingUri)."]
-
-
 def test_a_logger_verl_gke_does_not_wire_is_refused_with_those_it_does() -> None:
     assert refused({"trainer.logger": ["console", "swanlab", "file"]}) == [
-        'verl-gke:verl.trainer.logger = ["console", "swanlab", "file"]: verl-gke wires console, tensorboard and '
-        'mlflow (not swanlab, file).']
+        'verl-gke:verl.trainer.logger = ["console", "swanlab", "file"]: verl-gke wires console, tensorboard, '
+        'mlflow and wandb (not swanlab, file).']

@@ -3,7 +3,8 @@
 Writes to the bucket mount the model at a pinned commit, GSM8K in verl's row format (`gsm8k/*.parquet`)
 and verl from its sha256-pinned wheel (`verl-<version>/`), each with a marker so a matching re-run does
 nothing. The Hugging Face token is read from Secret Manager through Workload Identity, never from the
-pod spec or Pulumi's state. Exit 0 done, 1 transient (the Job retries), 2 permanent; one line on failure.
+pod spec or Pulumi's state; wandb's key, when named, likewise, applied as the Kubernetes Secret only
+the Ray containers read. Exit 0 done, 1 transient (the Job retries), 2 permanent; one line on failure.
 Standard library, huggingface_hub and pyarrow (the last two imported where used).
 """
 
@@ -403,11 +404,21 @@ def _access_latest(secret: str, metadata_root: str, api_root: str, timeout_s: fl
     return token or None
 
 
-def read_hf_token(secret: str, *, metadata_root: str | None = None, api_root: str | None = None,
-                  deadline_s: float | None = None, timeout_s: float = SECRET_REQUEST_TIMEOUT_S,
-                  sleep: Callable[[float], None] = time.sleep) -> str | None:
-    """The value of the newest version of `secret` (`projects/P/secrets/S`), or None when it has none:
-    the staging then downloads anonymously, which public repos allow."""
+def read_hf_token(secret: str, **kwargs: Any) -> str | None:
+    """The Hugging Face token in `secret`, or None when it has none: the staging then downloads
+    anonymously, which public repos allow."""
+    token = read_secret(secret, "the Hugging Face token", **kwargs)
+    if token is None:
+        log.warning("%s has no version: downloading without a Hugging Face token (public repos only). "
+                    "Add one with `gcloud secrets versions add %s --project %s --data-file=-`",
+                    secret, secret.rsplit("/", 1)[1], secret.split("/")[1])
+    return token
+
+
+def read_secret(secret: str, what: str, *, metadata_root: str | None = None, api_root: str | None = None,
+                deadline_s: float | None = None, timeout_s: float = SECRET_REQUEST_TIMEOUT_S,
+                sleep: Callable[[float], None] = time.sleep) -> str | None:
+    """The value of the newest version of `secret` (`projects/P/secrets/S`), or None when it has none."""
     if metadata_root is None:
         host = os.environ.get("GCE_METADATA_HOST")
         metadata_root = f"http://{host}/computeMetadata/v1" if host else METADATA_ROOT
@@ -419,16 +430,44 @@ def read_hf_token(secret: str, *, metadata_root: str | None = None, api_root: st
             token = _access_latest(secret, metadata_root, api_root, timeout_s)
         except _Again as e:
             if time.monotonic() + delay > end:
-                raise StagingError(f"reading the Hugging Face token from {secret}: {e}") from None
-            log.info("token not readable yet (%s); asking again in %.0f s", e, delay)
+                raise StagingError(f"reading {what} from {secret}: {e}") from None
+            log.info("%s not readable yet (%s); asking again in %.0f s", what, e, delay)
             sleep(delay)
             delay = min(delay * 2, 30.0)
             continue
-        if token is None:
-            log.warning("%s has no version: downloading without a Hugging Face token (public repos only). "
-                        "Add one with `gcloud secrets versions add %s --project %s --data-file=-`",
-                        secret, secret.rsplit("/", 1)[1], secret.split("/")[1])
         return token
+
+
+WANDB_SECRET = "wandb-api-key"
+"""The Kubernetes Secret holding wandb's API key, in the stack's namespace (staging may write it alone)."""
+WANDB_SECRET_KEY = "api-key"
+FIELD_MANAGER = "verl-gke-staging"
+
+
+def copy_wandb_key(secret: str, namespace: str, api: Any = None) -> str:
+    """Apply wandb's API key from `secret` as the Kubernetes Secret WANDB_SECRET (server-side apply: created
+    the first time, replaced on rotation); returns the key, for redaction. The pod's own token, whose Role
+    allows this one name only (manifests/staging.py)."""
+    from workloads.kube import Conflict, Invalid, KubernetesApi  # shipped beside this script (workloads/kube.py)
+
+    key = read_secret(secret, "wandb's API key")
+    if key is None:
+        raise StagingError(f"{secret} has no version, and trainer.logger has wandb: add the API key with "
+                           f"`gcloud secrets versions add {secret.rsplit('/', 1)[1]} --project {secret.split('/')[1]} "
+                           "--data-file=-`, then `pulumi up` again", permanent=True)
+    body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": WANDB_SECRET, "namespace": namespace,
+                         "labels": {"app.kubernetes.io/name": "verl-gke"}},
+            "data": {WANDB_SECRET_KEY: base64.b64encode(key.encode()).decode()}}
+    api = api or KubernetesApi.in_cluster()
+    try:
+        api.request("PATCH", f"/api/v1/namespaces/{namespace}/secrets/{WANDB_SECRET}"
+                             f"?fieldManager={FIELD_MANAGER}&force=true", body,
+                    content_type="application/apply-patch+yaml")
+    except (OSError, Conflict, Invalid) as e:
+        raise StagingError(f"writing Secret {namespace}/{WANDB_SECRET}: {one_line(str(e), key)}") from None
+    log.info("wandb's API key from %s is in Secret %s/%s", secret, namespace, WANDB_SECRET)
+    return key
 
 
 # --- the Hub ------------------------------------------------------------------------------------
@@ -685,6 +724,9 @@ class Settings:
     """Directory under the data root for verl; all three set, or none (the image has verl)."""
     hf_token_secret: str | None = None
     """`projects/P/secrets/S`: the Secret Manager secret holding the Hugging Face token."""
+    wandb_key_secret: str | None = None
+    """`projects/P/secrets/S` holding wandb's API key, copied into Secret WANDB_SECRET of `namespace`."""
+    namespace: str | None = None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -707,6 +749,8 @@ def parse_args(argv: Sequence[str]) -> Settings:
     p.add_argument("--verl-wheel-sha256", default=None)
     p.add_argument("--verl-dir", default=None, help="directory under the data root for verl")
     p.add_argument("--hf-token-secret", default=None, help="projects/P/secrets/S holding the Hugging Face token")
+    p.add_argument("--wandb-key-secret", default=None, help="projects/P/secrets/S holding wandb's API key")
+    p.add_argument("--namespace", default=None, help="where the wandb key's Kubernetes Secret goes")
     a = p.parse_args(list(argv))
 
     model_dir = a.model_dir if a.model_dir is not None else model_dir_for(a.model_repo)
@@ -743,6 +787,10 @@ def parse_args(argv: Sequence[str]) -> Settings:
             problems.append(f"--verl-dir {a.verl_dir!r} must be one directory name, not the model's or the dataset's")
     if a.hf_token_secret is not None and not SECRET_NAME_RE.fullmatch(a.hf_token_secret):
         problems.append(f"--hf-token-secret {a.hf_token_secret!r} is not a secret name like projects/P/secrets/S")
+    if a.wandb_key_secret is not None and not SECRET_NAME_RE.fullmatch(a.wandb_key_secret):
+        problems.append(f"--wandb-key-secret {a.wandb_key_secret!r} is not a secret name like projects/P/secrets/S")
+    if a.wandb_key_secret is not None and not a.namespace:
+        problems.append("--wandb-key-secret needs --namespace")
     if problems:
         raise StagingError("; ".join(problems), permanent=True)
     return Settings(
@@ -758,6 +806,8 @@ def parse_args(argv: Sequence[str]) -> Settings:
         verl_wheel_sha256=a.verl_wheel_sha256,
         verl_dir=a.verl_dir,
         hf_token_secret=a.hf_token_secret,
+        wandb_key_secret=a.wandb_key_secret,
+        namespace=a.namespace,
     )
 
 
@@ -793,9 +843,12 @@ def main(argv: Sequence[str] | None = None, hub: Hub | None = None) -> int:
         format="%(asctime)s stage-data %(levelname)s %(message)s", level=logging.INFO, stream=sys.stdout
     )
     token = os.environ.get("HF_TOKEN") or None  # outside the cluster, e.g. a user's own run
-    secret = None
+    secret = wandb = None
     try:
         settings = parse_args(sys.argv[1:] if argv is None else argv)
+        if settings.wandb_key_secret and settings.namespace:
+            # First: a missing key fails the Job (and `pulumi up`) before the long model download.
+            wandb = copy_wandb_key(settings.wandb_key_secret, settings.namespace)
         secret = settings.hf_token_secret
         if secret:
             token = read_hf_token(secret)
@@ -806,10 +859,10 @@ def main(argv: Sequence[str] | None = None, hub: Hub | None = None) -> int:
             message += (f" (no Hugging Face token was used: {secret} has no version; add one with "
                         f"`gcloud secrets versions add {secret.rsplit('/', 1)[1]} --project {secret.split('/')[1]} "
                         "--data-file=-` and run `pulumi up` again)")
-        print(f"stage-data: failed: {one_line(message, token)}", file=sys.stderr)
+        print(f"stage-data: failed: {one_line(one_line(message, token), wandb)}", file=sys.stderr)
         return EXIT_PERMANENT if e.permanent else EXIT_TRANSIENT
     except Exception as e:  # noqa: BLE001 - any other failure still ends in one line, and a retry
-        print(f"stage-data: failed: {one_line(f'{type(e).__name__}: {e}', token)}", file=sys.stderr)
+        print(f"stage-data: failed: {one_line(one_line(f'{type(e).__name__}: {e}', token), wandb)}", file=sys.stderr)
         return EXIT_TRANSIENT
     return EXIT_OK
 

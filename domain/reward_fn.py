@@ -1,0 +1,101 @@
+"""Your reward (verl-gke:rewardFunction = `file.py` or `file.py:name`): checked at synth in a child process
+with a deadline (importing it runs it), uploaded by the program beside your data, passed to verl as
+custom_reward_function.path and .name."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from domain.bucket import MOUNT_PATH
+from domain.problems import problem_line
+from domain.user_data import BUCKET_DIR
+
+KEY = "verl-gke:rewardFunction"
+DEFAULT_NAME = "compute_score"
+"""verl's default custom_reward_function.name."""
+CHECK_TIMEOUT_S = 30
+SAMPLE = {"data_source": "openai/gsm8k", "solution_str": "3 + 4 = 7\n#### 7", "ground_truth": "7",
+          "extra_info": {"split": "test", "index": 0}}
+"""The call verl makes (verl/workers/reward_manager/naive.py, 0.6.1 and 0.9.0: keywords data_source,
+solution_str, ground_truth, extra_info), on a GSM8K-shaped row when the stack has no data of its own."""
+
+_PROBE = """
+import importlib.util, inspect, json, numbers, sys
+path, name, sample = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+def answer(problem):
+    print(json.dumps({"problem": problem})); sys.exit(0)
+try:
+    spec = importlib.util.spec_from_file_location("custom_module", path)
+    module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)
+except BaseException as e:
+    answer(f"does not import: {type(e).__name__}: {e}")
+fn = getattr(module, name, None)
+if not callable(fn):
+    answer(f"has no function {name}")
+try:
+    inspect.signature(fn).bind(**sample)
+except TypeError as e:
+    answer(f"{name} does not take the keywords verl calls it with ({', '.join(sample)}): {e}")
+except ValueError:
+    pass
+try:
+    score = fn(**sample)
+except BaseException as e:
+    answer(f"{name} raised {type(e).__name__}: {e} on a sample row")
+value = score.get("score") if isinstance(score, dict) else score
+if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    answer(f"{name} returned {score!r} on a sample row: verl takes a number, or a dict with a numeric 'score'")
+answer(None)
+"""
+
+
+def parse(value: str) -> tuple[Path, str]:
+    """`file.py[:name]` -> (the file, the function's name)."""
+    path, _, name = value.partition(":")
+    return Path(path).expanduser(), name or DEFAULT_NAME
+
+
+def object_name(value: str) -> str:
+    """The file's object in the bucket, named by its content's digest."""
+    path, _ = parse(value)
+    return f"{BUCKET_DIR}/reward/{hashlib.sha256(path.read_bytes()).hexdigest()[:16]}/{path.name}"
+
+
+def verl_paths(value: str) -> dict[str, str]:
+    """custom_reward_function.path and .name; {} when the file cannot be read (problems() says why)."""
+    if not value:
+        return {}
+    try:
+        return {"custom_reward_function.path": f"{MOUNT_PATH}/{object_name(value)}",
+                "custom_reward_function.name": parse(value)[1]}
+    except OSError:
+        return {}
+
+
+def problems(value: str, sample: dict[str, Any] | None = None, timeout_s: float = CHECK_TIMEOUT_S) -> list[str]:
+    """The file imports, has the function, takes verl's keywords and returns a number on `sample` (default
+    SAMPLE): in a child process, so a hang, an exit or a crash of the user's code ends within `timeout_s`."""
+    if not value:
+        return []
+    path, name = parse(value)
+    if path.suffix != ".py" or not path.is_file() or not name.isidentifier():
+        return [problem_line(KEY, value, "a local Python file and, after ':', the function verl calls (default "
+                             f"{DEFAULT_NAME}), e.g. reward.py:compute_score.")]
+    try:
+        done = subprocess.run([sys.executable, "-I", "-c", _PROBE, str(path.resolve()), name,
+                               json.dumps(sample or SAMPLE, default=str)],
+                              capture_output=True, text=True, timeout=timeout_s, cwd=path.resolve().parent)
+    except subprocess.TimeoutExpired:
+        return [problem_line(KEY, value, f"importing and calling {name} on a sample row took over {timeout_s:g} s.")]
+    lines = done.stdout.strip().splitlines()
+    try:
+        problem = json.loads(lines[-1])["problem"]
+    except (IndexError, ValueError, KeyError, TypeError):
+        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        problem = f"the check ended without an answer ({last})"
+    return [] if problem is None else [problem_line(KEY, value, " ".join(str(problem).split()) + ".")]

@@ -1,0 +1,149 @@
+"""Your own data (verl-gke:dataDir): a local folder with train.parquet and test.parquet in verl's RL format,
+checked offline before anything is created, uploaded by the program into the bucket under its content's
+digest (the same files, the same objects and paths; the run reads them through the mount)."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from domain.bucket import MOUNT_PATH
+from domain.platforms import VerlRelease
+from domain.problems import problem_line
+from domain.verl_settings import VerlSettings
+from domain.verl_wheel import unpacked
+
+KEY = "verl-gke:dataDir"
+FILES = {"data.train_files": "train.parquet", "data.val_files": "test.parquet"}
+BUCKET_DIR = "user-data"
+"""Objects at user-data/<digest>/<file>: staging's side of the bucket (the Ray pods only read it)."""
+CUSTOM_REWARD = "custom_reward_function.path"
+_SHOWN = 5
+
+
+def digest(folder: Path) -> str:
+    """Of both files' bytes: new data, new objects and paths (so a new run id); the same, nothing changes."""
+    h = hashlib.sha256()
+    for name in FILES.values():
+        h.update(name.encode() + b"\0" + (folder / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def object_names(folder: Path) -> dict[str, str]:
+    """verl path -> the object's name in the bucket."""
+    d = digest(folder)
+    return {path: f"{BUCKET_DIR}/{d}/{name}" for path, name in FILES.items()}
+
+
+def verl_paths(value: str) -> dict[str, str]:
+    """data.train_files and data.val_files on the mount; {} when the folder cannot be read (problems() says why)."""
+    folder = Path(value).expanduser()
+    try:
+        return {path: f"{MOUNT_PATH}/{name}" for path, name in object_names(folder).items()}
+    except OSError:
+        return {}
+
+
+@cache
+def known_sources(release: VerlRelease) -> tuple[frozenset[str], tuple[str, ...]]:
+    """The data_source values verl's default_compute_score scores (verl/utils/reward_score/__init__.py of the
+    release): those it compares with `==` or `in [...]`, and the prefixes it takes with `startswith`."""
+    tree = ast.parse((unpacked(release) / "verl/utils/reward_score/__init__.py").read_text())
+    [fn] = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "default_compute_score"]
+    names: set[str] = set()
+    prefixes: list[str] = []
+
+    def strings(node: ast.AST) -> list[str]:
+        items = node.elts if isinstance(node, ast.List | ast.Tuple | ast.Set) else [node]
+        return [i.value for i in items if isinstance(i, ast.Constant) and isinstance(i.value, str)]
+
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Compare) and isinstance(node.left, ast.Name) and node.left.id == "data_source":
+            for op, right in zip(node.ops, node.comparators):
+                if isinstance(op, ast.Eq | ast.In):
+                    names.update(strings(right))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "startswith"
+              and isinstance(node.func.value, ast.Name) and node.func.value.id == "data_source"):
+            prefixes += [s for arg in node.args for s in strings(arg)]
+    return frozenset(names), tuple(prefixes)
+
+
+def sample(value: str) -> dict[str, Any] | None:
+    """The call verl's reward manager makes for the first row of test.parquet, answered with the ground truth
+    itself; None without readable data."""
+    try:
+        import pyarrow.parquet as pq
+
+        [row] = pq.read_table(Path(value).expanduser() / FILES["data.val_files"]).slice(0, 1).to_pylist()
+        truth = row["reward_model"]["ground_truth"]
+        return {"data_source": row["data_source"], "solution_str": str(truth), "ground_truth": truth,
+                "extra_info": row.get("extra_info") or {}}
+    except Exception:  # noqa: BLE001 dataDir's own check reports what is wrong with the file
+        return None
+
+
+def _columns(schema: Any, prompt_key: str, source_key: str) -> list[str]:
+    """What verl's RLHFDataset and reward manager read that the file lacks (verl/utils/dataset/rl_dataset.py:
+    the chat messages under data.prompt_key; verl/workers/reward_manager: data.reward_fn_key and
+    reward_model.ground_truth)."""
+    import pyarrow as pa
+
+    missing = [c for c in (prompt_key, source_key, "reward_model") if c not in schema.names]
+    if prompt_key in schema.names and not pa.types.is_list(schema.field(prompt_key).type):
+        missing.append(f"{prompt_key} (a list of chat messages)")
+    if "reward_model" in schema.names:
+        kind = schema.field("reward_model").type
+        if not pa.types.is_struct(kind) or kind.get_field_index("ground_truth") < 0:
+            missing.append("reward_model.ground_truth")
+    return missing
+
+
+def problems(value: str, release: VerlRelease, run: VerlSettings) -> list[str]:
+    """Each problem of the folder `value` as one line: not a local folder, a file missing or unreadable, a
+    column verl reads missing, data_source values verl's default reward does not score (any value passes
+    with a custom reward function)."""
+    if not value:
+        return []
+    if value.startswith("gs://"):
+        return [problem_line(KEY, value, "a local folder (gs:// is not staged yet: copy the two files locally).")]
+    folder = Path(value).expanduser()
+    absent = [name for name in FILES.values() if not (folder / name).is_file()]
+    if absent:
+        return [problem_line(KEY, value, f"a folder holding {' and '.join(FILES.values())} in verl's RL format "
+                             f"(missing {', '.join(absent)}).")]
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    prompt_key = str(run.get("data.prompt_key") or "prompt")
+    source_key = str(run.get("data.reward_fn_key") or "data_source")
+    names, prefixes = known_sources(release)
+    out = []
+    for name in FILES.values():
+        try:  # the schema and the one column read, not the whole file
+            file = pq.ParquetFile(folder / name)
+            schema = file.schema_arrow
+        except Exception as error:  # noqa: BLE001 pyarrow's own message says what is wrong with the file
+            reason = " ".join(str(error).split())
+            out.append(problem_line(KEY, value, f"{name} is not a readable parquet file ({reason})."))
+            continue
+        if missing := _columns(schema, prompt_key, source_key):
+            out.append(problem_line(KEY, value, f"{name} lacks what verl reads: {', '.join(missing)} (columns "
+                                    f"{prompt_key}, {source_key}, reward_model.ground_truth; extra_info optional)."))
+            continue
+        if file.metadata.num_rows == 0:
+            out.append(problem_line(KEY, value, f"{name} has no rows."))
+            continue
+        if run.get(CUSTOM_REWARD):
+            continue
+        seen = sorted({str(s) for s in pc.unique(file.read(columns=[source_key]).column(source_key)).to_pylist()})
+        unknown = [s for s in seen if s not in names and not s.startswith(prefixes)]
+        if unknown:
+            more = len(unknown) - _SHOWN
+            shown = ", ".join(unknown[:_SHOWN]) + (f" and {more} more" if more > 0 else "")
+            out.append(problem_line(KEY, value, f"{name}: {source_key} {shown} is not one verl {release.version}'s "
+                                    f"default reward scores ({', '.join(sorted(names)[:8])}, ...); set "
+                                    f"verl.{CUSTOM_REWARD} for your own."))
+    return out

@@ -1,0 +1,82 @@
+"""Your reward (issue 49, item 2): verl-gke:rewardFunction, checked at synth in a child process with a deadline,
+uploaded beside your data and passed to verl as custom_reward_function."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from domain import reward_fn
+from domain.config import load_config
+from tests.conftest import BASE_CONFIG
+from tests.test_user_data import refused, row, write
+from verl_gke import synth
+
+KEY = "verl-gke:rewardFunction"
+GOOD = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return float(solution_str.strip().endswith(str(ground_truth)))
+'''
+
+
+def reward(tmp_path: Path, text: str, name: str = "reward.py") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_a_good_function_is_passed_to_verl_by_its_bucket_path_and_name(tmp_path: Path) -> None:
+    path = reward(tmp_path, GOOD.replace("compute_score", "score_it"))
+    cfg = load_config({**BASE_CONFIG, KEY: f"{path}:score_it"})
+    assert cfg.verl.get("custom_reward_function.path") == f"/data/{reward_fn.object_name(str(path))}"
+    assert cfg.verl.get("custom_reward_function.path").startswith("/data/user-data/reward/")
+    assert cfg.verl.get("custom_reward_function.name") == "score_it"
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ("import no_such_module_here\n", "does not import: ModuleNotFoundError: No module named 'no_such_module_here'"),
+    ("def other(): pass\n", "has no function compute_score"),
+    ("def compute_score(response, answer):\n    return 1.0\n",
+     "compute_score does not take the keywords verl calls it with (data_source, solution_str, ground_truth, "
+     "extra_info): missing a required argument: 'response'"),
+    (GOOD.replace("return float(", "return str("), "compute_score returned 'True' on a sample row: verl takes a "
+     "number, or a dict with a numeric 'score'"),
+    ("def compute_score(**kw):\n    raise ValueError('boom')\n", "compute_score raised ValueError: boom on a "
+     "sample row"),
+    ("import sys\nsys.exit(3)\n", "does not import: SystemExit: 3"),
+])
+def test_each_bad_function_is_refused_in_one_line(tmp_path: Path, text: str, why: str) -> None:
+    path = reward(tmp_path, text)
+    assert refused(**{KEY: str(path)}) == [f'{KEY} = "{path}": {why}.']
+
+
+def test_a_function_that_never_returns_is_stopped_at_the_deadline(tmp_path: Path) -> None:
+    path = reward(tmp_path, "import time\ntime.sleep(60)\n")
+    assert reward_fn.problems(str(path), timeout_s=2) == [
+        f'{KEY} = "{path}": importing and calling compute_score on a sample row took over 2 s.']
+
+
+def test_not_a_python_file_is_refused(tmp_path: Path) -> None:
+    assert refused(**{KEY: f"{tmp_path}/missing.py"}) == [
+        f'{KEY} = "{tmp_path}/missing.py": a local Python file and, after \':\', the function verl calls (default '
+        "compute_score), e.g. reward.py:compute_score."]
+
+
+def test_it_is_called_on_your_data_and_lets_its_sources_through(tmp_path: Path) -> None:
+    folder = write(tmp_path / "mine", [row("my/source", reward_model={"style": "rule", "ground_truth": "42"})])
+    picky = reward(tmp_path, "def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+                             "    assert data_source == 'my/source' and ground_truth == '42'\n    return 1\n")
+    load_config({**BASE_CONFIG, "verl-gke:dataDir": str(folder), KEY: str(picky)})
+
+
+def test_the_program_uploads_the_file_and_the_job_names_it(tmp_path: Path) -> None:
+    path = reward(tmp_path, GOOD)
+    result = synth.run("a4", overrides={KEY: str(path)})
+    [obj] = [r for r in result.registrations if r.type == "gcp:storage/bucketObject:BucketObject"]
+    assert obj.inputs["name"] == reward_fn.object_name(str(path))
+    [job] = [r for r in result.registrations if r.type == "pulumi-python:dynamic:GrpoJob"]
+    args = shlex.split(job.inputs["entrypoint"])
+    assert f"custom_reward_function.path=/data/{obj.inputs['name']}" in args
+    assert "custom_reward_function.name=compute_score" in args
