@@ -347,6 +347,7 @@ def test_status_of_an_ended_run_whose_head_is_gone_comes_from_the_run_record(
     status comes from the run record ConfigMap (here a `kubectl proxy`-like loopback API)."""
     from tests.kube_api import kube_api
     from workloads.kube import KubernetesApi
+    from workloads.run_lifecycle import SUCCEEDED
     from workloads.run_record import Attempt, RecordStore, RunRecord
 
     (closed,) = free_ports(1)
@@ -357,7 +358,7 @@ def test_status_of_an_ended_run_whose_head_is_gone_comes_from_the_run_record(
         records = RecordStore(KubernetesApi(url), "default", "b200-ray-cluster")
         ended = RunRecord("run-1", attempts=(Attempt(index=0, submission_id="verl-gke-0123456789ab-0", by="pulumi-up",
                                                      cause="first", submitted=True),),
-                          outcome="succeeded").decided("run ended: succeeded", 1_700_003_600.0)
+                          outcome=SUCCEEDED).decided("run ended: succeeded", 1_700_003_600.0)
         stored = records.write(records.get("run-1"), ended)
 
         # Ended but not yet released: the head should be there, so its error stands.
@@ -369,7 +370,7 @@ def test_status_of_an_ended_run_whose_head_is_gone_comes_from_the_run_record(
         code, out, err = run(capsys, *argv, "--kube-api-url", url)
         assert code == 0, err
         assert out.splitlines() == [
-            "Run            run-1  ended: succeeded",
+            "Run            run-1  ended SUCCEEDED",
             f"Stack outputs  {outputs}",
             "Cluster        verl-a4 in us-central1, platform a4, 2 GPU nodes x 8 GPUs",
             "Ray head       none: the run ended and the run supervisor released the GPU workers by suspending the "

@@ -32,7 +32,7 @@ from tests.run_world import FAULTS, HEAD_OUTAGE_S, LEASE_PATH, NS, OUTPUTS, RC, 
 from verl_gke.console import CliError
 from verl_gke.runs import BucketCopy, Run, stop
 from workloads.run_lease import LEASE_DURATION_S
-from workloads.run_lifecycle import Created, Decider, RunSpec
+from workloads.run_lifecycle import SUCCEEDED, USER_STOPPED, Created, Decider, RunSpec
 from workloads.run_record import CLUSTER_LABEL, COMPONENT, RECORD_KEY, RecordStore
 
 EXPLORE = int(os.environ.get("VERL_GKE_EXPLORE", "0"))
@@ -223,7 +223,7 @@ class RunLifecycle(RuleBasedStateMachine):
         silent = world.pods and not world.head.up
         lost = not records and (silent or (world.head.workers > 0 and not world.head.live()))
         # A succeeded run's model export holds the GPUs until it ends (bounded by exportTimeoutSeconds).
-        return bool(lost or (records and all(r.outcome and (r.outcome != "succeeded" or r.export_outcome)
+        return bool(lost or (records and all(r.outcome and (r.outcome != SUCCEEDED or r.export_outcome)
                                              for r in records))), silent
 
     @rule()
@@ -401,7 +401,7 @@ class RunLifecycle(RuleBasedStateMachine):
     def a_run_the_user_stopped_never_runs_again(self) -> None:
         """Once `verl-gke stop` ended a run, it gets no attempt more (a create refuses to reopen it)."""
         for record in self.world.records().values():
-            if record is None or record.outcome != "stopped by verl-gke stop":
+            if record is None or record.outcome != USER_STOPPED:
                 continue
             key = f"{record.run_id}/{record.generation}"
             count = self.stopped.setdefault(key, len(record.attempts))

@@ -517,7 +517,7 @@ def _submission(submission_id: str, verbose: bool) -> str:
 
 def _ended_rows(outputs: StackOutputs, record: RunRecord, verbose: bool) -> list[tuple[str, str]]:
     rows = [
-        ("Run", f"{record.run_id}  ended: {record.outcome}"),
+        ("Run", f"{record.run_id}  ended {record.outcome.shown if record.outcome else ''}"),
         ("Stack outputs", outputs.source),
         ("Cluster", _cluster_line(outputs)),
         ("Ray head", "none: the run ended and the run supervisor released the GPU workers by suspending the "
