@@ -32,6 +32,7 @@ from tests.test_run_supervisor import RecordingControl
 from tests.test_cli import error_line, outputs_doc, run, write_outputs
 from verl_gke import runs, stack_outputs
 from workloads import run_lifecycle, run_logs
+from workloads.gcs import Gcs
 from workloads.kube import KubernetesApi
 from workloads.run_lifecycle import USER_STOPPED, Decider, RayJobs, View, decide
 from workloads.run_logs import DirectorySink, LogCopier
@@ -466,7 +467,7 @@ def test_the_copy_through_the_gcs_json_api_with_the_pods_token() -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_port}"
     try:
-        sink = run_logs.GcsSink("bkt", timeout_s=5, storage_url=base, token_url=f"{base}/token")
+        sink = run_logs.GcsSink(Gcs("bkt", timeout_s=5, storage_url=base, token_url=f"{base}/token"))
         assert sink.read("logs/run-1/decisions.log") is None
         sink.write("logs/run-1/decisions.log", "2026-12-06T00:00:00Z one\n")
         assert _Gcs.objects == {"logs/run-1/decisions.log": b"2026-12-06T00:00:00Z one\n"}

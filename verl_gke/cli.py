@@ -219,9 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="keep retrying while the run record (with --submission-id: the Ray head) cannot be "
                            f"read, up to S seconds (default {OUTAGE_WINDOW_S:g})")
     wait.add_argument("--json", action="store_true",
-                      help="once the run ended (and its model export, if one was claimed), print its outcome, "
-                           "newest submission id and modelUri as one JSON object on stdout (the exit status is "
-                           "the same): the stack outputs say only what the last `pulumi up` or refresh saw")
+                      help="once the run ended (and its model export, if one was claimed), print its outcome "
+                           "(state, reason, message), newest submission id and modelUri as one JSON object on "
+                           "stdout (the exit status is the same): the stack outputs say only what the last `pulumi up` or refresh saw")
     wait.set_defaults(handler=cmd_wait)
 
     stop = commands.add_parser(
@@ -246,8 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--step-times", action="store_true",
                          help="read each run's logs from the bucket copy for its measured step time")
     listing.add_argument("--json", action="store_true",
-                         help="every run as JSON (runId, outcome, status, attempts, submissionId, released, "
-                              "exportOutcome, modelUri)")
+                         help="every run as JSON (runId, state, reason, message, outcome, status, attempts, "
+                              "submissionId, released, exportOutcome, modelUri)")
     listing.set_defaults(handler=runs.cmd_runs)
 
     dash = commands.add_parser(
