@@ -1003,6 +1003,19 @@ def test_each_command_lists_exactly_the_flags_its_code_reads(command: str, capsy
     assert named <= own, f"{command} --help names flags it does not take: {sorted(named - own)}"
 
 
+def test_a_shared_flag_is_declared_once_and_described_alike_by_every_command() -> None:
+    """verify and report take --outputs, --stack, --kube-api-url (and report --run, --bucket-dir) from the
+    CLI's one set of flag groups, as every other command: one help text per flag."""
+    described: dict[str, set[str]] = {}
+    for command, sub in _subcommands().items():
+        for action in sub._actions:
+            if action.dest in ("outputs", "stack", "kube_api_url", "run", "bucket_dir"):
+                described.setdefault(action.dest, set()).add(action.help or "")
+        assert command in cli.COMMAND_FLAGS, f"{command}: its flag groups are not in cli.COMMAND_FLAGS"
+    assert {dest: len(helps) for dest, helps in described.items()} == {
+        "outputs": 1, "stack": 1, "kube_api_url": 1, "run": 1, "bucket_dir": 1}
+
+
 def test_wait_honours_its_timeout_while_the_head_is_unreachable(capsys: pytest.CaptureFixture[str]) -> None:
     """`wait --timeout 2` during a head outage ends at its timeout (exit 8), not after the outage window."""
     (closed,) = free_ports(1)

@@ -135,8 +135,7 @@ def _flag_groups() -> dict[str, argparse.ArgumentParser]:
         "run": _flags(
             "which run",
             (("--run",), dict(metavar="RUN_ID",
-                              help="the run to follow (default: the stack output runId); its record names its "
-                                   "attempts"))),
+                              help="the run (default: the stack output runId); its record names its attempts"))),
         "job": _flags(
             "or one Ray job",
             (("--submission-id",), dict(metavar="ID", help="one Ray job to follow instead of a run (its submission "
@@ -145,7 +144,7 @@ def _flag_groups() -> dict[str, argparse.ArgumentParser]:
             "the Kubernetes API",
             (("--kube-api-url",), dict(metavar="URL",
                                        help="a directly reachable Kubernetes API (e.g. `kubectl proxy`'s) to read "
-                                            "the run records from and port-forward to the Ray head through "
+                                            "the cluster (its run records, the Ray head's port-forward) through "
                                             "(default: the cluster's endpoint, with your Google credentials)"))),
         "bucket": _flags(
             "where the run's log copy is read",
@@ -162,6 +161,7 @@ COMMAND_FLAGS: dict[str, tuple[str, ...]] = {
     "status": _FOLLOW, "logs": (*_FOLLOW, "bucket"), "wait": _FOLLOW, "stop": ("outputs", "run", "records"),
     "runs": ("outputs", "records", "bucket"), "dashboard": ("outputs", "head", "records"),
     "metrics": (*_FOLLOW, "bucket"), "fabric": ("outputs", "head", "records"), "export": _FOLLOW,
+    "verify": ("outputs", "records"), "report": ("outputs", "run", "records", "bucket"),
 }
 
 
@@ -306,8 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--poll", type=_positive_float, default=DEFAULT_POLL_S, metavar="S",
                      help=f"seconds between status checks (default {DEFAULT_POLL_S:g})")
     exp.set_defaults(handler=cmd_export)
-    verify.add_parser(commands)
-    report.add_parser(commands)
+    verify.add_parser(commands, parents("verify"))
+    report.add_parser(commands, parents("report"))
     return parser
 
 
