@@ -383,11 +383,25 @@ def test_the_stack_exports_the_step_and_run_time_its_plan_models(synth_stack: An
     assert out["modeledVerlStartupSeconds"] == loaded.modeled_verl_startup_s == round(plan.time.startup_s, 1) > 0
 
 
-def test_refresh_reports_a_run_stopped_by_the_user_as_stopped() -> None:
-    ended = [RunRecord("r", outcome=o) for o in (USER_STOPPED, run_lifecycle.DELETED, run_lifecycle.budget_spent(60),
-                                                 run_lifecycle.SUCCEEDED, run_lifecycle.head_outage(9))]
-    assert [r.job_status for r in (RunRecord("r"), *ended)] == [
-        "RUNNING", "STOPPED", "STOPPED", "FAILED", "SUCCEEDED", "FAILED"]
+@pytest.mark.parametrize(("outcome", "status"), [
+    (USER_STOPPED, "STOPPED"), (run_lifecycle.DELETED, "STOPPED"), (run_lifecycle.stopped_outside("sid-0"), "STOPPED"),
+    (run_lifecycle.budget_spent(60), "FAILED"), (run_lifecycle.SUCCEEDED, "SUCCEEDED"),
+    (run_lifecycle.head_outage(9), "FAILED"), (replace(run_lifecycle.DEPLOY_FAILED, state=Ended.STOPPED), "STOPPED"),
+])
+def test_refresh_of_a_released_run_reports_grpo_job_status_by_its_outcome_state(api: str, outcome: Outcome,
+                                                                                 status: str) -> None:
+    """`pulumi refresh` once the run was released (no head): grpoJobStatus from the record's state alone."""
+    (closed,) = free_ports(1)
+    props = {"dashboard_url": f"http://127.0.0.1:{closed}", "kube_api_url": api, "namespace": NAMESPACE,
+             "stack": "t0", "head_service": "rc-t0-head-svc", "run_record": "rc-t0-run", "entrypoint": "python -c 1",
+             "runtime_env": {}}
+    spec = _JobSpec.from_props(props)
+    store = RecordStore(KubernetesApi(api), NAMESPACE, spec.ray_cluster)
+    store.write(store.get(spec.run_key), RunRecord(spec.run_key, attempts=(Attempt(0, "sid-0", "pulumi-up", "pulumi-up",
+                                                                                   submitted=True),),
+                                                   outcome=outcome, released=True))
+    read = GrpoJobProvider().read("sid-0", {**props, "submission_id": "sid-0", "status": "RUNNING"})
+    assert read.outs is not None and (read.outs["submission_id"], read.outs["status"]) == ("sid-0", status)
 
 
 def test_logs_follow_streams_the_current_attempt_only(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
