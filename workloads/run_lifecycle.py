@@ -66,8 +66,8 @@ LOG_LINES = 200
 EXPORT_PREFIX = "verl-export-"
 """workloads.export_model.SUBMISSION_PREFIX (the lifecycle imports no export code)."""
 
-# Outcomes a later `pulumi up` of the same run continues from: the run is not over. Every outcome the
-# decider records is made here (workloads/run_record.py maps 0.8.0's texts to them).
+# Every outcome the decider records is made here (workloads/run_record.py maps 0.8.0's texts to them).
+# REOPENABLE: those a later `pulumi up` of the same run continues from (the run is not over).
 DELETED = Outcome(Ended.STOPPED, "StackDeleted", "stopped by pulumi (delete or replace)")
 DEPLOY_FAILED = Outcome(Ended.FAILED, "DeployFailed", "deploy failed before any attempt ran")
 SUCCEEDED = Outcome(Ended.SUCCEEDED, "Succeeded", "succeeded")
