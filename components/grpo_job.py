@@ -483,7 +483,7 @@ class GrpoJobProvider(pulumi.dynamic.ResourceProvider):
         if record is not None and record.released:
             # Ended and its RayCluster suspended: no head to ask, and the record is the truth.
             sid = newest or props.get("submission_id") or id_
-            return pulumi.dynamic.ReadResult(id_, spec.outs(sid, ended_status(record.outcome), previous, exported))
+            return pulumi.dynamic.ReadResult(id_, spec.outs(sid, record.job_status, previous, exported))
         try:
             with _client(spec, spec.reach_timeout_s) as client:
                 jobs = client.list_jobs()
@@ -589,12 +589,6 @@ def _stop_through_cluster(spec: _JobSpec, records: RecordStore | MemoryRecords, 
     run_lifecycle.write_record(records, spec.run_key, lambda r: None if r is None else
                                run_lifecycle.suspended_by_stack(r, where), lease)
     return True
-
-
-def ended_status(outcome: str) -> str:
-    """A Ray job status for a run's recorded outcome."""
-    kind = run_lifecycle.outcome_kind(outcome)
-    return "SUCCEEDED" if kind == "succeeded" else "STOPPED" if kind == "stopped" else "FAILED"
 
 
 def _spec_props(props: Mapping[str, Any]) -> dict[str, Any]:

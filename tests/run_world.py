@@ -22,6 +22,7 @@ from workloads.kube import Conflict, Invalid, RayClusterControl
 from workloads.run_lease import LEASE_WAIT_S, PULUMI_UP, RENEW_EVERY_S, Lease, LeaseLost
 from workloads.run_lifecycle import (
     Created,
+    SUCCEEDED,
     Decider,
     RayJobs,
     Refused,
@@ -346,7 +347,7 @@ class World:
                 record = self.records().get(provider.run.run_id)
                 ran = [sid for sid, job in self.head.jobs.items() if sid in provider.run.submission_ids
                        and job["status"] in ("PENDING", "RUNNING", "SUCCEEDED")]
-                if record is None or (record.outcome != "succeeded" and (record.outcome or not ran)):
+                if record is None or (record.outcome != SUCCEEDED and (record.outcome or not ran)):
                     self.undeleted.append(f"{provider.run.run_id}: created, yet nothing of it ran: {record}")
             provider.lease.release()
             self.provider = None
@@ -368,9 +369,10 @@ class World:
             return
         record = self.records().get(owner.run_id)
         reasons = record is not None and (
-            record.desired == "stopped" or record.outcome.startswith(("budget", "deploy failed"))
+            record.desired == "stopped"
+            or (record.outcome is not None and record.outcome.reason in ("BudgetSpent", "DeployFailed", "HeadOutage"))
             or any(a.stopped_for for a in record.attempts if a.submission_id == submission_id)
-            or record.generation != owner.generation or record.outcome.startswith("lost: the Ray head did not answer"))
+            or record.generation != owner.generation)
         if not reasons:
             self.bad_stops.append(f"{submission_id}: {record}")
 

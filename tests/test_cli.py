@@ -347,6 +347,7 @@ def test_status_of_an_ended_run_whose_head_is_gone_comes_from_the_run_record(
     status comes from the run record ConfigMap (here a `kubectl proxy`-like loopback API)."""
     from tests.kube_api import kube_api
     from workloads.kube import KubernetesApi
+    from workloads.run_lifecycle import SUCCEEDED
     from workloads.run_record import Attempt, RecordStore, RunRecord
 
     (closed,) = free_ports(1)
@@ -357,7 +358,7 @@ def test_status_of_an_ended_run_whose_head_is_gone_comes_from_the_run_record(
         records = RecordStore(KubernetesApi(url), "default", "b200-ray-cluster")
         ended = RunRecord("run-1", attempts=(Attempt(index=0, submission_id="verl-gke-0123456789ab-0", by="pulumi-up",
                                                      cause="first", submitted=True),),
-                          outcome="succeeded").decided("run ended: succeeded", 1_700_003_600.0)
+                          outcome=SUCCEEDED).decided("run ended: succeeded", 1_700_003_600.0)
         stored = records.write(records.get("run-1"), ended)
 
         # Ended but not yet released: the head should be there, so its error stands.
@@ -369,7 +370,7 @@ def test_status_of_an_ended_run_whose_head_is_gone_comes_from_the_run_record(
         code, out, err = run(capsys, *argv, "--kube-api-url", url)
         assert code == 0, err
         assert out.splitlines() == [
-            "Run            run-1  ended: succeeded",
+            "Run            run-1  ended SUCCEEDED",
             f"Stack outputs  {outputs}",
             "Cluster        verl-a4 in us-central1, platform a4, 2 GPU nodes x 8 GPUs",
             "Ray head       none: the run ended and the run supervisor released the GPU workers by suspending the "
@@ -1000,6 +1001,19 @@ def test_each_command_lists_exactly_the_flags_its_code_reads(command: str, capsy
     own = {option for a in sub._actions for option in a.option_strings}
     named = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", re.sub(r"`[^`]*`", "", capsys.readouterr().out)))
     assert named <= own, f"{command} --help names flags it does not take: {sorted(named - own)}"
+
+
+def test_a_shared_flag_is_declared_once_and_described_alike_by_every_command() -> None:
+    """verify and report take --outputs, --stack, --kube-api-url (and report --run, --bucket-dir) from the
+    CLI's one set of flag groups, as every other command: one help text per flag."""
+    described: dict[str, set[str]] = {}
+    for command, sub in _subcommands().items():
+        for action in sub._actions:
+            if action.dest in ("outputs", "stack", "kube_api_url", "run", "bucket_dir"):
+                described.setdefault(action.dest, set()).add(action.help or "")
+        assert command in cli.COMMAND_FLAGS, f"{command}: its flag groups are not in cli.COMMAND_FLAGS"
+    assert {dest: len(helps) for dest, helps in described.items()} == {
+        "outputs": 1, "stack": 1, "kube_api_url": 1, "run": 1, "bucket_dir": 1}
 
 
 def test_wait_honours_its_timeout_while_the_head_is_unreachable(capsys: pytest.CaptureFixture[str]) -> None:

@@ -37,3 +37,18 @@ def test_a_write_through_the_mount_is_a_new_generation_listed_under_its_prefix(g
     assert again != first
     assert gcs.name(shard) == "verl/r/global_step_1/actor/model_world_size_1_rank_0.pt"
     assert gcs.generations("verl/r/global_step_1/") == {gcs.name(shard): Stat(again, 10)}
+
+
+def test_the_run_logs_copy_goes_through_the_same_client(gcs_emulator: str, tmp_path: Path) -> None:
+    """workloads/run_logs.GcsSink: one request a read or a write (objects.get alt=media, objects.insert
+    uploadType=media), overwriting; a missing object reads as None, a missing bucket fails the write."""
+    from workloads.gcs import Gcs
+    from workloads.run_logs import GcsSink
+
+    sink = GcsSink(make_bucket(gcs_emulator, "verl-data", tmp_path))
+    assert sink.read("logs/run-1/decisions.log") is None
+    sink.write("logs/run-1/decisions.log", "one\n")
+    sink.write("logs/run-1/decisions.log", "one\ntwo é\n")
+    assert sink.read("logs/run-1/decisions.log") == "one\ntwo é\n"
+    with pytest.raises(FileNotFoundError, match="gs://no-such-bucket: no such bucket"):
+        GcsSink(Gcs("no-such-bucket", storage_url=gcs_emulator, token_url=None)).write("logs/x", "x")

@@ -194,7 +194,7 @@ def test_2_head_restart_after_the_end_keeps_the_workers_released(heads, api):
     wait_for(lambda: status(heads["head"], spec.attempt_ids[0]) == "SUCCEEDED", 60, "the run's end")
     first = supervisor(heads["head"], url, spec)
     first.step()
-    assert record(url, spec).outcome == "succeeded" and record(url, spec).released
+    assert record(url, spec).outcome == run_lifecycle.SUCCEEDED and record(url, spec).released
     assert released(state, spec)
     first.lease.release()
     heads["head"] = restart_head(heads["head"])
@@ -299,7 +299,7 @@ def test_4_failed_deploy_releases_the_workers_and_a_cluster_never_whole_ends_the
     assert record(url, spec).waiting_s == pytest.approx(300) and not record(url, spec).outcome
     now[0] += 301
     watcher.step()
-    assert record(url, spec).outcome == "the cluster was not whole within 600 s (0 of 1 GPU workers, 0 of 1 GPUs)"
+    assert str(record(url, spec).outcome) == "the cluster was not whole within 600 s (0 of 1 GPU workers, 0 of 1 GPUs)"
     assert released(state, spec) and record(url, spec).released
     assert not live(heads["head"], spec)
 
@@ -327,7 +327,7 @@ def test_4_failed_deploy_releases_the_workers_and_a_cluster_never_whole_ends_the
     RayJobs(heads["head"].dashboard_url).stop(created.id)
     wait_for(lambda: status(heads["head"], created.id) == "STOPPED", 30, "the older generation's end")
     watcher.step()
-    assert record(url, old).outcome == (f"jobAttempt 0 of {old.run_key} ended while the stack names jobAttempt 1 of "
+    assert str(record(url, old).outcome) == (f"jobAttempt 0 of {old.run_key} ended while the stack names jobAttempt 1 of "
                                         f"{old.run_key}, so none of its attempts is resubmitted: {created.id} STOPPED")
     assert released(state, old) and record(url, old).released
     assert [a.submission_id for a in record(url, old).attempts] == [created.id]
@@ -354,7 +354,7 @@ def test_5_budget_is_enforced_before_every_submission(heads, api):
     watcher.step()
     now[0] += 2
     watcher.step()
-    assert record(url, spec).outcome == "budget of 1 s spent"
+    assert record(url, spec).outcome == run_lifecycle.budget_spent(1)
     assert status(head, spec.attempt_ids[1]) is None
 
     # Refused where nothing would enforce the budget, or where its stop would lose the whole run.

@@ -31,7 +31,7 @@ from verl_gke.console import CliError
 from verl_gke.runs import BucketCopy, Run, stop
 from workloads import run_lifecycle
 from workloads.run_lease import LEASE_DURATION_S
-from workloads.run_lifecycle import Created, Decider, RunSpec
+from workloads.run_lifecycle import SUCCEEDED, USER_STOPPED, Created, Decider, RunSpec
 from workloads.run_record import CLUSTER_LABEL, COMPONENT, RECORD_KEY, RecordStore
 
 EXPLORE = int(os.environ.get("VERL_GKE_EXPLORE", "0"))
@@ -218,7 +218,7 @@ class RunLifecycle(RuleBasedStateMachine):
         silent = world.pods and not world.head.up
         lost = not records and (silent or (world.head.workers > 0 and not world.head.live()))
         # A succeeded run's model export holds the GPUs until it ends (bounded by exportTimeoutSeconds).
-        return bool(lost or (records and all(r.outcome and (r.outcome != "succeeded" or r.export_outcome)
+        return bool(lost or (records and all(r.outcome and (r.outcome != SUCCEEDED or r.export_outcome)
                                              for r in records))), silent
 
     @rule()
@@ -456,7 +456,7 @@ class RunLifecycle(RuleBasedStateMachine):
         for key in [k for k in self.stopped if records.get(k.split("/")[0]) is None]:
             del self.stopped[key]
         for record in records.values():
-            if record is None or record.outcome != "stopped by verl-gke stop":
+            if record is None or record.outcome != USER_STOPPED:
                 continue
             key = f"{record.run_id}/{record.generation}"
             count = self.stopped.setdefault(key, len(record.attempts))

@@ -6,6 +6,7 @@ scenario failed on 0.5.1 (CHANGELOG.md, 0.6.0)."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -35,7 +36,9 @@ from workloads.run_record import (
     MAX_RECORD_BYTES,
     RECORD_KEY,
     Attempt,
+    Ended,
     Gone,
+    Outcome,
     RecordStore,
     RunRecord,
     record_name,
@@ -233,7 +236,7 @@ def test_pruning_keeps_every_open_run_and_the_newest_ended_ones():
     kube = KubeApiStandIn()
     store = RecordStore(InProcessApi(kube), NS, RC)
     for i in range(ENDED_KEPT + 3):
-        store.write(store.get(f"old-{i:02d}"), RunRecord(f"old-{i:02d}", outcome="succeeded", released=True))
+        store.write(store.get(f"old-{i:02d}"), RunRecord(f"old-{i:02d}", outcome=run_lifecycle.SUCCEEDED, released=True))
     store.write(store.get("open"), RunRecord("open"))
     pruned = sorted(s.run_id for s in to_prune(store.list()))
     assert pruned == ["old-00", "old-01", "old-02"]
@@ -249,6 +252,61 @@ def test_a_record_of_0_5_1_is_read_once_and_converted():
     assert (converted.generation, converted.opened_at, [a.submission_id for a in converted.attempts]) == (1, 1,
                                                                                                           ["s0", "s1"])
     assert converted.budget_used_s == 0.0  # a wall-clock deadline is not carried over
+
+
+# Every outcome 0.8.0 wrote as free text, and what it now is: the decider makes each of them (its tests pin them).
+OUTCOMES_0_8_0 = [
+    ("succeeded", SUCCEEDED),
+    ("stopped by pulumi (delete or replace)", DELETED),
+    ("stopped by verl-gke stop", USER_STOPPED),
+    ("verl-grpo-a4-0123456789ab-1 was stopped", run_lifecycle.stopped_outside("verl-grpo-a4-0123456789ab-1")),
+    ("budget of 3600 s spent", run_lifecycle.budget_spent(3600.0)),
+    ("lost: no record of it and no job of it on the Ray head", UNTRACED),
+    ("lost: no record of it, and the Ray head did not answer", UNANSWERED),
+    ("lost: the Ray head did not answer for 905 s", run_lifecycle.head_outage(905.0)),
+    ("deploy failed before any attempt ran", DEPLOY_FAILED),
+    ("attempt 1 (s1) was claimed and never submitted",
+     Outcome(Ended.FAILED, "NeverSubmitted", "attempt 1 (s1) was claimed and never submitted")),
+    ("jobAttempt 0 of run-a ended while the stack names jobAttempt 1 of run-a, so none of its attempts is "
+     "resubmitted: s0 FAILED", Outcome(Ended.FAILED, "NoLongerNamed", "jobAttempt 0 of run-a ended while the stack "
+                                       "names jobAttempt 1 of run-a, so none of its attempts is resubmitted: s0 FAILED")),
+    ("failed by itself 2 times: OOM\nKilled", Outcome(Ended.FAILED, "RetriesSpent", "failed by itself 2 times: OOM\nKilled")),
+    ("no submission id left after 4 attempts",
+     Outcome(Ended.FAILED, "SubmissionIdsSpent", "no submission id left after 4 attempts")),
+    ("lost nodes 2 times", Outcome(Ended.FAILED, "PreemptionsSpent", "lost nodes 2 times")),
+    ("the cluster was not whole within 600 s (1 of 2 GPU workers, 8 of 16 GPUs)",
+     Outcome(Ended.FAILED, "CapacityTimeout", "the cluster was not whole within 600 s (1 of 2 GPU workers, 8 of 16 GPUs)")),
+    ("something a hand wrote", Outcome(Ended.FAILED, "Unrecognized", "something a hand wrote")),
+]
+
+
+@pytest.mark.parametrize(("text", "outcome"), OUTCOMES_0_8_0)
+def test_a_record_of_0_8_0_with_free_text_reads_as_state_reason_and_message(text: str, outcome: Outcome):
+    written = json.dumps({"version": 2, "run_id": "r", "outcome": text, "released": True, "attempts": []})
+    read = RunRecord.from_json(written)
+    assert read.outcome == outcome
+    # Written again: 0.8.0's text stays under `outcome` (a 0.8.0 reader during a rolling upgrade reads it).
+    again = json.loads(read.to_json())
+    assert (again["outcome"], again["outcome_state"], again["outcome_reason"]) == (text, outcome.state.name,
+                                                                                   outcome.reason)
+    assert RunRecord.from_json(read.to_json()) == read and str(outcome) == text
+
+
+def test_an_open_run_has_no_outcome_in_any_version():
+    assert RunRecord.from_json(json.dumps({"version": 2, "run_id": "r", "outcome": ""})).outcome is None
+    assert json.loads(RunRecord("r").to_json())["outcome"] == ""
+
+
+def test_no_outcome_is_classified_by_its_words():
+    """The state decides (`wait`'s exit, grpoJobStatus, reopening); only run_record.py reads 0.8.0's words."""
+    from pathlib import Path
+
+    root = Path(__file__).parent.parent
+    found = [f"{path.relative_to(root)}:{n}" for folder in ("workloads", "components", "verl_gke")
+             for path in sorted((root / folder).rglob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1)
+             if re.search(r"outcome\b[^#]*\.(startswith|endswith|removeprefix|removesuffix)\(", line)]
+    assert found == []
 
 
 # --- decide, rule by rule ------------------------------------------------------------------------------
@@ -298,7 +356,8 @@ def test_the_capacity_wait_is_bounded_by_its_accumulator():
     waiting = replace(RUNNING_0, waiting_s=590.0)
     changed, _ = decide(view(waiting, {"s0": job("s0", "FAILED")}, capacity=Capacity(1, 8, 1),
                              ended_for_s={"s0": 999.0}))
-    assert changed["r"].outcome == "the cluster was not whole within 600 s (1 of 2 GPU workers, 8 of 16 GPUs)"
+    assert changed["r"].outcome == Outcome(Ended.FAILED, "CapacityTimeout", "the cluster was not whole within 600 s "
+                                                                            "(1 of 2 GPU workers, 8 of 16 GPUs)")
 
 
 def test_a_run_that_failed_by_itself_waits_its_backoff_on_the_deciders_own_clock():
@@ -312,7 +371,7 @@ def test_a_head_that_does_not_answer_is_neither_live_nor_ended_until_its_bound()
     changed, effects = decide(view(RUNNING_0, None))
     assert changed["r"].outage_s == 15.0 and not changed["r"].outcome and effects == []
     changed, effects = decide(view(replace(RUNNING_0, outage_s=890.0), None))
-    assert changed["r"].outcome == "lost: the Ray head did not answer for 905 s"
+    assert changed["r"].outcome == Outcome(Ended.LOST, "HeadOutage", "the Ray head did not answer for 905 s")
     assert changed["r"].released and [e.kind for e in effects] == ["suspend"]  # past the bound: released
 
 
@@ -346,7 +405,7 @@ def test_item1_a_same_run_replace_keeps_its_gpus_and_its_run():
     assert world.suspended() is False and not record(world).released  # the replace window
     assert pulumi_up(world, between=lambda _label: world.supervisors[0].step()) == "done"
     now = record(world)
-    assert (now.outcome, now.opened_at, [a.index for a in now.opened]) == ("", 1, [1])
+    assert (now.outcome, now.opened_at, [a.index for a in now.opened]) == (None, 1, [1])
     assert world.head.live() == [world.desired.submission_ids[1]] and world.suspended() is False
     # A run stopped by a delete whose create never came: released once the window passed.
     assert pulumi_up(world, "delete") == "done"
@@ -409,8 +468,9 @@ def test_item3_a_run_whose_id_changed_mid_up_is_watched_to_its_end_and_released(
     world.head.workers = 2
     steps(world, rounds=4)
     assert not world.head.live()  # no resubmission of a run the stack no longer names
-    assert record(world).outcome.startswith("jobAttempt 0 of run-a ended while the stack names jobAttempt 0 of "
-                                            "run-b, so none of its attempts is resubmitted")
+    assert record(world).outcome == Outcome(Ended.FAILED, "NoLongerNamed", (
+        f"jobAttempt 0 of run-a ended while the stack names jobAttempt 0 of run-b, so none of its attempts is "
+        f"resubmitted: {run_spec('run-a', 0).submission_ids[0]} FAILED"))
     assert record(world).released and world.suspended() is True
 
 
@@ -432,7 +492,7 @@ def test_item5_an_unreachable_head_is_not_released_under_a_live_job_nor_kept_for
     steps(world, rounds=50)  # 750 s: under the 900 s bound
     assert not record(world).outcome and world.suspended() is False
     steps(world, rounds=12)
-    assert record(world).outcome.startswith("lost: the Ray head did not answer for ")
+    assert (record(world).outcome.state, record(world).outcome.reason) == (Ended.LOST, "HeadOutage")
     assert record(world).released and world.suspended() is True
 
 
@@ -531,7 +591,7 @@ def test_item6_a_deleted_record_is_rebuilt_when_the_head_forgot_the_earlier_atte
     world.kube.handle("DELETE", path, {}, None)
     steps(world)
     rebuilt = record(world)
-    assert ([a.submission_id for a in rebuilt.attempts], rebuilt.opened_at, rebuilt.outcome) == (["", ids[1]], 1, "")
+    assert ([a.submission_id for a in rebuilt.attempts], rebuilt.opened_at, rebuilt.outcome) == (["", ids[1]], 1, None)
     world.head.lose_worker()  # supervised: the next attempt follows once the node is back
     world.head.workers = 2
     steps(world, rounds=3)
@@ -634,7 +694,7 @@ def test_a_run_recorded_unanswered_adopts_its_attempt_when_the_head_answers_agai
     world.set_link(True)
     steps(world)
     back = record(world)
-    assert (back.outcome, back.released, [a.submission_id for a in back.attempts]) == ("", False, [attempt])
+    assert (back.outcome, back.released, [a.submission_id for a in back.attempts]) == (None, False, [attempt])
     assert world.head.live() == [attempt] and world.suspended() is False and not world.bad_stops
 
 
@@ -649,7 +709,7 @@ def test_a_first_deploy_whose_head_is_not_up_yet_records_nothing():
     world.set_link(True)
     assert pulumi_up(world) == "done"
     opened = record(world)
-    assert opened.outcome == "" and "begun by pulumi-up" in opened.decisions[0]
+    assert opened.outcome is None and "begun by pulumi-up" in opened.decisions[0]
     assert not [d for d in opened.decisions if "lost" in d]
 
 
@@ -666,7 +726,7 @@ def test_a_run_recorded_untraced_is_resumed_by_a_replace_of_its_job():
     assert pulumi_up(world) == "done"
     reopened = record(world)
     assert (reopened.outcome, reopened.released, [a.submission_id for a in reopened.opened]) == (
-        "", False, [world.desired.submission_ids[0]])
+        None, False, [world.desired.submission_ids[0]])
     assert world.head.live() == [world.desired.submission_ids[0]] and world.suspended() is False
 
 
@@ -796,7 +856,7 @@ def test_item8_the_budget_stop_waits_for_a_checkpoint_being_written():
     assert effects == [] and not changed["r"].outcome  # the save under way goes on
     changed, effects = decide(view(spent, live, policy=policy, logs={"s0": run_lifecycle.LogState(10, False)}))
     assert [(e.kind, e.submission_id) for e in effects] == [("stop", "s0")]
-    assert changed["r"].outcome == "budget of 3600 s spent"
+    assert changed["r"].outcome == Outcome(Ended.OVER_BUDGET, "BudgetSpent", "budget of 3600 s spent")
 
 
 def test_item8_the_budget_deadline_is_on_the_heads_clock():
@@ -983,7 +1043,7 @@ def test_issue47_item5_a_create_over_a_provisional_record_keeps_it_provisional_w
     world.set_link(True)
     steps(world)
     back = record(world)
-    assert (back.outcome, [a.submission_id for a in back.attempts]) == ("", [attempt])
+    assert (back.outcome, [a.submission_id for a in back.attempts]) == (None, [attempt])
     assert world.head.live() == [attempt] and not world.bad_stops
 
 

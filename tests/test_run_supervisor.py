@@ -141,7 +141,7 @@ def test_a_run_that_loses_its_node_is_resubmitted_and_resumes_from_its_checkpoin
     resumed = int(re.findall(r"^resumed from step (\d+)$", client.get_job_logs(spec.supervised_ids[0]), re.M)[-1])
     assert resumed >= 3  # not from scratch
     record = record_of(url, spec)
-    assert record.outcome == "succeeded"
+    assert record.outcome == run_lifecycle.SUCCEEDED
     assert control.calls[-1] == ("set_suspended", True)  # the GPU workers are released
     assert [a.submission_id for a in record.attempts] == [first, spec.supervised_ids[0]] and record.released
 
@@ -158,7 +158,9 @@ def test_a_run_that_fails_by_itself_is_retried_only_up_to_the_bound(ray_cluster:
         jobs = {j.submission_id for j in JobSubmissionClient(ray_cluster.dashboard_url).list_jobs()}
         ids = props_spec.attempt_ids
         assert [i in jobs for i in ids] == [True, True, False, False]  # 1 retry, then no more
-        assert record_of(url, props_spec).outcome.startswith("failed by itself 2 times")
+        failed = record_of(url, props_spec).outcome
+        assert failed is not None and (failed.state, failed.reason) == (run_lifecycle.Ended.FAILED, "RetriesSpent")
+        assert str(failed).split(":")[0] == "failed by itself 2 times"
         assert ("set_suspended", True) in control.calls
     finally:
         stop_node(node, ray_cluster)
@@ -176,7 +178,7 @@ def test_the_budget_stops_a_long_run_and_verl_is_told_its_deadline(ray_cluster: 
         assert abs(deadline - (time.time() + 4)) < 10
         control = RecordingControl()
         supervise(ray_cluster, url, spec, control, until=60, budget_s=4)
-        assert record_of(url, spec).outcome == "budget of 4 s spent"
+        assert record_of(url, spec).outcome == run_lifecycle.budget_spent(4)
         wait_for(lambda: client.get_job_status(first) == "STOPPED", 30, "the stop")
         assert ("set_suspended", True) in control.calls
     finally:

@@ -32,10 +32,11 @@ from tests.test_run_supervisor import RecordingControl
 from tests.test_cli import error_line, outputs_doc, run, write_outputs
 from verl_gke import runs, stack_outputs
 from workloads import run_lifecycle, run_logs
+from workloads.gcs import Gcs
 from workloads.kube import KubernetesApi
 from workloads.run_lifecycle import USER_STOPPED, Decider, RayJobs, View, decide
 from workloads.run_logs import DirectorySink, LogCopier
-from workloads.run_record import Attempt, RecordStore, RunRecord, record_name
+from workloads.run_record import Attempt, Ended, Outcome, RecordStore, RunRecord, record_name
 from workloads.run_supervisor import SupervisorConfig, decider, step
 
 NAMESPACE = "ray"
@@ -208,7 +209,7 @@ def test_stop_ends_the_run_through_its_record_and_runs_lists_it_stopped(
     code, out, err = run(capsys, "runs", *where, "--step-times", "--bucket-dir", str(tmp_path / "bucket"))
     assert code == 0, err
     rows = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in out.splitlines())
-    assert rows["Run"] == f"{spec.run_key}  {USER_STOPPED}"  # the outcome names its kind: not printed twice
+    assert rows["Run"] == f"{spec.run_key}  STOPPED: stopped by verl-gke stop"  # the state, then the message
     assert rows["Attempts"] == "0 (pulumi-up)"
     assert rows["Checkpoints"] == f"gs://verl-data-my-project-123/verl/checkpoints/{spec.run_key}"
     assert rows["Model"] == "none (not exported)"
@@ -222,20 +223,22 @@ def test_stop_ends_the_run_through_its_record_and_runs_lists_it_stopped(
 # --- without Ray: the record alone decides what `wait` says ------------------------------------
 
 
-@pytest.mark.parametrize(("outcome", "kind", "code"), [
-    ("succeeded", "succeeded", 0),
-    ("failed by itself 3 times: exit 1", "failed", runs.EXIT_FAILED),
-    (run_lifecycle.DEPLOY_FAILED, "failed", runs.EXIT_FAILED),
-    ("lost nodes 10 times", "failed", runs.EXIT_FAILED),
-    (USER_STOPPED, "stopped", runs.EXIT_STOPPED),
-    (run_lifecycle.DELETED, "stopped", runs.EXIT_STOPPED),
-    ("verl-grpo-a4-0123456789ab was stopped", "stopped", runs.EXIT_STOPPED),
-    ("budget of 3600 s spent", "over budget", runs.EXIT_OVER_BUDGET),
-    ("lost: the Ray head did not answer for 1800 s", "lost", runs.EXIT_LOST),
+@pytest.mark.parametrize(("outcome", "shown", "code"), [
+    (run_lifecycle.SUCCEEDED, "", 0),
+    (Outcome(Ended.FAILED, "RetriesSpent", "failed by itself 3 times: exit 1"),
+     "FAILED: failed by itself 3 times: exit 1", runs.EXIT_FAILED),
+    (run_lifecycle.DEPLOY_FAILED, "FAILED: deploy failed before any attempt ran", runs.EXIT_FAILED),
+    (Outcome(Ended.FAILED, "PreemptionsSpent", "lost nodes 10 times"), "FAILED: lost nodes 10 times", runs.EXIT_FAILED),
+    (USER_STOPPED, "STOPPED: stopped by verl-gke stop", runs.EXIT_STOPPED),
+    (run_lifecycle.DELETED, "STOPPED: stopped by pulumi (delete or replace)", runs.EXIT_STOPPED),
+    (run_lifecycle.stopped_outside("verl-grpo-a4-0123456789ab"), "STOPPED: verl-grpo-a4-0123456789ab was stopped",
+     runs.EXIT_STOPPED),
+    (run_lifecycle.budget_spent(3600), "OVER BUDGET: budget of 3600 s spent", runs.EXIT_OVER_BUDGET),
+    (run_lifecycle.head_outage(1800), "LOST: the Ray head did not answer for 1800 s", runs.EXIT_LOST),
 ])
 def test_wait_exits_by_the_runs_outcome(capsys: pytest.CaptureFixture[str], api: str, tmp_path: Path,
-                                        outcome: str, kind: str, code: int) -> None:
-    assert run_lifecycle.outcome_kind(outcome) == kind
+                                        outcome: Outcome, shown: str, code: int) -> None:
+    """By the state the run ended in, never by its message's words; the error shows both."""
     store = RecordStore(KubernetesApi(api), NAMESPACE, "b200-ray-cluster")
     store.write(store.get("run-1"), RunRecord("run-1", attempts=(Attempt(0, "sid-0", "pulumi-up", "pulumi-up",
                                                                          submitted=True),), outcome=outcome))
@@ -243,10 +246,12 @@ def test_wait_exits_by_the_runs_outcome(capsys: pytest.CaptureFixture[str], api:
     got, out, err = run(capsys, "wait", "--outputs", str(outputs), "--kube-api-url", api)
     assert got == code
     if code:
-        # The kind once: "ended LOST: the Ray head did not answer for 1800 s".
-        assert error_line(err) == f"verl-gke: error: run run-1 ended {kind.upper()}: {outcome.removeprefix('lost: ')}"
+        assert error_line(err) == f"verl-gke: error: run run-1 ended {shown}"
     else:
         assert out == "run run-1 SUCCEEDED after 1 attempt(s)\n"
+    # The same message under another state is classified by the state alone.
+    store.write(store.get("run-1"), replace(store.get("run-1").record, outcome=replace(outcome, state=Ended.LOST)))
+    assert run(capsys, "wait", "--outputs", str(outputs), "--kube-api-url", api)[0] == runs.EXIT_LOST
 
 
 def test_wait_on_a_run_that_never_started_names_its_record(capsys: pytest.CaptureFixture[str], api: str,
@@ -286,7 +291,7 @@ def test_the_release_goes_on_when_the_log_copy_is_cut_and_the_record_says_so(api
                       sink=DirectorySink(tmp_path), ray=RayJobs(f"http://127.0.0.1:{closed}", timeout_s=1))
     store = RecordStore(KubernetesApi(api), NAMESPACE, "rc")
     store.write(store.get("run-1"), RunRecord("run-1", attempts=(Attempt(0, "sid-0", "pulumi-up", "pulumi-up",
-                                                                         submitted=True),), outcome="succeeded",
+                                                                         submitted=True),), outcome=run_lifecycle.SUCCEEDED,
                                               released=True))
     assert running.lease.hold()
     running.hands.set_suspended(True)
@@ -378,11 +383,25 @@ def test_the_stack_exports_the_step_and_run_time_its_plan_models(synth_stack: An
     assert out["modeledVerlStartupSeconds"] == loaded.modeled_verl_startup_s == round(plan.time.startup_s, 1) > 0
 
 
-def test_refresh_reports_a_run_stopped_by_the_user_as_stopped() -> None:
-    from components.grpo_job import ended_status
-
-    assert [ended_status(o) for o in (USER_STOPPED, run_lifecycle.DELETED, "budget of 60 s spent", "succeeded")] == [
-        "STOPPED", "STOPPED", "FAILED", "SUCCEEDED"]
+@pytest.mark.parametrize(("outcome", "status"), [
+    (USER_STOPPED, "STOPPED"), (run_lifecycle.DELETED, "STOPPED"), (run_lifecycle.stopped_outside("sid-0"), "STOPPED"),
+    (run_lifecycle.budget_spent(60), "FAILED"), (run_lifecycle.SUCCEEDED, "SUCCEEDED"),
+    (run_lifecycle.head_outage(9), "FAILED"), (replace(run_lifecycle.DEPLOY_FAILED, state=Ended.STOPPED), "STOPPED"),
+])
+def test_refresh_of_a_released_run_reports_grpo_job_status_by_its_outcome_state(api: str, outcome: Outcome,
+                                                                                 status: str) -> None:
+    """`pulumi refresh` once the run was released (no head): grpoJobStatus from the record's state alone."""
+    (closed,) = free_ports(1)
+    props = {"dashboard_url": f"http://127.0.0.1:{closed}", "kube_api_url": api, "namespace": NAMESPACE,
+             "stack": "t0", "head_service": "rc-t0-head-svc", "run_record": "rc-t0-run", "entrypoint": "python -c 1",
+             "runtime_env": {}}
+    spec = _JobSpec.from_props(props)
+    store = RecordStore(KubernetesApi(api), NAMESPACE, spec.ray_cluster)
+    store.write(store.get(spec.run_key), RunRecord(spec.run_key, attempts=(Attempt(0, "sid-0", "pulumi-up", "pulumi-up",
+                                                                                   submitted=True),),
+                                                   outcome=outcome, released=True))
+    read = GrpoJobProvider().read("sid-0", {**props, "submission_id": "sid-0", "status": "RUNNING"})
+    assert read.outs is not None and (read.outs["submission_id"], read.outs["status"]) == ("sid-0", status)
 
 
 def test_logs_follow_streams_the_current_attempt_only(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -396,7 +415,7 @@ def test_logs_follow_streams_the_current_attempt_only(capsys: pytest.CaptureFixt
 def test_logs_of_an_attempt_the_run_does_not_have_names_the_ones_it_has(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     record = RunRecord("run-1", attempts=(Attempt(0, "sid-0", "pulumi-up", "pulumi-up", submitted=True),),
-                       outcome="succeeded", released=True)
+                       outcome=run_lifecycle.SUCCEEDED, released=True)
     DirectorySink(tmp_path).write(f"{LOGS_DIR}/run-1/record.json", record.to_json())
     outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("sid-0", runId="run-1"))
     code, _, err = run(capsys, "logs", "--outputs", str(outputs), "--dashboard-url", "http://127.0.0.1:9",
@@ -462,7 +481,7 @@ def test_the_copy_through_the_gcs_json_api_with_the_pods_token() -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_port}"
     try:
-        sink = run_logs.GcsSink("bkt", timeout_s=5, storage_url=base, token_url=f"{base}/token")
+        sink = run_logs.GcsSink(Gcs("bkt", timeout_s=5, storage_url=base, token_url=f"{base}/token"))
         assert sink.read("logs/run-1/decisions.log") is None
         sink.write("logs/run-1/decisions.log", "2026-12-06T00:00:00Z one\n")
         assert _Gcs.objects == {"logs/run-1/decisions.log": b"2026-12-06T00:00:00Z one\n"}
@@ -517,7 +536,8 @@ def test_wait_json_waits_for_the_claimed_export_and_gives_the_model_uri(capsys: 
     ender.join()
     assert code == 0
     assert _json_line(out) == {
-        "runId": "run-1", "outcome": "succeeded", "status": "SUCCEEDED", "attempts": 2, "submissionId": "sid-1",
+        "runId": "run-1", "outcome": "succeeded", "status": "SUCCEEDED", "state": "SUCCEEDED", "reason": "Succeeded",
+        "message": "succeeded", "attempts": 2, "submissionId": "sid-1",
         "released": False, "exportOutcome": "SUCCEEDED",
         "modelUri": f"gs://verl-data-my-project-123/{model_path('run-1')}"}
 
@@ -527,13 +547,15 @@ def test_wait_json_of_a_failed_run_keeps_its_exit_code_and_names_no_model(capsys
     store = RecordStore(KubernetesApi(api), NAMESPACE, "b200-ray-cluster")
     store.write(store.get("run-1"), RunRecord("run-1", attempts=(Attempt(0, "sid-0", "pulumi-up", "pulumi-up",
                                                                          submitted=True),),
-                                              outcome="failed by itself 3 times: exit 1", released=True))
+                                              outcome=Outcome(Ended.FAILED, "RetriesSpent",
+                                                              "failed by itself 3 times: exit 1"), released=True))
     outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("sid-0", runId="run-1", namespace=NAMESPACE))
     code, out, err = run(capsys, "wait", "--json", "--outputs", str(outputs), "--kube-api-url", api)
     assert code == runs.EXIT_FAILED
     assert error_line(err) == "verl-gke: error: run run-1 ended FAILED: failed by itself 3 times: exit 1"
     assert _json_line(out) == {"runId": "run-1", "outcome": "failed by itself 3 times: exit 1", "status": "FAILED",
-                               "attempts": 1, "submissionId": "sid-0", "released": True, "exportOutcome": "",
+                               "state": "FAILED", "reason": "RetriesSpent",
+                               "message": "failed by itself 3 times: exit 1", "attempts": 1, "submissionId": "sid-0", "released": True, "exportOutcome": "",
                                "modelUri": ""}
 
 
@@ -550,8 +572,9 @@ def test_runs_json_lists_every_run_with_its_outcome_and_model(capsys: pytest.Cap
     outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("sid-9", runId="run-2", namespace=NAMESPACE))
     code, out, _ = run(capsys, "runs", "--json", "--outputs", str(outputs), "--kube-api-url", api)
     assert code == 0
-    assert {r["runId"]: (r["status"], r["modelUri"]) for r in json.loads(out)} == {
-        "run-1": ("SUCCEEDED", f"gs://verl-data-my-project-123/{model_path('run-1')}"), "run-2": ("RUNNING", "")}
+    assert {r["runId"]: (r["status"], r["state"], r["reason"], r["modelUri"]) for r in json.loads(out)} == {
+        "run-1": ("SUCCEEDED", "SUCCEEDED", "Succeeded", f"gs://verl-data-my-project-123/{model_path('run-1')}"),
+        "run-2": ("RUNNING", "RUNNING", "", "")}
 
 
 def test_wait_honours_its_timeout_while_the_run_record_is_unreadable(monkeypatch: pytest.MonkeyPatch) -> None:

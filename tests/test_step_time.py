@@ -17,6 +17,7 @@ from tests.kube_api import kube_api
 from tests.test_cli import outputs_doc, run, write_outputs
 from verl_gke import stack_outputs
 from workloads.kube import KubernetesApi
+from workloads.run_lifecycle import SUCCEEDED
 from workloads.run_record import Attempt, RecordStore, RunRecord
 
 # Round figures, so that each line below is a hand calculation: steps of 50 s and 54 s are a mean of 52 s,
@@ -66,7 +67,7 @@ def _runs(capsys: pytest.CaptureFixture[str], api_url: str, tmp_path: Path, log:
     """`runs --step-times` on one ended run whose attempt 0 logged `log` (None: no copy of it); its Step time."""
     store = RecordStore(KubernetesApi(api_url), NAMESPACE, "b200-ray-cluster")
     store.write(store.get("run-1"), RunRecord("run-1", attempts=(Attempt(0, "sid-0", "pulumi-up", "pulumi-up",
-                                                                         submitted=True),), outcome="succeeded"))
+                                                                         submitted=True),), outcome=SUCCEEDED))
     if log is not None:
         folder = tmp_path / "bucket" / LOGS_DIR / "run-1"
         folder.mkdir(parents=True)

@@ -121,8 +121,7 @@ def _flag_groups() -> dict[str, argparse.ArgumentParser]:
         "run": _flags(
             "which run",
             (("--run",), dict(metavar="RUN_ID",
-                              help="the run to follow (default: the stack output runId); its record names its "
-                                   "attempts"))),
+                              help="the run (default: the stack output runId); its record names its attempts"))),
         "job": _flags(
             "or one Ray job",
             (("--submission-id",), dict(metavar="ID", help="one Ray job to follow instead of a run (its submission "
@@ -131,7 +130,7 @@ def _flag_groups() -> dict[str, argparse.ArgumentParser]:
             "the Kubernetes API",
             (("--kube-api-url",), dict(metavar="URL",
                                        help="a directly reachable Kubernetes API (e.g. `kubectl proxy`'s) to read "
-                                            "the run records from and port-forward to the Ray head through "
+                                            "the cluster (its run records, the Ray head's port-forward) through "
                                             "(default: the cluster's endpoint, with your Google credentials)"))),
         "bucket": _flags(
             "where the run's log copy is read",
@@ -148,6 +147,7 @@ COMMAND_FLAGS: dict[str, tuple[str, ...]] = {
     "status": _FOLLOW, "logs": (*_FOLLOW, "bucket"), "wait": _FOLLOW, "stop": ("outputs", "run", "records"),
     "runs": ("outputs", "records", "bucket"), "dashboard": ("outputs", "head", "records"),
     "metrics": (*_FOLLOW, "bucket"), "fabric": ("outputs", "head", "records"), "export": _FOLLOW,
+    "verify": ("outputs", "records"), "report": ("outputs", "run", "records", "bucket"),
 }
 
 
@@ -205,9 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="keep retrying while the run record (with --submission-id: the Ray head) cannot be "
                            f"read, up to S seconds (default {OUTAGE_WINDOW_S:g})")
     wait.add_argument("--json", action="store_true",
-                      help="once the run ended (and its model export, if one was claimed), print its outcome, "
-                           "newest submission id and modelUri as one JSON object on stdout (the exit status is "
-                           "the same): the stack outputs say only what the last `pulumi up` or refresh saw")
+                      help="once the run ended (and its model export, if one was claimed), print its outcome "
+                           "(state, reason, message), newest submission id and modelUri as one JSON object on "
+                           "stdout (the exit status is the same): the stack outputs say only what the last `pulumi up` or refresh saw")
     wait.set_defaults(handler=cmd_wait)
 
     stop = commands.add_parser(
@@ -232,8 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--step-times", action="store_true",
                          help="read each run's logs from the bucket copy for its measured step time")
     listing.add_argument("--json", action="store_true",
-                         help="every run as JSON (runId, outcome, status, attempts, submissionId, released, "
-                              "exportOutcome, modelUri)")
+                         help="every run as JSON (runId, state, reason, message, outcome, status, attempts, "
+                              "submissionId, released, exportOutcome, modelUri)")
     listing.set_defaults(handler=runs.cmd_runs)
 
     dash = commands.add_parser(
@@ -292,8 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--poll", type=_positive_float, default=DEFAULT_POLL_S, metavar="S",
                      help=f"seconds between status checks (default {DEFAULT_POLL_S:g})")
     exp.set_defaults(handler=cmd_export)
-    verify.add_parser(commands)
-    report.add_parser(commands)
+    verify.add_parser(commands, parents("verify"))
+    report.add_parser(commands, parents("report"))
     return parser
 
 
@@ -503,7 +503,7 @@ def _submission(submission_id: str, verbose: bool) -> str:
 
 def _ended_rows(outputs: StackOutputs, record: RunRecord, verbose: bool) -> list[tuple[str, str]]:
     rows = [
-        ("Run", f"{record.run_id}  ended: {record.outcome}"),
+        ("Run", f"{record.run_id}  ended {record.outcome.shown if record.outcome else ''}"),
         ("Stack outputs", outputs.source),
         ("Cluster", _cluster_line(outputs)),
         ("Ray head", "none: the run ended and the run supervisor released the GPU workers by suspending the "

@@ -31,7 +31,7 @@ from verl_gke.commands import run_tool
 from verl_gke.console import CliError, one_line, progress
 from verl_gke.measured import Measured, Recorded, measure, pulls
 from verl_gke.stack_outputs import StackOutputs
-from verl_gke.verify import gcloud_json, nothing_deployed, stack_flags, storage_ls
+from verl_gke.verify import gcloud_json, nothing_deployed, storage_ls
 from workloads.run_logs import DECISIONS_FILE, RECORD_FILE, TIMELINE_FILE, attempt_file
 from workloads.run_record import RunRecord
 from workloads.stage_data import MARKER_NAME
@@ -237,17 +237,14 @@ def _local_listing(root: Path, uri: str) -> str:
     return "".join(f"{line}\n" for line in lines)
 
 
-def add_parser(subparsers: Any) -> None:
+def add_parser(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
+    """`parents`: the CLI's shared flags report reads (verl_gke/cli.py COMMAND_FLAGS)."""
     parser = subparsers.add_parser(
-        "report", help="the run measured against the model, phase by phase (text and PNG)",
+        "report", parents=parents, help="the run measured against the model, phase by phase (text and PNG)",
         description="Read what the run recorded (its copy in the bucket: record, decisions, timeline, logs with "
                     "verl's timing metrics; the checkpoints' sizes and times; GKE's and the cluster's timestamps "
                     "while it stands) and print each phase modeled against measured with the ratio. A run other "
                     f"than the stack's own is shown measured only. Exit {EXIT_NEVER_STARTED}: the run never started.")
-    stack_flags(parser)
-    parser.add_argument("--run", metavar="RUN_ID", help="the run to report (default: the stack output runId)")
-    parser.add_argument("--bucket-dir", metavar="PATH",
-                        help="a local mount or copy of the bucket to read the run's logs from (default: gcloud storage)")
     parser.add_argument("--plot", type=Path, metavar="PNG", help="write the timeline and step times as a PNG")
     parser.add_argument("--save", action="store_true",
                         help="write the measured rates to measured/<stack>.json (needs --stack), read by synth")

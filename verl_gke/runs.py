@@ -30,14 +30,14 @@ from verl_gke.console import CliError, HeadUnreachable, TimedOut, one_line, prin
 from verl_gke.head_access import HeadAccessSetupError, OutageClock
 from verl_gke.stack_outputs import StackOutputs
 from workloads.kube import KubernetesApi
-from workloads.run_lifecycle import SUCCEEDED, outcome_kind, provisional, stop_asked, write_record
+from workloads.run_lifecycle import SUCCEEDED, provisional, stop_asked, write_record
 from workloads.run_logs import RECORD_FILE, attempt_file, run_folder
-from workloads.run_record import Attempt, RecordStore, RunRecord, record_name
+from workloads.run_record import Attempt, Ended, RecordStore, RunRecord, record_name
 
 EXIT_FAILED, EXIT_STOPPED, EXIT_OVER_BUDGET, EXIT_LOST = 4, 5, 6, 7
-EXIT_CODES = {"succeeded": 0, "failed": EXIT_FAILED, "stopped": EXIT_STOPPED, "over budget": EXIT_OVER_BUDGET,
-              "lost": EXIT_LOST}
-"""`wait`'s exit status by the kind of the run's outcome (1, 2, 3, 8 and 130 are the CLI's own)."""
+EXIT_CODES = {Ended.SUCCEEDED: 0, Ended.FAILED: EXIT_FAILED, Ended.STOPPED: EXIT_STOPPED,
+              Ended.OVER_BUDGET: EXIT_OVER_BUDGET, Ended.LOST: EXIT_LOST}
+"""`wait`'s exit status by the state the run ended in (1, 2, 3, 8 and 130 are the CLI's own)."""
 STOP_TIMEOUT_S = 900.0
 """How long `stop` waits for the decider to stop the attempt and release the GPU workers."""
 KUBE_API_TIMEOUT_S = 30.0
@@ -272,11 +272,11 @@ def summary(run_id: str, record: RunRecord, outputs: StackOutputs) -> dict[str, 
     grpoSubmissionId and modelUri said at the last `up` or refresh, current (they go stale after it)."""
     from workloads.export_model import model_path
 
-    kind = outcome_kind(record.outcome) if record.outcome else ""
-    status = ("RUNNING" if not record.outcome else "SUCCEEDED" if kind == "succeeded"
-              else "STOPPED" if kind == "stopped" else "FAILED")
+    outcome = record.outcome
     model = (f"gs://{outputs.bucket_name}/{model_path(run_id)}" if record.export_outcome == "SUCCEEDED" else "")
-    return {"runId": run_id, "outcome": record.outcome, "status": status, "attempts": len(record.attempts),
+    return {"runId": run_id, "outcome": str(outcome or ""), "state": outcome.state.name if outcome else "RUNNING",
+            "reason": outcome.reason if outcome else "", "message": outcome.message if outcome else "",
+            "status": record.job_status, "attempts": len(record.attempts),
             "submissionId": record.newest.submission_id if record.newest else "", "released": record.released,
             "exportOutcome": record.export_outcome, "modelUri": model}
 
@@ -345,12 +345,11 @@ def follow(run: Run, timeout_s: float | None, poll_s: float, outage_window_s: fl
 
 
 def ended(run: Run, record: RunRecord, quiet: bool = False) -> int:
-    kind = outcome_kind(record.outcome)
-    if kind == "succeeded":
+    assert record.outcome is not None
+    if record.outcome.state is Ended.SUCCEEDED:
         (progress if quiet else print)(f"run {run.run_id} SUCCEEDED after {len(record.attempts)} attempt(s)")
         return 0
-    raise RunEnded(f"run {run.run_id} ended {kind.upper()}: {record.outcome.removeprefix(f'{kind}: ')}",
-                   EXIT_CODES[kind])
+    raise RunEnded(f"run {run.run_id} ended {record.outcome.shown}", EXIT_CODES[record.outcome.state])
 
 
 # --- stop --------------------------------------------------------------------------------------
@@ -463,7 +462,6 @@ def describe(row: RunRow, outputs: StackOutputs, now: float, step: str | None) -
     from workloads.export_model import model_path
 
     record = row.record
-    kind = outcome_kind(record.outcome) if record.outcome else "running"
     gpus = outputs.gpu_nodes * outputs.gpus_per_node
     until = row.end if record.outcome else now
     hours = (until - row.start) / 3600 if row.start is not None and until is not None else None
@@ -476,8 +474,7 @@ def describe(row: RunRow, outputs: StackOutputs, now: float, step: str | None) -
             f", ${hours * outputs.hourly_cost_usd:,.2f} at ${outputs.hourly_cost_usd:,.2f}/h"
             if outputs.hourly_cost_usd is not None else ", cost unknown (no hourlyCostUsd: set "
                                                          "verl-gke:gpuNodeHourlyUsd)")
-    shown = record.outcome if record.outcome.startswith(kind) else f"{kind}: {record.outcome}" if record.outcome \
-        else kind
+    shown = record.outcome.shown if record.outcome else "RUNNING"
     if provisional(record):
         shown += " (provisional: the Ray head may still answer with the run's attempts; released at runHeadOutageSeconds)"
     rows = [("Run", f"{row.run_id}  {shown}"),

@@ -538,24 +538,14 @@ def _run_log(run_id: str, read: Callable[[str], str | None]) -> dict[str, Any]:
 # --- the command -------------------------------------------------------------------------------
 
 
-def stack_flags(parser: argparse.ArgumentParser) -> None:
-    """--outputs, --stack and --kube-api-url: where the stack and its cluster's API are (verify, report)."""
-    parser.add_argument("--outputs", type=Path, metavar="FILE",
-                        help="stack outputs as JSON (a saved `pulumi stack output --json`); default: ask the pulumi CLI")
-    parser.add_argument("--stack", metavar="NAME", help="Pulumi stack to read the outputs of (default: the selected one)")
-    parser.add_argument("--kube-api-url", metavar="URL",
-                        help="a directly reachable Kubernetes API (e.g. `kubectl proxy`'s); default: the cluster's "
-                             "endpoint with your Google credentials")
-
-
-def add_parser(subparsers: Any) -> None:
+def add_parser(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
+    """`parents`: the CLI's shared flags verify reads (verl_gke/cli.py COMMAND_FLAGS)."""
     parser = subparsers.add_parser(
-        "verify", help="check the live stack against the verification matrix: PASS / FAIL / NOT CHECKED",
+        "verify", parents=parents, help="check the live stack against the verification matrix: PASS / FAIL / NOT CHECKED",
         description="Read the live stack (GKE, its VPCs and NAT, the cluster's pods, the Ray head, the run's "
                     "logs and checkpoints in the bucket) and print each check of docs/verification.md it can "
                     "answer: PASS, FAIL or NOT CHECKED, with the value seen and the one expected. Read-only, "
                     "but for the JSON copy written to gs://<bucket>/logs/<run>/verify.json. Exit 1 on any FAIL.")
-    stack_flags(parser)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--no-upload", action="store_true", help="do not write verify.json to the bucket")
     parser.set_defaults(handler=run)

@@ -124,6 +124,17 @@ class Gcs:
         body = self._call(f"{self._object_url(name)}?alt=media&generation={stat.generation}", name)
         return None if body is None else (body, stat.generation)
 
+    def media(self, name: str) -> bytes | None:
+        """The object's current bytes in one request (objects.get, alt=media); None when absent."""
+        return self._call(f"{self._object_url(name)}?alt=media", name)
+
+    def put(self, name: str, data: bytes, content_type: str) -> None:
+        """Write the object whatever it holds (objects.insert, uploadType=media: one request, no precondition)."""
+        query = urllib.parse.urlencode({"uploadType": "media", "name": name})
+        if self._call(f"{self.storage_url}/upload/storage/v1/b/{self.bucket}/o?{query}", name, data=data,
+                      method="POST", headers={"Content-Type": content_type}) is None:
+            raise FileNotFoundError(f"gs://{self.bucket}: no such bucket")
+
     def read_json(self, name: str, generation: int | None = None) -> tuple[dict[str, Any], int] | None:
         """A JSON object and its generation; None when absent or not an object."""
         got = self.read(name, generation)

@@ -44,7 +44,9 @@ from workloads.run_record import (
     RUNNING,
     STOPPED,
     Attempt,
+    Ended,
     Gone,
+    Outcome,
     RunRecord,
     Stored,
     to_prune,
@@ -64,15 +66,16 @@ LOG_LINES = 200
 EXPORT_PREFIX = "verl-export-"
 """workloads.export_model.SUBMISSION_PREFIX (the lifecycle imports no export code)."""
 
-# Outcomes a later `pulumi up` of the same run continues from: the run is not over.
-DELETED = "stopped by pulumi (delete or replace)"
-DEPLOY_FAILED = "deploy failed before any attempt ran"
-SUCCEEDED = "succeeded"
-UNTRACED = "lost: no record of it and no job of it on the Ray head"
+# Every outcome the decider records is made here (workloads/run_record.py maps 0.8.0's texts to them).
+# REOPENABLE: those a later `pulumi up` of the same run continues from (the run is not over).
+DELETED = Outcome(Ended.STOPPED, "StackDeleted", "stopped by pulumi (delete or replace)")
+DEPLOY_FAILED = Outcome(Ended.FAILED, "DeployFailed", "deploy failed before any attempt ran")
+SUCCEEDED = Outcome(Ended.SUCCEEDED, "Succeeded", "succeeded")
+UNTRACED = Outcome(Ended.LOST, "RecordLost", "no record of it and no job of it on the Ray head")
 """Recorded by the decider for the stack's run when the GPU workers are up with no record of any run
 and nothing on the head (its record and the head's job table were lost, or a first `pulumi up`
 stopped before the job's create)."""
-UNANSWERED = "lost: no record of it, and the Ray head did not answer"
+UNANSWERED = Outcome(Ended.LOST, "RecordLostHeadSilent", "no record of it, and the Ray head did not answer")
 """Recorded by the decider for the stack's run when, with no record of any run, the head has not answered
 for the replace window (its record lost while the head is unreachable): the outage then counts on it."""
 REOPENABLE = (DELETED, DEPLOY_FAILED, UNTRACED, UNANSWERED)
@@ -80,12 +83,26 @@ FORGOTTEN = "not on the Ray head when the record was rebuilt (it restarted since
 HELD_FOR_CREATE = (DELETED, UNTRACED)
 """Outcomes whose GPUs stay for the replace window: a create may follow and reopen the run."""
 STALLED = "stalled"
-USER_STOPPED = "stopped by verl-gke stop"
+USER_STOPPED = Outcome(Ended.STOPPED, "StopAsked", "stopped by verl-gke stop")
 """The user's `verl-gke stop` asked for it (desired stopped in the record): not reopened by a later `up`."""
-STOPPED_SUFFIX = " was stopped"
-"""`<submission id> was stopped`: stopped by someone other than the decider (a hand stop)."""
-BUDGET_PREFIX = "budget of "
-LOST_PREFIX = "lost: "
+
+
+def stopped_outside(submission_id: str) -> Outcome:
+    """Stopped by someone other than the decider (a hand stop, e.g. `ray job stop`)."""
+    return Outcome(Ended.STOPPED, "StoppedOutside", f"{submission_id} was stopped")
+
+
+def budget_spent(budget_s: float) -> Outcome:
+    return Outcome(Ended.OVER_BUDGET, "BudgetSpent", f"budget of {budget_s:g} s spent")
+
+
+def head_outage(outage_s: float) -> Outcome:
+    """The head did not answer for runHeadOutageSeconds."""
+    return Outcome(Ended.LOST, "HeadOutage", f"the Ray head did not answer for {outage_s:.0f} s")
+
+
+def failed(reason: str, message: str) -> Outcome:
+    return Outcome(Ended.FAILED, reason, message)
 
 
 @dataclass(frozen=True)
@@ -232,7 +249,7 @@ def opened(record: RunRecord | None, run_id: str, generation: int, budget_s: flo
         return record
     # A recorded stop (`verl-gke stop`) is never cleared here: only a new generation clears it.
     if record.outcome in REOPENABLE and (record.desired != STOPPED or record.outcome in (DELETED, UNANSWERED)):
-        return replace(record, desired=RUNNING, outcome="", released=False, waiting_s=0.0, stopped_s=0.0,
+        return replace(record, desired=RUNNING, outcome=None, released=False, waiting_s=0.0, stopped_s=0.0,
                        outage_s=0.0, stall_s=0.0, last_step=None, grace_s=0.0, budget_s=budget_s,
                        opened_at=len(record.attempts)).decided(f"reopened by pulumi-up after: {record.outcome}")
     return replace(record, budget_s=budget_s) if not record.outcome else record
@@ -245,22 +262,7 @@ def claimed(record: RunRecord, attempt: Attempt) -> RunRecord:
         f"{attempt.by} claimed attempt {attempt.index} ({attempt.submission_id}, {attempt.cause})")
 
 
-def outcome_kind(outcome: str) -> str:
-    """'succeeded', 'stopped' (verl-gke stop, pulumi destroy, a hand stop), 'over budget', 'lost' (the head
-    did not answer for runHeadOutageSeconds) or 'failed' (every other end: a failed deploy, retries spent,
-    nodes lost too often, a cluster never whole)."""
-    if outcome == SUCCEEDED:
-        return "succeeded"
-    if outcome in (USER_STOPPED, DELETED) or outcome.endswith(STOPPED_SUFFIX):
-        return "stopped"
-    if outcome.startswith(BUDGET_PREFIX):
-        return "over budget"
-    if outcome.startswith(LOST_PREFIX):
-        return "lost"
-    return "failed"
-
-
-def ended(record: RunRecord, outcome: str) -> RunRecord:
+def ended(record: RunRecord, outcome: Outcome) -> RunRecord:
     """The run's outcome (the first one stays)."""
     if record.outcome:
         return record
@@ -421,8 +423,8 @@ class _Decision:
     records: dict[str, RunRecord]
     effects: list[Effect] = field(default_factory=list)
 
-    def end(self, record: RunRecord, outcome: str) -> RunRecord:
-        record = ended(record, outcome[:REASON_CHARS])
+    def end(self, record: RunRecord, outcome: Outcome) -> RunRecord:
+        record = ended(record, replace(outcome, message=outcome.message[:REASON_CHARS]))
         self.records[record.run_id] = record
         return record
 
@@ -489,7 +491,7 @@ def _open_run(d: _Decision, record: RunRecord) -> None:
         d.records[record.run_id] = record
         bound = view.policy.head_outage_s if view.policy else 0.0
         if bound and record.outage_s >= bound:
-            d.end(record, f"{LOST_PREFIX}the Ray head did not answer for {record.outage_s:.0f} s")
+            d.end(record, head_outage(record.outage_s))
         elif view.cluster == "suspended" and supervised and record.newest is not None:
             d.effects.append(Effect("resume", record.run_id))  # its head is gone: the run needs it back
         return
@@ -518,7 +520,8 @@ def _open_run(d: _Decision, record: RunRecord) -> None:
                                                       "claimed and not submitted: submitting it")
             d.effects.append(Effect("submit", record.run_id, attempt.submission_id))
         else:
-            d.end(record, f"attempt {attempt.index} ({attempt.submission_id}) was claimed and never submitted")
+            d.end(record, failed("NeverSubmitted", f"attempt {attempt.index} ({attempt.submission_id}) was claimed "
+                                                   "and never submitted"))
         return
     if budget_s and record.budget_used_s >= budget_s:
         _budget(d, record, attempt, status)
@@ -536,7 +539,7 @@ def _open_run(d: _Decision, record: RunRecord) -> None:
     if status == "SUCCEEDED":
         d.end(record, SUCCEEDED)
     elif status == "STOPPED" and attempt.stopped_for != STALLED:
-        d.end(record, f"{attempt.submission_id}{STOPPED_SUFFIX}")
+        d.end(record, stopped_outside(attempt.submission_id))
     else:
         _after_failure(d, record, attempt)
 
@@ -549,8 +552,9 @@ def _watched_end(d: _Decision, record: RunRecord, attempt: Attempt, status: str 
         return
     named = d.view.policy
     now = (f"jobAttempt {named.generation} of {named.run_id}" if named else "no run")
-    d.end(record, f"jobAttempt {record.generation} of {record.run_id} ended while the stack names {now}, so none "
-                  f"of its attempts is resubmitted: {attempt.submission_id} {status or 'lost with the head'}")
+    d.end(record, failed("NoLongerNamed", f"jobAttempt {record.generation} of {record.run_id} ended while the stack "
+                                          f"names {now}, so none of its attempts is resubmitted: "
+                                          f"{attempt.submission_id} {status or 'lost with the head'}"))
 
 
 def _watch_progress(d: _Decision, record: RunRecord, attempt: Attempt) -> None:
@@ -583,7 +587,7 @@ def _budget(d: _Decision, record: RunRecord, attempt: Attempt, status: str | Non
         if record.grace_s < grace or (saving and record.grace_s < 2 * grace):
             return
         d.effects.append(Effect("stop", record.run_id, attempt.submission_id))
-    d.end(record, f"{BUDGET_PREFIX}{record.budget_s:g} s spent")
+    d.end(record, budget_spent(record.budget_s))
 
 
 def _after_failure(d: _Decision, record: RunRecord, attempt: Attempt) -> None:
@@ -605,7 +609,7 @@ def _after_failure(d: _Decision, record: RunRecord, attempt: Attempt) -> None:
         return
     retries = sum(1 for a in record.opened if a.cause == "run-failed")
     if retries >= policy.max_retries:
-        d.end(record, f"failed by itself {retries + 1} times: {message}")
+        d.end(record, failed("RetriesSpent", f"failed by itself {retries + 1} times: {message}"))
         return
     if seen_s < min(MAX_BACKOFF_S, policy.backoff_s * 2 ** retries):
         return
@@ -618,17 +622,18 @@ def _next(d: _Decision, record: RunRecord, cause: str, reason: str) -> None:
     assert policy is not None
     index = len(record.attempts)
     if index >= len(policy.submission_ids):
-        d.end(record, f"no submission id left after {index} attempts")
+        d.end(record, failed("SubmissionIdsSpent", f"no submission id left after {index} attempts"))
         return
     if cause == "node-lost" and sum(1 for a in record.opened if a.cause == "node-lost") >= policy.max_preemptions:
-        d.end(record, f"lost nodes {policy.max_preemptions} times")
+        d.end(record, failed("PreemptionsSpent", f"lost nodes {policy.max_preemptions} times"))
         return
     if view.capacity is None or _others(view, record):
         return  # another run's job holds the cluster: wait for its end (its own decider ends it)
     if short := view.capacity.short_of(policy.expected_workers, policy.expected_gpus):
         waited = record.waiting_s + view.elapsed_s
         if waited >= policy.capacity_timeout_s:
-            d.end(record, f"the cluster was not whole within {policy.capacity_timeout_s:g} s ({short})")
+            d.end(record, failed("CapacityTimeout", f"the cluster was not whole within {policy.capacity_timeout_s:g} s "
+                                                    f"({short})"))
         elif not record.waiting_s:
             d.records[record.run_id] = replace(record, waiting_s=max(waited, 1e-9)).decided(
                 f"{reason}; waiting up to {policy.capacity_timeout_s:g} s for a whole cluster ({short})")

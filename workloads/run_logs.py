@@ -12,7 +12,7 @@ half of its suspend). The folder holds:
                        first seen in its log (the supervisor's clock, at most COPY_EVERY_S late): `verl-gke report`
 
 `logs/` is a managed folder the stack grants to the writers of logs (domain/bucket.py); the copy is
-made through the GCS JSON API with the pod's own Workload Identity (GcsSink), or into a directory
+made through the GCS JSON API with the pod's own Workload Identity (GcsSink over workloads/gcs.py), or into a directory
 (DirectorySink: a bucket mount, or a test's folder).
 """
 
@@ -21,15 +21,12 @@ from __future__ import annotations
 import json
 import re
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from workloads.kube import REQUEST_TIMEOUT_S
+from workloads.gcs import Gcs
 from workloads.run_lifecycle import TERMINAL, RayJobs
 from workloads.run_record import RunRecord
 
@@ -44,8 +41,6 @@ LOG_COPY_LINES = 20000
 RECORD_FILE, DECISIONS_FILE, TIMELINE_FILE = "record.json", "decisions.log", "timeline.jsonl"
 # verl's console line of a training step (verl_gke.metrics parses its values).
 _VERL_STEP = re.compile(r"(?:^|[\s)\]])step:(\d+) - ")
-METADATA_TOKEN_URL = "http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token"
-STORAGE_URL = "https://storage.googleapis.com"
 
 
 def run_folder(run_id: str) -> str:
@@ -84,45 +79,18 @@ class DirectorySink:
 
 @dataclass
 class GcsSink:
-    """Objects of `bucket` through the GCS JSON API (storage.googleapis.com: objects.insert with
-    uploadType=media, objects.get with alt=media), authenticated by the GKE metadata server's token of
-    the pod's Kubernetes service account (Workload Identity). Each request is bounded."""
+    """Text objects of a bucket through the GCS JSON API (objects.get with alt=media, objects.insert with
+    uploadType=media), authenticated by the GKE metadata server's token of the pod's Kubernetes service
+    account (Workload Identity): workloads/gcs.py's client, each request bounded."""
 
-    bucket: str
-    timeout_s: float = REQUEST_TIMEOUT_S
-    storage_url: str = STORAGE_URL
-    token_url: str = METADATA_TOKEN_URL
-    _token: tuple[str, float] | None = None
-
-    def _bearer(self) -> str:
-        if self._token is None or time.monotonic() >= self._token[1]:
-            request = urllib.request.Request(self.token_url, headers={"Metadata-Flavor": "Google"})
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                answer = json.load(response)
-            # Renewed a minute before it expires, by this process's clock only.
-            self._token = (answer["access_token"], time.monotonic() + float(answer.get("expires_in", 300)) - 60)
-        return self._token[0]
+    gcs: Gcs
 
     def read(self, name: str) -> str | None:
-        url = f"{self.storage_url}/storage/v1/b/{self.bucket}/o/{urllib.parse.quote(name, safe='')}?alt=media"
-        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {self._bearer()}"})
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                return response.read().decode("utf-8", errors="replace")
-        except urllib.error.HTTPError as error:
-            error.close()
-            if error.code == 404:
-                return None
-            raise
+        body = self.gcs.media(name)
+        return None if body is None else body.decode("utf-8", errors="replace")
 
     def write(self, name: str, text: str) -> None:
-        query = urllib.parse.urlencode({"uploadType": "media", "name": name})
-        request = urllib.request.Request(f"{self.storage_url}/upload/storage/v1/b/{self.bucket}/o?{query}",
-                                         data=text.encode(), method="POST",
-                                         headers={"Authorization": f"Bearer {self._bearer()}",
-                                                  "Content-Type": "text/plain; charset=utf-8"})
-        with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-            response.read()
+        self.gcs.put(name, text.encode(), "text/plain; charset=utf-8")
 
 
 def timeline_events(index: int, job: Mapping[str, object], lines: list[str], now: float) -> list[dict[str, object]]:

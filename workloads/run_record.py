@@ -10,8 +10,10 @@ are accumulators advanced by the decider's own monotonic clock (docs/run-lifecyc
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -34,6 +36,69 @@ LEGACY_SUFFIX = "-run"
 """0.5.1 kept every run in one ConfigMap `<rayClusterName>-run`, a key `<run id>.json` each."""
 
 RUNNING, STOPPED = "running", "stopped"
+
+
+class Ended(enum.Enum):
+    """How a run ended (KubeRay's state beside a reason and a message): what `wait`'s exit status, the
+    stack output grpoJobStatus and `runs` follow. The value is the word people read."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    OVER_BUDGET = "over budget"
+    LOST = "lost"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Why a run ended: its state, a CamelCase reason for machines, a message for people."""
+
+    state: Ended
+    reason: str
+    message: str
+
+    def __str__(self) -> str:
+        """The outcome in one phrase, as decisions, errors and 0.8.0's records say it."""
+        return f"lost: {self.message}" if self.state is Ended.LOST else self.message
+
+    @property
+    def shown(self) -> str:
+        """The state, then the message unless it says nothing more: 'LOST: the Ray head did not answer ...'."""
+        label = self.state.value.upper()
+        return label if self.message == self.state.value else f"{label}: {self.message}"
+
+    @classmethod
+    def from_text(cls, text: str) -> Outcome:
+        """An outcome as 0.8.0 (and before) wrote it, free text: mapped here, once, by its whole wording."""
+        for pattern, state, reason in _LEGACY:
+            if (found := pattern.fullmatch(text)) is not None:
+                return cls(state, reason, found.group("message"))
+        return cls(Ended.FAILED, "Unrecognized", text)  # 0.8.0 read every other text as a failure
+
+
+def _legacy(pattern: str, state: Ended, reason: str) -> tuple[re.Pattern[str], Ended, str]:
+    return re.compile(pattern if "?P<message>" in pattern else f"(?P<message>{pattern})", re.DOTALL), state, reason
+
+
+# 0.8.0's texts, each as workloads/run_lifecycle.py words it now (tests/test_run_lifecycle.py round-trips them).
+_LEGACY = (
+    _legacy("succeeded", Ended.SUCCEEDED, "Succeeded"),
+    _legacy(r"stopped by pulumi \(delete or replace\)", Ended.STOPPED, "StackDeleted"),
+    _legacy("stopped by verl-gke stop", Ended.STOPPED, "StopAsked"),
+    _legacy(r"\S+ was stopped", Ended.STOPPED, "StoppedOutside"),
+    _legacy(r"budget of \S+ s spent", Ended.OVER_BUDGET, "BudgetSpent"),
+    _legacy("lost: (?P<message>no record of it and no job of it on the Ray head)", Ended.LOST, "RecordLost"),
+    _legacy("lost: (?P<message>no record of it, and the Ray head did not answer)", Ended.LOST,
+            "RecordLostHeadSilent"),
+    _legacy("lost: (?P<message>.*)", Ended.LOST, "HeadOutage"),
+    _legacy("deploy failed before any attempt ran", Ended.FAILED, "DeployFailed"),
+    _legacy(r"attempt \d+ \(.*\) was claimed and never submitted", Ended.FAILED, "NeverSubmitted"),
+    _legacy(r"jobAttempt \d+ of .* ended while the stack names .*", Ended.FAILED, "NoLongerNamed"),
+    _legacy(r"failed by itself \d+ times: .*", Ended.FAILED, "RetriesSpent"),
+    _legacy(r"no submission id left after \d+ attempts", Ended.FAILED, "SubmissionIdsSpent"),
+    _legacy(r"lost nodes \d+ times", Ended.FAILED, "PreemptionsSpent"),
+    _legacy(r"the cluster was not whole within .*", Ended.FAILED, "CapacityTimeout"),
+)
 
 
 @dataclass(frozen=True)
@@ -64,8 +129,8 @@ class RunRecord:
     attempts: tuple[Attempt, ...] = ()
     opened_at: int = 0
     """The first attempt since the run was last opened: retries and preemptions count from it."""
-    outcome: str = ""
-    """Why the run ended ('' while it has not)."""
+    outcome: Outcome | None = None
+    """Why the run ended (None while it has not)."""
     released: bool = False
     budget_used_s: float = 0.0
     grace_s: float = 0.0
@@ -87,6 +152,13 @@ class RunRecord:
         return self.attempts[-1] if len(self.attempts) > self.opened_at else None
 
     @property
+    def job_status(self) -> str:
+        """The run as a Ray job status: the stack output grpoJobStatus and `--json`'s status."""
+        if self.outcome is None:
+            return "RUNNING"
+        return self.outcome.state.name if self.outcome.state in (Ended.SUCCEEDED, Ended.STOPPED) else "FAILED"
+
+    @property
     def opened(self) -> tuple[Attempt, ...]:
         return self.attempts[self.opened_at:]
 
@@ -97,11 +169,11 @@ class RunRecord:
         return replace(self, decisions=(*self.decisions, line)[-DECISIONS_KEPT:])
 
     def to_json(self) -> str:
-        text = json.dumps({"version": 2, **asdict(self)}, sort_keys=True)
+        text = _json(self)
         record = self
         while len(text.encode()) > MAX_RECORD_BYTES and record.decisions:
             record = replace(record, decisions=record.decisions[1:])
-            text = json.dumps({"version": 2, **asdict(record)}, sort_keys=True)
+            text = _json(record)
         return text
 
     @classmethod
@@ -115,7 +187,25 @@ class RunRecord:
         known = _known(cls, data)
         known["attempts"] = tuple(Attempt(**_known(Attempt, a)) for a in known.get("attempts", ()))
         known["decisions"] = tuple(known.get("decisions", ()))
+        known["outcome"] = _outcome(data)
         return cls(**known)
+
+
+def _json(record: RunRecord) -> str:
+    """`outcome` keeps 0.8.0's text (a 0.8.0 reader in a rolling upgrade reads it as before); the state,
+    reason and message beside it are what this version reads."""
+    data: dict[str, Any] = {"version": 2, **asdict(record), "outcome": str(record.outcome or "")}
+    if record.outcome is not None:
+        data.update(outcome_state=record.outcome.state.name, outcome_reason=record.outcome.reason,
+                    outcome_message=record.outcome.message)
+    return json.dumps(data, sort_keys=True)
+
+
+def _outcome(data: Mapping[str, Any]) -> Outcome | None:
+    state = data.get("outcome_state")
+    if state in Ended.__members__:
+        return Outcome(Ended[state], str(data.get("outcome_reason", "")), str(data.get("outcome_message", "")))
+    return Outcome.from_text(data["outcome"]) if data.get("outcome") else None  # 0.8.0's record
 
 
 def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
@@ -129,7 +219,7 @@ def _from_v1(data: Mapping[str, Any]) -> RunRecord:
                              cause=a.get("cause", ""), reason=a.get("reason", ""), dead_nodes=a.get("dead_nodes"),
                              submitted=bool(a.get("submitted"))) for a in data.get("attempts", ()))
     return RunRecord(run_id=data["run_id"], generation=int(data.get("generation", 0)), attempts=attempts,
-                     opened_at=int(data.get("reopened_at", 0)), outcome=data.get("outcome", ""),
+                     opened_at=int(data.get("reopened_at", 0)), outcome=_outcome(data),
                      released=bool(data.get("released")), export_id=data.get("export_id", ""),
                      export_target=data.get("export_target", ""), export_outcome=data.get("export_outcome", ""),
                      decisions=tuple(data.get("decisions", ()))[-DECISIONS_KEPT:])

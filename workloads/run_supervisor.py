@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from workloads import export_model
+from workloads.gcs import Gcs
 from workloads.kube import AUTH_TOKEN_KEY, KubernetesApi, RayClusterControl, secret_value
 from workloads.run_lease import SUPERVISOR, Lease, identity
 from workloads.run_lifecycle import Decider, Policy, RayJobs, submit_attempt, write_record
@@ -212,7 +213,7 @@ def decider(config: SupervisorConfig, api: KubernetesApi, namespace: str, ray_cl
     control = control or RayClusterControl(api, namespace, ray_cluster)
     lease = lease or Lease(api, namespace, ray_cluster, identity(SUPERVISOR), clock=clock, log=log)
     records = RecordStore(api, namespace, ray_cluster)
-    sink = sink or (GcsSink(config.log_bucket) if config.log_bucket else None)
+    sink = sink or (GcsSink(Gcs(config.log_bucket)) if config.log_bucket else None)
     copier = None if sink is None else LogCopier(
         ray, sink, lambda: {k: s.record for k, s in records.list().items() if s.record is not None}, clock=clock, log=log)
 
