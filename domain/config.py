@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from domain import gke_versions, grpo_spec, run_memory, upgrade_exclusion, verl_settings
+from domain import gke_versions, grpo_spec, run_memory, start_from, upgrade_exclusion, verl_settings
 from domain.grpo_spec import verl_problems
 from domain.run_identity import DELETES_BEFORE_SAVE_BELOW, verl_version_tuple
 from domain.verl_settings import VerlSettings
@@ -222,6 +222,8 @@ class StackConfig(BaseModel):
     export_model: bool = True
     mlflow_tracking_uri: str = ""
     fabric_min_bus_bandwidth_gbps: int = Field(0, ge=0)
+    start_from: dict[str, Any] = Field(default_factory=dict)
+    """A warm start (domain/start_from.py); its verl settings are in `verl`."""
 
     verl: VerlSettings
     """The run's verl config: the platform's defaults under verl-gke:verl, composed with the pinned verl's."""
@@ -249,6 +251,10 @@ class StackConfig(BaseModel):
                 data[key] = default
         if not isinstance(data.get("verl"), VerlSettings):
             given, _ = verl_given(data.get("verl", {}), platform)
+            start = data.get("startFrom")
+            if isinstance(start, dict):
+                checkpoints = given.get(grpo_spec.CHECKPOINT_DIR, grpo_spec.DEFAULT_CHECKPOINT_DIR)
+                given = {**start_from.overrides(start, str(checkpoints)), **given}
             data["verl"] = grpo_spec.run_settings(platform, str(data.get("model", DEFAULT_MODEL_REPO)),
                                                   _nodes(data.get("gpuNodes")), given)
         return data
@@ -829,6 +835,11 @@ def semantic_problems(cfg: StackConfig, now: datetime | None = None) -> list[str
             f"{p.image} or an image built for {p.arch}.")
     out.extend(_run_problems(cfg))
     out.extend(_logger_problems(cfg))
+    out.extend(start_from.problems(cfg.start_from))
+    if cfg.verl.get(start_from.MODEL_PATH) != start_from.overrides(cfg.start_from, "").get(
+            start_from.MODEL_PATH, cfg.verl.get(start_from.MODEL_PATH)):
+        add("start_from", cfg.start_from, f"names the model, and so does {config_key('verl.' + start_from.MODEL_PATH)}; "
+            "set one of them.")
     sizing = verl_problems(cfg.verl, p.gpus_per_node, cfg.gpu_nodes)
     if sizing and not ({q.path for q in sizing} | _SIZING_PATHS) & cfg.verl.given:
         # verl's sizes are the defaults the user left alone: the node count they set is what to change.
@@ -1077,9 +1088,11 @@ def _write_boundary_problems(cfg: StackConfig, read_paths: list[str], add: Calla
             "Ray pods may write the checkpoint dir, never the model, the data or the code they run.")
         return
     writable = ray_writable_prefixes(checkpoint_dir)
+    # startFrom's exported model is under models/, which the export (a Ray job) writes: the user chose it.
+    chosen = start_from.overrides(cfg.start_from, "").get(start_from.MODEL_PATH)
     for path in read_paths:
         value = cfg.verl.get(path)
-        if any(_under(value, f"{MOUNT_PATH}/{prefix}") for prefix in writable):
+        if value != chosen and any(_under(value, f"{MOUNT_PATH}/{prefix}") for prefix in writable):
             add(f"verl.{path}", value, f"outside the folders the Ray pods may write ({', '.join(writable)}): a job "
                 "could replace what the next run loads.")
 

@@ -51,6 +51,7 @@ MATH_KEYS = (
 
 CHECKPOINT_DIR = "trainer.default_local_dir"
 """Where the run's checkpoints go; verl-gke appends the run id (each run its own folder)."""
+DEFAULT_CHECKPOINT_DIR = f"{MOUNT_PATH}/verl/checkpoints"
 USE_V1 = "trainer.use_v1"
 BUCKET_PATHS = ("data.train_files", "data.val_files", "actor_rollout_ref.model.path", CHECKPOINT_DIR)
 """Paths every node must read (or write) alike: under the bucket mount."""
@@ -99,7 +100,7 @@ _SETTINGS: dict[str, Any] = {
     "trainer.save_freq": 10,
     "trainer.test_freq": 10,
     "trainer.total_epochs": 2,
-    CHECKPOINT_DIR: f"{MOUNT_PATH}/verl/checkpoints",
+    CHECKPOINT_DIR: DEFAULT_CHECKPOINT_DIR,
     # verl keeps every checkpoint unless told (~390 GB each for a 32B model with optimizer state).
     "trainer.max_actor_ckpt_to_keep": 2,
     "trainer.max_critic_ckpt_to_keep": 2,
@@ -122,7 +123,9 @@ OWNED: dict[str, str] = {
     "trainer.nnodes": "verl-gke sets it from verl-gke:gpuNodes; set that key instead.",
     "trainer.n_gpus_per_node": "verl-gke sets it from verl-gke:platform (the GPUs of its machine type).",
     "trainer.resume_mode": "verl-gke owns it: a resubmitted run (after a preemption) must resume from its "
-                           "latest checkpoint.",
+                           "latest checkpoint; to start from another run's, set verl-gke:startFrom.",
+    "trainer.resume_from_path": "verl-gke sets it from verl-gke:startFrom ({\"run\": <run id>, \"step\": N}); set "
+                                "that key instead.",
 }
 """Paths verl-gke sets itself, and why a user may not."""
 

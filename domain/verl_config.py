@@ -16,7 +16,7 @@ from pathlib import Path
 from hydra.errors import HydraException
 from omegaconf import DictConfig
 
-from domain import run_memory, run_time
+from domain import run_memory, run_time, start_from
 from domain.checkpoint_time import CHECKPOINT_BYTES_PER_PARAM, CheckpointTime, checkpoint_time
 from domain.config import StackConfig, config_key, problem_line
 from domain.grpo_spec import Override, overrides
@@ -56,6 +56,8 @@ class RunPlan:
     """The stack's price per hour, for the run's cost; None when unknown."""
     settings: tuple[str, ...] = ()
     """The job's verl settings, `path=value`, the user's marked."""
+    start: str = ""
+    """The warm start (domain/start_from.lineage), "" for none."""
 
     def lines(self) -> list[str]:
         """The plan as a few lines for synth's summary and `pulumi up`'s log."""
@@ -63,6 +65,9 @@ class RunPlan:
         out = [f"GRPO run with verl {self.verl_version}: {steps}"]
         if self.run_id:
             out.append(f"  run id {self.run_id}, checkpoints in {self.checkpoint_folder}")
+        if self.start:
+            carried = "its model and optimizer state" if self.start.startswith("run ") else "its weights"
+            out.append(f"  warm start from {self.start} ({carried})")
         if self.save_freq <= 0:
             out.append("  checkpoints: none (trainer.save_freq <= 0): a preempted run starts over")
         elif self.checkpoints_saved is not None:
@@ -163,7 +168,7 @@ def _plan(cfg: StackConfig, composed: DictConfig, warnings: list[str], run_id: s
     shown = [f"{'*' if o.key in cfg.verl.given else ' '} {o.arg}" for o in overrides(cfg.verl)]
     return RunPlan(cfg.verl.version, steps, save_freq, saved, kept, size, warnings, run_id=run_id,
                    checkpoint_folder=str(trainer.default_local_dir), checkpoint_time=timing, time=time,
-                   hourly_usd=cfg.hourly_usd, settings=tuple(shown))
+                   hourly_usd=cfg.hourly_usd, settings=tuple(shown), start=start_from.lineage(cfg.start_from))
 
 
 def _one_line(error: BaseException) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -80,6 +81,8 @@ class RunRecord:
     export_outcome: str = ""
     """'SUCCEEDED', or 'FAILED: <why>' ('' while the export is not over, or none was made)."""
     decisions: tuple[str, ...] = ()
+    start_from: str = ""
+    """The run's lineage: the warm start it began from (start_of), "" for none."""
 
     @property
     def newest(self) -> Attempt | None:
@@ -116,6 +119,19 @@ class RunRecord:
         known["attempts"] = tuple(Attempt(**_known(Attempt, a)) for a in known.get("attempts", ()))
         known["decisions"] = tuple(known.get("decisions", ()))
         return cls(**known)
+
+
+_START = re.compile(r"(?:^|\s)'?(?:trainer\.resume_from_path=\S*/(?P<run>run-[0-9a-f]{12})/global_step_(?P<step>[0-9]+)"
+                    r"|actor_rollout_ref\.model\.path=\S*/(?P<model>models/run-[0-9a-f]{12}/model[^\s']*))")
+
+
+def start_of(entrypoint: str) -> str:
+    """The warm start in the run's command (verl-gke:startFrom, domain/start_from.py): `run <id> step <N>` or
+    `model models/<run id>/model` (under the stack's bucket); "" for none."""
+    found = _START.search(entrypoint)
+    if found is None:
+        return ""
+    return f"model {found['model']}" if found["model"] else f"run {found['run']} step {found['step']}"
 
 
 def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
