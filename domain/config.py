@@ -20,9 +20,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from domain import gke_versions, grpo_spec, run_memory, start_from, upgrade_exclusion, verl_settings
+from domain import algorithms, gke_versions, grpo_spec, run_memory, start_from, upgrade_exclusion, verl_settings
 from domain.grpo_spec import verl_problems
-from domain.run_identity import DELETES_BEFORE_SAVE_BELOW, verl_version_tuple
+from domain.run_identity import DELETES_BEFORE_SAVE_BELOW, legacy_trainer_for_deadline, verl_version_tuple
 from domain.verl_settings import VerlSettings
 from domain.verl_wheel import VerlUnavailable
 from domain.bucket import DEFAULT_CAPACITY, MOUNT_PATH, ray_writable_prefixes
@@ -850,7 +850,9 @@ def semantic_problems(cfg: StackConfig, now: datetime | None = None) -> list[str
             + (f"use gpuNodes {', '.join(fits[:-1])} or {fits[-1]}, or " if len(fits) > 1 else
                f"use gpuNodes {fits[0]}, or " if fits else "") + f"set {paths} to sizes that fit.")
         sizing = []
-    for problem in [*sizing, *grpo_spec.stack_problems(cfg.verl, p, cfg.model, cfg.verl_image)]:
+    legacy = legacy_trainer_for_deadline(cfg.verl.version, cfg.run_budget_hours > 0)  # as domain/stack_run.py
+    for problem in [*sizing, *grpo_spec.stack_problems(cfg.verl, p, cfg.model, cfg.verl_image),
+                    *algorithms.problems(cfg.verl, legacy)]:
         add(f"verl.{problem.path}", problem.value, problem.message)
     # One line per phase that would not fit, naming the paths that size it.
     for paths, message in run_memory.problems(cfg.verl, p, cfg.model, cfg.gpu_nodes):

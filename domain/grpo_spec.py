@@ -19,7 +19,8 @@ from typing import Any
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
-from domain import run_memory, verl_settings
+from domain import algorithms, run_memory, verl_settings
+from domain.algorithms import FSDP_ONLY
 from domain.bucket import HF_CACHE_DIR, MOUNT_PATH, run_checkpoint_dir
 from domain.platforms import IMAGE_ROLLOUTS, Platform
 from domain.verl_settings import Problem, VerlSettings
@@ -198,6 +199,7 @@ def run_settings(platform: Platform, model: str, nnodes: int, given: Mapping[str
             seq=get("data.max_prompt_length") + get("data.max_response_length"), nnodes=nnodes)
     if seqs_path not in values:
         values[seqs_path] = requests_per_replica(batch, n, platform.gpus_per_node * nnodes, values[tp_path])
+    values.update(algorithms.critic_defaults(values))
     order = {path: i for i, path in enumerate(_SETTINGS)}
     ordered = sorted(values.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
     return verl_settings.settings(platform.verl, ordered, given=given)
@@ -264,9 +266,6 @@ def verl_problems(run: VerlSettings, gpus_per_node: int, nnodes: int) -> list[Pr
     return out
 
 
-NO_CRITIC = ("needs a critic (PPO with a value model), which verl-gke does not support yet: the GPU memory estimate "
-             "counts no critic; use a critic-free estimator such as grpo or rloo.")
-FSDP_ONLY = "verl-gke runs verl's FSDP workers only; use \"fsdp2\" or \"fsdp\"."
 
 
 def stack_problems(run: VerlSettings, platform: Platform, model: str, image: str) -> list[Problem]:
@@ -277,11 +276,6 @@ def stack_problems(run: VerlSettings, platform: Platform, model: str, image: str
     def add(path: str, message: str) -> None:
         out.append(Problem(path, run.get(path), message))
 
-    # verl 0.6.1/0.9.0 `need_critic`: GAE's advantages come from a value model, as does critic.enable.
-    if run.get("algorithm.adv_estimator") == "gae":
-        add("algorithm.adv_estimator", NO_CRITIC)
-    if run.get("critic.enable"):
-        add("critic.enable", NO_CRITIC)
     engines = IMAGE_ROLLOUTS.get(image)
     engine = run.get("actor_rollout_ref.rollout.name")
     if engines and engine not in engines:

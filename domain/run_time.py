@@ -7,7 +7,8 @@ run's own numbers:
 
     tokens a step        T = sequences x (prompt + response tokens)
     update FLOPs         (6 + 2 with gradient checkpointing) x parameters x T     (forward, backward, recompute)
-    log-prob FLOPs       2 x parameters x T, once for the actor and once for the reference policy
+                         (LoRA: 4 + 2, no base weight gradients; a critic adds its own 6 + 2)
+    log-prob FLOPs       2 x parameters x T, once for the actor, the reference policy and the critic's values
     training seconds     FLOPs / (GPUs x peak bf16 FLOP/s x MFU)
     rollout seconds      sequences x mean response tokens / (GPUs x decode rate) + the response tail;
                          decode rate a GPU = peak x DECODE_SHARE / (2 x parameters)
@@ -125,7 +126,12 @@ class RunShape:
     validate_first: bool = False
     """trainer.val_before_train: a validation pass before the first step (part of the start-up)."""
     model_loads: int = 1
-    """Reads of the model through the mount at start-up: the actor's, and the reference policy's."""
+    """Reads of the model through the mount at start-up: the actor's, the reference policy's, the critic's."""
+    critic: bool = False
+    """A critic (PPO, GAE): its value pass and its own update on every token, as large as the actor."""
+    lora: bool = False
+    """LoRA: the update's backward computes the activations' gradients but no base weight's (4, not 6, FLOPs a
+    parameter a token, before recomputation)."""
 
 
 @dataclass(frozen=True)
@@ -252,8 +258,10 @@ def model(shape: RunShape, assumptions: Assumptions) -> RunTime:
     a = assumptions
     tokens = shape.sequences * (a.prompt_tokens + a.response_tokens)
     rate = shape.n_gpus * shape.peak_flops * a.mfu
-    update = (6 + (2 if shape.recompute else 0)) * shape.params * tokens / rate
-    log_prob = 2 * shape.params * tokens * (2 if shape.reference else 1) / rate
+    per_token = (4 if shape.lora else 6) + (2 if shape.recompute else 0)
+    critic_update = (6 + (2 if shape.recompute else 0)) if shape.critic else 0
+    update = (per_token + critic_update) * shape.params * tokens / rate
+    log_prob = 2 * shape.params * tokens * (1 + (1 if shape.reference else 0) + (1 if shape.critic else 0)) / rate
     decode = shape.n_gpus * decode_rate(shape, a)
     tail = max(shape.max_response_tokens - a.response_tokens, 0) * a.tail_token_s
     rollout = shape.sequences * a.response_tokens / decode + tail
