@@ -15,7 +15,7 @@ from domain import run_memory, run_time
 from domain.config import load_config
 from domain.platforms import PLATFORMS
 from tests.conftest import BASE_CONFIG, verl_value
-from tests.test_verl_config import job_args, verl_verdicts
+from tests.test_verl_config import _platform, job_args, verl_verdicts
 from verl_gke import synth
 
 RECIPES = Path(__file__).resolve().parent.parent / "docs" / "recipes.md"
@@ -27,10 +27,6 @@ def recipes() -> list[tuple[str, dict[str, Any]]]:
     found = [(m["stack"], yaml.safe_load(m["body"])["config"]) for m in _SNIPPET.finditer(RECIPES.read_text())]
     assert len(found) == 5, "one snippet per algorithm and the warm start"
     return found
-
-
-def _platform(stack: str) -> str:
-    return "a3u" if stack.startswith("a3u") else "a4x" if stack == "a4x" else "a4"
 
 
 @pytest.mark.timeout(900)

@@ -210,3 +210,12 @@ def test_the_record_a_run_is_opened_with_names_its_warm_start(value: dict, linea
     record = run_lifecycle.opened(None, run_id, 0, 0.0, start_of(entry))
     assert record.start_from == lineage
     assert type(record).from_json(record.to_json()).start_from == lineage
+
+
+def test_synth_refuses_a_malformed_start_in_one_line_without_a_traceback(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    value = json.dumps({"run": "run-0123456789ab"})
+    assert synth.main(["a4-standard", "--out", str(tmp_path / "out"), "--set", f"{start_from.KEY}={value}"]) == 2
+    err = capsys.readouterr().err
+    assert f"  {start_from.KEY} = {value}: must be {start_from.FORMS}." in err.splitlines()
+    assert "Traceback" not in err
