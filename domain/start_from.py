@@ -87,7 +87,8 @@ def resumable_problem(value: Mapping[str, Any], world_size: int, read: Mapping[s
     where = f"run {value['run']} has no complete checkpoint at step {value['step']}"
     marker, saved = read.get("marker"), read.get("saved")
     if marker is None or saved is None:
-        return f"{shown}: {where} (not saved, still copying, or rotated away): `verl-gke runs` lists your runs."
+        return (f"{shown}: {where} (not saved, still copying, or rotated away; a step with its model alone can be "
+                f"exported with `verl-gke export --step {value['step']}` and started from as a model).")
     if marker.get("attempt") != saved.get("attempt"):
         return f"{shown}: {where} (step {value['step']} is being saved again by a later attempt)."
     if marker.get("world_size") != world_size:

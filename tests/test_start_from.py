@@ -112,7 +112,7 @@ def test_resume_from_path_is_set_through_start_from_only() -> None:
 @pytest.mark.parametrize(("value", "read", "problem"), [
     ({"run": RUN, "step": 20}, {"marker": {"attempt": "a", "world_size": 16}, "saved": {"attempt": "a"}}, None),
     ({"run": RUN, "step": 20}, {"marker": None, "saved": {"attempt": "a"}},
-     f"run {RUN} has no complete checkpoint at step 20 (not saved, still copying, or rotated away)"),
+     f"run {RUN} has no complete checkpoint at step 20 (not saved, still copying, or rotated away;"),
     ({"run": RUN, "step": 20}, {"marker": {"attempt": "a", "world_size": 16}, "saved": {"attempt": "b"}},
      "is being saved again by a later attempt"),
     ({"run": RUN, "step": 20}, {"marker": {"attempt": "a", "world_size": 8}, "saved": {"attempt": "a"}},
@@ -172,7 +172,8 @@ def test_preview_refuses_a_step_that_is_not_there_and_takes_one_that_is() -> Non
     problems, asked = _preview(value, {})
     assert asked[0] == {"bucket": f"verl-mine-{BASE_CONFIG['gcp:project']}", "name": f"{step}/{ck.MARKER}"}
     assert problems == [f"{start_from.KEY} = {json.dumps(value)}: run {RUN} has no complete checkpoint at step 20 "
-                        "(not saved, still copying, or rotated away): `verl-gke runs` lists your runs."]
+                        "(not saved, still copying, or rotated away; a step with its model alone can be exported with "
+                        "`verl-gke export --step 20` and started from as a model)."]
     whole = {"attempt": "a1", "world_size": 16}
     assert _preview(value, {f"{step}/{ck.MARKER}": whole, f"{step}/.verl-gke/saved.json": {"attempt": "a1"}})[0] == []
 
