@@ -16,8 +16,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from domain.bucket import MOUNT_PATH, bucket_path
-from workloads.checkpoints import MARKER, SAVED_FILE, STATE_DIR
-from workloads.export_model import MODELS_DIR, POINTER_SUFFIX
+
+# The bucket's names the in-cluster programs write (workloads/checkpoints.py, workloads/export_model.py; the
+# domain imports no workload: tests/test_start_from.py holds them equal).
+MARKER, SAVED = ".verl-gke-complete.json", ".verl-gke/saved.json"
+MODELS_DIR, POINTER_SUFFIX = "models", ".json"
 
 KEY = "verl-gke:startFrom"
 RESUME_PATH = "trainer.resume_from_path"
@@ -60,7 +63,7 @@ def objects_to_read(value: Mapping[str, Any], checkpoint_dir: str) -> dict[str, 
     found = overrides(value, checkpoint_dir)
     if RESUME_PATH in found:
         step = bucket_path(found[RESUME_PATH])
-        return {"marker": f"{step}/{MARKER}", "saved": f"{step}/{STATE_DIR}/{SAVED_FILE}"}
+        return {"marker": f"{step}/{MARKER}", "saved": f"{step}/{SAVED}"}
     if MODEL_PATH in found:
         return {"pointer": bucket_path(found[MODEL_PATH]) + POINTER_SUFFIX}
     return {}

@@ -127,6 +127,9 @@ def test_preview_reads_the_marker_or_the_pointer(value: dict, read: dict, proble
 
 
 def test_the_objects_preview_reads_are_the_launchers_markers() -> None:
+    from workloads import export_model
+
+    assert (start_from.MODELS_DIR, start_from.POINTER_SUFFIX) == (export_model.MODELS_DIR, export_model.POINTER_SUFFIX)
     assert start_from.objects_to_read({"run": RUN, "step": 20}, "/data/verl/checkpoints") == {
         "marker": f"verl/checkpoints/{RUN}/global_step_20/{ck.MARKER}",
         "saved": f"verl/checkpoints/{RUN}/global_step_20/{ck.STATE_DIR}/{ck.SAVED_FILE}"}
