@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from domain import grpo_spec, reward_fn, run_memory, upgrade_exclusion, user_data, verl_settings, wandb_key
+from domain import algorithms, grpo_spec, reward_fn, start_from, run_memory, upgrade_exclusion, user_data, verl_settings, wandb_key
 from domain import gke_versions, pricing
 from domain.bucket import DEFAULT_CAPACITY, MOUNT_PATH, ray_writable_prefixes
 from domain.config_fields import (
@@ -37,7 +37,7 @@ from domain.platforms import (
 from domain.pricing import CAPACITY_KINDS, CapacityKind
 from domain.problems import ConfigError, problem_line
 from domain.pulumi_config import Declared, TypeProblem, from_engine
-from domain.run_identity import DELETES_BEFORE_SAVE_BELOW, verl_version_tuple
+from domain.run_identity import DELETES_BEFORE_SAVE_BELOW, legacy_trainer_for_deadline, verl_version_tuple
 from domain.stack_files import declared_types
 from domain.verl_settings import VerlSettings
 from domain.verl_wheel import VerlUnavailable
@@ -237,6 +237,8 @@ class StackConfig(BaseModel):
     data_dir: str = ""
     reward_function: str = ""
     fabric_min_bus_bandwidth_gbps: int = Field(0, ge=0)
+    start_from: dict[str, Any] = Field(default_factory=dict)
+    """A warm start (domain/start_from.py); its verl settings are in `verl`."""
 
     verl: VerlSettings
     """The run's verl config: the platform's defaults under verl-gke:verl, composed with the pinned verl's."""
@@ -266,6 +268,10 @@ class StackConfig(BaseModel):
             given, _ = verl_given(data.get("verl", {}), platform)
             given = {**user_data.verl_paths(str(data.get("dataDir") or "")),  # the user's own paths win
                      **reward_fn.verl_paths(str(data.get("rewardFunction") or "")), **given}
+            start = data.get("startFrom")
+            if isinstance(start, dict):
+                checkpoints = given.get(grpo_spec.CHECKPOINT_DIR, grpo_spec.DEFAULT_CHECKPOINT_DIR)
+                given = {**start_from.overrides(start, str(checkpoints)), **given}
             data["verl"] = grpo_spec.run_settings(platform, str(data.get("model", DEFAULT_MODEL_REPO)),
                                                   _nodes(data.get("gpuNodes")), given)
         return data
@@ -588,9 +594,11 @@ class StackConfig(BaseModel):
                         "or the code they run.")
             return
         writable = ray_writable_prefixes(checkpoint_dir)
+        # startFrom's exported model is under models/, which the export (a Ray job) writes: the user chose it.
+        chosen = start_from.overrides(self.start_from, "").get(start_from.MODEL_PATH)
         yield from [_line(f"verl.{path}", self.verl.get(path), f"outside the folders the Ray pods may write "
                           f"({', '.join(writable)}): a job could replace what the next run loads.")
-                    for path in plain if path != grpo_spec.CHECKPOINT_DIR
+                    for path in plain if path != grpo_spec.CHECKPOINT_DIR and self.verl.get(path) != chosen
                     and any(_under(self.verl.get(path), f"{MOUNT_PATH}/{prefix}") for prefix in writable)]
 
     @_cross_field
@@ -646,6 +654,15 @@ class StackConfig(BaseModel):
                         "to sqlite:////tmp/mlruns.db on a pod, lost at release: set the server's http(s):// URL.")
 
     @_cross_field
+    def _start_rules(self) -> Iterator[str]:
+        """verl-gke:startFrom's form (domain/start_from.py), and one place naming the model."""
+        yield from start_from.problems(self.start_from)
+        if self.verl.get(start_from.MODEL_PATH) != start_from.overrides(self.start_from, "").get(
+                start_from.MODEL_PATH, self.verl.get(start_from.MODEL_PATH)):
+            yield _line("start_from", self.start_from, f"names the model, and so does "
+                        f"{config_key('verl.' + start_from.MODEL_PATH)}; set one of them.")
+
+    @_cross_field
     def _user_file_rules(self) -> Iterator[str]:
         """verl-gke:dataDir and rewardFunction (domain/user_data.py, domain/reward_fn.py): the verl paths each sets
         left to it, then its files (the reward called on the first row of the data, when there is some)."""
@@ -676,7 +693,9 @@ class StackConfig(BaseModel):
                         + (f"use gpuNodes {', '.join(fits[:-1])} or {fits[-1]}, or " if len(fits) > 1 else
                            f"use gpuNodes {fits[0]}, or " if fits else "") + f"set {paths} to sizes that fit.")
             sizing = []
-        for problem in [*sizing, *grpo_spec.stack_problems(self.verl, p, self.model, self.verl_image)]:
+        legacy = legacy_trainer_for_deadline(self.verl.version, self.run_budget_hours > 0)  # as domain/stack_run.py
+        for problem in [*sizing, *grpo_spec.stack_problems(self.verl, p, self.model, self.verl_image),
+                        *algorithms.problems(self.verl, legacy)]:
             yield _line(f"verl.{problem.path}", problem.value, problem.message)
         # One line per phase that would not fit, naming the paths that size it.
         for paths, message in run_memory.problems(self.verl, p, self.model, self.gpu_nodes):

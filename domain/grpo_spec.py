@@ -19,7 +19,8 @@ from typing import Any
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
-from domain import run_memory, verl_settings
+from domain import algorithms, run_memory, verl_settings
+from domain.algorithms import FSDP_ONLY
 from domain.bucket import HF_CACHE_DIR, MOUNT_PATH, run_checkpoint_dir
 from domain.platforms import IMAGE_ROLLOUTS, Platform
 from domain.verl_settings import Problem, VerlSettings
@@ -51,6 +52,7 @@ MATH_KEYS = (
 
 CHECKPOINT_DIR = "trainer.default_local_dir"
 """Where the run's checkpoints go; verl-gke appends the run id (each run its own folder)."""
+DEFAULT_CHECKPOINT_DIR = f"{MOUNT_PATH}/verl/checkpoints"
 USE_V1 = "trainer.use_v1"
 BUCKET_PATHS = ("data.train_files", "data.val_files", "actor_rollout_ref.model.path", CHECKPOINT_DIR)
 """Paths every node must read (or write) alike: under the bucket mount."""
@@ -99,7 +101,7 @@ _SETTINGS: dict[str, Any] = {
     "trainer.save_freq": 10,
     "trainer.test_freq": 10,
     "trainer.total_epochs": 2,
-    CHECKPOINT_DIR: f"{MOUNT_PATH}/verl/checkpoints",
+    CHECKPOINT_DIR: DEFAULT_CHECKPOINT_DIR,
     # verl keeps every checkpoint unless told (~390 GB each for a 32B model with optimizer state).
     "trainer.max_actor_ckpt_to_keep": 2,
     "trainer.max_critic_ckpt_to_keep": 2,
@@ -122,7 +124,9 @@ OWNED: dict[str, str] = {
     "trainer.nnodes": "verl-gke sets it from verl-gke:gpuNodes; set that key instead.",
     "trainer.n_gpus_per_node": "verl-gke sets it from verl-gke:platform (the GPUs of its machine type).",
     "trainer.resume_mode": "verl-gke owns it: a resubmitted run (after a preemption) must resume from its "
-                           "latest checkpoint.",
+                           "latest checkpoint; to start from another run's, set verl-gke:startFrom.",
+    "trainer.resume_from_path": "verl-gke sets it from verl-gke:startFrom ({\"run\": <run id>, \"step\": N}); set "
+                                "that key instead.",
 }
 """Paths verl-gke sets itself, and why a user may not."""
 
@@ -195,6 +199,7 @@ def run_settings(platform: Platform, model: str, nnodes: int, given: Mapping[str
             seq=get("data.max_prompt_length") + get("data.max_response_length"), nnodes=nnodes)
     if seqs_path not in values:
         values[seqs_path] = requests_per_replica(batch, n, platform.gpus_per_node * nnodes, values[tp_path])
+    values.update(algorithms.critic_defaults(values))
     order = {path: i for i, path in enumerate(_SETTINGS)}
     ordered = sorted(values.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
     return verl_settings.settings(platform.verl, ordered, given=given)
@@ -261,9 +266,6 @@ def verl_problems(run: VerlSettings, gpus_per_node: int, nnodes: int) -> list[Pr
     return out
 
 
-NO_CRITIC = ("needs a critic (PPO with a value model), which verl-gke does not support yet: the GPU memory estimate "
-             "counts no critic; use a critic-free estimator such as grpo or rloo.")
-FSDP_ONLY = "verl-gke runs verl's FSDP workers only; use \"fsdp2\" or \"fsdp\"."
 
 
 def stack_problems(run: VerlSettings, platform: Platform, model: str, image: str) -> list[Problem]:
@@ -274,11 +276,6 @@ def stack_problems(run: VerlSettings, platform: Platform, model: str, image: str
     def add(path: str, message: str) -> None:
         out.append(Problem(path, run.get(path), message))
 
-    # verl 0.6.1/0.9.0 `need_critic`: GAE's advantages come from a value model, as does critic.enable.
-    if run.get("algorithm.adv_estimator") == "gae":
-        add("algorithm.adv_estimator", NO_CRITIC)
-    if run.get("critic.enable"):
-        add("critic.enable", NO_CRITIC)
     engines = IMAGE_ROLLOUTS.get(image)
     engine = run.get("actor_rollout_ref.rollout.name")
     if engines and engine not in engines:

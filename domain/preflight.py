@@ -10,6 +10,7 @@ not make.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -17,9 +18,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from domain.image_mirror import MIRROR_APIS
-from domain import gke_versions, grpo_spec, wandb_key
+from domain import gke_versions, grpo_spec, start_from, wandb_key
 from domain.config import SCHEMA_MINOR, StackConfig, config_key, problem_line
-from domain.names import stack_slug
+from domain.names import stack_names, stack_slug
 from domain.platforms import GPU_POOL_NAME, Platform, gpu_pool_name
 
 RESERVATION = "gcp:compute/getReservation:getReservation"
@@ -29,6 +30,7 @@ PROJECT_SERVICE = "gcp:projects/getProjectService:getProjectService"
 CLUSTER = "gcp:container/getCluster:getCluster"
 QUOTA = "gcp:cloudquota/getSQuotaInfo:getSQuotaInfo"
 SECRET = "gcp:secretmanager/getSecret:getSecret"
+OBJECT = "gcp:storage/getBucketObjectContent:getBucketObjectContent"
 GPU_QUOTA_ID = "GPUS-PER-GPU-FAMILY-per-project-region"
 """Compute Engine's quota on GPUs per GPU family and region (Cloud Quotas), which governs the newest
 families (B200, H200, GB200) instead of a per-model NVIDIA-<model>-GPUS quota."""
@@ -76,6 +78,7 @@ CHECKS = {
     CLUSTER: "whether the stack's cluster exists already (its GPU pool's own nodes count as free)",
     QUOTA: "the project's GPU quota in the region covers gpuNodes x GPUs (on-demand, or preemptible for Spot "
            "and flex-start)",
+    OBJECT: "startFrom's checkpoint is complete at this GPU count, or its exported model is published",
 }
 """Each live check by the invoke it makes, as synth lists the ones it could not make."""
 
@@ -324,6 +327,9 @@ def run_preflight(cfg: StackConfig, invoke: Invoke, stack: str | None = None) ->
                        f"{label} in {cfg.region} covers {need} {GPU_FAMILY[cfg.platform]} GPUs")
                 if limit is not None:
                     result.notes.append(f"{label} in {cfg.region}: {limit} {GPU_FAMILY[cfg.platform]}")
+    if stack is not None and cfg.start_from:
+        passed(start_from_problems(cfg, stack, invoke), f"startFrom: {start_from.lineage(cfg.start_from)} is there "
+               "to start from")
     if uses_reservation(cfg):
         try:  # a first deploy has no cluster yet: the lookup fails, and no machine is ours
             own = own_gpu_nodes(invoke(CLUSTER, {"name": cfg.cluster_name, "location": cfg.cluster_location,
@@ -345,6 +351,38 @@ def run_preflight(cfg: StackConfig, invoke: Invoke, stack: str | None = None) ->
                     result.notes.append(f"reservation {name}: {free} of {count} {machine} free"
                                         + (f" ({own} of them this stack's GPU nodes)" if own else ""))
     return result
+
+
+_NOT_FOUND = re.compile(r"\b404\b|not ?found|no such object", re.I)
+
+
+def start_from_problems(cfg: StackConfig, stack: str, invoke: Invoke) -> list[str]:
+    """startFrom's checkpoint or exported model, read from the stack's bucket (domain/start_from.py); a stand-in
+    answer checks nothing."""
+    bucket = stack_names(cfg, stack).bucket
+    named = start_from.model_bucket(cfg.start_from)
+    if named is not None and named != bucket:
+        return [problem_line(start_from.KEY, cfg.start_from, f"the model must be in this stack's bucket {bucket} "
+                             "(the only one its pods mount); copy it there, under models/<run id>/.")]
+    read: dict[str, dict[str, Any] | None] = {}
+    for role, name in start_from.objects_to_read(cfg.start_from, str(cfg.verl.get("trainer.default_local_dir"))).items():
+        try:
+            answer = invoke(OBJECT, {"bucket": bucket, "name": name})
+        except Exception as error:  # noqa: BLE001 the provider's own message is the user's clue
+            message = provider_message(error, OBJECT)
+            if not _NOT_FOUND.search(message):
+                return [problem_line(start_from.KEY, cfg.start_from, f"gs://{bucket}/{name} could not be read: "
+                                     f"the provider said: {message}")]
+            read[role] = None
+            continue
+        if answer.get(STAND_IN):
+            return []
+        try:
+            read[role] = json.loads(answer.get("content") or "")
+        except ValueError:
+            read[role] = None
+    found = start_from.resumable_problem(cfg.start_from, cfg.gpu_nodes * cfg.facts.gpus_per_node, read)
+    return [found] if found else []
 
 
 def provider_message(error: BaseException, token: str) -> str:
@@ -525,6 +563,8 @@ def healthy_answers(cfg: StackConfig) -> Callable[[str, dict[str, Any]], dict[st
             return existing_cluster_answer(args)
         if token == SECRET:
             return {"name": f"projects/{args['project']}/secrets/{args['secretId']}", "secretId": args["secretId"]}
+        if token == OBJECT:  # a checkpoint whose markers agree, at this stack's world size
+            return {"content": json.dumps({"attempt": "stand-in", "world_size": cfg.gpu_nodes * p.gpus_per_node})}
         if token == QUOTA:
             return {"quotaId": args["quotaId"], "dimensionsInfos": [{
                 "dimensions": {"gpu_family": GPU_FAMILY[cfg.platform], "region": cfg.region},

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from domain import algorithms
 from domain.platforms import Platform
 from domain.verl_settings import VerlSettings
 
@@ -146,15 +147,24 @@ def estimate(run: VerlSettings, shape: ModelShape, gpu_bytes: float, n_gpus: int
     actor, rollout, ref_ = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "actor_rollout_ref.ref."
     params, seq = shape.params, run.get("data.max_prompt_length") + run.get("data.max_response_length")
     dynamic = bool(run.get(actor + "use_dynamic_bsz"))
-    resident = params * (_WEIGHTS + _ADAM) / n_gpus
-    ref = params * _BF16 / n_gpus if has_reference(run) else 0.0
+    rank = algorithms.lora_rank(run)
+    # LoRA: the base weights stay (fp32, frozen); gradients and AdamW moments only for the adapters.
+    trained = algorithms.lora_params(shape.hidden, shape.intermediate, shape.layers, shape.kv_heads * shape.head_dim,
+                                     rank) if rank else params
+    resident = params * _WEIGHTS / n_gpus + trained * _ADAM / n_gpus
+    # With LoRA the reference policy is the actor with its adapters off (verl's ref_in_actor): no copy.
+    ref = params * _BF16 / n_gpus if has_reference(run) and not rank else 0.0
+    # The critic (PPO, GAE): a model as large as the actor, with its own fp32 weights and AdamW moments,
+    # colocated and never offloaded by default (critic.model.fsdp_config); its gradients stay until its next update.
+    critic = params * (_WEIGHTS + _ADAM) / n_gpus if algorithms.has_critic(run) else 0.0
     gathered = 2 * shape.layer_params * _BF16
     train_tokens = _tokens(dynamic, run.get(actor + "ppo_max_token_len_per_gpu"),
                            run.get(actor + "ppo_micro_batch_size_per_gpu"), seq)
     layer_values = _ATTN_VALUES * shape.hidden + _MLP_VALUES * shape.intermediate
     update_keys = (actor + "ppo_max_token_len_per_gpu",) if dynamic else (actor + "ppo_micro_batch_size_per_gpu",)
     training = {
-        "actor state": resident + params * _GRADS / n_gpus,
+        "actor state": resident + trained * _GRADS / n_gpus,
+        "critic state": critic + (params * _GRADS / n_gpus if critic else 0.0),
         "reference": ref,
         "gathered layers": gathered,
         "checkpointed activations": train_tokens * shape.hidden * _BF16 * shape.layers,
@@ -163,7 +173,7 @@ def estimate(run: VerlSettings, shape: ModelShape, gpu_bytes: float, n_gpus: int
     }
     micro_batches, share = update_micro_batches(run, n_gpus)
     why = "lower it or add GPU nodes"
-    if micro_batches > 1 and run.release.defers_gradient_sync:
+    if micro_batches > 1 and run.release.defers_gradient_sync and not rank:
         # Every micro-batch but the last keeps its whole-model gradient unsharded, in the fp32 reduce dtype.
         training["unsharded fp32 gradient"] = params * _GRADS
         update_keys = (actor + "ppo_mini_batch_size", *update_keys)
@@ -179,6 +189,7 @@ def estimate(run: VerlSettings, shape: ModelShape, gpu_bytes: float, n_gpus: int
                     for d, role in zip(lp_dynamic, roles))
     log_prob = Phase("log-prob", {
         "actor state": resident,
+        "critic state": critic,
         "reference": ref,
         "gathered layers": gathered,
         "layer activations": lp_tokens * layer_values * _BF16,
@@ -187,7 +198,7 @@ def estimate(run: VerlSettings, shape: ModelShape, gpu_bytes: float, n_gpus: int
     }, tuple(role + ("log_prob_max_token_len_per_gpu" if d else "log_prob_micro_batch_size_per_gpu")
              for d, role in zip(lp_dynamic, roles)), "lower it or add GPU nodes")
     vllm = run.get(rollout + "gpu_memory_utilization") * gpu_bytes
-    rollout_phase = Phase("rollout", {"actor state": resident, "reference": ref, "vLLM": vllm},
+    rollout_phase = Phase("rollout", {"actor state": resident, "critic state": critic, "reference": ref, "vLLM": vllm},
                           (rollout + "gpu_memory_utilization",), "lower it or add GPU nodes")
     kv = vllm - params * _BF16 / run.get(rollout + "tensor_model_parallel_size") - VLLM_NON_KV_GIB * GIB
     return MemoryEstimate(gpu_bytes, (Phase("training", training, update_keys, why), log_prob, rollout_phase),

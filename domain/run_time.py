@@ -105,7 +105,12 @@ class RunShape:
     validate_first: bool = False
     """trainer.val_before_train: a validation pass before the first step (part of the start-up)."""
     model_loads: int = 1
-    """Reads of the model through the mount at start-up: the actor's, and the reference policy's."""
+    """Reads of the model through the mount at start-up: the actor's, the reference policy's, the critic's."""
+    critic: bool = False
+    """A critic (PPO, GAE): its value pass and its own update on every token, as large as the actor."""
+    lora: bool = False
+    """LoRA: the update's backward computes the activations' gradients but no base weight's (4, not 6, FLOPs a
+    parameter a token, before recomputation)."""
 
 
 @dataclass(frozen=True)
@@ -232,8 +237,10 @@ def model(shape: RunShape, assumptions: Assumptions) -> RunTime:
     a = assumptions
     tokens = shape.sequences * (a.prompt_tokens + a.response_tokens)
     rate = shape.n_gpus * shape.peak_flops * a.mfu
-    update = (6 + (2 if shape.recompute else 0)) * shape.params * tokens / rate
-    log_prob = 2 * shape.params * tokens * (2 if shape.reference else 1) / rate
+    per_token = (4 if shape.lora else 6) + (2 if shape.recompute else 0)
+    critic_update = (6 + (2 if shape.recompute else 0)) if shape.critic else 0
+    update = (per_token + critic_update) * shape.params * tokens / rate
+    log_prob = 2 * shape.params * tokens * (1 + (1 if shape.reference else 0) + (1 if shape.critic else 0)) / rate
     decode = shape.n_gpus * decode_rate(shape, a)
     tail = max(shape.max_response_tokens - a.response_tokens, 0) * a.tail_token_s
     rollout = shape.sequences * a.response_tokens / decode + tail

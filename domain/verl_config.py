@@ -16,8 +16,8 @@ from pathlib import Path
 from hydra.errors import HydraException
 from omegaconf import DictConfig
 
-from domain import run_memory, run_time
-from domain.checkpoint_time import CHECKPOINT_BYTES_PER_PARAM, CheckpointTime, checkpoint_time
+from domain import algorithms, run_memory, run_time, start_from
+from domain.checkpoint_time import CHECKPOINT_BYTES_PER_PARAM, MODEL_BYTES_PER_PARAM, CheckpointTime, checkpoint_time
 from domain.config import StackConfig, config_key, problem_line
 from domain.grpo_spec import Override, overrides
 from domain.measured import Measured
@@ -56,13 +56,20 @@ class RunPlan:
     """The stack's price per hour, for the run's cost; None when unknown."""
     settings: tuple[str, ...] = ()
     """The job's verl settings, `path=value`, the user's marked."""
+    start: str = ""
+    """The warm start (domain/start_from.lineage), "" for none."""
+    algorithm: str = "GRPO"
+    """domain/algorithms.name."""
 
     def lines(self) -> list[str]:
         """The plan as a few lines for synth's summary and `pulumi up`'s log."""
         steps = f"{self.steps} steps" if self.steps is not None else "steps unknown (dataset not the pinned GSM8K)"
-        out = [f"GRPO run with verl {self.verl_version}: {steps}"]
+        out = [f"{self.algorithm} run with verl {self.verl_version}: {steps}"]
         if self.run_id:
             out.append(f"  run id {self.run_id}, checkpoints in {self.checkpoint_folder}")
+        if self.start:
+            carried = "its model and optimizer state" if self.start.startswith("run ") else "its weights"
+            out.append(f"  warm start from {self.start} ({carried})")
         if self.save_freq <= 0:
             out.append("  checkpoints: none (trainer.save_freq <= 0): a preempted run starts over")
         elif self.checkpoints_saved is not None:
@@ -144,7 +151,10 @@ def _plan(cfg: StackConfig, composed: DictConfig, warnings: list[str], run_id: s
     shape = run_memory.MODELS.get(cfg.model)
     billions = _BILLIONS.search(cfg.model.rsplit("/", 1)[-1])
     params = shape.params if shape else int(float(billions.group(1)) * 1e9) if billions else None
-    size = params * CHECKPOINT_BYTES_PER_PARAM if params else None
+    # A critic saves a checkpoint as large as the actor's; LoRA's optimizer state is the adapters' alone.
+    per_param = MODEL_BYTES_PER_PARAM if algorithms.lora_rank(cfg.verl) else CHECKPOINT_BYTES_PER_PARAM
+    size = (params * per_param + (params * CHECKPOINT_BYTES_PER_PARAM if algorithms.has_critic(cfg.verl) else 0)
+            if params else None)
     timing = (checkpoint_time(cfg.facts, checkpoint_bytes=size, nodes=cfg.gpu_nodes, saves=saved, measured=measured)
               if size is not None and saved else None)
     time = None
@@ -158,12 +168,15 @@ def _plan(cfg: StackConfig, composed: DictConfig, warnings: list[str], run_id: s
             steps=steps, checkpoint_s=timing.total_s if timing else 0.0,
             max_response_tokens=int(composed.data.max_response_length),
             validations=run_time.validation_passes(steps, int(trainer.test_freq)),
-            validate_first=bool(trainer.val_before_train), model_loads=2 if reference else 1),
+            validate_first=bool(trainer.val_before_train),
+            model_loads=1 + int(reference and not algorithms.lora_rank(cfg.verl)) + int(algorithms.has_critic(cfg.verl)),
+            critic=algorithms.has_critic(cfg.verl), lora=algorithms.lora_rank(cfg.verl) > 0),
             run_time.Assumptions.for_platform(cfg.platform, measured))
     shown = [f"{'*' if o.key in cfg.verl.given else ' '} {o.arg}" for o in overrides(cfg.verl)]
     return RunPlan(cfg.verl.version, steps, save_freq, saved, kept, size, warnings, run_id=run_id,
                    checkpoint_folder=str(trainer.default_local_dir), checkpoint_time=timing, time=time,
-                   hourly_usd=cfg.hourly_usd, settings=tuple(shown))
+                   hourly_usd=cfg.hourly_usd, settings=tuple(shown), start=start_from.lineage(cfg.start_from),
+                   algorithm=algorithms.name(cfg.verl))
 
 
 def _one_line(error: BaseException) -> str:

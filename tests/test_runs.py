@@ -539,7 +539,7 @@ def test_wait_json_waits_for_the_claimed_export_and_gives_the_model_uri(capsys: 
         "runId": "run-1", "outcome": "succeeded", "status": "SUCCEEDED", "state": "SUCCEEDED", "reason": "Succeeded",
         "message": "succeeded", "attempts": 2, "submissionId": "sid-1",
         "released": False, "exportOutcome": "SUCCEEDED",
-        "modelUri": f"gs://verl-data-my-project-123/{model_path('run-1')}"}
+        "modelUri": f"gs://verl-data-my-project-123/{model_path('run-1')}", "startFrom": ""}
 
 
 def test_wait_json_of_a_failed_run_keeps_its_exit_code_and_names_no_model(capsys: pytest.CaptureFixture[str],
@@ -556,7 +556,7 @@ def test_wait_json_of_a_failed_run_keeps_its_exit_code_and_names_no_model(capsys
     assert _json_line(out) == {"runId": "run-1", "outcome": "failed by itself 3 times: exit 1", "status": "FAILED",
                                "state": "FAILED", "reason": "RetriesSpent",
                                "message": "failed by itself 3 times: exit 1", "attempts": 1, "submissionId": "sid-0", "released": True, "exportOutcome": "",
-                               "modelUri": ""}
+                               "modelUri": "", "startFrom": ""}
 
 
 def test_runs_json_lists_every_run_with_its_outcome_and_model(capsys: pytest.CaptureFixture[str], api: str,
@@ -568,13 +568,16 @@ def test_runs_json_lists_every_run_with_its_outcome_and_model(capsys: pytest.Cap
                                               attempts=(Attempt(0, "sid-0", "pulumi-up", "pulumi-up",
                                                                 submitted=True),), released=True))
     store.write(store.get("run-2"), RunRecord("run-2", attempts=(Attempt(0, "sid-9", "pulumi-up", "pulumi-up",
-                                                                         submitted=True),)))
+                                                                         submitted=True),),
+                                              start_from="run run-1 step 20"))
     outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("sid-9", runId="run-2", namespace=NAMESPACE))
     code, out, _ = run(capsys, "runs", "--json", "--outputs", str(outputs), "--kube-api-url", api)
     assert code == 0
-    assert {r["runId"]: (r["status"], r["state"], r["reason"], r["modelUri"]) for r in json.loads(out)} == {
-        "run-1": ("SUCCEEDED", "SUCCEEDED", "Succeeded", f"gs://verl-data-my-project-123/{model_path('run-1')}"),
-        "run-2": ("RUNNING", "RUNNING", "", "")}
+    assert {r["runId"]: (r["status"], r["state"], r["reason"], r["modelUri"], r["startFrom"]) for r in json.loads(out)} == {
+        "run-1": ("SUCCEEDED", "SUCCEEDED", "Succeeded", f"gs://verl-data-my-project-123/{model_path('run-1')}", ""),
+        "run-2": ("RUNNING", "RUNNING", "", "", "run run-1 step 20")}
+    code, out, _ = run(capsys, "runs", "--outputs", str(outputs), "--kube-api-url", api)
+    assert code == 0 and "Started from  run run-1 step 20" in out
 
 
 def test_wait_honours_its_timeout_while_the_run_record_is_unreadable(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -224,20 +224,38 @@ def test_synth_never_resolves_or_prints_an_environment_variable(tmp_path: Path, 
 # --- settings verl's config takes but the stack cannot run (issue 49, item 4) --------------------------------
 
 def test_settings_the_stack_cannot_run_are_refused_at_synth_one_line_each_all_at_once() -> None:
-    assert refused({"algorithm.adv_estimator": "gae", R + "name": "sglang", A + "strategy": "megatron"}) == [
-        'verl-gke:verl.algorithm.adv_estimator = "gae": needs a critic (PPO with a value model), which verl-gke does '
-        "not support yet: the GPU memory estimate counts no critic; use a critic-free estimator such as grpo or rloo.",
+    assert refused({R + "name": "sglang", A + "strategy": "megatron", "actor_rollout_ref.model.lora_rank": 1024}) == [
         'verl-gke:verl.actor_rollout_ref.rollout.name = "sglang": verlai/verl:vllm011.dev7 holds vLLM only; use '
         '"vllm".',
         'verl-gke:verl.actor_rollout_ref.actor.strategy = "megatron": verl-gke runs verl\'s FSDP workers only; use '
         '"fsdp2" or "fsdp".',
+        "verl-gke:verl.actor_rollout_ref.model.lora_rank = 1024: at most 512: vLLM serves LoRA adapters up to that "
+        "rank and refuses to start with a larger one.",
     ]
 
 
-def test_a_critic_switched_on_is_refused_like_gae() -> None:
-    assert refused({"critic.enable": True}) == [
-        "verl-gke:verl.critic.enable = true: needs a critic (PPO with a value model), which verl-gke does not "
-        "support yet: the GPU memory estimate counts no critic; use a critic-free estimator such as grpo or rloo."]
+def test_a_critic_runs_from_the_actors_model_unless_set_and_only_from_the_bucket_on_fsdp() -> None:
+    assert cfg_with({"critic.enable": True}).verl.get("critic.model.path") == "/data/Qwen2.5-32B-Instruct"
+    assert cfg_with({"algorithm.adv_estimator": "grpo"}).verl.get("critic.model.path") == "~/models/deepseek-llm-7b-chat"
+    assert refused({"algorithm.adv_estimator": "gae", "critic.model.path": "/home/me/critic",
+                    "critic.strategy": "megatron"}) == [
+        'verl-gke:verl.critic.model.path = "/home/me/critic": the critic\'s model must be under the bucket mount /data/ '
+        "that every node shares (unset, verl-gke starts the critic from the actor's model).",
+        'verl-gke:verl.critic.strategy = "megatron": verl-gke runs verl\'s FSDP workers only; use "fsdp2" or "fsdp".']
+
+
+def test_dynamic_sampling_is_refused_on_a4x_with_a_budget_only() -> None:
+    a4x = {"verl-gke:platform": "a4x", "verl-gke:gpuNodes": "4"}
+    dapo = {"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "acc",
+            "custom_reward_function.path": "/data/reward/my_reward.py"}
+    assert cfg_with(dapo, **a4x).verl.get("algorithm.filter_groups.enable")
+    assert refused({"algorithm.filter_groups.enable": True}, **a4x) == [
+        "verl-gke:verl.algorithm.filter_groups.enable = true: dynamic sampling filters groups by a metric your reward "
+        "function reports: set algorithm.filter_groups.metric (such as \"acc\") and a custom_reward_function that "
+        "returns {\"score\": ..., \"acc\": ...} (the built-in GSM8K reward returns a bare number)."]
+    assert refused({"algorithm.filter_groups.enable": True}, **a4x, **{"verl-gke:runBudgetHours": "5"}) == [
+        "verl-gke:verl.algorithm.filter_groups.enable = true: verl 0.9.0's legacy trainer (trainer.use_v1 false, "
+        "which runBudgetHours needs) never reads it; drop the budget or the dynamic sampling."]
 
 
 def test_the_reference_policy_on_megatron_is_refused_too() -> None:
@@ -264,7 +282,8 @@ def test_a_rollout_tp_that_does_not_divide_the_models_attention_heads_is_refused
 
 
 @pytest.mark.parametrize("paths", [{"algorithm.adv_estimator": "rloo"}, {R + "name": "vllm"},
-                                   {A + "strategy": "fsdp"}, {R + "tensor_model_parallel_size": 8}])
+                                   {A + "strategy": "fsdp"}, {R + "tensor_model_parallel_size": 8},
+                                   {"algorithm.adv_estimator": "gae"}, {"actor_rollout_ref.model.lora_rank": 512}])
 def test_settings_the_stack_runs_pass(paths: dict[str, Any]) -> None:
     [(path, value)] = paths.items()
     assert cfg_with(paths).verl.get(path) == value
@@ -272,10 +291,10 @@ def test_settings_the_stack_runs_pass(paths: dict[str, Any]) -> None:
 
 def test_synth_refuses_a_setting_the_stack_cannot_run_without_a_traceback(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    value = verl_value({"algorithm.adv_estimator": "gae", R + "name": "sglang"})
+    value = verl_value({"actor_rollout_ref.model.lora_rank": 1024, R + "name": "sglang"})
     assert synth.main(["a4", "--out", str(tmp_path), "--set", f"{KEY}={value}"]) == 2
     _, err = capsys.readouterr()
-    assert "adv_estimator = \"gae\": needs a critic" in err and "holds vLLM only" in err
+    assert "lora_rank = 1024: at most 512" in err and "holds vLLM only" in err
     assert "Traceback" not in err and not (tmp_path.exists() and any(tmp_path.iterdir()))
 
 

@@ -233,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="read each run's logs from the bucket copy for its measured step time")
     listing.add_argument("--json", action="store_true",
                          help="every run as JSON (runId, state, reason, message, outcome, status, attempts, "
-                              "submissionId, released, exportOutcome, modelUri)")
+                              "submissionId, released, exportOutcome, modelUri, startFrom)")
     listing.set_defaults(handler=runs.cmd_runs)
 
     dash = commands.add_parser(
@@ -504,6 +504,7 @@ def _submission(submission_id: str, verbose: bool) -> str:
 def _ended_rows(outputs: StackOutputs, record: RunRecord, verbose: bool) -> list[tuple[str, str]]:
     rows = [
         ("Run", f"{record.run_id}  ended {record.outcome.shown if record.outcome else ''}"),
+        *([("Started from", record.start_from)] if record.start_from else []),
         ("Stack outputs", outputs.source),
         ("Cluster", _cluster_line(outputs)),
         ("Ray head", "none: the run ended and the run supervisor released the GPU workers by suspending the "

@@ -278,7 +278,7 @@ def summary(run_id: str, record: RunRecord, outputs: StackOutputs) -> dict[str, 
             "reason": outcome.reason if outcome else "", "message": outcome.message if outcome else "",
             "status": record.job_status, "attempts": len(record.attempts),
             "submissionId": record.newest.submission_id if record.newest else "", "released": record.released,
-            "exportOutcome": record.export_outcome, "modelUri": model}
+            "exportOutcome": record.export_outcome, "modelUri": model, "startFrom": record.start_from}
 
 
 def settled(record: RunRecord) -> bool:
@@ -480,6 +480,7 @@ def describe(row: RunRow, outputs: StackOutputs, now: float, step: str | None) -
     rows = [("Run", f"{row.run_id}  {shown}"),
             ("Attempts", "; ".join(f"{a.index} ({a.cause})" for a in record.attempts) or "none"),
             ("Started", _when(row.start)), ("Ended", _when(row.end) if record.outcome else "-"),
+            *([("Started from", record.start_from)] if record.start_from else []),
             ("Usage", usage), ("Checkpoints", checkpoints),
             ("Model", f"gs://{bucket}/{model_path(row.run_id)}" if record.export_outcome == "SUCCEEDED"
              else f"none ({record.export_outcome or 'not exported'})")]

@@ -480,6 +480,13 @@ class Launch:
     local_dir: Path
     world_size: int
     resume_from: int | None
+    start_dir: Path | None = None
+    """The warm start's checkpoint (verl-gke:startFrom, another run's step folder) this attempt resumes from,
+    while the run has no complete checkpoint of its own."""
+
+    @property
+    def resume_dir(self) -> Path | None:
+        return self.start_dir or (self.run_dir / f"global_step_{self.resume_from}" if self.resume_from else None)
 
 
 def _override(args: Sequence[str], key: str) -> str | None:
@@ -498,22 +505,29 @@ def plan_launch(command: Sequence[str], attempt: str, local_root: Path) -> Launc
                               "trainer.nnodes and trainer.n_gpus_per_node")
     run_dir, world = Path(folder), int(nodes) * int(gpus)  # type: ignore[arg-type]
     local_dir = local_root / run_dir.name / attempt
-    step = resume_step(run_dir, world)
+    step, start = resume_step(run_dir, world), None
+    start_path = _override(command, "trainer.resume_from_path")
+    if step is None and start_path not in (None, "null"):
+        # The warm start: used only until the run has a complete checkpoint of its own.
+        start = Path(str(start_path))
+        if not is_complete(start, world):
+            raise CheckpointError(f"verl-gke:startFrom: {start} is not a complete checkpoint of world size {world} "
+                                  "(its complete marker is missing, another attempt's, or a file changed since)")
     moved = {
         "trainer.default_local_dir": str(local_dir),
-        "trainer.resume_mode": "disable" if step is None else "resume_path",
+        "trainer.resume_mode": "disable" if step is None and start is None else "resume_path",
         "trainer.max_actor_ckpt_to_keep": "null",
         "trainer.max_critic_ckpt_to_keep": "null",
         # verl would delete what it resumed from: here, the bucket's checkpoint.
         "trainer.del_local_ckpt_after_load": "False",
     }
-    if step is not None:
-        moved["trainer.resume_from_path"] = str(run_dir / f"global_step_{step}")
+    if step is not None or start is not None:
+        moved["trainer.resume_from_path"] = str(start or run_dir / f"global_step_{step}")
     # Each key once (Hydra refuses a key given twice); all of them are in verl's trainer config
     # (ppo_trainer.yaml, 0.6.1 and 0.9.0), so none needs Hydra's `+`.
-    out = [a for a in command if a.split("=", 1)[0] not in moved]
+    out = [a for a in command if a.split("=", 1)[0] not in (*moved, "trainer.resume_from_path")]
     out += [f"{key}={value}" for key, value in moved.items()]
-    return Launch(out, run_dir, local_dir, world, step)
+    return Launch(out, run_dir, local_dir, world, step if start is None else step_of(start.name), start)
 
 
 def announce_step(run_dir: Path, step: int, attempt: str, world_size: int, log: Callable[[str], None]) -> None:
@@ -580,12 +594,12 @@ def launch(command: Sequence[str], local_root: Path, *, poll_s: float = POLL_S,
     for _ in range(4):
         plan = plan_launch(command, attempt, local_root)
         record_attempt(plan, attempt, _keep(command))
-        if plan.resume_from is None or is_complete(plan.run_dir / f"global_step_{plan.resume_from}", plan.world_size):
+        if plan.resume_dir is None or is_complete(plan.resume_dir, plan.world_size):
             break
     else:
-        raise CheckpointError(f"step {plan.resume_from} was rotated away three times while this attempt started")
+        raise CheckpointError(f"{plan.resume_dir} was rotated away three times while this attempt started")
     _log(f"attempt {attempt}: world size {plan.world_size}, "
-         + (f"resuming from step {plan.resume_from}" if plan.resume_from is not None else "starting from scratch")
+         + (f"resuming from {plan.resume_dir}" if plan.resume_dir is not None else "starting from scratch")
          + f" (complete checkpoints in {plan.run_dir})")
     plan.local_dir.mkdir(parents=True, exist_ok=True)
     child = subprocess.Popen(plan.command)
@@ -603,7 +617,8 @@ def record_attempt(plan: Launch, attempt: str, keep: int | None) -> None:
     """attempt.json: the attempt the copiers copy for, how many complete checkpoints rotation keeps, and the
     step this attempt resumes from (rotation never deletes it while the attempt is current)."""
     write_json(plan.run_dir / STATE_DIR / ATTEMPT_FILE,
-               {"attempt": attempt, "world_size": plan.world_size, "keep": keep, "resume_from": plan.resume_from})
+               {"attempt": attempt, "world_size": plan.world_size, "keep": keep,
+                "resume_from": None if plan.start_dir else plan.resume_from})
 
 
 def finish(plan: Launch, attempt: str, announced: int, deadline_s: float, poll_s: float,

@@ -49,6 +49,7 @@ from workloads.run_record import (
     Outcome,
     RunRecord,
     Stored,
+    start_of,
     to_prune,
 )
 
@@ -237,13 +238,13 @@ def attempt_submission(runtime_env: Mapping[str, Any], record: RunRecord, attemp
 # --- the transitions ---------------------------------------------------------------------------
 
 
-def opened(record: RunRecord | None, run_id: str, generation: int, budget_s: float) -> RunRecord:
+def opened(record: RunRecord | None, run_id: str, generation: int, budget_s: float, start_from: str = "") -> RunRecord:
     """`pulumi up`'s create: the run's record for `generation`, desired running: new when there is
     none or the generation is newer, reopened when an earlier `pulumi up` ended it without the run
     itself ending (its attempts then count from here); a newer generation's, or an older one that has
     not ended (its attempt may be live), is returned as it is."""
     if record is None or (record.generation < generation and record.outcome):
-        return RunRecord(run_id=run_id, generation=generation, budget_s=budget_s).decided(
+        return RunRecord(run_id=run_id, generation=generation, budget_s=budget_s, start_from=start_from).decided(
             f"generation {generation} begun by pulumi-up")
     if record.generation != generation:
         return record
@@ -1124,7 +1125,8 @@ def create_run(records: Store, lease: LeaseLike, run: RunSpec, reach: Callable[[
         lease.check()
         reach()
         yield "reached"
-    record = write_record(records, run.run_id, lambda r: opened(r, run.run_id, run.generation, run.budget_s), lease)
+    record = write_record(records, run.run_id, lambda r: opened(r, run.run_id, run.generation, run.budget_s,
+                                                                 start_of(run.entrypoint)), lease)
     assert record is not None
     yield "opened"
     if record.generation < run.generation:

@@ -145,6 +145,8 @@ class RunRecord:
     export_outcome: str = ""
     """'SUCCEEDED', or 'FAILED: <why>' ('' while the export is not over, or none was made)."""
     decisions: tuple[str, ...] = ()
+    start_from: str = ""
+    """The run's lineage: the warm start it began from (start_of), "" for none."""
 
     @property
     def newest(self) -> Attempt | None:
@@ -206,6 +208,19 @@ def _outcome(data: Mapping[str, Any]) -> Outcome | None:
     if state in Ended.__members__:
         return Outcome(Ended[state], str(data.get("outcome_reason", "")), str(data.get("outcome_message", "")))
     return Outcome.from_text(data["outcome"]) if data.get("outcome") else None  # 0.8.0's record
+
+
+_START = re.compile(r"(?:^|\s)'?(?:trainer\.resume_from_path=\S*/(?P<run>run-[0-9a-f]{12})/global_step_(?P<step>[0-9]+)"
+                    r"|actor_rollout_ref\.model\.path=\S*/(?P<model>models/run-[0-9a-f]{12}/model[^\s']*))")
+
+
+def start_of(entrypoint: str) -> str:
+    """The warm start in the run's command (verl-gke:startFrom, domain/start_from.py): `run <id> step <N>` or
+    `model models/<run id>/model` (under the stack's bucket); "" for none."""
+    found = _START.search(entrypoint)
+    if found is None:
+        return ""
+    return f"model {found['model']}" if found["model"] else f"run {found['run']} step {found['step']}"
 
 
 def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
