@@ -866,11 +866,12 @@ def load_config(raw: Mapping[str, Any], source: str = "The stack config", secret
                  for k in GCP_FIELDS if not data.get(k)]
     for k in GCP_FIELDS:
         data.setdefault(k, "")
-    if isinstance(data.get("verl"), str):  # read before the model, which sizes its defaults from it
-        try:
-            data["verl"] = from_engine(data["verl"], declared[VERL_KEY])
-        except TypeProblem as problem:
-            problems.append(problem_line(VERL_KEY, data.pop("verl"), str(problem)))
+    for field in ("verl", "startFrom"):  # read before the model, which derives verl's settings from them
+        if isinstance(data.get(field), str):
+            try:
+                data[field] = from_engine(data[field], declared[config_key(field)])
+            except TypeProblem as problem:
+                problems.append(problem_line(config_key(field), data.pop(field), str(problem)))
     platform = PLATFORMS.get(str(data.get("platform", "a4")), PLATFORMS["a4"])
     try:
         _, verl_problems_ = verl_given(data.get("verl", {}), platform)
