@@ -30,19 +30,19 @@ from pulumi.runtime import rpc
 
 from components import provider_reference
 from domain.run_identity import SUBMISSION_ID_PREFIX, submission_id, submission_ids, whole_numbers
-from verl_gke import head_access
-from verl_gke import fabric
-from verl_gke.cluster_readiness import await_capacity
-from verl_gke.cluster_api import cluster_api
-from verl_gke.kubeconfig import is_dns_endpoint
-from verl_gke.log_text import inert
+from access import head_access
+from access import fabric
+from access.cluster_readiness import await_capacity
+from access.cluster_api import cluster_api
+from access.kubeconfig import is_dns_endpoint
+from access.log_text import inert
 from manifests.ray_cluster import ray_cluster_of
 from workloads import export_model, run_lifecycle
 from workloads.kube import KubernetesApi, RayClusterControl
 from workloads.run_lease import PULUMI_UP, HeldLease, Lease, identity
 from workloads.run_lifecycle import DEADLINE_ENV, LIVE, SUCCEEDED, RayJobs, RunSpec
 from workloads.run_record import MemoryRecords, RecordStore
-from verl_gke.head_access import (
+from access.head_access import (
     HeadAccessError,
     HeadAccessSetupError,
     HeadGoneError,
@@ -131,7 +131,7 @@ class GrpoJobArgs(TypedDict, total=False):
     expected_gpus: NotRequired[pulumi.Input[int]]
     """GPUs Ray must see among them (gpuNodes x gpusPerNode), within ready_timeout_s."""
     fabric_check: NotRequired[pulumi.Input[bool]]
-    """Before submitting, all-reduce across the expected workers' GPUs (verl_gke.fabric) and fail
+    """Before submitting, all-reduce across the expected workers' GPUs (access.fabric) and fail
     below fabric_min_busbw_gbps; the figure becomes the `fabric_busbw_gbps` output."""
     fabric_min_busbw_gbps: NotRequired[pulumi.Input[float]]
     """The bus bandwidth floor in GB/s (0: measure and report only)."""
@@ -140,7 +140,7 @@ class GrpoJobArgs(TypedDict, total=False):
     fabric_python: NotRequired[pulumi.Input[str]]
     """The Python that runs the check on the head (the image's python3)."""
     fabric_runtime_env: NotRequired[pulumi.Input[Mapping[str, Any]]]
-    """The check's Ray runtime env (verl_gke.fabric.fabric_runtime_env: the platform's NCCL settings)."""
+    """The check's Ray runtime env (access.fabric.fabric_runtime_env: the platform's NCCL settings)."""
     fabric_timeout_s: NotRequired[pulumi.Input[float]]
     """How long the check may take (placement, NCCL set-up, the all-reduces) before it is stopped."""
     fabric_transports: NotRequired[pulumi.Input[Sequence[str]]]

@@ -2,7 +2,7 @@
 
 The platform table's verl images are on Docker Hub tags, whose digests could not be read where the
 table was written; a tag can be moved to other bytes. This resource asks the registry once, in
-`create` (verl_gke.registry), and every later `pulumi up` or `refresh` keeps that digest: `read`
+`create` (access.registry), and every later `pulumi up` or `refresh` keeps that digest: `read`
 returns the stored outputs without asking again, and `diff` replaces (asks again) only when the
 tagged image itself changes; a moved provider reference is an update that keeps the pin. So the
 nodes run the same bytes until the user changes the tag.
@@ -20,7 +20,7 @@ import pulumi.dynamic
 
 from components import provider_reference
 from domain.platforms import repository_pin
-from verl_gke.registry import RegistryError, parse, resolve_digest
+from access.registry import RegistryError, parse, resolve_digest
 
 
 class PinnedImageArgs(TypedDict):

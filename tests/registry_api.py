@@ -1,5 +1,5 @@
 """A loopback stand-in for a container registry and its token service (no registry is reachable here),
-behaving as the specifications say where verl_gke.registry depends on it (read 2026-12-04):
+behaving as the specifications say where access.registry depends on it (read 2026-12-04):
 
 - `HEAD /v2/<name>/manifests/<tag>` answers `200 OK` with `Docker-Content-Digest` and
   `Content-Length`, and `404 Not Found` for a tag the repository lacks (OCI Distribution Spec,

@@ -16,8 +16,8 @@ from ray.job_submission import JobSubmissionClient
 
 from components.grpo_job import GrpoJobProvider, _JobSpec, _refuse_a_second_run
 from tests.ray_head import FlakyLink, RayHead, start_node, stop_node
-from verl_gke.head_access import job_client
-from verl_gke import fabric
+from access.head_access import job_client
+from access import fabric
 from workloads.fabric_check import bus_bandwidth_gbps, nccl_transports
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]

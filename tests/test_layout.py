@@ -6,15 +6,17 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("workloads", "domain", "manifests", "verl_gke", "components")
-# Each package and what it may import of the project, bottom up. verl_gke.synth is the one
-# module above the components: it is the offline engine that runs the program.
+PACKAGES = ("workloads", "domain", "manifests", "access", "verl_gke", "components")
+# Each package and what it may import of the project, bottom up. access/ (the Ray head, the cluster's
+# API, registries) is shared by the CLI and the components, which never import each other, but for
+# verl_gke.synth: the offline engine that runs the program.
 MAY_IMPORT = {
     "workloads": {"workloads"},
     "domain": {"domain", "workloads"},
     "manifests": {"manifests", "domain", "workloads"},
-    "verl_gke": {"verl_gke", "manifests", "domain", "workloads"},
-    "components": {"components", "verl_gke", "manifests", "domain", "workloads"},
+    "access": {"access", "manifests", "domain", "workloads"},
+    "verl_gke": {"verl_gke", "access", "manifests", "domain", "workloads"},
+    "components": {"components", "access", "manifests", "domain", "workloads"},
 }
 ENGINE_STAND_IN = "verl_gke.synth"
 

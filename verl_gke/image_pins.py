@@ -8,7 +8,7 @@ state. This machine reaches no registry, so on a machine that does, a maintainer
 
     .venv/bin/python -m verl_gke.image_pins
 
-which asks each image's registry (verl_gke.registry: anonymous, the digest `docker pull` resolves the
+which asks each image's registry (access.registry: anonymous, the digest `docker pull` resolves the
 tag to) and writes the digests into the table; review the diff and commit it. Nothing is written
 unless every image resolves.
 
@@ -36,7 +36,7 @@ from domain.config import ConfigError, StackConfig, load_config
 from domain.stack_files import PROJECT_DIR, raw_config
 from domain.platforms import PLATFORMS, repository_pin
 from manifests import dra, kuberay, nccl, staging
-from verl_gke.registry import RegistryError, resolve_digest
+from access.registry import RegistryError, resolve_digest
 
 TAGGED_IMAGES: tuple[str, ...] = tuple(sorted(
     {p.image for p in PLATFORMS.values()} | {p.nccl_installer_image for p in PLATFORMS.values() if p.nccl_installer_image}

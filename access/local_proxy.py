@@ -4,7 +4,7 @@ reach a port-forwarded Ray dashboard.
 A web page in the browser can reach any loopback port: Firefox and Safari let a page scan them, and
 DNS rebinding then points a name of the page's own at 127.0.0.1 so the browser sends it the page's
 requests (Ray's dashboard checks no Host; the Job API of Ray before 2.52 has no authentication;
-CVE-2025-62593); any local user can too. So the port-forward has no listener (verl_gke/pod_forward.py
+CVE-2025-62593); any local user can too. So the port-forward has no listener (access/pod_forward.py
 opens a stream per connection inside this process), and this proxy, on a random loopback port, is
 the only way in; it admits only requests that:
 
@@ -42,7 +42,7 @@ class LocalProxy:
     def __init__(self, upstream: int | Callable[[float], Any], token: str | None = None,
                  timeout_s: float = 30.0) -> None:
         """`upstream`: a loopback port (a head of your own), or a function opening a stream (a
-        socket-like object) to the head within a deadline (verl_gke.pod_forward)."""
+        socket-like object) to the head within a deadline (access.pod_forward)."""
         if isinstance(upstream, int):
             port = upstream
             self._connect: Callable[[float], Any] = lambda t: socket.create_connection(("127.0.0.1", port), timeout=t)
@@ -208,7 +208,7 @@ def _relay_response(upstream: socket.socket, client: socket.socket) -> None:
     """The forward's answer with `Connection: close` (one request per connection), then its body."""
     try:
         head, rest = _read_head(upstream)
-    except OSError as error:  # the forward's pod side failed (verl_gke.pod_forward), or timed out
+    except OSError as error:  # the forward's pod side failed (access.pod_forward), or timed out
         _answer(client, 502, f"verl-gke's local proxy got no answer from the Ray head: {error}")
         return
     if head is None:
