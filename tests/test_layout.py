@@ -94,6 +94,11 @@ def test_the_engine_stand_in_is_the_only_module_above_the_components():
     assert above == [ENGINE_STAND_IN]
 
 
+def test_the_job_provider_module_holds_only_the_provider():
+    """Head access, the Lease, the gates and the polls live in components/job_*.py."""
+    assert len((ROOT / "components" / "grpo_job.py").read_text().splitlines()) <= 500
+
+
 def test_the_domain_and_the_workloads_never_import_pulumi():
     offenders = []
     for name, path in _modules().items():
