@@ -1,15 +1,9 @@
 """A Ray job's log, made inert before it reaches a terminal or a CI log.
 
-The log is written by whatever runs in the job, so it is untrusted. A terminal acts on escape
-sequences in it (set the window title, write the clipboard with OSC 52, move the cursor to overwrite
-lines already shown, answer a query with keystrokes), and the GitHub Actions runner acts on any line
-that starts with `::` after leading whitespace (its ActionCommand.TryParseV2: `::add-mask::`,
-`::stop-commands::`, `::error::`; `##[` is the older form). So:
-
-- colour (SGR: `ESC [ <digits and ;> m`, which Ray itself puts around `(TaskRunner pid=...)`) is kept;
-- every other escape sequence, every other C0/C1 control character but newline and tab, a carriage
-  return that is not part of CRLF, and the Unicode bidirectional overrides are removed;
-- a line that would be a workflow command gets `> ` in front, so it is shown, never obeyed.
+The log is untrusted: a terminal obeys escape sequences (title, OSC 52 clipboard, cursor moves,
+queries) and GitHub Actions obeys lines starting with `::` (`##[` the older form). Colour (SGR) is
+kept; every other escape sequence and control character but newline and tab, a lone carriage return
+and the Unicode bidirectional overrides are removed; a would-be workflow command gets `> ` in front.
 """
 
 from __future__ import annotations

@@ -1,27 +1,11 @@
 """Resolve a tagged image (`name:tag`) to the digest its registry serves for the tag now, anonymously.
 
-The flow, as specified (both read 2026-12-04):
-
-- OCI Distribution Specification, https://github.com/opencontainers/distribution-spec/blob/main/spec.md,
-  "Checking if content exists in the registry": `HEAD /v2/<name>/manifests/<tag>` answers `200 OK` with
-  the manifest's digest in the `Docker-Content-Digest` header, and `404 Not Found` when the repository
-  has no such tag. "Pulling manifests": the client names the manifest types it takes in `Accept`.
-  A registry serves an OCI index or manifest only to a client whose `Accept` names its type (the
-  reference registry answers 404 MANIFEST_UNKNOWN "OCI index found, but accept header does not
-  support OCI indexes": distribution/distribution, registry/handlers/manifests.go) and rewrites a
-  Docker manifest list fetched by tag into one platform's manifest for a client that does not take
-  lists. So all four types are sent, and a multi-arch image is pinned by its index, the digest
-  `docker pull` resolves the tag to.
-- Token authentication, https://distribution.github.io/distribution/spec/auth/token/: a registry
-  that wants a token answers `401` with `WWW-Authenticate: Bearer realm="<url>",service="<name>",
-  scope="<scope>"` (RFC 6750 section 3); `GET <realm>?service=<name>&scope=<scope>` without
-  credentials returns an anonymous token in the JSON field `token` (or `access_token`, its OAuth 2.0
-  name), good only for what a public repository allows; the request is then retried with
-  `Authorization: Bearer <token>`.
-
-Docker Hub's names: `verlai/verl` is repository `verlai/verl` on `registry-1.docker.io`, `ubuntu` is
-`library/ubuntu`; a first path part with a dot or a colon (`us-docker.pkg.dev/...`, Artifact
-Registry) is its own registry host. Runs on the deployer's machine (the PinnedImage provider).
+`HEAD /v2/<name>/manifests/<tag>` with all four manifest types in `Accept`, so a multi-arch image is
+pinned by its index, the digest `docker pull` resolves (OCI Distribution Spec, "Checking if content
+exists in the registry", "Pulling manifests"); a `401` with `WWW-Authenticate: Bearer` is answered with
+an anonymous token from its realm (distribution's token authentication spec, RFC 6750), then retried.
+Docker Hub's names: `verlai/verl` is `registry-1.docker.io`, `ubuntu` is `library/ubuntu`; a first path
+part with a dot or colon is its own host. Runs on the deployer's machine (the PinnedImage provider).
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """The tutorial's "Prepare data and storage": the training bucket, the two identities allowed into it,
-the GCS FUSE volume every pod mounts at /data, and the Secret Manager secret that holds the Hugging
-Face token (the stack creates it empty: the token itself never passes through Pulumi).
+the GCS FUSE volume every pod mounts at /data, and the (empty) Secret Manager secret for the HF token.
 
-Two Kubernetes service accounts, two principals (docs/security.md):
-- staging's: writes the whole bucket (the model, the data, verl) and is the only one that may read
-  the token;
-- the Ray pods': reads the whole bucket, writes only the managed folders of domain.bucket's layout
-  (checkpoints, models, logs, the HF cache), and cannot read the token.
-Each is granted by its object's UID (GKE's `kubernetes.serviceaccount.uid` principal): a service
-account of the same namespace and name in another cluster of the project, or one recreated here out
-of band, is another principal and gets nothing.
-
-Pass the GKE cluster's Kubernetes provider in the args, not in `opts.providers` as the components
-with only Kubernetes children take it: a component registers only once its providers exist, which
-would hold the bucket back until the cluster is up. Whatever must not start before the bucket
-is usable (the staging Job, the Ray cluster) can depend on this component as a whole, or use
-`service_account_name`, which resolves only once the service account may use the bucket.
+Staging's service account writes the whole bucket and alone reads the token; the Ray pods' reads the
+bucket and writes only domain.bucket's managed folders. Each is granted by its object's UID, so a
+same-named account elsewhere gets nothing (docs/security.md). Takes the cluster's Kubernetes provider
+in its args, not `opts.providers`, so the bucket does not wait for the cluster; dependents wait on the
+component or on `service_account_name`.
 """
 
 from __future__ import annotations

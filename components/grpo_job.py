@@ -1,13 +1,10 @@
 """GrpoJob: the tutorial's `ray job submit ... python3 -m verl.trainer.main_ppo` as a resource.
 
-A Pulumi dynamic provider that waits for the Ray dashboard with its own deadline,
-submits the run under a submission id derived from the stack and a hash of the job spec, and
-adopts the job when one with that id already exists, so `pulumi up` twice never starts two runs.
-
-Dynamic-provider rules followed here: the provider is pickled with dill by reference to this module
-(so it keeps no state, and the modules it uses, components/job_*.py, load from the install) and
-imports Ray inside its methods; ints arrive as floats; unknowns arrive in check/diff during preview;
-the default `update` would drop the outputs.
+A Pulumi dynamic provider that submits the run once the cluster is whole, under a submission id
+derived from the stack and a hash of the job spec, and adopts a job already under that id, so
+`pulumi up` twice never starts two runs. Pickled by reference to this module (so stateless; the
+components/job_*.py it uses load from the install); Ray imported inside its methods; ints arrive as
+floats, unknowns in check/diff during preview; the default `update` would drop the outputs.
 """
 
 from __future__ import annotations

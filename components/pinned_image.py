@@ -1,14 +1,8 @@
 """PinnedImage: a tagged image pinned by digest at the first `pulumi up`, kept in the stack's state.
 
-The platform table's verl images are on Docker Hub tags, whose digests could not be read where the
-table was written; a tag can be moved to other bytes. This resource asks the registry once, in
-`create` (access.registry), and every later `pulumi up` or `refresh` keeps that digest: `read`
-returns the stored outputs without asking again, and `diff` replaces (asks again) only when the
-tagged image itself changes; a moved provider reference is an update that keeps the pin. So the
-nodes run the same bytes until the user changes the tag.
-
-Dynamic-provider rules followed here (see components/grpo_job.py): pickled by reference to this
-module, no state, the registry client imported from the installed project.
+`create` asks the registry once (access.registry); `read` returns the stored digest, and `diff`
+replaces only when the tagged image changes, so the nodes run the same bytes until the user changes
+the tag. Dynamic-provider rules as in components/grpo_job.py: pickled by reference, no state.
 """
 
 from __future__ import annotations

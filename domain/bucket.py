@@ -1,21 +1,10 @@
 """The training bucket as every pod sees it, who may write where in it, and where the run's checkpoints
 live on it and beside it.
 
-Object-name prefixes (folders under the mount at /data):
-
-    <model dir>/, gsm8k/, verl-<version>/   staged by the staging Job (its own identity): the model, the data
-                                            and the code every Ray process runs; read-only to the Ray pods
-    verl/                                   your own verl tree (verlSourceInstall): read-only to the Ray pods
-    <checkpoint dir>/  (verl/checkpoints/)  a run's checkpoints: the copier's (workloads/checkpoints.py) of
-                                            verl's saves on each node's local disk (LOCAL_CHECKPOINTS)
-    models/<run id>/                        exported Hugging Face models (the run supervisor, `verl-gke export`)
-    logs/<run id>/                          logs that outlive the cluster
-    huggingface_cache/                      HF_HOME of the Ray processes (the datasets library's cache)
-
-The Ray pods' identity may read the whole bucket and write only the last four, each a GCS managed
-folder with its own grant (components/gcs_fuse_storage.py): a job cannot rewrite the code or the
-model that every later pod, the export and later stacks on the bucket load. Whatever else a Ray
-process writes must go under one of them.
+Under the mount at /data: `<model dir>/`, `gsm8k/`, `verl-<version>/` (staged; read-only to the Ray
+pods), `verl/` (your own verl tree), and the Ray pods' four writable managed folders, each with its own
+grant (components/gcs_fuse_storage.py): `<checkpoint dir>/` (verl/checkpoints/), `models/<run id>/`,
+`logs/<run id>/`, `huggingface_cache/`. A job cannot rewrite the code or model later pods load.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """The GPU time a run's checkpoints cost: a pure model, its assumptions named here and nowhere else.
 
-verl saves to each node's local disk (workloads/checkpoints.py) and the copy to the bucket runs in the
-background, so the GPUs wait only for the local write of each save, and once, at the end, for the copy of
-the last save's model (the run is done when the model its export reads is in the bucket; the optimizer
-state, which only a resume reads, follows in the background). Written straight to the bucket (verl-gke
-before 0.6), every save waited for the whole copy.
-
-FSDP spreads a checkpoint evenly over the ranks (one shard file per rank and kind), so each node writes
-and copies its share, all nodes at once.
+The GPUs wait for each save's local-disk write and, once at the end, for the copy of the last save's
+model to the bucket (the optimizer state follows in the background, workloads/checkpoints.py). FSDP
+spreads a checkpoint evenly over the ranks, so every node writes and copies its share at once.
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """The GRPO run's memory per GPU, estimated before any GPU is paid for, and the rollout tensor
 parallel size chosen for the GPU's memory.
 
-verl colocates the FSDP actor, the reference policy and the vLLM rollout on every GPU (its hybrid
-engine), so a GPU must hold, at its peak, the larger of two phases:
-- training: the sharded actor state (fp32 weights, fp32 gradients, two fp32 AdamW moments:
-  verl's FSDP workers load the actor in fp32 and compute in bf16), the reference policy's bf16
-  shard, two gathered bf16 layers (FSDP prefetch), one micro batch's activations with gradient
-  checkpointing (verl's default, `enable_gradient_checkpointing: true`) and its bf16 logits and
-  their gradient; and, where verl defers the gradient sync across the micro-batches of a mini-batch
-  (VerlRelease.defers_gradient_sync: verl 0.9.0), an unsharded fp32 gradient of the whole model;
-- rollout: the actor's weights and optimizer state that stay on the GPU (verl offloads neither by
-  default; gradients are freed) plus vLLM's whole budget, `gpu_memory_utilization` x the GPU's
-  memory (vLLM >= 0.10 refuses to start unless that much is free, and holds the rollout weights
-  and KV cache inside it).
-The figures are an estimate for a refusal with a margin, not a profile: fragmentation, CUDA
-context and NCCL buffers are what the margin is for.
+verl colocates actor, reference and vLLM on every GPU, so a GPU must hold the larger of two phases:
+training (the sharded fp32 actor, gradients and AdamW moments, the bf16 reference shard, two gathered
+layers, one micro batch's activations and logits, and verl 0.9.0's unsharded deferred gradient) and
+rollout (the actor state left on the GPU plus vLLM's `gpu_memory_utilization` share). An estimate for
+a refusal with a margin (fragmentation, CUDA context, NCCL buffers), not a profile.
 """
 
 from __future__ import annotations

@@ -1,31 +1,11 @@
 """How long the GRPO run takes and what it costs, modeled before anything is paid for.
 
-One step of verl's GRPO on its colocated GPUs (the hybrid engine): vLLM generates every response (the
-rollout), the actor (and the reference policy, when there is one) computes the log-probs of every token, the
-actor updates on every token, and the new weights go back to vLLM. Each formula is a plain function of the
-run's own numbers:
-
-    tokens a step        T = sequences x (prompt + response tokens)
-    update FLOPs         (6 + 2 with gradient checkpointing) x parameters x T     (forward, backward, recompute)
-    log-prob FLOPs       2 x parameters x T, once for the actor and once for the reference policy
-    training seconds     FLOPs / (GPUs x peak bf16 FLOP/s x MFU)
-    rollout seconds      sequences x mean response tokens / (GPUs x decode rate) + the response tail;
-                         decode rate a GPU = peak x DECODE_SHARE / (2 x parameters)
-    response tail        (max_response_length - mean response) x TAIL_TOKEN_S: the batch waits for its longest
-                         responses, decoded a few at a time
-    step seconds         rollout + log-probs + update + STEP_OVERHEAD_S
-    validation seconds   VALIDATION_PROMPTS x mean response tokens / (GPUs x decode rate) + the response tail,
-                         once every test_freq steps and after the last (and before the first, val_before_train)
-    verl start-up        VERL_PROCESS_START_S + model bytes (bf16) x loads / MODEL_LOAD_GBPS + VLLM_START_S
-                         + FIRST_SYNC_S (+ a validation pass where it runs before training): from the job RUNNING
-                         to verl's first training step
-    run seconds          steps x step + validations + the GPU time the checkpoints cost (domain/checkpoint_time.py)
-
-Every assumption of the step is here, named once; the checkpoints' are in domain/checkpoint_time.py, the
-GPUs' peak FLOP/s platform facts (domain/platforms.py). The figures are a model to plan with, not a
-measurement: `measured_ratio` holds a measured step against it, and a run's measured rates
-(domain/measured.py) replace the assumed ones, each shown "measured on run X".
-Pure: numbers in, numbers out.
+One colocated GRPO step is rollout (vLLM decode at peak x DECODE_SHARE / (2 x parameters) a GPU, plus
+the response tail), log-probs (2 x parameters x tokens, actor and reference), the update ((6 + 2 with
+gradient checkpointing) x parameters x tokens at the platform's peak bf16 x MFU) and STEP_OVERHEAD_S;
+the run adds validations, verl's start-up and the checkpoints' GPU time (domain/checkpoint_time.py).
+Every assumption is a named constant here; a run's measured rates (domain/measured.py) replace them.
+A model to plan with, not a measurement. Pure: numbers in, numbers out.
 """
 
 from __future__ import annotations

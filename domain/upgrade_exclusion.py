@@ -1,15 +1,9 @@
 """The cluster's maintenance exclusion: 30 days without minor or node auto-upgrades (an upgrade drains the
 GPU nodes in mid-run), as Cluster Toolkit's gke-a4, gke-a3-ultragpu and gke-a4x blueprints set one.
 
-`upgradeExclusionStart` empty (the default) starts it at the cluster's first `pulumi up`: read once
-then and kept in the stack's state (components/upgrade_exclusion.py), so no fixed date ever runs out
-and no later `up` moves it. GKE's rules ("Maintenance windows and exclusions", Scope of upgrades:
-https://cloud.google.com/kubernetes-engine/docs/concepts/maintenance-windows-and-exclusions): a
-NO_MINOR_OR_NODE_UPGRADES exclusion may last until the end of standard support of the cluster's
-minor version (pulumi-gcp 10.2.0 `end_time_behavior = "UNTIL_END_OF_SUPPORT"`), which is 14 months
-after the minor's release (https://cloud.google.com/blog/products/containers-kubernetes/announcing-gke-extended-support);
-a NO_UPGRADES one at most 30 days. verl-gke's 30 days stay within both and let the nodes take
-security patches again afterwards.
+`upgradeExclusionStart` empty starts it at the cluster's first `pulumi up`, kept in state
+(components/upgrade_exclusion.py). 30 days fits GKE's bounds for both NO_MINOR_OR_NODE_UPGRADES (until
+the minor's end of support) and NO_UPGRADES (30 days), and lets nodes take security patches after.
 """
 
 from __future__ import annotations

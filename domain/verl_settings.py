@@ -1,13 +1,9 @@
 """verl's settings by verl's own names: the `verl-gke:verl` map, checked against the pinned verl's config.
 
-The map's keys are verl's config paths, nested as `pulumi config set --path verl-gke:verl.data.train_batch_size
-128` stores them (`{"data": {"train_batch_size": 128}}`). Each is checked against the composed config of the
-platform's pinned verl (hydra-core composing `ppo_trainer.yaml` from its wheel, as `main_ppo` does): a path
-verl does not have is refused with the nearest one it has; a value must have the type verl declares (the
-annotation of the dataclass behind the node, `_target_`, read from the wheel's source without importing verl,
-which needs torch; else the type of verl's default); no string may hold a Hydra interpolation (`${...}`).
-
-Pure: hydra-core, omegaconf and the wheel's files; no Pulumi.
+Keys are verl's config paths as `pulumi config set --path verl-gke:verl.data.train_batch_size 128`
+nests them. Each is checked against the platform's pinned verl's composed `ppo_trainer.yaml`: an
+unknown path is refused with the nearest one, a value must have verl's declared type (read from the
+wheel's source, never imported), and no string may hold a Hydra interpolation. Pure: no Pulumi.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """Pod Security for the stack's namespace: the Baseline level, and the GPU workers' two named
 exceptions, enforced by a ValidatingAdmissionPolicy.
 
-The GPU workers need what no Pod Security Standards level admits: read-only host paths (the NVIDIA
-driver and the gIB NCCL plugin that GKE and the installer put on the node) and the IPC_LOCK
-capability (NCCL's RDMA transport pins its buffers). Pod Security admission can only be told a level
-per namespace (its exemptions are the API server's configuration, which GKE does not expose), so the
-namespace's `enforce` label stays `privileged` and this policy enforces, for every pod of the
-namespace, the Baseline level's controls, with exactly these exceptions for the pods of the
-RayCluster's GPU worker group and nothing else:
-
-- hostPath volumes of exactly WORKER_HOST_PATHS, each mounted read-only by every container;
-- IPC_LOCK added to the capabilities Baseline allows.
-
-The Baseline controls and their values are the Pod Security Standards'
-(https://kubernetes.io/docs/concepts/security/pod-security-standards/, "Baseline", Kubernetes 1.34).
-Validating admission runs after the mutating webhooks, so it sees GKE's injected gcsfuse sidecar too.
-Pure builders. CEL as Kubernetes' ValidatingAdmissionPolicy evaluates it (admissionregistration.k8s.io/v1).
+The GPU workers need read-only host paths (WORKER_HOST_PATHS: the NVIDIA driver, the gIB NCCL plugin)
+and IPC_LOCK (NCCL's RDMA pins buffers), which no Pod Security level admits and GKE exposes no
+exemptions; so the namespace's `enforce` label stays `privileged` and this policy enforces Baseline's
+controls (Pod Security Standards, Kubernetes 1.34) on every pod, with those exceptions for the GPU
+worker group alone. It runs after the mutating webhooks, so it sees the gcsfuse sidecar. Pure builders.
 """
 
 from __future__ import annotations

@@ -1,48 +1,50 @@
 """A loopback stand-in for the Kubernetes API server (no API server can run here), as strict as the
-real one where the run lifecycle depends on it:
+real one where the run lifecycle depends on it: resourceVersion conflicts, field ownership of merge
+patch and server-side apply, ConfigMap size and immutability, delete preconditions, label selectors,
+Leases, KubeRay 1.6.2's atomic suspend (`reconcile()`), and the pod port-forward WebSocket.
+Each behaviour and its source are listed below."""
 
-- every write bumps the object's `metadata.resourceVersion`; a PUT, or a PATCH that carries a
-  resourceVersion, with a stale one gets 409 Conflict (Kubernetes API concepts, "Resource versions"
-  and "Concurrency control and consistency": optimistic concurrency on metadata.resourceVersion);
-- POST of an object that exists gets 409 AlreadyExists; GET, PUT, PATCH of a missing one 404;
-- a strategic merge patch of a custom resource gets 415 Unsupported Media Type (Kubernetes docs,
-  "Update API Objects in Place Using kubectl patch": strategic merge patch is not supported for
-  custom resources; apiextensions-apiserver serves only json-patch, merge-patch and apply-patch);
-- a JSON merge patch (RFC 7386) replaces lists whole, and its writer becomes the owner of every
-  field it changes (Kubernetes docs, "Server-Side Apply", "Field management": an update that is not
-  an apply takes the fields it changes from their owners);
-- server-side apply (`apply-patch+yaml`, sent as JSON) owns what it sends. Another manager's apply of
-  a field with a different value gets 409 Conflict unless `force=true`, which takes the field over;
-  a field the applier owned and no longer sends is removed; a field it never sends stays as its owner
-  left it ("Conflicts", "Merge strategy"). Ownership is kept per field of `spec`, the granularity
-  this lifecycle writes at: `spec.workerGroupSpecs`, which the KubeRay 1.6.2 CRD leaves without
-  `x-kubernetes-list-type`, is atomic (one field, owned whole), and `spec.suspend` is a scalar;
-- a ConfigMap whose data and binaryData exceed 1 MiB is refused with 422 Invalid, and so is any
-  change of the data of an `immutable: true` ConfigMap, or unsetting `immutable` (kubernetes
-  pkg/apis/core/validation/validation.go at v1.34: `ValidateConfigMap`, totalSize >
-  core.MaxSecretSize (1 MiB); `ValidateConfigMapUpdate`, "field is immutable when `immutable` is set");
-- POST sets `metadata.uid` and `metadata.creationTimestamp` (whole seconds, never earlier than
-  the previous one);
-- DELETE honours DeleteOptions.preconditions (uid, resourceVersion): a mismatch is 409 Conflict
-  (apimachinery pkg/apis/meta/v1 `Preconditions`, checked by the generic registry store's Delete);
-- GET of a collection lists its objects as `<Kind>List`, filtered by an equality `labelSelector`
-  (`a=b,c=d`; Kubernetes docs, "Labels and Selectors", equality-based requirements);
-- Leases (coordination.k8s.io/v1) are plain objects with the same optimistic concurrency;
-- KubeRay 1.6.2's suspend is atomic (ray-operator/controllers/ray/raycluster_controller.go at v1.6.2,
-  `reconcilePods` and the status calculation; the `RayClusterStatusConditions` gate is on by default,
-  ray-operator/pkg/features/features.go): `reconcile()` is one turn of the operator: a cluster with
-  `spec.suspend` becomes `RayClusterSuspending`; a Suspending one has every pod deleted, the head's
-  included, whatever `spec.suspend` says now, and becomes `RayClusterSuspended` once none is left;
-  only a Suspended one whose `spec.suspend` is false is cleared, and its pods (a new head) come back.
-  `on_head(alive)` links the Ray side: a suspended (or deleted) cluster has no head.
-- `pods/<name>/portforward` upgrades to a WebSocket of subprotocol `v4.channel.k8s.io` as kubelet's
-  does (kubernetes pkg/kubelet/cri/streaming/portforward/websocket.go at v1.34: one port per
-  `ports=`; channels 0 data and 1 error; the port, 2 bytes little endian, first on each channel; a
-  connection the pod refuses is reported on the error channel; the stream closes when the pod side
-  does; RFC 6455: client frames must be masked, else the connection fails). A pod's port is served
-  by a real loopback port (`forward_to`); an unknown pod is 404, a request without a WebSocket
-  upgrade 400.
-"""
+# - every write bumps the object's `metadata.resourceVersion`; a PUT, or a PATCH that carries a
+#   resourceVersion, with a stale one gets 409 Conflict (Kubernetes API concepts, "Resource versions"
+#   and "Concurrency control and consistency": optimistic concurrency on metadata.resourceVersion);
+# - POST of an object that exists gets 409 AlreadyExists; GET, PUT, PATCH of a missing one 404;
+# - a strategic merge patch of a custom resource gets 415 Unsupported Media Type (Kubernetes docs,
+#   "Update API Objects in Place Using kubectl patch": strategic merge patch is not supported for
+#   custom resources; apiextensions-apiserver serves only json-patch, merge-patch and apply-patch);
+# - a JSON merge patch (RFC 7386) replaces lists whole, and its writer becomes the owner of every
+#   field it changes (Kubernetes docs, "Server-Side Apply", "Field management": an update that is not
+#   an apply takes the fields it changes from their owners);
+# - server-side apply (`apply-patch+yaml`, sent as JSON) owns what it sends. Another manager's apply of
+#   a field with a different value gets 409 Conflict unless `force=true`, which takes the field over;
+#   a field the applier owned and no longer sends is removed; a field it never sends stays as its owner
+#   left it ("Conflicts", "Merge strategy"). Ownership is kept per field of `spec`, the granularity
+#   this lifecycle writes at: `spec.workerGroupSpecs`, which the KubeRay 1.6.2 CRD leaves without
+#   `x-kubernetes-list-type`, is atomic (one field, owned whole), and `spec.suspend` is a scalar;
+# - a ConfigMap whose data and binaryData exceed 1 MiB is refused with 422 Invalid, and so is any
+#   change of the data of an `immutable: true` ConfigMap, or unsetting `immutable` (kubernetes
+#   pkg/apis/core/validation/validation.go at v1.34: `ValidateConfigMap`, totalSize >
+#   core.MaxSecretSize (1 MiB); `ValidateConfigMapUpdate`, "field is immutable when `immutable` is set");
+# - POST sets `metadata.uid` and `metadata.creationTimestamp` (whole seconds, never earlier than
+#   the previous one);
+# - DELETE honours DeleteOptions.preconditions (uid, resourceVersion): a mismatch is 409 Conflict
+#   (apimachinery pkg/apis/meta/v1 `Preconditions`, checked by the generic registry store's Delete);
+# - GET of a collection lists its objects as `<Kind>List`, filtered by an equality `labelSelector`
+#   (`a=b,c=d`; Kubernetes docs, "Labels and Selectors", equality-based requirements);
+# - Leases (coordination.k8s.io/v1) are plain objects with the same optimistic concurrency;
+# - KubeRay 1.6.2's suspend is atomic (ray-operator/controllers/ray/raycluster_controller.go at v1.6.2,
+#   `reconcilePods` and the status calculation; the `RayClusterStatusConditions` gate is on by default,
+#   ray-operator/pkg/features/features.go): `reconcile()` is one turn of the operator: a cluster with
+#   `spec.suspend` becomes `RayClusterSuspending`; a Suspending one has every pod deleted, the head's
+#   included, whatever `spec.suspend` says now, and becomes `RayClusterSuspended` once none is left;
+#   only a Suspended one whose `spec.suspend` is false is cleared, and its pods (a new head) come back.
+#   `on_head(alive)` links the Ray side: a suspended (or deleted) cluster has no head.
+# - `pods/<name>/portforward` upgrades to a WebSocket of subprotocol `v4.channel.k8s.io` as kubelet's
+#   does (kubernetes pkg/kubelet/cri/streaming/portforward/websocket.go at v1.34: one port per
+#   `ports=`; channels 0 data and 1 error; the port, 2 bytes little endian, first on each channel; a
+#   connection the pod refuses is reported on the error channel; the stream closes when the pod side
+#   does; RFC 6455: client frames must be masked, else the connection fails). A pod's port is served
+#   by a real loopback port (`forward_to`); an unknown pod is 404, a request without a WebSocket
+#   upgrade 400.
 
 from __future__ import annotations
 

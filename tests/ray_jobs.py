@@ -1,21 +1,17 @@
 """An in-process stand-in for a Ray head's job table, fast enough for thousands of interleavings a
-second: exactly the REST calls workloads/run_lifecycle.RayJobs makes (GET /api/jobs/, POST /api/jobs/,
-POST /api/jobs/<id>/stop, GET /api/v0/nodes, GET /api/v0/logs/file, PUT /api/packages/gcs/<name>),
-answered as Ray 2.60 answers them (tests/test_ray_jobs_conformance.py runs one script against a real
-head and against this and compares), and raising what urllib raises: HTTPError for an HTTP error,
-URLError for a head that does not answer.
+second: exactly the REST calls workloads/run_lifecycle.RayJobs makes, answered as Ray 2.60 answers them
+(tests/test_ray_jobs_conformance.py compares it with a real head), raising what urllib raises.
+Transitions happen when the test says (`tick`, `finish`, `restart`, `lose_worker`), not on a clock."""
 
-What the lifecycle depends on, and its source:
-- a submission id is used once: a second submission under it is refused with 500 (ray 2.60
-  dashboard/modules/job/job_manager.py `submit_job` raises "Job with submission_id ... already exists",
-  which job_head.py answers as an internal error; a real head answers 500 in the conformance test);
-- a job goes PENDING -> RUNNING -> SUCCEEDED, FAILED or STOPPED (ray/dashboard/modules/job/common.py,
-  JobStatus); a stop of a job that has ended answers {"stopped": false};
-- a head restarted without GCS fault tolerance knows no jobs, and their drivers died with it
-  (FIELD facts; a KubeRay head pod restart);
-- a lost node fails the attempt running on it, and the head reports the node DEAD.
-Transitions happen when the test says (`tick`, `finish`, `restart`, `lose_worker`), not on a clock.
-"""
+# What the lifecycle depends on, and its source:
+# - a submission id is used once: a second submission under it is refused with 500 (ray 2.60
+#   dashboard/modules/job/job_manager.py `submit_job` raises "Job with submission_id ... already exists",
+#   which job_head.py answers as an internal error; a real head answers 500 in the conformance test);
+# - a job goes PENDING -> RUNNING -> SUCCEEDED, FAILED or STOPPED (ray/dashboard/modules/job/common.py,
+#   JobStatus); a stop of a job that has ended answers {"stopped": false};
+# - a head restarted without GCS fault tolerance knows no jobs, and their drivers died with it
+#   (FIELD facts; a KubeRay head pod restart);
+# - a lost node fails the attempt running on it, and the head reports the node DEAD.
 
 from __future__ import annotations
 

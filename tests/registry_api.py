@@ -1,21 +1,21 @@
 """A loopback stand-in for a container registry and its token service (no registry is reachable here),
-behaving as the specifications say where access.registry depends on it (read 2026-12-04):
+behaving as the specifications say where access.registry depends on it (read 2026-12-04); each
+behaviour and its source are listed below."""
 
-- `HEAD /v2/<name>/manifests/<tag>` answers `200 OK` with `Docker-Content-Digest` and
-  `Content-Length`, and `404 Not Found` for a tag the repository lacks (OCI Distribution Spec,
-  https://github.com/opencontainers/distribution-spec/blob/main/spec.md, "Checking if content exists
-  in the registry"), with a JSON `errors` body of code MANIFEST_UNKNOWN ("Error Codes");
-- a manifest is served only to a client whose `Accept` names its type: an OCI index or manifest
-  otherwise gets 404 MANIFEST_UNKNOWN ("OCI index found, but accept header does not support OCI
-  indexes"), and a Docker manifest list asked by tag is rewritten into its default platform's
-  manifest (distribution/distribution, registry/handlers/manifests.go);
-- a request without a valid token gets `401` with `WWW-Authenticate: Bearer realm=...,service=...,
-  scope="repository:<name>:pull"`; `GET /token?service=..&scope=..` gives anyone a token, whose
-  access is the requested scope's intersection with what anonymous users may do: pull on a public
-  repository, nothing on a private one, which the registry then answers with 401 again
-  (https://distribution.github.io/distribution/spec/auth/token/, "Requesting a Token": a smaller
-  grant "must not be considered an error" by the token server).
-"""
+# - `HEAD /v2/<name>/manifests/<tag>` answers `200 OK` with `Docker-Content-Digest` and
+#   `Content-Length`, and `404 Not Found` for a tag the repository lacks (OCI Distribution Spec,
+#   https://github.com/opencontainers/distribution-spec/blob/main/spec.md, "Checking if content exists
+#   in the registry"), with a JSON `errors` body of code MANIFEST_UNKNOWN ("Error Codes");
+# - a manifest is served only to a client whose `Accept` names its type: an OCI index or manifest
+#   otherwise gets 404 MANIFEST_UNKNOWN ("OCI index found, but accept header does not support OCI
+#   indexes"), and a Docker manifest list asked by tag is rewritten into its default platform's
+#   manifest (distribution/distribution, registry/handlers/manifests.go);
+# - a request without a valid token gets `401` with `WWW-Authenticate: Bearer realm=...,service=...,
+#   scope="repository:<name>:pull"`; `GET /token?service=..&scope=..` gives anyone a token, whose
+#   access is the requested scope's intersection with what anonymous users may do: pull on a public
+#   repository, nothing on a private one, which the registry then answers with 401 again
+#   (https://distribution.github.io/distribution/spec/auth/token/, "Requesting a Token": a smaller
+#   grant "must not be considered an error" by the token server).
 
 from __future__ import annotations
 

@@ -681,7 +681,7 @@ def test_help_everywhere(capsys: pytest.CaptureFixture[str], command: list[str])
     assert capsys.readouterr().out.startswith(f"usage: verl-gke {' '.join(command)}".rstrip())
 
 
-# Exit statuses (the epilog and docs/deploying.md's "After `pulumi up`"): 0 done, 1 the command failed, 2 a
+# Exit statuses (the epilog and docs/runs.md): 0 done, 1 the command failed, 2 a
 # wrong command line, 3 `wait` lost the head (test_wait_exits_3_not_1_...), 130 interrupted.
 @pytest.mark.parametrize(("argv", "line"), [
     ([], "verl-gke: error: the following arguments are required: COMMAND (see verl-gke --help)"),

@@ -12,12 +12,13 @@ from verl_gke import config_reference
 PROJECT_TEXT = (PROJECT_DIR / "Pulumi.yaml").read_text()
 DECLARED = yaml.safe_load(PROJECT_TEXT)["config"]
 REFERENCE = (PROJECT_DIR / config_reference.REFERENCE).read_text()
-_ROW = re.compile(r"^\| `([\w-]+:\w+)` \| (.*) \|$")
+_ROW = re.compile(r"^- `([\w-]+:\w+)` \((\w+), default (.*?)\): (.*)$")
 
 
 def _rows() -> dict[str, list[str]]:
-    """The reference's rows: key -> [type, default, meaning]."""
-    return {m.group(1): m.group(2).split(" | ", 2) for line in REFERENCE.splitlines() if (m := _ROW.match(line))}
+    """The reference's entries: key -> [type, default, meaning]."""
+    return {m.group(1): [m.group(2), m.group(3), m.group(4)] for line in REFERENCE.splitlines()
+            if (m := _ROW.match(line))}
 
 
 def test_the_reference_is_what_the_generator_writes_from_pulumi_yaml():

@@ -1,18 +1,18 @@
 """Staging reads the Hugging Face token from Secret Manager through Workload Identity.
 
-GCP cannot run here: a loopback stand-in answers as the two real APIs do.
-- GKE metadata server: `GET /computeMetadata/v1/instance/service-accounts/default/token` needs the
-  request header `Metadata-Flavor: Google` (refused with 403 otherwise), answers
-  `{"access_token", "expires_in", "token_type": "Bearer"}` with the response header
-  `Metadata-Flavor: Google` (cloud.google.com/compute/docs/metadata/querying-metadata,
-  cloud.google.com/kubernetes-engine/docs/concepts/workload-identity#metadata_server).
-- Secret Manager: `GET /v1/projects/P/secrets/S/versions/latest:access` with `Authorization: Bearer`
-  answers `{"name", "payload": {"data": base64, "dataCrc32c": int64 as a string}}`; a secret without
-  a version is 404 NOT_FOUND, a caller without `secretmanager.versions.access` 403 PERMISSION_DENIED,
-  in Google's error shape `{"error": {"code", "message", "status"}}`
-  (cloud.google.com/secret-manager/docs/reference/rest/v1/projects.secrets.versions/access,
-  cloud.google.com/apis/design/errors).
-"""
+GCP cannot run here: a loopback stand-in answers as the two real APIs do (listed below)."""
+
+# - GKE metadata server: `GET /computeMetadata/v1/instance/service-accounts/default/token` needs the
+#   request header `Metadata-Flavor: Google` (refused with 403 otherwise), answers
+#   `{"access_token", "expires_in", "token_type": "Bearer"}` with the response header
+#   `Metadata-Flavor: Google` (cloud.google.com/compute/docs/metadata/querying-metadata,
+#   cloud.google.com/kubernetes-engine/docs/concepts/workload-identity#metadata_server).
+# - Secret Manager: `GET /v1/projects/P/secrets/S/versions/latest:access` with `Authorization: Bearer`
+#   answers `{"name", "payload": {"data": base64, "dataCrc32c": int64 as a string}}`; a secret without
+#   a version is 404 NOT_FOUND, a caller without `secretmanager.versions.access` 403 PERMISSION_DENIED,
+#   in Google's error shape `{"error": {"code", "message", "status"}}`
+#   (cloud.google.com/secret-manager/docs/reference/rest/v1/projects.secrets.versions/access,
+#   cloud.google.com/apis/design/errors).
 
 from __future__ import annotations
 

@@ -1,15 +1,13 @@
 """Dynamic providers across a move of their module, driven through the installed SDK's own provider
-host: the `DynamicResourceProviderServicer` of pulumi/dynamic/__main__.py (3.272.0), which the
-engine's `pulumi-resource-pulumi-python` runs, loaded here without its `main()` (which would serve
-gRPC forever) and called with the protocol's requests.
+host (pulumi/dynamic/__main__.py 3.272.0, `DynamicResourceProviderServicer`, without its `main()`),
+called with the protocol's requests. What the servicer does, read in that file, below."""
 
-What the servicer does (read in that file): `Check` and `Diff` unpickle the provider from the new
-inputs' `__provider` (the old one only when the new is unknown); `Update` stores the new inputs'
-`__provider` in the outputs; `Read` and `Delete` unpickle the one stored in the outputs. So a stack
-whose state names a module path that no longer imports can refresh and destroy only after an update
-stored the new reference, and the engine calls `Update` only when `Diff` reports a change
-(pkg/resource/deploy/step_generator.go `continueStepsFromDiff`): pulumi/pulumi#6238.
-"""
+# `Check` and `Diff` unpickle the provider from the new
+# inputs' `__provider` (the old one only when the new is unknown); `Update` stores the new inputs'
+# `__provider` in the outputs; `Read` and `Delete` unpickle the one stored in the outputs. So a stack
+# whose state names a module path that no longer imports can refresh and destroy only after an update
+# stored the new reference, and the engine calls `Update` only when `Diff` reports a change
+# (pkg/resource/deploy/step_generator.go `continueStepsFromDiff`): pulumi/pulumi#6238.
 
 from __future__ import annotations
 

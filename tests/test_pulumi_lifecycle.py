@@ -1,24 +1,22 @@
 """refresh, replace and destroy on a live stack: the program's real resource options and provider
 configuration, as the mock engine receives them, read against what the engine and the providers do
-with them.
+with them (sources below; docs/pulumi-lifecycle.md cites the same)."""
 
-Sources (read at the versions named; docs/pulumi-lifecycle.md cites the same):
-- Pulumi engine, pkg/resource/deploy: step_generator.go (`continueStepsFromDiff`: delete-before-replace
-  deletes `calculateDependentReplacements` + `findDependentCascadeReplacements` first, cascades before
-  every other dependent; `diff`: a resource whose `replaceWith` names a replaced resource is replaced),
-  step.go (`DeleteStep.Apply` refuses a protected resource before its preview/delete branches;
-  `UpdateStep.Apply` keeps the ID in previews), pkg/backend/apply.go (`PreviewThenPromptThenExecute`:
-  a failed preview stops the operation). The stored engine is the snapshot whose sdk/.version is
-  3.260.0; the pinned 3.272 engine is not stored here, the installed Python SDK is 3.272.0.
-- pulumi-kubernetes provider/pkg/provider/provider.go (`DiffConfig`, `Configure`, `Read`, `Delete`,
-  `Diff`: delete first only for the same name and namespace), diff.go (`forceNew`), helm_release.go
-  (`Diff`: DeleteBeforeReplace false), provider/pkg/await/await.go (`Deletion`: waits until gone) and
-  provider/pkg/metadata/overrides.go (`DeletionPropagation`: Foreground) at the newest stored snapshot
-  (after v4.32.0; v4.34.2's tree is not stored); the installed 4.34.2 Python SDK's provider.py.
-- KubeRay v1.6.2 ray-operator/controllers/ray/raycluster_controller.go (`calculateStatus`; pods owned
-  through `controllerutil.SetControllerReference`; pods recreated for a new template only with
-  `upgradeStrategy: Recreate`).
-"""
+# - Pulumi engine, pkg/resource/deploy: step_generator.go (`continueStepsFromDiff`: delete-before-replace
+#   deletes `calculateDependentReplacements` + `findDependentCascadeReplacements` first, cascades before
+#   every other dependent; `diff`: a resource whose `replaceWith` names a replaced resource is replaced),
+#   step.go (`DeleteStep.Apply` refuses a protected resource before its preview/delete branches;
+#   `UpdateStep.Apply` keeps the ID in previews), pkg/backend/apply.go (`PreviewThenPromptThenExecute`:
+#   a failed preview stops the operation). The stored engine is the snapshot whose sdk/.version is
+#   3.260.0; the pinned 3.272 engine is not stored here, the installed Python SDK is 3.272.0.
+# - pulumi-kubernetes provider/pkg/provider/provider.go (`DiffConfig`, `Configure`, `Read`, `Delete`,
+#   `Diff`: delete first only for the same name and namespace), diff.go (`forceNew`), helm_release.go
+#   (`Diff`: DeleteBeforeReplace false), provider/pkg/await/await.go (`Deletion`: waits until gone) and
+#   provider/pkg/metadata/overrides.go (`DeletionPropagation`: Foreground) at the newest stored snapshot
+#   (after v4.32.0; v4.34.2's tree is not stored); the installed 4.34.2 Python SDK's provider.py.
+# - KubeRay v1.6.2 ray-operator/controllers/ray/raycluster_controller.go (`calculateStatus`; pods owned
+#   through `controllerutil.SetControllerReference`; pods recreated for a new template only with
+#   `upgradeStrategy: Recreate`).
 
 from __future__ import annotations
 

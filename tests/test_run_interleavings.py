@@ -1,14 +1,10 @@
-"""The run lifecycle's promises, checked over explored interleavings of the real code: supervisors
-(workloads/run_supervisor.decider) and `pulumi up`'s create and delete (workloads/run_lifecycle
-create_run and delete_run, what the GrpoJob provider runs), advanced one step (one write or one
-action) at a time, crashed after any of them, with faults: a second supervisor, a rollout, head
-restarts, preemptions, jobs failing or succeeding, API outages and 409/404/422 answers, records
-deleted or edited by hand, the stack's run id or jobAttempt changed mid-`up`, a RayCluster recreated,
-and every process on a clock of its own (tests/run_world.py).
+"""The run lifecycle's promises, checked over explored interleavings of the real code: supervisors and
+`pulumi up`'s create and delete, one write or action at a time, crashed after any of them, with faults
+(a second supervisor, head restarts, preemptions, API errors, records edited by hand, run id or
+jobAttempt changed mid-`up`, every process on its own clock: tests/run_world.py).
 
-hypothesis' RuleBasedStateMachine plays the interleavings and shrinks a failure to the shortest
-sequence of steps that breaks a promise. CI runs EXAMPLES sequences of up to STEPS steps with a fixed
-seed (derandomized); VERL_GKE_EXPLORE=<sequences> explores further, with a random seed
+hypothesis' RuleBasedStateMachine shrinks a failure to its shortest steps. CI runs EXAMPLES sequences
+of up to STEPS steps with a fixed seed; VERL_GKE_EXPLORE=<sequences> explores further, randomly
 (docs/run-lifecycle.md)."""
 
 from __future__ import annotations

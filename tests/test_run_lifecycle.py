@@ -1,7 +1,7 @@
 """The run lifecycle's rules, one test per rule and one per fault of the design's "Why" list (named
 `test_item<N>_...`), against the real supervisor and provider steps in one process
 (tests/run_world.py: the API server and KubeRay stand-in, the Ray job-table stand-in). Each item's
-scenario failed on 0.5.1 (docs/run-lifecycle.md, "What 0.5.1 did")."""
+scenario failed on 0.5.1 (CHANGELOG.md, 0.6.0)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,10 @@
 """What verl asks of vLLM, read from verl's source, and how two vLLM sources answer it.
 
-Static reading with `ast` only (importing verl or vLLM needs torch and CUDA): every name verl imports
-from vLLM, resolved through vLLM's re-exports and its lazy `MODULE_ATTRS`; for a class, the members
-verl's importing files touch; the engine arguments verl's vLLM server passes to `vllm serve`; the
-methods it calls on the engine (`AsyncLLM`). `findings(verl, image, ci)` lists every place where the
-image's vLLM answers differently from the vLLM verl's CI ran: a name missing, a signature, a body
-(docstrings aside), a field's type or default.
-
-Limits (docs/checkpoints-and-a4x.md): attribute chains on objects verl receives at run time
-(`self.model_runner.model...`) are not followed, except the run's model class (RUN_MODEL); methods a
-class inherits are compared only where the class itself defines them.
-"""
+Static reading with `ast` only (importing verl or vLLM needs torch and CUDA): the names verl imports
+from vLLM (through re-exports and `MODULE_ATTRS`), the members it touches, the engine arguments and
+engine methods it uses. `findings(verl, image, ci)` lists where the image's vLLM differs from the one
+verl's CI ran: a missing name, a signature, a body, a field's type or default. Not followed: attribute
+chains on run-time objects (except RUN_MODEL) and inherited methods (docs/checkpoints-and-a4x.md)."""
 
 from __future__ import annotations
 

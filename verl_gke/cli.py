@@ -1,24 +1,10 @@
 """`verl-gke`: follow a deployed GRPO run from a terminal or a CI pipeline.
 
-    verl-gke status      cluster, Ray head, workers and GPUs, the run and its current attempt: one screen
-    verl-gke logs        the run's driver logs: the current attempt, --attempt N or --all (--follow streams)
-    verl-gke wait        block until the run ends, across its attempts; exit 0 only if it succeeded
-    verl-gke stop        end the run through its record: stop its job, keep its checkpoints, release the GPUs
-    verl-gke runs        the stack's runs: outcome, attempts, times, GPU-hours, cost, checkpoint and model URIs
-    verl-gke dashboard   open the Ray dashboard (a URL with this session's secret) until Ctrl-C or --minutes
-    verl-gke metrics     verl's per-step metrics as a table, a reward plot and a verdict
-    verl-gke fabric      all-reduce across every GPU worker: the fabric's bus bandwidth, on demand
-    verl-gke export      a checkpoint as a Hugging Face model in the bucket (verl's own merger, as a Ray job)
-    verl-gke verify      the live stack against the verification matrix: PASS / FAIL / NOT CHECKED per check
-    verl-gke report      the run measured against the model, phase by phase, with the ratio (text and PNG)
-    verl-gke --version   the installed version
-
-The stack outputs come from `pulumi stack output --json` or `--outputs FILE`. The run (`--run`, default
-the output runId) is read from its record through the Kubernetes API (verl_gke/runs.py); the head is
-reached the way the GrpoJob provider reaches it (access.head_access): a port-forward through the
-Kubernetes API, or `--dashboard-url` for a head that is directly reachable; once the head is gone,
-the run's logs come from its copy in the bucket. Results go to stdout, progress to stderr. An error
-is one line on stderr; the exit statuses: EPILOG (docs/runs.md).
+Commands: status, logs, wait, stop, runs, dashboard, metrics, fabric, export, verify, report
+(`verl-gke --help`). The stack outputs come from `pulumi stack output --json` or `--outputs FILE`; the
+run (`--run`, default the output runId) is read from its record through the Kubernetes API, the head
+through access.head_access, and an ended run's logs from the bucket. Results go to stdout, progress
+to stderr, an error is one line on stderr; the exit statuses: EPILOG (docs/runs.md).
 """
 
 from __future__ import annotations

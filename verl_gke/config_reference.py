@@ -1,6 +1,6 @@
 """The configuration reference, generated from Pulumi.yaml: `python -m verl_gke.config_reference > docs/configuration.md`.
 
-Pulumi.yaml declares every key with its type, default and description; this renders them as one table per
+Pulumi.yaml declares every key with its type, default and description; this renders them as one list per
 group (the `# ...` comment lines above each group in Pulumi.yaml), so the reference cannot drift from the
 declarations (tests/test_config_reference.py fails when docs/configuration.md differs from this output).
 """
@@ -25,14 +25,14 @@ _PLACEHOLDER = re.compile(r"[^\s`(]*<[^>\s]+>[^\s`,;.)]*")
 _PREAMBLE = """\
 # Configuration reference
 
-Generated from `Pulumi.yaml` by `python -m verl_gke.config_reference > docs/configuration.md`; do not edit
-by hand (a test fails when the two differ). Set a key with `pulumi config set <key> <value>`, verl's own
-settings with `pulumi config set --path verl-gke:verl.<verl path> <value>` (docs/verl-settings.md).
-`gcp:project`, `gcp:region` (the control plane's region) and `gcp:zone` (the GPU nodes' zone, inside the
-region) are required. A `0`, `""` or `auto` default means "derived", as the description says. What is
-checked before anything is created, and how a refusal reads: docs/cli-and-synth.md.
-"""
+Look up a config key here: its type, its default and what it does. Generated from `Pulumi.yaml` by
+`python -m verl_gke.config_reference > docs/configuration.md`; do not edit by hand (a test compares them).
 
+Set a key with `pulumi config set <key> <value>`, verl's own settings with `pulumi config set --path
+verl-gke:verl.<verl path> <value>` (docs/verl-settings.md). `gcp:project`, `gcp:region` and `gcp:zone`
+(the GPU nodes' zone, inside the region) are required. A `0`, `""` or `auto` default means "derived".
+How a refusal reads: docs/development.md.
+"""
 
 def groups(text: str) -> list[tuple[str, list[str]]]:
     """Pulumi.yaml's keys in file order under the comment heading each group."""
@@ -67,10 +67,10 @@ def render(project_dir: Path = PROJECT_DIR) -> str:
     declared = yaml.safe_load(text)["config"]
     lines = [_PREAMBLE]
     for title, keys in groups(text):
-        lines += [f"## {title}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        lines += [f"## {title}", ""]
         for key in keys:
             decl = declared[key]
-            lines.append(f"| `{key}` | {decl['type']} | {default_cell(decl)} | {_code_marked(decl['description'])} |")
+            lines.append(f"- `{key}` ({decl['type']}, default {default_cell(decl)}): {_code_marked(decl['description'])}")
         lines.append("")
     return "\n".join(lines)
 

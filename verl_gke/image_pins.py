@@ -1,23 +1,11 @@
 """Every image a stack runs, and where its digest comes from; the maintainer's command that pins them
 in the repository.
 
-A stack pulls every image by digest. A digest written in domain/platforms.py (IMAGE_DIGESTS) is
-pinned in the repository: every stack of every user runs those bytes. An image the table has no
-digest for is pinned at the stack's first `pulumi up` (components/pinned_image.py) and kept in its
-state. This machine reaches no registry, so on a machine that does, a maintainer runs
-
-    .venv/bin/python -m verl_gke.image_pins
-
-which asks each image's registry (access.registry: anonymous, the digest `docker pull` resolves the
-tag to) and writes the digests into the table; review the diff and commit it. Nothing is written
-unless every image resolves.
-
-For one stack, before its first `pulumi up` (so not even that one trusts a tag):
-
-    .venv/bin/python -m verl_gke.image_pins --stack <stack>           # prints `pulumi config set` lines
-    .venv/bin/python -m verl_gke.image_pins --stack <stack> --check   # CI: exit 1 if an image is unpinned
-
-The digests then live in the stack's config (`verl-gke:imageDigests`), reviewed like any config change.
+A digest in domain/platforms.py (IMAGE_DIGESTS) is pinned for every stack; an image without one is
+pinned at the stack's first `pulumi up` (components/pinned_image.py). On a machine that reaches the
+registries, `python -m verl_gke.image_pins` writes every digest into the table (all or nothing; review
+and commit); `--stack <stack>` prints `pulumi config set` lines for verl-gke:imageDigests, and
+`--check` exits 1 if an image is unpinned (CI).
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """The measured twin of every model: what a run's own records say each phase took.
 
-Pure: `measure` reads what is already recorded and returns the phases with their seconds (and bytes where
-known). Its sources, each optional:
-
-- the bucket's copy of the run (workloads/run_logs.py): record.json, decisions.log (each decision stamped),
-  timeline.jsonl (each attempt's job start and end, each verl step's first sighting) and the attempts' logs,
-  in which verl's console logger prints each step's timing metrics (`timing_s/gen`, `timing_s/update_actor`,
-  `timing_s/save_checkpoint`, `timing_s/step`, ...; verl_gke.metrics parses them);
-- the checkpoints as `gcloud storage ls -l -r` lists them: each object's size and time, so a save's bytes,
-  when verl announced it (its `saved.json`) and when its last file reached the bucket;
-- while the cluster stands, GKE and the Kubernetes API: the cluster's createTime, the GPU nodes' creation
-  and Ready times, the kubelet's `Pulled` events (seconds and image size), the staging Job's start and end.
-
-Clocks: the head's (job start and end), the supervisor's (a step's sighting, at most one log copy, 60 s, late),
-GCS's and the API server's. A phase measured across two clocks is for people, as the record's stamps are.
+Pure: `measure` reads what is already recorded (the bucket's copy of the run: record, decisions,
+timeline and verl's `timing_s/*` metrics in the logs; the checkpoints' sizes and times; while the
+cluster stands, GKE's and the Kubernetes API's times and image pulls) and returns each phase's seconds
+and bytes. A phase measured across two machines' clocks is for people, not for decisions.
 """
 
 from __future__ import annotations

@@ -1,57 +1,12 @@
 """Checkpoints that never stall the GPUs: verl saves to each node's local disk, and this program copies
 each save to the bucket in the background and decides when a copy is complete.
 
-Two commands, one program (shipped in a ConfigMap, standard library only):
-
-    checkpoints.py launch -- python3 -m verl.trainer.main_ppo ... trainer.default_local_dir=<run folder> ...
-        The job's entrypoint, on the Ray head. Before verl starts: records a new attempt in the run folder,
-        chooses where verl resumes (the newest COMPLETE checkpoint in the bucket, or none), and points verl
-        at the head's local disk. While verl runs: each save verl finishes (its local
-        `latest_checkpointed_iteration.txt` moves to N, written only after every rank returned from
-        saving) is announced in the bucket (`saved.json`), with the head's own files (`data.pt`). After
-        verl succeeds: announces its last save (the local tracker's step; again while the bucket stalls) and
-        waits until that save's model is in the bucket (what the export reads), all within one deadline, or
-        fails; its optimizer state goes on copying in the background.
-        verl's trainer (the Ray actor that writes `data.pt` and verl's tracker) may run on a GPU worker
-        instead of the head (always on A4X, whose head takes no Ray CPUs): that node's copier then announces
-        the saves, and after verl exits the launcher learns the last one from the copiers' answers
-        (`trainers/<pod>.json`, one per GPU worker) that echo its exit nonce (`exited.json`).
-    checkpoints.py copy --local-root /local-checkpoints --bucket-root /data/verl/checkpoints
-        The sidecar of every GPU worker pod: copies this node's files of each announced save to the bucket
-        in two phases, each recorded (`parts/<pod>.json`) when done: first the model (its ranks' model
-        shards; rank 0's node also `fsdp_config.json` and `huggingface/`), then what only a resume reads
-        (its ranks' optim and extra_state shards).
-
-The bucket holds the only state (every process may die at any line; a restarted one rebuilds from it):
-
-    <run folder>/.verl-gke/attempt.json               the current attempt (the launcher's, at start), and the
-                                                      step it resumes from (rotation keeps it)
-    <run folder>/.verl-gke/exited.json                verl exited 0: the attempt and the launcher's nonce
-    <run folder>/.verl-gke/trainers/<pod>.json        each GPU worker's answer to it: verl's tracker there, or none
-    <run folder>/global_step_N/.verl-gke/saved.json   verl finished writing step N on every node: the step's
-                                                      current attempt
-    <run folder>/global_step_N/.verl-gke/parts/*.json what each pod copied (file -> bytes), and the kinds
-                                                      of rank files verl left on its disk
-    <run folder>/global_step_N/.verl-gke-model-complete.json  the model is in the bucket (the export's)
-    <run folder>/global_step_N/.verl-gke-complete.json  the whole checkpoint is (a resume's), written last
-    <run folder>/latest_checkpointed_iteration.txt    verl's tracker: only ever a complete step
-
-Two levels, over the records of one attempt (its `saved.json` and parts). Model complete: the model shards
-of every rank of the world size (`actor/model_world_size_W_rank_r.pt`, r < W), `actor/fsdp_config.json` and
-`actor/huggingface/config.json`, each in the bucket at its recorded size. Complete: that, `data.pt`, and
-every rank's shard of every other kind verl saved (optim, extra_state: the kinds any copier found on its
-disk, recorded before it copied any, so a record of the model alone never passes as resumable).
-Whoever records the last part a level needs writes its marker (writers decide alike: a marker's content
-is a function of the records); with the complete marker, the tracker, then the deletion of complete
-checkpoints beyond the newest `keep` and of incomplete older ones (never the current attempt's resume
-point; nothing while a step's state is unknown: a read error is not an answer). Resume reads complete
-markers only: a half-copied checkpoint is never used. A marker binds to the attempt that wrote it and
-counts only while saved.json names that attempt: an attempt saving a step again drops both markers
-(unless readably its own) before it writes saved.json, and parts or markers of an earlier attempt never
-count. A copier re-reads saved.json before each file and before its record, and stops once the step is
-another attempt's. With the bucket named (BUCKET_ENV), each record and marker also names every file's GCS
-generation, and a marker counts only while each file is still that generation: a write already in flight that
-lands later is another generation and voids it (docs/checkpoints-and-a4x.md).
+`checkpoints.py launch -- <verl's command>` is the job's entrypoint: it records the attempt, picks the
+newest COMPLETE checkpoint to resume from, runs verl, and after success waits for the last save's model
+to reach the bucket. `checkpoints.py copy` is every GPU worker's sidecar: it copies its node's share of
+each announced save, the model first, then what only a resume reads. The bucket holds the only state
+(markers under `.verl-gke/`); a marker counts only for the attempt, and with BUCKET_ENV the GCS
+generations, that wrote it. The protocol and its layout: docs/checkpoints-and-a4x.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """The trained model in Hugging Face format: verl's own merger over one FSDP checkpoint.
 
-verl writes FSDP shards per world size (`<checkpoint dir>/global_step_<N>/actor/model_world_size_<W>_rank_<r>.pt`
-with `fsdp_config.json` and the model's config in `huggingface/`), which neither transformers nor vLLM loads.
-`python -m verl.model_merger merge --backend fsdp --local_dir <actor> --target_dir <dir>` (the same command in
-verl 0.6.1 and 0.9.0) gathers them into safetensors. This module picks the step (by default the newest whose model
-is in the bucket, which may still lack the optimizer state the merger never reads), runs that command with the run's
-own verl, and publishes the result only once it is complete: the merger writes into a folder of this export's own,
-renamed to `<target>` at the end, so a reader of the bucket never sees half a model. With the bucket's name
-(`--bucket`), the decisions rest on GCS generations (workloads/gcs.py): one export of a run at a time (a claim
-written with ifGenerationMatch), only shards at the generations the step's marker names and unchanged while the
-merger read them, and the publication under the claim, recorded in `<target>.json`.
-
-Runs on CPU: merging needs the model's full fp32 weights in memory (about 4 bytes per parameter, twice while
-saving), not a GPU. Stdlib only at import time: it is shipped into the cluster.
+Picks the step (by default the newest whose model is in the bucket), runs `python -m verl.model_merger
+merge --backend fsdp` with the run's own verl into a folder of its own, and renames it to the target
+only when complete. With `--bucket`, one export of a run at a time (a claim by GCS generation) over
+shards at the generations the step's marker names. Runs on CPU (about 4 bytes a parameter of memory);
+stdlib only at import time.
 
     python -m workloads.export_model --checkpoint-dir /data/verl/checkpoints/<run> --target-dir /data/models/<run>/model
 """

@@ -2,11 +2,8 @@
 the GRPO run. A cluster whose RDMA or NVLink path is broken still trains, over TCP, many times
 slower; its bus bandwidth gives it away in seconds.
 
-One Ray actor per GPU, `--gpus-per-node` of them on each of `--nodes` nodes (a STRICT_SPREAD
-placement group), in one torch.distributed group. It times `--iters` all-reduces of `--size-mb`
-after a warm-up and prints one line, `FABRIC_RESULT {json}`, with nccl-tests' bus bandwidth:
-algorithm bandwidth x 2(n-1)/n. `--backend gloo` runs the same path on CPUs (the tests).
-
+One Ray actor per GPU (a STRICT_SPREAD placement group) times `--iters` all-reduces of `--size-mb` and
+prints `FABRIC_RESULT {json}` with nccl-tests' bus bandwidth; `--backend gloo` runs it on CPUs.
 Runs with the image's Python, Ray and torch; imports nothing of verl-gke.
 """
 

@@ -1,28 +1,11 @@
 """The run supervisor: keeps a GRPO run going unattended and stops paying when it is done.
 
-Runs in the cluster beside the Ray head (a Deployment on the CPU pool), reads its config from a JSON
-file, and talks to the Ray job API of the head service and to the Kubernetes API. Standard library
-only; it ships with workloads/run_lifecycle.py (the rules), run_record.py (the records), run_lease.py
-(who decides), kube.py and export_model.py.
-
-It decides for the runs of its RayCluster only while it holds the cluster's Lease: `pulumi up`
-takes the Lease while it creates or deletes a run (the supervisor hands it over at its next step)
-and leaves it free after. Each step (every `poll_s`) it reads every run record of the cluster, the
-head's job table and the cluster's suspend state, and applies `run_lifecycle.decide`: the run its
-config names is fully supervised (resubmitted after a lost node or a head restart, retried a bounded
-number of times after a failure of its own, stopped at its budget or when it stalls, its model
-exported when it succeeds), any other open run is watched to its end, and once every run ended the
-GPU workers are released by suspending the RayCluster, and kept released until a new run begins;
-GPU workers up with no record of any run and no job on the head (a record lost with the head's job
-table, a first `pulumi up` that never reached the job's create) are released after the replace
-window, the stack's run recorded lost (docs/run-lifecycle.md has the whole table). It keeps nothing in memory that a restart would need.
-
-Fields it writes: the observed part of the run records (attempts, outcome, timers, release,
-export, decisions), the RayCluster's `spec.suspend`, and its Lease. Never the desired part (run
-id, generation, desired, budget) of a record the stack began, nor anything else.
-
-A supervisor whose program or config is no longer the stack's (its ConfigMap changed since it
-started: a rollout whose old pod still runs) releases the Lease and exits.
+A one-pod Deployment on the CPU pool, standard library only (shipped with run_lifecycle, run_record,
+run_lease, kube and export_model). While it holds its RayCluster's Lease, each step (every `poll_s`)
+reads the cluster's run records, the head's job table and `spec.suspend`, and applies
+`run_lifecycle.decide` (the rules: docs/run-lifecycle.md). It keeps nothing in memory a restart needs,
+writes only the observed part of the records, `spec.suspend` and its Lease, and exits once its
+ConfigMap is no longer the stack's.
 """
 
 from __future__ import annotations

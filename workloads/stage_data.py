@@ -1,26 +1,10 @@
 """Stage the model and GSM8K into the training bucket; runs inside the staging Job.
 
-Replaces the tutorial's "Prepare the model and data" steps (clone verl, run its GSM8K
-preprocessing, download the model to a laptop, upload both) with one in-cluster run that writes
-straight to the bucket mount:
-
-    /data/<model dir>/...            the model at a pinned commit
-    /data/gsm8k/train.parquet        GSM8K in the row format of verl's
-    /data/gsm8k/test.parquet         examples/data_preprocess/gsm8k.py
-    /data/verl-<version>/verl/...    verl itself, from its sha256-pinned wheel (verl's images
-                                     carry its dependencies but not verl)
-
-Each artifact's directory gets a marker recording what was staged (repo, commit, fingerprint,
-file sizes); a later run whose marker matches and whose files are all there does nothing.
-The Hugging Face token, when the stack names a Secret Manager secret, is read at start through
-Workload Identity (the GKE metadata server's access token, then Secret Manager's REST API): it is
-never in the pod's spec, a Kubernetes Secret or Pulumi's state.
-Exit status: 0 done, 1 transient failure (the Job retries), 2 permanent failure (bad argument,
-missing repo or revision, token refused: retrying cannot help). A failure prints one line.
-
-Standard library, huggingface_hub and pyarrow only (verl's wheel needs only the standard library);
-the third-party ones are imported where they are used so that the pure parts import anywhere (tests,
-the Pulumi program).
+Writes to the bucket mount the model at a pinned commit, GSM8K in verl's row format (`gsm8k/*.parquet`)
+and verl from its sha256-pinned wheel (`verl-<version>/`), each with a marker so a matching re-run does
+nothing. The Hugging Face token is read from Secret Manager through Workload Identity, never from the
+pod spec or Pulumi's state. Exit 0 done, 1 transient (the Job retries), 2 permanent; one line on failure.
+Standard library, huggingface_hub and pyarrow (the last two imported where used).
 """
 
 from __future__ import annotations
