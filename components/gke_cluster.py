@@ -18,7 +18,7 @@ from components.upgrade_exclusion import UpgradeExclusionStart
 from domain import upgrade_exclusion
 from manifests.ray_cluster import HEAD_NODE_POOL
 from domain.platforms import Mode
-from verl_gke.kubeconfig import gke_kubeconfig
+from access.kubeconfig import gke_kubeconfig
 
 ReleaseChannel = Literal["RAPID", "REGULAR", "STABLE", "EXTENDED"]
 ControlPlaneEndpoint = Literal["dns", "ip"]

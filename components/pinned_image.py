@@ -1,6 +1,6 @@
 """PinnedImage: a tagged image pinned by digest at the first `pulumi up`, kept in the stack's state.
 
-`create` asks the registry once (verl_gke.registry); `read` returns the stored digest, and `diff`
+`create` asks the registry once (access.registry); `read` returns the stored digest, and `diff`
 replaces only when the tagged image changes, so the nodes run the same bytes until the user changes
 the tag. Dynamic-provider rules as in components/grpo_job.py: pickled by reference, no state.
 """
@@ -14,7 +14,7 @@ import pulumi.dynamic
 
 from components import provider_reference
 from domain.platforms import repository_pin
-from verl_gke.registry import RegistryError, parse, resolve_digest
+from access.registry import RegistryError, parse, resolve_digest
 
 
 class PinnedImageArgs(TypedDict):

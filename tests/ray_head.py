@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_gke.head_access import HeadAccessError, wait_for_dashboard
+from access.head_access import HeadAccessError, wait_for_dashboard
 
 # A cold head takes about 8 s on a 2-core machine; leave room for a loaded CI.
 HEAD_START_TIMEOUT_S = 90.0

@@ -1,5 +1,5 @@
 """A loopback stand-in for a container registry and its token service (no registry is reachable here),
-behaving as the specifications say where verl_gke.registry depends on it (read 2026-12-04); each
+behaving as the specifications say where access.registry depends on it (read 2026-12-04); each
 behaviour and its source are listed below."""
 
 # - `HEAD /v2/<name>/manifests/<tag>` answers `200 OK` with `Docker-Content-Digest` and

@@ -896,7 +896,7 @@ def test_version_names_the_installed_package(capsys: pytest.CaptureFixture[str])
 @pytest.mark.ray
 def test_logs_follow_ends_with_one_line_when_the_head_stops_answering(
         capsys: pytest.CaptureFixture[str], ray_head: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from verl_gke import head_access
+    from access import head_access
 
     monkeypatch.setattr(cli, "FOLLOW_CHECK_S", 1.0)
     monkeypatch.setattr(head_access, "REQUEST_TIMEOUT_S", 2.0)

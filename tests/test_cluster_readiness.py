@@ -16,7 +16,7 @@ from ray.util.state import list_nodes
 
 from components.grpo_job import GrpoJobProvider
 from tests.ray_head import RayHead, start_node, stop_node
-from verl_gke.cluster_readiness import Capacity, ClusterNotReadyError, await_capacity, read_capacity
+from access.cluster_readiness import Capacity, ClusterNotReadyError, await_capacity, read_capacity
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 
@@ -89,7 +89,7 @@ def test_a_head_that_lists_nothing_is_named_at_the_deadline():
 
 def test_the_wait_says_what_it_waits_for_and_what_is_missing_once_a_minute(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
-    from verl_gke import cluster_readiness
+    from access import cluster_readiness
 
     monkeypatch.setattr(cluster_readiness, "PROGRESS_EVERY_S", 1.0)  # once a minute, scaled down
     monkeypatch.setattr(cluster_readiness, "POLL_S", 0.1)

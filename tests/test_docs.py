@@ -347,12 +347,10 @@ def test_the_readmes_figures_for_a4_standard_are_synths(synth_stack):
 
 DOCS_WORD_LIMIT = 20_000
 DOCSTRING_LINE_LIMIT = 10
-CODE_DIRS = ("domain", "manifests", "workloads", "components", "verl_gke", "bench", "tests")
+CODE_DIRS = ("domain", "manifests", "workloads", "access", "components", "verl_gke", "bench", "tests")
 DOCSTRING_EXEMPT = {
-    "components/grpo_job.py", "components/stack_config.py", "domain/config.py", "domain/problems.py",
-    "domain/pulumi_config.py", "verl_gke/head_access.py", "verl_gke/local_proxy.py", "verl_gke/pod_forward.py",
-    "verl_gke/kubeconfig.py", "verl_gke/gke_facts.py", "verl_gke/cluster_api.py", "verl_gke/cluster_readiness.py",
-    "verl_gke/fabric.py", "workloads/run_lifecycle.py", "workloads/run_record.py", "workloads/run_logs.py"}
+    "components/stack_config.py", "domain/config.py", "domain/problems.py",
+    "domain/pulumi_config.py", "workloads/run_lifecycle.py", "workloads/run_record.py", "workloads/run_logs.py"}
 """Modules being rewritten on other branches at the time this limit came in: drop each once it is merged."""
 
 

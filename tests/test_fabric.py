@@ -14,10 +14,12 @@ from collections.abc import Iterator
 import pytest
 from ray.job_submission import JobSubmissionClient
 
-from components.grpo_job import GrpoJobProvider, _JobSpec, _refuse_a_second_run
+from components.grpo_job import GrpoJobProvider
+from components.job_gates import refuse_a_second_run
+from components.job_spec import JobSpec
 from tests.ray_head import FlakyLink, RayHead, start_node, stop_node
-from verl_gke.head_access import job_client
-from verl_gke import fabric
+from access.head_access import job_client
+from access import fabric
 from workloads.fabric_check import bus_bandwidth_gbps, nccl_transports
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
@@ -141,7 +143,7 @@ def test_a_check_left_running_by_a_lost_head_is_a_live_run_the_next_create_stops
     # Counted as a live run of the stack by the one-live-run check...
     props = _props(two_gpu_nodes, stack=stack, fabric_check=False, expected_workers=0)
     with pytest.raises(RuntimeError, match=f"another run or a model export of stack {stack} is live on .*: {sid}\\. "):
-        _refuse_a_second_run(jobs, _JobSpec.from_props(props))
+        refuse_a_second_run(jobs, JobSpec.from_props(props))
     # ...which a create ends before it submits.
     result = GrpoJobProvider().create(props)
     assert _status(two_gpu_nodes, sid) == "STOPPED"

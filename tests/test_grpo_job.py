@@ -27,7 +27,9 @@ from pulumi.output import Unknown
 from pulumi.runtime import rpc
 from ray.job_submission import JobSubmissionClient
 
-from components.grpo_job import GrpoJob, GrpoJobProvider, _JobSpec
+from components import job_lease
+from components.grpo_job import GrpoJob, GrpoJobProvider
+from components.job_spec import JobSpec
 from workloads.run_lifecycle import DELETED
 from workloads.run_record import RecordStore, RunRecord
 from tests.kube_api import kube_api
@@ -287,6 +289,17 @@ def test_check_names_each_bad_prop_and_lets_unknowns_pass() -> None:
     assert port_forward.failures == []
 
 
+def test_check_refuses_fabric_props_of_the_wrong_shape() -> None:
+    """A string is not a transport list (it became one transport per letter), nor a number a python."""
+    props = {"entrypoint": "x", "runtime_env": {}, "dashboard_url": "http://head:8265"}
+    failures = GrpoJobProvider().check({}, {**props, "fabric_transports": "NET/IB", "fabric_python": 3.0}).failures
+    assert sorted((f.property, f.reason) for f in failures) == [
+        ("fabric_python", "must be a non-empty string or unset, got float"),
+        ("fabric_transports", "'NET/IB' must be a list of NCCL transport names such as ['NET/IB']")]
+    spec = JobSpec.from_props({**props, "fabric_transports": ["NET/IB"], "attempt": 2.0, "ready_timeout_s": 60})
+    assert (spec.fabric_transports, spec.attempt, spec.ready_timeout_s) == (("NET/IB",), 2, 60.0)
+
+
 DNS_ENDPOINT = "gke-1a2b3c4d5e6f4a5b8c9d0e1f2a3b4c5d6e7f-123456789012.us-central1.gke.goog"
 
 
@@ -305,10 +318,10 @@ def test_the_dns_endpoint_needs_no_ca_an_ip_endpoint_does() -> None:
     ("34.1.2.3", "Y2E=", "ca"),  # base64 of "ca": the IP endpoint is pinned to the cluster CA
 ])
 def test_the_run_record_is_read_on_the_clusters_endpoint(endpoint: str, ca: str | None, ca_data: str | None) -> None:
-    spec = _JobSpec.from_props({"entrypoint": "x", "runtime_env": {}, "stack": "a4", "namespace": "ray",
+    spec = JobSpec.from_props({"entrypoint": "x", "runtime_env": {}, "stack": "a4", "namespace": "ray",
                                 "cluster_name": "verl", "head_service": "h", "cluster_endpoint": endpoint,
                                 "cluster_ca_certificate": ca})
-    records = spec.records()
+    records = job_lease.records(spec)
     assert isinstance(records, RecordStore)
     assert (records.api.url, records.api.ca_data) == (f"https://{endpoint}", ca_data)
 
@@ -363,8 +376,8 @@ def _delete_with_the_head_gone(props: Callable[..., dict[str, Any]], monkeypatch
                                cluster: dict[str, Any]) -> None:
     # The stand-in has no svc/verl-head-svc: the API says it is gone.
     outs = _tunnelled(props, cluster, ready_timeout_s=1.0)
-    spec = _JobSpec.from_props(outs)
-    records = spec.records()
+    spec = JobSpec.from_props(outs)
+    records = job_lease.records(spec)
     records.write(records.get(spec.run.run_id), RunRecord(run_id=spec.run.run_id, generation=spec.run.generation))
     warned: list[str] = []
     monkeypatch.setattr(pulumi.log, "warn", lambda message, *_args, **_kwargs: warned.append(message))
@@ -529,7 +542,7 @@ def test_a_job_under_our_id_that_runs_something_else_is_not_adopted(
     submission_id = GrpoJobProvider().create(job_props).id
     # Someone else's job under the id this spec would take (Ray ids say nothing about the job).
     other = {**job_props, "entrypoint": _py("print('theirs')")}
-    squatter = _JobSpec.from_props(other)
+    squatter = JobSpec.from_props(other)
     JobSubmissionClient(ray_head).submit_job(entrypoint=_py("print('ours')") + " # edited",
                                              submission_id=squatter.submission_id, runtime_env={})
     with pytest.raises(RuntimeError) as raised:
@@ -551,16 +564,16 @@ def test_ray_filling_in_runtime_env_config_defaults_does_not_block_adoption(
 def _cut_once_waiting(link: FlakyLink, monkeypatch: pytest.MonkeyPatch, for_s: float) -> list[float]:
     """Cuts the link for `for_s` seconds as soon as create waits for the run to complete (its start-up
     has no outage window, so a cut there is a different test); returns where the cut's time goes."""
-    import components.grpo_job as grpo_job
+    from components import job_polling
 
     waiting = threading.Event()
-    await_completion = grpo_job._await_completion
+    await_completion = job_polling.await_completion
 
-    def entered(spec: _JobSpec, records: Any, submission_id: str) -> tuple[str, str]:
+    def entered(spec: JobSpec, records: Any, submission_id: str) -> tuple[str, str]:
         waiting.set()
         return await_completion(spec, records, submission_id)
 
-    monkeypatch.setattr(grpo_job, "_await_completion", entered)
+    monkeypatch.setattr(job_polling, "await_completion", entered)
 
     cut_at: list[float] = []
 
@@ -604,9 +617,9 @@ def test_wait_for_completion_fails_once_the_head_is_lost_for_longer_than_its_win
         link.close()
     # A poll tries to reach the head for reach_timeout_s (min(REACH_TIMEOUT_S, ready_timeout_s)): the
     # first failed poll starts the outage clock, the next one past the window ends the wait.
-    reach_s = _JobSpec.from_props(job_props).reach_timeout_s
+    reach_s = JobSpec.from_props(job_props).reach_timeout_s
     assert time.monotonic() - cut_at[0] < 2 * reach_s + 3.0 + 5.0
-    JobSubmissionClient(ray_head).stop_job(_JobSpec.from_props(job_props).submission_id)
+    JobSubmissionClient(ray_head).stop_job(JobSpec.from_props(job_props).submission_id)
 
 
 def test_create_refuses_to_start_a_second_live_run_of_the_same_stack(
@@ -617,7 +630,7 @@ def test_create_refuses_to_start_a_second_live_run_of_the_same_stack(
         with pytest.raises(RuntimeError) as raised:
             GrpoJobProvider().create(second_props)
         assert f"another run or a model export of stack {second_props['stack']} is live on {ray_head}: {first.id}." in str(raised.value)
-        assert _JobSpec.from_props(second_props).submission_id not in {
+        assert JobSpec.from_props(second_props).submission_id not in {
             j.submission_id for j in JobSubmissionClient(ray_head).list_jobs()}
     finally:
         GrpoJobProvider().delete(first.id, _outs_of(first))
@@ -649,5 +662,5 @@ def test_a_create_that_gives_up_on_a_pending_run_stops_it(ray_head: str, props: 
     job_props = props(_py("import time; time.sleep(600)"), ready_timeout_s=0.3)
     with pytest.raises(TimeoutError, match=r"still PENDING after ready_timeout_s=0.3 s on .*; it was stopped"):
         GrpoJobProvider().create(job_props)
-    status = JobSubmissionClient(ray_head).get_job_status(_JobSpec.from_props(job_props).submission_id)
+    status = JobSubmissionClient(ray_head).get_job_status(JobSpec.from_props(job_props).submission_id)
     assert str(status.value) == "STOPPED"

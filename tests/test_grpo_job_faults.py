@@ -15,8 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from components.grpo_job import GrpoJobProvider
-from verl_gke import head_access
-from verl_gke.head_access import HeadRequestError
+from access import head_access
+from access.head_access import HeadRequestError
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -27,7 +27,8 @@ import pytest
 from ray.dashboard.modules.job.common import JOB_ACTOR_NAME_TEMPLATE
 from ray.job_submission import JobSubmissionClient
 
-from components.grpo_job import GrpoJobProvider, log_tail
+from components.grpo_job import GrpoJobProvider
+from components.job_head import log_tail
 from domain.cache import cache_root
 from tests.kube_api import kube_api
 from tests.ray_head import start_head, stop_head

@@ -1,4 +1,4 @@
-"""verl_gke.kubeconfig and verl_gke.head_access: how clients reach the Ray dashboard.
+"""access.kubeconfig and access.head_access: how clients reach the Ray dashboard.
 
 The port-forward path goes through the Kubernetes API stand-in (tests/kube_api.py), whose
 pods/portforward WebSocket reaches a real Ray head on 127.0.0.1.
@@ -21,7 +21,7 @@ import yaml
 
 from tests.kube_api import kube_api
 from tests.ray_head import free_ports
-from verl_gke.head_access import (
+from access.head_access import (
     HeadAccessError,
     HeadAccessSetupError,
     HeadGoneError,
@@ -29,7 +29,7 @@ from verl_gke.head_access import (
     dashboard_command,
     wait_for_dashboard,
 )
-from verl_gke.kubeconfig import gke_kubeconfig, is_dns_endpoint
+from access.kubeconfig import gke_kubeconfig, is_dns_endpoint
 from workloads.kube import KubernetesApi
 
 CA = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg=="

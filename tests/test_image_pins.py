@@ -16,7 +16,8 @@ import pytest
 
 from domain import platforms
 from tests.registry_api import OCI_INDEX, Manifest, RegistryStandIn, serve
-from verl_gke import image_pins, registry, synth
+from access import registry
+from verl_gke import image_pins, synth
 
 ROOT = Path(__file__).resolve().parent.parent
 PINNED = re.compile(r"@(sha256:[0-9a-f]{64}|" + re.escape(synth.UNRESOLVED_DIGEST) + r")$")

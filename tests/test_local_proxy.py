@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.ray_head import HEAD_ENV, RayHead, start_head, stop_head
-from verl_gke.head_access import job_client, wait_for_dashboard
-from verl_gke.local_proxy import LocalProxy
+from access.head_access import job_client, wait_for_dashboard
+from access.local_proxy import LocalProxy
 
 pytestmark = pytest.mark.ray
 TOKEN = secrets.token_urlsafe(24)

@@ -1,4 +1,4 @@
-"""verl_gke.log_text: a job's log is shown, never obeyed, by a terminal or the GitHub Actions runner.
+"""access.log_text: a job's log is shown, never obeyed, by a terminal or the GitHub Actions runner.
 
 The runner's rule (actions/runner, src/Runner.Common/ActionCommand.cs, TryParseV2): a line is a
 command when, after TrimStart, it starts with `::`; `##[` is the older form.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from verl_gke.log_text import InertLines, inert
+from access.log_text import InertLines, inert
 
 
 def test_colour_is_kept_as_ray_prints_it():

@@ -22,8 +22,9 @@ from components import pinned_image
 from components.pinned_image import PinnedImage, PinnedImageProvider
 from tests.mock_run import MockRun
 from tests.registry_api import OCI_INDEX, Manifest, RegistryStandIn, serve
-from verl_gke import registry, synth
-from verl_gke.registry import RegistryError
+from access import registry
+from verl_gke import synth
+from access.registry import RegistryError
 
 IMAGE = "verlai/verl:vllm011.dev7"
 FIRST = "sha256:" + "a1" * 32

@@ -1,4 +1,4 @@
-"""verl_gke.registry against a loopback registry and token service that answer as the OCI Distribution
+"""access.registry against a loopback registry and token service that answer as the OCI Distribution
 Spec and Docker's token authentication say (tests/registry_api.py cites each behaviour)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 
 from domain.platforms import PLATFORMS
 from tests.registry_api import DOCKER_LIST, DOCKER_MANIFEST, OCI_INDEX, SERVICE, Manifest, RegistryStandIn, serve
-from verl_gke import registry
-from verl_gke.registry import ImageName, RegistryError, parse, resolve_digest
+from access import registry
+from access.registry import ImageName, RegistryError, parse, resolve_digest
 
 INDEX = "sha256:" + "1" * 64
 LIST = "sha256:" + "2" * 64

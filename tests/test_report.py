@@ -368,7 +368,7 @@ def test_report_reads_the_bucket_gke_and_the_live_cluster(
                    {"items": [LIVE["staging"]]},
                "/apis/ray.io/v1/namespaces/default/rayclusters/b200-ray-cluster": LIVE["ray_cluster"]})
     monkeypatch.setattr(report.gke_facts, "describe", lambda name, location: report.gke_facts.ClusterFacts("e", CA))
-    monkeypatch.setattr("verl_gke.cluster_api.cluster_api", lambda endpoint, ca, timeout_s: api)
+    monkeypatch.setattr("access.cluster_api.cluster_api", lambda endpoint, ca, timeout_s: api)
     outputs = tmp_path / "outputs.json"
     outputs.write_text(json.dumps(OUTPUTS))
     assert cli.main(["report", "--outputs", str(outputs)]) == 0

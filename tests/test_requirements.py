@@ -15,8 +15,8 @@ from packaging.requirements import Requirement
 ROOT = Path(__file__).resolve().parent.parent
 # What runs on the user's machine and in the provider host. workloads/ runs in the cluster's
 # images (its import-time stdlib rule is tests/test_layout.py's).
-RUNTIME_SOURCES = ("__main__.py", "components", "domain", "manifests", "verl_gke")
-PROJECT = {"components", "domain", "manifests", "verl_gke", "workloads", "tests"}
+RUNTIME_SOURCES = ("__main__.py", "access", "components", "domain", "manifests", "verl_gke")
+PROJECT = {"access", "components", "domain", "manifests", "verl_gke", "workloads", "tests"}
 
 
 def _requirements(name: str) -> list[Requirement]:

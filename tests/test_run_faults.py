@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-from components.grpo_job import GrpoJobProvider, _JobSpec
+from components.grpo_job import GrpoJobProvider
+from components.job_spec import JobSpec
 from domain.config import ConfigError, load_config
 from domain.grpo_spec import entrypoint
 from domain.platforms import VERL_0_9_0
@@ -80,7 +81,7 @@ def job_props(head: RayHead, api: tuple[str, KubeApiStandIn], entry: str, **extr
             "startup_grace_s": 0, "ready_timeout_s": 60, "supervised_attempts": 3, **extra}
 
 
-def supervisor(head: RayHead, api_url: str, spec: _JobSpec, clock: Callable[[], float] = time.monotonic,
+def supervisor(head: RayHead, api_url: str, spec: JobSpec, clock: Callable[[], float] = time.monotonic,
                **config: Any) -> Decider:
     settings = {"settle_s": 0.0, "poll_s": 0.2, "backoff_s": 1.0, "budget_grace_s": 0.0, "replace_window_s": 0.0,
                 **config}
@@ -113,15 +114,15 @@ def supervising(running: Decider) -> Iterator[None]:
         thread.join(timeout=60)
 
 
-def records(api_url: str, spec: _JobSpec) -> RecordStore:
+def records(api_url: str, spec: JobSpec) -> RecordStore:
     return RecordStore(KubernetesApi(api_url), NAMESPACE, spec.ray_cluster)
 
 
-def record(api_url: str, spec: _JobSpec) -> RunRecord | None:
+def record(api_url: str, spec: JobSpec) -> RunRecord | None:
     return records(api_url, spec).get(spec.run_key).record
 
 
-def write(api_url: str, spec: _JobSpec, change: Callable[[RunRecord | None], RunRecord]) -> RunRecord:
+def write(api_url: str, spec: JobSpec, change: Callable[[RunRecord | None], RunRecord]) -> RunRecord:
     store = records(api_url, spec)
     found = store.get(spec.run_key)
     written = store.write(found, change(found.record)).record
@@ -129,7 +130,7 @@ def write(api_url: str, spec: _JobSpec, change: Callable[[RunRecord | None], Run
     return written
 
 
-def live(head: RayHead, spec: _JobSpec) -> list[str]:
+def live(head: RayHead, spec: JobSpec) -> list[str]:
     jobs = RayJobs(head.dashboard_url).jobs()
     return [sid for sid in spec.attempt_ids if sid in jobs and jobs[sid]["status"] in LIVE]
 
@@ -139,7 +140,7 @@ def status(head: RayHead, submission_id: str) -> str | None:
     return job["status"] if job else None
 
 
-def released(state: KubeApiStandIn, spec: _JobSpec) -> bool:
+def released(state: KubeApiStandIn, spec: JobSpec) -> bool:
     """Whether the RayCluster is suspended (KubeRay then deletes its pods, GPU workers included)."""
     return bool(state.objects[cluster_path(spec.ray_cluster)]["spec"].get("suspend"))
 
@@ -151,7 +152,7 @@ def wait_for(condition: Callable[[], Any], timeout_s: float, what: str) -> None:
         time.sleep(0.3)
 
 
-def stop_all(head: RayHead, spec: _JobSpec) -> None:
+def stop_all(head: RayHead, spec: JobSpec) -> None:
     """Stops the run's live attempts and waits until they ended: a release waits while any job holds
     the workers, so a later test's would otherwise wait for this one's."""
     for sid in live(head, spec):
@@ -166,7 +167,7 @@ def outs(result: Any) -> dict[str, Any]:
 def test_1_head_restart_then_refresh_and_up_leave_one_live_attempt(heads, api):
     url, _ = api
     props = job_props(heads["head"], api, SLEEP)
-    spec = _JobSpec.from_props(props)
+    spec = JobSpec.from_props(props)
     provider = GrpoJobProvider()
     created = provider.create(props)
     heads["head"] = restart_head(heads["head"])
@@ -189,7 +190,7 @@ def test_1_head_restart_then_refresh_and_up_leave_one_live_attempt(heads, api):
 def test_2_head_restart_after_the_end_keeps_the_workers_released(heads, api):
     url, state = api
     props = job_props(heads["head"], api, QUICK)
-    spec = _JobSpec.from_props(props)
+    spec = JobSpec.from_props(props)
     GrpoJobProvider().create(props)
     wait_for(lambda: status(heads["head"], spec.attempt_ids[0]) == "SUCCEEDED", 60, "the run's end")
     first = supervisor(heads["head"], url, spec)
@@ -224,7 +225,7 @@ class _Truncated(BaseHTTPRequestHandler):
 def test_3_supervisor_restart_with_a_head_restart_loses_no_run_and_no_step_error_ends_it(heads, api):
     url, _ = api
     props = job_props(heads["head"], api, SLEEP)
-    spec = _JobSpec.from_props(props)
+    spec = JobSpec.from_props(props)
     GrpoJobProvider().create(props)
     first = supervisor(heads["head"], url, spec)
     first.step()
@@ -239,7 +240,7 @@ def test_3_supervisor_restart_with_a_head_restart_loses_no_run_and_no_step_error
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Truncated)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        spec = _JobSpec.from_props(job_props(heads["head"], api, SLEEP))
+        spec = JobSpec.from_props(job_props(heads["head"], api, SLEEP))
         broken = supervisor(heads["head"], url, spec)
         broken.ray = RayJobs(f"http://127.0.0.1:{server.server_port}", timeout_s=5)
         lines: list[str] = []
@@ -263,7 +264,7 @@ def test_4_failed_deploy_releases_the_workers_and_a_cluster_never_whole_ends_the
     wait_for(lambda: not [j for j in RayJobs(heads["head"].dashboard_url).jobs().values() if j["status"] in LIVE],
              120, "the earlier tests' jobs to end")
     props = job_props(heads["head"], api, SLEEP, expected_workers=1, expected_gpus=1, ready_timeout_s=3)
-    spec = _JobSpec.from_props(props)
+    spec = JobSpec.from_props(props)
     with pytest.raises(TimeoutError, match="not submitted within ready_timeout_s=3 s"):
         GrpoJobProvider().create(props)
     assert record(url, spec).outcome == run_lifecycle.DEPLOY_FAILED
@@ -272,7 +273,7 @@ def test_4_failed_deploy_releases_the_workers_and_a_cluster_never_whole_ends_the
 
     # A refused second run: the workers are released only once the other run no longer holds them.
     props = job_props(heads["head"], api, SLEEP)
-    spec = _JobSpec.from_props(props)
+    spec = JobSpec.from_props(props)
     other = f"verl-grpo-{props['stack']}-000000000000"
     RayJobs(heads["head"].dashboard_url).submit(other, SLEEP, {}, {})
     with pytest.raises(RuntimeError, match="another run or a model export of stack"):
@@ -288,7 +289,7 @@ def test_4_failed_deploy_releases_the_workers_and_a_cluster_never_whole_ends_the
     # A lost attempt, and a cluster that never becomes whole: the wait ends at its bound, on the
     # decider's own clock.
     props = job_props(heads["head"], api, SLEEP, expected_workers=1, expected_gpus=1)
-    spec = _JobSpec.from_props(props)
+    spec = JobSpec.from_props(props)
     write(url, spec, lambda _r: RunRecord(spec.run_key, attempts=(
         Attempt(0, spec.attempt_ids[0], "pulumi-up", "pulumi-up", submitted=True),)))
     now = [0.0]
@@ -307,10 +308,10 @@ def test_4_failed_deploy_releases_the_workers_and_a_cluster_never_whole_ends_the
     # deletes the old generation (recording it) and creates the new one. An up that dies between the
     # two leaves the older record to the new supervisor, the only one left: it releases the workers.
     props = job_props(heads["head"], api, SLEEP)
-    old = _JobSpec.from_props(props)
+    old = JobSpec.from_props(props)
     provider = GrpoJobProvider()
     created = provider.create(props)
-    new = _JobSpec.from_props({**props, "attempt": 1})
+    new = JobSpec.from_props({**props, "attempt": 1})
     provider.delete(created.id, outs(created))
     supervisor(heads["head"], url, new).step()
     assert record(url, old).outcome == run_lifecycle.DELETED
@@ -319,9 +320,9 @@ def test_4_failed_deploy_releases_the_workers_and_a_cluster_never_whole_ends_the
     # An up that fails before the replace leaves the older generation running: the new supervisor
     # resubmits none of its attempts (their ids are not its own) and releases it once it ends.
     props = job_props(heads["head"], api, SLEEP)
-    old = _JobSpec.from_props(props)
+    old = JobSpec.from_props(props)
     created = GrpoJobProvider().create(props)
-    watcher = supervisor(heads["head"], url, _JobSpec.from_props({**props, "attempt": 1}))
+    watcher = supervisor(heads["head"], url, JobSpec.from_props({**props, "attempt": 1}))
     watcher.step()
     assert not record(url, old).outcome and not released(state, old)
     RayJobs(heads["head"].dashboard_url).stop(created.id)
@@ -337,8 +338,8 @@ def test_5_budget_is_enforced_before_every_submission(heads, api):
     url, _ = api
     head = heads["head"]
 
-    def failed_attempt(budget_s: float) -> _JobSpec:
-        spec = _JobSpec.from_props(job_props(head, api, CRASH, budget_s=budget_s))
+    def failed_attempt(budget_s: float) -> JobSpec:
+        spec = JobSpec.from_props(job_props(head, api, CRASH, budget_s=budget_s))
         attempt = Attempt(0, spec.attempt_ids[0], "pulumi-up", "pulumi-up",
                           dead_nodes=RayJobs(head.dashboard_url).capacity().dead)
         claimed = write(url, spec, lambda _r: run_lifecycle.claimed(RunRecord(spec.run_key, budget_s=budget_s),
@@ -389,7 +390,7 @@ def test_6_no_resubmission_after_a_delete_and_a_replace_with_the_same_ids(heads,
     head = heads["head"]
     # Attempt 0 has a dead-node baseline: a later failure is judged against it.
     props = job_props(head, api, CRASH)
-    spec = _JobSpec.from_props(props)
+    spec = JobSpec.from_props(props)
     provider = GrpoJobProvider()
     created = provider.create(props)
     assert record(url, spec).attempts[0].dead_nodes == RayJobs(head.dashboard_url).capacity().dead
@@ -406,7 +407,7 @@ def test_6_no_resubmission_after_a_delete_and_a_replace_with_the_same_ids(heads,
 
     # A replace that keeps the ids (a new dashboard URL): delete stops the run, create goes on.
     props = job_props(head, api, SLEEP)
-    spec = _JobSpec.from_props(props)
+    spec = JobSpec.from_props(props)
     created = provider.create(props)
     provider.delete(created.id, outs(created))
     assert status(head, created.id) == "STOPPED"
@@ -420,7 +421,7 @@ def test_7_pulumi_and_the_supervisor_never_own_the_same_field(api):
     url, state = api
     kube = KubernetesApi(url)
     props = job_props(RayHead(None, "http://127.0.0.1:9", None), api, "e")  # type: ignore[arg-type]
-    path = cluster_path(_JobSpec.from_props(props).ray_cluster)
+    path = cluster_path(JobSpec.from_props(props).ray_cluster)
     name = path.rsplit("/", 1)[1]
     # A strategic merge patch of a custom resource is refused, as by the real API server.
     with pytest.raises(Exception, match="415"):
@@ -474,7 +475,7 @@ def test_7_the_run_that_needs_a_released_cluster_resumes_it_itself(heads, api):
     supervisor's settings), with the decider's field manager: one owner of spec.suspend."""
     url, state = api
     props = job_props(heads["head"], api, QUICK)
-    spec = _JobSpec.from_props(props)
+    spec = JobSpec.from_props(props)
     path = cluster_path(spec.ray_cluster)
     state.objects[path]["spec"]["suspend"] = True
     GrpoJobProvider().create(props)
@@ -511,7 +512,7 @@ def test_8_each_run_has_its_own_checkpoint_folder_and_a_finished_run_is_not_retr
     # A run whose record says it succeeded is reported done when applied again, not trained again.
     url, _ = api
     props = job_props(heads["head"], api, QUICK)
-    spec = _JobSpec.from_props(props)
+    spec = JobSpec.from_props(props)
     GrpoJobProvider().create(props)
     wait_for(lambda: status(heads["head"], spec.attempt_ids[0]) == "SUCCEEDED", 60, "the run's end")
     watcher = supervisor(heads["head"], url, spec)
@@ -526,7 +527,7 @@ def test_9_read_reports_the_newest_attempt_and_keeps_the_resource_when_the_head_
     url, _ = api
     head = heads["head"]
     props = job_props(head, api, SLEEP)
-    spec = _JobSpec.from_props(props)
+    spec = JobSpec.from_props(props)
     provider = GrpoJobProvider()
     created = provider.create(props)
     RayJobs(head.dashboard_url).stop(created.id)

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 from ray.job_submission import JobSubmissionClient
 
-from components.grpo_job import GrpoJobProvider, _JobSpec
+from components.grpo_job import GrpoJobProvider
+from components.job_spec import JobSpec
 from tests.kube_api import KubeApiStandIn, kube_api
 from tests.ray_head import RayHead, start_node, stop_node
 from workloads import run_lifecycle
@@ -71,15 +72,15 @@ def entrypoint(marker: Path, steps: int, pause: float) -> str:
     return " ".join(shlex.quote(a) for a in [sys.executable, "-c", TRAIN, str(marker), str(steps), str(pause)])
 
 
-def start_run(head: RayHead, api_url: str, entry: str, **extra: Any) -> tuple[_JobSpec, str]:
+def start_run(head: RayHead, api_url: str, entry: str, **extra: Any) -> tuple[JobSpec, str]:
     props = {"dashboard_url": head.dashboard_url, "kube_api_url": api_url, "namespace": "ray",
              "stack": f"t{uuid.uuid4().hex[:8]}", "runtime_env": {}, "entrypoint": entry, "startup_grace_s": 0,
              "expected_workers": 1, "expected_gpus": 1, "supervised_attempts": 3, "ready_timeout_s": 120, **extra}
     result = GrpoJobProvider().create(props)
-    return _JobSpec.from_props(props), result.id
+    return JobSpec.from_props(props), result.id
 
 
-def make_supervisor(head_url: str, spec: _JobSpec, control: RecordingControl, api_url: str, **config: Any) -> Decider:
+def make_supervisor(head_url: str, spec: JobSpec, control: RecordingControl, api_url: str, **config: Any) -> Decider:
     settings = {"max_retries": 1, "backoff_s": 1.0, "settle_s": 20.0, "poll_s": 0.5, "capacity_timeout_s": 120.0,
                 "budget_grace_s": 0.0, "expected_workers": 1, "expected_gpus": 1, **config}
     return decider(SupervisorConfig(
@@ -88,17 +89,17 @@ def make_supervisor(head_url: str, spec: _JobSpec, control: RecordingControl, ap
         log=lambda _line: None, control=control)
 
 
-def records_of(api_url: str, spec: _JobSpec) -> RecordStore:
+def records_of(api_url: str, spec: JobSpec) -> RecordStore:
     return RecordStore(KubernetesApi(api_url), "ray", spec.ray_cluster)
 
 
-def record_of(api_url: str, spec: _JobSpec) -> RunRecord:
+def record_of(api_url: str, spec: JobSpec) -> RunRecord:
     found = records_of(api_url, spec).get(spec.run_key).record
     assert found is not None
     return found
 
 
-def supervise(head: RayHead, api_url: str, spec: _JobSpec, control: RecordingControl, until: float,
+def supervise(head: RayHead, api_url: str, spec: JobSpec, control: RecordingControl, until: float,
               **config: Any) -> Decider:
     supervisor = make_supervisor(head.dashboard_url, spec, control, api_url, **config)
     deadline = time.monotonic() + until
@@ -209,7 +210,7 @@ def test_status_lists_every_attempt_and_why_it_was_submitted(ray_cluster: RayHea
         stop_node(node, ray_cluster)
 
 
-def claim_and_submit(head_url: str, api_url: str, spec: _JobSpec, attempt: Attempt) -> RunRecord:
+def claim_and_submit(head_url: str, api_url: str, spec: JobSpec, attempt: Attempt) -> RunRecord:
     """What the decider does for a next attempt: the claim in the record, then the submission."""
     records = records_of(api_url, spec)
     found = records.get(spec.run_key)

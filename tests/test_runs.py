@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 from ray.job_submission import JobSubmissionClient
 
-from components.grpo_job import GrpoJobProvider, _JobSpec
+from components.grpo_job import GrpoJobProvider
+from components.job_spec import JobSpec
 from domain.bucket import LOGS_DIR
 from tests.kube_api import kube_api
 from tests.ray_head import free_ports
@@ -70,7 +71,7 @@ def api() -> Iterator[str]:
         yield url
 
 
-def start(head: str, api_url: str, script: str, *args: str) -> _JobSpec:
+def start(head: str, api_url: str, script: str, *args: str) -> JobSpec:
     """`pulumi up`'s create, as the GrpoJob provider does it: the run's record, attempt 0 claimed and submitted.
     The release waits for a head with no live job, so a job an earlier test of this worker left running on
     the shared head is stopped first."""
@@ -84,10 +85,10 @@ def start(head: str, api_url: str, script: str, *args: str) -> _JobSpec:
              "head_service": f"rc-{stack}-head-svc", "run_record": f"rc-{stack}-run", "entrypoint": entry,
              "runtime_env": {}, "startup_grace_s": 0, "ready_timeout_s": 60, "supervised_attempts": 2}
     GrpoJobProvider().create(props)
-    return _JobSpec.from_props(props)
+    return JobSpec.from_props(props)
 
 
-def supervisor(head: str, api_url: str, spec: _JobSpec, control: RecordingControl, bucket: Path) -> Decider:
+def supervisor(head: str, api_url: str, spec: JobSpec, control: RecordingControl, bucket: Path) -> Decider:
     config = SupervisorConfig(head_url=head, submission_ids=spec.attempt_ids, entrypoint=spec.entrypoint,
                               runtime_env=spec.runtime_env, expected_workers=0, expected_gpus=0, run_id=spec.run_key,
                               generation=spec.attempt, settle_s=0.0, backoff_s=0.0, poll_s=0.2, replace_window_s=0.0,
@@ -106,13 +107,13 @@ class WithLogCopy:
         step(self.running)
 
 
-def outputs_for(tmp_path: Path, spec: _JobSpec) -> Path:
+def outputs_for(tmp_path: Path, spec: JobSpec) -> Path:
     return write_outputs(tmp_path / "outputs.json", outputs_doc(
         spec.submission_id, runId=spec.run_key, runRecord=record_name(spec.ray_cluster, spec.run_key),
         rayClusterName=spec.ray_cluster, namespace=NAMESPACE))
 
 
-def record_of(api_url: str, spec: _JobSpec) -> RunRecord:
+def record_of(api_url: str, spec: JobSpec) -> RunRecord:
     found = RecordStore(KubernetesApi(api_url), NAMESPACE, spec.ray_cluster).get(spec.run_key).record
     assert found is not None
     return found

@@ -3,7 +3,7 @@
 Commands: status, logs, wait, stop, runs, dashboard, metrics, fabric, export, verify, report
 (`verl-gke --help`). The stack outputs come from `pulumi stack output --json` or `--outputs FILE`; the
 run (`--run`, default the output runId) is read from its record through the Kubernetes API, the head
-through verl_gke.head_access, and an ended run's logs from the bucket. Results go to stdout, progress
+through access.head_access, and an ended run's logs from the bucket. Results go to stdout, progress
 to stderr, an error is one line on stderr; the exit statuses: EPILOG (docs/runs.md).
 """
 
@@ -24,17 +24,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO, TypeVar
 
-from verl_gke import fabric, gke_facts, metrics, report, runs, stack_outputs, verify
+from access import fabric
+from verl_gke import gke_facts, metrics, report, runs, stack_outputs, verify
 from verl_gke.console import PROG, CliError, HeadUnreachable, TimedOut, UsageError
 from verl_gke.console import fail as _fail
 from verl_gke.console import first_line as _first_line
 from verl_gke.console import one_line as _one_line
 from verl_gke.console import print_rows as _print_rows
 from verl_gke.console import progress as _progress
-from verl_gke.cluster_readiness import ClusterNotReadyError, await_capacity, duration, read_capacity
-from verl_gke.log_text import InertLines, inert
-from verl_gke.cluster_api import cluster_api
-from verl_gke.head_access import (
+from access.cluster_readiness import ClusterNotReadyError, await_capacity, duration, read_capacity
+from access.log_text import InertLines, inert
+from access.cluster_api import cluster_api
+from access.head_access import (
     OUTAGE_WINDOW_S,
     REQUEST_TIMEOUT_S,
     HeadAccessError,

@@ -27,7 +27,7 @@ from domain.stack_files import PROJECT_DIR, raw_config
 from domain.platforms import PLATFORMS, repository_pin
 from manifests import dra, kuberay, nccl, staging
 from manifests.helm import HelmChart
-from verl_gke.registry import RegistryError, resolve_digest
+from access.registry import RegistryError, resolve_digest
 
 TAGGED_IMAGES: tuple[str, ...] = tuple(sorted(
     {p.image for p in PLATFORMS.values()} | {p.nccl_installer_image for p in PLATFORMS.values() if p.nccl_installer_image}

@@ -189,7 +189,7 @@ def recorded(run_id: str, read: Any, listing: str, live: dict[str, Any]) -> Reco
 
 def _live(outputs: StackOutputs, args: argparse.Namespace) -> dict[str, Any]:
     """GKE's and the cluster's answers, each bounded; what cannot be read is left out (said on stderr)."""
-    from verl_gke.cluster_api import cluster_api
+    from access.cluster_api import cluster_api
     from workloads.kube import KubernetesApi
 
     live: dict[str, Any] = {}

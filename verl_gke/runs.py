@@ -23,11 +23,11 @@ from typing import Any
 
 from domain import run_time
 from verl_gke import gke_facts, metrics, stack_outputs
-from verl_gke.cluster_api import cluster_api
-from verl_gke.cluster_readiness import duration
+from access.cluster_api import cluster_api
+from access.cluster_readiness import duration
 from verl_gke.commands import run_tool
 from verl_gke.console import CliError, HeadUnreachable, TimedOut, one_line, print_rows, progress
-from verl_gke.head_access import HeadAccessSetupError, OutageClock
+from access.head_access import HeadAccessSetupError, OutageClock
 from verl_gke.stack_outputs import StackOutputs
 from workloads.kube import KubernetesApi
 from workloads.run_lifecycle import SUCCEEDED, provisional, stop_asked, write_record

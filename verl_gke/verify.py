@@ -583,7 +583,7 @@ def _bucket(outputs: StackOutputs) -> tuple[Callable[[str], str | None], Callabl
 
 
 def _api(args: argparse.Namespace, outputs: StackOutputs) -> Any | None:
-    from verl_gke.cluster_api import cluster_api
+    from access.cluster_api import cluster_api
     from workloads.kube import KubernetesApi
 
     if args.kube_api_url:

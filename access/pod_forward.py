@@ -1,16 +1,10 @@
 """A port-forward to the Ray head inside this process: one WebSocket stream of the API server's
-`pods/portforward` per connection, and no local listener of its own.
+`pods/portforward` per connection, and no local listener (unlike `kubectl port-forward`'s open port).
 
-`kubectl port-forward` listens on a loopback port that any local user can reach without a secret
-(and so POST a job to a Ray Job API without authentication). Here the only listener is the
-LocalProxy, which checks the session's secret before it opens a stream.
-
-Protocol (kubelet's WebSocket port-forward, kubernetes pkg/kubelet/cri/streaming/portforward/
-websocket.go, served through the API server for `v4.channel.k8s.io`; apimachinery
-wsstream/conn.go): `GET .../pods/<pod>/portforward?ports=<port>` upgraded to a WebSocket (RFC 6455);
-every binary message starts with its channel (0 data, 1 error of the one port); the server first
-sends the port (2 bytes, little endian) on each channel; an error channel's text is the pod side's
-failure; the stream closes when the pod side's connection does.
+Protocol (kubelet's WebSocket port-forward, `v4.channel.k8s.io`, through the API server): `GET
+.../pods/<pod>/portforward?ports=<port>` upgraded to a WebSocket (RFC 6455); every binary message
+starts with its channel (0 data, 1 error); the server first sends the port (2 bytes, little endian)
+on each; an error channel's text is the pod side's failure; the stream closes with the pod side.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ import base64
 import json
 import subprocess
 
-from verl_gke.head_access import HeadAccessError, HeadAccessSetupError
-from verl_gke.kubeconfig import AUTH_PLUGIN, AUTH_PLUGIN_INSTALL_HINT, is_dns_endpoint
+from access.head_access import HeadAccessError, HeadAccessSetupError
+from access.kubeconfig import AUTH_PLUGIN, AUTH_PLUGIN_INSTALL_HINT, is_dns_endpoint
 from workloads.kube import KubernetesApi
 
 TOKEN_TIMEOUT_S = 30.0

@@ -1,24 +1,11 @@
 """A loopback HTTP proxy of one command's own, the only way the CLI, the job provider and your browser
-reach a port-forwarded Ray dashboard.
+reach a port-forwarded Ray dashboard (docs/security.md, A2: why a loopback port needs a secret).
 
-A web page in the browser can reach any loopback port: Firefox and Safari let a page scan them, and
-DNS rebinding then points a name of the page's own at 127.0.0.1 so the browser sends it the page's
-requests (Ray's dashboard checks no Host; the Job API of Ray before 2.52 has no authentication;
-CVE-2025-62593); any local user can too. So the port-forward has no listener (verl_gke/pod_forward.py
-opens a stream per connection inside this process), and this proxy, on a random loopback port, is
-the only way in; it admits only requests that:
-
-- carry the session's secret as the first path segment (`http://127.0.0.1:<port>/<secret>/...`,
-  32 random bytes, made when the command starts and gone when it ends; the page cannot know it);
-- name this proxy in `Host` (`127.0.0.1:<port>` or `localhost:<port>`): a rebound name is refused;
-- come from no other site: `Origin`, if sent, is this proxy's own, and `Sec-Fetch-Site`, if sent,
-  is `same-origin` or `none` (typed in, or the dashboard's own pages).
-
-It forwards the rest without the secret segment, one request per connection (a WebSocket upgrade,
-for `logs --follow`, stays open) on a stream of its own, with `Host` rewritten to the upstream's and, where the Ray cluster
-has token authentication, the token added as `Authorization: Bearer` (so the browser and the CLI
-never hold it). Ray's dashboard serves its pages with relative links, so it works under the secret
-prefix (open the URL with its trailing `/`).
+It admits only requests that carry the session's secret as the first path segment, name this proxy
+in `Host`, and come from no other site (`Origin`, `Sec-Fetch-Site`); it forwards each without the
+secret on a port-forward stream of its own (access/pod_forward.py), with `Host` rewritten and, where
+the Ray cluster has token authentication, the token added (so the browser and the CLI never hold it).
+Open the URL with its trailing `/`: Ray's dashboard serves relative links.
 """
 
 from __future__ import annotations
@@ -42,7 +29,7 @@ class LocalProxy:
     def __init__(self, upstream: int | Callable[[float], Any], token: str | None = None,
                  timeout_s: float = 30.0) -> None:
         """`upstream`: a loopback port (a head of your own), or a function opening a stream (a
-        socket-like object) to the head within a deadline (verl_gke.pod_forward)."""
+        socket-like object) to the head within a deadline (access.pod_forward)."""
         if isinstance(upstream, int):
             port = upstream
             self._connect: Callable[[float], Any] = lambda t: socket.create_connection(("127.0.0.1", port), timeout=t)
@@ -208,7 +195,7 @@ def _relay_response(upstream: socket.socket, client: socket.socket) -> None:
     """The forward's answer with `Connection: close` (one request per connection), then its body."""
     try:
         head, rest = _read_head(upstream)
-    except OSError as error:  # the forward's pod side failed (verl_gke.pod_forward), or timed out
+    except OSError as error:  # the forward's pod side failed (access.pod_forward), or timed out
         _answer(client, 502, f"verl-gke's local proxy got no answer from the Ray head: {error}")
         return
     if head is None:

@@ -1,20 +1,10 @@
-"""How a client reaches the Ray dashboard of the training cluster, never through a public endpoint.
+"""How the GrpoJob provider and the CLI reach the Ray dashboard, never through a public endpoint.
 
-Two ways, chosen by `dashboard(...)`:
-- `dashboard_url` given (a privately exposed dashboard, or a local head in tests): used as is.
-- otherwise a LocalProxy of this process (verl_gke/local_proxy.py), on a random 127.0.0.1 port, that
-  admits only requests carrying its session's secret, for its own Host, from no other site, and opens
-  for each a port-forward stream to the head pod through the cluster's API (verl_gke/pod_forward.py,
-  the API server's pods/portforward; the token from gke-gcloud-auth-plugin at use time). Nothing else
-  listens: no kubectl child, no forward port. It adds the Ray cluster's token where the cluster has
-  token authentication. It lives exactly as long as the block.
-
-Used by the GrpoJob provider and the CLI:
-
-    with dashboard(None, api=cluster_api(endpoint, ca, 30), namespace="ray",
-                   head_service="b200-ray-cluster-head-svc") as url:
-        wait_for_dashboard(url, timeout_s=60)
-        JobSubmissionClient(url).list_jobs()
+`dashboard(...)` yields a URL: `dashboard_url` as given (a private dashboard, a test's head), or a
+LocalProxy of this process (access/local_proxy.py) on a random 127.0.0.1 port that admits only its
+session's requests and opens for each a port-forward stream to the head pod through the cluster's
+API (access/pod_forward.py), adding the Ray cluster's token where it has one; nothing else listens.
+It lives exactly as long as the block (docs/security.md, A2).
 """
 
 from __future__ import annotations
@@ -30,8 +20,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from manifests.ray_cluster import DASHBOARD_PORT, ray_cluster_of
-from verl_gke.local_proxy import LocalProxy
-from verl_gke.pod_forward import ForwardError, ForwardGone, PodForward
+from access.local_proxy import LocalProxy
+from access.pod_forward import ForwardError, ForwardGone, PodForward
 from workloads.kube import KubernetesApi
 
 if TYPE_CHECKING:
@@ -162,7 +152,7 @@ def dashboard(
 
     `dashboard_url` is yielded as is when given. Otherwise a LocalProxy of this process, whose every
     admitted connection is a port-forward stream to `svc/<head_service>` through `api` (the cluster's
-    API; verl_gke.pod_forward): nothing else listens. Raises HeadAccessSetupError when a cluster fact
+    API; access.pod_forward): nothing else listens. Raises HeadAccessSetupError when a cluster fact
     is missing, HeadGoneError when the API has no such service, HeadAccessError when its head pod is
     not running or the API does not answer.
     """

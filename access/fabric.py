@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from domain.grpo_spec import runtime_env as run_runtime_env
-from verl_gke.log_text import inert
+from access.log_text import inert
 from workloads.fabric_check import RESULT_PREFIX, nccl_transports
 
 if TYPE_CHECKING:
