@@ -396,7 +396,7 @@ def test_refresh_of_a_released_run_reports_grpo_job_status_by_its_outcome_state(
     props = {"dashboard_url": f"http://127.0.0.1:{closed}", "kube_api_url": api, "namespace": NAMESPACE,
              "stack": "t0", "head_service": "rc-t0-head-svc", "run_record": "rc-t0-run", "entrypoint": "python -c 1",
              "runtime_env": {}}
-    spec = _JobSpec.from_props(props)
+    spec = JobSpec.from_props(props)
     store = RecordStore(KubernetesApi(api), NAMESPACE, spec.ray_cluster)
     store.write(store.get(spec.run_key), RunRecord(spec.run_key, attempts=(Attempt(0, "sid-0", "pulumi-up", "pulumi-up",
                                                                                    submitted=True),),
