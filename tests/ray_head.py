@@ -219,50 +219,38 @@ def start_node(head: RayHead, *, cpus: int = 2, gpus: int = 0, resources: str = 
     """A second Ray node joined to `head` with `ray start --address`, in its own process group.
     `gpus` are logical GPU resources: Ray schedules by them, no device is needed. Returns once
     the head lists the node as ALIVE; end it with `stop_node` (a stand-in for a lost GPU node)."""
-    return start_nodes(head, gpus, cpus=cpus, resources=resources)[0]
-
-
-def start_nodes(head: RayHead, *gpus: int, cpus: int = 2, resources: str = "") -> list[subprocess.Popen[bytes]]:
-    """One node per entry of `gpus` (its GPU count), all started at once and joined together: a node
-    takes seconds to join, and one after the other they would each wait for the last."""
     names = ["node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
              "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port"]
     with ports_held():
+        ports = free_ports(len(names) + WORKER_PORTS)
+        command = [
+            sys.executable, "-m", "tests.ray_loopback", "start", f"--address={head.gcs_address}", "--block",
+            "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}", f"--num-gpus={gpus}", "--disable-usage-stats",
+            f"--worker-port-list={','.join(str(p) for p in ports[len(names):])}",
+            *(f"--{name}={port}" for name, port in zip(names, ports)),
+            *([f"--resources={resources}"] if resources else []),
+        ]
         deadline = time.monotonic() + HEAD_START_TIMEOUT_S
         while not (before := _alive_nodes(head.dashboard_url)):  # the head lists itself first
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the head at {head.dashboard_url} lists no nodes")
             time.sleep(0.3)
-        ports = free_ports(len(gpus) * (len(names) + WORKER_PORTS))
-        processes: list[subprocess.Popen[bytes]] = []
-        for index, count in enumerate(gpus):
-            own = ports[index * (len(names) + WORKER_PORTS):(index + 1) * (len(names) + WORKER_PORTS)]
-            command = [
-                sys.executable, "-m", "tests.ray_loopback", "start", f"--address={head.gcs_address}", "--block",
-                "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}", f"--num-gpus={count}", "--disable-usage-stats",
-                f"--worker-port-list={','.join(str(p) for p in own[len(names):])}",
-                *(f"--{name}={port}" for name, port in zip(names, own)),
-                *([f"--resources={resources}"] if resources else []),
-            ]
-            log = open(head.temp_dir / f"ray-node-{own[0]}.log", "wb")
-            processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                              start_new_session=True, env={**os.environ, **MULTI_NODE_ENV}, cwd=REPO))
-            log.close()
+        log = open(head.temp_dir / f"ray-node-{ports[0]}.log", "wb")
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True, env={**os.environ, **MULTI_NODE_ENV}, cwd=REPO)
+        log.close()
         deadline = time.monotonic() + HEAD_START_TIMEOUT_S
-        while (_alive_nodes(head.dashboard_url) or 0) < before + len(gpus):
-            if any(p.poll() is not None for p in processes) or time.monotonic() > deadline:
-                for process in processes:
-                    stop_node(process)
-                raise RuntimeError(f"{len(gpus)} Ray node(s) did not join {head.gcs_address}; see "
-                                   f"{head.temp_dir}/ray-node-*.log")
+        while (_alive_nodes(head.dashboard_url) or 0) <= before:
+            if process.poll() is not None or time.monotonic() > deadline:
+                stop_node(process)
+                raise RuntimeError(f"second Ray node did not join {head.gcs_address}; see {log.name}")
             time.sleep(0.3)
     try:
-        check_loopback_only(*(p.pid for p in processes))
+        check_loopback_only(process.pid)
     except AssertionError:
-        for process in processes:
-            stop_node(process)
+        stop_node(process)
         raise
-    return processes
+    return process
 
 
 NODE_DEATH_TIMEOUT_S = 60.0

@@ -15,7 +15,7 @@ from ray.job_submission import JobSubmissionClient
 from ray.util.state import list_nodes
 
 from components.grpo_job import GrpoJobProvider
-from tests.ray_head import RayHead, start_node, start_nodes, stop_node
+from tests.ray_head import RayHead, start_node, stop_node
 from verl_gke.cluster_readiness import Capacity, ClusterNotReadyError, await_capacity, read_capacity
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 def test_capacity_counts_alive_gpu_workers_only(ray_cluster: RayHead):
     before = read_capacity(ray_cluster.dashboard_url)
     assert (before.workers, before.gpus) == (0, 0.0)  # the head's own resources are not a worker's
-    cpu_only, gpu = start_nodes(ray_cluster, 0, 2)
+    cpu_only, gpu = start_node(ray_cluster, gpus=0), start_node(ray_cluster, gpus=2)
     try:
         assert read_capacity(ray_cluster.dashboard_url) == Capacity(workers=1, gpus=2.0, dead=before.dead)
         # Every node of a multi-node test names the loopback address (tests/ray_loopback.py), not the machine's.

@@ -15,7 +15,7 @@ import pytest
 from ray.job_submission import JobSubmissionClient
 
 from components.grpo_job import GrpoJobProvider, _JobSpec, _refuse_a_second_run
-from tests.ray_head import FlakyLink, RayHead, start_nodes, stop_node
+from tests.ray_head import FlakyLink, RayHead, start_node, stop_node
 from verl_gke.head_access import job_client
 from verl_gke import fabric
 from workloads.fabric_check import bus_bandwidth_gbps, nccl_transports
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 @pytest.fixture(scope="module")
 def two_gpu_nodes(ray_cluster: RayHead) -> Iterator[RayHead]:
-    nodes = start_nodes(ray_cluster, 2, 2, cpus=2)
+    nodes = [start_node(ray_cluster, cpus=2, gpus=2) for _ in range(2)]
     try:
         yield ray_cluster
     finally:
