@@ -143,7 +143,7 @@ def write_outputs(path: Path, doc: dict[str, Any]) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # on the worker's session head: the file's tests then go to any worker
 def finished_job(ray_head: str) -> str:
     submission_id = submit(ray_head)
     assert wait_until_done(ray_head, submission_id) == JobStatus.SUCCEEDED

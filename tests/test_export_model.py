@@ -233,7 +233,7 @@ def test_the_export_job_runs_on_the_head_unless_it_asks_for_memory() -> None:
     assert (big["entrypoint_memory"], big["entrypoint_num_cpus"]) == (260 * 10**9, 1)
 
 
-def test_model_uri_is_empty_until_the_runs_export_succeeded() -> None:
+def test_model_uri_is_empty_until_the_runs_export_succeeded(synth_stack) -> None:
     from verl_gke import synth
 
     def answering(status: str, export_outcome: str) -> synth.RecordingMonitor:
@@ -248,7 +248,7 @@ def test_model_uri_is_empty_until_the_runs_export_succeeded() -> None:
 
         return synth.RecordingMonitor(Answer())
 
-    running = synth.run("a4-standard")
+    running = synth_stack("a4-standard")  # the session's synth: the mock engine answers no status
     assert running.outputs["modelUri"] == ""
     # The run succeeded, the export did not (or has not yet): no model to name.
     for outcome in ("", "FAILED: export_model: no checkpoint yet"):

@@ -147,13 +147,14 @@ CLUSTER = {"cluster_endpoint": "34.1.2.3", "cluster_ca_certificate": "Y2E=", "cl
            "namespace": "ray", "head_service": "verl-head-svc"}
 
 
-@pytest.fixture(scope="module")
+# Session-scoped (one per worker, used by this file alone): the file's tests then go to any worker.
+@pytest.fixture(scope="session")
 def cluster_api_stand_in() -> Iterator[tuple[str, Any]]:
     with kube_api() as (url, state):
         yield url, state
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cluster(cluster_api_stand_in: tuple[str, Any]) -> dict[str, Any]:
     """CLUSTER, with the run record kept and the head reached through the Kubernetes API stand-in
     (34.1.2.3 is no API)."""

@@ -75,8 +75,8 @@ def test_matching_answers_pass_and_the_cluster_gets_the_channels_default():
     assert "preflight: reservation my-reservation: 4 of 4 a4-highgpu-8g free" in result.log
 
 
-def test_offline_without_answers_lists_every_check_it_could_not_make():
-    result = synth.run(STACK)
+def test_offline_without_answers_lists_every_check_it_could_not_make(synth_stack):
+    result = synth_stack(STACK)
     assert result.unchecked == [ENGINE_VERSIONS, MACHINE_TYPES, CLUSTER, RESERVATION]
     summary = synth.summary(result, Path("dist"))
     assert "Live checks not made (no --cloud answer; `pulumi preview` makes them):" in summary
@@ -169,10 +169,10 @@ def test_a_shared_reservation_is_looked_up_in_its_owners_project():
     assert "has 0 of its 4 machines free" in problems_of(answers)
 
 
-def test_spot_and_autopilot_stacks_check_no_reservation():
-    assert RESERVATION in synth.run(STACK).unchecked
+def test_spot_and_autopilot_stacks_check_no_reservation(synth_stack):
+    assert RESERVATION in synth_stack(STACK).unchecked
     assert RESERVATION not in synth.run(STACK, overrides={"verl-gke:gpuSpot": "true", "verl-gke:reservation": ""}).unchecked
-    assert RESERVATION not in synth.run("a4").unchecked
+    assert RESERVATION not in synth_stack("a4").unchecked
 
 
 # --- GKE version ------------------------------------------------------------------------------

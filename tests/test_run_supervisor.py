@@ -109,6 +109,16 @@ def supervise(head: RayHead, api_url: str, spec: JobSpec, control: RecordingCont
     return supervisor
 
 
+@pytest.fixture(scope="module")
+def gpu_node(ray_cluster: RayHead) -> Iterator[RayHead]:
+    """One GPU node for the tests that do not lose it: a node takes seconds to join and to be counted dead."""
+    node = start_node(ray_cluster, gpus=1)
+    try:
+        yield ray_cluster
+    finally:
+        stop_node(node, ray_cluster)
+
+
 def wait_for(condition, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -123,16 +133,30 @@ def test_a_run_that_loses_its_node_is_resubmitted_and_resumes_from_its_checkpoin
     node = start_node(ray_cluster, gpus=1)
     spec, first = start_run(ray_cluster, url, entrypoint(marker, steps=40, pause=0.25))
     wait_for(lambda: marker.exists() and int(marker.read_text()) >= 3, 60, "the first checkpoints")
-    stop_node(node)  # a preempted GPU node
+    stop_node(node, ray_cluster)  # a preempted GPU node, once the head counts it dead (then settle_s can be short)
 
+    # The replacement joins once the supervisor waits for a whole cluster (not after a guessed time).
     replacement: list = []
-    threading.Timer(25, lambda: replacement.append(start_node(ray_cluster, gpus=1))).start()
+    done = threading.Event()
+
+    def replace_when_waiting() -> None:
+        while not done.is_set():
+            if record_of(url, spec).waiting_s > 0:
+                replacement.append(start_node(ray_cluster, gpus=1))
+                return
+            time.sleep(0.2)
+
+    joiner = threading.Thread(target=replace_when_waiting, daemon=True)
+    joiner.start()
     control = RecordingControl()
     try:
-        supervise(ray_cluster, url, spec, control, until=200)
+        supervise(ray_cluster, url, spec, control, until=200, settle_s=2.0)
     finally:
-        wait_for(lambda: replacement, 90, "the replacement node")
-        stop_node(replacement[0], ray_cluster)
+        done.set()
+        joiner.join(2 * 90)
+        for started in replacement:
+            stop_node(started, ray_cluster)
+    assert replacement, "the supervisor never waited for a whole cluster"
     client = JobSubmissionClient(ray_cluster.dashboard_url)
     assert client.get_job_info(first).status == "FAILED"
     second = client.get_job_info(spec.supervised_ids[0])
@@ -147,67 +171,54 @@ def test_a_run_that_loses_its_node_is_resubmitted_and_resumes_from_its_checkpoin
     assert [a.submission_id for a in record.attempts] == [first, spec.supervised_ids[0]] and record.released
 
 
-def test_a_run_that_fails_by_itself_is_retried_only_up_to_the_bound(ray_cluster: RayHead, api):
+def test_a_run_that_fails_by_itself_is_retried_only_up_to_the_bound(gpu_node: RayHead, api):
     url, _ = api
-    node = start_node(ray_cluster, gpus=1)
-    try:
-        # Fails a few seconds in, after `pulumi up` (start-up grace 0) has seen it run.
-        crash = f"{shlex.quote(sys.executable)} -c 'import sys, time; time.sleep(3); sys.exit(3)'"
-        props_spec, first = start_run(ray_cluster, url, crash, startup_grace_s=0)
-        control = RecordingControl()
-        supervise(ray_cluster, url, props_spec, control, until=120, settle_s=0.5)
-        jobs = {j.submission_id for j in JobSubmissionClient(ray_cluster.dashboard_url).list_jobs()}
-        ids = props_spec.attempt_ids
-        assert [i in jobs for i in ids] == [True, True, False, False]  # 1 retry, then no more
-        failed = record_of(url, props_spec).outcome
-        assert failed is not None and (failed.state, failed.reason) == (run_lifecycle.Ended.FAILED, "RetriesSpent")
-        assert str(failed).split(":")[0] == "failed by itself 2 times"
-        assert ("set_suspended", True) in control.calls
-    finally:
-        stop_node(node, ray_cluster)
+    # Fails a few seconds in, after `pulumi up` (start-up grace 0) has seen it run.
+    crash = f"{shlex.quote(sys.executable)} -c 'import sys, time; time.sleep(3); sys.exit(3)'"
+    props_spec, first = start_run(gpu_node, url, crash, startup_grace_s=0)
+    control = RecordingControl()
+    supervise(gpu_node, url, props_spec, control, until=120, settle_s=0.5)
+    jobs = {j.submission_id for j in JobSubmissionClient(gpu_node.dashboard_url).list_jobs()}
+    ids = props_spec.attempt_ids
+    assert [i in jobs for i in ids] == [True, True, False, False]  # 1 retry, then no more
+    failed = record_of(url, props_spec).outcome
+    assert failed is not None and (failed.state, failed.reason) == (run_lifecycle.Ended.FAILED, "RetriesSpent")
+    assert str(failed).split(":")[0] == "failed by itself 2 times"
+    assert ("set_suspended", True) in control.calls
 
 
-def test_the_budget_stops_a_long_run_and_verl_is_told_its_deadline(ray_cluster: RayHead, api, tmp_path):
+def test_the_budget_stops_a_long_run_and_verl_is_told_its_deadline(gpu_node: RayHead, api, tmp_path):
     url, _ = api
-    node = start_node(ray_cluster, gpus=1)
-    try:
-        spec, first = start_run(ray_cluster, url, entrypoint(tmp_path / "m", steps=1000, pause=1), budget_s=4)
-        client = JobSubmissionClient(ray_cluster.dashboard_url)
-        job = client.get_job_info(first)
-        deadline = int(job.runtime_env["env_vars"][DEADLINE_ENV])
-        assert meta(job.__dict__, "budget_deadline") == str(deadline)
-        assert abs(deadline - (time.time() + 4)) < 10
-        control = RecordingControl()
-        supervise(ray_cluster, url, spec, control, until=60, budget_s=4)
-        assert record_of(url, spec).outcome == run_lifecycle.budget_spent(4)
-        wait_for(lambda: client.get_job_status(first) == "STOPPED", 30, "the stop")
-        assert ("set_suspended", True) in control.calls
-    finally:
-        stop_node(node, ray_cluster)
+    spec, first = start_run(gpu_node, url, entrypoint(tmp_path / "m", steps=1000, pause=1), budget_s=4)
+    client = JobSubmissionClient(gpu_node.dashboard_url)
+    job = client.get_job_info(first)
+    deadline = int(job.runtime_env["env_vars"][DEADLINE_ENV])
+    assert meta(job.__dict__, "budget_deadline") == str(deadline)
+    assert abs(deadline - (time.time() + 4)) < 10
+    control = RecordingControl()
+    supervise(gpu_node, url, spec, control, until=60, budget_s=4)
+    assert record_of(url, spec).outcome == run_lifecycle.budget_spent(4)
+    wait_for(lambda: client.get_job_status(first) == "STOPPED", 30, "the stop")
+    assert ("set_suspended", True) in control.calls
 
 
-def test_status_lists_every_attempt_and_why_it_was_submitted(ray_cluster: RayHead, api, tmp_path, capsys):
+def test_status_lists_every_attempt_and_why_it_was_submitted(gpu_node: RayHead, api, tmp_path, capsys):
     url, _ = api
-    node = start_node(ray_cluster, gpus=1)
-    try:
-        spec, first = start_run(ray_cluster, url, entrypoint(tmp_path / "m", steps=1000, pause=1))
-        client = JobSubmissionClient(ray_cluster.dashboard_url)
-        client.stop_job(first)
-        wait_for(lambda: client.get_job_status(first) == "STOPPED", 30, "the stop")
-        claim_and_submit(ray_cluster.dashboard_url, url, spec, Attempt(1, spec.attempt_ids[1], "supervisor",
-                                                                       "node-lost", "test"))
-        wait_for(lambda: client.get_job_status(spec.attempt_ids[1]) == "RUNNING", 60, "attempt 1 to run")
-        from tests.test_cli import outputs_doc, write_outputs
-        from verl_gke import cli
+    spec, first = start_run(gpu_node, url, entrypoint(tmp_path / "m", steps=1000, pause=1))
+    client = JobSubmissionClient(gpu_node.dashboard_url)
+    client.stop_job(first)
+    wait_for(lambda: client.get_job_status(first) == "STOPPED", 30, "the stop")
+    claim_and_submit(gpu_node.dashboard_url, url, spec, Attempt(1, spec.attempt_ids[1], "supervisor", "node-lost", "test"))
+    wait_for(lambda: client.get_job_status(spec.attempt_ids[1]) == "RUNNING", 60, "attempt 1 to run")
+    from tests.test_cli import outputs_doc, write_outputs
+    from verl_gke import cli
 
-        outputs = write_outputs(tmp_path / "outputs.json", outputs_doc(first))
-        assert cli.main(["status", "--outputs", str(outputs), "--dashboard-url", ray_cluster.dashboard_url]) == 0
-        out = capsys.readouterr().out
-        assert "Attempt 0      STOPPED  (pulumi-up)" in out  # by number: the Ray ids with --verbose
-        assert "Attempt 1      RUNNING  (node-lost: test)" in out
-        client.stop_job(spec.supervised_ids[0])
-    finally:
-        stop_node(node, ray_cluster)
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc(first))
+    assert cli.main(["status", "--outputs", str(outputs), "--dashboard-url", gpu_node.dashboard_url]) == 0
+    out = capsys.readouterr().out
+    assert "Attempt 0      STOPPED  (pulumi-up)" in out  # by number: the Ray ids with --verbose
+    assert "Attempt 1      RUNNING  (node-lost: test)" in out
+    client.stop_job(spec.supervised_ids[0])
 
 
 def claim_and_submit(head_url: str, api_url: str, spec: JobSpec, attempt: Attempt) -> RunRecord:

@@ -359,12 +359,10 @@ def test_any_stack_name_becomes_a_valid_bucket_label(stack: str, label: str):
     assert _label_problem("stack", label_value(stack)) is None
 
 
-def test_only_the_run_supervisor_may_write_the_runs_logs() -> None:
+def test_only_the_run_supervisor_may_write_the_runs_logs(synth_stack) -> None:
     """Why 6: with objectUser on `logs/`, any Ray job could forge the log and record copies the CLI and
     CI read once the cluster is gone. Now one grant on that managed folder: the supervisor's."""
-    from verl_gke import synth
-
-    result = synth.run("a4-standard")
+    result = synth_stack("a4-standard")
     folders = [r for r in result.registrations if r.type == "gcp:storage/managedFolderIamMember:ManagedFolderIamMember"]
     made = [r.inputs["name"] for r in result.registrations if r.type == "gcp:storage/managedFolder:ManagedFolder"]
     assert sorted(made) == ["huggingface_cache/", "logs/", "models/", "verl/checkpoints/"]  # logs/: no Ray grant

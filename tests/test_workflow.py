@@ -430,14 +430,12 @@ def test_ci_reads_the_runs_final_outcome_and_model_uri_from_wait_json_not_the_st
     assert not any("modelUri" in s.get("run", "") and "stack output" in s.get("run", "") for s in follow["steps"])
 
 
-def test_the_deploy_identitys_iam_admin_grant_is_conditioned_to_the_roles_the_stack_grants() -> None:
+def test_the_deploy_identitys_iam_admin_grant_is_conditioned_to_the_roles_the_stack_grants(synth_stack) -> None:
     """Why 5: an unconditional projectIamAdmin lets code that reaches a main push make itself owner.
     The condition lists exactly the roles every stack grants at the project (from the real program
     under the mock engine), so a `pulumi up` still works and nothing else can be granted."""
-    from verl_gke import synth
-
     granted = {r.inputs["role"] for stack in ("a4", "a4-standard", "a3u-standard", "a4x")
-               for r in synth.run(stack).registrations if r.type == "gcp:projects/iAMMember:IAMMember"}
+               for r in synth_stack(stack).registrations if r.type == "gcp:projects/iAMMember:IAMMember"}
     binding = _shell_command(_setup_text(), "gcloud projects add-iam-policy-binding")
     assert "--role=roles/resourcemanager.projectIamAdmin" in binding
     (condition,) = [w for w in binding if w.startswith("--condition=")]
