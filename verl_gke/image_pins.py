@@ -4,9 +4,9 @@ in the repository.
 A digest in domain/platforms.py (IMAGE_DIGESTS) is pinned for every stack; an image without one is
 pinned at the stack's first `pulumi up` (components/pinned_image.py). On a machine that reaches the
 registries, `python -m verl_gke.image_pins` writes every digest into the table (all or nothing; review
-and commit); `--stack <stack>` prints `pulumi config set` lines for verl-gke:imageDigests, and
-`--check` exits 1 if an image or a chart
-(verl-gke:chartDigests) is unpinned (CI).
+and commit); `--stack <stack>` prints `pulumi config set` lines for verl-gke:imageDigests, `--check`
+exits 1 if an image or a chart (verl-gke:chartDigests) is unpinned (CI), and `--binauthz-policy`
+prints a Binary Authorization policy admitting exactly those digests (manifests/binauthz.py).
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ from pathlib import Path
 from domain import platforms
 from domain.chart_archive import ChartArchiveError, fetch
 from domain.config import ConfigError, StackConfig, load_config
+from domain.image_mirror import is_docker_hub, mirrored, registry_prefix, repository_id
 from domain.stack_files import PROJECT_DIR, raw_config
 from domain.platforms import PLATFORMS, repository_pin
-from manifests import dra, kuberay, nccl, staging
+from manifests import binauthz, dra, kuberay, nccl, staging
 from manifests.helm import HelmChart
 from access.registry import RegistryError, resolve_digest
 
@@ -50,12 +51,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="with --stack: ask no registry; exit 1 naming each image with no digest in the "
                              "repository or the stack's config")
+    parser.add_argument("--binauthz-policy", action="store_true",
+                        help="with --stack: ask no registry; print a Binary Authorization policy admitting exactly "
+                             "the stack's images at their pinned digests and GKE's own; exit 1 naming each unpinned "
+                             "image")
     parser.add_argument("--project-dir", type=Path, default=PROJECT_DIR, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.check and args.binauthz_policy:
+        parser.error("--check and --binauthz-policy: one at a time")
     if args.stack:
-        return _stack(args.stack, args.project_dir, args.check)
-    if args.check:
-        parser.error("--check needs --stack")
+        return _stack(args.stack, args.project_dir, args.check, args.binauthz_policy)
+    if args.check or args.binauthz_policy:
+        parser.error("--check and --binauthz-policy need --stack")
     digests = {}
     for image in TAGGED_IMAGES:
         try:
@@ -77,13 +84,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _stack(stack: str, project_dir: Path, check: bool) -> int:
+def _stack(stack: str, project_dir: Path, check: bool, binauthz_policy: bool = False) -> int:
     try:
         raw, _ = raw_config(stack, project_dir)
         cfg = load_config(raw, f"Pulumi.{stack}.yaml")
     except (ConfigError, FileNotFoundError) as error:
         print(f"image_pins: {error}", file=sys.stderr)
         return 1
+    if binauthz_policy:
+        return _binauthz_policy(stack, cfg)
     images, by_tag = stack_images(cfg)
     unpinned = sorted({i.image for i in images if not repository_pin(i.image, cfg.image_digests)})
     charts = [chart for chart in stack_charts(cfg) if chart.key not in cfg.chart_digests]
@@ -116,6 +125,32 @@ def _stack(stack: str, project_dir: Path, check: bool) -> int:
         lines.append(chart.pin_command(digest, stack))
     print("\n".join(lines) if lines else f"every image and chart of stack {stack} is pinned")
     return 0
+
+
+def _binauthz_policy(stack: str, cfg: StackConfig) -> int:
+    """Print the policy admitting `cfg`'s images at their digests, or why it cannot be written (exit 1)."""
+    images, by_tag = stack_images(cfg)
+    pins = {i.image: repository_pin(i.image, cfg.image_digests) for i in images}
+    problems = [f"image_pins: stack {stack} has no digest for {image}: pin it first (`python -m "
+                f"verl_gke.image_pins --stack {stack}` prints the command)"
+                for image, pin in sorted(pins.items()) if pin is None]
+    if by_tag:
+        problems.append(f"image_pins: stack {stack} applies by tag {by_tag}: the policy would refuse its pods")
+    if not cfg.project:
+        problems.append(f"image_pins: stack {stack} has no gcp:project to name the policy after")
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        return 1
+    print(binauthz.policy_yaml(cfg.project, [_pulled_as(cfg, image, pin) for image, pin in pins.items() if pin]),
+          end="")
+    return 0
+
+
+def _pulled_as(cfg: StackConfig, image: str, pin: str) -> str:
+    """`pin` as the pod specs name it: the Ray image through the stack's mirror of Docker Hub (__main__.py)."""
+    if image == (cfg.verl_image or cfg.facts.image) and cfg.image_mirror and is_docker_hub(image):
+        return mirrored(pin, registry_prefix(cfg.region, cfg.project, repository_id(cfg.cluster_name)))
+    return pin
 
 
 @dataclass(frozen=True)
