@@ -13,6 +13,7 @@ import pulumi_kubernetes as k8s
 import pytest
 
 from components.data_staging import DataStaging
+from domain import staged
 from components.gcs_fuse_storage import GcsFuseStorage, ksa_principal
 from manifests import staging, storage
 from tests.mock_run import MockRun
@@ -309,7 +310,7 @@ def test_job_is_the_manifest_builders(run: MockRun) -> None:
             dataset_repo="openai/gsm8k",
             dataset_revision=DATASET_REV,
             dataset_config="main",
-            script_digest=staging.script_digest(Path(stage_data.__file__).read_text(), Path(kube.__file__).read_text()),
+            script_digest=staging.script_digest(*(Path(m.__file__).read_text() for m in (stage_data, kube, staged))),
             deadline_seconds=10800,
             hf_token_secret=SECRET,
         )
