@@ -293,6 +293,7 @@ def test_no_kubernetes_secret_and_no_token_in_the_job(run: MockRun) -> None:
 def test_config_map_holds_the_script(run: MockRun) -> None:
     assert run.inputs("staging-script")["data"] == {"stage_data.py": Path(stage_data.__file__).read_text(),
                                                     "kube.py": Path(kube.__file__).read_text(),
+                                                    "staged.py": Path(staged.__file__).read_text(),
                                                     "requirements.txt": staging.requirements_text()}
     assert run.inputs("staging-script")["metadata"]["name"] == "stage-data-script"
     assert run.inputs("staging-script")["metadata"]["namespace"] == "ml"
