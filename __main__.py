@@ -36,12 +36,12 @@ from domain.bucket import LOGS_DIR, MOUNT_PATH, ray_writable_prefixes, run_check
 from domain.pricing import run_cost, run_estimate_line
 from domain.run_memory import merge_memory_bytes
 from domain.names import stack_names, stack_slug
+from domain.staged import model_dir_for
 from access.fabric import fabric_runtime_env
 from verl_gke.image_pins import stack_charts
 from workloads.export_model import model_path
 from workloads.run_record import record_name
 from workloads.run_supervisor import CAPACITY_TIMEOUT_S
-from workloads.stage_data import model_dir_for
 
 cfg, modeled = from_pulumi()
 live = check_live_project(cfg)

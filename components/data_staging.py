@@ -17,6 +17,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components.children import child_options
+from domain import staged
 from manifests import staging, storage
 from workloads import kube, stage_data
 
@@ -49,7 +50,7 @@ class DataStagingArgs(TypedDict):
     """`projects/P/secrets/S` holding the Hugging Face token (GcsFuseStorage makes it); None: no token."""
     wandb_key_secret: NotRequired[str | None]
     """`projects/P/secrets/S` holding wandb's API key (the user's; GcsFuseStorage lets staging read it), copied
-    into the namespace's Secret stage_data.WANDB_SECRET; None: no wandb."""
+    into the namespace's Secret staged.WANDB_SECRET; None: no wandb."""
 
 
 class DataStaging(pulumi.ComponentResource):
@@ -70,8 +71,9 @@ class DataStaging(pulumi.ComponentResource):
         ns = args["namespace"]
         script = Path(stage_data.__file__).read_text()
         client = Path(kube.__file__).read_text()
+        shared = Path(staged.__file__).read_text()
 
-        cm = staging.script_config_map(namespace=ns, script=script, kube=client)
+        cm = staging.script_config_map(namespace=ns, script=script, kube=client, shared=shared)
         config_map = k8s.core.v1.ConfigMap(f"{name}-script", metadata=cm["metadata"], data=cm["data"], opts=child)
         job_waits_for: list[pulumi.Resource] = [config_map]
         wandb = args.get("wandb_key_secret")
@@ -95,7 +97,7 @@ class DataStaging(pulumi.ComponentResource):
             dataset_repo=args["dataset_repo"],
             dataset_revision=args["dataset_revision"],
             dataset_config=args.get("dataset_config", stage_data.DEFAULT_DATASET_CONFIG),
-            script_digest=staging.script_digest(script, client),
+            script_digest=staging.script_digest(script, client, shared),
             deadline_seconds=args["timeout_minutes"] * 60,
             verl=args.get("verl"),
             hf_token_secret=args.get("hf_token_secret"),
@@ -125,8 +127,8 @@ class DataStaging(pulumi.ComponentResource):
         data = storage.MOUNT_PATH
         self.job_name = job.metadata["name"]
         self.model_path = once_staged(f"{data}/{args['model_dir']}")
-        self.train_files = once_staged(f"{data}/{stage_data.DATASET_DIR}/train.parquet")
-        self.val_files = once_staged(f"{data}/{stage_data.DATASET_DIR}/test.parquet")
+        self.train_files = once_staged(f"{data}/{staged.DATASET_DIR}/train.parquet")
+        self.val_files = once_staged(f"{data}/{staged.DATASET_DIR}/test.parquet")
         self.register_outputs(
             {
                 "job_name": self.job_name,

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import posixpath
 
-from workloads.checkpoints import LOCAL_ROOT
-from workloads.export_model import MODELS_DIR
-
 DEFAULT_CAPACITY = "768Gi"
 MOUNT_PATH = "/data"
 """Where every pod mounts the bucket (the tutorial's paths all start with /data)."""
@@ -21,6 +18,8 @@ LOGS_DIR = "logs"
 """Logs of a run that outlive its cluster, one folder per run id."""
 HF_CACHE_DIR = "huggingface_cache"
 """HF_HOME of the Ray processes."""
+MODELS_DIR = "models"
+"""Exported models, one folder per run id (workloads/export_model.py writes them: tests hold the names equal)."""
 
 
 def bucket_path(mount_path: str) -> str:
@@ -35,9 +34,9 @@ def ray_writable_prefixes(checkpoint_dir: str) -> tuple[str, ...]:
     return tuple(f"{prefix}/" for prefix in (bucket_path(checkpoint_dir), MODELS_DIR, HF_CACHE_DIR))
 
 
-LOCAL_CHECKPOINTS = LOCAL_ROOT
+LOCAL_CHECKPOINTS = "/local-checkpoints"
 """Where verl saves on every Ray pod (the node's local disk); workloads/checkpoints.py copies each save to
-the run's checkpoint folder on the bucket."""
+the run's checkpoint folder on the bucket (its LOCAL_ROOT: tests hold the two equal)."""
 
 
 def run_checkpoint_dir(checkpoint_dir: str, run_id: str) -> str:

@@ -41,7 +41,7 @@ from domain.run_identity import DELETES_BEFORE_SAVE_BELOW, legacy_trainer_for_de
 from domain.stack_files import declared_types
 from domain.verl_settings import VerlSettings
 from domain.verl_wheel import VerlUnavailable
-from workloads.stage_data import (
+from domain.staged import (
     DATASET_DIR,
     DEFAULT_DATASET_REPO,
     DEFAULT_DATASET_REVISION,

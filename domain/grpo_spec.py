@@ -24,7 +24,7 @@ from domain.algorithms import FSDP_ONLY
 from domain.bucket import HF_CACHE_DIR, MOUNT_PATH, run_checkpoint_dir
 from domain.platforms import IMAGE_ROLLOUTS, Platform
 from domain.verl_settings import Problem, VerlSettings
-from workloads.stage_data import model_dir_for
+from domain.staged import model_dir_for
 
 VERL_ENTRY_MODULE = "verl.trainer.main_ppo"
 

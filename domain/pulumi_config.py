@@ -1,18 +1,11 @@
 """Config values as the Pulumi CLI types them, so that synth refuses what `pulumi up` would.
 
-Pulumi.yaml declares each key's type: string, integer, boolean, array (with its items' type) or
-object. Before the program runs, the CLI checks every stack value against it (pulumi/pulumi
-pkg/workspace/config.go `validateStackConfigValue` -> sdk/go/common/workspace/project.go
-`ValidateConfigValue`, unchanged from v3.186 to the newest source read): a string is any text; an
-integer is what Go's strconv.Atoi reads (an optional sign and decimal digits, within int64) or a
-YAML number without a fraction; a boolean is the text "true" or "false" or a YAML boolean; an array
-is a YAML list whose items have the items' type; an object is a YAML mapping. Anything else stops
-`pulumi up` with "Stack ... with configuration key ... must be of type ...".
-
-The CLI reads stack files with yaml.v3 (YAML 1.2: `yes` and `on` are text, a timestamp stays its
-text, true/True/TRUE is a boolean, `1_000` and `0x10` are integers) and hands the program each value
-as text (sdk/go/common/resource/config/object.go `MarshalString`: a YAML number as JSON writes it,
-4.0 as 4; a list or mapping as JSON). `read_stack_yaml` and `engine_string` do the same offline.
+Each key's declared type in Pulumi.yaml is checked as the CLI checks stack values (pulumi/pulumi
+pkg/workspace/config.go `validateStackConfigValue`): a string is any text, an integer what Go's
+strconv.Atoi reads or a YAML number without a fraction, a boolean "true"/"false" or a YAML boolean, an
+array a YAML list of the items' type, an object a YAML mapping. Stack files are read as yaml.v3 reads
+them (YAML 1.2) and each value handed over as text as `MarshalString` writes it: `read_stack_yaml` and
+`engine_string` do the same offline.
 """
 
 from __future__ import annotations

@@ -15,12 +15,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from domain.bucket import MOUNT_PATH, bucket_path
+from domain.bucket import MODELS_DIR, MOUNT_PATH, bucket_path
 
 # The bucket's names the in-cluster programs write (workloads/checkpoints.py, workloads/export_model.py; the
 # domain imports no workload: tests/test_start_from.py holds them equal).
 MARKER, SAVED = ".verl-gke-complete.json", ".verl-gke/saved.json"
-MODELS_DIR, POINTER_SUFFIX = "models", ".json"
+POINTER_SUFFIX = ".json"
 
 KEY = "verl-gke:startFrom"
 RESUME_PATH = "trainer.resume_from_path"

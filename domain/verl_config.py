@@ -25,7 +25,7 @@ from domain.run_time import RunTime
 from domain.stack_run import stack_run
 from domain.verl_settings import compose_run
 from domain.verl_wheel import VerlUnavailable, config_dir
-from workloads.stage_data import DEFAULT_DATASET_REPO, DEFAULT_DATASET_REVISION, DEFAULT_DATASET_TRAIN_ROWS
+from domain.staged import DEFAULT_DATASET_REPO, DEFAULT_DATASET_REVISION, DEFAULT_DATASET_TRAIN_ROWS
 _BILLIONS = re.compile(r"(?<![0-9.])([0-9]+(?:\.[0-9]+)?)B(?![a-zA-Z])")
 _QUOTED = re.compile(r"'([^']+)'")
 SETTINGS_HEADER = "verl settings (the platform's defaults; * = set in verl-gke:verl):"

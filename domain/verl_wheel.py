@@ -13,7 +13,7 @@ from pathlib import Path
 
 from domain.platforms import VerlRelease
 from domain.cache import cache_root
-from workloads.stage_data import StagingError, stage_wheel
+from domain.staged import StagingError, stage_wheel
 
 CACHE_ENV = "VERL_GKE_CACHE_DIR"
 

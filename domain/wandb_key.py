@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from workloads.stage_data import WANDB_SECRET, WANDB_SECRET_KEY
+from domain.staged import WANDB_SECRET, WANDB_SECRET_KEY
 
 CONFIG_KEY = "verl-gke:wandbApiKeySecret"
 ENV = "WANDB_API_KEY"

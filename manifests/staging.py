@@ -12,6 +12,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+from domain import staged
 from domain.platforms import VerlRelease
 from manifests import storage
 from workloads import stage_data
@@ -23,6 +24,9 @@ SCRIPT_DIR = "/opt/verl-gke"
 SCRIPT_FILE = "stage_data.py"
 KUBE_FILE = "kube.py"
 """workloads/kube.py, mounted as SCRIPT_DIR/workloads/kube.py: the script's Kubernetes client (wandb's key)."""
+SHARED_FILE = "staged.py"
+"""domain/staged.py, mounted as SCRIPT_DIR/domain/staged.py: the names, checks and wheel download the script
+shares with the program."""
 SCRIPT_DIGEST_ANNOTATION = "verl-gke/script-sha256"
 LABELS = {"app.kubernetes.io/name": "verl-gke", "app.kubernetes.io/component": "data-staging"}
 
@@ -125,9 +129,9 @@ class StagingSpec:
     pod's Kubernetes token and wandb_role); None: no wandb."""
 
 
-def script_digest(script: str, kube: str = "") -> str:
-    """Of the script, its Kubernetes client and its requirements: any changing runs the Job again."""
-    return hashlib.sha256((script + kube + requirements_text()).encode()).hexdigest()
+def script_digest(script: str, kube: str = "", shared: str = "") -> str:
+    """Of the script, the modules it loads and its requirements: any changing runs the Job again."""
+    return hashlib.sha256((script + kube + shared + requirements_text()).encode()).hexdigest()
 
 
 def requirements_text() -> str:
@@ -136,14 +140,14 @@ def requirements_text() -> str:
                    for req in PIP_REQUIREMENTS)
 
 
-def script_config_map(*, namespace: str, script: str, kube: str) -> dict[str, Any]:
-    """The ConfigMap holding stage_data.py, workloads/kube.py and the hashed requirements, mounted read-only
-    at /opt/verl-gke."""
+def script_config_map(*, namespace: str, script: str, kube: str, shared: str) -> dict[str, Any]:
+    """The ConfigMap holding stage_data.py, workloads/kube.py, domain/staged.py and the hashed requirements,
+    mounted read-only at /opt/verl-gke."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": CONFIG_MAP_NAME, "namespace": namespace, "labels": dict(LABELS)},
-        "data": {SCRIPT_FILE: script, KUBE_FILE: kube, REQUIREMENTS_FILE: requirements_text()},
+        "data": {SCRIPT_FILE: script, KUBE_FILE: kube, SHARED_FILE: shared, REQUIREMENTS_FILE: requirements_text()},
     }
 
 
@@ -153,7 +157,7 @@ def wandb_role(namespace: str) -> dict[str, Any]:
     `createAuthorizerAttributes`), so resourceNames holds it to that name, unlike a POST's."""
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": {"name": f"{JOB_NAME}-wandb-key", "namespace": namespace, "labels": dict(LABELS)},
-            "rules": [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": [stage_data.WANDB_SECRET],
+            "rules": [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": [staged.WANDB_SECRET],
                        "verbs": ["create", "patch"]}]}
 
 
@@ -257,7 +261,8 @@ def staging_job(spec: StagingSpec) -> dict[str, Any]:
         "volumes": [
             {"name": _SCRIPT_VOLUME, "configMap": {"name": CONFIG_MAP_NAME, "defaultMode": 0o444, "items": [
                 {"key": SCRIPT_FILE, "path": SCRIPT_FILE}, {"key": REQUIREMENTS_FILE, "path": REQUIREMENTS_FILE},
-                {"key": KUBE_FILE, "path": f"workloads/{KUBE_FILE}"}]}},
+                {"key": KUBE_FILE, "path": f"workloads/{KUBE_FILE}"},
+                {"key": SHARED_FILE, "path": f"domain/{SHARED_FILE}"}]}},
             *storage.bucket_volumes(spec.claim_name),
             {"name": _TMP_VOLUME, "emptyDir": {"sizeLimit": RESOURCES["limits"]["ephemeral-storage"]}},
         ],

@@ -348,12 +348,6 @@ def test_the_readmes_figures_for_a4_standard_are_synths(synth_stack):
 DOCS_WORD_LIMIT = 20_000
 DOCSTRING_LINE_LIMIT = 10
 CODE_DIRS = ("domain", "manifests", "workloads", "access", "components", "verl_gke", "bench", "tests")
-DOCSTRING_EXEMPT = {
-    "components/stack_config.py", "domain/config.py", "domain/problems.py",
-    "domain/pulumi_config.py", "workloads/run_lifecycle.py", "workloads/run_record.py", "workloads/run_logs.py"}
-"""Modules being rewritten on other branches at the time this limit came in: drop each once it is merged."""
-
-
 def _words(path: Path) -> int:
     """Words as `wc -w` counts them: runs of bytes other than ASCII white space."""
     return len(path.read_bytes().split())
@@ -389,7 +383,6 @@ def test_every_module_docstring_is_at_most_ten_lines():
     """The design is told once, in docs/architecture.md; a module's docstring says what the module is."""
     modules = [PROJECT_DIR / "__main__.py", *(p for d in CODE_DIRS for p in sorted((PROJECT_DIR / d).rglob("*.py")))]
     long = {str(p.relative_to(PROJECT_DIR)): n for p in modules
-            if (n := _docstring_lines(p)) > DOCSTRING_LINE_LIMIT
-            and str(p.relative_to(PROJECT_DIR)) not in DOCSTRING_EXEMPT}
+            if (n := _docstring_lines(p)) > DOCSTRING_LINE_LIMIT}
     assert long == {}
 

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from domain import staged
 from workloads import stage_data as sd
 
 SCRIPT = Path(sd.__file__)
@@ -516,11 +517,14 @@ def test_progress_line() -> None:
 
 
 def test_script_runs_standalone_and_fails_in_one_line(tmp_path: Path) -> None:
-    # As in the Job: the file alone, run by path, outside the project.
+    # As in the Job: run by path, its folder first on the path holding the one project module it loads at
+    # start; nothing of this repository's install (-S: no site-packages, -E: no PYTHONPATH).
     script = tmp_path / "stage_data.py"
     shutil.copy(SCRIPT, script)
+    (tmp_path / "domain").mkdir()
+    shutil.copy(staged.__file__, tmp_path / "domain" / "staged.py")
     result = subprocess.run(
-        [sys.executable, "-I", str(script), "--model-revision", "main", "--data-root", str(tmp_path)],
+        [sys.executable, "-E", "-S", str(script), "--model-revision", "main", "--data-root", str(tmp_path)],
         capture_output=True,
         text=True,
         cwd=tmp_path,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from workloads import stage_data
-from workloads.stage_data import StagingError, fetch_verified, stage_wheel, unpack_wheel
+from domain.staged import MARKER_NAME, StagingError, fetch_verified, stage_wheel, unpack_wheel
 
 
 def _wheel(members: dict[str, bytes]) -> bytes:
@@ -119,7 +119,7 @@ def test_bytes_with_another_sha256_are_refused_for_good(server: str, tmp_path: P
     with pytest.raises(StagingError, match="has sha256 .*, pinned 0{64}: refusing it") as caught:
         stage_wheel(url=f"{server}/pkg-1.0-py3-none-any.whl", sha256="0" * 64, dest=tmp_path / "pkg")
     assert caught.value.permanent
-    assert not (tmp_path / "pkg" / stage_data.MARKER_NAME).exists()
+    assert not (tmp_path / "pkg" / MARKER_NAME).exists()
     assert not (tmp_path / "pkg/pkg").exists()
 
 

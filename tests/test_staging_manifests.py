@@ -48,7 +48,7 @@ def _container(job: dict) -> dict:
 
 
 def test_config_map_carries_the_script() -> None:
-    cm = staging.script_config_map(namespace="ml", script=SCRIPT_TEXT, kube="# kube")
+    cm = staging.script_config_map(namespace="ml", script=SCRIPT_TEXT, kube="# kube", shared="# staged")
     assert cm == {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -57,7 +57,8 @@ def test_config_map_carries_the_script() -> None:
             "namespace": "ml",
             "labels": {"app.kubernetes.io/name": "verl-gke", "app.kubernetes.io/component": "data-staging"},
         },
-        "data": {"stage_data.py": SCRIPT_TEXT, "kube.py": "# kube", "requirements.txt": staging.requirements_text()},
+        "data": {"stage_data.py": SCRIPT_TEXT, "kube.py": "# kube", "staged.py": "# staged",
+                 "requirements.txt": staging.requirements_text()},
     }
 
 
@@ -114,10 +115,11 @@ def test_job_mounts_the_bucket_with_the_gcsfuse_sidecar(job: dict) -> None:
 
 
 def test_script_is_mounted_from_the_config_map_and_run_by_path(job: dict) -> None:
-    # The Kubernetes client beside it as its package module (stage_data.copy_wandb_key imports workloads.kube).
+    # The modules it imports beside it as their packages' modules (workloads.kube, domain.staged).
     assert {"name": "script", "configMap": {"name": "stage-data-script", "defaultMode": 0o444, "items": [
         {"key": "stage_data.py", "path": "stage_data.py"}, {"key": "requirements.txt", "path": "requirements.txt"},
-        {"key": "kube.py", "path": "workloads/kube.py"}]}} in _pod(job)["volumes"]
+        {"key": "kube.py", "path": "workloads/kube.py"},
+        {"key": "staged.py", "path": "domain/staged.py"}]}} in _pod(job)["volumes"]
     assert {"name": "script", "mountPath": "/opt/verl-gke", "readOnly": True} in _container(job)["volumeMounts"]
     command = _container(job)["command"]
     assert command[:2] == ["/bin/sh", "-c"]
@@ -219,6 +221,7 @@ def test_new_script_changes_the_pod_template() -> None:
 
     assert digest_annotation(SCRIPT_TEXT) != digest_annotation(SCRIPT_TEXT + "\n")
     assert staging.script_digest("abc") == hashlib.sha256(("abc" + staging.requirements_text()).encode()).hexdigest()
+    assert staging.script_digest("abc", "k", "s") != staging.script_digest("abc", "k", "s2")
 
 
 def test_names_shared_with_storage(job: dict) -> None:
@@ -228,7 +231,8 @@ def test_names_shared_with_storage(job: dict) -> None:
 
 @pytest.mark.parametrize(
     "obj",
-    [staging.staging_job(SPEC), staging.script_config_map(namespace="ml", script=SCRIPT_TEXT, kube="# kube")],
+    [staging.staging_job(SPEC),
+     staging.script_config_map(namespace="ml", script=SCRIPT_TEXT, kube="# kube", shared="# staged")],
     ids=lambda o: o["kind"],
 )
 def test_objects_validate_for_kubernetes_1_34(obj: dict) -> None:

@@ -13,6 +13,7 @@ import pulumi_kubernetes as k8s
 import pytest
 
 from components.data_staging import DataStaging
+from domain import staged
 from components.gcs_fuse_storage import GcsFuseStorage, ksa_principal
 from manifests import staging, storage
 from tests.mock_run import MockRun
@@ -292,6 +293,7 @@ def test_no_kubernetes_secret_and_no_token_in_the_job(run: MockRun) -> None:
 def test_config_map_holds_the_script(run: MockRun) -> None:
     assert run.inputs("staging-script")["data"] == {"stage_data.py": Path(stage_data.__file__).read_text(),
                                                     "kube.py": Path(kube.__file__).read_text(),
+                                                    "staged.py": Path(staged.__file__).read_text(),
                                                     "requirements.txt": staging.requirements_text()}
     assert run.inputs("staging-script")["metadata"]["name"] == "stage-data-script"
     assert run.inputs("staging-script")["metadata"]["namespace"] == "ml"
@@ -309,7 +311,7 @@ def test_job_is_the_manifest_builders(run: MockRun) -> None:
             dataset_repo="openai/gsm8k",
             dataset_revision=DATASET_REV,
             dataset_config="main",
-            script_digest=staging.script_digest(Path(stage_data.__file__).read_text(), Path(kube.__file__).read_text()),
+            script_digest=staging.script_digest(*(Path(m.__file__).read_text() for m in (stage_data, kube, staged))),
             deadline_seconds=10800,
             hf_token_secret=SECRET,
         )

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from domain import staged
 from domain.config import load_config
 from domain.preflight import SECRET, PreflightResult, wandb_secret_check
 from manifests import staging
@@ -160,17 +161,17 @@ def test_preflight_refuses_a_secret_that_does_not_exist() -> None:
         "wandb: Secret Manager secret projects/my-project-123/secrets/wandb-key exists"])
 
 
-def test_the_script_finds_its_kubernetes_client_where_the_config_map_mounts_it(tmp_path) -> None:
+def test_the_script_finds_its_modules_where_the_config_map_mounts_them(tmp_path) -> None:
     # As the pod runs it: `python /opt/verl-gke/stage_data.py`, the volume's items under that folder, nothing
     # of this repository on the path (-I).
     cm = staging.script_config_map(namespace="ml", script=Path(sd.__file__).read_text(),
-                                   kube=Path(kube.__file__).read_text())
+                                   kube=Path(kube.__file__).read_text(), shared=Path(staged.__file__).read_text())
     [volume] = [v for v in staging.staging_job(SPEC)["spec"]["template"]["spec"]["volumes"] if "configMap" in v]
     for item in volume["configMap"]["items"]:
         (tmp_path / item["path"]).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / item["path"]).write_text(cm["data"][item["key"]])
     probe = (f"import runpy, sys; sys.path.insert(0, {str(tmp_path)!r}); runpy.run_path({str(tmp_path / SCRIPT)!r}); "
-             "import workloads.kube as k; print(k.__file__)")
+             "import workloads.kube as k, domain.staged as d; print(k.__file__, d.__file__)")
     done = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == str(tmp_path / "workloads" / "kube.py")
+    assert done.stdout.split() == [str(tmp_path / "workloads" / "kube.py"), str(tmp_path / "domain" / "staged.py")]

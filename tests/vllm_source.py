@@ -12,9 +12,8 @@ from pathlib import Path, PurePosixPath
 
 from domain.cache import cache_root
 from domain.platforms import VllmSource
-from workloads.stage_data import (
-    MARKER_NAME, decide, fetch_verified, make_marker, read_marker, size_in, write_marker,
-)
+from domain.staged import MARKER_NAME, fetch_verified, make_marker, read_marker, write_marker
+from workloads.stage_data import decide, size_in
 
 
 def unpacked(source: VllmSource) -> Path:

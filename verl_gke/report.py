@@ -19,6 +19,7 @@ from typing import Any
 
 from domain.checkpoint_time import BUCKET_WRITE_GBPS, SAVE_GBPS_PER_RANK
 from domain.deploy_timing import CLUSTER
+from domain.staged import MARKER_NAME
 from domain.platforms import (
     AUTOPILOT_GPU_NODES,
     DEPLOY_DURATIONS,
@@ -34,7 +35,6 @@ from verl_gke.stack_outputs import StackOutputs
 from verl_gke.verify import gcloud_json, nothing_deployed, storage_ls
 from workloads.run_logs import DECISIONS_FILE, RECORD_FILE, TIMELINE_FILE, attempt_file
 from workloads.run_record import RunRecord
-from workloads.stage_data import MARKER_NAME
 
 EXIT_NEVER_STARTED = 9
 SUPERVISOR_STEP_S = 15.0

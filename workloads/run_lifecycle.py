@@ -2,24 +2,10 @@
 supervisor (in the cluster) share, and the step that reads the world, decides, writes the records
 and only then acts.
 
-Standard library only: it ships into the cluster beside workloads/run_supervisor.py. Exactly one
-process decides for the runs of a RayCluster at a time: the holder of its Lease
-(workloads/run_lease.py). Desired state (which run, which generation, running or stopped, the budget)
-comes only from the stack: the provider's create and delete write it into the run's record
-(`run_id`, `generation`, `desired`, `budget_s`), the supervisor's config names the run and generation
-the stack wants and its limits. Observed state (attempts, outcome, the timers, release, export) is
-written only by the Lease holder, by the rules here. Each step: hold the Lease -> read everything
-(records, the head's job table or "unreachable", capacity, the RayCluster's suspend state) ->
-decide -> write each changed record conditionally on what was read -> only then act. A step that
-loses a race does nothing more and runs again. No decision compares two machines' clocks: durations
-are accumulators in the record, advanced by the holder's own monotonic time between its own
-consecutive steps (docs/run-lifecycle.md). A lost record is rebuilt from the head's job table (each
-attempt carries its run, generation and index); when there is nothing to rebuild from (no record of
-any run, no job on the head, GPU workers up), the holder records the stack's run lost and releases
-the GPUs after the replace window: only a create reopens it. With no record and a head that does not
-answer, the holder counts the silence itself (its own clock, from its own Lease); past the replace
-window it records the stack's run lost with that count as its outage, and the release follows the
-outage bound as for any run: a live attempt that shows up before is adopted by a rebuilt record.
+Standard library only: it ships into the cluster beside workloads/run_supervisor.py. One process
+decides for a RayCluster's runs at a time, the holder of its Lease (workloads/run_lease.py); desired
+state comes only from the stack, observed state is written only by the holder, and no decision
+compares two machines' clocks. The rules in full: docs/run-lifecycle.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """Logs that outlive the cluster: each attempt's driver log and the run's decisions, copied to the
 run's folder `logs/<run id>/` of the bucket while the run goes on and flushed before the release.
 
-Standard library only: it ships into the cluster with the run supervisor, which copies (it reads the
-head's log API, and as the run's one decider it knows when the release comes: the flush is the first
-half of its suspend). The folder holds:
-
-    record.json        the run record as of the last copy (attempts, outcome, release, newest decisions)
-    decisions.log      every decision seen, one a line (the record keeps only the newest 20)
-    attempt-<N>.log    attempt N's driver log: its last LOG_COPY_LINES lines, as the head cuts them
-    timeline.jsonl     when each attempt's job started and ended (the head's clock) and when each verl step was
-                       first seen in its log (the supervisor's clock, at most COPY_EVERY_S late): `verl-gke report`
-
-`logs/` is a managed folder the stack grants to the writers of logs (domain/bucket.py); the copy is
-made through the GCS JSON API with the pod's own Workload Identity (GcsSink over workloads/gcs.py), or into a directory
-(DirectorySink: a bucket mount, or a test's folder).
+Standard library only: it ships into the cluster with the run supervisor, the run's one decider, which
+copies them: record.json, decisions.log (every decision, one a line), attempt-<N>.log (its last
+LOG_COPY_LINES lines) and timeline.jsonl (for `verl-gke report`). Through the GCS JSON API with the
+pod's own Workload Identity (GcsSink over workloads/gcs.py), or into a directory (DirectorySink).
 """
 
 from __future__ import annotations
