@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from domain.image_mirror import MIRROR_APIS
-from domain import gke_versions, grpo_spec, start_from, wandb_key
+from domain import gke_versions, grpo_spec, start_from, user_data, wandb_key
 from domain.config import SCHEMA_MINOR, StackConfig, config_key, problem_line
 from domain.names import stack_names, stack_slug
 from domain.platforms import GPU_POOL_NAME, Platform, gpu_pool_name
@@ -31,6 +31,8 @@ CLUSTER = "gcp:container/getCluster:getCluster"
 QUOTA = "gcp:cloudquota/getSQuotaInfo:getSQuotaInfo"
 SECRET = "gcp:secretmanager/getSecret:getSecret"
 OBJECT = "gcp:storage/getBucketObjectContent:getBucketObjectContent"
+BUCKET_OBJECT = "gcp:storage/getBucketObject:getBucketObject"
+"""An object's metadata (pulumi-gcp's storage.getBucketObject): its `generation`, md5hash, crc32c."""
 GPU_QUOTA_ID = "GPUS-PER-GPU-FAMILY-per-project-region"
 """Compute Engine's quota on GPUs per GPU family and region (Cloud Quotas), which governs the newest
 families (B200, H200, GB200) instead of a per-model NVIDIA-<model>-GPUS quota."""
@@ -87,6 +89,11 @@ _API_DISABLED = re.compile(r"SERVICE_DISABLED|has not been used in project|is di
 
 Invoke = Callable[[str, dict[str, Any]], dict[str, Any]]
 """Token and args -> the provider's answer (camelCase keys); raises when the invoke fails."""
+
+ReadTail = Callable[[str, str, int, int], bytes]
+"""(bucket, object, generation, n) -> that generation's last n bytes (all of it when smaller); raises on failure."""
+FOOTER_READ = 64 * 1024
+"""A first read of a parquet file's tail: its footer (8 bytes: the metadata's length and PAR1) and metadata."""
 
 STAND_IN = "verlGkeStandIn"
 """Set in every answer of the offline stand-in (healthy_answers): no provider answers with it."""
@@ -240,10 +247,13 @@ def api_problems(service: str, answer: Mapping[str, Any]) -> list[str]:
                          f"(gcloud services enable {service}) or set enableApis to true.")]
 
 
-def run_preflight(cfg: StackConfig, invoke: Invoke, stack: str | None = None) -> PreflightResult:
-    """Every live check this stack needs; the problems of all of them together."""
+def run_preflight(cfg: StackConfig, invoke: Invoke, stack: str | None = None,
+                  read_tail: ReadTail | None = None) -> PreflightResult:
+    """Every live check this stack needs; the problems of all of them together. `read_tail` reads gs://
+    dataDir's parquet footers (None: offline, not read)."""
     result = PreflightResult()
     wandb_secret_check(cfg, invoke, result)
+    gs_data_check(cfg, invoke, read_tail, result)
     if cfg.existing_cluster:
         result.problems += existing_cluster_problems(cfg, stack, invoke)
         return result
@@ -383,6 +393,54 @@ def start_from_problems(cfg: StackConfig, stack: str, invoke: Invoke) -> list[st
             read[role] = None
     found = start_from.resumable_problem(cfg.start_from, cfg.gpu_nodes * cfg.facts.gpus_per_node, read)
     return [found] if found else []
+
+
+def gs_data_check(cfg: StackConfig, invoke: Invoke, read_tail: ReadTail | None, result: PreflightResult) -> None:
+    """verl-gke:dataDir's gs:// objects exist at the generations the stack file pins, and their footers hold
+    the columns verl reads (data_source values need the data itself: staging checks them before it copies)."""
+    gs = user_data.gs_data(cfg.data_dir)
+    if gs is None:
+        return
+    found: list[str] = []
+    for name, pinned in gs.generations.items():
+        url = gs.url(name)
+        try:
+            answer = invoke(BUCKET_OBJECT, {"bucket": gs.bucket, "name": gs.object(name)})
+        except Exception as error:  # noqa: BLE001 the provider's own message is the user's clue
+            message = provider_message(error, BUCKET_OBJECT)
+            found.append(problem_line(user_data.KEY, cfg.data_dir, f"no object {url}: upload it, or name the "
+                                      "prefix that holds it." if _NOT_FOUND.search(message) else
+                                      f"{url} could not be read: the provider said: {message}"))
+            continue
+        if answer.get(STAND_IN):
+            return
+        now = int(answer.get("generation") or 0)
+        if now != pinned:
+            value = cfg.data_dir.replace(f"{name}={pinned}", f"{name}={now}")
+            found.append(problem_line(user_data.KEY, cfg.data_dir, f"{url} changed: the stack pins generation "
+                                      f"{pinned}, the bucket holds {now}; to train on the new object set "
+                                      f"{user_data.KEY} to {value} (new data, a new run), or restore generation "
+                                      f"{pinned}."))
+            continue
+        if read_tail is None:
+            continue
+        try:
+            tail = read_tail(gs.bucket, gs.object(name), pinned, FOOTER_READ)
+            need = int.from_bytes(tail[-8:-4], "little") + 8
+            if len(tail) == FOOTER_READ and need > FOOTER_READ:  # a footer larger than the first read
+                tail = read_tail(gs.bucket, gs.object(name), pinned, need)
+        except Exception as error:  # noqa: BLE001 the reader's own message is the user's clue
+            found.append(problem_line(user_data.KEY, cfg.data_dir, f"{url}'s parquet footer could not be read: "
+                                      f"{' '.join(str(error).split())}"))
+            continue
+        import pyarrow as pa
+
+        found += user_data.file_problems(cfg.data_dir, name, lambda tail=tail: pa.BufferReader(tail), cfg.facts.verl,
+                                         cfg.verl, read_sources=False)
+    result.problems += found
+    if not found and read_tail is not None:
+        result.checks.append("dataDir: the gs:// objects are at their pinned generations and hold the columns verl "
+                             "reads")
 
 
 def provider_message(error: BaseException, token: str) -> str:
@@ -563,6 +621,10 @@ def healthy_answers(cfg: StackConfig) -> Callable[[str, dict[str, Any]], dict[st
             return existing_cluster_answer(args)
         if token == SECRET:
             return {"name": f"projects/{args['project']}/secrets/{args['secretId']}", "secretId": args["secretId"]}
+        if token == BUCKET_OBJECT:  # dataDir's objects at the generations the stack pins
+            gs = user_data.gs_data(cfg.data_dir)
+            return {"name": args["name"], "generation": str(gs.generations[args["name"].rsplit("/", 1)[-1]])
+                    if gs else "1"}
         if token == OBJECT:  # a checkpoint whose markers agree, at this stack's world size
             return {"content": json.dumps({"attempt": "stand-in", "world_size": cfg.gpu_nodes * p.gpus_per_node})}
         if token == QUOTA:
