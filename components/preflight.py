@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 import pulumi
@@ -24,19 +26,26 @@ CLIENT_CONFIG = "gcp:organizations/getClientConfig:getClientConfig"
 READ_TIMEOUT_S = 30
 
 
-def gcs_tail(bucket: str, name: str, generation: int, n: int) -> bytes:
-    """The last `n` bytes of one generation of an object (GCS JSON API media download with a suffix Range)."""
-    token = engine_invoke(CLIENT_CONFIG, {})["accessToken"]
+def open_gcs_object(bucket: str, name: str, generation: int) -> tuple[int, Callable[[int, int], bytes]]:
+    """One generation of an object through the GCS JSON API: its size (objects.get) and ranged media reads."""
+    headers = {"Authorization": f"Bearer {engine_invoke(CLIENT_CONFIG, {})['accessToken']}"}
     url = (f"https://storage.googleapis.com/storage/v1/b/{urllib.parse.quote(bucket, safe='')}/o/"
-           f"{urllib.parse.quote(name, safe='')}?alt=media&generation={generation}")
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}", "Range": f"bytes=-{n}"})
-    with urllib.request.urlopen(request, timeout=READ_TIMEOUT_S) as response:
-        return response.read(n)
+           f"{urllib.parse.quote(name, safe='')}?generation={generation}")
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=READ_TIMEOUT_S) as answer:
+        size = int(json.loads(answer.read(1 << 20))["size"])
+
+    def read(start: int, length: int) -> bytes:
+        ranged = {**headers, "Range": f"bytes={start}-{start + length - 1}"}
+        with urllib.request.urlopen(urllib.request.Request(f"{url}&alt=media", headers=ranged),
+                                    timeout=READ_TIMEOUT_S) as answer:
+            return answer.read(length)
+
+    return size, read
 
 
 def check_live_project(cfg: StackConfig) -> PreflightResult:
     """Run the preflight through the engine; stop the program on any problem, log what was checked."""
-    result = run_preflight(cfg, engine_invoke, pulumi.get_stack(), gcs_tail)
+    result = run_preflight(cfg, engine_invoke, pulumi.get_stack(), open_gcs_object)
     if result.problems:
         source = f"Pulumi.{pulumi.get_stack()}.yaml, checked against project {cfg.project},"
         raise pulumi.RunError(str(ConfigError(result.problems, source)))

@@ -10,6 +10,7 @@ not make.
 
 from __future__ import annotations
 
+import io
 import json
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -90,10 +91,39 @@ _API_DISABLED = re.compile(r"SERVICE_DISABLED|has not been used in project|is di
 Invoke = Callable[[str, dict[str, Any]], dict[str, Any]]
 """Token and args -> the provider's answer (camelCase keys); raises when the invoke fails."""
 
-ReadTail = Callable[[str, str, int, int], bytes]
-"""(bucket, object, generation, n) -> that generation's last n bytes (all of it when smaller); raises on failure."""
-FOOTER_READ = 64 * 1024
-"""A first read of a parquet file's tail: its footer (8 bytes: the metadata's length and PAR1) and metadata."""
+ObjectReader = Callable[[str, str, int], tuple[int, Callable[[int, int], bytes]]]
+"""(bucket, object, generation) -> that generation's size and a read(start, length) of its bytes; raises on
+failure. Parquet is read through it as pyarrow reads a file: the footer, then only the chunks of the columns
+asked for."""
+
+
+class RangeFile(io.RawIOBase):
+    """A read-only, seekable file over ranged reads (what pyarrow.PythonFile needs: seek, tell, readinto)."""
+
+    def __init__(self, size: int, read: Callable[[int, int], bytes]) -> None:
+        super().__init__()
+        self._size, self._read, self._at = size, read, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._at = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: self._size}[whence] + offset
+        return self._at
+
+    def tell(self) -> int:
+        return self._at
+
+    def readinto(self, buffer: Any) -> int:
+        n = max(0, min(len(buffer), self._size - self._at))
+        data = self._read(self._at, n) if n else b""
+        buffer[:len(data)] = data
+        self._at += len(data)
+        return len(data)
+
 
 STAND_IN = "verlGkeStandIn"
 """Set in every answer of the offline stand-in (healthy_answers): no provider answers with it."""
@@ -248,12 +278,12 @@ def api_problems(service: str, answer: Mapping[str, Any]) -> list[str]:
 
 
 def run_preflight(cfg: StackConfig, invoke: Invoke, stack: str | None = None,
-                  read_tail: ReadTail | None = None) -> PreflightResult:
-    """Every live check this stack needs; the problems of all of them together. `read_tail` reads gs://
-    dataDir's parquet footers (None: offline, not read)."""
+                  open_object: ObjectReader | None = None) -> PreflightResult:
+    """Every live check this stack needs; the problems of all of them together. `open_object` reads gs://
+    dataDir's parquet files (None: offline, not read)."""
     result = PreflightResult()
     wandb_secret_check(cfg, invoke, result)
-    gs_data_check(cfg, invoke, read_tail, result)
+    gs_data_check(cfg, invoke, open_object, result)
     if cfg.existing_cluster:
         result.problems += existing_cluster_problems(cfg, stack, invoke)
         return result
@@ -395,12 +425,16 @@ def start_from_problems(cfg: StackConfig, stack: str, invoke: Invoke) -> list[st
     return [found] if found else []
 
 
-def gs_data_check(cfg: StackConfig, invoke: Invoke, read_tail: ReadTail | None, result: PreflightResult) -> None:
-    """verl-gke:dataDir's gs:// objects exist at the generations the stack file pins, and their footers hold
-    the columns verl reads (data_source values need the data itself: staging checks them before it copies)."""
+def gs_data_check(cfg: StackConfig, invoke: Invoke, open_object: ObjectReader | None,
+                  result: PreflightResult) -> None:
+    """verl-gke:dataDir's gs:// objects exist at the generations the stack file pins, their footers hold the
+    columns verl reads, and their data_source column only values the reward scores (that column's chunks
+    only are read, not the whole file)."""
     gs = user_data.gs_data(cfg.data_dir)
     if gs is None:
         return
+    import pyarrow as pa
+
     found: list[str] = []
     for name, pinned in gs.generations.items():
         url = gs.url(name)
@@ -422,25 +456,20 @@ def gs_data_check(cfg: StackConfig, invoke: Invoke, read_tail: ReadTail | None, 
                                       f"{user_data.KEY} to {value} (new data, a new run), or restore generation "
                                       f"{pinned}."))
             continue
-        if read_tail is None:
+        if open_object is None:
             continue
         try:
-            tail = read_tail(gs.bucket, gs.object(name), pinned, FOOTER_READ)
-            need = int.from_bytes(tail[-8:-4], "little") + 8
-            if len(tail) == FOOTER_READ and need > FOOTER_READ:  # a footer larger than the first read
-                tail = read_tail(gs.bucket, gs.object(name), pinned, need)
+            size, read = open_object(gs.bucket, gs.object(name), pinned)
+            file = pa.PythonFile(RangeFile(size, read), mode="r")
+            found += user_data.file_problems(cfg.data_dir, name, lambda file=file: file, cfg.facts.verl, cfg.verl,
+                                             read_sources=True)
         except Exception as error:  # noqa: BLE001 the reader's own message is the user's clue
-            found.append(problem_line(user_data.KEY, cfg.data_dir, f"{url}'s parquet footer could not be read: "
-                                      f"{' '.join(str(error).split())}"))
-            continue
-        import pyarrow as pa
-
-        found += user_data.file_problems(cfg.data_dir, name, lambda tail=tail: pa.BufferReader(tail), cfg.facts.verl,
-                                         cfg.verl, read_sources=False)
+            found.append(problem_line(user_data.KEY, cfg.data_dir, f"{url} could not be read with your "
+                                      f"credentials: {' '.join(str(error).split())}"))
     result.problems += found
-    if not found and read_tail is not None:
-        result.checks.append("dataDir: the gs:// objects are at their pinned generations and hold the columns verl "
-                             "reads")
+    if not found and open_object is not None:
+        result.checks.append("dataDir: the gs:// objects are at their pinned generations and hold the columns and "
+                             "data_source values verl reads")
 
 
 def provider_message(error: BaseException, token: str) -> str:

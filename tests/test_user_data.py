@@ -3,6 +3,7 @@ and uploaded by the program into the bucket under its digest."""
 
 from __future__ import annotations
 
+import random
 import shlex
 from pathlib import Path
 from typing import Any
@@ -134,11 +135,20 @@ def answers(objects: dict[str, int]) -> Any:
     return invoke
 
 
-def tails(files: dict[str, bytes]) -> Any:
-    """The JSON API's ranged read (`Range: bytes=-n`: the last n bytes, or the whole object when smaller)."""
-    def read(bucket: str, name: str, generation: int, n: int) -> bytes:
-        return files[f"{name}#{generation}"][-n:]
-    return read
+class Objects:
+    """GCS's objects.get (`size`) and media reads with a byte Range, of the generations it holds; the ranges
+    asked are kept."""
+
+    def __init__(self, files: dict[str, bytes]) -> None:
+        self.files, self.read_bytes = files, 0
+
+    def __call__(self, bucket: str, name: str, generation: int) -> tuple[int, Any]:
+        data = self.files[f"{name}#{generation}"]
+
+        def read(start: int, length: int) -> bytes:
+            self.read_bytes += length
+            return data[start:start + length]
+        return len(data), read
 
 
 def parquet_bytes(rows: list[dict[str, Any]], drop: tuple[str, ...] = ()) -> bytes:
@@ -152,7 +162,7 @@ PINNED = {"rl/train.parquet": 1700000000000001, "rl/test.parquet": 1700000000000
 
 def check(cfg: Any, objects: dict[str, int], files: dict[str, bytes]) -> preflight.PreflightResult:
     result = preflight.PreflightResult()
-    preflight.gs_data_check(cfg, answers(objects), tails(files), result)
+    preflight.gs_data_check(cfg, answers(objects), Objects(files), result)
     return result
 
 
@@ -163,7 +173,8 @@ def good_files(rows: list[dict[str, Any]], drop: tuple[str, ...] = ()) -> dict[s
 def test_gs_data_pinned_and_well_formed_passes_preview(tmp_path: Path) -> None:
     result = check(gs_cfg(tmp_path), PINNED, good_files([row()] * 3000))
     assert result.problems == [] and result.checks == [
-        "dataDir: the gs:// objects are at their pinned generations and hold the columns verl reads"]
+        "dataDir: the gs:// objects are at their pinned generations and hold the columns and data_source values "
+        "verl reads"]
 
 
 def test_gs_data_sets_the_run_paths_under_the_digest_of_its_pins() -> None:
@@ -186,11 +197,25 @@ def test_wrong_columns_are_read_from_the_real_footer(tmp_path: Path) -> None:
     assert result.problems == [line.format("train.parquet"), line.format("test.parquet")]
 
 
-def test_a_footer_larger_than_the_first_read_is_read_whole(tmp_path: Path) -> None:
-    wide = {**row(), **{f"extra_column_with_a_long_name_{i}": i for i in range(900)}}
-    files = good_files([wide])
-    assert len(next(iter(files.values()))) > preflight.FOOTER_READ
-    assert check(gs_cfg(tmp_path), PINNED, files).problems == []
+def test_gs_data_sources_are_checked_from_their_column_alone(tmp_path: Path) -> None:
+    noise = random.Random(0)  # prompts that do not compress: the file is megabytes, its data_source column not
+    rows = [row("my/source", prompt=[{"role": "user", "content": noise.randbytes(400).hex()}]) for _ in range(4000)]
+    files = good_files(rows)
+    objects = Objects(files)
+    result = preflight.PreflightResult()
+    preflight.gs_data_check(gs_cfg(tmp_path), answers(PINNED), objects, result)
+    assert result.problems[0].startswith(f'verl-gke:dataDir = "{GS}": train.parquet: data_source my/source is not '
+                                         "one verl 0.6.1's default reward scores (")
+    assert len(result.problems) == 2 and objects.read_bytes < sum(map(len, files.values())) / 10
+
+
+def test_an_unreadable_gs_object_is_one_line(tmp_path: Path) -> None:
+    def denied(bucket: str, name: str, generation: int) -> Any:
+        raise OSError("HTTP Error 403: Forbidden")
+    result = preflight.PreflightResult()
+    preflight.gs_data_check(gs_cfg(tmp_path), answers(PINNED), denied, result)
+    assert result.problems == [f'verl-gke:dataDir = "{GS}": gs://their-data/rl/{name} could not be read with your '
+                               "credentials: HTTP Error 403: Forbidden" for name in ("train.parquet", "test.parquet")]
 
 
 def test_a_changed_generation_is_refused_with_both_and_the_fix(tmp_path: Path) -> None:
@@ -212,5 +237,5 @@ def test_an_unpinned_gs_path_is_refused_with_how_to_pin_it() -> None:
 def test_the_stand_in_checks_nothing(tmp_path: Path) -> None:
     cfg = gs_cfg(tmp_path)
     result = preflight.PreflightResult()
-    preflight.gs_data_check(cfg, preflight.healthy_answers(cfg), tails({}), result)
+    preflight.gs_data_check(cfg, preflight.healthy_answers(cfg), Objects({}), result)
     assert result.problems == [] and result.checks == []
