@@ -82,6 +82,8 @@ CHECKS = {
     QUOTA: "the project's GPU quota in the region covers gpuNodes x GPUs (on-demand, or preemptible for Spot "
            "and flex-start)",
     OBJECT: "startFrom's checkpoint is complete at this GPU count, or its exported model is published",
+    BUCKET_OBJECT: "dataDir's gs:// objects are at their pinned generations, with the columns and data_source "
+                   "values verl reads",
 }
 """Each live check by the invoke it makes, as synth lists the ones it could not make."""
 

@@ -79,6 +79,14 @@ def object_names(folder: Path | str) -> dict[str, str]:
     return {path: f"{BUCKET_DIR}/{d}/{name}" for path, name in FILES.items()}
 
 
+def gs_copies(value: str) -> tuple[str, ...]:
+    """Staging's copies of gs:// data: `gs://B/O#GENERATION=<object in the stack's bucket>`; () for a folder."""
+    gs = gs_data(value)
+    if gs is None:
+        return ()
+    return tuple(f"{gs.url(name)}#{gs.generations[name]}={object_names(value)[path]}" for path, name in FILES.items())
+
+
 def verl_paths(value: str) -> dict[str, str]:
     """data.train_files and data.val_files on the mount; {} when the data cannot be read (problems() says why)."""
     if value.startswith("gs://"):
@@ -156,8 +164,7 @@ def problems(value: str, release: VerlRelease, run: VerlSettings) -> list[str]:
             first = value.split("#")[0].rstrip("/") + "/train.parquet"
             return [problem_line(KEY, value, f"{GS_FORM}, each object pinned by its generation (read it with "
                                  f"{pin_command(first)}), or a local folder.")]
-        return [problem_line(KEY, value, "a local folder for now: gs:// objects are checked at preview, but staging "
-                             "does not copy them yet (copy the two files locally).")]
+        return []
     folder = Path(value).expanduser()
     absent = [name for name in FILES.values() if not (folder / name).is_file()]
     if absent:

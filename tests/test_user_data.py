@@ -239,3 +239,19 @@ def test_the_stand_in_checks_nothing(tmp_path: Path) -> None:
     result = preflight.PreflightResult()
     preflight.gs_data_check(cfg, preflight.healthy_answers(cfg), Objects({}), result)
     assert result.problems == [] and result.checks == []
+
+
+def test_gs_data_is_copied_by_staging_and_read_by_the_job() -> None:
+    result = synth.run("a4", overrides={KEY: GS})
+    d = user_data.digest(GS)
+    assert not [r for r in result.registrations if r.type == "gcp:storage/bucketObject:BucketObject"]
+    [job] = [r for r in result.registrations if r.type == "kubernetes:batch/v1:Job"
+             and r.inputs["metadata"]["name"] == "stage-data"]
+    args = job.inputs["spec"]["template"]["spec"]["containers"][0]["command"]
+    at = args.index("--bucket")
+    assert args[at:] == [
+        "--bucket", args[at + 1], "--user-data", f"gs://their-data/rl/train.parquet#1700000000000001="
+        f"user-data/{d}/train.parquet", "--user-data",
+        f"gs://their-data/rl/test.parquet#1700000000000002=user-data/{d}/test.parquet"]
+    [grpo] = [r for r in result.registrations if r.type == "pulumi-python:dynamic:GrpoJob"]
+    assert f"data.train_files=/data/user-data/{d}/train.parquet" in shlex.split(grpo.inputs["entrypoint"])
