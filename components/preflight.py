@@ -26,10 +26,12 @@ CLIENT_CONFIG = "gcp:organizations/getClientConfig:getClientConfig"
 READ_TIMEOUT_S = 30
 
 
-def open_gcs_object(bucket: str, name: str, generation: int) -> tuple[int, Callable[[int, int], bytes]]:
-    """One generation of an object through the GCS JSON API: its size (objects.get) and ranged media reads."""
-    headers = {"Authorization": f"Bearer {engine_invoke(CLIENT_CONFIG, {})['accessToken']}"}
-    url = (f"https://storage.googleapis.com/storage/v1/b/{urllib.parse.quote(bucket, safe='')}/o/"
+def open_gcs_object(bucket: str, name: str, generation: int, *, root: str = "https://storage.googleapis.com",
+                    token: str | None = None) -> tuple[int, Callable[[int, int], bytes]]:
+    """One generation of an object through the GCS JSON API: its size (objects.get) and ranged media reads
+    (`token`: the provider's when None)."""
+    headers = {"Authorization": f"Bearer {token or engine_invoke(CLIENT_CONFIG, {})['accessToken']}"}
+    url = (f"{root}/storage/v1/b/{urllib.parse.quote(bucket, safe='')}/o/"
            f"{urllib.parse.quote(name, safe='')}?generation={generation}")
     with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=READ_TIMEOUT_S) as answer:
         size = int(json.loads(answer.read(1 << 20))["size"])

@@ -3,6 +3,7 @@ and uploaded by the program into the bucket under its digest."""
 
 from __future__ import annotations
 
+import functools
 import random
 import shlex
 from pathlib import Path
@@ -255,3 +256,22 @@ def test_gs_data_is_copied_by_staging_and_read_by_the_job() -> None:
         f"gs://their-data/rl/test.parquet#1700000000000002=user-data/{d}/test.parquet"]
     [grpo] = [r for r in result.registrations if r.type == "pulumi-python:dynamic:GrpoJob"]
     assert f"data.train_files=/data/user-data/{d}/train.parquet" in shlex.split(grpo.inputs["entrypoint"])
+
+
+def test_the_preview_reader_reads_ranges_of_the_pinned_generation(gcs_emulator: str, tmp_path: Path) -> None:
+    from components.preflight import open_gcs_object
+    from tests.gcs_emulator import make_bucket
+
+    theirs = make_bucket(gcs_emulator, "their-data", tmp_path)
+    data = parquet_bytes([row("my/source")])
+    generations = {name: theirs.write(name, data, 0) for name in PINNED}
+    value = GS.replace("1700000000000001", str(generations["rl/train.parquet"])).replace(
+        "1700000000000002", str(generations["rl/test.parquet"]))
+    size, read = open_gcs_object("their-data", "rl/train.parquet", generations["rl/train.parquet"],
+                                 root=gcs_emulator, token="emulator")
+    assert size == len(data) and read(size - 12, 12) == data[-12:] and read(4, 8) == data[4:12]
+    result = preflight.PreflightResult()
+    reader = functools.partial(open_gcs_object, root=gcs_emulator, token="emulator")
+    preflight.gs_data_check(gs_cfg(tmp_path, value), answers(generations), reader, result)
+    assert [line.split(": ", 2)[1] for line in result.problems] == [
+        "train.parquet", "test.parquet"] and "data_source my/source" in result.problems[0]
