@@ -30,7 +30,10 @@ def open_gcs_object(bucket: str, name: str, generation: int, *, root: str = "htt
                     token: str | None = None) -> tuple[int, Callable[[int, int], bytes]]:
     """One generation of an object through the GCS JSON API: its size (objects.get) and ranged media reads
     (`token`: the provider's when None)."""
-    headers = {"Authorization": f"Bearer {token or engine_invoke(CLIENT_CONFIG, {})['accessToken']}"}
+    token = token or engine_invoke(CLIENT_CONFIG, {}).get("accessToken")
+    if not token:
+        raise RuntimeError("the gcp provider gave no access token (offline, or no credentials)")
+    headers = {"Authorization": f"Bearer {token}"}
     url = (f"{root}/storage/v1/b/{urllib.parse.quote(bucket, safe='')}/o/"
            f"{urllib.parse.quote(name, safe='')}?generation={generation}")
     with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=READ_TIMEOUT_S) as answer:
