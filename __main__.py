@@ -11,7 +11,7 @@ from components.data_staging import DataStaging
 from components.gcs_fuse_storage import GcsFuseStorage, label_value
 from components.gke_cluster import DRA_V1BETA1_APIS, GkeCluster
 from components.gpu_compute_class import GpuComputeClass
-from domain import hf_token, wandb_key
+from domain import hf_token, user_data, wandb_key
 from components.gpu_node_pool import GpuNodePool
 from components.helm_release import check_charts
 from components.grpo_job import GrpoJob
@@ -163,7 +163,7 @@ staging = DataStaging("staging", {
     "dataset_repo": cfg.dataset, "dataset_revision": cfg.dataset_revision,
     "timeout_minutes": cfg.staging_timeout_minutes,
     "verl": cfg.staged_verl, "hf_token_secret": hf_token.secret_name(cfg.project, pulumi.get_stack()),
-    "wandb_key_secret": wandb,
+    "wandb_key_secret": wandb, "user_data": user_data.gs_copies(cfg.data_dir), "bucket": names.bucket,
 }, k8s.merge(pulumi.ResourceOptions(depends_on=[storage, guard])))
 
 installer_url = cfg.nccl_installer_url or nccl.google_installer_url(facts, cfg.cluster_mode)

@@ -51,6 +51,9 @@ class DataStagingArgs(TypedDict):
     wandb_key_secret: NotRequired[str | None]
     """`projects/P/secrets/S` holding wandb's API key (the user's; GcsFuseStorage lets staging read it), copied
     into the namespace's Secret staged.WANDB_SECRET; None: no wandb."""
+    user_data: NotRequired[tuple[str, ...]]
+    """gs:// dataDir's copies into `bucket` (domain/user_data.gs_copies)."""
+    bucket: NotRequired[str]
 
 
 class DataStaging(pulumi.ComponentResource):
@@ -102,6 +105,8 @@ class DataStaging(pulumi.ComponentResource):
             verl=args.get("verl"),
             hf_token_secret=args.get("hf_token_secret"),
             wandb_key_secret=wandb,
+            user_data=args.get("user_data", ()),
+            bucket=args.get("bucket"),
         )
         manifest = staging.staging_job(spec)
         timeout = f"{args['timeout_minutes']}m"

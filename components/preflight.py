@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 import pulumi
@@ -17,9 +21,36 @@ def engine_invoke(token: str, args: dict[str, Any]) -> dict[str, Any]:
     return dict(invoke(token, {k: v for k, v in args.items() if v is not None}).value or {})
 
 
+CLIENT_CONFIG = "gcp:organizations/getClientConfig:getClientConfig"
+"""The gcp provider's own credentials (`accessToken`): the user's, at preview; never stored in the state."""
+READ_TIMEOUT_S = 30
+
+
+def open_gcs_object(bucket: str, name: str, generation: int, *, root: str = "https://storage.googleapis.com",
+                    token: str | None = None) -> tuple[int, Callable[[int, int], bytes]]:
+    """One generation of an object through the GCS JSON API: its size (objects.get) and ranged media reads
+    (`token`: the provider's when None)."""
+    token = token or engine_invoke(CLIENT_CONFIG, {}).get("accessToken")
+    if not token:
+        raise RuntimeError("the gcp provider gave no access token (offline, or no credentials)")
+    headers = {"Authorization": f"Bearer {token}"}
+    url = (f"{root}/storage/v1/b/{urllib.parse.quote(bucket, safe='')}/o/"
+           f"{urllib.parse.quote(name, safe='')}?generation={generation}")
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=READ_TIMEOUT_S) as answer:
+        size = int(json.loads(answer.read(1 << 20))["size"])
+
+    def read(start: int, length: int) -> bytes:
+        ranged = {**headers, "Range": f"bytes={start}-{start + length - 1}"}
+        with urllib.request.urlopen(urllib.request.Request(f"{url}&alt=media", headers=ranged),
+                                    timeout=READ_TIMEOUT_S) as answer:
+            return answer.read(length)
+
+    return size, read
+
+
 def check_live_project(cfg: StackConfig) -> PreflightResult:
     """Run the preflight through the engine; stop the program on any problem, log what was checked."""
-    result = run_preflight(cfg, engine_invoke, pulumi.get_stack())
+    result = run_preflight(cfg, engine_invoke, pulumi.get_stack(), open_gcs_object)
     if result.problems:
         source = f"Pulumi.{pulumi.get_stack()}.yaml, checked against project {cfg.project},"
         raise pulumi.RunError(str(ConfigError(result.problems, source)))

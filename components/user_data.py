@@ -17,7 +17,7 @@ from domain import reward_fn, user_data
 def uploads(data_dir: str, reward_function: str) -> dict[str, Path]:
     """Object name -> local file."""
     out = {}
-    if data_dir:
+    if data_dir and not user_data.gs_data(data_dir):  # gs:// data: staging copies it (domain/user_data.py)
         root = Path(data_dir).expanduser()
         out.update({name: root / user_data.FILES[path] for path, name in user_data.object_names(root).items()})
     if reward_function:

@@ -10,6 +10,7 @@ not make.
 
 from __future__ import annotations
 
+import io
 import json
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from domain.image_mirror import MIRROR_APIS
-from domain import gke_versions, grpo_spec, start_from, wandb_key
+from domain import gke_versions, grpo_spec, start_from, user_data, wandb_key
 from domain.config import SCHEMA_MINOR, StackConfig, config_key, problem_line
 from domain.names import stack_names, stack_slug
 from domain.platforms import GPU_POOL_NAME, Platform, gpu_pool_name
@@ -31,6 +32,8 @@ CLUSTER = "gcp:container/getCluster:getCluster"
 QUOTA = "gcp:cloudquota/getSQuotaInfo:getSQuotaInfo"
 SECRET = "gcp:secretmanager/getSecret:getSecret"
 OBJECT = "gcp:storage/getBucketObjectContent:getBucketObjectContent"
+BUCKET_OBJECT = "gcp:storage/getBucketObject:getBucketObject"
+"""An object's metadata (pulumi-gcp's storage.getBucketObject): its `generation`, md5hash, crc32c."""
 GPU_QUOTA_ID = "GPUS-PER-GPU-FAMILY-per-project-region"
 """Compute Engine's quota on GPUs per GPU family and region (Cloud Quotas), which governs the newest
 families (B200, H200, GB200) instead of a per-model NVIDIA-<model>-GPUS quota."""
@@ -79,6 +82,8 @@ CHECKS = {
     QUOTA: "the project's GPU quota in the region covers gpuNodes x GPUs (on-demand, or preemptible for Spot "
            "and flex-start)",
     OBJECT: "startFrom's checkpoint is complete at this GPU count, or its exported model is published",
+    BUCKET_OBJECT: "dataDir's gs:// objects are at their pinned generations, with the columns and data_source "
+                   "values verl reads",
 }
 """Each live check by the invoke it makes, as synth lists the ones it could not make."""
 
@@ -87,6 +92,40 @@ _API_DISABLED = re.compile(r"SERVICE_DISABLED|has not been used in project|is di
 
 Invoke = Callable[[str, dict[str, Any]], dict[str, Any]]
 """Token and args -> the provider's answer (camelCase keys); raises when the invoke fails."""
+
+ObjectReader = Callable[[str, str, int], tuple[int, Callable[[int, int], bytes]]]
+"""(bucket, object, generation) -> that generation's size and a read(start, length) of its bytes; raises on
+failure. Parquet is read through it as pyarrow reads a file: the footer, then only the chunks of the columns
+asked for."""
+
+
+class RangeFile(io.RawIOBase):
+    """A read-only, seekable file over ranged reads (what pyarrow.PythonFile needs: seek, tell, readinto)."""
+
+    def __init__(self, size: int, read: Callable[[int, int], bytes]) -> None:
+        super().__init__()
+        self._size, self._read, self._at = size, read, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._at = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: self._size}[whence] + offset
+        return self._at
+
+    def tell(self) -> int:
+        return self._at
+
+    def readinto(self, buffer: Any) -> int:
+        n = max(0, min(len(buffer), self._size - self._at))
+        data = self._read(self._at, n) if n else b""
+        buffer[:len(data)] = data
+        self._at += len(data)
+        return len(data)
+
 
 STAND_IN = "verlGkeStandIn"
 """Set in every answer of the offline stand-in (healthy_answers): no provider answers with it."""
@@ -240,10 +279,13 @@ def api_problems(service: str, answer: Mapping[str, Any]) -> list[str]:
                          f"(gcloud services enable {service}) or set enableApis to true.")]
 
 
-def run_preflight(cfg: StackConfig, invoke: Invoke, stack: str | None = None) -> PreflightResult:
-    """Every live check this stack needs; the problems of all of them together."""
+def run_preflight(cfg: StackConfig, invoke: Invoke, stack: str | None = None,
+                  open_object: ObjectReader | None = None) -> PreflightResult:
+    """Every live check this stack needs; the problems of all of them together. `open_object` reads gs://
+    dataDir's parquet files (None: offline, not read)."""
     result = PreflightResult()
     wandb_secret_check(cfg, invoke, result)
+    gs_data_check(cfg, invoke, open_object, result)
     if cfg.existing_cluster:
         result.problems += existing_cluster_problems(cfg, stack, invoke)
         return result
@@ -383,6 +425,53 @@ def start_from_problems(cfg: StackConfig, stack: str, invoke: Invoke) -> list[st
             read[role] = None
     found = start_from.resumable_problem(cfg.start_from, cfg.gpu_nodes * cfg.facts.gpus_per_node, read)
     return [found] if found else []
+
+
+def gs_data_check(cfg: StackConfig, invoke: Invoke, open_object: ObjectReader | None,
+                  result: PreflightResult) -> None:
+    """verl-gke:dataDir's gs:// objects exist at the generations the stack file pins, their footers hold the
+    columns verl reads, and their data_source column only values the reward scores (that column's chunks
+    only are read, not the whole file)."""
+    gs = user_data.gs_data(cfg.data_dir)
+    if gs is None:
+        return
+    import pyarrow as pa
+
+    found: list[str] = []
+    for name, pinned in gs.generations.items():
+        url = gs.url(name)
+        try:
+            answer = invoke(BUCKET_OBJECT, {"bucket": gs.bucket, "name": gs.object(name)})
+        except Exception as error:  # noqa: BLE001 the provider's own message is the user's clue
+            message = provider_message(error, BUCKET_OBJECT)
+            found.append(problem_line(user_data.KEY, cfg.data_dir, f"no object {url}: upload it, or name the "
+                                      "prefix that holds it." if _NOT_FOUND.search(message) else
+                                      f"{url} could not be read: the provider said: {message}"))
+            continue
+        if answer.get(STAND_IN):
+            return
+        now = int(answer.get("generation") or 0)
+        if now != pinned:
+            value = cfg.data_dir.replace(f"{name}={pinned}", f"{name}={now}")
+            found.append(problem_line(user_data.KEY, cfg.data_dir, f"{url} changed: the stack pins generation "
+                                      f"{pinned}, the bucket holds {now}; to train on the new object set "
+                                      f"{user_data.KEY} to {value} (new data, a new run), or restore generation "
+                                      f"{pinned}."))
+            continue
+        if open_object is None:
+            continue
+        try:
+            size, read = open_object(gs.bucket, gs.object(name), pinned)
+            file = pa.PythonFile(RangeFile(size, read), mode="r")
+            found += user_data.file_problems(cfg.data_dir, name, lambda file=file: file, cfg.facts.verl, cfg.verl,
+                                             read_sources=True)
+        except Exception as error:  # noqa: BLE001 the reader's own message is the user's clue
+            found.append(problem_line(user_data.KEY, cfg.data_dir, f"{url} could not be read with your "
+                                      f"credentials: {' '.join(str(error).split())}"))
+    result.problems += found
+    if not found and open_object is not None:
+        result.checks.append("dataDir: the gs:// objects are at their pinned generations and hold the columns and "
+                             "data_source values verl reads")
 
 
 def provider_message(error: BaseException, token: str) -> str:
@@ -563,6 +652,10 @@ def healthy_answers(cfg: StackConfig) -> Callable[[str, dict[str, Any]], dict[st
             return existing_cluster_answer(args)
         if token == SECRET:
             return {"name": f"projects/{args['project']}/secrets/{args['secretId']}", "secretId": args["secretId"]}
+        if token == BUCKET_OBJECT:  # dataDir's objects at the generations the stack pins
+            gs = user_data.gs_data(cfg.data_dir)
+            return {"name": args["name"], "generation": str(gs.generations[args["name"].rsplit("/", 1)[-1]])
+                    if gs else "1"}
         if token == OBJECT:  # a checkpoint whose markers agree, at this stack's world size
             return {"content": json.dumps({"attempt": "stand-in", "world_size": cfg.gpu_nodes * p.gpus_per_node})}
         if token == QUOTA:

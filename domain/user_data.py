@@ -1,11 +1,14 @@
-"""Your own data (verl-gke:dataDir): a local folder with train.parquet and test.parquet in verl's RL format,
-checked offline before anything is created, uploaded by the program into the bucket under its content's
-digest (the same files, the same objects and paths; the run reads them through the mount)."""
+"""Your own data (verl-gke:dataDir): train.parquet and test.parquet in verl's RL format, from a local folder
+(checked offline, uploaded by the program) or from gs:// objects pinned by their generations (checked at
+preview from the parquet footers), under a digest of the files (the same data, the same objects and paths;
+the run reads them through the mount)."""
 
 from __future__ import annotations
 
 import ast
 import hashlib
+import re
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -24,25 +27,72 @@ CUSTOM_REWARD = "custom_reward_function.path"
 _SHOWN = 5
 
 
-def digest(folder: Path) -> str:
-    """Of both files' bytes: new data, new objects and paths (so a new run id); the same, nothing changes."""
+_GS = re.compile(r"gs://(?P<bucket>[a-z0-9][a-z0-9._-]{1,220}[a-z0-9])/(?P<prefix>[^#]*)"
+                 r"#train\.parquet=(?P<train>[0-9]+),test\.parquet=(?P<test>[0-9]+)")
+GS_FORM = "gs://BUCKET/PREFIX/#train.parquet=GENERATION,test.parquet=GENERATION"
+
+
+@dataclass(frozen=True)
+class GsData:
+    """verl-gke:dataDir as gs:// objects, each pinned by its generation (GCS's version number of the object)."""
+
+    bucket: str
+    prefix: str
+    generations: dict[str, int]
+    """File name (train.parquet, test.parquet) -> the generation the stack file pins."""
+
+    def object(self, name: str) -> str:
+        return f"{self.prefix}{name}"
+
+    def url(self, name: str) -> str:
+        return f"gs://{self.bucket}/{self.object(name)}"
+
+
+def gs_data(value: str) -> GsData | None:
+    """The gs:// form of `value`; None when it is not one (problems() says why)."""
+    m = _GS.fullmatch(value)
+    if m is None:
+        return None
+    prefix = m["prefix"] if not m["prefix"] or m["prefix"].endswith("/") else f"{m['prefix']}/"
+    return GsData(m["bucket"], prefix, {"train.parquet": int(m["train"]), "test.parquet": int(m["test"])})
+
+
+def pin_command(url: str) -> str:
+    return f'`gcloud storage objects describe {url} --format="value(generation)"`'
+
+
+def digest(folder: Path | str) -> str:
+    """Of both files' bytes (or, from gs://, their URLs and pinned generations): new data, new objects and paths
+    (so a new run id); the same, nothing changes."""
     h = hashlib.sha256()
+    gs = gs_data(folder) if isinstance(folder, str) else None
+    folder = Path(folder).expanduser()
     for name in FILES.values():
-        h.update(name.encode() + b"\0" + (folder / name).read_bytes())
+        content = f"{gs.url(name)}#{gs.generations[name]}".encode() if gs else (folder / name).read_bytes()
+        h.update(name.encode() + b"\0" + content)
     return h.hexdigest()[:16]
 
 
-def object_names(folder: Path) -> dict[str, str]:
+def object_names(folder: Path | str) -> dict[str, str]:
     """verl path -> the object's name in the bucket."""
     d = digest(folder)
     return {path: f"{BUCKET_DIR}/{d}/{name}" for path, name in FILES.items()}
 
 
+def gs_copies(value: str) -> tuple[str, ...]:
+    """Staging's copies of gs:// data: `gs://B/O#GENERATION=<object in the stack's bucket>`; () for a folder."""
+    gs = gs_data(value)
+    if gs is None:
+        return ()
+    return tuple(f"{gs.url(name)}#{gs.generations[name]}={object_names(value)[path]}" for path, name in FILES.items())
+
+
 def verl_paths(value: str) -> dict[str, str]:
-    """data.train_files and data.val_files on the mount; {} when the folder cannot be read (problems() says why)."""
-    folder = Path(value).expanduser()
+    """data.train_files and data.val_files on the mount; {} when the data cannot be read (problems() says why)."""
+    if value.startswith("gs://"):
+        return {path: f"{MOUNT_PATH}/{name}" for path, name in object_names(value).items()} if gs_data(value) else {}
     try:
-        return {path: f"{MOUNT_PATH}/{name}" for path, name in object_names(folder).items()}
+        return {path: f"{MOUNT_PATH}/{name}" for path, name in object_names(Path(value).expanduser()).items()}
     except OSError:
         return {}
 
@@ -77,6 +127,8 @@ def sample(value: str) -> dict[str, Any] | None:
     try:
         import pyarrow.parquet as pq
 
+        if value.startswith("gs://"):  # read at preview, not offline
+            return None
         [row] = pq.read_table(Path(value).expanduser() / FILES["data.val_files"]).slice(0, 1).to_pylist()
         truth = row["reward_model"]["ground_truth"]
         return {"data_source": row["data_source"], "solution_str": str(truth), "ground_truth": truth,
@@ -102,48 +154,57 @@ def _columns(schema: Any, prompt_key: str, source_key: str) -> list[str]:
 
 
 def problems(value: str, release: VerlRelease, run: VerlSettings) -> list[str]:
-    """Each problem of the folder `value` as one line: not a local folder, a file missing or unreadable, a
-    column verl reads missing, data_source values verl's default reward does not score (any value passes
-    with a custom reward function)."""
+    """Each problem of `value` as one line: not a local folder or pinned gs:// objects, a file missing or
+    unreadable, a column verl reads missing, data_source values verl's default reward does not score (any
+    value passes with a custom reward function). gs:// objects are read at preview (domain/preflight.py)."""
     if not value:
         return []
     if value.startswith("gs://"):
-        return [problem_line(KEY, value, "a local folder (gs:// is not staged yet: copy the two files locally).")]
+        if gs_data(value) is None:
+            first = value.split("#")[0].rstrip("/") + "/train.parquet"
+            return [problem_line(KEY, value, f"{GS_FORM}, each object pinned by its generation (read it with "
+                                 f"{pin_command(first)}), or a local folder.")]
+        return []
     folder = Path(value).expanduser()
     absent = [name for name in FILES.values() if not (folder / name).is_file()]
     if absent:
         return [problem_line(KEY, value, f"a folder holding {' and '.join(FILES.values())} in verl's RL format "
                              f"(missing {', '.join(absent)}).")]
+    out = []
+    for name in FILES.values():
+        out += file_problems(value, name, lambda name=name: folder / name, release, run, read_sources=True)
+    return out
+
+
+def file_problems(value: str, name: str, source: Any, release: VerlRelease, run: VerlSettings, *,
+                  read_sources: bool) -> list[str]:
+    """The problems of one parquet file opened from `source()` (a path, or a buffer holding at least its footer);
+    its data_source values only when `read_sources` (they need the column's data, not only the footer)."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     prompt_key = str(run.get("data.prompt_key") or "prompt")
     source_key = str(run.get("data.reward_fn_key") or "data_source")
+    try:  # the schema and the one column read, not the whole file
+        file = pq.ParquetFile(source())
+        schema = file.schema_arrow
+    except Exception as error:  # noqa: BLE001 pyarrow's own message says what is wrong with the file
+        reason = " ".join(str(error).split())
+        return [problem_line(KEY, value, f"{name} is not a readable parquet file ({reason}).")]
+    if missing := _columns(schema, prompt_key, source_key):
+        return [problem_line(KEY, value, f"{name} lacks what verl reads: {', '.join(missing)} (columns "
+                             f"{prompt_key}, {source_key}, reward_model.ground_truth; extra_info optional).")]
+    if file.metadata.num_rows == 0:
+        return [problem_line(KEY, value, f"{name} has no rows.")]
+    if run.get(CUSTOM_REWARD) or not read_sources:
+        return []
     names, prefixes = known_sources(release)
-    out = []
-    for name in FILES.values():
-        try:  # the schema and the one column read, not the whole file
-            file = pq.ParquetFile(folder / name)
-            schema = file.schema_arrow
-        except Exception as error:  # noqa: BLE001 pyarrow's own message says what is wrong with the file
-            reason = " ".join(str(error).split())
-            out.append(problem_line(KEY, value, f"{name} is not a readable parquet file ({reason})."))
-            continue
-        if missing := _columns(schema, prompt_key, source_key):
-            out.append(problem_line(KEY, value, f"{name} lacks what verl reads: {', '.join(missing)} (columns "
-                                    f"{prompt_key}, {source_key}, reward_model.ground_truth; extra_info optional)."))
-            continue
-        if file.metadata.num_rows == 0:
-            out.append(problem_line(KEY, value, f"{name} has no rows."))
-            continue
-        if run.get(CUSTOM_REWARD):
-            continue
-        seen = sorted({str(s) for s in pc.unique(file.read(columns=[source_key]).column(source_key)).to_pylist()})
-        unknown = [s for s in seen if s not in names and not s.startswith(prefixes)]
-        if unknown:
-            more = len(unknown) - _SHOWN
-            shown = ", ".join(unknown[:_SHOWN]) + (f" and {more} more" if more > 0 else "")
-            out.append(problem_line(KEY, value, f"{name}: {source_key} {shown} is not one verl {release.version}'s "
-                                    f"default reward scores ({', '.join(sorted(names)[:8])}, ...); set "
-                                    f"verl.{CUSTOM_REWARD} for your own."))
-    return out
+    seen = sorted({str(s) for s in pc.unique(file.read(columns=[source_key]).column(source_key)).to_pylist()})
+    unknown = [s for s in seen if s not in names and not s.startswith(prefixes)]
+    if not unknown:
+        return []
+    more = len(unknown) - _SHOWN
+    shown = ", ".join(unknown[:_SHOWN]) + (f" and {more} more" if more > 0 else "")
+    return [problem_line(KEY, value, f"{name}: {source_key} {shown} is not one verl {release.version}'s "
+                         f"default reward scores ({', '.join(sorted(names)[:8])}, ...); set "
+                         f"verl.{CUSTOM_REWARD} for your own.")]

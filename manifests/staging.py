@@ -127,6 +127,9 @@ class StagingSpec:
     wandb_key_secret: str | None = None
     """`projects/P/secrets/S` holding wandb's API key, which the Job applies as Secret WANDB_SECRET (with the
     pod's Kubernetes token and wandb_role); None: no wandb."""
+    user_data: tuple[str, ...] = ()
+    """gs:// dataDir's copies (stage_data.USER_DATA_RE), made into `bucket` before anything else."""
+    bucket: str | None = None
 
 
 def script_digest(script: str, kube: str = "", shared: str = "") -> str:
@@ -188,6 +191,8 @@ def script_args(spec: StagingSpec) -> list[str]:
         args += ["--hf-token-secret", spec.hf_token_secret]
     if spec.wandb_key_secret is not None:
         args += ["--wandb-key-secret", spec.wandb_key_secret, "--namespace", spec.namespace]
+    if spec.user_data:
+        args += ["--bucket", str(spec.bucket), *(a for copy in spec.user_data for a in ("--user-data", copy))]
     return args
 
 

@@ -535,3 +535,38 @@ def test_script_runs_standalone_and_fails_in_one_line(tmp_path: Path) -> None:
     assert result.stderr == (
         "stage-data: failed: --model-revision 'main' is not a commit SHA (40 lowercase hex digits); pin one\n"
     )
+
+
+# gs:// dataDir (issue 49, item 2): the pinned generations copied into the stack's bucket inside GCS.
+def test_user_data_is_copied_at_its_pinned_generation_once(gcs_emulator: str, tmp_path: Path) -> None:
+    from tests.gcs_emulator import make_bucket
+
+    theirs = make_bucket(gcs_emulator, "their-data", tmp_path / "theirs")
+    ours = make_bucket(gcs_emulator, "verl-data", tmp_path / "ours")
+    first = theirs.write("rl/train.parquet", b"generation one", 0)
+    copy = f"gs://their-data/rl/train.parquet#{first}=user-data/0123456789abcdef/train.parquet"
+    sd.copy_user_data([copy], "verl-data", api_root=gcs_emulator, token=None)
+    staged = ours.read("user-data/0123456789abcdef/train.parquet")
+    assert staged is not None and staged[0] == b"generation one"
+    theirs.write("rl/train.parquet", b"generation two", first)  # GCS without versioning: generation one is gone
+    sd.copy_user_data([copy], "verl-data", api_root=gcs_emulator, token=None)  # staged: left as it is
+    assert ours.read("user-data/0123456789abcdef/train.parquet") == staged
+
+
+def test_a_user_data_generation_gone_fails_staging_for_good(gcs_emulator: str, tmp_path: Path) -> None:
+    from tests.gcs_emulator import make_bucket
+
+    make_bucket(gcs_emulator, "their-data", tmp_path / "theirs")
+    make_bucket(gcs_emulator, "verl-data", tmp_path / "ours")
+    with pytest.raises(sd.StagingError) as caught:
+        sd.copy_user_data(["gs://their-data/rl/test.parquet#17=user-data/0123456789abcdef/test.parquet"],
+                          "verl-data", api_root=gcs_emulator, token=None)
+    assert caught.value.permanent and str(caught.value) == (
+        "gs://their-data/rl/test.parquet has no generation 17 any more: pin its current one in verl-gke:dataDir")
+
+
+def test_user_data_arguments_are_checked() -> None:
+    with pytest.raises(sd.StagingError) as caught:
+        sd.parse_args(["--user-data", "gs://b/o=elsewhere"])
+    assert str(caught.value) == ("--user-data 'gs://b/o=elsewhere' is not "
+                                 "gs://BUCKET/OBJECT#GENERATION=user-data/<digest>/<file>; --user-data needs --bucket")

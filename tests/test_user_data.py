@@ -3,6 +3,8 @@ and uploaded by the program into the bucket under its digest."""
 
 from __future__ import annotations
 
+import functools
+import random
 import shlex
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from domain import user_data
+from domain import preflight, user_data
 from domain.config import ConfigError, load_config
 from domain.platforms import PLATFORMS
 from tests.conftest import BASE_CONFIG, verl_value
@@ -74,12 +76,10 @@ def test_sources_verls_default_reward_does_not_score_are_refused_unless_a_custom
                  "verl-gke:verl": verl_value({"custom_reward_function.path": "/data/reward.py"})})
 
 
-def test_a_folder_without_the_files_and_a_gs_path_are_refused(tmp_path: Path) -> None:
+def test_a_folder_without_the_files_is_refused(tmp_path: Path) -> None:
     assert refused(**{KEY: str(tmp_path)}) == [
         f'verl-gke:dataDir = "{tmp_path}": a folder holding train.parquet and test.parquet in verl\'s RL format '
         "(missing train.parquet, test.parquet)."]
-    assert refused(**{KEY: "gs://b/data"}) == [
-        'verl-gke:dataDir = "gs://b/data": a local folder (gs:// is not staged yet: copy the two files locally).']
 
 
 def test_the_data_paths_may_not_be_set_twice(tmp_path: Path) -> None:
@@ -112,3 +112,166 @@ def test_a_file_that_is_not_parquet_is_refused_with_pyarrows_reason(tmp_path: Pa
     [line] = refused(**{KEY: str(folder)})
     assert line.startswith(f'verl-gke:dataDir = "{folder}": train.parquet is not a readable parquet file (')
     assert "\n" not in line
+
+
+# gs:// data (issue 49, item 2): pinned by generation in the stack file, checked at preview from the footers.
+GS = "gs://their-data/rl/#train.parquet=1700000000000001,test.parquet=1700000000000002"
+
+
+def gs_cfg(tmp_path: Path, value: str = GS, **verl: Any) -> Any:
+    """A stack whose dataDir is `value` (load_config refuses gs:// until staging copies it: set after loading)."""
+    cfg = load_config({**BASE_CONFIG, "verl-gke:verl": verl_value(verl)} if verl else BASE_CONFIG)
+    return cfg.model_copy(update={"data_dir": value})
+
+
+def answers(objects: dict[str, int]) -> Any:
+    """getBucketObject as the gcp provider answers it (pulumi-gcp storage.getBucketObject: `generation` among the
+    object's metadata); a missing object fails the invoke with GCS's 404 in the provider's words."""
+    def invoke(token: str, args: dict[str, Any]) -> dict[str, Any]:
+        assert token == preflight.BUCKET_OBJECT and args["bucket"] == "their-data"
+        if args["name"] not in objects:
+            raise RuntimeError(f"invoke of {token} failed: googleapi: Error 404: No such object: "
+                               f"their-data/{args['name']}, notFound")
+        return {"name": args["name"], "generation": str(objects[args["name"]]), "md5hash": "x"}
+    return invoke
+
+
+class Objects:
+    """GCS's objects.get (`size`) and media reads with a byte Range, of the generations it holds; the ranges
+    asked are kept."""
+
+    def __init__(self, files: dict[str, bytes]) -> None:
+        self.files, self.read_bytes = files, 0
+
+    def __call__(self, bucket: str, name: str, generation: int) -> tuple[int, Any]:
+        data = self.files[f"{name}#{generation}"]
+
+        def read(start: int, length: int) -> bytes:
+            self.read_bytes += length
+            return data[start:start + length]
+        return len(data), read
+
+
+def parquet_bytes(rows: list[dict[str, Any]], drop: tuple[str, ...] = ()) -> bytes:
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.Table.from_pylist([{k: v for k, v in r.items() if k not in drop} for r in rows]), sink)
+    return sink.getvalue().to_pybytes()
+
+
+PINNED = {"rl/train.parquet": 1700000000000001, "rl/test.parquet": 1700000000000002}
+
+
+def check(cfg: Any, objects: dict[str, int], files: dict[str, bytes]) -> preflight.PreflightResult:
+    result = preflight.PreflightResult()
+    preflight.gs_data_check(cfg, answers(objects), Objects(files), result)
+    return result
+
+
+def good_files(rows: list[dict[str, Any]], drop: tuple[str, ...] = ()) -> dict[str, bytes]:
+    return {f"{name}#{gen}": parquet_bytes(rows, drop) for name, gen in PINNED.items()}
+
+
+def test_gs_data_pinned_and_well_formed_passes_preview(tmp_path: Path) -> None:
+    result = check(gs_cfg(tmp_path), PINNED, good_files([row()] * 3000))
+    assert result.problems == [] and result.checks == [
+        "dataDir: the gs:// objects are at their pinned generations and hold the columns and data_source values "
+        "verl reads"]
+
+
+def test_gs_data_sets_the_run_paths_under_the_digest_of_its_pins() -> None:
+    other = GS.replace("=1700000000000002", "=1700000000000003")
+    d, e = user_data.digest(GS), user_data.digest(other)
+    assert d != e and user_data.verl_paths(GS) == {"data.train_files": f"/data/user-data/{d}/train.parquet",
+                                                   "data.val_files": f"/data/user-data/{d}/test.parquet"}
+
+
+def test_a_missing_gs_object_is_named(tmp_path: Path) -> None:
+    result = check(gs_cfg(tmp_path), {"rl/train.parquet": 1700000000000001}, good_files([row()]))
+    assert result.problems == [f'verl-gke:dataDir = "{GS}": no object gs://their-data/rl/test.parquet: upload it, '
+                               "or name the prefix that holds it."]
+
+
+def test_wrong_columns_are_read_from_the_real_footer(tmp_path: Path) -> None:
+    result = check(gs_cfg(tmp_path), PINNED, good_files([row()], drop=("reward_model",)))
+    line = (f'verl-gke:dataDir = "{GS}": {{}} lacks what verl reads: reward_model (columns prompt, data_source, '
+            "reward_model.ground_truth; extra_info optional).")
+    assert result.problems == [line.format("train.parquet"), line.format("test.parquet")]
+
+
+def test_gs_data_sources_are_checked_from_their_column_alone(tmp_path: Path) -> None:
+    noise = random.Random(0)  # prompts that do not compress: the file is megabytes, its data_source column not
+    rows = [row("my/source", prompt=[{"role": "user", "content": noise.randbytes(400).hex()}]) for _ in range(4000)]
+    files = good_files(rows)
+    objects = Objects(files)
+    result = preflight.PreflightResult()
+    preflight.gs_data_check(gs_cfg(tmp_path), answers(PINNED), objects, result)
+    assert result.problems[0].startswith(f'verl-gke:dataDir = "{GS}": train.parquet: data_source my/source is not '
+                                         "one verl 0.6.1's default reward scores (")
+    assert len(result.problems) == 2 and objects.read_bytes < sum(map(len, files.values())) / 10
+
+
+def test_an_unreadable_gs_object_is_one_line(tmp_path: Path) -> None:
+    def denied(bucket: str, name: str, generation: int) -> Any:
+        raise OSError("HTTP Error 403: Forbidden")
+    result = preflight.PreflightResult()
+    preflight.gs_data_check(gs_cfg(tmp_path), answers(PINNED), denied, result)
+    assert result.problems == [f'verl-gke:dataDir = "{GS}": gs://their-data/rl/{name} could not be read with your '
+                               "credentials: HTTP Error 403: Forbidden" for name in ("train.parquet", "test.parquet")]
+
+
+def test_a_changed_generation_is_refused_with_both_and_the_fix(tmp_path: Path) -> None:
+    result = check(gs_cfg(tmp_path), {**PINNED, "rl/train.parquet": 1700000000000009}, good_files([row()]))
+    new = GS.replace("train.parquet=1700000000000001", "train.parquet=1700000000000009")
+    assert result.problems == [
+        f'verl-gke:dataDir = "{GS}": gs://their-data/rl/train.parquet changed: the stack pins generation '
+        f"1700000000000001, the bucket holds 1700000000000009; to train on the new object set verl-gke:dataDir to "
+        f"{new} (new data, a new run), or restore generation 1700000000000001."]
+
+
+def test_an_unpinned_gs_path_is_refused_with_how_to_pin_it() -> None:
+    assert refused(**{KEY: "gs://b/data"}) == [
+        'verl-gke:dataDir = "gs://b/data": gs://BUCKET/PREFIX/#train.parquet=GENERATION,test.parquet=GENERATION, '
+        'each object pinned by its generation (read it with `gcloud storage objects describe '
+        'gs://b/data/train.parquet --format="value(generation)"`), or a local folder.']
+
+
+def test_the_stand_in_checks_nothing(tmp_path: Path) -> None:
+    cfg = gs_cfg(tmp_path)
+    result = preflight.PreflightResult()
+    preflight.gs_data_check(cfg, preflight.healthy_answers(cfg), Objects({}), result)
+    assert result.problems == [] and result.checks == []
+
+
+def test_gs_data_is_copied_by_staging_and_read_by_the_job() -> None:
+    result = synth.run("a4", overrides={KEY: GS})
+    d = user_data.digest(GS)
+    assert not [r for r in result.registrations if r.type == "gcp:storage/bucketObject:BucketObject"]
+    [job] = [r for r in result.registrations if r.type == "kubernetes:batch/v1:Job"
+             and r.inputs["metadata"]["name"] == "stage-data"]
+    args = job.inputs["spec"]["template"]["spec"]["containers"][0]["command"]
+    at = args.index("--bucket")
+    assert args[at:] == [
+        "--bucket", args[at + 1], "--user-data", f"gs://their-data/rl/train.parquet#1700000000000001="
+        f"user-data/{d}/train.parquet", "--user-data",
+        f"gs://their-data/rl/test.parquet#1700000000000002=user-data/{d}/test.parquet"]
+    [grpo] = [r for r in result.registrations if r.type == "pulumi-python:dynamic:GrpoJob"]
+    assert f"data.train_files=/data/user-data/{d}/train.parquet" in shlex.split(grpo.inputs["entrypoint"])
+
+
+def test_the_preview_reader_reads_ranges_of_the_pinned_generation(gcs_emulator: str, tmp_path: Path) -> None:
+    from components.preflight import open_gcs_object
+    from tests.gcs_emulator import make_bucket
+
+    theirs = make_bucket(gcs_emulator, "their-data", tmp_path)
+    data = parquet_bytes([row("my/source")])
+    generations = {name: theirs.write(name, data, 0) for name in PINNED}
+    value = GS.replace("1700000000000001", str(generations["rl/train.parquet"])).replace(
+        "1700000000000002", str(generations["rl/test.parquet"]))
+    size, read = open_gcs_object("their-data", "rl/train.parquet", generations["rl/train.parquet"],
+                                 root=gcs_emulator, token="emulator")
+    assert size == len(data) and read(size - 12, 12) == data[-12:] and read(4, 8) == data[4:12]
+    result = preflight.PreflightResult()
+    reader = functools.partial(open_gcs_object, root=gcs_emulator, token="emulator")
+    preflight.gs_data_check(gs_cfg(tmp_path, value), answers(generations), reader, result)
+    assert [line.split(": ", 2)[1] for line in result.problems] == [
+        "train.parquet", "test.parquet"] and "data_source my/source" in result.problems[0]

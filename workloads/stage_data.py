@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import functools
 import hashlib
 import json
 import logging
@@ -21,6 +22,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -321,7 +323,8 @@ def _get_json(url: str, headers: Mapping[str, str], what: str, timeout_s: float)
         raise _Again(f"{what}: {type(e).__name__}: {e}") from None
 
 
-def _access_latest(secret: str, metadata_root: str, api_root: str, timeout_s: float) -> str | None:
+def _pod_token(metadata_root: str, timeout_s: float) -> str:
+    """The pod's Workload Identity access token from GKE's metadata server."""
     status, body, headers = _get_json(f"{metadata_root}/instance/service-accounts/default/token",
                                       {"Metadata-Flavor": "Google"}, "GKE metadata server", timeout_s)
     if status != 200 or not isinstance(body, dict) or not body.get("access_token"):
@@ -329,8 +332,13 @@ def _access_latest(secret: str, metadata_root: str, api_root: str, timeout_s: fl
     if headers.get("Metadata-Flavor") != "Google":
         raise StagingError("the metadata server's answer lacks `Metadata-Flavor: Google`: not GKE's metadata "
                            "server; the token is not asked for", permanent=True)
+    return str(body["access_token"])
+
+
+def _access_latest(secret: str, metadata_root: str, api_root: str, timeout_s: float) -> str | None:
     status, body, _ = _get_json(f"{api_root}/{secret}/versions/latest:access",
-                                {"Authorization": f"Bearer {body['access_token']}"}, "Secret Manager", timeout_s)
+                                {"Authorization": f"Bearer {_pod_token(metadata_root, timeout_s)}"},
+                                "Secret Manager", timeout_s)
     error = body.get("error", {}) if isinstance(body, dict) else {}
     if status == 404:
         return None
@@ -365,9 +373,7 @@ def read_secret(secret: str, what: str, *, metadata_root: str | None = None, api
                 deadline_s: float | None = None, timeout_s: float = SECRET_REQUEST_TIMEOUT_S,
                 sleep: Callable[[float], None] = time.sleep) -> str | None:
     """The value of the newest version of `secret` (`projects/P/secrets/S`), or None when it has none."""
-    if metadata_root is None:
-        host = os.environ.get("GCE_METADATA_HOST")
-        metadata_root = f"http://{host}/computeMetadata/v1" if host else METADATA_ROOT
+    metadata_root = metadata_root or _metadata_root()
     api_root = api_root or SECRET_MANAGER_ROOT
     end = time.monotonic() + (SECRET_DEADLINE_S if deadline_s is None else deadline_s)
     delay = 1.0
@@ -382,6 +388,69 @@ def read_secret(secret: str, what: str, *, metadata_root: str | None = None, api
             delay = min(delay * 2, 30.0)
             continue
         return token
+
+
+USER_DATA_RE = re.compile(r"gs://(?P<bucket>[a-z0-9][a-z0-9._-]*[a-z0-9])/(?P<name>[^#]+)#(?P<generation>[0-9]+)"
+                          r"=(?P<dest>user-data/[0-9a-f]{16}/[a-z]+\.parquet)")
+"""--user-data: `gs://BUCKET/OBJECT#GENERATION=user-data/<digest>/<file>` (domain/user_data.py's objects)."""
+STORAGE_ROOT = "https://storage.googleapis.com"
+STORAGE_TIMEOUT_S = 60.0
+
+
+def _post_json(url: str, headers: Mapping[str, str], timeout_s: float) -> tuple[int, Any]:
+    """(status, parsed body or None) of a POST with an empty JSON body; network failures are transient."""
+    request = urllib.request.Request(url, data=b"{}", method="POST",
+                                     headers={**headers, "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return response.status, json.loads(response.read(1 << 20))
+    except urllib.error.HTTPError as e:
+        return e.code, None
+    except (OSError, ValueError) as e:
+        raise StagingError(f"GCS: {type(e).__name__}: {e}") from None
+
+
+def copy_user_data(copies: Sequence[str], bucket: str, *, api_root: str, token: str | None,
+                   timeout_s: float = STORAGE_TIMEOUT_S) -> None:
+    """Copy each pinned generation into `bucket` inside GCS (objects.rewrite: no byte passes through the pod),
+    only where the destination is absent (ifGenerationMatch=0: a staged copy is never rewritten). Network
+    failures are transient: the Job's retries."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    q = functools.partial(urllib.parse.quote, safe="")
+    for copy in copies:
+        m = USER_DATA_RE.fullmatch(copy)
+        assert m is not None  # parse_args checked it
+        source = f"gs://{m['bucket']}/{m['name']}"
+        url = (f"{api_root}/storage/v1/b/{q(m['bucket'])}/o/{q(m['name'])}/rewriteTo/b/{q(bucket)}/o/"
+               f"{q(m['dest'])}?sourceGeneration={m['generation']}&ifGenerationMatch=0")
+        try:
+            staged, _, _ = _get_json(f"{api_root}/storage/v1/b/{q(bucket)}/o/{q(m['dest'])}", headers, "GCS",
+                                     timeout_s)
+        except _Again as e:
+            raise StagingError(str(e)) from None
+        rewrite = ""
+        while staged != 200:  # 200: staged by an earlier Job, which the source need not outlive
+            status, body = _post_json(url + rewrite, headers, timeout_s)
+            if status == 412:
+                log.info("%s#%s already staged as gs://%s/%s", source, m["generation"], bucket, m["dest"])
+                break
+            if status in (401, 403):
+                raise StagingError(f"this Job's identity may not read {source}: grant it roles/storage.objectViewer "
+                                   f"on gs://{m['bucket']} (docs/verl-settings.md, Your data)", permanent=True)
+            if status == 404:
+                raise StagingError(f"{source} has no generation {m['generation']} any more: pin its current one in "
+                                   "verl-gke:dataDir", permanent=True)
+            if status != 200 or not isinstance(body, dict):
+                raise StagingError(f"GCS answered {status} to copying {source}")
+            if body.get("done"):
+                log.info("%s#%s staged as gs://%s/%s", source, m["generation"], bucket, m["dest"])
+                break
+            rewrite = f"&rewriteToken={q(str(body.get('rewriteToken', '')))}"
+
+
+def _metadata_root() -> str:
+    host = os.environ.get("GCE_METADATA_HOST")
+    return f"http://{host}/computeMetadata/v1" if host else METADATA_ROOT
 
 
 FIELD_MANAGER = "verl-gke-staging"
@@ -561,6 +630,9 @@ class Settings:
     wandb_key_secret: str | None = None
     """`projects/P/secrets/S` holding wandb's API key, copied into Secret WANDB_SECRET of `namespace`."""
     namespace: str | None = None
+    user_data: tuple[str, ...] = ()
+    """--user-data copies (USER_DATA_RE) into `bucket`, the stack's bucket."""
+    bucket: str | None = None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -585,6 +657,8 @@ def parse_args(argv: Sequence[str]) -> Settings:
     p.add_argument("--hf-token-secret", default=None, help="projects/P/secrets/S holding the Hugging Face token")
     p.add_argument("--wandb-key-secret", default=None, help="projects/P/secrets/S holding wandb's API key")
     p.add_argument("--namespace", default=None, help="where the wandb key's Kubernetes Secret goes")
+    p.add_argument("--user-data", action="append", default=[], help="gs://B/O#GENERATION=user-data/<digest>/<file>")
+    p.add_argument("--bucket", default=None, help="the stack's bucket, where --user-data is copied")
     a = p.parse_args(list(argv))
 
     model_dir = a.model_dir if a.model_dir is not None else model_dir_for(a.model_repo)
@@ -625,6 +699,10 @@ def parse_args(argv: Sequence[str]) -> Settings:
         problems.append(f"--wandb-key-secret {a.wandb_key_secret!r} is not a secret name like projects/P/secrets/S")
     if a.wandb_key_secret is not None and not a.namespace:
         problems.append("--wandb-key-secret needs --namespace")
+    problems += [f"--user-data {c!r} is not gs://BUCKET/OBJECT#GENERATION=user-data/<digest>/<file>"
+                 for c in a.user_data if not USER_DATA_RE.fullmatch(c)]
+    if a.user_data and not a.bucket:
+        problems.append("--user-data needs --bucket")
     if problems:
         raise StagingError("; ".join(problems), permanent=True)
     return Settings(
@@ -642,6 +720,8 @@ def parse_args(argv: Sequence[str]) -> Settings:
         hf_token_secret=a.hf_token_secret,
         wandb_key_secret=a.wandb_key_secret,
         namespace=a.namespace,
+        user_data=tuple(a.user_data),
+        bucket=a.bucket,
     )
 
 
@@ -683,6 +763,10 @@ def main(argv: Sequence[str] | None = None, hub: Hub | None = None) -> int:
         if settings.wandb_key_secret and settings.namespace:
             # First: a missing key fails the Job (and `pulumi up`) before the long model download.
             wandb = copy_wandb_key(settings.wandb_key_secret, settings.namespace)
+        if settings.user_data and settings.bucket:  # before the model: a refused grant fails in seconds
+            emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+            copy_user_data(settings.user_data, settings.bucket, api_root=emulator or STORAGE_ROOT,
+                           token=None if emulator else _pod_token(_metadata_root(), SECRET_REQUEST_TIMEOUT_S))
         secret = settings.hf_token_secret
         if secret:
             token = read_hf_token(secret)
