@@ -28,7 +28,7 @@ from matplotlib.image import imread
 from ray.job_submission import JobStatus, JobSubmissionClient
 
 from tests.ray_head import FlakyLink, free_ports
-from verl_gke import cli, runs, stack_outputs
+from verl_gke import cli, cmd_logs, cmd_status, reach, runs, stack_outputs
 from verl_gke.stack_outputs import OutputsError
 
 
@@ -420,7 +420,7 @@ def gke_api(ray_head: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[st
             asked.append((endpoint, ca))
             return KubernetesApi(url, timeout_s=timeout_s)
 
-        monkeypatch.setattr(cli, "cluster_api", stand_in)
+        monkeypatch.setattr(reach, "cluster_api", stand_in)
         monkeypatch.setattr(runs, "cluster_api", stand_in)
         yield url, asked
 
@@ -898,7 +898,7 @@ def test_logs_follow_ends_with_one_line_when_the_head_stops_answering(
         capsys: pytest.CaptureFixture[str], ray_head: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from access import head_access
 
-    monkeypatch.setattr(cli, "FOLLOW_CHECK_S", 1.0)
+    monkeypatch.setattr(cmd_logs, "FOLLOW_CHECK_S", 1.0)
     monkeypatch.setattr(head_access, "REQUEST_TIMEOUT_S", 2.0)
     submission_id = submit(ray_head, entrypoint="python -c 'import time; print(\"started\", flush=True); time.sleep(60)'")
     # The job has printed before the link's 6 s start: a loaded machine can take longer to start it.
@@ -928,12 +928,13 @@ def test_spend_runs_from_the_first_attempts_start_to_now_or_the_last_end() -> No
 
     first = Job(start_time=1_000_000, end_time=4_600_000)  # ms, as Ray's job info gives them
     retry = Job(start_time=5_000_000, end_time=None)
-    assert cli._spend([first, retry], 100.0, now_s=8_200.0) == "$200.00 since the first attempt started, at $100.00/h"
+    assert cmd_status._spend([first, retry], 100.0, now_s=8_200.0) == \
+        "$200.00 since the first attempt started, at $100.00/h"
     retry.end_time = 8_200_000
-    assert cli._spend([first, retry], 100.0, now_s=99_999.0) == \
+    assert cmd_status._spend([first, retry], 100.0, now_s=99_999.0) == \
         "$200.00 since the first attempt started, at $100.00/h (run ended)"
-    assert cli._spend([], 100.0, now_s=0.0) == "nothing yet ($100.00/h once the run starts)"
-    assert cli._spend([first], None, now_s=0.0) == (
+    assert cmd_status._spend([], 100.0, now_s=0.0) == "nothing yet ($100.00/h once the run starts)"
+    assert cmd_status._spend([first], None, now_s=0.0) == (
         "unknown: the stack outputs have no hourlyCostUsd; set verl-gke:gpuNodeHourlyUsd (USD per GPU node-hour, by "
         "capacity kind) and run `pulumi up`")
 
@@ -949,14 +950,12 @@ def test_python_dash_m_either_module_is_the_cli(module: str) -> None:
 def _reads(handler: Any) -> tuple[set[str], set[str]]:
     """The flags a command's code reads, derived from its source: `args.<name>` (must exist) and
     `getattr(args, "<name>", default)` (read when the command has it), in its handler and every function of
-    the CLI's modules it reaches by name."""
+    verl_gke's modules it reaches by name (`reach.head`, `runs.follow`)."""
     import ast
-    import importlib
-    import inspect
 
-    modules = {name: importlib.import_module(name) for name in ("verl_gke.cli", "verl_gke.runs", handler.__module__)}
-    trees = {name: {node.name: node for node in ast.parse(inspect.getsource(module)).body
-                    if isinstance(node, ast.FunctionDef)} for name, module in modules.items()}
+    modules = {f"verl_gke.{path.stem}": path for path in (REPO / "verl_gke").glob("*.py")}
+    trees = {name: {node.name: node for node in ast.parse(path.read_text()).body
+                    if isinstance(node, ast.FunctionDef)} for name, path in modules.items()}
     aliases = {alias: name for name in modules for alias in (name, name.rsplit(".", 1)[1])}
     must, may, seen = set(), set(), set()
     todo = [(handler.__module__, handler.__name__)]
