@@ -1110,6 +1110,70 @@ def _assert_status_help_names(out: str) -> None:
     assert help_text.startswith("One screen: Run (the run's id")
 
 
+def test_status_help_names_every_row_of_a_released_run(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A released run started from a checkpoint, with a model export: every row `status` shows of it from
+    its record is named in `status --help`."""
+    from verl_gke.console import print_rows
+    from workloads.run_lifecycle import SUCCEEDED
+    from workloads.run_record import Attempt, RunRecord
+
+    outputs = stack_outputs.from_file(write_outputs(tmp_path / "outputs.json", outputs_doc("sid-0")))
+    record = RunRecord("run-2", attempts=(Attempt(0, "sid-0", "pulumi-up", "pulumi-up", submitted=True),),
+                       outcome=SUCCEEDED, start_from="run run-1 step 20", export_id="verl-export-run-2-final",
+                       export_outcome="SUCCEEDED", export_target="gs://b/models/run-2/model",
+                       released=True).decided("run ended: succeeded", 1_700_003_600.0)
+    print_rows(cmd_status._ended_rows(outputs, record, verbose=False))
+    out = capsys.readouterr().out
+    assert [line[:15].strip() for line in out.splitlines()] == [
+        "Run", "Started from", "Stack outputs", "Cluster", "Ray head", "Attempt 0", "Model export", "Last decision",
+        "Checkpoints", "Resume"]
+    _assert_status_help_names(out)
+
+
+def _help(command: str) -> str:
+    """`verl-gke COMMAND --help`'s description and flag help, as one line of words."""
+    sub = _subcommands()[command]
+    return " ".join(" ".join([sub.description or "", *(a.help or "" for a in sub._actions)]).split())
+
+
+def test_logs_copy_wait_also_waits_for_the_copy_read_once_the_head_is_gone(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from tests.kube_api import kube_api
+    from workloads.kube import KubernetesApi
+    from workloads.run_record import Attempt, RecordStore, RunRecord
+
+    (closed,) = free_ports(1)
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("sid-0", runId="run-1"))
+    record = RunRecord("run-1", attempts=(Attempt(0, "sid-0", "pulumi-up", "pulumi-up", submitted=True),))
+    copy = tmp_path / "bucket" / "logs" / "run-1"
+    copy.mkdir(parents=True)
+    (copy / "record.json").write_text(record.to_json())  # not released: the copy is not final yet
+    with kube_api() as (url, _state):
+        records = RecordStore(KubernetesApi(url), "default", "b200-ray-cluster")
+        records.write(records.get("run-1"), record)
+        code, out, err = run(capsys, "logs", "--outputs", str(outputs), "--kube-api-url", url, "--dashboard-url",
+                             f"http://127.0.0.1:{closed}", "--head-timeout", "1", "--bucket-dir",
+                             str(tmp_path / "bucket"), "--copy-wait", "0.5")
+    assert (code, out) == (1, "")
+    assert error_line(err) == (f"verl-gke: error: the copy of run run-1 in {copy}/ is not final after 0.5 s "
+                               "(the run has not been released yet)")
+    assert "when reading the bucket copy (--from-bucket, or the head gone): wait up to S seconds" in _help("logs")
+
+
+@pytest.mark.parametrize(("command", "told", "shown_by"), [
+    ("dashboard", "With --dashboard-url: checks that it answers, prints it and returns",
+     "test_dashboard_with_a_directly_reachable_head_just_prints_it"),
+    ("wait", "Without the run's record (--submission-id, or --dashboard-url without --kube-api-url) it follows one "
+             "Ray job on the head", "test_wait_honours_its_timeout_while_the_head_is_unreachable"),
+    ("fabric", "once every worker and GPU joined (waited for up to --head-timeout)", "tests/test_fabric.py"),
+    ("metrics", "from the run's logs (all attempts, a repeated step's latest value winning; from the bucket copy "
+                "once the head is gone)", "tests/test_runs.py::test_wait_follows_the_run_across_a_killed_attempt"),
+])
+def test_the_help_tells_what_the_command_does_in_each_of_its_modes(command: str, told: str, shown_by: str) -> None:
+    """Modes whose help said nothing of them (0.8.0); `shown_by` is the test that shows the behaviour."""
+    assert told in _help(command)
+
+
 @pytest.mark.parametrize("refusing_server", [503], indirect=True)
 def test_a_kube_api_error_answer_is_one_line_naming_what_was_read(
         capsys: pytest.CaptureFixture[str], tmp_path: Path, refusing_server: str) -> None:

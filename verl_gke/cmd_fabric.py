@@ -17,8 +17,9 @@ def add_parser(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
     fab = subparsers.add_parser(
         "fabric", parents=parents, help="measure the GPU fabric: all-reduce bus bandwidth across the workers",
         description="Run the fabric check the deploy runs before the GRPO run: an all-reduce across every GPU "
-                    "worker as a Ray job, its bus bandwidth printed. Exit 1 below the floor. The GPUs must be "
-                    "free: while the run trains, the check waits for them until its timeout.")
+                    "worker as a Ray job, its bus bandwidth printed, once every worker and GPU joined (waited for "
+                    "up to --head-timeout). Exit 1 below the floor. The GPUs must be free: while the run trains, the "
+                    "check waits for them until its timeout.")
     fab.add_argument("--min-busbw", type=float, metavar="GBPS",
                      help="floor in GB/s (default: the platform's; 0 only reports)")
     fab.add_argument("--backend", choices=["nccl", "gloo"], default="nccl",

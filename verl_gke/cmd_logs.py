@@ -32,8 +32,8 @@ def add_parser(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
     logs.add_argument("--from-bucket", action="store_true",
                       help="read the bucket copy only (never the head): what outlives the cluster")
     logs.add_argument("--copy-wait", type=positive_float, metavar="S",
-                      help="with --from-bucket: wait up to S seconds for the copy to be final (flushed at the "
-                           "release) before reading it")
+                      help="when reading the bucket copy (--from-bucket, or the head gone): wait up to S seconds "
+                           "for it to be final (flushed at the release) first")
     logs.set_defaults(handler=cmd_logs)
 
 

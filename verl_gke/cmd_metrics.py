@@ -14,11 +14,12 @@ from verl_gke.console import CliError, progress
 def add_parser(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
     met = subparsers.add_parser(
         "metrics", parents=parents, help="per-step metrics table, reward plot and verdict",
-        description="Parse verl's console metrics (step:N - key:value ...) from the job's logs or a saved "
+        description="Parse verl's console metrics (step:N - key:value ...) from the run's logs (all attempts, "
+                    "a repeated step's latest value winning; from the bucket copy once the head is gone) or a saved "
                     f"log file. Verdict rule: {metrics.RISING_RULE}. With the stack's outputs (a saved log: "
                     "--outputs or --stack), the measured step time against the modeled one.",
     )
-    met.add_argument("--log-file", type=Path, metavar="FILE", help="read this saved log instead of the job's logs")
+    met.add_argument("--log-file", type=Path, metavar="FILE", help="read this saved log instead of the run's logs")
     met.add_argument("--keys", type=_key_list, default=[], metavar="K1,K2",
                      help=f"more metric keys to show, comma-separated (always shown: {', '.join(metrics.DEFAULT_KEYS)})")
     met.add_argument("--plot", type=Path, metavar="PNG",

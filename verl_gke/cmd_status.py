@@ -34,7 +34,7 @@ def add_parser(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
                     "on the head: its status and why it was submitted; --verbose adds its Ray submission id), or GRPO "
                     "job (one Ray job that is no run's attempt) with its Job message, Budget, Model export, Spend, "
                     "Fabric, Preflight, Checkpoints, Dashboard. Once the run ended and its GPU workers were released: "
-                    "the run from its record (what it Started from, if a checkpoint), with its Last decision and how "
+                    "the run from its record (what it Started from, a Model export), with its Last decision and how "
                     "to Resume. With synth's outputs: what they name, with the Price.")
     status.add_argument("--verbose", "-v", action="store_true", help="also each attempt's Ray submission id")
     status.set_defaults(handler=cmd_status)

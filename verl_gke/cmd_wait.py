@@ -23,7 +23,9 @@ def add_parser(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
         description="Follow the run through its record across attempts until it ends, reporting each new attempt "
                     "and decision on stderr. Exit 0 if it succeeded, 4 failed, 5 stopped, 6 over its budget, 7 "
                     "lost (its head unreachable past runHeadOutageSeconds); 8 --timeout passed (the run goes "
-                    "on); 3 the record (or, following one job, the head) unreadable for the outage window.")
+                    "on); 3 the record (or, following one job, the head) unreadable for the outage window. Without the "
+                    "run's record (--submission-id, or --dashboard-url without --kube-api-url) it follows one Ray "
+                    "job on the head: exit 0, 4 failed or 5 stopped.")
     wait.add_argument("--timeout", type=positive_float, metavar="S", help="give up after S seconds (default: never)")
     wait.add_argument("--poll", type=positive_float, default=reach.DEFAULT_POLL_S, metavar="S",
                       help=f"seconds between status checks (default {reach.DEFAULT_POLL_S:g})")
@@ -31,9 +33,10 @@ def add_parser(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
                       help="keep retrying while the run record (with --submission-id: the Ray head) cannot be "
                            f"read, up to S seconds (default {OUTAGE_WINDOW_S:g})")
     wait.add_argument("--json", action="store_true",
-                      help="once the run ended (and its model export, if one was claimed), print its outcome "
-                           "(state, reason, message), newest submission id and modelUri as one JSON object on "
-                           "stdout (the exit status is the same): the stack outputs say only what the last `pulumi up` or refresh saw")
+                      help="once the run ended (and its model export, if one was claimed), print it as `runs "
+                           "--json` does (state, reason, message, newest submissionId, modelUri, ...) on stdout "
+                           "(the exit status is the same): the stack outputs say only what the last `pulumi up` or "
+                           "refresh saw; a run only, not one Ray job")
     wait.set_defaults(handler=cmd_wait)
 
 
