@@ -28,7 +28,7 @@ from matplotlib.image import imread
 from ray.job_submission import JobStatus, JobSubmissionClient
 
 from tests.ray_head import FlakyLink, free_ports
-from verl_gke import cli, runs, stack_outputs
+from verl_gke import cli, cmd_logs, cmd_status, reach, runs, stack_outputs
 from verl_gke.stack_outputs import OutputsError
 
 
@@ -420,7 +420,7 @@ def gke_api(ray_head: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[st
             asked.append((endpoint, ca))
             return KubernetesApi(url, timeout_s=timeout_s)
 
-        monkeypatch.setattr(cli, "cluster_api", stand_in)
+        monkeypatch.setattr(reach, "cluster_api", stand_in)
         monkeypatch.setattr(runs, "cluster_api", stand_in)
         yield url, asked
 
@@ -898,7 +898,7 @@ def test_logs_follow_ends_with_one_line_when_the_head_stops_answering(
         capsys: pytest.CaptureFixture[str], ray_head: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from access import head_access
 
-    monkeypatch.setattr(cli, "FOLLOW_CHECK_S", 1.0)
+    monkeypatch.setattr(cmd_logs, "FOLLOW_CHECK_S", 1.0)
     monkeypatch.setattr(head_access, "REQUEST_TIMEOUT_S", 2.0)
     submission_id = submit(ray_head, entrypoint="python -c 'import time; print(\"started\", flush=True); time.sleep(60)'")
     # The job has printed before the link's 6 s start: a loaded machine can take longer to start it.
@@ -928,12 +928,13 @@ def test_spend_runs_from_the_first_attempts_start_to_now_or_the_last_end() -> No
 
     first = Job(start_time=1_000_000, end_time=4_600_000)  # ms, as Ray's job info gives them
     retry = Job(start_time=5_000_000, end_time=None)
-    assert cli._spend([first, retry], 100.0, now_s=8_200.0) == "$200.00 since the first attempt started, at $100.00/h"
+    assert cmd_status._spend([first, retry], 100.0, now_s=8_200.0) == \
+        "$200.00 since the first attempt started, at $100.00/h"
     retry.end_time = 8_200_000
-    assert cli._spend([first, retry], 100.0, now_s=99_999.0) == \
+    assert cmd_status._spend([first, retry], 100.0, now_s=99_999.0) == \
         "$200.00 since the first attempt started, at $100.00/h (run ended)"
-    assert cli._spend([], 100.0, now_s=0.0) == "nothing yet ($100.00/h once the run starts)"
-    assert cli._spend([first], None, now_s=0.0) == (
+    assert cmd_status._spend([], 100.0, now_s=0.0) == "nothing yet ($100.00/h once the run starts)"
+    assert cmd_status._spend([first], None, now_s=0.0) == (
         "unknown: the stack outputs have no hourlyCostUsd; set verl-gke:gpuNodeHourlyUsd (USD per GPU node-hour, by "
         "capacity kind) and run `pulumi up`")
 
@@ -949,14 +950,12 @@ def test_python_dash_m_either_module_is_the_cli(module: str) -> None:
 def _reads(handler: Any) -> tuple[set[str], set[str]]:
     """The flags a command's code reads, derived from its source: `args.<name>` (must exist) and
     `getattr(args, "<name>", default)` (read when the command has it), in its handler and every function of
-    the CLI's modules it reaches by name."""
+    verl_gke's modules it reaches by name (`reach.head`, `runs.follow`)."""
     import ast
-    import importlib
-    import inspect
 
-    modules = {name: importlib.import_module(name) for name in ("verl_gke.cli", "verl_gke.runs", handler.__module__)}
-    trees = {name: {node.name: node for node in ast.parse(inspect.getsource(module)).body
-                    if isinstance(node, ast.FunctionDef)} for name, module in modules.items()}
+    modules = {f"verl_gke.{path.stem}": path for path in (REPO / "verl_gke").glob("*.py")}
+    trees = {name: {node.name: node for node in ast.parse(path.read_text()).body
+                    if isinstance(node, ast.FunctionDef)} for name, path in modules.items()}
     aliases = {alias: name for name in modules for alias in (name, name.rsplit(".", 1)[1])}
     must, may, seen = set(), set(), set()
     todo = [(handler.__module__, handler.__name__)]
@@ -1109,6 +1108,70 @@ def _assert_status_help_names(out: str) -> None:
     labels = {re.sub(r" \d+$", " N", line[:15].strip()) for line in out.splitlines()}
     assert {label for label in labels if label not in help_text} == set()
     assert help_text.startswith("One screen: Run (the run's id")
+
+
+def test_status_help_names_every_row_of_a_released_run(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A released run started from a checkpoint, with a model export: every row `status` shows of it from
+    its record is named in `status --help`."""
+    from verl_gke.console import print_rows
+    from workloads.run_lifecycle import SUCCEEDED
+    from workloads.run_record import Attempt, RunRecord
+
+    outputs = stack_outputs.from_file(write_outputs(tmp_path / "outputs.json", outputs_doc("sid-0")))
+    record = RunRecord("run-2", attempts=(Attempt(0, "sid-0", "pulumi-up", "pulumi-up", submitted=True),),
+                       outcome=SUCCEEDED, start_from="run run-1 step 20", export_id="verl-export-run-2-final",
+                       export_outcome="SUCCEEDED", export_target="gs://b/models/run-2/model",
+                       released=True).decided("run ended: succeeded", 1_700_003_600.0)
+    print_rows(cmd_status._ended_rows(outputs, record, verbose=False))
+    out = capsys.readouterr().out
+    assert [line[:15].strip() for line in out.splitlines()] == [
+        "Run", "Started from", "Stack outputs", "Cluster", "Ray head", "Attempt 0", "Model export", "Last decision",
+        "Checkpoints", "Resume"]
+    _assert_status_help_names(out)
+
+
+def _help(command: str) -> str:
+    """`verl-gke COMMAND --help`'s description and flag help, as one line of words."""
+    sub = _subcommands()[command]
+    return " ".join(" ".join([sub.description or "", *(a.help or "" for a in sub._actions)]).split())
+
+
+def test_logs_copy_wait_also_waits_for_the_copy_read_once_the_head_is_gone(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from tests.kube_api import kube_api
+    from workloads.kube import KubernetesApi
+    from workloads.run_record import Attempt, RecordStore, RunRecord
+
+    (closed,) = free_ports(1)
+    outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("sid-0", runId="run-1"))
+    record = RunRecord("run-1", attempts=(Attempt(0, "sid-0", "pulumi-up", "pulumi-up", submitted=True),))
+    copy = tmp_path / "bucket" / "logs" / "run-1"
+    copy.mkdir(parents=True)
+    (copy / "record.json").write_text(record.to_json())  # not released: the copy is not final yet
+    with kube_api() as (url, _state):
+        records = RecordStore(KubernetesApi(url), "default", "b200-ray-cluster")
+        records.write(records.get("run-1"), record)
+        code, out, err = run(capsys, "logs", "--outputs", str(outputs), "--kube-api-url", url, "--dashboard-url",
+                             f"http://127.0.0.1:{closed}", "--head-timeout", "1", "--bucket-dir",
+                             str(tmp_path / "bucket"), "--copy-wait", "0.5")
+    assert (code, out) == (1, "")
+    assert error_line(err) == (f"verl-gke: error: the copy of run run-1 in {copy}/ is not final after 0.5 s "
+                               "(the run has not been released yet)")
+    assert "when reading the bucket copy (--from-bucket, or the head gone): wait up to S seconds" in _help("logs")
+
+
+@pytest.mark.parametrize(("command", "told", "shown_by"), [
+    ("dashboard", "With --dashboard-url: checks that it answers, prints it and returns",
+     "test_dashboard_with_a_directly_reachable_head_just_prints_it"),
+    ("wait", "Without the run's record (--submission-id, or --dashboard-url without --kube-api-url) it follows one "
+             "Ray job on the head", "test_wait_honours_its_timeout_while_the_head_is_unreachable"),
+    ("fabric", "once every worker and GPU joined (waited for up to --head-timeout)", "tests/test_fabric.py"),
+    ("metrics", "from the run's logs (all attempts, a repeated step's latest value winning; from the bucket copy "
+                "once the head is gone)", "tests/test_runs.py::test_wait_follows_the_run_across_a_killed_attempt"),
+])
+def test_the_help_tells_what_the_command_does_in_each_of_its_modes(command: str, told: str, shown_by: str) -> None:
+    """Modes whose help said nothing of them (0.8.0); `shown_by` is the test that shows the behaviour."""
+    assert told in _help(command)
 
 
 @pytest.mark.parametrize("refusing_server", [503], indirect=True)

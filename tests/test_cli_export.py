@@ -60,8 +60,8 @@ def export(monkeypatch: pytest.MonkeyPatch, outputs: Path, head: Head, *extra: s
     @contextmanager
     def reach(args, outs, timeout_s=None):
         yield "http://127.0.0.1:8265"
-    monkeypatch.setattr(cli, "_head", reach)
-    monkeypatch.setattr(cli, "_job_client", lambda url: head)
+    monkeypatch.setattr("verl_gke.reach.head", reach)
+    monkeypatch.setattr("verl_gke.reach.job_client", lambda url: head)
     return cli.main(["export", "--outputs", str(outputs), "--poll", "0.01", *extra])
 
 

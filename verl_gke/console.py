@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 PROG = "verl-gke"
@@ -51,3 +52,14 @@ def print_rows(rows: list[tuple[str, str]]) -> int:
     for label, value in rows:
         print(f"{label.ljust(width)}  {value}")
     return 0
+
+
+def positive_float(text: str) -> float:
+    """An argument type: a number of seconds (or minutes, gigabytes) above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return value

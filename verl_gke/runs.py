@@ -26,7 +26,7 @@ from verl_gke import gke_facts, metrics, stack_outputs
 from access.cluster_api import cluster_api
 from access.cluster_readiness import duration
 from verl_gke.commands import run_tool
-from verl_gke.console import CliError, HeadUnreachable, TimedOut, one_line, print_rows, progress
+from verl_gke.console import CliError, HeadUnreachable, TimedOut, one_line, positive_float, print_rows, progress
 from access.head_access import HeadAccessSetupError, OutageClock
 from verl_gke.stack_outputs import StackOutputs
 from workloads.kube import KubernetesApi
@@ -408,6 +408,21 @@ def stop(run: Run, wait: bool, timeout_s: float, poll_s: float, sleep: Callable[
         sleep(poll_s)
 
 
+def add_stop_parser(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
+    stop = subparsers.add_parser(
+        "stop", parents=parents, help="end the run: stop its job, keep its checkpoints, release the GPUs",
+        description="Ask the run's decider (the run supervisor) to end the run, through its record: it stops the "
+                    "live attempt, keeps the checkpoints and releases the GPU workers. Idempotent. Waits for the "
+                    "release unless --no-wait. A later run of the same spec needs a new verl-gke:jobAttempt "
+                    "(it resumes from the checkpoints).")
+    stop.add_argument("--no-wait", action="store_true", help="ask and return at once")
+    stop.add_argument("--timeout", type=positive_float, default=STOP_TIMEOUT_S, metavar="S",
+                      help=f"give up waiting after S seconds (default {STOP_TIMEOUT_S:g})")
+    stop.add_argument("--poll", type=positive_float, default=5.0, metavar="S",
+                      help="seconds between looks at the record (default 5)")
+    stop.set_defaults(handler=cmd_stop)
+
+
 def cmd_stop(args: argparse.Namespace) -> int:
     outputs = stack_outputs.load(args.outputs, args.stack)
     run = run_of(args.run, outputs, lambda: record_store(outputs, args.kube_api_url))
@@ -512,6 +527,21 @@ def step_time(parsed: metrics.ParsedLog, outputs: StackOutputs, where: str, run_
     pace = (f", so the run takes ~{ratio * run_s / 60:.0f} min at this pace, not the modeled ~{run_s / 60:.0f}"
             if run_s is not None else " (run time unknown: steps unknown)")
     return f"{shown}, modeled {step_s:.0f} s: {ratio:.2f}x the model{pace}{assumes}"
+
+
+def add_runs_parser(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
+    listing = subparsers.add_parser(
+        "runs", parents=parents, help="the stack's runs: outcome, attempts, times, GPU-hours, cost, URIs",
+        description="List the runs whose records the stack keeps (every open run and the newest 10 ended ones): "
+                    "id, outcome, attempts, start and end, GPU-hours and cost (at hourlyCostUsd), checkpoint and "
+                    "model URIs; with --step-times the measured step time from the bucket's log copy against "
+                    "the modeled one.")
+    listing.add_argument("--step-times", action="store_true",
+                         help="read each run's logs from the bucket copy for its measured step time")
+    listing.add_argument("--json", action="store_true",
+                         help="every run as JSON (runId, state, reason, message, outcome, status, attempts, "
+                              "submissionId, released, exportOutcome, modelUri, startFrom)")
+    listing.set_defaults(handler=cmd_runs)
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
