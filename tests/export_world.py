@@ -35,8 +35,8 @@ class Process:
 
     _here = threading.local()
 
-    def __init__(self, name: str, fn: Callable[[], object], started_at: int) -> None:
-        self.name, self.started_at = name, started_at
+    def __init__(self, name: str, fn: Callable[[], object]) -> None:
+        self.name = name
         self.result: object = None
         self.error: BaseException | None = None
         self.done = self.killed = False
@@ -176,7 +176,7 @@ class ExportWorld:
         def body() -> object:
             return export_model.export(self.run_dir, self.target, python="python", timeout_s=export_model.MERGE_TIMEOUT_S,
                                        memory_bytes=10**9, gcs=self.gcs, export_id=export_id)
-        process = Process(export_id, body, self.actions)
+        process = Process(export_id, body)
         self.processes[who] = process
         process.step()
         return process
@@ -189,6 +189,14 @@ class ExportWorld:
     def claim(self) -> dict | None:
         got = self.bucket.objects.get(f"{self.gcs.name(self.target.parent)}/{export_model.CLAIM}")
         return None if got is None else json.loads(got[1])
+
+    def claim_span(self, export_id: str) -> tuple[int, int]:
+        """The generations of the run's claim from `export_id`'s first write of it to its last (GCS numbers
+        every write in order: two spans that overlap were held at once)."""
+        name = f"{self.gcs.name(self.target.parent)}/{export_model.CLAIM}"
+        mine = [gen for (obj, gen), data in self.bucket.history.items()
+                if obj == name and json.loads(data).get("export") == export_id]
+        return min(mine), max(mine)
 
     def model_of(self, sources: dict[str, int]) -> bytes:
         """The model the merger makes of the shards at `sources`' generations."""

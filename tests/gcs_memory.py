@@ -1,15 +1,12 @@
-"""An in-memory GCS bucket behind the real client (workloads/gcs.Gcs): its requests are answered here instead
-of over HTTP, with the GCS JSON API's semantics the markers and the export rest on
-(https://cloud.google.com/storage/docs/json_api/v1/objects and .../docs/request-preconditions,
-.../docs/generations-preconditions): every write of an object (objects.insert, media or multipart) gives it a
-new, larger generation; `ifGenerationMatch` (on either upload) lands only if the object is at that generation,
-0 only if it is absent, else 412; objects.get names the live generation (404 for any other: no versioning);
-objects.list by prefix is strongly consistent, in name order, paged; metadata carries `updated` and the
-answer a Date header, both by the bucket's own clock. tests/test_gcs_memory.py runs one call sequence
-here and on fake-gcs-server and compares the answers. Not imitated: IAM, 429/503, resumable uploads.
-
-The pods' bucket mount (GCS FUSE: a file's upload on close is the object's new generation) is a folder:
-`sync` makes every file written there since the last call a new generation, before each request."""
+"""An in-memory GCS bucket behind the real client (workloads/gcs.Gcs), with the JSON API's semantics the
+markers and the export rest on (https://cloud.google.com/storage/docs/json_api/v1/objects,
+.../docs/request-preconditions, .../docs/generations-preconditions): every write (objects.insert, media or
+multipart) a new, larger generation; `ifGenerationMatch` on either lands only at that generation (0: absent),
+else 412; objects.get of a non-live generation 404 (no versioning); objects.list by prefix strongly
+consistent, in name order, paged; `updated` and the Date header by the bucket's clock. Compared call for
+call with fake-gcs-server by tests/test_gcs_memory.py. Not imitated: IAM, 429/503, resumable uploads.
+The pods' mount (GCS FUSE: a file's upload on close is a new generation) is a folder: `sync` makes each
+file written there since the last request a new generation."""
 
 from __future__ import annotations
 
