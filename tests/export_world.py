@@ -74,7 +74,8 @@ class Process:
         assert not self.done
         self._go.release()
         assert self._parked.acquire(timeout=STEP_TIMEOUT_S), f"{self.name} did not reach a pause in {STEP_TIMEOUT_S} s"
-        self._thread.join(timeout=STEP_TIMEOUT_S) if self.done else None
+        if self.done:
+            self._thread.join(timeout=STEP_TIMEOUT_S)
 
     def kill(self) -> None:
         self.killed = True
