@@ -2,7 +2,8 @@
 `pulumi up`'s create and delete, one write or action at a time, crashed after any of them, with faults
 (a second supervisor, head restarts, preemptions, API errors, records edited by hand, run id or
 jobAttempt changed mid-`up`, a stop racing a create, a submission retry racing a
-takeover, every process on its own clock: tests/run_world.py).
+takeover, every process on its own clock: tests/run_world.py); and the export's (two exports, an export
+racing a re-save: tests/export_world.py).
 
 hypothesis' RuleBasedStateMachine shrinks a failure to its shortest steps. CI runs EXAMPLES sequences
 of up to STEPS steps with a fixed seed; VERL_GKE_EXPLORE=<sequences> explores further, randomly
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -26,10 +28,12 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from tests.export_world import MODEL, WORLD_SIZE, ExportWorld, Killed, Process
 from tests.run_world import FAULTS, HEAD_OUTAGE_S, LEASE_PATH, NS, OUTPUTS, RC, RC_PATH, WORKERS, World, run_spec
 from verl_gke.console import CliError
 from verl_gke.runs import BucketCopy, Run, stop
-from workloads import run_lifecycle
+from workloads import export_model, run_lifecycle
+from workloads.gcs import Gcs
 from workloads.run_lease import LEASE_DURATION_S
 from workloads.run_lifecycle import SUCCEEDED, USER_STOPPED, Created, Decider, RunSpec
 from workloads.run_record import CLUSTER_LABEL, COMPONENT, RECORD_KEY, RecordStore
@@ -664,3 +668,236 @@ def test_the_exploration_fails_when_the_code_is_broken(monkeypatch: pytest.Monke
     with pytest.raises(fails_with) as raised:
         _explores(monkeypatch, name, value)
     print(f"{name} {getattr(value, '__name__', value)}: {str(raised.value).splitlines()[0]}")
+
+
+# --- the export's protocol: two exports of one run, a retry saving the step again, crashes ------------
+
+
+EXPORT_EXAMPLES = max(EXAMPLES * 3 // 20, 1)
+"""60 in CI: some 15 s (the run lifecycle's 400 take about 3 min)."""
+EXPORT_STEPS = 30
+
+
+class ExportProtocol(RuleBasedStateMachine):
+    """Issue 47 items 3 and 4 as schedules (tests/export_world.py): the supervisor's final export and `verl-gke
+    export` of one run, a retry re-saving the exported step while they read it, any of them dying anywhere."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.world = ExportWorld()
+        self.t = 0
+        self.solo: set[str] = set()
+        """Exports that ran alone from their start (no other export, no save, a free claim, a whole step)."""
+        self.successes: list[tuple[str, tuple[int, int]]] = []
+        """Exports that reported success: id, the span of their claim (ExportWorld.claim_span)."""
+
+    def teardown(self) -> None:
+        self.world.close()
+
+    def _others(self, who: str | None = None) -> None:
+        self.t += 1
+        self.solo &= {who} if who else set()
+
+    def _live(self, who: str) -> Process | None:
+        process = self.world.processes.get(who)
+        return process if process is not None and not process.done else None
+
+    @initialize()
+    def a_run_saved_a_step(self) -> None:
+        self.world.save_begins(1)
+        for rank in range(WORLD_SIZE):
+            self.world.rank_copies(rank)
+
+    @precondition(lambda self: self.world.saving is None)
+    @rule(step=st.sampled_from([1, 2]), copied=st.sampled_from([0, 1, WORLD_SIZE]))
+    def a_retry_saves_a_step_again(self, step: int, copied: int = 0) -> None:
+        """A later attempt saved `step` again; `copied` ranks' copiers then copy it at once."""
+        self._others()
+        self.world.save_begins(step)
+        for rank in range(copied):
+            self.world.rank_copies(rank)
+
+    @precondition(lambda self: self.world.saving is not None)
+    @rule(rank=st.sampled_from(range(WORLD_SIZE)))
+    def a_rank_copies_its_files(self, rank: int) -> None:
+        self._others()
+        if rank in (self.world.saving or {}).get("ranks", []):
+            self.world.rank_copies(rank)
+
+    @precondition(lambda self: self.world.saving is not None)
+    @rule()
+    def the_copiers_die(self) -> None:
+        self._others()
+        self.world.saving = None
+
+    @rule(who=st.sampled_from(["supervisor", "cli"]))
+    def an_export_starts(self, who: str) -> None:
+        if self._live(who):
+            return
+        claim = self.world.claim()
+        alone = not any(self._live(w) for w in ("supervisor", "cli")) and self.world.saving is None \
+            and (claim is None or claim.get("state") == "released") \
+            and bool(export_model.model_steps(self.world.run_dir, self.world.gcs))
+        self._others()
+        self.world.export_starts(who)
+        if alone:
+            self.solo.add(who)
+        self._finished(who)
+
+    @rule(who=st.sampled_from(["supervisor", "cli"]), steps=st.sampled_from([1, 2, 4, 8, 100]))
+    def an_export_goes_on(self, who: str, steps: int) -> None:
+        """It runs on `steps` pauses (started first, when none of `who` runs)."""
+        if self._live(who) is None:
+            self.an_export_starts(who)
+            steps -= 1
+        for _ in range(steps):
+            if (process := self._live(who)) is None:
+                return
+            self._others(who)
+            process.step()
+            self._finished(who)
+
+    @rule(who=st.sampled_from(["supervisor", "cli"]))
+    def an_export_dies(self, who: str) -> None:
+        if (process := self._live(who)) is not None:
+            self._others()
+            process.kill()
+            assert isinstance(process.error, Killed), (process.name, process.error)
+
+    @rule(seconds=st.sampled_from([60.0, export_model.CLAIM_LAPSES_S]))
+    def time_passes(self, seconds: float) -> None:
+        self.world.now += seconds
+        if seconds > 60:
+            self._others()
+
+    def _finished(self, who: str) -> None:
+        process = self.world.processes[who]
+        if not process.done:
+            return
+        if process.error is not None:
+            assert isinstance(process.error, export_model.ExportError) and str(process.error) \
+                and "\n" not in str(process.error), f"{process.name} failed not in one line: {process.error!r}"
+            assert who not in self.solo, f"{process.name} ran alone and refused: {process.error}"
+            return
+        published = self.world.published()
+        assert published is not None and published["export"] == process.name, (process.name, published)
+        model = (self.world.target / MODEL).read_bytes()
+        assert model == self.world.model_of(published["sources"]), f"{process.name} left another model than it names"
+        first, last = self.world.claim_span(process.name)
+        for other, (their_first, their_last) in self.successes:
+            assert their_last < first or last < their_first, \
+                f"{other} and {process.name} held the run's claim at once and both reported success"
+        self.successes.append((process.name, (first, last)))
+        self.solo.discard(who)
+
+    @invariant()
+    def a_published_model_is_one_exports_whole_output_of_one_step_as_its_marker_vouched(self) -> None:
+        published = self.world.published()
+        if published is None:
+            return
+        assert published["sources"] in self.world.vouched(published["step"]), \
+            f"model.json names generations no marker of step {published['step']} vouched for: {published}"
+        claim = self.world.claim()
+        if claim is not None and claim.get("state") == "publishing":
+            return  # an export between its rename and its pointer (or cut there): the claim says so
+        model = (self.world.target / MODEL).read_bytes()
+        assert model == self.world.model_of(published["sources"]), \
+            f"the model folder holds another model than model.json names ({published['export']})"
+
+
+ExportProtocol.TestCase.settings = settings(
+    phases=RunLifecycle.TestCase.settings.phases, max_examples=EXPORT_EXAMPLES, stateful_step_count=EXPORT_STEPS,
+    deadline=None, derandomize=not EXPLORE, database=None, print_blob=True, suppress_health_check=list(HealthCheck))
+test_the_export_protocol_holds_over_explored_interleavings = ExportProtocol.TestCase
+
+
+EXPORT_REGRESSIONS: dict[str, list[Step]] = {
+    # Found by the exploration: the export picked step 1 (its marker whole), then a retry announced step 1
+    # (its markers deleted) and rank 0 copied its files again before the export read the shards' generations;
+    # with no marker left to compare them to, the export merged a2's rank 0 with a1's rank 1 and published
+    # that mix as step 1.
+    "a re-save between the export's choice of the step and its read of the shards": [
+        ("an_export_starts", {"who": "supervisor"}), ("an_export_goes_on", {"who": "supervisor", "steps": 2}),
+        ("an_export_goes_on", {"who": "supervisor", "steps": 4}), ("a_retry_saves_a_step_again", {"step": 1}),
+        ("a_rank_copies_its_files", {"rank": 0}), ("an_export_goes_on", {"who": "supervisor", "steps": 100})],
+    # Issue 47 item 4: a retry re-saves the step while the merger reads it (between rank 0 and rank 1).
+    "a re-save while the merger reads the shards": [
+        ("an_export_starts", {"who": "supervisor"}), ("an_export_goes_on", {"who": "supervisor", "steps": 8}),
+        ("an_export_goes_on", {"who": "supervisor", "steps": 1}), ("a_retry_saves_a_step_again", {"step": 1}),
+        ("a_rank_copies_its_files", {"rank": 0}), ("a_rank_copies_its_files", {"rank": 1}),
+        ("an_export_goes_on", {"who": "supervisor", "steps": 100})],
+    # Issue 47 item 3: `verl-gke export` starts while the supervisor's export merges step 1, after step 2 was
+    # saved; each runs on.
+    "the CLI's export while the supervisor's merges": [
+        ("an_export_starts", {"who": "supervisor"}), ("an_export_goes_on", {"who": "supervisor", "steps": 8}),
+        ("a_retry_saves_a_step_again", {"step": 2}), ("a_rank_copies_its_files", {"rank": 0}),
+        ("a_rank_copies_its_files", {"rank": 1}), ("an_export_starts", {"who": "cli"}),
+        ("an_export_goes_on", {"who": "cli", "steps": 100}), ("an_export_goes_on", {"who": "supervisor", "steps": 100})],
+    # The same with both exports reading a free claim before either writes it: ifGenerationMatch=0 decides.
+    "two exports claim at once": [
+        ("an_export_starts", {"who": "supervisor"}), ("an_export_starts", {"who": "cli"}),
+        ("an_export_goes_on", {"who": "supervisor", "steps": 1}), ("an_export_goes_on", {"who": "cli", "steps": 1}),
+        ("an_export_goes_on", {"who": "supervisor", "steps": 1}), ("an_export_goes_on", {"who": "cli", "steps": 1}),
+        ("an_export_goes_on", {"who": "supervisor", "steps": 8}), ("a_retry_saves_a_step_again", {"step": 2}),
+        ("a_rank_copies_its_files", {"rank": 0}), ("a_rank_copies_its_files", {"rank": 1}),
+        ("an_export_goes_on", {"who": "cli", "steps": 100}), ("an_export_goes_on", {"who": "supervisor", "steps": 100})],
+}
+
+
+def replay_export(steps: list[Step]) -> ExportProtocol:
+    machine = ExportProtocol()
+    try:
+        machine.a_run_saved_a_step()
+        for name, kwargs in steps:
+            getattr(machine, name)(**kwargs)
+            machine.a_published_model_is_one_exports_whole_output_of_one_step_as_its_marker_vouched()
+        return machine
+    finally:
+        machine.teardown()
+
+
+@pytest.mark.parametrize("name", sorted(EXPORT_REGRESSIONS))
+def test_an_export_schedule_found_once_holds(name: str) -> None:
+    replay_export(EXPORT_REGRESSIONS[name])
+
+
+_REAL_WRITE = Gcs.write
+_REAL_SOURCES = export_model._sources
+
+
+def _claim_without_precondition(gcs: Gcs, name: str, data: bytes, if_generation_match: int) -> int:
+    """0.7.0's exports: a claim written whatever the object holds (no ifGenerationMatch)."""
+    if not name.endswith(export_model.CLAIM):
+        return _REAL_WRITE(gcs, name, data, if_generation_match)
+    gcs.put(name, data, "application/json")
+    return gcs.stat(name).generation  # type: ignore[union-attr]
+
+
+def _sources_read_once(gcs: Gcs, actor: Path, _seen: dict = {}) -> dict[str, int]:  # noqa: B006 - the memo
+    """The shards' generations as read before the merge, every time: the after-merge comparison always agrees."""
+    return _seen.setdefault((id(gcs), str(actor)), _REAL_SOURCES(gcs, actor))
+
+
+@pytest.mark.parametrize(("schedule", "name", "value", "says"), [
+    ("two exports claim at once", "workloads.gcs.Gcs.write", _claim_without_precondition,
+     "held the run's claim at once and both reported success"),
+    ("a re-save between the export's choice of the step and its read of the shards",
+     "workloads.export_model.vouched_generations", lambda _step_dir: {}, "names generations no marker of step 1"),
+    ("a re-save while the merger reads the shards", "workloads.export_model._sources", _sources_read_once,
+     "left another model than it names"),
+], ids=["a claim without ifGenerationMatch", "no check against the marker's generations",
+        "no check of the generations after the merge"])
+def test_the_export_schedules_fail_when_the_protocol_is_broken(monkeypatch: pytest.MonkeyPatch, schedule: str,
+                                                               name: str, value: object, says: str) -> None:
+    monkeypatch.setattr(name, value)
+    with pytest.raises(AssertionError, match=re.escape(says)):
+        replay_export(EXPORT_REGRESSIONS[schedule])
+
+
+def test_the_export_exploration_fails_when_the_claim_has_no_precondition(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The exploration itself (not only the schedules above) reaches two exports claiming the run at once."""
+    monkeypatch.setattr("workloads.gcs.Gcs.write", _claim_without_precondition)
+    with pytest.raises(AssertionError, match="held the run's claim at once and both reported success"):
+        run_state_machine_as_test(ExportProtocol, settings=settings(
+            max_examples=EXPORT_EXAMPLES, stateful_step_count=EXPORT_STEPS, deadline=None, derandomize=True,
+            database=None, phases=[Phase.generate], suppress_health_check=list(HealthCheck)))

@@ -383,6 +383,22 @@ def test_an_ended_runs_outage_restarts_when_the_head_answers():
     assert changed["r"].outage_s == 0.0 and not changed["r"].released
 
 
+def test_the_release_waits_for_the_outage_bound_on_every_ended_runs_own_count():
+    """An ended run's outage count starts at its record (docs/run-lifecycle.md: reset when the head answers):
+    a run begun during the silence (a create whose submit the head may have taken before it went silent)
+    has seen less of it. The GPUs go once the shortest count reaches the bound, not the longest."""
+    old = replace(run_lifecycle.ended(replace(RUNNING_0, run_id="old"), USER_STOPPED), outage_s=890.0)
+    new = replace(run_lifecycle.ended(RUNNING_0, DEPLOY_FAILED), outage_s=15.0)
+    silent = view(new, None, records={"old": old, "r": new})
+    changed, effects = decide(silent)
+    assert ({k: (r.outage_s, r.released) for k, r in changed.items()}, effects) == (
+        {"old": (905.0, False), "r": (30.0, False)}, [])
+    later = view(new, None, records={"old": replace(old, outage_s=1775.0), "r": replace(new, outage_s=885.0)})
+    changed, effects = decide(later)
+    assert ({k: (r.outage_s, r.released) for k, r in changed.items()}, effects) == (
+        {"old": (1790.0, True), "r": (900.0, True)}, [Effect("suspend")])
+
+
 def test_the_driver_log_tells_the_step_and_a_save_under_way():
     assert log_state(["step:3 - a:1", "local_global_step_folder: /ck/global_step_4"]) == run_lifecycle.LogState(3, True)
     assert log_state(["local_global_step_folder: x", "step:4 - a:1"]) == run_lifecycle.LogState(4, False)

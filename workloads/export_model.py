@@ -87,15 +87,21 @@ def _changed(gcs: Gcs, step_dir: Path, generations: dict[str, int], now: dict[st
                  and now.get(f"{prefix}/{name}") != gen), None)
 
 
-def vouched_generations(step_dir: Path) -> dict[str, int]:
-    """The generations the step's marker (the model's, else the complete one) names; {} for a marker from
-    before generations were recorded."""
+def vouched_generations(step_dir: Path) -> dict[str, int] | None:
+    """The generations the step's current attempt's marker (the model's, else the complete one) names; {} for a
+    marker from before generations were recorded; None when neither is the current attempt's (saved again)."""
+    try:
+        attempt = json.loads((step_dir / SAVED).read_text())["attempt"]
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        attempt = None
     for name in MARKERS:
         try:
-            return json.loads((step_dir / name).read_text()).get("generations", {})
-        except (FileNotFoundError, ValueError, AttributeError):
+            marker = json.loads((step_dir / name).read_text())
+        except (FileNotFoundError, ValueError):
             continue
-    return {}
+        if isinstance(marker, dict) and marker.get("attempt") == attempt:
+            return marker.get("generations", {})
+    return None
 
 
 def model_steps(checkpoint_dir: Path, gcs: Gcs | None = None) -> list[int]:
@@ -208,7 +214,12 @@ def export(checkpoint_dir: Path, target_dir: Path, step: int | None = None, *, p
                               f"this node allows {have / 1e9:.1f} GB: export with --memory-gb {-(-need // 10**9)} so "
                               "Ray runs it on a node with room")
         sources = _sources(gcs, actor) if gcs is not None else {}
-        if gcs is not None and (late := _changed(gcs, actor.parent, vouched_generations(actor.parent), sources)):
+        # The marker read after the shards' generations: one still the step's own names the generations read.
+        vouched = vouched_generations(actor.parent) if gcs is not None else {}
+        if vouched is None and copied_by_verl_gke(actor.parent):
+            raise ExportError(f"run {run}: step {step}'s marker is gone or another attempt's (saved again since); "
+                              f"export {export_id} publishes nothing")
+        if gcs is not None and (late := _changed(gcs, actor.parent, vouched or {}, sources)):
             raise ExportError(f"run {run}: step {step}'s {late} is not the generation its marker vouches for (saved "
                               f"again since); export {export_id} publishes nothing")
         shutil.rmtree(partial, ignore_errors=True)  # this export's own leftovers (a retry of the same id)
