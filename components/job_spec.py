@@ -129,7 +129,12 @@ class JobSpec(BaseModel):
         """Parses the spec part of props (None means default); ValueError names every bad prop."""
         if found := problems(props):
             raise ValueError("GrpoJob: " + "; ".join(f"{key}: {reason}" for key, reason in found))
-        return cls.model_validate(_given(props))
+        given = _given(props)
+        # A preview's unknown values are kept as they are (the outputs echo them unknown), never judged.
+        unknown = {key: value for key, value in given.items() if is_unknown(value)}
+        known = {key: value for key, value in given.items() if key not in unknown}
+        spec = cls.model_validate({**known, **{key: _PREVIEW_STAND_INS[key] for key in unknown if key in _REQUIRED}})
+        return spec.model_copy(update=unknown) if unknown else spec
 
     @property
     def submission_id(self) -> str:
@@ -199,6 +204,8 @@ SPEC_KEYS = tuple(JobSpec.model_fields)
 DEFAULTS: dict[str, Any] = {key: None if info.is_required() else info.get_default(call_default_factory=True)
                             for key, info in JobSpec.model_fields.items()}
 _REQUIRED = tuple(key for key, info in JobSpec.model_fields.items() if info.is_required())
+_PREVIEW_STAND_INS: dict[str, Any] = {"entrypoint": "unknown", "runtime_env": {}}
+"""What a required prop unknown at preview is validated as (its output stays unknown)."""
 
 
 def is_unknown(value: Any) -> bool:

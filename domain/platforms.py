@@ -623,6 +623,8 @@ DEPLOY_DURATIONS: dict[str, Duration] = {
     "pulumi-python:dynamic:UpgradeExclusionStart": Duration(1, "reads the deploying machine's clock, no cloud call"),
     "pulumi-python:dynamic:PinnedImage": Duration(
         2, f"two small HTTPS requests to the image's registry (a token, a manifest HEAD); {_ESTIMATE}"),
+    "pulumi-python:dynamic:PinnedChart": Duration(
+        2, f"one download of a chart archive (tens of KB) and its sha256; {_ESTIMATE}"),
 }
 """Create time per resource type; a Kubernetes object not listed is one API write (KUBE_WRITE)."""
 STAGING_FIXED_S = 60.0

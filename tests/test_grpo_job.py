@@ -28,7 +28,7 @@ from pulumi.runtime import rpc
 from ray.job_submission import JobSubmissionClient
 
 from components import job_lease
-from components.grpo_job import GrpoJob, GrpoJobProvider
+from components.grpo_job import GrpoJob, GrpoJobProvider, planned_outs
 from components.job_spec import JobSpec
 from workloads.run_lifecycle import DELETED
 from workloads.run_record import RecordStore, RunRecord
@@ -288,6 +288,16 @@ def test_check_names_each_bad_prop_and_lets_unknowns_pass() -> None:
                                        "cluster_ca_certificate": "Y2E=", "cluster_name": "verl",
                                        "head_service": "h", "namespace": "ray"})
     assert port_forward.failures == []
+
+
+def test_the_planned_outputs_of_a_preview_echo_its_unknown_props() -> None:
+    """synth --preview and a first `pulumi preview`: what is not known yet is neither judged nor replaced."""
+    endpoint = Unknown()
+    outs = planned_outs({"entrypoint": "x", "runtime_env": {}, "cluster_endpoint": endpoint,
+                         "cluster_ca_certificate": rpc.UNKNOWN, "cluster_name": "verl", "head_service": "h"}, "?")
+    assert (outs["cluster_endpoint"], outs["cluster_ca_certificate"], outs["status"]) == (endpoint, rpc.UNKNOWN, "?")
+    known = JobSpec.from_props({"entrypoint": "x", "runtime_env": {}, "dashboard_url": "http://head:8265"})
+    assert outs["submission_id"] == known.submission_id
 
 
 def test_check_refuses_fabric_props_of_the_wrong_shape() -> None:
