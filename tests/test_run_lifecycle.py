@@ -1159,3 +1159,29 @@ def test_issue47_item8_the_silence_count_survives_a_new_holder():
     assert taken is not None and world.t - taken <= 60.0, (taken, world.t)
     lost = record(world)
     assert lost.outcome == UNANSWERED and lost.outage_s >= 90.0, lost
+
+
+def test_a_head_restart_with_a_supervisor_restart_resubmits_once_and_after_the_end_keeps_the_release():
+    """A KubeRay head pod restart (no GCS fault tolerance: the head forgets its jobs, test_run_faults::test_1
+    shows a real head does) while the supervisor is evicted: the next one rebuilds from the record and submits
+    the next attempt once; after the run ended and was released, a restart and a new supervisor keep it so."""
+    world = deployed()
+    ids = world.desired.submission_ids
+    world.supervisors.pop(0).lease.release()  # SIGTERM: it leaves the Lease free, its memory is gone
+    world.head.restart()
+    world.start_supervisor(0, 2)
+    steps(world, rounds=4)
+    assert world.head.live() == [ids[1]]
+    assert [(a.index, a.by, a.cause) for a in record(world).attempts] == [
+        (0, "pulumi-up", "pulumi-up"), (1, "supervisor", "node-lost")]
+    world.head.finish(ids[1], "SUCCEEDED")
+    steps(world)
+    world.head.finish(record(world).export_id, "SUCCEEDED")
+    steps(world, rounds=2)
+    assert record(world).outcome == SUCCEEDED and record(world).released and world.suspended() is True
+    done = record(world)
+    world.supervisors.pop(0).lease.release()
+    world.head.restart()
+    world.start_supervisor(0, 3)
+    steps(world, rounds=20)
+    assert world.suspended() is True and world.head.jobs == {} and record(world) == done  # not reopened
