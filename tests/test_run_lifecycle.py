@@ -1185,3 +1185,12 @@ def test_a_head_restart_with_a_supervisor_restart_resubmits_once_and_after_the_e
     world.start_supervisor(0, 3)
     steps(world, rounds=20)
     assert world.suspended() is True and world.head.jobs == {} and record(world) == done  # not reopened
+
+
+def test_with_export_model_off_a_succeeded_run_releases_the_workers_at_once():
+    """exportModel: false: no export is claimed or submitted (the export ids are known, the policy says no)."""
+    succeeded = run_lifecycle.ended(RUNNING_0, SUCCEEDED)
+    changed, effects = decide(view(succeeded, {"s0": job("s0", "SUCCEEDED")},
+                                   export_ids={"r": ("verl-export-r-final-0", "/data/models/r/model")}))
+    assert changed["r"].released and (changed["r"].export_id, changed["r"].export_outcome) == ("", "")
+    assert [e.kind for e in effects] == ["suspend"]
