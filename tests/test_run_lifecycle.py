@@ -1194,3 +1194,23 @@ def test_with_export_model_off_a_succeeded_run_releases_the_workers_at_once():
                                    export_ids={"r": ("verl-export-r-final-0", "/data/models/r/model")}))
     assert changed["r"].released and (changed["r"].export_id, changed["r"].export_outcome) == ("", "")
     assert [e.kind for e in effects] == ["suspend"]
+
+
+def test_item3_variant_an_older_generation_left_by_a_failed_up_is_watched_to_its_end_and_released():
+    """A jobAttempt bump whose `up` failed before the job's replace: the new generation's supervisor
+    resubmits none of the older generation's attempts (their ids are not its own) and releases it once it ends."""
+    world = deployed()
+    older = run_spec("run-a", 0).submission_ids[0]
+    world.desired = run_spec("run-a", 1)
+    world.runs["run-a/1"] = world.desired
+    world.supervisors.clear()  # replaced by the new generation's: its Lease expires
+    world.start_supervisor(0, 2)
+    steps(world, rounds=8)
+    assert world.head.live() == [older] and not record(world).outcome and world.suspended() is False
+    world.head.finish(older, "STOPPED")
+    steps(world, rounds=4)
+    assert not world.head.live() and [a.submission_id for a in record(world).attempts] == [older]
+    assert record(world).outcome == Outcome(Ended.FAILED, "NoLongerNamed", (
+        f"jobAttempt 0 of run-a ended while the stack names jobAttempt 1 of run-a, so none of its attempts is "
+        f"resubmitted: {older} STOPPED"))
+    assert record(world).released and world.suspended() is True
