@@ -231,7 +231,7 @@ def test_3_a_truncated_reply_is_the_head_not_answering_and_no_step_error_ends_th
     assert not record(url, spec).outcome and record(url, spec).outage_s > 0 and pauses == [0.2, 0.2, 0.2]
 
 
-def test_4_failed_deploy_releases_the_workers_and_a_cluster_never_whole_ends_the_run(heads, api):
+def test_4_a_failed_deploy_and_a_jobattempt_bump_release_the_workers(heads, api):
     url, state = api
     # The release waits while any job holds the workers: the earlier tests' stops must have landed.
     wait_for(lambda: not [j for j in RayJobs(heads["head"].dashboard_url).jobs().values() if j["status"] in LIVE],
@@ -259,23 +259,8 @@ def test_4_failed_deploy_releases_the_workers_and_a_cluster_never_whole_ends_the
     watcher.step()
     assert released(state, spec) and record(url, spec).released
 
-    # A lost attempt, and a cluster that never becomes whole: the wait ends at its bound, on the
-    # decider's own clock.
-    props = job_props(heads["head"], api, SLEEP, expected_workers=1, expected_gpus=1)
-    spec = JobSpec.from_props(props)
-    write(url, spec, lambda _r: RunRecord(spec.run_key, attempts=(
-        Attempt(0, spec.attempt_ids[0], "pulumi-up", "pulumi-up", submitted=True),)))
-    now = [0.0]
-    watcher = supervisor(heads["head"], url, spec, clock=lambda: now[0], capacity_timeout_s=600)
-    watcher.step()
-    now[0] += 300
-    watcher.step()
-    assert record(url, spec).waiting_s == pytest.approx(300) and not record(url, spec).outcome
-    now[0] += 301
-    watcher.step()
-    assert str(record(url, spec).outcome) == "the cluster was not whole within 600 s (0 of 1 GPU workers, 0 of 1 GPUs)"
-    assert released(state, spec) and record(url, spec).released
-    assert not live(heads["head"], spec)
+    # A cluster that never becomes whole ends the run at its bound, on the decider's own clock:
+    # test_run_lifecycle::test_the_capacity_wait_is_bounded_by_its_accumulator (the message exactly).
 
     # A jobAttempt bump: `pulumi up` deploys the new generation's supervisor, then the job's replace
     # deletes the old generation (recording it) and creates the new one. An up that dies between the
@@ -290,21 +275,8 @@ def test_4_failed_deploy_releases_the_workers_and_a_cluster_never_whole_ends_the
     assert record(url, old).outcome == run_lifecycle.DELETED
     assert released(state, old) and record(url, old).released
 
-    # An up that fails before the replace leaves the older generation running: the new supervisor
-    # resubmits none of its attempts (their ids are not its own) and releases it once it ends.
-    props = job_props(heads["head"], api, SLEEP)
-    old = JobSpec.from_props(props)
-    created = GrpoJobProvider().create(props)
-    watcher = supervisor(heads["head"], url, JobSpec.from_props({**props, "attempt": 1}))
-    watcher.step()
-    assert not record(url, old).outcome and not released(state, old)
-    RayJobs(heads["head"].dashboard_url).stop(created.id)
-    wait_for(lambda: status(heads["head"], created.id) == "STOPPED", 30, "the older generation's end")
-    watcher.step()
-    assert str(record(url, old).outcome) == (f"jobAttempt 0 of {old.run_key} ended while the stack names jobAttempt 1 of "
-                                        f"{old.run_key}, so none of its attempts is resubmitted: {created.id} STOPPED")
-    assert released(state, old) and record(url, old).released
-    assert [a.submission_id for a in record(url, old).attempts] == [created.id]
+    # An up that fails before the replace leaves the older generation running, never resubmitted and
+    # released once it ends: test_run_lifecycle::test_item3_variant_an_older_generation_left_by_a_failed_up_...
 
 
 def test_5_budget_is_enforced_before_every_submission(heads, api):
