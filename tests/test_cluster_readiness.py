@@ -21,25 +21,15 @@ from access.cluster_readiness import Capacity, ClusterNotReadyError, await_capac
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 
 
-def test_capacity_counts_alive_gpu_workers_only(ray_cluster: RayHead):
-    before = read_capacity(ray_cluster.dashboard_url)
-    assert (before.workers, before.gpus) == (0, 0.0)  # the head's own resources are not a worker's
-    cpu_only, gpu = start_node(ray_cluster, gpus=0), start_node(ray_cluster, gpus=2)
-    try:
-        assert read_capacity(ray_cluster.dashboard_url) == Capacity(workers=1, gpus=2.0, dead=before.dead)
-        # Every node of a multi-node test names the loopback address (tests/ray_loopback.py), not the machine's.
-        assert {n.node_ip for n in list_nodes(address=ray_cluster.dashboard_url, timeout=10)} == {"127.0.0.1"}
-    finally:
-        stop_node(cpu_only, ray_cluster)
-        stop_node(gpu, ray_cluster)
-
-
 def test_short_of_names_what_is_missing():
     assert Capacity(1, 8, 0).short_of(2, 16) == "1 of 2 GPU workers, 8 of 16 GPUs"
     assert Capacity(2, 16, 1).short_of(2, 16) == ""
 
 
-def test_create_submits_only_once_every_worker_joined(ray_cluster: RayHead):
+def test_create_submits_only_once_every_worker_joined_and_capacity_counts_alive_gpu_workers_only(
+        ray_cluster: RayHead):
+    before = read_capacity(ray_cluster.dashboard_url)
+    assert (before.workers, before.gpus) == (0, 0.0)  # the head's own resources are not a worker's
     stack = f"t{uuid.uuid4().hex[:8]}"
     props = {"dashboard_url": ray_cluster.dashboard_url, "stack": stack, "runtime_env": {},
              "entrypoint": f"{shlex.quote(sys.executable)} -c 'print(1)'", "startup_grace_s": 0,
@@ -60,6 +50,10 @@ def test_create_submits_only_once_every_worker_joined(ray_cluster: RayHead):
         job = JobSubmissionClient(ray_cluster.dashboard_url).get_job_info(result.id)
         # Submitted after the worker joined, not when the head first answered.
         assert job.start_time / 1000 > time.time() - (time.monotonic() - joined[0]) - 1
+        nodes.append(start_node(ray_cluster, gpus=0))  # beside the GPU worker that joined: a CPU-only one
+        assert read_capacity(ray_cluster.dashboard_url) == Capacity(workers=1, gpus=2.0, dead=before.dead)
+        # Every node of a multi-node test names the loopback address (tests/ray_loopback.py), not the machine's.
+        assert {n.node_ip for n in list_nodes(address=ray_cluster.dashboard_url, timeout=10)} == {"127.0.0.1"}
     finally:
         thread.join()
         for node in nodes:

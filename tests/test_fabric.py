@@ -46,9 +46,15 @@ def test_bus_bandwidth_is_nccl_tests_formula():
     assert bus_bandwidth_gbps(10**9, 0.5, 1) == pytest.approx(2.0)
 
 
-def test_the_check_measures_across_every_gpu_of_both_nodes(two_gpu_nodes: RayHead):
-    client = JobSubmissionClient(two_gpu_nodes.dashboard_url)
-    result = fabric.run_fabric_check(client, gloo_check(), stack="fab")
+@pytest.fixture(scope="module")
+def measured(two_gpu_nodes: RayHead) -> dict:
+    """One real measurement across both nodes: the verdicts below (the provider's and the CLI's refusal
+    under a floor) judge it, rather than each measuring again."""
+    return fabric.run_fabric_check(JobSubmissionClient(two_gpu_nodes.dashboard_url), gloo_check(), stack="fab")
+
+
+def test_the_check_measures_across_every_gpu_of_both_nodes(measured: dict):
+    result = measured
     assert (result["world"], result["nodes"], result["backend"], result["size_mb"]) == (4, 2, "gloo", 4)
     assert result["busbw_gbps"] > 0
     assert result["submission_id"].startswith("verl-fabric-fab-")
@@ -169,7 +175,8 @@ def test_create_measures_the_fabric_then_submits_and_reports_the_figure(two_gpu_
     assert JobSubmissionClient(two_gpu_nodes.dashboard_url).get_job_info(result.id).entrypoint.endswith("'print(1)'")
 
 
-def test_create_below_the_floor_fails_and_submits_no_run(two_gpu_nodes: RayHead):
+def test_create_below_the_floor_fails_and_submits_no_run(two_gpu_nodes: RayHead, measured: dict, monkeypatch):
+    monkeypatch.setattr(fabric, "run_fabric_check", lambda *_args: measured)  # these nodes' figure, measured once
     props = _props(two_gpu_nodes, fabric_min_busbw_gbps=1e6)
     with pytest.raises(fabric.FabricError) as caught:
         GrpoJobProvider().create(props)
@@ -178,7 +185,8 @@ def test_create_below_the_floor_fails_and_submits_no_run(two_gpu_nodes: RayHead)
     assert not [j for j in jobs if (j.submission_id or "").startswith(f"verl-grpo-{props['stack']}-")]
 
 
-def test_verl_gke_fabric_prints_the_figure_and_fails_below_the_floor(two_gpu_nodes: RayHead, tmp_path, capsys):
+def test_verl_gke_fabric_prints_the_figure_and_fails_below_the_floor(two_gpu_nodes: RayHead, measured: dict, tmp_path,
+                                                                     capsys, monkeypatch):
     from tests.test_cli import outputs_doc, write_outputs
     from verl_gke import cli
 
@@ -189,6 +197,7 @@ def test_verl_gke_fabric_prints_the_figure_and_fails_below_the_floor(two_gpu_nod
     out = capsys.readouterr().out
     assert out.startswith("bus bandwidth ") and "over 2 nodes x 2 GPUs, gloo, job verl-fabric-a4-" in out
     assert "\nNCCL transports: none logged\n" in out
+    monkeypatch.setattr(fabric, "run_fabric_check", lambda *_args: measured)  # these nodes' figure, measured once
     assert cli.main([*base, "--min-busbw", "1e6"]) == 1
     assert "below the 1e+06 GB/s floor (verl-gke:fabricMinBusBandwidthGbps)" in capsys.readouterr().err
 

@@ -148,14 +148,8 @@ def test_an_older_generations_success_is_exported_under_its_own_generation(ray_c
     assert (record.generation, record.export_id) == (0, f"verl-export-{run_id}-final-0")
     assert record.export_outcome.startswith("FAILED: export_model: ") and control.calls == [("set_suspended", True)]
 
-def test_with_export_model_off_the_workers_are_released_at_once(ray_cluster: RayHead, records):
-    run_id = succeeded_run(records)
-    control = RecordingControl()
-    sup = supervisor(ray_cluster.dashboard_url, records, run_id, control, None)
-    sup.step()
-    record = records.get(run_id).record
-    assert record.released and (record.export_id, record.export_outcome) == ("", "")
-    assert control.calls == [("set_suspended", True)] and sup.ray.submitted == []
+# exportModel off (released at once, nothing exported) is a rule of decide() alone:
+# test_run_lifecycle::test_with_export_model_off_a_succeeded_run_releases_the_workers_at_once.
 
 
 def test_an_export_past_its_bound_is_stopped_recorded_and_the_workers_released(ray_cluster: RayHead, records, tmp_path):

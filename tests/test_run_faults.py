@@ -170,6 +170,8 @@ def test_1_head_restart_then_refresh_and_up_leave_one_live_attempt(heads, api):
     spec = JobSpec.from_props(props)
     provider = GrpoJobProvider()
     created = provider.create(props)
+    # The Ray contract of every head restart here and on the stand-ins (tests/ray_jobs.py `restart`): a head
+    # restarted without GCS fault tolerance knows none of its jobs.
     heads["head"] = restart_head(heads["head"])
     head = heads["head"]
     # The refresh keeps the resource: Pulumi does not forget it and run `create` beside the run.
@@ -185,25 +187,6 @@ def test_1_head_restart_then_refresh_and_up_leave_one_live_attempt(heads, api):
     assert live(head, spec) == [spec.attempt_ids[1]]
     assert [(a.index, a.by) for a in record(url, spec).attempts] == [(0, "pulumi-up"), (1, "supervisor")]
     stop_all(head, spec)
-
-
-def test_2_head_restart_after_the_end_keeps_the_workers_released(heads, api):
-    url, state = api
-    props = job_props(heads["head"], api, QUICK)
-    spec = JobSpec.from_props(props)
-    GrpoJobProvider().create(props)
-    wait_for(lambda: status(heads["head"], spec.attempt_ids[0]) == "SUCCEEDED", 60, "the run's end")
-    first = supervisor(heads["head"], url, spec)
-    first.step()
-    assert record(url, spec).outcome == run_lifecycle.SUCCEEDED and record(url, spec).released
-    assert released(state, spec)
-    first.lease.release()
-    heads["head"] = restart_head(heads["head"])
-    later = supervisor(heads["head"], url, spec)  # a restarted supervisor too
-    for _ in range(3):
-        later.step()
-    assert released(state, spec)
-    assert not [sid for sid in RayJobs(heads["head"].dashboard_url).jobs() if sid in spec.attempt_ids]
 
 
 class _Truncated(BaseHTTPRequestHandler):
@@ -222,26 +205,16 @@ class _Truncated(BaseHTTPRequestHandler):
         pass
 
 
-def test_3_supervisor_restart_with_a_head_restart_loses_no_run_and_no_step_error_ends_it(heads, api):
+def test_3_a_truncated_reply_is_the_head_not_answering_and_no_step_error_ends_the_run(api):
+    """No Ray head: the reply is cut short by a server of this test (a head restart with a supervisor
+    restart is test_run_lifecycle::test_a_head_restart_with_a_supervisor_restart_..., on the stand-ins)."""
     url, _ = api
-    props = job_props(heads["head"], api, SLEEP)
-    spec = JobSpec.from_props(props)
-    GrpoJobProvider().create(props)
-    first = supervisor(heads["head"], url, spec)
-    first.step()
-    first.lease.release()  # evicted (SIGTERM: it leaves the Lease free), and its memory is gone
-    heads["head"] = restart_head(heads["head"])
-    assert supervisor(heads["head"], url, spec).step()  # a new one rebuilds from the record
-    assert live(heads["head"], spec) == [spec.attempt_ids[1]]
-    assert [(a.index, a.by, a.cause) for a in record(url, spec).attempts] == [
-        (0, "pulumi-up", "pulumi-up"), (1, "supervisor", "node-lost")]
-    stop_all(heads["head"], spec)
-
+    nowhere = RayHead(None, "http://127.0.0.1:9", None)  # type: ignore[arg-type]
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Truncated)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        spec = JobSpec.from_props(job_props(heads["head"], api, SLEEP))
-        broken = supervisor(heads["head"], url, spec)
+        spec = JobSpec.from_props(job_props(nowhere, api, SLEEP))
+        broken = supervisor(nowhere, url, spec)
         broken.ray = RayJobs(f"http://127.0.0.1:{server.server_port}", timeout_s=5)
         lines: list[str] = []
         broken.log = lines.append
@@ -258,7 +231,7 @@ def test_3_supervisor_restart_with_a_head_restart_loses_no_run_and_no_step_error
     assert not record(url, spec).outcome and record(url, spec).outage_s > 0 and pauses == [0.2, 0.2, 0.2]
 
 
-def test_4_failed_deploy_releases_the_workers_and_a_cluster_never_whole_ends_the_run(heads, api):
+def test_4_a_failed_deploy_and_a_jobattempt_bump_release_the_workers(heads, api):
     url, state = api
     # The release waits while any job holds the workers: the earlier tests' stops must have landed.
     wait_for(lambda: not [j for j in RayJobs(heads["head"].dashboard_url).jobs().values() if j["status"] in LIVE],
@@ -286,23 +259,8 @@ def test_4_failed_deploy_releases_the_workers_and_a_cluster_never_whole_ends_the
     watcher.step()
     assert released(state, spec) and record(url, spec).released
 
-    # A lost attempt, and a cluster that never becomes whole: the wait ends at its bound, on the
-    # decider's own clock.
-    props = job_props(heads["head"], api, SLEEP, expected_workers=1, expected_gpus=1)
-    spec = JobSpec.from_props(props)
-    write(url, spec, lambda _r: RunRecord(spec.run_key, attempts=(
-        Attempt(0, spec.attempt_ids[0], "pulumi-up", "pulumi-up", submitted=True),)))
-    now = [0.0]
-    watcher = supervisor(heads["head"], url, spec, clock=lambda: now[0], capacity_timeout_s=600)
-    watcher.step()
-    now[0] += 300
-    watcher.step()
-    assert record(url, spec).waiting_s == pytest.approx(300) and not record(url, spec).outcome
-    now[0] += 301
-    watcher.step()
-    assert str(record(url, spec).outcome) == "the cluster was not whole within 600 s (0 of 1 GPU workers, 0 of 1 GPUs)"
-    assert released(state, spec) and record(url, spec).released
-    assert not live(heads["head"], spec)
+    # A cluster that never becomes whole ends the run at its bound, on the decider's own clock:
+    # test_run_lifecycle::test_the_capacity_wait_is_bounded_by_its_accumulator (the message exactly).
 
     # A jobAttempt bump: `pulumi up` deploys the new generation's supervisor, then the job's replace
     # deletes the old generation (recording it) and creates the new one. An up that dies between the
@@ -317,21 +275,8 @@ def test_4_failed_deploy_releases_the_workers_and_a_cluster_never_whole_ends_the
     assert record(url, old).outcome == run_lifecycle.DELETED
     assert released(state, old) and record(url, old).released
 
-    # An up that fails before the replace leaves the older generation running: the new supervisor
-    # resubmits none of its attempts (their ids are not its own) and releases it once it ends.
-    props = job_props(heads["head"], api, SLEEP)
-    old = JobSpec.from_props(props)
-    created = GrpoJobProvider().create(props)
-    watcher = supervisor(heads["head"], url, JobSpec.from_props({**props, "attempt": 1}))
-    watcher.step()
-    assert not record(url, old).outcome and not released(state, old)
-    RayJobs(heads["head"].dashboard_url).stop(created.id)
-    wait_for(lambda: status(heads["head"], created.id) == "STOPPED", 30, "the older generation's end")
-    watcher.step()
-    assert str(record(url, old).outcome) == (f"jobAttempt 0 of {old.run_key} ended while the stack names jobAttempt 1 of "
-                                        f"{old.run_key}, so none of its attempts is resubmitted: {created.id} STOPPED")
-    assert released(state, old) and record(url, old).released
-    assert [a.submission_id for a in record(url, old).attempts] == [created.id]
+    # An up that fails before the replace leaves the older generation running, never resubmitted and
+    # released once it ends: test_run_lifecycle::test_item3_variant_an_older_generation_left_by_a_failed_up_...
 
 
 def test_5_budget_is_enforced_before_every_submission(heads, api):
@@ -385,7 +330,7 @@ def test_5_budget_is_enforced_before_every_submission(heads, api):
     assert trainer["use_v1"] is True
 
 
-def test_6_no_resubmission_after_a_delete_and_a_replace_with_the_same_ids(heads, api):
+def test_6_no_resubmission_after_a_delete(heads, api):
     url, state = api
     head = heads["head"]
     # Attempt 0 has a dead-node baseline: a later failure is judged against it.
@@ -405,16 +350,9 @@ def test_6_no_resubmission_after_a_delete_and_a_replace_with_the_same_ids(heads,
     assert status(head, spec.attempt_ids[1]) is None  # nothing submitted after the delete
     assert record(url, spec).outcome == run_lifecycle.DELETED and released(state, spec)
 
-    # A replace that keeps the ids (a new dashboard URL): delete stops the run, create goes on.
-    props = job_props(head, api, SLEEP)
-    spec = JobSpec.from_props(props)
-    created = provider.create(props)
-    provider.delete(created.id, outs(created))
-    assert status(head, created.id) == "STOPPED"
-    again = provider.create(props)
-    assert again.id == spec.attempt_ids[1] and live(head, spec) == [spec.attempt_ids[1]]
-    assert record(url, spec).opened_at == 1
-    stop_all(head, spec)
+    # A replace that keeps the ids (delete, then create: attempt 1, opened at 1) is
+    # test_run_lifecycle::test_item1_a_same_run_replace_keeps_its_gpus_and_its_run on the stand-ins; a delete
+    # stopping a real job is test_grpo_job::test_delete_stops_a_running_job.
 
 
 def test_7_pulumi_and_the_supervisor_never_own_the_same_field(api):
@@ -484,14 +422,18 @@ def test_7_the_run_that_needs_a_released_cluster_resumes_it_itself(heads, api):
     assert resume[1].endswith("?fieldManager=verl-gke-run-supervisor") and resume[3]["spec"] == {"suspend": False}
     wait_for(lambda: status(heads["head"], spec.attempt_ids[0]) == "SUCCEEDED", 60, "the run's end")
 
-    # A run that already succeeded is reported done without bringing the GPUs back.
-    write(url, spec, lambda r: run_lifecycle.replace(run_lifecycle.ended(r, run_lifecycle.SUCCEEDED), released=True))
-    state.objects[path]["spec"]["suspend"] = True
-    done = GrpoJobProvider().create(props)
-    assert done.outs["status"] == "SUCCEEDED" and released(state, spec)
+    # A run whose record says it succeeded (as the supervisor read it from the head) is reported done
+    # when applied again: not trained again, and the GPUs not brought back.
+    watcher = supervisor(heads["head"], url, spec)
+    watcher.step()
+    watcher.lease.release()
+    assert record(url, spec).outcome == run_lifecycle.SUCCEEDED and released(state, spec)
+    done = GrpoJobProvider().create({**props, "attempt": 0})
+    assert (done.id, outs(done)["status"]) == (spec.attempt_ids[0], "SUCCEEDED") and released(state, spec)
+    assert len(record(url, spec).attempts) == 1
 
 
-def test_8_each_run_has_its_own_checkpoint_folder_and_a_finished_run_is_not_retrained(heads, api):
+def test_8_each_run_has_its_own_checkpoint_folder():
     base = load_config(BASE_CONFIG)
     run_id, _ = stack_run(base)
 
@@ -508,19 +450,6 @@ def test_8_each_run_has_its_own_checkpoint_folder_and_a_finished_run_is_not_retr
     assert other(jobAttempt="3") == verl("trainer.save_freq", 5) == verl("trainer.test_freq", 5) == run_id
     command = entrypoint(base.verl, run_id=run_id)
     assert f"trainer.default_local_dir=/data/verl/checkpoints/{run_id}" in command.split()
-
-    # A run whose record says it succeeded is reported done when applied again, not trained again.
-    url, _ = api
-    props = job_props(heads["head"], api, QUICK)
-    spec = JobSpec.from_props(props)
-    GrpoJobProvider().create(props)
-    wait_for(lambda: status(heads["head"], spec.attempt_ids[0]) == "SUCCEEDED", 60, "the run's end")
-    watcher = supervisor(heads["head"], url, spec)
-    watcher.step()
-    watcher.lease.release()
-    again = GrpoJobProvider().create({**props, "attempt": 0})
-    assert (again.id, outs(again)["status"]) == (spec.attempt_ids[0], "SUCCEEDED")
-    assert len(record(url, spec).attempts) == 1
 
 
 def test_9_read_reports_the_newest_attempt_and_keeps_the_resource_when_the_head_is_unreachable(heads, api):

@@ -1175,3 +1175,58 @@ def test_issue47_item8_the_silence_count_survives_a_new_holder():
     assert taken is not None and world.t - taken <= 60.0, (taken, world.t)
     lost = record(world)
     assert lost.outcome == UNANSWERED and lost.outage_s >= 90.0, lost
+
+
+def test_a_head_restart_with_a_supervisor_restart_resubmits_once_and_after_the_end_keeps_the_release():
+    """A KubeRay head pod restart (no GCS fault tolerance: the head forgets its jobs, test_run_faults::test_1
+    shows a real head does) while the supervisor is evicted: the next one rebuilds from the record and submits
+    the next attempt once; after the run ended and was released, a restart and a new supervisor keep it so."""
+    world = deployed()
+    ids = world.desired.submission_ids
+    world.supervisors.pop(0).lease.release()  # SIGTERM: it leaves the Lease free, its memory is gone
+    world.head.restart()
+    world.start_supervisor(0, 2)
+    steps(world, rounds=4)
+    assert world.head.live() == [ids[1]]
+    assert [(a.index, a.by, a.cause) for a in record(world).attempts] == [
+        (0, "pulumi-up", "pulumi-up"), (1, "supervisor", "node-lost")]
+    world.head.finish(ids[1], "SUCCEEDED")
+    steps(world)
+    world.head.finish(record(world).export_id, "SUCCEEDED")
+    steps(world, rounds=2)
+    assert record(world).outcome == SUCCEEDED and record(world).released and world.suspended() is True
+    done = record(world)
+    world.supervisors.pop(0).lease.release()
+    world.head.restart()
+    world.start_supervisor(0, 3)
+    steps(world, rounds=20)
+    assert world.suspended() is True and world.head.jobs == {} and record(world) == done  # not reopened
+
+
+def test_with_export_model_off_a_succeeded_run_releases_the_workers_at_once():
+    """exportModel: false: no export is claimed or submitted (the export ids are known, the policy says no)."""
+    succeeded = run_lifecycle.ended(RUNNING_0, SUCCEEDED)
+    changed, effects = decide(view(succeeded, {"s0": job("s0", "SUCCEEDED")},
+                                   export_ids={"r": ("verl-export-r-final-0", "/data/models/r/model")}))
+    assert changed["r"].released and (changed["r"].export_id, changed["r"].export_outcome) == ("", "")
+    assert [e.kind for e in effects] == ["suspend"]
+
+
+def test_item3_variant_an_older_generation_left_by_a_failed_up_is_watched_to_its_end_and_released():
+    """A jobAttempt bump whose `up` failed before the job's replace: the new generation's supervisor
+    resubmits none of the older generation's attempts (their ids are not its own) and releases it once it ends."""
+    world = deployed()
+    older = run_spec("run-a", 0).submission_ids[0]
+    world.desired = run_spec("run-a", 1)
+    world.runs["run-a/1"] = world.desired
+    world.supervisors.clear()  # replaced by the new generation's: its Lease expires
+    world.start_supervisor(0, 2)
+    steps(world, rounds=8)
+    assert world.head.live() == [older] and not record(world).outcome and world.suspended() is False
+    world.head.finish(older, "STOPPED")
+    steps(world, rounds=4)
+    assert not world.head.live() and [a.submission_id for a in record(world).attempts] == [older]
+    assert record(world).outcome == Outcome(Ended.FAILED, "NoLongerNamed", (
+        f"jobAttempt 0 of run-a ended while the stack names jobAttempt 1 of run-a, so none of its attempts is "
+        f"resubmitted: {older} STOPPED"))
+    assert record(world).released and world.suspended() is True
