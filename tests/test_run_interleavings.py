@@ -261,13 +261,16 @@ class RunLifecycle(RuleBasedStateMachine):
         if self.world.api_down:
             return
         store = RecordStore(self.world.api("verl-gke stop"), NS, RC)
+        before = self.world.records().get(run_id)
         try:
             stop(Run(run_id, OUTPUTS, BucketCopy(run_id, "", None), lambda: store), wait=False, timeout_s=0.0,
                  poll_s=0.0)
         except (*FAULTS, CliError) as error:  # a failed CLI call (409s spent, a 5xx): the user runs it again
             self.world.log.append(f"verl-gke stop: {error!r}")
         record = self.world.records().get(run_id)
-        if record is not None and record.desired == "stopped":
+        # Watched only when this stop recorded it: a delete's stop (desired stopped by the stack) ends the
+        # run, which a later create of the same generation may begin again; a stop of an ended run writes nothing.
+        if record is not None and record.desired == "stopped" and before is not None and before.desired != "stopped":
             key = (run_id, record.generation)
             self.stop_jobs.setdefault(key, set(self._jobs_of(key)))
 
@@ -544,6 +547,12 @@ REGRESSIONS: dict[str, list[Step]] = {
         ("a_stack", {"deployed": "yes", "budget": 0.0}), ("a_quiet_spell", {"rounds": 30}),
         ("the_stack_changes_its_run", {"change": "run id", "skew": 0, "slot": 0}), ("the_attempt_succeeds", {}),
         ("supervisor_steps", {"slot": 0}), ("a_quiet_spell", {"rounds": 30})],
+    # `verl-gke stop` of a run a delete ended writes nothing (it already ended); the next create of the same
+    # generation rightly begins it again. The check had taken the delete's stop for the user's.
+    "a stop of a run a delete ended, then a create": [
+        ("a_stack", {"deployed": "no", "budget": 0.0}), ("a_retry_races_a_takeover", {"at": 0, "skew": 0, "tries": 2}),
+        ("pulumi_up_deletes", {"skew": 0}), ("a_quiet_spell", {"rounds": 7}), ("the_user_stops_a_run", {"which": 0}),
+        ("a_retry_races_a_takeover", {"at": 0, "skew": 0, "tries": 2})],
     # Issue 47 item 6: `kubectl delete lease` under `pulumi up`; a supervisor creates it anew and decides, and
     # `up`, valid by its own clock, wrote its record under the supervisor's Lease. Each action reads it back.
     "item 6: a Lease deleted under pulumi up": [
