@@ -547,6 +547,10 @@ REGRESSIONS: dict[str, list[Step]] = {
         ("a_stack", {"deployed": "yes", "budget": 0.0}), ("a_quiet_spell", {"rounds": 30}),
         ("the_stack_changes_its_run", {"change": "run id", "skew": 0, "slot": 0}), ("the_attempt_succeeds", {}),
         ("supervisor_steps", {"slot": 0}), ("a_quiet_spell", {"rounds": 30})],
+    # A delete that died before its stop reached the head, a create reopening the run, `verl-gke stop`
+    # after the create's resume: the run ended with an earlier opening's attempt live, which nothing stopped.
+    "a stop under a reopening create, an earlier attempt live": [("a_stack", {"deployed": "yes", "budget": 0.0}), ("pulumi_up", {"kind": "delete", "crash_after": 2, "skew": 0}),
+              ("the_user_stops_a_create", {"at": "resumed", "skew": 0}), ("a_quiet_spell", {"rounds": 7})],
     # `verl-gke stop` of a run a delete ended writes nothing (it already ended); the next create of the same
     # generation rightly begins it again. The check had taken the delete's stop for the user's.
     "a stop of a run a delete ended, then a create": [

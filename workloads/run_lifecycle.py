@@ -423,9 +423,10 @@ def decide(view: View) -> tuple[dict[str, RunRecord], list[Effect]]:
         record = view.records[run_id]
         if not record.outcome:
             _open_run(decision, record)
-        elif view.jobs is not None and record.newest is not None and _status(view, record.newest) in LIVE:
-            # Over (its budget, a delete whose stop did not reach the head): nothing of it may run on.
-            decision.effects.append(Effect("stop", run_id, record.newest.submission_id))
+        elif view.jobs is not None and record.attempts and _status(view, record.attempts[-1]) in LIVE:
+            # Over (its budget, a delete whose stop did not reach the head, a stop while a reopening create
+            # adopted an earlier opening's attempt): nothing of it may run on.
+            decision.effects.append(Effect("stop", run_id, record.attempts[-1].submission_id))
     _untraced(decision)
     _release(decision)
     changed = {k: v for k, v in decision.records.items() if view.records.get(k) != v}
@@ -466,9 +467,11 @@ def _supervised(view: View, record: RunRecord) -> bool:
 def _open_run(d: _Decision, record: RunRecord) -> None:
     view = d.view
     if record.desired == STOPPED:
-        # `verl-gke stop`: the run ends; its live attempt is stopped (checkpoints stay), then the release.
-        if view.jobs is not None and record.newest is not None and _status(view, record.newest) in LIVE:
-            d.effects.append(Effect("stop", record.run_id, record.newest.submission_id))
+        # `verl-gke stop`: the run ends; its live attempt is stopped (checkpoints stay), then the release. The
+        # last attempt, not the newest since the opening: a reopening create may have adopted an earlier one.
+        last = record.attempts[-1] if record.attempts else None
+        if view.jobs is not None and last is not None and _status(view, last) in LIVE:
+            d.effects.append(Effect("stop", record.run_id, last.submission_id))
         d.end(record, USER_STOPPED)
         return
     supervised = _supervised(view, record)
