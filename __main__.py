@@ -295,7 +295,7 @@ pulumi.export("estimatedRunCostUsd", run_cost(cfg.run_budget_h, cfg.hourly_usd))
 # To a tenth of a second: a model's figure, not a measurement.
 # The model's own step, never a measured one (measured/<stack>.json): the figure a measured step is held against.
 pulumi.export("modeledStepSeconds", round(modeled.modeled_step_s, 1) if modeled else None)
-pulumi.export("modeledRunSeconds", round(modeled.run_s, 1) if modeled else None)
+pulumi.export("modeledRunSeconds", round(modeled.run_s, 1) if modeled and modeled.run_s is not None else None)
 # verl's own start-up after the job runs (model load, vLLM, first sync, first validation): `report` holds it.
 pulumi.export("modeledVerlStartupSeconds", round(modeled.startup_s, 1) if modeled else None)
 pulumi.export("gpuPlatform", cfg.platform)

@@ -37,13 +37,13 @@ class DataStagingArgs(TypedDict):
     model_dir: str
     """Directory under /data for the model, e.g. Qwen2.5-32B-Instruct."""
     dataset_repo: str
-    """Hugging Face dataset with GSM8K's layout, e.g. openai/gsm8k."""
+    """A Hugging Face dataset staging has a recipe for (domain/staged.RECIPES), e.g. openai/gsm8k."""
     dataset_revision: str
     """40-hex commit of the dataset repository."""
     timeout_minutes: int
     """How long `pulumi up` waits for the Job; Kubernetes also stops the Job then."""
     dataset_config: NotRequired[str]
-    """The dataset's config (default `main`, as verl's preprocessing)."""
+    """The folder of the dataset's shards (default: its recipe's, main for GSM8K, as verl's preprocessing)."""
     verl: NotRequired[staging.VerlRelease | None]
     """The pinned verl wheel to unpack on the bucket; None when the image or the user's tree has verl."""
     hf_token_secret: NotRequired[str | None]
@@ -63,9 +63,9 @@ class DataStaging(pulumi.ComponentResource):
     model_path: pulumi.Output[str]
     """/data/<model dir>, once staged."""
     train_files: pulumi.Output[str]
-    """/data/gsm8k/train.parquet, once staged."""
+    """/data/<recipe dir>/train.parquet (gsm8k, math), once staged."""
     val_files: pulumi.Output[str]
-    """/data/gsm8k/test.parquet, once staged."""
+    """/data/<recipe dir>/test.parquet, once staged."""
 
     def __init__(self, name: str, args: DataStagingArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("verl-gke:index:DataStaging", name, {}, opts)
@@ -75,6 +75,7 @@ class DataStaging(pulumi.ComponentResource):
         script = Path(stage_data.__file__).read_text()
         client = Path(kube.__file__).read_text()
         shared = Path(staged.__file__).read_text()
+        recipe = staged.recipe_for(args["dataset_repo"]) or staged.RECIPES[0]
 
         cm = staging.script_config_map(namespace=ns, script=script, kube=client, shared=shared)
         config_map = k8s.core.v1.ConfigMap(f"{name}-script", metadata=cm["metadata"], data=cm["data"], opts=child)
@@ -99,7 +100,7 @@ class DataStaging(pulumi.ComponentResource):
             model_dir=args["model_dir"],
             dataset_repo=args["dataset_repo"],
             dataset_revision=args["dataset_revision"],
-            dataset_config=args.get("dataset_config", stage_data.DEFAULT_DATASET_CONFIG),
+            dataset_config=args.get("dataset_config") or recipe.config,
             script_digest=staging.script_digest(script, client, shared),
             deadline_seconds=args["timeout_minutes"] * 60,
             verl=args.get("verl"),
@@ -132,8 +133,8 @@ class DataStaging(pulumi.ComponentResource):
         data = storage.MOUNT_PATH
         self.job_name = job.metadata["name"]
         self.model_path = once_staged(f"{data}/{args['model_dir']}")
-        self.train_files = once_staged(f"{data}/{staged.DATASET_DIR}/train.parquet")
-        self.val_files = once_staged(f"{data}/{staged.DATASET_DIR}/test.parquet")
+        self.train_files = once_staged(f"{data}/{recipe.dir}/train.parquet")
+        self.val_files = once_staged(f"{data}/{recipe.dir}/test.parquet")
         self.register_outputs(
             {
                 "job_name": self.job_name,

@@ -42,14 +42,16 @@ from domain.stack_files import declared_types
 from domain.verl_settings import VerlSettings
 from domain.verl_wheel import VerlUnavailable
 from domain.staged import (
-    DATASET_DIR,
+    RECIPES,
     DEFAULT_DATASET_REPO,
+    Recipe,
     DEFAULT_DATASET_REVISION,
     DEFAULT_MODEL_REPO,
     DEFAULT_MODEL_REVISION,
     dataset_problem,
     is_repo_id,
     model_dir_for,
+    recipe_for,
 )
 
 NAMESPACE = "verl-gke"
@@ -264,9 +266,16 @@ class StackConfig(BaseModel):
                              ("workerMemoryGi", worker.memory_gi if worker else platform.worker_memory_gi)):
             if _unset(data.get(key)):
                 data[key] = default
+        recipe = recipe_for(str(data.get("dataset") or DEFAULT_DATASET_REPO))
+        if _unset(data.get("datasetRevision")):  # the recipe's pin; a copy's unset is GSM8K's, refused below
+            data.pop("datasetRevision", None)
+            if recipe and recipe.repo == data.get("dataset"):
+                data["datasetRevision"] = recipe.revision
         if not isinstance(data.get("verl"), VerlSettings):
             given, _ = verl_given(data.get("verl", {}), platform)
-            given = {**user_data.verl_paths(str(data.get("dataDir") or "")),  # the user's own paths win
+            staged = ({} if recipe is None or recipe.repo == DEFAULT_DATASET_REPO else  # GSM8K's are verl's defaults
+                      {path: f"{MOUNT_PATH}/{recipe.dir}/{name}" for path, name in user_data.FILES.items()})
+            given = {**staged, **user_data.verl_paths(str(data.get("dataDir") or "")),  # the user's own paths win
                      **reward_fn.verl_paths(str(data.get("rewardFunction") or "")), **given}
             start = data.get("startFrom")
             if isinstance(start, dict):
@@ -294,6 +303,11 @@ class StackConfig(BaseModel):
     @property
     def facts(self) -> Platform:
         return PLATFORMS[self.platform]
+
+    @property
+    def recipe(self) -> Recipe:
+        """How staging preprocesses verl-gke:dataset (domain/staged.py)."""
+        return recipe_for(self.dataset) or RECIPES[0]
 
     @property
     def image_ray_version(self) -> str:
@@ -567,8 +581,9 @@ class StackConfig(BaseModel):
     def _data_rules(self) -> Iterator[str]:
         """A repo of one's own names its own commit; verl's paths are plain, under the bucket mount; what the Ray
         pods may write (domain.bucket's layout) stays apart from what they run."""
-        for field, default_repo, default_revision in (("model", DEFAULT_MODEL_REPO, DEFAULT_MODEL_REVISION),
-                                                      ("dataset", DEFAULT_DATASET_REPO, DEFAULT_DATASET_REVISION)):
+        pinned = [("model", DEFAULT_MODEL_REPO, DEFAULT_MODEL_REVISION),
+                  *(("dataset", r.repo, r.revision) for r in RECIPES)]
+        for field, default_repo, default_revision in pinned:
             repo, revision = getattr(self, field), getattr(self, f"{field}_revision")
             if repo != default_repo and revision == default_revision:
                 yield _line(f"{field}_revision", revision, f"is the commit of the default {field} {default_repo}; set "
@@ -583,7 +598,7 @@ class StackConfig(BaseModel):
                             "node shares, written plainly (no '..', '.', '//' or trailing '/').")
         if grpo_spec.CHECKPOINT_DIR not in plain:
             return
-        staged = [f"{MOUNT_PATH}/{model_dir_for(self.model)}", f"{MOUNT_PATH}/{DATASET_DIR}",
+        staged = [f"{MOUNT_PATH}/{model_dir_for(self.model)}", f"{MOUNT_PATH}/{self.recipe.dir}",
                   *([f"{MOUNT_PATH}/{user_data.BUCKET_DIR}"] if self.data_dir or self.reward_function else [])]
         if self.staged_verl is not None:
             staged.append(f"{MOUNT_PATH}/{self.staged_verl.dir_name}")
@@ -663,6 +678,29 @@ class StackConfig(BaseModel):
                         f"{config_key('verl.' + start_from.MODEL_PATH)}; set one of them.")
 
     @_cross_field
+    def _dataset_rules(self) -> Iterator[str]:
+        """A staged dataset other than GSM8K: verl's default reward scores its data_source on this stack's verl, and
+        no prompt longer than data.max_prompt_length stops the run (their lengths are not known offline)."""
+        recipe = self.recipe
+        if self.data_dir and self.dataset != DEFAULT_DATASET_REPO:
+            yield problem_line(user_data.KEY, self.data_dir, f"the run trains on it, not on {config_key('dataset')} "
+                               f"{self.dataset}: set one of them.")
+            return
+        if recipe.repo == DEFAULT_DATASET_REPO or not recipe_for(self.dataset):
+            return
+        names, prefixes = user_data.known_sources(self.facts.verl)
+        if not self.verl.get(user_data.CUSTOM_REWARD) and not (
+                recipe.data_source in names or recipe.data_source.startswith(prefixes)):
+            yield _line("dataset", self.dataset, f"verl {self.verl.version}'s default reward does not score "
+                        f"{recipe.data_source}; set {config_key('reward_function')}.")
+        if self.verl.get("data.truncation") == "error" and not self.verl.get("data.filter_overlong_prompts"):
+            yield _line("verl.data.filter_overlong_prompts", False, f"with data.truncation \"error\" verl stops the "
+                        f"run on the first {self.dataset} prompt longer than data.max_prompt_length "
+                        f"({self.verl.get('data.max_prompt_length')}), after the GPUs are up, and their lengths need "
+                        "the model's tokenizer and the rows, which synth does not read: set it to true, as verl's MATH "
+                        "examples do, or data.truncation to \"left\" or \"right\".")
+
+    @_cross_field
     def _user_file_rules(self) -> Iterator[str]:
         """verl-gke:dataDir and rewardFunction (domain/user_data.py, domain/reward_fn.py): the verl paths each sets
         left to it, then its files (the reward called on the first row of the data, when there is some)."""
@@ -670,7 +708,8 @@ class StackConfig(BaseModel):
                 (user_data.KEY, self.data_dir, user_data.verl_paths(self.data_dir),
                  lambda: user_data.problems(self.data_dir, self.facts.verl, self.verl)),
                 (reward_fn.KEY, self.reward_function, reward_fn.verl_paths(self.reward_function),
-                 lambda: reward_fn.problems(self.reward_function, user_data.sample(self.data_dir)))):
+                 lambda: reward_fn.problems(self.reward_function, user_data.sample(self.data_dir)
+                                            or reward_fn.recipe_sample(self.recipe)))):
             if both := [path for path, v in ours.items() if self.verl.get(path) != v]:
                 yield problem_line(key, value, f"sets {' and '.join(both)} itself: remove "
                                    f"{', '.join(config_key(f'verl.{p}') for p in both)}, or this key.")

@@ -13,16 +13,26 @@ from typing import Any
 
 from domain.bucket import MOUNT_PATH
 from domain.problems import problem_line
+from domain.staged import RECIPES, Recipe
 from domain.user_data import BUCKET_DIR
 
 KEY = "verl-gke:rewardFunction"
 DEFAULT_NAME = "compute_score"
 """verl's default custom_reward_function.name."""
 CHECK_TIMEOUT_S = 30
-SAMPLE = {"data_source": "openai/gsm8k", "solution_str": "3 + 4 = 7\n#### 7", "ground_truth": "7",
-          "extra_info": {"split": "test", "index": 0}}
-"""The call verl makes (verl/workers/reward_manager/naive.py, 0.6.1 and 0.9.0: keywords data_source,
-solution_str, ground_truth, extra_info), on a GSM8K-shaped row when the stack has no data of its own."""
+
+
+def recipe_sample(recipe: Recipe) -> dict[str, Any]:
+    """The call verl makes (verl/workers/reward_manager/naive.py, 0.6.1 and 0.9.0: keywords data_source,
+    solution_str, ground_truth, extra_info) on a row of the staged dataset: the synth check's without data of
+    its own."""
+    solution, truth = recipe.sample
+    return {"data_source": recipe.data_source, "solution_str": solution, "ground_truth": truth,
+            "extra_info": {"split": "test", "index": 0}}
+
+
+SAMPLE = recipe_sample(RECIPES[0])
+"""A GSM8K row."""
 
 _PROBE = """
 import importlib.util, inspect, json, numbers, sys

@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 import zipfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -30,6 +31,9 @@ DEFAULT_DATASET_TRAIN_ROWS = 7473
 """GSM8K main's train split at that revision."""
 
 DATASET_DIR = "gsm8k"
+MATH_REPO = "DigitalLearningGmbH/MATH-lighteval"
+MATH_REVISION = "0530c78699ea5e8eb5530600900e1f328b48acad"
+"""The commit public projects cite for MATH-lighteval's data/train-00000-of-00001.parquet (7,500 problems)."""
 MARKER_NAME = ".verl-gke-staged.json"
 WANDB_SECRET = "wandb-api-key"
 """The Kubernetes Secret holding wandb's API key, in the stack's namespace (staging may write it alone)."""
@@ -62,15 +66,53 @@ def is_repo_id(value: str) -> bool:
             and len(value.split("/")[1]) <= _MAX_REPO_NAME and not value.endswith((".", ".git")))
 
 
+@dataclass(frozen=True)
+class Recipe:
+    """A Hugging Face dataset staging turns into verl's rows as verl's examples/data_preprocess/<script> does."""
+
+    repo: str
+    revision: str
+    """The pinned commit of `repo`; a copy in its layout names its own."""
+    marker: str
+    """A repo whose name contains it (lower case) is a copy in this layout."""
+    config: str
+    """The folder of its parquet shards, <config>/<split>-NNNNN-of-NNNNN.parquet."""
+    columns: tuple[str, str]
+    """The question's and the answer's columns."""
+    data_source: str
+    """What verl's recipe writes, and what verl's default_compute_score picks the reward by."""
+    dir: str
+    """Under the data root."""
+    script: str
+    sample: tuple[str, str]
+    """(solution_str, ground_truth) verl's reward for data_source scores 1: the synth check's sample row."""
+
+
+RECIPES = (
+    Recipe(DEFAULT_DATASET_REPO, DEFAULT_DATASET_REVISION, "gsm8k", "main", ("question", "answer"),
+           "openai/gsm8k", DATASET_DIR, "gsm8k.py", ("3 + 4 = 7\n#### 7", "7")),
+    Recipe(MATH_REPO, MATH_REVISION, "math-lighteval", "data", ("problem", "solution"), MATH_REPO, "math",
+           "math_dataset.py", ("3 + 4 = \\boxed{7}", "7")),
+)
+"""verl 0.6.1's other recipes need what the stack lacks: images (geo3k), a reward model (full_hh_rlhf), a
+data_source no default reward scores (hellaswag), tools or a retriever (search_r1, *_w_tool, multiturn)."""
+
+
+def recipe_for(repo: str) -> Recipe | None:
+    """The recipe staging applies to `repo`: by its name, so a copy in the same layout takes it too."""
+    name = repo.split("/", 1)[-1].lower()
+    return next((r for r in RECIPES if r.marker in name), None)
+
+
 def dataset_problem(repo: str) -> str | None:
-    """Why staging cannot stage `repo` (a repo id), or None. It turns GSM8K's rows into verl's, tagged
-    for verl's GSM8K reward, so the dataset must be GSM8K: the Pulumi program refuses others at synth and
+    """Why staging cannot stage `repo` (a repo id), or None: the Pulumi program refuses others at synth and
     preview, and staging at start (the layout itself is checked on the Hub's files, split_files)."""
-    if "gsm8k" in repo.split("/", 1)[-1].lower():
+    if recipe_for(repo):
         return None
-    return ("staging turns only GSM8K into verl's rows (scored by verl's GSM8K reward): openai/gsm8k or a copy of "
-            "it in its layout (a repo whose name contains gsm8k, with main/train-* and main/test-* parquet shards "
-            "of question and answer).")
+    return ("staging preprocesses only " + " and ".join(
+        f"{r.repo} (or a copy whose name contains {r.marker}, {r.config}/train-* and {r.config}/test-* parquet "
+        f"shards of {' and '.join(r.columns)})" for r in RECIPES)
+        + " as verl's examples/data_preprocess does; for other data, verl-gke:dataDir.")
 
 
 def model_dir_for(repo: str) -> str:

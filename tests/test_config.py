@@ -710,10 +710,46 @@ def test_a_dataset_staging_would_refuse_is_refused_at_synth():
     found = only_problem(dataset="hendrycks/competition_math", datasetRevision="a" * 40)
     assert found == f'verl-gke:dataset = "hendrycks/competition_math": {dataset_problem("hendrycks/competition_math")}'
     assert dataset_problem("hendrycks/competition_math") == (
-        "staging turns only GSM8K into verl's rows (scored by verl's GSM8K reward): openai/gsm8k or a copy of it in "
-        "its layout (a repo whose name contains gsm8k, with main/train-* and main/test-* parquet shards of question "
-        "and answer).")
+        "staging preprocesses only openai/gsm8k (or a copy whose name contains gsm8k, main/train-* and main/test-* "
+        "parquet shards of question and answer) and DigitalLearningGmbH/MATH-lighteval (or a copy whose name "
+        "contains math-lighteval, data/train-* and data/test-* parquet shards of problem and solution) as verl's "
+        "examples/data_preprocess does; for other data, verl-gke:dataDir.")
     assert dataset_problem("openai/gsm8k") is None and dataset_problem("me/gsm8k-clean") is None
+    assert dataset_problem("DigitalLearningGmbH/MATH-lighteval") is None
+
+
+MATH = "DigitalLearningGmbH/MATH-lighteval"
+
+
+def test_math_is_staged_at_its_pinned_commit_into_its_own_folder():
+    cfg = load_config(config(dataset=MATH, **verl(data__filter_overlong_prompts=True)))
+    assert cfg.dataset_revision == "0530c78699ea5e8eb5530600900e1f328b48acad"
+    assert (cfg.verl.get("data.train_files"), cfg.verl.get("data.val_files")) == (
+        "/data/math/train.parquet", "/data/math/test.parquet")
+
+
+def test_math_with_prompts_verl_would_stop_on_is_refused():
+    assert only_problem(dataset=MATH) == (
+        'verl-gke:verl.data.filter_overlong_prompts = false: with data.truncation "error" verl stops the run on the '
+        f"first {MATH} prompt longer than data.max_prompt_length (512), after the GPUs are up, and their lengths "
+        "need the model's tokenizer and the rows, which synth does not read: set it to true, as verl's MATH "
+        'examples do, or data.truncation to "left" or "right".')
+    load_config(config(dataset=MATH, **verl(data__truncation="right")))
+
+
+def test_a_copy_of_a_pinned_dataset_names_its_own_commit():
+    assert only_problem(dataset="me/math-lighteval-clean", datasetRevision="0530c78699ea5e8eb5530600900e1f328b48acad",
+                        **verl(data__filter_overlong_prompts=True)) == (
+        'verl-gke:datasetRevision = "0530c78699ea5e8eb5530600900e1f328b48acad": is the commit of the default '
+        f"dataset {MATH}; set the commit of me/math-lighteval-clean to stage.")
+
+
+def test_a_dataset_and_data_of_your_own_are_not_both_taken(tmp_path):
+    from tests.test_user_data import row, write
+
+    folder = write(tmp_path / "mine", [row()])
+    assert only_problem(dataset=MATH, dataDir=str(folder), **verl(data__filter_overlong_prompts=True)) == (
+        f'verl-gke:dataDir = "{folder}": the run trains on it, not on verl-gke:dataset {MATH}: set one of them.')
 
 
 def test_a_value_larger_than_a_command_line_argument_is_refused():

@@ -80,3 +80,11 @@ def test_the_program_uploads_the_file_and_the_job_names_it(tmp_path: Path) -> No
     args = shlex.split(job.inputs["entrypoint"])
     assert f"custom_reward_function.path=/data/{obj.inputs['name']}" in args
     assert "custom_reward_function.name=compute_score" in args
+
+
+def test_with_math_staged_it_is_called_on_a_math_row(tmp_path: Path) -> None:
+    picky = reward(tmp_path, "def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+                             "    assert data_source == 'DigitalLearningGmbH/MATH-lighteval', data_source\n"
+                             "    assert solution_str.endswith('\\\\boxed{' + ground_truth + '}')\n    return 1\n")
+    load_config({**BASE_CONFIG, "verl-gke:dataset": "DigitalLearningGmbH/MATH-lighteval", KEY: str(picky),
+                 "verl-gke:verl": '{"data": {"filter_overlong_prompts": true}}'})

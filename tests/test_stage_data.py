@@ -471,7 +471,7 @@ def test_missing_data_root_is_permanent(hub: DirHub, tmp_path: Path, capsys: pyt
         ({"dataset_revision": "A" * 40}, f"--dataset-revision '{'A' * 40}' is not a commit SHA"),
         ({"model_repo": "Qwen2.5-32B"}, "--model-repo 'Qwen2.5-32B' is not a Hub repo id like owner/name"),
         ({"dataset_repo": "hendrycks/competition_math"},
-         "--dataset-repo 'hendrycks/competition_math': staging turns only GSM8K into verl's rows"),
+         "--dataset-repo 'hendrycks/competition_math': staging preprocesses only openai/gsm8k (or a copy"),
         ({"model_dir": "../etc"}, "--model-dir '../etc' must be one directory name"),
         ({"model_dir": "gsm8k"}, "--model-dir 'gsm8k' must be one directory name"),
         ({"workers": "0"}, "--workers 0 must be 1..64"),
@@ -570,3 +570,97 @@ def test_user_data_arguments_are_checked() -> None:
         sd.parse_args(["--user-data", "gs://b/o=elsewhere"])
     assert str(caught.value) == ("--user-data 'gs://b/o=elsewhere' is not "
                                  "gs://BUCKET/OBJECT#GENERATION=user-data/<digest>/<file>; --user-data needs --bucket")
+
+
+# --- MATH (issue 49): verl 0.6.1's examples/data_preprocess/math_dataset.py ----------------------------------
+
+MATH = staged.MATH_REPO
+RAW_MATH = [  # (problem, level, solution, type), as MATH-lighteval's data/*.parquet hold them
+    ("What is $1+1$?", "Level 1", "We add: $1+1=\\boxed{2}$.", "Prealgebra"),
+    ("Simplify $\\frac{4}{6}$.", "Level 2", "Divide by 2: $\\boxed{\\frac{2}{3}}$", "Algebra"),
+    ("How many sides?", "Level 1", "A square has \\boxed 4$ sides.", "Geometry"),
+]
+
+
+def _math_bytes(rows: list[tuple[str, str, str, str]], tmp_path: Path) -> bytes:
+    path = tmp_path / "raw-math.parquet"
+    pq.write_table(pa.table({k: [r[i] for r in rows] for i, k in enumerate(("problem", "level", "solution", "type"))}),
+                   path)
+    return path.read_bytes()
+
+
+def _verl_extract() -> object:
+    """verl 0.6.1's own extract_solution of math_dataset.py: remove_boxed(last_boxed_only_string(s)), from the
+    pinned wheel's verl/utils/reward_score/math_reward.py (which imports nothing)."""
+    import importlib.util
+
+    from domain.platforms import PLATFORMS
+    from domain.verl_wheel import unpacked
+
+    path = unpacked(PLATFORMS["a4"].verl) / "verl/utils/reward_score/math_reward.py"
+    spec = importlib.util.spec_from_file_location("verl_math_reward", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return lambda s: module.remove_boxed(module.last_boxed_only_string(s))
+
+
+@pytest.mark.parametrize("solution", [
+    "so $x=\\boxed{5}$", "\\boxed{1} then \\boxed{\\frac{a}{b}}", "nested \\boxed{\\{1,2\\}} $", "\\boxed 7$ and",
+    "\\boxed{} is zero", "a \\boxed{1} and \\boxed 2", "x \\boxed{\\sqrt{2}}.", "no box", "\\fbox{3}", "\\boxed{open",
+])
+def test_the_math_ground_truth_is_verls_own_extraction(solution: str) -> None:
+    verl = _verl_extract()
+    try:
+        want: object = verl(solution)
+    except (AssertionError, TypeError):  # verl's recipe stops on such a row
+        with pytest.raises(ValueError):
+            sd.boxed_answer(solution)
+        return
+    assert sd.boxed_answer(solution) == want
+
+
+def test_math_is_written_as_verls_recipe_writes_it(hub: DirHub, data_root: Path, tmp_path: Path) -> None:
+    hub.repos[("dataset", MATH, staged.MATH_REVISION)] = {
+        "data/train-00000-of-00001.parquet": _math_bytes(RAW_MATH, tmp_path),
+        "data/test-00000-of-00001.parquet": _math_bytes(RAW_MATH[:1], tmp_path),
+        "algebra/train-00000-of-00001.parquet": b"not this config"}
+    dest = data_root / "math"
+    assert sd.stage_dataset(hub, repo=MATH, config="data", revision=staged.MATH_REVISION, dest=dest) is True
+    train = pq.read_table(dest / "train.parquet")
+    # datasets' map keeps the columns the recipe does not pop (level, type) ahead of the ones it returns.
+    assert train.schema.names == ["level", "type", "data_source", "prompt", "ability", "reward_model", "extra_info"]
+    assert train.schema.field("extra_info").type == pa.struct([("split", pa.string()), ("index", pa.int64())])
+    rows = train.to_pylist()
+    assert rows[1] == {
+        "level": "Level 2", "type": "Algebra", "data_source": MATH,
+        "prompt": [{"role": "user", "content": "Simplify $\\frac{4}{6}$. Let's think step by step and output the "
+                    "final answer within \\boxed{}."}],
+        "ability": "math", "reward_model": {"style": "rule", "ground_truth": "\\frac{2}{3}"},
+        "extra_info": {"split": "train", "index": 1}}
+    assert [r["reward_model"]["ground_truth"] for r in rows] == ["2", "\\frac{2}{3}", "4"]
+    # What verl reads, and a data_source its default reward scores on both pinned releases.
+    from domain import user_data
+    from domain.platforms import PLATFORMS
+
+    assert user_data._columns(train.schema, "prompt", "data_source") == []
+    assert all(MATH in user_data.known_sources(PLATFORMS[p].verl)[0] for p in ("a4", "a4x"))
+
+
+def test_a_math_row_without_a_box_names_its_index(hub: DirHub, data_root: Path, tmp_path: Path) -> None:
+    hub.repos[("dataset", MATH, REV_A)] = {
+        "data/train-00000-of-00001.parquet": _math_bytes([*RAW_MATH, ("q", "Level 1", "no box", "Algebra")], tmp_path),
+        "data/test-00000-of-00001.parquet": _math_bytes(RAW_MATH, tmp_path)}
+    with pytest.raises(sd.StagingError) as e:
+        sd.stage_dataset(hub, repo=MATH, config="data", revision=REV_A, dest=data_root / "math")
+    assert str(e.value) == f"{MATH}@{REV_A}:data/train row 3: no \\boxed{{...}} answer in the solution"
+    assert e.value.permanent
+
+
+def test_main_stages_math_under_its_own_folder(hub: DirHub, data_root: Path, tmp_path: Path) -> None:
+    hub.repos[("dataset", MATH, REV_A)] = {
+        "data/train-00000-of-00001.parquet": _math_bytes(RAW_MATH, tmp_path),
+        "data/test-00000-of-00001.parquet": _math_bytes(RAW_MATH, tmp_path)}
+    argv = [a for a in _argv(data_root, dataset_repo=MATH) if a not in ("--dataset-config", "main")]
+    assert sd.main(argv, hub=hub) == 0
+    assert pq.read_table(data_root / "math" / "test.parquet").num_rows == 3
+    assert not (data_root / "gsm8k").exists()

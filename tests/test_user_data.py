@@ -275,3 +275,18 @@ def test_the_preview_reader_reads_ranges_of_the_pinned_generation(gcs_emulator: 
     preflight.gs_data_check(gs_cfg(tmp_path, value), answers(generations), reader, result)
     assert [line.split(": ", 2)[1] for line in result.problems] == [
         "train.parquet", "test.parquet"] and "data_source my/source" in result.problems[0]
+
+
+def test_math_is_staged_by_its_recipe_and_read_by_the_job() -> None:
+    result = synth.run("a4", overrides={"verl-gke:dataset": "DigitalLearningGmbH/MATH-lighteval",
+                                        "verl-gke:verl": verl_value({"data.filter_overlong_prompts": True})})
+    [job] = [r for r in result.registrations if r.type == "kubernetes:batch/v1:Job"
+             and r.inputs["metadata"]["name"] == "stage-data"]
+    args = job.inputs["spec"]["template"]["spec"]["containers"][0]["command"]
+    at = args.index("--dataset-repo")
+    assert args[at:at + 6] == ["--dataset-repo", "DigitalLearningGmbH/MATH-lighteval", "--dataset-config", "data",
+                               "--dataset-revision", "0530c78699ea5e8eb5530600900e1f328b48acad"]
+    [grpo] = [r for r in result.registrations if r.type == "pulumi-python:dynamic:GrpoJob"]
+    entrypoint = shlex.split(grpo.inputs["entrypoint"])
+    assert "data.train_files=/data/math/train.parquet" in entrypoint
+    assert "data.val_files=/data/math/test.parquet" in entrypoint

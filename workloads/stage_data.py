@@ -1,6 +1,6 @@
-"""Stage the model and GSM8K into the training bucket; runs inside the staging Job.
+"""Stage the model and the dataset into the training bucket; runs inside the staging Job.
 
-Writes to the bucket mount the model at a pinned commit, GSM8K in verl's row format (`gsm8k/*.parquet`)
+Writes to the bucket mount the model at a pinned commit, GSM8K or MATH in verl's row format (`gsm8k/*.parquet`)
 and verl from its sha256-pinned wheel (`verl-<version>/`), each with a marker so a matching re-run does
 nothing. The Hugging Face token is read from Secret Manager through Workload Identity, never from the
 pod spec or Pulumi's state; wandb's key, when named, likewise, applied as the Kubernetes Secret only
@@ -31,13 +31,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
 from domain.staged import (  # shipped beside this script (domain/staged.py)
-    DATASET_DIR,
     DEFAULT_DATASET_REPO,
     DEFAULT_DATASET_REVISION,
     DEFAULT_MODEL_REPO,
     DEFAULT_MODEL_REVISION,
     MARKER_NAME,
+    MATH_REPO,
     PERMANENT_HTTP_STATUS,
+    RECIPES,
     WANDB_SECRET,
     WANDB_SECRET_KEY,
     StagingError,
@@ -46,6 +47,7 @@ from domain.staged import (  # shipped beside this script (domain/staged.py)
     make_marker,
     model_dir_for,
     read_marker,
+    recipe_for,
     stage_wheel,
     write_marker,
 )
@@ -53,7 +55,6 @@ from domain.staged import (  # shipped beside this script (domain/staged.py)
 if TYPE_CHECKING:
     import pyarrow as pa
 
-DEFAULT_DATASET_CONFIG = "main"
 DEFAULT_DATA_ROOT = "/data"
 DEFAULT_WORKERS = 8
 
@@ -62,6 +63,7 @@ SPLITS: tuple[str, ...] = ("train", "test")
 # verl's reward manager picks GSM8K scoring by this data_source, whichever repo the rows came from.
 DATA_SOURCE = "openai/gsm8k"
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
 FORMAT_VERSION = 1
 """Bump when the row format changes, so staged datasets are rebuilt."""
 
@@ -108,6 +110,32 @@ def gsm8k_row(*, question: str, answer: str, split: str, index: int) -> dict[str
     }
 
 
+def boxed_answer(solution: str) -> str:
+    """The ground truth of a MATH solution as verl's math_dataset.py extracts it (remove_boxed of
+    last_boxed_only_string, verl/utils/reward_score/math_reward.py): after the last `\\boxed ` up to a `$` if
+    there is one, else inside the last `\\boxed{...}`; ValueError where verl's recipe would stop."""
+    if "\\boxed " in solution:
+        return solution.split("\\boxed ")[-1].split("$")[0]
+    start, depth = solution.rfind("\\boxed"), 0
+    for end in range(max(start, 0), len(solution) if start >= 0 else 0):
+        depth += {"{": 1, "}": -1}.get(solution[end], 0)
+        if solution[end] == "}" and depth == 0:
+            box = solution[start:end + 1]
+            if box.startswith("\\boxed{"):
+                return box[len("\\boxed{"):-1]
+            break
+    raise ValueError("no \\boxed{...} answer in the solution")
+
+
+def math_row(*, problem: str, solution: str, split: str, index: int, **kept: Any) -> dict[str, Any]:
+    """One row as verl's examples/data_preprocess/math_dataset.py writes it: datasets' map keeps the columns
+    it does not pop (MATH's level and type) ahead of those it returns."""
+    return {**kept, "data_source": MATH_REPO,
+            "prompt": [{"role": "user", "content": f"{problem} {MATH_INSTRUCTION}"}], "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": boxed_answer(solution)},
+            "extra_info": {"split": split, "index": index}}
+
+
 def row_schema() -> pa.Schema:
     """The parquet schema of a row, fields in the order verl's preprocessing creates them."""
     import pyarrow as pa
@@ -128,26 +156,28 @@ def row_schema() -> pa.Schema:
     )
 
 
-def transform_table(table: pa.Table, split: str, *, source: str) -> pa.Table:
-    """GSM8K's raw (question, answer) rows as verl rows; `source` names the input in errors."""
+def transform_table(table: pa.Table, split: str, *, source: str, repo: str = DEFAULT_DATASET_REPO) -> pa.Table:
+    """The raw rows of `repo`'s recipe (GSM8K's question and answer, MATH's problem and solution) as verl
+    rows; `source` names the input in errors."""
     import pyarrow as pa
 
-    missing = [c for c in ("question", "answer") if c not in table.column_names]
+    recipe = recipe_for(repo) or RECIPES[0]
+    gsm8k = recipe.repo == DEFAULT_DATASET_REPO
+    missing = [c for c in recipe.columns if c not in table.column_names]
     if missing:
-        raise StagingError(
-            f"{source} has columns {table.column_names}, lacks {missing}: not a GSM8K split", permanent=True
-        )
+        raise StagingError(f"{source} has columns {table.column_names}, lacks {missing}: not a "
+                           f"{'GSM8K' if gsm8k else 'MATH'} split", permanent=True)
     rows = []
-    for index, (question, answer) in enumerate(
-        zip(table.column("question").to_pylist(), table.column("answer").to_pylist(), strict=True)
-    ):
+    for index, raw in enumerate(table.to_pylist()):
         try:
+            question, answer = (raw.pop(c) for c in recipe.columns)
             if not isinstance(question, str) or not isinstance(answer, str):
-                raise ValueError("question or answer is not text")
-            rows.append(gsm8k_row(question=question, answer=answer, split=split, index=index))
+                raise ValueError(f"{' or '.join(recipe.columns)} is not text")
+            rows.append(gsm8k_row(question=question, answer=answer, split=split, index=index) if gsm8k else
+                        math_row(problem=question, solution=answer, split=split, index=index, **raw))
         except ValueError as e:
             raise StagingError(f"{source} row {index}: {e}", permanent=True) from None
-    return pa.Table.from_pylist(rows, schema=row_schema())
+    return pa.Table.from_pylist(rows, schema=row_schema() if gsm8k else None)
 
 
 def split_files(repo_files: Iterable[str], config: str, split: str) -> list[str]:
@@ -163,13 +193,14 @@ def model_identity(repo: str, revision: str) -> dict[str, Any]:
 
 def dataset_fingerprint(repo: str, config: str, revision: str) -> str:
     """A digest of everything the staged rows depend on: source commit and row format."""
+    recipe = recipe_for(repo) or RECIPES[0]
     basis = {
         "repo": repo,
         "config": config,
         "revision": revision,
         "splits": list(SPLITS),
-        "data_source": DATA_SOURCE,
-        "instruction": INSTRUCTION,
+        "data_source": recipe.data_source,
+        "instruction": INSTRUCTION if recipe.repo == DEFAULT_DATASET_REPO else MATH_INSTRUCTION,
         "format": FORMAT_VERSION,
     }
     return hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()[:16]
@@ -572,7 +603,7 @@ def stage_model(hub: Hub, *, repo: str, revision: str, dest: Path, workers: int)
 
 
 def stage_dataset(hub: Hub, *, repo: str, config: str, revision: str, dest: Path) -> bool:
-    """Write GSM8K's splits as verl parquet files into `dest`; False when already there."""
+    """Write the dataset's splits as verl parquet files into `dest` (its recipe's rows); False when already there."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -588,7 +619,7 @@ def stage_dataset(hub: Hub, *, repo: str, config: str, revision: str, dest: Path
 
     repo_files = from_hub(f"listing dataset {repo}@{revision}", lambda: hub.list_files(repo, "dataset", revision))
     written: dict[str, int] = {}
-    with tempfile.TemporaryDirectory(prefix="gsm8k-") as raw:
+    with tempfile.TemporaryDirectory(prefix="dataset-") as raw:
         for split in SPLITS:
             shards = split_files(repo_files, config, split)
             if not shards:
@@ -600,7 +631,7 @@ def stage_dataset(hub: Hub, *, repo: str, config: str, revision: str, dest: Path
                 local = _download(hub, repo, "dataset", revision, shard, Path(raw))
                 parts.append(pq.read_table(local))
             source = f"{repo}@{revision}:{config}/{split}"
-            table = transform_table(pa.concat_tables(parts), split, source=source)
+            table = transform_table(pa.concat_tables(parts), split, source=source, repo=repo)
             name = f"{split}.parquet"
             tmp = dest / f".{name}.tmp"
             pq.write_table(table, tmp)
@@ -618,6 +649,7 @@ class Settings:
     model_dir: str
     dataset_repo: str
     dataset_config: str
+    """The folder of the dataset's shards; its recipe's (staged.Recipe.config) unless given."""
     dataset_revision: str
     data_root: Path
     workers: int
@@ -647,7 +679,7 @@ def parse_args(argv: Sequence[str]) -> Settings:
     p.add_argument("--model-revision", default=DEFAULT_MODEL_REVISION)
     p.add_argument("--model-dir", default=None, help="directory under the data root (default: the repo name)")
     p.add_argument("--dataset-repo", default=DEFAULT_DATASET_REPO)
-    p.add_argument("--dataset-config", default=DEFAULT_DATASET_CONFIG)
+    p.add_argument("--dataset-config", default=None, help="default: the recipe's (main for GSM8K, data for MATH)")
     p.add_argument("--dataset-revision", default=DEFAULT_DATASET_REVISION)
     p.add_argument("--data-root", default=DEFAULT_DATA_ROOT)
     p.add_argument("--workers", type=int, default=DEFAULT_WORKERS)
@@ -662,6 +694,9 @@ def parse_args(argv: Sequence[str]) -> Settings:
     a = p.parse_args(list(argv))
 
     model_dir = a.model_dir if a.model_dir is not None else model_dir_for(a.model_repo)
+    recipe = recipe_for(a.dataset_repo)
+    dataset_config = a.dataset_config or (recipe.config if recipe else "main")
+    dataset_dirs = tuple(r.dir for r in RECIPES)
     problems = []
     for flag, value in (("--model-repo", a.model_repo), ("--dataset-repo", a.dataset_repo)):
         if not is_repo_id(value):
@@ -671,13 +706,13 @@ def parse_args(argv: Sequence[str]) -> Settings:
     for flag, value in (("--model-revision", a.model_revision), ("--dataset-revision", a.dataset_revision)):
         if not _SHA_RE.fullmatch(value):
             problems.append(f"{flag} {value!r} is not a commit SHA (40 lowercase hex digits); pin one")
-    if not _NAME_RE.fullmatch(model_dir) or model_dir == DATASET_DIR:
+    if not _NAME_RE.fullmatch(model_dir) or model_dir in dataset_dirs:
         problems.append(
             f"--model-dir {model_dir!r} must be one directory name of letters, digits, '.', '_', '-'"
-            f" other than {DATASET_DIR!r}"
+            f" other than {' and '.join(map(repr, dataset_dirs))}"
         )
-    if not _NAME_RE.fullmatch(a.dataset_config):
-        problems.append(f"--dataset-config {a.dataset_config!r} is not a config name")
+    if not _NAME_RE.fullmatch(dataset_config):
+        problems.append(f"--dataset-config {dataset_config!r} is not a config name")
     if not 1 <= a.workers <= 64:
         problems.append(f"--workers {a.workers} must be 1..64")
     verl_flags = {"--verl-wheel-url": a.verl_wheel_url, "--verl-wheel-sha256": a.verl_wheel_sha256,
@@ -691,7 +726,7 @@ def parse_args(argv: Sequence[str]) -> Settings:
             problems.append(f"--verl-wheel-url {a.verl_wheel_url!r} is not an https URL of a .whl file")
         if a.verl_wheel_sha256 is not None and not _SHA256_RE.fullmatch(a.verl_wheel_sha256):
             problems.append(f"--verl-wheel-sha256 {a.verl_wheel_sha256!r} is not 64 lowercase hex digits")
-        if a.verl_dir is not None and (not _NAME_RE.fullmatch(a.verl_dir) or a.verl_dir in (DATASET_DIR, model_dir)):
+        if a.verl_dir is not None and (not _NAME_RE.fullmatch(a.verl_dir) or a.verl_dir in (*dataset_dirs, model_dir)):
             problems.append(f"--verl-dir {a.verl_dir!r} must be one directory name, not the model's or the dataset's")
     if a.hf_token_secret is not None and not SECRET_NAME_RE.fullmatch(a.hf_token_secret):
         problems.append(f"--hf-token-secret {a.hf_token_secret!r} is not a secret name like projects/P/secrets/S")
@@ -710,7 +745,7 @@ def parse_args(argv: Sequence[str]) -> Settings:
         model_revision=a.model_revision,
         model_dir=model_dir,
         dataset_repo=a.dataset_repo,
-        dataset_config=a.dataset_config,
+        dataset_config=dataset_config,
         dataset_revision=a.dataset_revision,
         data_root=Path(a.data_root),
         workers=a.workers,
@@ -740,7 +775,7 @@ def run(settings: Settings, hub: Hub) -> None:
         repo=settings.dataset_repo,
         config=settings.dataset_config,
         revision=settings.dataset_revision,
-        dest=settings.data_root / DATASET_DIR,
+        dest=settings.data_root / (recipe_for(settings.dataset_repo) or RECIPES[0]).dir,
     )
     stage_model(
         hub,
