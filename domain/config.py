@@ -708,8 +708,10 @@ class StackConfig(BaseModel):
                 (user_data.KEY, self.data_dir, user_data.verl_paths(self.data_dir),
                  lambda: user_data.problems(self.data_dir, self.facts.verl, self.verl)),
                 (reward_fn.KEY, self.reward_function, reward_fn.verl_paths(self.reward_function),
+                 # gs:// data: imported and bound here, called on its own rows at preview (domain/preflight.py)
                  lambda: reward_fn.problems(self.reward_function, user_data.sample(self.data_dir)
-                                            or reward_fn.recipe_sample(self.recipe)))):
+                                            or reward_fn.recipe_sample(self.recipe),
+                                            rows=() if user_data.gs_data(self.data_dir) else None))):
             if both := [path for path, v in ours.items() if self.verl.get(path) != v]:
                 yield problem_line(key, value, f"sets {' and '.join(both)} itself: remove "
                                    f"{', '.join(config_key(f'verl.{p}') for p in both)}, or this key.")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from domain.image_mirror import MIRROR_APIS
-from domain import gke_versions, grpo_spec, start_from, user_data, wandb_key
+from domain import gke_versions, grpo_spec, reward_fn, start_from, user_data, wandb_key
 from domain.config import SCHEMA_MINOR, StackConfig, config_key, problem_line
 from domain.names import stack_names, stack_slug
 from domain.platforms import GPU_POOL_NAME, Platform, gpu_pool_name
@@ -438,6 +438,7 @@ def gs_data_check(cfg: StackConfig, invoke: Invoke, open_object: ObjectReader | 
     import pyarrow as pa
 
     found: list[str] = []
+    rows: list[tuple[str, dict[str, Any]]] = []
     for name, pinned in gs.generations.items():
         url = gs.url(name)
         try:
@@ -463,8 +464,14 @@ def gs_data_check(cfg: StackConfig, invoke: Invoke, open_object: ObjectReader | 
         try:
             size, read = open_object(gs.bucket, gs.object(name), pinned)
             file = pa.PythonFile(RangeFile(size, read), mode="r")
-            found += user_data.file_problems(cfg.data_dir, name, lambda file=file: file, cfg.facts.verl, cfg.verl,
-                                             read_sources=True)
+            problems = user_data.file_problems(cfg.data_dir, name, lambda file=file: file, cfg.facts.verl, cfg.verl,
+                                               read_sources=True)
+            found += problems
+            if cfg.reward_function and not problems:
+                called = user_data.reward_rows(lambda file=file: file, cfg.verl, url)
+                rows += called if isinstance(called, list) else []
+                if isinstance(called, str):
+                    result.notes.append(f"rewardFunction: NOT CHECKED on {url}: {called}")
         except Exception as error:  # noqa: BLE001 the reader's own message is the user's clue
             found.append(problem_line(user_data.KEY, cfg.data_dir, f"{url} could not be read with your "
                                       f"credentials: {' '.join(str(error).split())}"))
@@ -472,6 +479,12 @@ def gs_data_check(cfg: StackConfig, invoke: Invoke, open_object: ObjectReader | 
     if not found and open_object is not None:
         result.checks.append("dataDir: the gs:// objects are at their pinned generations and hold the columns and "
                              "data_source values verl reads")
+    if rows:  # the child process and deadline of the synth check (domain/reward_fn.py)
+        called = reward_fn.problems(cfg.reward_function, rows=rows)
+        result.problems += called
+        if not called:
+            result.checks.append("rewardFunction: called on one row per data_source of each gs:// file's first row "
+                                 "group")
 
 
 def provider_message(error: BaseException, token: str) -> str:

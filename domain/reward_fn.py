@@ -8,6 +8,7 @@ import hashlib
 import json
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,8 @@ SAMPLE = recipe_sample(RECIPES[0])
 
 _PROBE = """
 import importlib.util, inspect, json, numbers, sys
-path, name, sample = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+path, name, rows = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+sample = rows[0][1] if rows else json.loads(sys.argv[4])
 def answer(problem):
     print(json.dumps({"problem": problem})); sys.exit(0)
 try:
@@ -53,13 +55,14 @@ except TypeError as e:
     answer(f"{name} does not take the keywords verl calls it with ({', '.join(sample)}): {e}")
 except ValueError:
     pass
-try:
-    score = fn(**sample)
-except BaseException as e:
-    answer(f"{name} raised {type(e).__name__}: {e} on a sample row")
-value = score.get("score") if isinstance(score, dict) else score
-if isinstance(value, bool) or not isinstance(value, numbers.Real):
-    answer(f"{name} returned {score!r} on a sample row: verl takes a number, or a dict with a numeric 'score'")
+for where, sample in rows:
+    try:
+        score = fn(**sample)
+    except BaseException as e:
+        answer(f"{name} raised {type(e).__name__}: {e} on {where}")
+    value = score.get("score") if isinstance(score, dict) else score
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        answer(f"{name} returned {score!r} on {where}: verl takes a number, or a dict with a numeric 'score'")
 answer(None)
 """
 
@@ -87,9 +90,11 @@ def verl_paths(value: str) -> dict[str, str]:
         return {}
 
 
-def problems(value: str, sample: dict[str, Any] | None = None, timeout_s: float = CHECK_TIMEOUT_S) -> list[str]:
+def problems(value: str, sample: dict[str, Any] | None = None, timeout_s: float = CHECK_TIMEOUT_S, *,
+             rows: Sequence[tuple[str, dict[str, Any]]] | None = None) -> list[str]:
     """The file imports, has the function, takes verl's keywords and returns a number on `sample` (default
-    SAMPLE): in a child process, so a hang, an exit or a crash of the user's code ends within `timeout_s`."""
+    SAMPLE), or on each of `rows` ((where, sample), the first failure named by its where; () imports and binds
+    only): in a child process, so a hang, an exit or a crash of the user's code ends within `timeout_s`."""
     if not value:
         return []
     path, name = parse(value)
@@ -97,8 +102,9 @@ def problems(value: str, sample: dict[str, Any] | None = None, timeout_s: float 
         return [problem_line(KEY, value, "a local Python file and, after ':', the function verl calls (default "
                              f"{DEFAULT_NAME}), e.g. reward.py:compute_score.")]
     try:
+        rows = [("a sample row", sample or SAMPLE)] if rows is None else rows
         done = subprocess.run([sys.executable, "-I", "-c", _PROBE, str(path.resolve()), name,
-                               json.dumps(sample or SAMPLE, default=str)],
+                               json.dumps(list(rows), default=str), json.dumps(SAMPLE)],
                               capture_output=True, text=True, timeout=timeout_s, cwd=path.resolve().parent)
     except subprocess.TimeoutExpired:
         return [problem_line(KEY, value, f"importing and calling {name} on a sample row took over {timeout_s:g} s.")]

@@ -137,6 +137,36 @@ def sample(value: str) -> dict[str, Any] | None:
         return None
 
 
+REWARD_READ_BYTES = 8 * 2**20
+"""At most this much of a gs:// file's first row group is read at preview for the reward's rows."""
+
+
+def reward_rows(source: Any, run: VerlSettings, where: str) -> list[tuple[str, dict[str, Any]]] | str:
+    """The calls verl's reward manager makes (verl/workers/reward_manager/naive.py: the row's data_source,
+    reward_model.ground_truth and extra_info with num_turns and rollout_reward_scores added) for one row per
+    data_source of the first row group of the parquet file opened from `source()`, each answered with its ground
+    truth; why not, when those columns of the row group are over REWARD_READ_BYTES."""
+    import pyarrow.parquet as pq
+
+    source_key = str(run.get("data.reward_fn_key") or "data_source")
+    file = pq.ParquetFile(source())
+    wanted = [c for c in (source_key, "reward_model", "extra_info") if c in file.schema_arrow.names]
+    group = file.metadata.row_group(0)
+    size = sum(group.column(i).total_compressed_size for i in range(group.num_columns)
+               if group.column(i).path_in_schema.split(".")[0] in wanted)
+    if size > REWARD_READ_BYTES:
+        return (f"its first row group's {', '.join(wanted[:-1])} and {wanted[-1]} take {size / 1e6:.1f} MB, over "
+                f"the {REWARD_READ_BYTES // 2**20} MB preview reads")
+    seen: dict[str, tuple[str, dict[str, Any]]] = {}
+    for index, row in enumerate(file.read_row_group(0, columns=wanted).to_pylist()):
+        data_source, truth = str(row[source_key]), (row["reward_model"] or {}).get("ground_truth")
+        if data_source not in seen and len(seen) < _SHOWN:
+            extra = {**(row.get("extra_info") or {}), "num_turns": None, "rollout_reward_scores": {}}
+            seen[data_source] = (f"row {index} of {where} ({source_key} {data_source})", {
+                "data_source": data_source, "solution_str": str(truth), "ground_truth": truth, "extra_info": extra})
+    return list(seen.values())
+
+
 def _columns(schema: Any, prompt_key: str, source_key: str) -> list[str]:
     """What verl's RLHFDataset and reward manager read that the file lacks (verl/utils/dataset/rl_dataset.py:
     the chat messages under data.prompt_key; verl/workers/reward_manager: data.reward_fn_key and

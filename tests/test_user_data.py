@@ -290,3 +290,54 @@ def test_math_is_staged_by_its_recipe_and_read_by_the_job() -> None:
     entrypoint = shlex.split(grpo.inputs["entrypoint"])
     assert "data.train_files=/data/math/train.parquet" in entrypoint
     assert "data.val_files=/data/math/test.parquet" in entrypoint
+
+
+# The reward on your gs:// rows (issue 49): at preview, as verl's reward manager calls it, not on a GSM8K row at synth.
+PICKY = ("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+         "    assert data_source == 'my/source', data_source\n"
+         "    assert extra_info['index'] >= 0 and extra_info['num_turns'] is None\n"
+         "    return float(solution_str == ground_truth)\n")
+
+
+def picky_cfg(tmp_path: Path) -> Any:
+    path = tmp_path / "reward.py"
+    path.write_text(PICKY)
+    return load_config({**BASE_CONFIG, KEY: GS, "verl-gke:rewardFunction": str(path)}), path
+
+
+def test_a_reward_for_your_gs_rows_alone_passes_synth(tmp_path: Path) -> None:
+    cfg, path = picky_cfg(tmp_path)
+    assert cfg.reward_function == str(path)
+
+
+def test_the_reward_is_called_on_your_gs_rows_at_preview(tmp_path: Path) -> None:
+    cfg, _ = picky_cfg(tmp_path)
+    rows = [row("my/source", extra_info={"split": "train", "index": i}) for i in range(3)]
+    result = check(cfg, PINNED, good_files(rows))
+    assert result.problems == [] and result.checks[-1] == (
+        "rewardFunction: called on one row per data_source of each gs:// file's first row group")
+
+
+def test_a_reward_failing_on_one_of_your_gs_rows_is_one_line_naming_it(tmp_path: Path) -> None:
+    cfg, path = picky_cfg(tmp_path)
+    rows = [row("my/source", extra_info={"split": "train", "index": 0}),
+            row("their/source", extra_info={"split": "train", "index": 1})]
+    result = check(cfg, PINNED, good_files(rows))
+    assert result.problems == [
+        f'verl-gke:rewardFunction = "{path}": compute_score raised AssertionError: their/source on row 1 of '
+        "gs://their-data/rl/train.parquet (data_source their/source)."]
+
+
+def test_a_row_group_too_large_to_read_is_said_and_not_called(tmp_path: Path) -> None:
+    cfg, _ = picky_cfg(tmp_path)
+    noise = random.Random(1)
+    rows = [row("their/source", extra_info={"split": noise.randbytes(3000).hex(), "index": 0}) for _ in range(2000)]
+    objects = Objects(good_files(rows))
+    result = preflight.PreflightResult()
+    preflight.gs_data_check(cfg, answers(PINNED), objects, result)
+    assert result.problems == [] and result.notes == [
+        "rewardFunction: NOT CHECKED on gs://their-data/rl/train.parquet: its first row group's data_source, "
+        "reward_model and extra_info take 12.0 MB, over the 8 MB preview reads",
+        "rewardFunction: NOT CHECKED on gs://their-data/rl/test.parquet: its first row group's data_source, "
+        "reward_model and extra_info take 12.0 MB, over the 8 MB preview reads"]
+    assert objects.read_bytes < 1_000_000
