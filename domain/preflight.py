@@ -34,6 +34,18 @@ SECRET = "gcp:secretmanager/getSecret:getSecret"
 OBJECT = "gcp:storage/getBucketObjectContent:getBucketObjectContent"
 BUCKET_OBJECT = "gcp:storage/getBucketObject:getBucketObject"
 """An object's metadata (pulumi-gcp's storage.getBucketObject): its `generation`, md5hash, crc32c."""
+BUCKET_IAM = "gcp:storage/getBucketIamPolicy:getBucketIamPolicy"
+"""A bucket's IAM policy (pulumi-gcp storage.getBucketIamPolicy: `policyData`, the JSON of GCS's Policy)."""
+BUCKET = "gcp:storage/getBucket:getBucket"
+"""A bucket's metadata (pulumi-gcp storage.getBucket: `projectNumber`, `uniformBucketLevelAccess`)."""
+PROJECT_IAM = "gcp:projects/getIamPolicy:getIamPolicy"
+"""A project's IAM policy (pulumi-gcp projects.getIamPolicy: `policyData`)."""
+READ_ROLES = frozenset(f"roles/storage.{r}" for r in (
+    "objectViewer", "objectUser", "objectAdmin", "admin", "legacyObjectReader", "legacyObjectOwner"))
+"""The predefined roles holding storage.objects.get (Cloud Storage's "IAM roles" reference)."""
+NO_READ_ROLES = frozenset(f"roles/storage.{r}" for r in (
+    "objectCreator", "bucketViewer", "hmacKeyAdmin", "legacyBucketReader", "legacyBucketWriter", "legacyBucketOwner"))
+"""Cloud Storage's predefined roles without it; any other role bound to staging leaves the check undecided."""
 GPU_QUOTA_ID = "GPUS-PER-GPU-FAMILY-per-project-region"
 """Compute Engine's quota on GPUs per GPU family and region (Cloud Quotas), which governs the newest
 families (B200, H200, GB200) instead of a per-model NVIDIA-<model>-GPUS quota."""
@@ -84,6 +96,7 @@ CHECKS = {
     OBJECT: "startFrom's checkpoint is complete at this GPU count, or its exported model is published",
     BUCKET_OBJECT: "dataDir's gs:// objects are at their pinned generations, with the columns and data_source "
                    "values verl reads",
+    BUCKET_IAM: "staging's identity may read dataDir's gs:// bucket",
 }
 """Each live check by the invoke it makes, as synth lists the ones it could not make."""
 
@@ -286,6 +299,8 @@ def run_preflight(cfg: StackConfig, invoke: Invoke, stack: str | None = None,
     result = PreflightResult()
     wandb_secret_check(cfg, invoke, result)
     gs_data_check(cfg, invoke, open_object, result)
+    if stack is not None:
+        staging_read_check(cfg, invoke, stack, result)
     if cfg.existing_cluster:
         result.problems += existing_cluster_problems(cfg, stack, invoke)
         return result
@@ -485,6 +500,80 @@ def gs_data_check(cfg: StackConfig, invoke: Invoke, open_object: ObjectReader | 
         if not called:
             result.checks.append("rewardFunction: called on one row per data_source of each gs:// file's first row "
                                  "group")
+
+
+def staging_read_check(cfg: StackConfig, invoke: Invoke, stack: str, result: PreflightResult) -> None:
+    """Staging's identity (its Kubernetes service account's Workload Identity principal, that of its namespace,
+    or everyone) holds a role with storage.objects.get on dataDir's gs:// bucket, by the bucket's IAM policy or
+    its project's. NOT CHECKED, never refused, where the policies cannot tell: unreadable, a custom or other role,
+    a condition, a Kubernetes service account named by its UID, or object ACLs."""
+    gs = user_data.gs_data(cfg.data_dir)
+    if gs is None:
+        return
+    ksa, ns, url = stack_names(cfg, stack).staging_service_account, cfg.namespace, f"gs://{gs.bucket}"
+    pool = (r"principal(Set)?://iam\.googleapis\.com/projects/[0-9]+/locations/global/workloadIdentityPools/"
+            rf"{re.escape(cfg.project)}\.svc\.id\.goog/")
+    ours = re.compile(rf"allUsers|{pool}(subject/ns/{re.escape(ns)}/sa/{re.escape(ksa)}|"
+                      rf"namespace/{re.escape(ns)})")
+    maybe = re.compile(rf"allAuthenticatedUsers|{pool}(kubernetes\.|\*)")
+
+    def verdict(answer: Mapping[str, Any], what: str) -> bool | str:
+        """True: granted; False: not; else why it cannot be told."""
+        undecided: bool | str = False
+        for binding in json.loads(answer.get("policyData") or "{}").get("bindings") or []:
+            role, members = str(binding.get("role")), [str(m) for m in binding.get("members") or []]
+            named, perhaps = any(ours.fullmatch(m) for m in members), any(maybe.match(m) for m in members)
+            if role in NO_READ_ROLES or not (named or perhaps):
+                continue  # a role without storage.objects.get, or someone else's
+            if role not in READ_ROLES:
+                undecided = f"{'custom ' if '/roles/' in role else ''}role {role} may or may not hold storage.objects.get"
+            elif binding.get("condition"):
+                undecided = f"the grant of {role} has a condition"
+            elif not named:
+                undecided = f"{what} grants {role} to all authenticated users or Kubernetes identities by UID or cluster"
+            else:
+                return True
+        return undecided
+
+    def read(token: str, args: dict[str, Any], what: str) -> dict[str, Any] | str | None:
+        """The answer; why it is unreadable; None offline or from the stand-in (nothing to check against)."""
+        try:
+            answer = invoke(token, args)
+        except Exception as error:  # noqa: BLE001 the provider's own message is the user's clue
+            return f"{what} could not be read: {provider_message(error, token)}"
+        return None if not answer or answer.get(STAND_IN) else answer
+
+    def not_checked(why: str | None) -> None:
+        if why:
+            result.notes.append(f"dataDir: NOT CHECKED that staging may read {url}: {why}")
+
+    policy = read(BUCKET_IAM, {"bucket": gs.bucket}, "the bucket's IAM policy")
+    if not isinstance(policy, dict):
+        return not_checked(policy)
+    granted = verdict(policy, "the bucket's IAM policy")
+    if granted is False:  # the bucket's project's grants count too
+        bucket = read(BUCKET, {"name": gs.bucket}, "the bucket")
+        if not isinstance(bucket, dict):
+            return not_checked(bucket)
+        if not bucket.get("uniformBucketLevelAccess"):
+            return not_checked("the bucket has fine-grained access: its object ACLs may grant it")
+        project = read(PROJECT_IAM, {"project": str(bucket.get("projectNumber"))}, "its project's IAM policy")
+        if not isinstance(project, dict):
+            return not_checked(project)
+        granted = verdict(project, "its project's IAM policy")
+    if granted is True:
+        result.checks.append("dataDir: staging's identity may read the gs:// bucket")
+        return None
+    if granted:
+        return not_checked(str(granted))
+    member = (f"principal://iam.googleapis.com/projects/PROJECT_NUMBER/locations/global/workloadIdentityPools/"
+              f"{cfg.project}.svc.id.goog/subject/ns/{ns}/sa/{ksa}")
+    result.problems.append(problem_line(user_data.KEY, cfg.data_dir, f"staging (Kubernetes service account {ksa} in "
+                                        f"namespace {ns}) may not read {url}: neither the bucket's IAM policy nor its "
+                                        "project's grants it storage.objects.get (grants on a folder or the "
+                                        "organization are not read); grant it with `gcloud storage buckets "
+                                        f"add-iam-policy-binding {url} --role=roles/storage.objectViewer "
+                                        f"--member={member}`."))
 
 
 def provider_message(error: BaseException, token: str) -> str:

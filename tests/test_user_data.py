@@ -4,6 +4,7 @@ and uploaded by the program into the bucket under its digest."""
 from __future__ import annotations
 
 import functools
+import json
 import random
 import shlex
 from pathlib import Path
@@ -341,3 +342,92 @@ def test_a_row_group_too_large_to_read_is_said_and_not_called(tmp_path: Path) ->
         "rewardFunction: NOT CHECKED on gs://their-data/rl/test.parquet: its first row group's data_source, "
         "reward_model and extra_info take 12.0 MB, over the 8 MB preview reads"]
     assert objects.read_bytes < 1_000_000
+
+
+# Staging's read grant on your bucket (issue 49), read at preview from the bucket's IAM policy (pulumi-gcp
+# storage.getBucketIamPolicy's policyData: the JSON of GCS's Policy, bindings of role, members and condition).
+POOL = "principal://iam.googleapis.com/projects/123456789012/locations/global/workloadIdentityPools/{}.svc.id.goog"
+STAGING = POOL + "/subject/ns/verl-gke/sa/verl-ray-dev-staging"
+
+
+def grants(bucket: list[dict[str, Any]] | None, project: list[dict[str, Any]] | None = None,
+           uniform: bool = True) -> Any:
+    """The gcp provider's answers to the three reads; a policy given as None fails its invoke with a 403."""
+    def invoke(token: str, args: dict[str, Any]) -> dict[str, Any]:
+        if token == preflight.BUCKET_IAM:
+            assert args == {"bucket": "their-data"}
+            policy = bucket
+        elif token == preflight.BUCKET:
+            assert args == {"name": "their-data"}
+            return {"name": "their-data", "projectNumber": 987, "uniformBucketLevelAccess": uniform}
+        else:
+            assert token == preflight.PROJECT_IAM and args == {"project": "987"}
+            policy = project
+        if policy is None:
+            raise RuntimeError(f"invoke of {token} failed: googleapi: Error 403: denied, forbidden")
+        return {"policyData": json.dumps({"bindings": policy}), "etag": "x"}
+    return invoke
+
+
+def read_check(cfg: Any, invoke: Any) -> preflight.PreflightResult:
+    result = preflight.PreflightResult()
+    preflight.staging_read_check(cfg, invoke, "dev", result)
+    return result
+
+
+@pytest.mark.parametrize("member", [STAGING, "allUsers",
+                                    POOL.replace("principal:", "principalSet:") + "/namespace/verl-gke"])
+def test_a_read_grant_to_staging_on_your_bucket_passes(tmp_path: Path, member: str) -> None:
+    result = read_check(gs_cfg(tmp_path), grants([{"role": "roles/storage.objectViewer",
+                                                   "members": [member.format("my-project-123")]}]))
+    assert result.problems == [] and result.notes == [] and result.checks == [
+        "dataDir: staging's identity may read the gs:// bucket"]
+
+
+def test_no_read_grant_to_staging_is_refused_with_the_grant_line(tmp_path: Path) -> None:
+    other = STAGING.format("my-project-123").replace("verl-ray-dev", "someone")
+    result = read_check(gs_cfg(tmp_path), grants([{"role": "roles/storage.objectViewer", "members": [other]},
+                                                  {"role": "roles/storage.objectCreator",
+                                                   "members": [STAGING.format("my-project-123")]}], project=[]))
+    assert result.problems == [
+        f'verl-gke:dataDir = "{GS}": staging (Kubernetes service account verl-ray-dev-staging in namespace '
+        "verl-gke) may not read gs://their-data: neither the bucket's IAM policy nor its project's grants it "
+        "storage.objects.get (grants on a folder or the organization are not read); grant it with `gcloud storage "
+        "buckets add-iam-policy-binding gs://their-data --role=roles/storage.objectViewer --member=principal://iam."
+        "googleapis.com/projects/PROJECT_NUMBER/locations/global/workloadIdentityPools/my-project-123.svc.id.goog/subject/ns/"
+        "verl-gke/sa/verl-ray-dev-staging`."]
+
+
+@pytest.mark.parametrize(("bucket", "project", "uniform", "why"), [
+    (None, [], True, "the bucket's IAM policy could not be read: googleapi: Error 403: denied, forbidden"),
+    ([{"role": "projects/p/roles/reader", "members": [STAGING.format("my-project-123")]}], [], True,
+     "custom role projects/p/roles/reader may or may not hold storage.objects.get"),
+    ([{"role": "roles/storage.objectViewer", "members": [STAGING.format("my-project-123")],
+       "condition": {"expression": "true"}}], [], True, "the grant of roles/storage.objectViewer has a condition"),
+    ([], None, True, "its project's IAM policy could not be read: googleapi: Error 403: denied, forbidden"),
+    ([], [], False, "the bucket has fine-grained access: its object ACLs may grant it"),
+    ([{"role": "roles/storage.objectViewer", "members": ["allAuthenticatedUsers"]}], [], True,
+     "the bucket's IAM policy grants roles/storage.objectViewer to all authenticated users or Kubernetes identities "
+     "by UID or cluster"),
+    ([], [{"role": "roles/viewer", "members": [STAGING.format("my-project-123")]}], True,
+     "role roles/viewer may or may not hold storage.objects.get"),
+])
+def test_a_grant_that_cannot_be_decided_is_not_checked_and_not_refused(
+        tmp_path: Path, bucket: Any, project: Any, uniform: bool, why: str) -> None:
+    result = read_check(gs_cfg(tmp_path), grants(bucket, project, uniform))
+    assert result.problems == [] and result.checks == [] and result.notes == [
+        f"dataDir: NOT CHECKED that staging may read gs://their-data: {why}"]
+
+
+def test_a_read_grant_on_the_bucket_project_counts(tmp_path: Path) -> None:
+    result = read_check(gs_cfg(tmp_path), grants([], [{"role": "roles/storage.objectUser",
+                                                        "members": [STAGING.format("my-project-123")]}]))
+    assert result.problems == [] and result.checks == ["dataDir: staging's identity may read the gs:// bucket"]
+
+
+def test_preview_checks_the_grant(tmp_path: Path) -> None:
+    cfg = gs_cfg(tmp_path)
+    healthy, ours = preflight.healthy_answers(cfg), grants([], [])
+    result = preflight.run_preflight(cfg, lambda token, args: (ours if token in (
+        preflight.BUCKET_IAM, preflight.BUCKET, preflight.PROJECT_IAM) else healthy)(token, args), "dev")
+    assert [p.split(": ", 1)[1][:40] for p in result.problems] == ["staging (Kubernetes service account verl"]
