@@ -850,3 +850,13 @@ def test_the_model_holds_its_rules_beside_its_fields():
                                                                       (("bucketName",), "config")]
     with pytest.raises(ValidationError, match=r"verl-gke:gpuNodes = 4: must be <= gpuMaxNodes \(3\)\."):
         StackConfig.model_validate(_as_field_values(config(gpuNodes="4", gpuMaxNodes="3")))
+
+
+def test_a_dataset_the_stacks_verl_does_not_score_is_refused(monkeypatch):
+    from domain import user_data
+
+    # A verl release whose default_compute_score table lacks MATH (0.6.1's and 0.9.0's hold it).
+    monkeypatch.setattr(user_data, "known_sources", lambda release: (frozenset({"openai/gsm8k"}), ()))
+    assert only_problem(dataset=MATH, **verl(data__filter_overlong_prompts=True)) == (
+        f'verl-gke:dataset = "{MATH}": verl 0.6.1\'s default reward does not score {MATH}; set '
+        "verl-gke:rewardFunction.")
