@@ -686,7 +686,7 @@ class StackConfig(BaseModel):
             yield problem_line(user_data.KEY, self.data_dir, f"the run trains on it, not on {config_key('dataset')} "
                                f"{self.dataset}: set one of them.")
             return
-        if recipe.repo == DEFAULT_DATASET_REPO or not recipe_for(self.dataset):
+        if recipe.repo == DEFAULT_DATASET_REPO:
             return
         names, prefixes = user_data.known_sources(self.facts.verl)
         if not self.verl.get(user_data.CUSTOM_REWARD) and not (

@@ -83,16 +83,15 @@ class Recipe:
     """What verl's recipe writes, and what verl's default_compute_score picks the reward by."""
     dir: str
     """Under the data root."""
-    script: str
     sample: tuple[str, str]
     """(solution_str, ground_truth) verl's reward for data_source scores 1: the synth check's sample row."""
 
 
 RECIPES = (
     Recipe(DEFAULT_DATASET_REPO, DEFAULT_DATASET_REVISION, "gsm8k", "main", ("question", "answer"),
-           "openai/gsm8k", DATASET_DIR, "gsm8k.py", ("3 + 4 = 7\n#### 7", "7")),
+           "openai/gsm8k", DATASET_DIR, ("3 + 4 = 7\n#### 7", "7")),
     Recipe(MATH_REPO, MATH_REVISION, "math-lighteval", "data", ("problem", "solution"), MATH_REPO, "math",
-           "math_dataset.py", ("3 + 4 = \\boxed{7}", "7")),
+           ("3 + 4 = \\boxed{7}", "7")),
 )
 """verl 0.6.1's other recipes need what the stack lacks: images (geo3k), a reward model (full_hh_rlhf), a
 data_source no default reward scores (hellaswag), tools or a retriever (search_r1, *_w_tool, multiturn)."""

@@ -137,7 +137,7 @@ def sample(value: str) -> dict[str, Any] | None:
         return None
 
 
-REWARD_READ_BYTES = 8 * 2**20
+REWARD_READ_BYTES = 8_000_000
 """At most this much of a gs:// file's first row group is read at preview for the reward's rows."""
 
 
@@ -156,7 +156,7 @@ def reward_rows(source: Any, run: VerlSettings, where: str) -> list[tuple[str, d
                if group.column(i).path_in_schema.split(".")[0] in wanted)
     if size > REWARD_READ_BYTES:
         return (f"its first row group's {', '.join(wanted[:-1])} and {wanted[-1]} take {size / 1e6:.1f} MB, over "
-                f"the {REWARD_READ_BYTES // 2**20} MB preview reads")
+                f"the {REWARD_READ_BYTES / 1e6:g} MB preview reads")
     seen: dict[str, tuple[str, dict[str, Any]]] = {}
     for index, row in enumerate(file.read_row_group(0, columns=wanted).to_pylist()):
         data_source, truth = str(row[source_key]), (row["reward_model"] or {}).get("ground_truth")
