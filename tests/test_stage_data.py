@@ -664,3 +664,10 @@ def test_main_stages_math_under_its_own_folder(hub: DirHub, data_root: Path, tmp
     assert sd.main(argv, hub=hub) == 0
     assert pq.read_table(data_root / "math" / "test.parquet").num_rows == 3
     assert not (data_root / "gsm8k").exists()
+
+
+def test_math_defaults_to_its_pinned_commit_and_folder() -> None:
+    settings = sd.parse_args(["--dataset-repo", MATH])
+    assert (settings.dataset_revision, settings.dataset_config) == (staged.MATH_REVISION, "data")
+    assert (sd.parse_args([]).dataset_revision, sd.parse_args([]).dataset_config) == (staged.DEFAULT_DATASET_REVISION,
+                                                                                     "main")

@@ -680,7 +680,7 @@ def parse_args(argv: Sequence[str]) -> Settings:
     p.add_argument("--model-dir", default=None, help="directory under the data root (default: the repo name)")
     p.add_argument("--dataset-repo", default=DEFAULT_DATASET_REPO)
     p.add_argument("--dataset-config", default=None, help="default: the recipe's (main for GSM8K, data for MATH)")
-    p.add_argument("--dataset-revision", default=DEFAULT_DATASET_REVISION)
+    p.add_argument("--dataset-revision", default=None, help="default: the recipe's pinned commit")
     p.add_argument("--data-root", default=DEFAULT_DATA_ROOT)
     p.add_argument("--workers", type=int, default=DEFAULT_WORKERS)
     p.add_argument("--verl-wheel-url", default=None, help="https URL of a verl wheel to unpack on the bucket")
@@ -696,6 +696,8 @@ def parse_args(argv: Sequence[str]) -> Settings:
     model_dir = a.model_dir if a.model_dir is not None else model_dir_for(a.model_repo)
     recipe = recipe_for(a.dataset_repo)
     dataset_config = a.dataset_config or (recipe.config if recipe else "main")
+    pinned = recipe.revision if recipe and recipe.repo == a.dataset_repo else DEFAULT_DATASET_REVISION
+    a.dataset_revision = a.dataset_revision or pinned
     dataset_dirs = tuple(r.dir for r in RECIPES)
     problems = []
     for flag, value in (("--model-repo", a.model_repo), ("--dataset-repo", a.dataset_repo)):
