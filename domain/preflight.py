@@ -97,6 +97,8 @@ CHECKS = {
     BUCKET_OBJECT: "dataDir's gs:// objects are at their pinned generations, with the columns and data_source "
                    "values verl reads",
     BUCKET_IAM: "staging's identity may read dataDir's gs:// bucket",
+    BUCKET: "dataDir's gs:// bucket has uniform access, and its project (whose grants count too)",
+    PROJECT_IAM: "staging's identity may read dataDir's gs:// bucket by its project's IAM policy",
 }
 """Each live check by the invoke it makes, as synth lists the ones it could not make."""
 
