@@ -703,15 +703,15 @@ class StackConfig(BaseModel):
     @_cross_field
     def _user_file_rules(self) -> Iterator[str]:
         """verl-gke:dataDir and rewardFunction (domain/user_data.py, domain/reward_fn.py): the verl paths each sets
-        left to it, then its files (the reward called on the first row of the data, when there is some)."""
+        left to it, then its files (the reward called on a row per data_source of the data, when there is some)."""
         for key, value, ours, check in (
                 (user_data.KEY, self.data_dir, user_data.verl_paths(self.data_dir),
                  lambda: user_data.problems(self.data_dir, self.facts.verl, self.verl)),
                 (reward_fn.KEY, self.reward_function, reward_fn.verl_paths(self.reward_function),
                  # gs:// data: imported and bound here, called on its own rows at preview (domain/preflight.py)
-                 lambda: reward_fn.problems(self.reward_function, user_data.sample(self.data_dir)
-                                            or reward_fn.recipe_sample(self.recipe),
-                                            rows=() if user_data.gs_data(self.data_dir) else None))):
+                 lambda: reward_fn.problems(self.reward_function, reward_fn.recipe_sample(self.recipe),
+                                            rows=() if user_data.gs_data(self.data_dir) else
+                                            user_data.folder_rows(self.data_dir, self.verl)))):
             if both := [path for path, v in ours.items() if self.verl.get(path) != v]:
                 yield problem_line(key, value, f"sets {' and '.join(both)} itself: remove "
                                    f"{', '.join(config_key(f'verl.{p}') for p in both)}, or this key.")

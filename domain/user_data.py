@@ -121,20 +121,19 @@ def known_sources(release: VerlRelease) -> tuple[frozenset[str], tuple[str, ...]
     return frozenset(names), tuple(prefixes)
 
 
-def sample(value: str) -> dict[str, Any] | None:
-    """The call verl's reward manager makes for the first row of test.parquet, answered with the ground truth
-    itself; None without readable data."""
-    try:
-        import pyarrow.parquet as pq
-
-        if value.startswith("gs://"):  # read at preview, not offline
-            return None
-        [row] = pq.read_table(Path(value).expanduser() / FILES["data.val_files"]).slice(0, 1).to_pylist()
-        truth = row["reward_model"]["ground_truth"]
-        return {"data_source": row["data_source"], "solution_str": str(truth), "ground_truth": truth,
-                "extra_info": row.get("extra_info") or {}}
-    except Exception:  # noqa: BLE001 dataDir's own check reports what is wrong with the file
+def folder_rows(value: str, run: VerlSettings) -> list[tuple[str, dict[str, Any]]] | None:
+    """reward_rows of a local folder's train.parquet and test.parquet; None for gs:// data (read at preview) or
+    without readable data."""
+    if not value or value.startswith("gs://"):
         return None
+    rows: list[tuple[str, dict[str, Any]]] = []
+    for name in FILES.values():
+        try:
+            found = reward_rows(lambda name=name: Path(value).expanduser() / name, run, name)
+        except Exception:  # noqa: BLE001 dataDir's own check reports what is wrong with the file
+            continue
+        rows += found if isinstance(found, list) else []
+    return rows or None
 
 
 REWARD_READ_BYTES = 8_000_000

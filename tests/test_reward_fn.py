@@ -88,3 +88,12 @@ def test_with_math_staged_it_is_called_on_a_math_row(tmp_path: Path) -> None:
                              "    assert solution_str.endswith('\\\\boxed{' + ground_truth + '}')\n    return 1\n")
     load_config({**BASE_CONFIG, "verl-gke:dataset": "DigitalLearningGmbH/MATH-lighteval", KEY: str(picky),
                  "verl-gke:verl": '{"data": {"filter_overlong_prompts": true}}'})
+
+
+def test_it_is_called_on_a_row_of_each_data_source_of_your_folder(tmp_path: Path) -> None:
+    folder = write(tmp_path / "mine", [row("my/source"), row("their/source")])
+    picky = reward(tmp_path, "def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+                             "    assert data_source == 'my/source', data_source\n    return 1\n")
+    assert refused(**{"verl-gke:dataDir": str(folder), KEY: str(picky)}) == [
+        f'{KEY} = "{picky}": compute_score raised AssertionError: their/source on row 1 of train.parquet '
+        "(data_source their/source)."]
