@@ -19,7 +19,7 @@ import pulumi_kubernetes as k8s
 from components.children import child_options
 from domain import staged
 from manifests import staging, storage
-from workloads import kube, stage_data
+from workloads import gcs, kube, stage_data
 
 
 class DataStagingArgs(TypedDict):
@@ -72,12 +72,10 @@ class DataStaging(pulumi.ComponentResource):
         # The Job waits for what this component waits for (the storage).
         child = child_options(self, opts)
         ns = args["namespace"]
-        script = Path(stage_data.__file__).read_text()
-        client = Path(kube.__file__).read_text()
-        shared = Path(staged.__file__).read_text()
+        cm = staging.script_config_map(
+            namespace=ns, script=Path(stage_data.__file__).read_text(), kube=Path(kube.__file__).read_text(),
+            gcs=Path(gcs.__file__).read_text(), shared=Path(staged.__file__).read_text())
         recipe = staged.recipe_for(args["dataset_repo"]) or staged.RECIPES[0]
-
-        cm = staging.script_config_map(namespace=ns, script=script, kube=client, shared=shared)
         config_map = k8s.core.v1.ConfigMap(f"{name}-script", metadata=cm["metadata"], data=cm["data"], opts=child)
         job_waits_for: list[pulumi.Resource] = [config_map]
         wandb = args.get("wandb_key_secret")
@@ -101,7 +99,7 @@ class DataStaging(pulumi.ComponentResource):
             dataset_repo=args["dataset_repo"],
             dataset_revision=args["dataset_revision"],
             dataset_config=args.get("dataset_config") or recipe.config,
-            script_digest=staging.script_digest(script, client, shared),
+            script_digest=staging.script_digest(cm["data"]),
             deadline_seconds=args["timeout_minutes"] * 60,
             verl=args.get("verl"),
             hf_token_secret=args.get("hf_token_secret"),

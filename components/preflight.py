@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +9,7 @@ import pulumi
 
 from domain.config import ConfigError, StackConfig
 from domain.preflight import PreflightResult, run_preflight
+from workloads.gcs import STORAGE_URL, Gcs
 
 
 def engine_invoke(token: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -26,26 +24,25 @@ CLIENT_CONFIG = "gcp:organizations/getClientConfig:getClientConfig"
 READ_TIMEOUT_S = 30
 
 
-def open_gcs_object(bucket: str, name: str, generation: int, *, root: str = "https://storage.googleapis.com",
+def open_gcs_object(bucket: str, name: str, generation: int, *, root: str = STORAGE_URL,
                     token: str | None = None) -> tuple[int, Callable[[int, int], bytes]]:
     """One generation of an object through the GCS JSON API: its size (objects.get) and ranged media reads
     (`token`: the provider's when None)."""
     token = token or engine_invoke(CLIENT_CONFIG, {}).get("accessToken")
     if not token:
         raise RuntimeError("the gcp provider gave no access token (offline, or no credentials)")
-    headers = {"Authorization": f"Bearer {token}"}
-    url = (f"{root}/storage/v1/b/{urllib.parse.quote(bucket, safe='')}/o/"
-           f"{urllib.parse.quote(name, safe='')}?generation={generation}")
-    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=READ_TIMEOUT_S) as answer:
-        size = int(json.loads(answer.read(1 << 20))["size"])
+    gcs = Gcs(bucket, storage_url=root, token_url=None, access_token=token, timeout_s=READ_TIMEOUT_S)
+    stat = gcs.stat(name, generation)
+    if stat is None:
+        raise FileNotFoundError(f"gs://{bucket}/{name} has no generation {generation}")
 
     def read(start: int, length: int) -> bytes:
-        ranged = {**headers, "Range": f"bytes={start}-{start + length - 1}"}
-        with urllib.request.urlopen(urllib.request.Request(f"{url}&alt=media", headers=ranged),
-                                    timeout=READ_TIMEOUT_S) as answer:
-            return answer.read(length)
+        data = gcs.media(name, generation, start, length)
+        if data is None:
+            raise FileNotFoundError(f"gs://{bucket}/{name} has no generation {generation} any more")
+        return data
 
-    return size, read
+    return stat.size, read
 
 
 def check_live_project(cfg: StackConfig) -> PreflightResult:

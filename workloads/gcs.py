@@ -3,10 +3,10 @@ guarantees: every write of an object gives it a new generation, a read can name 
 and a write with `ifGenerationMatch` lands only if the object is still at that generation (0: absent),
 else HTTP 412 (https://cloud.google.com/storage/docs/request-preconditions, .../docs/generations-preconditions).
 
-The bulk data (verl's shards, the merged model) goes through the bucket mount (GCS FUSE); markers, claims
-and the export's pointer go through here, with the pod's Workload Identity token from the GKE metadata
-server (the identity the mount uses, with the same grants: domain/bucket.py). Standard library only: it
-ships into the cluster beside checkpoints.py and export_model.py. Every request is bounded.
+The bulk data (verl's shards, the merged model) goes through the bucket mount (GCS FUSE); markers, claims,
+the export's pointer and staging's gs:// dataDir copy through here, with the pod's Workload Identity token
+(GKE metadata server; the mount's identity and grants: domain/bucket.py); preview's ranged parquet reads with
+the gcp provider's. Standard library only, shipped beside its users in the cluster. Every request is bounded.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from typing import Any
 STORAGE_URL = "https://storage.googleapis.com"
 METADATA_TOKEN_URL = "http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token"
 REQUEST_TIMEOUT_S = 30.0
+REWRITE_DEADLINE_S = 3600.0
+"""How long one copy (objects.rewrite, all its calls) may take: a few calls in one location, more across."""
 
 
 class PreconditionFailed(Exception):
@@ -42,23 +44,24 @@ class Stat:
 @dataclass
 class Gcs:
     """Objects of `bucket`; `mount` is where the pods mount it (a path under it names an object). No
-    `token_url`: no Authorization header (an emulator)."""
+    `token_url`: no Authorization header (an emulator), or `access_token`'s (one the caller holds)."""
 
     bucket: str
     mount: str = "/data"
     storage_url: str = STORAGE_URL
     token_url: str | None = METADATA_TOKEN_URL
     timeout_s: float = REQUEST_TIMEOUT_S
+    access_token: str | None = None
     _token: tuple[str, float] | None = None
 
     @classmethod
-    def in_pod(cls, bucket: str, mount: str) -> Gcs:
+    def in_pod(cls, bucket: str, mount: str, timeout_s: float = REQUEST_TIMEOUT_S) -> Gcs:
         """The pod's client: GCS with its Workload Identity token, or the emulator STORAGE_EMULATOR_HOST names
         (the variable Google's client libraries honour), unauthenticated."""
         emulator = os.environ.get("STORAGE_EMULATOR_HOST", "")
         if emulator:
-            return cls(bucket, mount=mount, storage_url=emulator.rstrip("/"), token_url=None)
-        return cls(bucket, mount=mount)
+            return cls(bucket, mount=mount, storage_url=emulator.rstrip("/"), token_url=None, timeout_s=timeout_s)
+        return cls(bucket, mount=mount, timeout_s=timeout_s)
 
     def name(self, path: object) -> str:
         """The object name of a path under the mount: `/data/verl/x` -> `verl/x`."""
@@ -66,7 +69,7 @@ class Gcs:
 
     def _headers(self) -> dict[str, str]:
         if self.token_url is None:
-            return {}
+            return {"Authorization": f"Bearer {self.access_token}"} if self.access_token else {}
         if self._token is None or time.monotonic() >= self._token[1]:
             request = urllib.request.Request(self.token_url, headers={"Metadata-Flavor": "Google"})
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
@@ -96,12 +99,13 @@ class Gcs:
                 raise PreconditionFailed(f"gs://{self.bucket}/{name}: changed by another writer") from None
             raise
 
-    def _object_url(self, name: str) -> str:
-        return f"{self.storage_url}/storage/v1/b/{self.bucket}/o/{urllib.parse.quote(name, safe='')}"
+    def _object_url(self, name: str, bucket: str | None = None) -> str:
+        return f"{self.storage_url}/storage/v1/b/{bucket or self.bucket}/o/{urllib.parse.quote(name, safe='')}"
 
-    def stat(self, name: str) -> Stat | None:
-        """The object's current generation and size; None when absent."""
-        body = self._call(self._object_url(name), name)
+    def stat(self, name: str, generation: int | None = None) -> Stat | None:
+        """The object's current generation and size (that `generation`'s, when named); None when absent."""
+        query = "" if generation is None else f"?generation={generation}"
+        body = self._call(self._object_url(name) + query, name)
         if body is None:
             return None
         meta = json.loads(body)
@@ -124,9 +128,39 @@ class Gcs:
         body = self._call(f"{self._object_url(name)}?alt=media&generation={stat.generation}", name)
         return None if body is None else (body, stat.generation)
 
-    def media(self, name: str) -> bytes | None:
-        """The object's current bytes in one request (objects.get, alt=media); None when absent."""
-        return self._call(f"{self._object_url(name)}?alt=media", name)
+    def media(self, name: str, generation: int | None = None, start: int = 0, length: int | None = None
+              ) -> bytes | None:
+        """The object's bytes in one request (objects.get, alt=media): the current generation's or that
+        `generation`'s, all of them or `length` from `start` (a Range request); None when absent."""
+        query = "?alt=media" + ("" if generation is None else f"&generation={generation}")
+        ranged = None if length is None else {"Range": f"bytes={start}-{start + length - 1}"}
+        return self._call(self._object_url(name) + query, name, headers=ranged)
+
+    def rewrite(self, name: str, source_bucket: str, source_name: str, source_generation: int,
+                if_generation_match: int, deadline_s: float = REWRITE_DEADLINE_S) -> int | None:
+        """Copy that generation of gs://source_bucket/source_name to `name` inside GCS (objects.rewrite: no byte
+        passes through here), only if `name` is at `if_generation_match` (0: absent, else PreconditionFailed);
+        the copy's generation, None on 404 (the source generation gone). GCS answers `done: false` and a
+        rewriteToken until the copy is whole: each call is bounded by timeout_s, all of them by `deadline_s`."""
+        query = urllib.parse.urlencode({"sourceGeneration": source_generation,
+                                        "ifGenerationMatch": if_generation_match})
+        url = (f"{self._object_url(source_name, source_bucket)}/rewriteTo/b/{self.bucket}/o/"
+               f"{urllib.parse.quote(name, safe='')}?{query}")
+        end = time.monotonic() + deadline_s
+        token = ""
+        while True:
+            body = self._call(url + (f"&rewriteToken={urllib.parse.quote(token, safe='')}" if token else ""), name,
+                              data=b"{}", method="POST", headers={"Content-Type": "application/json"})
+            if body is None:
+                return None
+            answer = json.loads(body)
+            if answer.get("done"):
+                return int(answer["resource"]["generation"])
+            token = str(answer["rewriteToken"])
+            if time.monotonic() >= end:
+                raise TimeoutError(f"gs://{self.bucket}/{name}: the copy of gs://{source_bucket}/{source_name} is "
+                                   f"not done after {deadline_s:g} s ({answer.get('totalBytesRewritten', '?')} of "
+                                   f"{answer.get('objectSize', '?')} bytes)")
 
     def put(self, name: str, data: bytes, content_type: str) -> None:
         """Write the object whatever it holds (objects.insert, uploadType=media: one request, no precondition)."""

@@ -423,10 +423,10 @@ def decide(view: View) -> tuple[dict[str, RunRecord], list[Effect]]:
         record = view.records[run_id]
         if not record.outcome:
             _open_run(decision, record)
-        elif view.jobs is not None and record.attempts and _status(view, record.attempts[-1]) in LIVE:
+        else:
             # Over (its budget, a delete whose stop did not reach the head, a stop while a reopening create
             # adopted an earlier opening's attempt): nothing of it may run on.
-            decision.effects.append(Effect("stop", run_id, record.attempts[-1].submission_id))
+            _stop_last_live(decision, record)
     _untraced(decision)
     _release(decision)
     changed = {k: v for k, v in decision.records.items() if view.records.get(k) != v}
@@ -436,6 +436,14 @@ def decide(view: View) -> tuple[dict[str, RunRecord], list[Effect]]:
 def _status(view: View, attempt: Attempt) -> str | None:
     job = (view.jobs or {}).get(attempt.submission_id)
     return None if job is None else str(job.get("status"))
+
+
+def _stop_last_live(d: _Decision, record: RunRecord) -> None:
+    """Stop the run's last attempt if the head shows it live: the last, not the newest since the opening, as a
+    reopening create may have adopted an earlier opening's attempt."""
+    last = record.attempts[-1] if record.attempts else None
+    if d.view.jobs is not None and last is not None and _status(d.view, last) in LIVE:
+        d.effects.append(Effect("stop", record.run_id, last.submission_id))
 
 
 def others_live(jobs: Mapping[str, Mapping[str, Any]], record: RunRecord, stack: str,
@@ -467,11 +475,8 @@ def _supervised(view: View, record: RunRecord) -> bool:
 def _open_run(d: _Decision, record: RunRecord) -> None:
     view = d.view
     if record.desired == STOPPED:
-        # `verl-gke stop`: the run ends; its live attempt is stopped (checkpoints stay), then the release. The
-        # last attempt, not the newest since the opening: a reopening create may have adopted an earlier one.
-        last = record.attempts[-1] if record.attempts else None
-        if view.jobs is not None and last is not None and _status(view, last) in LIVE:
-            d.effects.append(Effect("stop", record.run_id, last.submission_id))
+        # `verl-gke stop`: the run ends; its live attempt is stopped (checkpoints stay), then the release.
+        _stop_last_live(d, record)
         d.end(record, USER_STOPPED)
         return
     supervised = _supervised(view, record)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import functools
 import hashlib
 import json
 import logging
@@ -22,7 +21,6 @@ import sys
 import tempfile
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -54,6 +52,8 @@ from domain.staged import (  # shipped beside this script (domain/staged.py)
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+    from workloads.gcs import Gcs
 
 DEFAULT_DATA_ROOT = "/data"
 DEFAULT_WORKERS = 8
@@ -424,59 +424,37 @@ def read_secret(secret: str, what: str, *, metadata_root: str | None = None, api
 USER_DATA_RE = re.compile(r"gs://(?P<bucket>[a-z0-9][a-z0-9._-]*[a-z0-9])/(?P<name>[^#]+)#(?P<generation>[0-9]+)"
                           r"=(?P<dest>user-data/[0-9a-f]{16}/[a-z]+\.parquet)")
 """--user-data: `gs://BUCKET/OBJECT#GENERATION=user-data/<digest>/<file>` (domain/user_data.py's objects)."""
-STORAGE_ROOT = "https://storage.googleapis.com"
 STORAGE_TIMEOUT_S = 60.0
+"""Each GCS call's bound (a rewrite call copies for a while before it answers)."""
 
 
-def _post_json(url: str, headers: Mapping[str, str], timeout_s: float) -> tuple[int, Any]:
-    """(status, parsed body or None) of a POST with an empty JSON body; network failures are transient."""
-    request = urllib.request.Request(url, data=b"{}", method="POST",
-                                     headers={**headers, "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return response.status, json.loads(response.read(1 << 20))
-    except urllib.error.HTTPError as e:
-        return e.code, None
-    except (OSError, ValueError) as e:
-        raise StagingError(f"GCS: {type(e).__name__}: {e}") from None
+def copy_user_data(copies: Sequence[str], gcs: Gcs) -> None:
+    """Copy each pinned generation into the stack's bucket (`gcs`) inside GCS (objects.rewrite: no byte passes
+    through the pod), only where the destination is absent (ifGenerationMatch=0: a staged copy is never
+    rewritten). Network failures are transient: the Job's retries."""
+    from workloads.gcs import PreconditionFailed  # shipped beside this script (workloads/gcs.py)
 
-
-def copy_user_data(copies: Sequence[str], bucket: str, *, api_root: str, token: str | None,
-                   timeout_s: float = STORAGE_TIMEOUT_S) -> None:
-    """Copy each pinned generation into `bucket` inside GCS (objects.rewrite: no byte passes through the pod),
-    only where the destination is absent (ifGenerationMatch=0: a staged copy is never rewritten). Network
-    failures are transient: the Job's retries."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    q = functools.partial(urllib.parse.quote, safe="")
     for copy in copies:
         m = USER_DATA_RE.fullmatch(copy)
         assert m is not None  # parse_args checked it
         source = f"gs://{m['bucket']}/{m['name']}"
-        url = (f"{api_root}/storage/v1/b/{q(m['bucket'])}/o/{q(m['name'])}/rewriteTo/b/{q(bucket)}/o/"
-               f"{q(m['dest'])}?sourceGeneration={m['generation']}&ifGenerationMatch=0")
         try:
-            staged, _, _ = _get_json(f"{api_root}/storage/v1/b/{q(bucket)}/o/{q(m['dest'])}", headers, "GCS",
-                                     timeout_s)
-        except _Again as e:
-            raise StagingError(str(e)) from None
-        rewrite = ""
-        while staged != 200:  # 200: staged by an earlier Job, which the source need not outlive
-            status, body = _post_json(url + rewrite, headers, timeout_s)
-            if status == 412:
-                log.info("%s#%s already staged as gs://%s/%s", source, m["generation"], bucket, m["dest"])
-                break
-            if status in (401, 403):
-                raise StagingError(f"this Job's identity may not read {source}: grant it roles/storage.objectViewer "
-                                   f"on gs://{m['bucket']} (docs/verl-settings.md, Your data)", permanent=True)
-            if status == 404:
-                raise StagingError(f"{source} has no generation {m['generation']} any more: pin its current one in "
-                                   "verl-gke:dataDir", permanent=True)
-            if status != 200 or not isinstance(body, dict):
-                raise StagingError(f"GCS answered {status} to copying {source}")
-            if body.get("done"):
-                log.info("%s#%s staged as gs://%s/%s", source, m["generation"], bucket, m["dest"])
-                break
-            rewrite = f"&rewriteToken={q(str(body.get('rewriteToken', '')))}"
+            # A staged copy (an earlier Job's, whose source need not be live any more) is left as it is.
+            if gcs.stat(m["dest"]) is None and gcs.rewrite(m["dest"], m["bucket"], m["name"], int(m["generation"]),
+                                                           if_generation_match=0) is None:
+                raise StagingError(f"{source} has no generation {m['generation']} any more: pin its current one "
+                                   "in verl-gke:dataDir", permanent=True)
+        except PreconditionFailed:
+            pass  # another Job's copy landed first
+        except urllib.error.HTTPError as e:
+            e.close()
+            if e.code in (401, 403):
+                raise StagingError(f"this Job's identity may not read {source}: grant it roles/storage.objectViewer on "
+                                   f"gs://{m['bucket']} (docs/verl-settings.md, Your data)", permanent=True) from None
+            raise StagingError(f"GCS answered {e.code} to copying {source}") from None
+        except (OSError, ValueError, KeyError) as e:  # network, deadline, an answer not GCS's
+            raise StagingError(f"GCS: {type(e).__name__}: {e}") from None
+        log.info("%s#%s staged as gs://%s/%s", source, m["generation"], gcs.bucket, m["dest"])
 
 
 def _metadata_root() -> str:
@@ -801,9 +779,10 @@ def main(argv: Sequence[str] | None = None, hub: Hub | None = None) -> int:
             # First: a missing key fails the Job (and `pulumi up`) before the long model download.
             wandb = copy_wandb_key(settings.wandb_key_secret, settings.namespace)
         if settings.user_data and settings.bucket:  # before the model: a refused grant fails in seconds
-            emulator = os.environ.get("STORAGE_EMULATOR_HOST")
-            copy_user_data(settings.user_data, settings.bucket, api_root=emulator or STORAGE_ROOT,
-                           token=None if emulator else _pod_token(_metadata_root(), SECRET_REQUEST_TIMEOUT_S))
+            from workloads.gcs import Gcs  # shipped beside this script (workloads/gcs.py)
+
+            copy_user_data(settings.user_data, Gcs.in_pod(settings.bucket, str(settings.data_root),
+                                                          timeout_s=STORAGE_TIMEOUT_S))
         secret = settings.hf_token_secret
         if secret:
             token = read_hf_token(secret)
