@@ -508,7 +508,8 @@ def staging_read_check(cfg: StackConfig, invoke: Invoke, stack: str, result: Pre
     """Staging's identity (its Kubernetes service account's Workload Identity principal, that of its namespace,
     or everyone) holds a role with storage.objects.get on dataDir's gs:// bucket, by the bucket's IAM policy or
     its project's. NOT CHECKED, never refused, where the policies cannot tell: unreadable, a custom or other role,
-    a condition, a Kubernetes service account named by its UID, or object ACLs."""
+    a condition, a Kubernetes service account named by its UID, object ACLs, or no grant on either (a folder's or
+    the organization's may)."""
     gs = user_data.gs_data(cfg.data_dir)
     if gs is None:
         return
@@ -570,12 +571,11 @@ def staging_read_check(cfg: StackConfig, invoke: Invoke, stack: str, result: Pre
         return not_checked(str(granted))
     member = (f"principal://iam.googleapis.com/projects/PROJECT_NUMBER/locations/global/workloadIdentityPools/"
               f"{cfg.project}.svc.id.goog/subject/ns/{ns}/sa/{ksa}")
-    result.problems.append(problem_line(user_data.KEY, cfg.data_dir, f"staging (Kubernetes service account {ksa} in "
-                                        f"namespace {ns}) may not read {url}: neither the bucket's IAM policy nor its "
-                                        "project's grants it storage.objects.get (grants on a folder or the "
-                                        "organization are not read); grant it with `gcloud storage buckets "
-                                        f"add-iam-policy-binding {url} --role=roles/storage.objectViewer "
-                                        f"--member={member}`."))
+    # Never refused: a folder's or the organization's policy may grant it, and no invoke reads those.
+    not_checked(f"neither the bucket's IAM policy nor its project's grants staging (Kubernetes service account {ksa} "
+                f"in namespace {ns}) storage.objects.get, and grants on a folder or the organization are not read; "
+                "unless one of those grants it, staging fails at its start: grant it with `gcloud storage buckets "
+                f"add-iam-policy-binding {url} --role=roles/storage.objectViewer --member={member}`")
 
 
 def provider_message(error: BaseException, token: str) -> str:
