@@ -80,12 +80,16 @@ def resumable_problem(value: Mapping[str, Any], world_size: int, read: Mapping[s
 
     A checkpoint is resumable when its complete marker (workloads/checkpoints.py, written last, after every rank's
     model and optimizer shard was copied) is its current attempt's (saved.json) and names this run's world size
-    (FSDP shards are per world size). An exported model is there once its pointer (model.json) is: the export
-    writes it after the model's folder is whole (workloads/export_model.py)."""
+    (FSDP shards are per world size). An exported model is there once its pointer (model.json) is and does not
+    say `replacing`: the export writes that before it touches the folder, the rest after (workloads/export_model.py)."""
     shown = f"{KEY} = {_shown(value)}"
     if "model" in value:
-        if read.get("pointer") is None:
+        pointer = read.get("pointer")
+        if pointer is None:
             return f"{shown}: no model exported there (its model.json is missing): `verl-gke runs` lists your runs."
+        if pointer.get("replacing"):
+            return (f"{shown}: its export was cut while replacing the model (model.json says so): export the run "
+                    "again with `verl-gke export`.")
         return None
     where = f"run {value['run']} has no complete checkpoint at step {value['step']}"
     marker, saved = read.get("marker"), read.get("saved")

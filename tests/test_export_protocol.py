@@ -216,3 +216,40 @@ def test_of_two_exports_that_both_saw_no_claim_exactly_one_claims_the_run(world,
     (flags / "go").touch()
     first.join(30)
     assert out == {"result": mount / "models" / RUN / "model"}
+
+
+class _Died(BaseException):
+    """The export's process dying at this line (nothing after it runs; the claim lapses)."""
+
+
+def test_an_export_cut_between_its_rename_and_its_pointer_leaves_no_pointer_to_another_model(
+        world, monkeypatch) -> None:
+    """Export e1 published step 10; e2 of step 20 dies once its folder replaced e1's, before its pointer: the
+    pointer must not still vouch for e1's model (a warm start would take e2's folder for it), it says the
+    model is being replaced until an export publishes again."""
+    from domain import start_from
+
+    mount, gcs, verl, flags = world
+    run_dir = mount / "verl" / "checkpoints" / RUN
+    save_step(gcs, run_dir, 10, "a1", b"A")
+    (flags / "go").touch()
+    run_export(mount, gcs, verl, "e1")
+    save_step(gcs, run_dir, 20, "a1", b"B")
+    rename = Path.rename
+
+    def dies_after(self: Path, target: Path) -> Path:
+        rename(self, target)
+        raise _Died
+    monkeypatch.setattr(Path, "rename", dies_after)
+    with pytest.raises(_Died):
+        run_export(mount, gcs, verl, "e2")
+    monkeypatch.setattr(Path, "rename", rename)
+    pointer, _ = gcs.read_json(f"models/{RUN}/model.json")
+    assert (mount / "models" / RUN / "model" / "model.safetensors").read_bytes() == b"B" * 16
+    assert pointer == {"export": "e2", "folder": f"models/{RUN}/model", "replacing": True, "step": 20}
+    assert start_from.resumable_problem({"model": f"gs://verl-data/models/{RUN}/model"}, 16, {"pointer": pointer}) == (
+        f'verl-gke:startFrom = {{"model": "gs://verl-data/models/{RUN}/model"}}: its export was cut while replacing '
+        "the model (model.json says so): export the run again with `verl-gke export`.")
+    # The next export publishes, and the pointer vouches for its model again.
+    assert run_export(mount, gcs, verl, "e3", claim_lapses_s=0.0) == mount / "models" / RUN / "model"
+    assert gcs.read_json(f"models/{RUN}/model.json")[0]["step"] == 20

@@ -47,7 +47,8 @@ PARTIAL_SUFFIX = ".partial"
 CLAIM = ".export.json"
 """`models/<run>/.export.json`: the export of the run that holds it ({export, state}); one at a time."""
 POINTER_SUFFIX = ".json"
-"""`models/<run>/model.json` beside the model: which export published it, its step and the generations it merged."""
+"""`models/<run>/model.json` beside the model: which export published it, its step and the generations it merged;
+`replacing` while an export replaces the folder (or was cut doing so)."""
 CLAIM_LAPSES_S = MERGE_TIMEOUT_S + 600.0
 """A live claim older than this (by GCS's clock) is a dead export's: no export merges for longer."""
 
@@ -243,18 +244,14 @@ def export(checkpoint_dir: Path, target_dir: Path, step: int | None = None, *, p
                 raise ExportError(f"run {run}: step {step} was saved again while it was merged ({changed[0]} is "
                                   f"another generation); export {export_id} publishes nothing")
             claim = _hold(gcs, target_dir, claim, export_id, "publishing")
+            # The pointer stops vouching for the folder before it changes: an export cut from here on leaves
+            # `replacing`, never a pointer to a model the folder no longer holds (read by startFrom's preview).
+            _point(gcs, target_dir, export_id, {"replacing": True, "step": step})
         if target_dir.exists():
             shutil.rmtree(target_dir)  # an earlier export of this run, replaced by the newer one
         partial.rename(target_dir)
         if gcs is not None and claim is not None:
-            pointer = gcs.name(target_dir) + POINTER_SUFFIX
-            current = gcs.stat(pointer)
-            try:
-                gcs.write_json(pointer, {"export": export_id, "folder": gcs.name(target_dir), "step": step,
-                                         "sources": sources}, current.generation if current else 0)
-            except PreconditionFailed:
-                raise ExportError(f"run {run}: another export wrote {pointer} meanwhile (it took over this "
-                                  f"export's claim); export {export_id} reports no success") from None
+            _point(gcs, target_dir, export_id, {"step": step, "sources": sources})
             _hold(gcs, target_dir, claim, export_id, "released")
             claim = None
         return target_dir
@@ -266,6 +263,18 @@ def export(checkpoint_dir: Path, target_dir: Path, step: int | None = None, *, p
             except (OSError, ExportError):
                 pass  # the claim lapses (CLAIM_LAPSES_S)
         raise
+
+
+def _point(gcs: Gcs, target_dir: Path, export_id: str, fields: dict[str, object]) -> None:
+    """Write the run's model.json as `export_id`'s, over the generation it holds now."""
+    pointer = gcs.name(target_dir) + POINTER_SUFFIX
+    current = gcs.stat(pointer)
+    try:
+        gcs.write_json(pointer, {"export": export_id, "folder": gcs.name(target_dir), **fields},
+                       current.generation if current else 0)
+    except PreconditionFailed:
+        raise ExportError(f"run {target_dir.parent.name}: another export wrote {pointer} meanwhile (it took over "
+                          f"this export's claim); export {export_id} reports no success") from None
 
 
 def _claim(gcs: Gcs, target_dir: Path, export_id: str, lapses_s: float) -> int:
