@@ -104,3 +104,128 @@ def test_max_response_length_changes_modeled_step_seconds_through_synth() -> Non
     longer = synth.run("a4-standard", overrides={"verl-gke:verl": {"data": {"max_response_length": 16384}}})
     tail = (16384 - 512) * run_time.TAIL_TOKEN_S
     assert longer.outputs["modeledStepSeconds"] == pytest.approx(plain.outputs["modeledStepSeconds"] + tail, abs=0.1)
+
+
+A4X = PLATFORMS["a4x"]
+DAPO_REWARD = "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n" \
+              "    acc = float(solution_str.strip().endswith(str(ground_truth)))\n" \
+              "    return {\"score\": acc, \"acc\": acc}\n"
+
+
+@pytest.fixture(scope="module")
+def a4x_runs(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, list[str]]]:
+    """(algorithm as the plan names it, job overrides) of each algorithm snippet of docs/recipes.md and DAPO's
+    dynamic sampling (A4X only), synthesized on a4x."""
+    reward = tmp_path_factory.mktemp("reward") / "dapo_reward.py"
+    reward.write_text(DAPO_REWARD)
+    dynamic = {"verl-gke:rewardFunction": str(reward), "verl-gke:verl": {"algorithm": {"filter_groups": {
+        "enable": True, "metric": "acc"}}}}
+    snippets = [config for _, config in recipes() if "verl-gke:startFrom" not in config] + [dynamic]
+    runs = []
+    for config in snippets:
+        result = synth.run("a4x", overrides=config)
+        plan = next(line for line in result.log if " run with verl " in line)
+        runs.append((plan.split(" run with verl ")[0], job_args(result)))
+    assert [name for name, _ in runs] == ["GRPO", "GRPO", "PPO with a critic", "GRPO with LoRA rank 64",
+                                          "GRPO with dynamic sampling"]
+    return runs
+
+
+def _with(args: list[str], **changes: object) -> list[str]:
+    """`args` with each key's value replaced (Hydra refuses a key given twice), or added."""
+    keys = {k.replace("__", "."): v for k, v in changes.items()}
+    kept = [a for a in args if a.split("=", 1)[0].lstrip("+") not in keys]
+    return kept + [f"{k}={v}" for k, v in keys.items()]
+
+
+@pytest.mark.timeout(900)
+def test_verl_0_9_0_itself_accepts_each_algorithm_on_a4x_and_refuses_what_it_cannot_run(
+        a4x_runs: list[tuple[str, list[str]]]) -> None:
+    """A critic and LoRA reach verl 0.9.0's own validate_config (the critic's model read, vLLM's LoRA ranks and
+    version asked), and dynamic sampling the V1 trainer's own filter check, as on the x86 stacks."""
+    runs = [args for _, args in a4x_runs]
+    critic, lora, dynamic = runs[2:]
+    bad = [
+        _with(critic, critic__use_dynamic_bsz=False, critic__ppo_mini_batch_size=512,
+              critic__ppo_micro_batch_size_per_gpu=4),
+        _with(critic, critic__model__path="/data/no-such-model"),
+        _with(lora, actor_rollout_ref__model__lora_rank=1024),
+        _with(dynamic, algorithm__filter_groups__metric="null"),
+    ]
+    verdicts = verl_verdicts(A4X.verl, [*runs, *bad])
+    assert verdicts[:len(runs)] == [None] * len(runs)
+    assert verdicts[len(runs):] == [
+        "ValueError: train_batch_size (256) must be >= critic.ppo_mini_batch_size (512)",
+        "InstantiationException at critic.model: HFValidationError: Repo id must be in the form 'repo_name' or "
+        "'namespace/repo_name': '/data/no-such-model'. Use `repo_type` argument if needed.",
+        "ValueError: lora_rank must be less than or equal to 512, but got 1024",
+        "ValueError: algorithm.filter_groups.metric must be set when group filtering is enabled",
+    ]
+
+
+@pytest.mark.timeout(300)
+def test_verl_0_9_0_refuses_lora_with_a_vllm_older_than_its_range(a4x_runs: list[tuple[str, list[str]]]) -> None:
+    """The image's vLLM version is what verl's own version check reads: one below 0.18 is refused."""
+    lora = a4x_runs[3][1]
+    assert verl_verdicts(A4X.verl, [lora], vllm_version="0.12.0") == [
+        "ValueError: vllm version 0.12.0 not supported and SGLang also not Found. Currently supported vllm versions "
+        "are 0.18.0+"]
+
+
+_STAND_IN_PROBE = """
+import json, sys, typing
+from importlib.metadata import version
+from pathlib import Path
+from verl_standins import VllmStandIn
+VllmStandIn(Path(sys.argv[1]), "0.23.0", Path(sys.argv[2]))
+from vllm.config.lora import MaxLoRARanks
+from vllm.outputs import RequestOutput
+out = {"version": version("vllm"), "ranks": list(typing.get_args(MaxLoRARanks))}
+try:
+    from vllm.lora.request import NoSuchName
+except ImportError as e:
+    out["name"] = str(e).split(" (")[0]
+try:
+    import vllm.no_such_module
+except ModuleNotFoundError as e:
+    out["module"] = str(e)
+try:
+    RequestOutput()
+except RuntimeError as e:
+    out["call"] = str(e)
+print(json.dumps(out))
+"""
+
+
+def test_the_vllm_stand_in_serves_only_what_the_images_vllm_source_binds(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from tests import vllm_source
+
+    source = vllm_source.unpacked(A4X.image_vllm)
+    done = subprocess.run([sys.executable, "-c", _STAND_IN_PROBE, str(source), str(tmp_path)], capture_output=True,
+                          text=True, timeout=60, env={"PYTHONPATH": str(Path(__file__).parent)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    # vLLM 0.23.0's vllm/config/lora.py: MaxLoRARanks = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512].
+    assert json.loads(done.stdout) == {
+        "version": "0.23.0", "ranks": [1, 8, 16, 32, 64, 128, 256, 320, 512],
+        "name": "cannot import name 'NoSuchName' from 'vllm.lora.request'",
+        "module": "No module named 'vllm.no_such_module'",
+        "call": "stand-in for vllm.outputs.RequestOutput: the real vLLM needs the A4X image"}
+
+
+def test_the_model_stand_in_gives_verl_the_pinned_shape_and_the_real_special_token_ids(tmp_path: Path) -> None:
+    import dataclasses
+
+    from transformers import AutoConfig, AutoTokenizer
+
+    from tests.verl_standins import write_qwen2_model
+
+    write_qwen2_model(tmp_path, dataclasses.asdict(run_memory.MODELS["Qwen/Qwen2.5-32B-Instruct"]))
+    config, tokenizer = AutoConfig.from_pretrained(tmp_path), AutoTokenizer.from_pretrained(tmp_path)
+    assert (config.architectures, config.num_attention_heads, config.num_key_value_heads, config.hidden_size,
+            config.vocab_size, config.tie_word_embeddings) == (["Qwen2ForCausalLM"], 40, 8, 5120, 152064, False)
+    assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (None, 151645, 151643)
+    assert tokenizer.encode("<|im_start|>hi<|im_end|>")[::3] == [151644, 151645]
