@@ -76,6 +76,11 @@ def problems(run: VerlSettings, legacy_trainer: bool) -> list[Problem]:
             add(FILTER_GROUPS, "dynamic sampling filters groups by a metric your reward function reports: set "
                 "algorithm.filter_groups.metric (such as \"acc\") and a custom_reward_function that returns "
                 "{\"score\": ..., \"acc\": ...} (the built-in GSM8K reward returns a bare number).")
+        # The same builder asserts the reward is computed while groups are sampled.
+        if run.get("reward.reward_model.enable") and not run.get("reward.reward_model.enable_resource_pool"):
+            add("reward.reward_model.enable", "dynamic sampling filters on the reward as each group is sampled, and "
+                f"a colocated reward model scores only after that (verl {run.version}'s V1 trainer refuses it); set "
+                "reward.reward_model.enable_resource_pool: true or use a reward function alone.")
     return out
 
 

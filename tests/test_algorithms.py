@@ -15,6 +15,7 @@ from domain import run_memory, run_time
 from domain.config import load_config
 from domain.platforms import PLATFORMS
 from tests.conftest import BASE_CONFIG, verl_value
+from tests.test_verl_settings import refused
 from tests.test_verl_config import _platform, job_args, verl_verdicts
 from verl_gke import synth
 
@@ -151,6 +152,7 @@ def test_verl_0_9_0_itself_accepts_each_algorithm_on_a4x_and_refuses_what_it_can
         _with(critic, critic__model__path="/data/no-such-model"),
         _with(lora, actor_rollout_ref__model__lora_rank=1024),
         _with(dynamic, algorithm__filter_groups__metric="null"),
+        _with(dynamic, reward__reward_model__enable=True),
     ]
     verdicts = verl_verdicts(A4X.verl, [*runs, *bad])
     assert verdicts[:len(runs)] == [None] * len(runs)
@@ -160,7 +162,24 @@ def test_verl_0_9_0_itself_accepts_each_algorithm_on_a4x_and_refuses_what_it_can
         "'namespace/repo_name': '/data/no-such-model'. Use `repo_type` argument if needed.",
         "ValueError: lora_rank must be less than or equal to 512, but got 1024",
         "ValueError: algorithm.filter_groups.metric must be set when group filtering is enabled",
+        "AssertionError: algorithm.filter_groups requires the reward metric at sampling time: use rule-based reward "
+        "or reward.reward_model.enable_resource_pool=True. A colocated reward model computes rewards only after "
+        "replay-buffer sampling.",
     ]
+
+
+def test_dynamic_sampling_with_a_colocated_reward_model_is_refused_at_synth_as_verl_0_9_0_refuses_it() -> None:
+    """The V1 trainer's check above, at synth: otherwise it fails once the GPUs are up."""
+    a4x = {"verl-gke:platform": "a4x", "verl-gke:gpuNodes": "4"}
+    dapo = {"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "acc",
+            "custom_reward_function.path": "/data/reward/my_reward.py"}
+    assert refused({**dapo, "reward.reward_model.enable": True}, **a4x) == [
+        "verl-gke:verl.reward.reward_model.enable = true: dynamic sampling filters on the reward as each group is "
+        "sampled, and a colocated reward model scores only after that (verl 0.9.0's V1 trainer refuses it); set "
+        "reward.reward_model.enable_resource_pool: true or use a reward function alone."]
+    pooled = {**dapo, "reward.reward_model.enable": True, "reward.reward_model.enable_resource_pool": True}
+    assert load_config({**BASE_CONFIG, "verl-gke:verl": verl_value(pooled), **a4x}).verl.get(
+        "reward.reward_model.enable_resource_pool") is True
 
 
 @pytest.mark.timeout(300)
