@@ -58,6 +58,19 @@ def problems(run: VerlSettings, legacy_trainer: bool) -> list[Problem]:
                 "shares (unset, verl-gke starts the critic from the actor's model).")
         if run.get("critic.strategy") == "megatron":
             add("critic.strategy", FSDP_ONLY)
+        # validate_config (CriticConfig, 0.6.1 and 0.9.0), at the job's start; kept with dynamic batches too, as
+        # the actor's (domain/grpo_spec.verl_problems).
+        batch = run.get("data.train_batch_size")
+        if run.get("critic.ppo_mini_batch_size") > batch:
+            add("critic.ppo_mini_batch_size", f"must be <= data.train_batch_size ({batch}).")
+        static = not run.get("critic.use_dynamic_bsz")
+        # critic.ppo_micro_batch_size_per_gpu defaults to the deprecated key, and verl refuses the two set together.
+        if static and run.get("critic.ppo_micro_batch_size") is not None:
+            add("critic.ppo_micro_batch_size", "verl refuses this deprecated key with static batches; set "
+                "critic.ppo_micro_batch_size_per_gpu instead.")
+        elif static and run.get("critic.ppo_micro_batch_size_per_gpu") is None:
+            add("critic.ppo_micro_batch_size_per_gpu", "critic.use_dynamic_bsz is false, so verl needs the critic's "
+                "micro batch size; set it (or leave dynamic batch size on).")
     rank = lora_rank(run)
     if rank > VLLM_MAX_LORA_RANK:
         add("actor_rollout_ref.model.lora_rank", f"at most {VLLM_MAX_LORA_RANK}: vLLM serves LoRA adapters up to that "

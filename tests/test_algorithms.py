@@ -132,11 +132,54 @@ def a4x_runs(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, list[s
     return runs
 
 
-def _with(args: list[str], **changes: object) -> list[str]:
-    """`args` with each key's value replaced (Hydra refuses a key given twice), or added."""
-    keys = {k.replace("__", "."): v for k, v in changes.items()}
-    kept = [a for a in args if a.split("=", 1)[0].lstrip("+") not in keys]
-    return kept + [f"{k}={v}" for k, v in keys.items()]
+def _with(args: list[str], paths: dict[str, object]) -> list[str]:
+    """`args` with each path's value replaced (Hydra refuses a key given twice), or added."""
+    kept = [a for a in args if a.split("=", 1)[0].lstrip("+") not in paths]
+    return kept + [f"{k}={'null' if v is None else v}" for k, v in paths.items()]
+
+
+A4X_CONFIG = {"verl-gke:platform": "a4x", "verl-gke:gpuNodes": "4"}
+CRITIC, LORA = {"algorithm.adv_estimator": "gae"}, {"actor_rollout_ref.model.lora_rank": 64}
+DAPO = {"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "acc",
+        "custom_reward_function.path": "/data/reward/my_reward.py"}
+# (recipe, its index in a4x_runs, the change, verl 0.9.0's verdict, synth's line or None: not known offline)
+BAD_ON_A4X = [
+    (CRITIC, 2, {"critic.use_dynamic_bsz": False, "critic.ppo_mini_batch_size": 512,
+                 "critic.ppo_micro_batch_size_per_gpu": 4},
+     "ValueError: train_batch_size (256) must be >= critic.ppo_mini_batch_size (512)",
+     "verl-gke:verl.critic.ppo_mini_batch_size = 512: must be <= data.train_batch_size (256)."),
+    (CRITIC, 2, {"critic.use_dynamic_bsz": False},
+     "InstantiationException at critic: ValueError: [critic] Please set at least one of 'critic.micro_batch_size' "
+     "or 'critic.micro_batch_size_per_gpu'.",
+     "verl-gke:verl.critic.ppo_micro_batch_size_per_gpu = null: critic.use_dynamic_bsz is false, so verl needs "
+     "the critic's micro batch size; set it (or leave dynamic batch size on)."),
+    (CRITIC, 2, {"critic.use_dynamic_bsz": False, "critic.ppo_micro_batch_size": 16},
+     "InstantiationException at critic: ValueError: [critic] You have set both 'critic.micro_batch_size' AND "
+     "'critic.micro_batch_size_per_gpu'. Please remove 'critic.micro_batch_size' because only "
+     "'*_micro_batch_size_per_gpu' is supported (the former is deprecated).",
+     "verl-gke:verl.critic.ppo_micro_batch_size = 16: verl refuses this deprecated key with static batches; set "
+     "critic.ppo_micro_batch_size_per_gpu instead."),
+    # The bucket's folders are known only once it exists (the job's start then fails on it).
+    (CRITIC, 2, {"critic.model.path": "/data/no-such-model"},
+     "InstantiationException at critic.model: HFValidationError: Repo id must be in the form 'repo_name' or "
+     "'namespace/repo_name': '/data/no-such-model'. Use `repo_type` argument if needed.", None),
+    (LORA, 3, {"actor_rollout_ref.model.lora_rank": 1024},
+     "ValueError: lora_rank must be less than or equal to 512, but got 1024",
+     "verl-gke:verl.actor_rollout_ref.model.lora_rank = 1024: at most 512: vLLM serves LoRA adapters up to that rank "
+     "and refuses to start with a larger one."),
+    (DAPO, 4, {"algorithm.filter_groups.metric": None},
+     "ValueError: algorithm.filter_groups.metric must be set when group filtering is enabled",
+     "verl-gke:verl.algorithm.filter_groups.enable = true: dynamic sampling filters groups by a metric your reward "
+     "function reports: set algorithm.filter_groups.metric (such as \"acc\") and a custom_reward_function that "
+     "returns {\"score\": ..., \"acc\": ...} (the built-in GSM8K reward returns a bare number)."),
+    (DAPO, 4, {"reward.reward_model.enable": True},
+     "AssertionError: algorithm.filter_groups requires the reward metric at sampling time: use rule-based reward "
+     "or reward.reward_model.enable_resource_pool=True. A colocated reward model computes rewards only after "
+     "replay-buffer sampling.",
+     "verl-gke:verl.reward.reward_model.enable = true: dynamic sampling filters on the reward as each group is "
+     "sampled, and a colocated reward model scores only after that (verl 0.9.0's V1 trainer refuses it); set "
+     "reward.reward_model.enable_resource_pool: true or use a reward function alone."),
+]
 
 
 @pytest.mark.timeout(900)
@@ -145,40 +188,20 @@ def test_verl_0_9_0_itself_accepts_each_algorithm_on_a4x_and_refuses_what_it_can
     """A critic and LoRA reach verl 0.9.0's own validate_config (the critic's model read, vLLM's LoRA ranks and
     version asked), and dynamic sampling the V1 trainer's own filter check, as on the x86 stacks."""
     runs = [args for _, args in a4x_runs]
-    critic, lora, dynamic = runs[2:]
-    bad = [
-        _with(critic, critic__use_dynamic_bsz=False, critic__ppo_mini_batch_size=512,
-              critic__ppo_micro_batch_size_per_gpu=4),
-        _with(critic, critic__model__path="/data/no-such-model"),
-        _with(lora, actor_rollout_ref__model__lora_rank=1024),
-        _with(dynamic, algorithm__filter_groups__metric="null"),
-        _with(dynamic, reward__reward_model__enable=True),
-    ]
+    bad = [_with(runs[index], change) for _, index, change, _, _ in BAD_ON_A4X]
     verdicts = verl_verdicts(A4X.verl, [*runs, *bad])
     assert verdicts[:len(runs)] == [None] * len(runs)
-    assert verdicts[len(runs):] == [
-        "ValueError: train_batch_size (256) must be >= critic.ppo_mini_batch_size (512)",
-        "InstantiationException at critic.model: HFValidationError: Repo id must be in the form 'repo_name' or "
-        "'namespace/repo_name': '/data/no-such-model'. Use `repo_type` argument if needed.",
-        "ValueError: lora_rank must be less than or equal to 512, but got 1024",
-        "ValueError: algorithm.filter_groups.metric must be set when group filtering is enabled",
-        "AssertionError: algorithm.filter_groups requires the reward metric at sampling time: use rule-based reward "
-        "or reward.reward_model.enable_resource_pool=True. A colocated reward model computes rewards only after "
-        "replay-buffer sampling.",
-    ]
+    assert verdicts[len(runs):] == [verdict for _, _, _, verdict, _ in BAD_ON_A4X]
 
 
-def test_dynamic_sampling_with_a_colocated_reward_model_is_refused_at_synth_as_verl_0_9_0_refuses_it() -> None:
-    """The V1 trainer's check above, at synth: otherwise it fails once the GPUs are up."""
-    a4x = {"verl-gke:platform": "a4x", "verl-gke:gpuNodes": "4"}
-    dapo = {"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "acc",
-            "custom_reward_function.path": "/data/reward/my_reward.py"}
-    assert refused({**dapo, "reward.reward_model.enable": True}, **a4x) == [
-        "verl-gke:verl.reward.reward_model.enable = true: dynamic sampling filters on the reward as each group is "
-        "sampled, and a colocated reward model scores only after that (verl 0.9.0's V1 trainer refuses it); set "
-        "reward.reward_model.enable_resource_pool: true or use a reward function alone."]
-    pooled = {**dapo, "reward.reward_model.enable": True, "reward.reward_model.enable_resource_pool": True}
-    assert load_config({**BASE_CONFIG, "verl-gke:verl": verl_value(pooled), **a4x}).verl.get(
+@pytest.mark.parametrize(("recipe", "change", "line"), [(r, c, line) for r, _, c, _, line in BAD_ON_A4X if line])
+def test_what_verl_0_9_0_refuses_synth_refuses_in_one_line(recipe: dict, change: dict, line: str) -> None:
+    assert refused({**recipe, **change}, **A4X_CONFIG) == [line]
+
+
+def test_dynamic_sampling_with_a_reward_model_in_its_own_pool_is_accepted() -> None:
+    pooled = {**DAPO, "reward.reward_model.enable": True, "reward.reward_model.enable_resource_pool": True}
+    assert load_config({**BASE_CONFIG, "verl-gke:verl": verl_value(pooled), **A4X_CONFIG}).verl.get(
         "reward.reward_model.enable_resource_pool") is True
 
 

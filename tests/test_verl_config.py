@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
+from domain import algorithms
 from domain.bucket import MOUNT_PATH
 from domain.config import StackConfig, _as_field_values, load_config
 from domain.grpo_spec import CHECKPOINT_LAUNCHER, overrides, verl_problems
@@ -86,6 +87,9 @@ VERL_RULES = {
     "train_batch_size x n divisible by the GPUs": {"data.train_batch_size": 255, A + "ppo_mini_batch_size": 255},
     "mini batch <= train batch": {A + "ppo_mini_batch_size": 512},
     "Ulysses needs remove padding": {A + "ulysses_sequence_parallel_size": 2},
+    "critic mini batch <= train batch": {"algorithm.adv_estimator": "gae", "critic.ppo_mini_batch_size": 512,
+                                         "critic.ppo_micro_batch_size_per_gpu": 4},
+    "a critic micro batch with static batches": {"algorithm.adv_estimator": "gae"},
 }
 # Rules verl checks only once the GPUs are allocated: validate_config accepts these runs.
 AFTER_ALLOCATION = {
@@ -123,7 +127,8 @@ def test_every_stack_passes_verls_own_validate_config_and_the_batch_rules_are_ve
         assert answers[:len(stacks)] == [None] * len(stacks), stacks
         if rules:
             verdicts = dict(zip(cases, answers[len(stacks):]))
-    ours = {name: verl_problems(c.verl, c.facts.gpus_per_node, c.gpu_nodes) for name, c in configs.items()}
+    ours = {name: verl_problems(c.verl, c.facts.gpus_per_node, c.gpu_nodes) + algorithms.problems(c.verl, False)
+            for name, c in configs.items()}
     assert verdicts["defaults"] is None and ours["defaults"] == []
     for name in VERL_RULES:
         assert verdicts[name] is not None and ours[name], name

@@ -99,7 +99,8 @@ class VllmStandIn(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         sys.path.append(str(site))
         sys.meta_path.insert(0, self)
 
-    def find_spec(self, fullname: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(self, fullname: str, path: object = None,
+                  target: object = None) -> importlib.machinery.ModuleSpec | None:
         if fullname.split(".")[0] != "vllm":
             return None
         base = self.source.joinpath(*fullname.split("."))
