@@ -51,7 +51,7 @@ def verl_verdicts(release: VerlRelease, runs: list[list[str]], vllm_version: str
     vllm = image_vllm and {"source": str(vllm_source.unpacked(image_vllm)),
                            "version": vllm_version or image_vllm.version}
     request = json.dumps({"config_dir": str(config_dir(release)), "runs": runs, "models": models, "vllm": vllm})
-    # Offline: a path no stand-in serves is looked up as verl would on a node without the Hub.
+    # No request leaves: a path no stand-in serves fails as on a node (an absolute path is no Hub repo id).
     env = {**os.environ, "PYTHONPATH": str(unpacked(release)), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, str(VALIDATE)], input=request, capture_output=True, text=True,
                           env=env, timeout=300)
