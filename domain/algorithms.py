@@ -63,6 +63,10 @@ def problems(run: VerlSettings, legacy_trainer: bool) -> list[Problem]:
         batch = run.get("data.train_batch_size")
         if run.get("critic.ppo_mini_batch_size") > batch:
             add("critic.ppo_mini_batch_size", f"must be <= data.train_batch_size ({batch}).")
+        sp = run.get("critic.ulysses_sequence_parallel_size") or 1
+        if sp > 1 and not run.get("critic.model.use_remove_padding"):
+            add("critic.ulysses_sequence_parallel_size", "Ulysses sequence parallel > 1 needs "
+                "critic.model.use_remove_padding = true.")
         static = not run.get("critic.use_dynamic_bsz")
         # critic.ppo_micro_batch_size_per_gpu defaults to the deprecated key, and verl refuses the two set together.
         if static and run.get("critic.ppo_micro_batch_size") is not None:

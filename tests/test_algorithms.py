@@ -199,6 +199,15 @@ def test_what_verl_0_9_0_refuses_synth_refuses_in_one_line(recipe: dict, change:
     assert refused({**recipe, **change}, **A4X_CONFIG) == [line]
 
 
+def test_a_critic_with_ulysses_needs_remove_padding_as_verl_0_6_1_refuses_it() -> None:
+    """verl 0.6.1's critic model leaves use_remove_padding off (tests/test_verl_config.py holds verl's verdict)."""
+    assert refused({**CRITIC, "critic.ulysses_sequence_parallel_size": 2}) == [
+        "verl-gke:verl.critic.ulysses_sequence_parallel_size = 2: Ulysses sequence parallel > 1 needs "
+        "critic.model.use_remove_padding = true."]
+    assert load_config({**BASE_CONFIG, "verl-gke:verl": verl_value(
+        {**CRITIC, "critic.ulysses_sequence_parallel_size": 2, "critic.model.use_remove_padding": True})})
+
+
 def test_dynamic_sampling_with_a_reward_model_in_its_own_pool_is_accepted() -> None:
     pooled = {**DAPO, "reward.reward_model.enable": True, "reward.reward_model.enable_resource_pool": True}
     assert load_config({**BASE_CONFIG, "verl-gke:verl": verl_value(pooled), **A4X_CONFIG}).verl.get(

@@ -90,6 +90,8 @@ VERL_RULES = {
     "critic mini batch <= train batch": {"algorithm.adv_estimator": "gae", "critic.ppo_mini_batch_size": 512,
                                          "critic.ppo_micro_batch_size_per_gpu": 4},
     "a critic micro batch with static batches": {"algorithm.adv_estimator": "gae"},
+    "critic Ulysses needs remove padding": {"algorithm.adv_estimator": "gae", "critic.ppo_micro_batch_size_per_gpu": 4,
+                                            "critic.ulysses_sequence_parallel_size": 2},
 }
 # Rules verl checks only once the GPUs are allocated: validate_config accepts these runs.
 AFTER_ALLOCATION = {
