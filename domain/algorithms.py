@@ -58,8 +58,8 @@ def problems(run: VerlSettings, legacy_trainer: bool) -> list[Problem]:
                 "shares (unset, verl-gke starts the critic from the actor's model).")
         if run.get("critic.strategy") == "megatron":
             add("critic.strategy", FSDP_ONLY)
-        # validate_config (CriticConfig, 0.6.1 and 0.9.0), at the job's start; kept with dynamic batches too, as
-        # the actor's (domain/grpo_spec.verl_problems).
+        # validate_config (CriticConfig; the Ulysses rule is 0.6.1's), at the job's start; the batch rule kept with
+        # dynamic batches too, as the actor's (domain/grpo_spec.verl_problems).
         batch = run.get("data.train_batch_size")
         if run.get("critic.ppo_mini_batch_size") > batch:
             add("critic.ppo_mini_batch_size", f"must be <= data.train_batch_size ({batch}).")
