@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from domain import run_memory, run_time
+from domain import algorithms, run_memory, run_time
 from domain.config import load_config
 from domain.platforms import PLATFORMS
 from tests.conftest import BASE_CONFIG, verl_value
@@ -265,6 +265,7 @@ def test_the_vllm_stand_in_serves_only_what_the_images_vllm_source_binds(tmp_pat
         "name": "cannot import name 'NoSuchName' from 'vllm.lora.request'",
         "module": "No module named 'vllm.no_such_module'",
         "call": "stand-in for vllm.outputs.RequestOutput: the real vLLM needs the A4X image"}
+    assert json.loads(done.stdout)["ranks"][-1] == algorithms.VLLM_MAX_LORA_RANK  # synth's own LoRA rule
 
 
 def test_the_model_stand_in_gives_verl_the_pinned_shape_and_the_real_special_token_ids(tmp_path: Path) -> None:
