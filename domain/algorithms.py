@@ -58,6 +58,23 @@ def problems(run: VerlSettings, legacy_trainer: bool) -> list[Problem]:
                 "shares (unset, verl-gke starts the critic from the actor's model).")
         if run.get("critic.strategy") == "megatron":
             add("critic.strategy", FSDP_ONLY)
+        # validate_config (CriticConfig; the Ulysses rule is 0.6.1's), at the job's start; the batch rule kept with
+        # dynamic batches too, as the actor's (domain/grpo_spec.verl_problems).
+        batch = run.get("data.train_batch_size")
+        if run.get("critic.ppo_mini_batch_size") > batch:
+            add("critic.ppo_mini_batch_size", f"must be <= data.train_batch_size ({batch}).")
+        sp = run.get("critic.ulysses_sequence_parallel_size") or 1
+        if sp > 1 and not run.get("critic.model.use_remove_padding"):
+            add("critic.ulysses_sequence_parallel_size", "Ulysses sequence parallel > 1 needs "
+                "critic.model.use_remove_padding = true.")
+        static = not run.get("critic.use_dynamic_bsz")
+        # critic.ppo_micro_batch_size_per_gpu defaults to the deprecated key, and verl refuses the two set together.
+        if static and run.get("critic.ppo_micro_batch_size") is not None:
+            add("critic.ppo_micro_batch_size", "verl refuses this deprecated key with static batches; set "
+                "critic.ppo_micro_batch_size_per_gpu instead.")
+        elif static and run.get("critic.ppo_micro_batch_size_per_gpu") is None:
+            add("critic.ppo_micro_batch_size_per_gpu", "critic.use_dynamic_bsz is false, so verl needs the critic's "
+                "micro batch size; set it (or leave dynamic batch size on).")
     rank = lora_rank(run)
     if rank > VLLM_MAX_LORA_RANK:
         add("actor_rollout_ref.model.lora_rank", f"at most {VLLM_MAX_LORA_RANK}: vLLM serves LoRA adapters up to that "
@@ -76,6 +93,11 @@ def problems(run: VerlSettings, legacy_trainer: bool) -> list[Problem]:
             add(FILTER_GROUPS, "dynamic sampling filters groups by a metric your reward function reports: set "
                 "algorithm.filter_groups.metric (such as \"acc\") and a custom_reward_function that returns "
                 "{\"score\": ..., \"acc\": ...} (the built-in GSM8K reward returns a bare number).")
+        # The same builder asserts the reward is computed while groups are sampled.
+        if run.get("reward.reward_model.enable") and not run.get("reward.reward_model.enable_resource_pool"):
+            add("reward.reward_model.enable", "dynamic sampling filters on the reward as each group is sampled, and "
+                f"a colocated reward model scores only after that (verl {run.version}'s V1 trainer refuses it); set "
+                "reward.reward_model.enable_resource_pool: true or use a reward function alone.")
     return out
 
 

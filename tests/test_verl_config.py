@@ -3,6 +3,7 @@ validate_config here (a child process: importing verl needs torch)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -15,13 +16,18 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
+from domain import algorithms
+from domain.bucket import MOUNT_PATH
 from domain.config import StackConfig, _as_field_values, load_config
 from domain.grpo_spec import CHECKPOINT_LAUNCHER, overrides, verl_problems
 from domain.platforms import PLATFORMS
 from domain.platforms import VerlRelease
+from domain.run_memory import MODELS
+from domain.staged import model_dir_for
 from domain.stack_run import stack_run
 from domain.verl_config import check_run
 from domain.verl_settings import compose_run
+from tests import vllm_source
 from tests.conftest import BASE_CONFIG, STACKS, verl_value
 from verl_gke import synth
 from domain.verl_wheel import config_dir, unpacked
@@ -37,10 +43,16 @@ VERL_0_8_0 = VerlRelease(
 )
 
 
-def verl_verdicts(release: VerlRelease, runs: list[list[str]]) -> list[str | None]:
-    """verl's validate_config on each run (None: accepted), with the release first on the path."""
-    request = json.dumps({"config_dir": str(config_dir(release)), "runs": runs})
-    env = {**os.environ, "PYTHONPATH": str(unpacked(release))}
+def verl_verdicts(release: VerlRelease, runs: list[list[str]], vllm_version: str | None = None) -> list[str | None]:
+    """verl's validate_config on each run (None: accepted), with the release first on the path, each pinned
+    model's folder and the image's vLLM (`vllm_version`: another version) as stand-ins (tests/verl_standins.py)."""
+    models = {f"{MOUNT_PATH}/{model_dir_for(repo)}": dataclasses.asdict(shape) for repo, shape in MODELS.items()}
+    image_vllm = next((p.image_vllm for p in PLATFORMS.values() if p.verl == release and p.image_vllm), None)
+    vllm = image_vllm and {"source": str(vllm_source.unpacked(image_vllm)),
+                           "version": vllm_version or image_vllm.version}
+    request = json.dumps({"config_dir": str(config_dir(release)), "runs": runs, "models": models, "vllm": vllm})
+    # No request leaves: a path no stand-in serves fails as on a node (an absolute path is no Hub repo id).
+    env = {**os.environ, "PYTHONPATH": str(unpacked(release)), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, str(VALIDATE)], input=request, capture_output=True, text=True,
                           env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -75,6 +87,11 @@ VERL_RULES = {
     "train_batch_size x n divisible by the GPUs": {"data.train_batch_size": 255, A + "ppo_mini_batch_size": 255},
     "mini batch <= train batch": {A + "ppo_mini_batch_size": 512},
     "Ulysses needs remove padding": {A + "ulysses_sequence_parallel_size": 2},
+    "critic mini batch <= train batch": {"algorithm.adv_estimator": "gae", "critic.ppo_mini_batch_size": 512,
+                                         "critic.ppo_micro_batch_size_per_gpu": 4},
+    "a critic micro batch with static batches": {"algorithm.adv_estimator": "gae"},
+    "critic Ulysses needs remove padding": {"algorithm.adv_estimator": "gae", "critic.ppo_micro_batch_size_per_gpu": 4,
+                                            "critic.ulysses_sequence_parallel_size": 2},
 }
 # Rules verl checks only once the GPUs are allocated: validate_config accepts these runs.
 AFTER_ALLOCATION = {
@@ -112,7 +129,8 @@ def test_every_stack_passes_verls_own_validate_config_and_the_batch_rules_are_ve
         assert answers[:len(stacks)] == [None] * len(stacks), stacks
         if rules:
             verdicts = dict(zip(cases, answers[len(stacks):]))
-    ours = {name: verl_problems(c.verl, c.facts.gpus_per_node, c.gpu_nodes) for name, c in configs.items()}
+    ours = {name: verl_problems(c.verl, c.facts.gpus_per_node, c.gpu_nodes) + algorithms.problems(c.verl, False)
+            for name, c in configs.items()}
     assert verdicts["defaults"] is None and ours["defaults"] == []
     for name in VERL_RULES:
         assert verdicts[name] is not None and ours[name], name

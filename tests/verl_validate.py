@@ -1,20 +1,30 @@
 """Runs verl's own validate_config on composed runs; a child process of tests/test_verl_config.py.
 
-Run with PYTHONPATH set to an unpacked verl wheel (domain.verl_wheel.unpacked): importing verl
-needs torch, which the program itself never loads. Reads {"config_dir": ..., "runs": [[override,
-...], ...]} on stdin; prints a JSON list with, per run, null when verl accepts it or verl's error.
+Run with PYTHONPATH set to an unpacked verl wheel (domain.verl_wheel.unpacked): importing verl needs torch,
+which the program itself never loads. Reads {"config_dir", "runs": [[override, ...], ...], "models": {path:
+shape}, "vllm": {"source", "version"} or null} on stdin: each model path is served by a stand-in folder and
+vLLM by the image's pinned source (tests/verl_standins.py). Prints a JSON list with, per run, null when verl
+accepts it or verl's error. With the V1 trainer, dynamic sampling is also put to the trainer's own check.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
+import logging
 import sys
+import tempfile
 import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+from verl_standins import VllmStandIn, write_qwen2_model
 
 
 def validate(config_dir: str, args: list[str]) -> str | None:
     from hydra import compose, initialize_config_dir
+    from hydra.errors import InstantiationException
 
     from verl.trainer.ppo.utils import need_critic
     from verl.utils.config import validate_config
@@ -27,16 +37,46 @@ def validate(config_dir: str, args: list[str]) -> str | None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             validate_config(config, use_reference_policy=use_reference_policy, use_critic=need_critic(config))
+            if config.trainer.get("use_v1"):
+                v1_sampling_check(config)
     except (AssertionError, ValueError) as e:
         return f"{type(e).__name__}: {e}"
+    except InstantiationException as e:
+        # verl builds a dataclass from a section (the critic's model: HFModelConfig loads the folder).
+        key = str(e).rsplit("full_key: ", 1)[-1].strip()
+        return f"InstantiationException at {key}: {type(e.__cause__).__name__}: {e.__cause__}"
     return None
+
+
+def v1_sampling_check(config: object) -> None:
+    """The V1 trainer's own check of dynamic sampling (TrainerBase._resolve_filter_groups_metric, run when it
+    builds its replay buffer on the GPUs), compiled alone from the wheel's source: its module imports Ray,
+    transfer_queue and the workers."""
+    import verl
+
+    source = Path(verl.__file__).parent / "trainer" / "ppo" / "v1" / "trainer_base.py"
+    tree = ast.parse(source.read_text())
+    (method,) = [node for cls in tree.body if isinstance(cls, ast.ClassDef) for node in cls.body
+                 if isinstance(node, ast.FunctionDef) and node.name == "_resolve_filter_groups_metric"]
+    namespace: dict[str, object] = {"logger": logging.getLogger("verl.trainer.ppo.v1.trainer_base")}
+    exec(compile(ast.Module(body=[method], type_ignores=[]), str(source), "exec"), namespace)
+    namespace["_resolve_filter_groups_metric"](SimpleNamespace(config=config))  # type: ignore[operator]
 
 
 def main() -> None:
     request = json.load(sys.stdin)
-    # verl prints notices on stdout: keep stdout for the answer alone.
-    with contextlib.redirect_stdout(sys.stderr):
-        results = [validate(request["config_dir"], run) for run in request["runs"]]
+    with tempfile.TemporaryDirectory(prefix="verl-standins-") as tmp:
+        folders = {}
+        for i, (path, shape) in enumerate(request.get("models", {}).items()):
+            folders[path] = Path(tmp) / f"model-{i}"
+            write_qwen2_model(folders[path], shape)
+        if request.get("vllm"):
+            VllmStandIn(Path(request["vllm"]["source"]), request["vllm"]["version"], Path(tmp) / "site")
+        runs = [[f"{k}={folders[v]}" if v in folders else f"{k}={v}" for k, _, v in (a.partition("=") for a in run)]
+                for run in request["runs"]]
+        # verl prints notices on stdout: keep stdout for the answer alone.
+        with contextlib.redirect_stdout(sys.stderr):
+            results = [validate(request["config_dir"], run) for run in runs]
     print(json.dumps(results))
 
 
