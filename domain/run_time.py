@@ -4,7 +4,8 @@ One colocated GRPO step is rollout (vLLM decode at peak x DECODE_SHARE / (2 x pa
 the response tail), log-probs (2 x parameters x tokens, actor and reference), the update ((6 + 2 with
 gradient checkpointing) x parameters x tokens at the platform's peak bf16 x MFU) and STEP_OVERHEAD_S;
 the run adds validations, verl's start-up and the checkpoints' GPU time (domain/checkpoint_time.py).
-Every assumption is a named constant here; a run's measured rates (domain/measured.py) replace them.
+Every assumption is a named constant here but the dataset's (its rows and token lengths: its recipe in
+domain/staged.py); a run's measured rates (domain/measured.py) replace them.
 A model to plan with, not a measurement. Pure: numbers in, numbers out.
 """
 
@@ -14,17 +15,13 @@ from dataclasses import dataclass
 
 from domain.measured import Measured
 from domain.pricing import PRICE_KEY
+from domain.staged import Recipe
 
 MFU: dict[str, float] = {"a3u": 0.40, "a4": 0.30, "a4x": 0.30, "g2": 0.20}
 """Share of the GPUs' dense bf16 peak the training passes reach, by platform: ~40% on H200 for FSDP2 in bf16 on
 a 32B dense model; Blackwell's bf16 peak is 2.3-2.5x Hopper's but the same stack (no FP8, FSDP2 collectives,
 attention kernels) reaches a smaller share of it: 30%; a 0.5B model on L4s with FSDP's collectives over TCP
 keeps its GPUs busy a smaller share still: 20%. An assumption, to be replaced by measured steps."""
-PROMPT_TOKENS = 128
-"""Mean prompt of a GSM8K sequence: the question (~70 tokens), verl's instruction to reason step by step and
-the chat template's system prompt and markers."""
-RESPONSE_TOKENS = 320
-"""Mean response of Qwen2.5-32B-Instruct reasoning through a GSM8K problem (max_response_length caps it)."""
 DECODE_SHARE = 0.20
 """Share of the GPUs' peak vLLM's decoding reaches at 2 FLOPs a parameter a token, with hundreds of sequences a
 replica (max_num_seqs sized to the requests a replica gets): the decode rate."""
@@ -34,9 +31,6 @@ sleep, the reward, advantages and scheduling."""
 TAIL_TOKEN_S = 0.02
 """One decode iteration of a vLLM replica left with its last few (longest) responses: ~20 ms, its per-iteration
 floor (scheduling, sampling, a forward over few sequences with CUDA graphs). An assumption, not measured."""
-VALIDATION_PROMPTS = 1319
-"""GSM8K's test split (the pinned revision's test.parquet, data.val_files), one greedy response each (verl's
-val_kwargs.n = 1)."""
 MODEL_LOAD_GBPS = 1.0
 """GB/s rank 0 reads the model's safetensors through the GCS FUSE mount into host memory, building the fp32
 actor: the low end of what one reader gets from the mount (the checkpoints' bucket rate is 2 GB/s per node
@@ -62,8 +56,9 @@ class Assumptions:
     """The model's assumptions, together; `for_platform` gives this module's, with a run's measured rates."""
 
     mfu: float
-    prompt_tokens: int = PROMPT_TOKENS
-    response_tokens: int = RESPONSE_TOKENS
+    prompt_tokens: int
+    response_tokens: int
+    """The dataset's mean response before data.max_response_length caps it."""
     decode_share: float = DECODE_SHARE
     step_overhead_s: float = STEP_OVERHEAD_S
     tail_token_s: float = TAIL_TOKEN_S
@@ -72,9 +67,11 @@ class Assumptions:
     """The run whose rates replace the assumed ones (model load, start-up, step), where it measured them."""
 
     @classmethod
-    def for_platform(cls, platform: str, measured: Measured | None = None) -> Assumptions:
+    def for_platform(cls, platform: str, recipe: Recipe, measured: Measured | None = None) -> Assumptions:
+        """The platform's MFU, the dataset's token lengths (its recipe's, domain/staged.py), a run's measured rates."""
         load = measured.rates.model_load_gbps if measured else None
-        return cls(mfu=MFU[platform], model_load_gbps=load or MODEL_LOAD_GBPS, measured=measured)
+        return cls(mfu=MFU[platform], prompt_tokens=recipe.prompt_tokens, response_tokens=recipe.response_tokens,
+                   model_load_gbps=load or MODEL_LOAD_GBPS, measured=measured)
 
     def source(self, rate: float | None) -> str:
         """" (measured on run X)" beside a figure a run measured, "" beside an assumed one."""
@@ -98,8 +95,12 @@ class RunShape:
     steps: int | None
     checkpoint_s: float
     """GPU time all the run's checkpoints cost (domain/checkpoint_time.py's total)."""
-    max_response_tokens: int = RESPONSE_TOKENS
+    max_response_tokens: int
     """data.max_response_length: the longest response the rollout waits for."""
+    validation_prompts: int
+    """The test split's rows (data.val_files), one greedy response each (verl's val_kwargs.n = 1)."""
+    steps_at_most: bool = False
+    """`steps` is an upper bound: data.filter_overlong_prompts drops prompts before the run."""
     validations: int = 0
     """Validation passes during the run (every test_freq steps and after the last), besides the one before it."""
     validate_first: bool = False
@@ -130,6 +131,11 @@ class RunTime:
     """One validation pass."""
     startup_s: float
     """From the job RUNNING to verl's first training step."""
+
+    @property
+    def response_tokens(self) -> int:
+        """The mean response the model counts: the dataset's, capped at data.max_response_length."""
+        return min(self.assumptions.response_tokens, self.shape.max_response_tokens)
 
     @property
     def modeled_step_s(self) -> float:
@@ -178,6 +184,8 @@ class RunTime:
         """The model as synth and `pulumi up` print it, its assumptions named."""
         a, s = self.assumptions, self.shape
         measured_step = a.measured.rates.step_seconds if a.measured else None
+        capped = (f": a mean of {a.response_tokens} capped at data.max_response_length"
+                  if self.response_tokens < a.response_tokens else "")
         step = (f"step ~{self.step_s:.0f} s{a.source(measured_step)} (modeled {self.modeled_step_s:.0f}: rollout "
                 f"{self.rollout_s:.0f} with a response tail of {self.tail_s:.0f}, log-probs {self.log_prob_s:.0f}, "
                 f"update {self.update_s:.0f}, weight sync and overhead {self.overhead_s:.0f})")
@@ -188,16 +196,16 @@ class RunTime:
             if s.validations:
                 saves = f", {s.validations} validation passes ({self.validation_s:.0f} s each)" + saves
             cost = self.cost_usd(usd_per_hour)
-            run = (f"{s.steps} steps{saves} ~{self.run_s / 60:.0f} min, {self.gpu_hours:.1f} GPU-hours, "
+            run = (f"{'at most ' if s.steps_at_most else ''}{s.steps} steps{saves} ~{self.run_s / 60:.0f} min, {self.gpu_hours:.1f} GPU-hours, "
                    + (f"~${cost:,.2f} at ${usd_per_hour:,.2f}/h" if cost is not None
                       else f"cost unknown (no price: set {PRICE_KEY})"))
         return [
             f"Modeled run: {step}; {run}",
             f"{ASSUMPTIONS}: training at {a.mfu:.0%} MFU of {s.peak_flops / 1e15:g} PFLOP/s bf16 "
-            f"a GPU; {a.prompt_tokens + a.response_tokens} tokens a sequence ({a.prompt_tokens} prompt + "
-            f"{a.response_tokens} response), {s.sequences} sequences a step; decode ~{self.decode_tokens_per_s:,.0f} "
+            f"a GPU; {a.prompt_tokens + self.response_tokens} tokens a sequence ({a.prompt_tokens} prompt + "
+            f"{self.response_tokens} response{capped}; the dataset's, domain/staged.py), {s.sequences} sequences a step; decode ~{self.decode_tokens_per_s:,.0f} "
             f"tokens/s a GPU ({a.decode_share:.0%} of peak); responses up to {s.max_response_tokens} tokens, the "
-            f"tail at {a.tail_token_s * 1000:g} ms an iteration; {VALIDATION_PROMPTS} validation prompts a pass; "
+            f"tail at {a.tail_token_s * 1000:g} ms an iteration; {s.validation_prompts} validation prompts a pass; "
             f"{a.step_overhead_s:g} s a step for weight sync and overhead; checkpoints as above "
             "(domain/checkpoint_time.py)",
         ]
@@ -235,16 +243,17 @@ def _bf16_bytes(params: int) -> int:
 def model(shape: RunShape, assumptions: Assumptions) -> RunTime:
     """The run's step and run time under `assumptions` (formulas in the module's docstring)."""
     a = assumptions
-    tokens = shape.sequences * (a.prompt_tokens + a.response_tokens)
+    response = min(a.response_tokens, shape.max_response_tokens)
+    tokens = shape.sequences * (a.prompt_tokens + response)
     rate = shape.n_gpus * shape.peak_flops * a.mfu
     per_token = (4 if shape.lora else 6) + (2 if shape.recompute else 0)
     critic_update = (6 + (2 if shape.recompute else 0)) if shape.critic else 0
     update = (per_token + critic_update) * shape.params * tokens / rate
     log_prob = 2 * shape.params * tokens * (1 + (1 if shape.reference else 0) + (1 if shape.critic else 0)) / rate
     decode = shape.n_gpus * decode_rate(shape, a)
-    tail = max(shape.max_response_tokens - a.response_tokens, 0) * a.tail_token_s
-    rollout = shape.sequences * a.response_tokens / decode + tail
-    validation = VALIDATION_PROMPTS * a.response_tokens / decode + tail
+    tail = (shape.max_response_tokens - response) * a.tail_token_s
+    rollout = shape.sequences * response / decode + tail
+    validation = shape.validation_prompts * response / decode + tail
     startup = (VERL_PROCESS_START_S + _bf16_bytes(shape.params) * shape.model_loads / (a.model_load_gbps * 1e9)
                + VLLM_START_S + FIRST_SYNC_S + (validation if shape.validate_first else 0.0))
     return RunTime(shape, a, rollout, log_prob, update, a.step_overhead_s, tail, validation, startup)

@@ -27,9 +27,6 @@ DEFAULT_MODEL_REPO = "Qwen/Qwen2.5-32B-Instruct"
 DEFAULT_MODEL_REVISION = "5ede1c97bbab6ce5cda5812749b4c0bdf79b18dd"
 DEFAULT_DATASET_REPO = "openai/gsm8k"
 DEFAULT_DATASET_REVISION = "740312add88f781978c0658806c59bc2815b9866"
-DEFAULT_DATASET_TRAIN_ROWS = 7473
-"""GSM8K main's train split at that revision."""
-
 DATASET_DIR = "gsm8k"
 MATH_REPO = "DigitalLearningGmbH/MATH-lighteval"
 MATH_REVISION = "0530c78699ea5e8eb5530600900e1f328b48acad"
@@ -85,13 +82,26 @@ class Recipe:
     """Under the data root."""
     sample: tuple[str, str]
     """(solution_str, ground_truth) verl's reward for data_source scores 1: the synth check's sample row."""
+    train_rows: int
+    """Rows of the train split at `revision` (the run's steps: verl's loader drops the last partial batch)."""
+    test_rows: int
+    """Rows of the test split at `revision`: the prompts of each validation pass (data.val_files, one response each)."""
+    prompt_tokens: int
+    """Mean prompt: the question, verl's recipe's instruction and the chat template. An assumption, not measured."""
+    response_tokens: int
+    """Mean response of Qwen2.5-32B-Instruct to it (data.max_response_length caps it). An assumption, not measured."""
 
 
+# Rows: each dataset card's dataset_info at the pinned revision (GSM8K main; MATH-lighteval default: 5,984,772
+# bytes of problems and worked solutions in 7,500 train rows, ~800 a row). Tokens: a GSM8K question ~70, a MATH
+# problem ~90 (a third of a row's bytes), plus verl's instruction and the chat template's ~60; a response ~2.5x
+# the reference answer (GSM8K's ~130 tokens, MATH's ~220) as Qwen2.5-32B-Instruct reasons step by step.
 RECIPES = (
     Recipe(DEFAULT_DATASET_REPO, DEFAULT_DATASET_REVISION, "gsm8k", "main", ("question", "answer"),
-           "openai/gsm8k", DATASET_DIR, ("3 + 4 = 7\n#### 7", "7")),
+           "openai/gsm8k", DATASET_DIR, ("3 + 4 = 7\n#### 7", "7"), train_rows=7473, test_rows=1319,
+           prompt_tokens=128, response_tokens=320),
     Recipe(MATH_REPO, MATH_REVISION, "math-lighteval", "data", ("problem", "solution"), MATH_REPO, "math",
-           ("3 + 4 = \\boxed{7}", "7")),
+           ("3 + 4 = \\boxed{7}", "7"), train_rows=7500, test_rows=5000, prompt_tokens=150, response_tokens=550),
 )
 """verl 0.6.1's other recipes need what the stack lacks: images (geo3k), a reward model (full_hh_rlhf), a
 data_source no default reward scores (hellaswag), tools or a retriever (search_r1, *_w_tool, multiturn)."""

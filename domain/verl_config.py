@@ -25,7 +25,6 @@ from domain.run_time import RunTime
 from domain.stack_run import stack_run
 from domain.verl_settings import compose_run
 from domain.verl_wheel import VerlUnavailable, config_dir
-from domain.staged import DEFAULT_DATASET_REPO, DEFAULT_DATASET_REVISION, DEFAULT_DATASET_TRAIN_ROWS
 _BILLIONS = re.compile(r"(?<![0-9.])([0-9]+(?:\.[0-9]+)?)B(?![a-zA-Z])")
 _QUOTED = re.compile(r"'([^']+)'")
 SETTINGS_HEADER = "verl settings (the platform's defaults; * = set in verl-gke:verl):"
@@ -38,7 +37,7 @@ class RunPlan:
 
     verl_version: str
     steps: int | None
-    """None when the dataset's size is unknown here (not the pinned GSM8K)."""
+    """None when the dataset's size is unknown here (not a recipe's pinned revision, domain/staged.py)."""
     save_freq: int
     checkpoints_saved: int | None
     checkpoints_kept: int | None
@@ -60,10 +59,14 @@ class RunPlan:
     """The warm start (domain/start_from.lineage), "" for none."""
     algorithm: str = "GRPO"
     """domain/algorithms.name."""
+    steps_at_most: bool = False
+    """`steps` is an upper bound: data.filter_overlong_prompts drops prompts verl reads only at the run's start."""
 
     def lines(self) -> list[str]:
         """The plan as a few lines for synth's summary and `pulumi up`'s log."""
-        steps = f"{self.steps} steps" if self.steps is not None else "steps unknown (dataset not the pinned GSM8K)"
+        steps = ("steps unknown (the data is not a staged dataset's pinned revision)" if self.steps is None else
+                 f"at most {self.steps} steps (an upper bound: data.filter_overlong_prompts drops the prompts longer "
+                 "than data.max_prompt_length before the run)" if self.steps_at_most else f"{self.steps} steps")
         out = [f"{self.algorithm} run with verl {self.verl_version}: {steps}"]
         if self.run_id:
             out.append(f"  run id {self.run_id}, checkpoints in {self.checkpoint_folder}")
@@ -138,9 +141,12 @@ def _plan(cfg: StackConfig, composed: DictConfig, warnings: list[str], run_id: s
           measured: Measured | None = None) -> RunPlan:
     trainer = composed.trainer
     steps = trainer.total_training_steps
-    if steps is None and (cfg.dataset, cfg.dataset_revision) == (DEFAULT_DATASET_REPO, DEFAULT_DATASET_REVISION):
+    recipe = cfg.recipe
+    at_most = False
+    if steps is None and not cfg.data_dir and (cfg.dataset, cfg.dataset_revision) == (recipe.repo, recipe.revision):
         # verl's train loader drops the last partial batch.
-        steps = DEFAULT_DATASET_TRAIN_ROWS // composed.data.train_batch_size * trainer.total_epochs
+        steps = recipe.train_rows // composed.data.train_batch_size * trainer.total_epochs
+        at_most = bool(composed.data.filter_overlong_prompts)
     save_freq = int(trainer.save_freq)
     saved = kept = None
     if steps is not None and save_freq > 0:
@@ -166,17 +172,18 @@ def _plan(cfg: StackConfig, composed: DictConfig, warnings: list[str], run_id: s
             reference=reference,
             recompute=bool(composed.actor_rollout_ref.model.enable_gradient_checkpointing),
             steps=steps, checkpoint_s=timing.total_s if timing else 0.0,
-            max_response_tokens=int(composed.data.max_response_length),
+            max_response_tokens=int(composed.data.max_response_length), validation_prompts=recipe.test_rows,
+            steps_at_most=at_most,
             validations=run_time.validation_passes(steps, int(trainer.test_freq)),
             validate_first=bool(trainer.val_before_train),
             model_loads=1 + int(reference and not algorithms.lora_rank(cfg.verl)) + int(algorithms.has_critic(cfg.verl)),
             critic=algorithms.has_critic(cfg.verl), lora=algorithms.lora_rank(cfg.verl) > 0),
-            run_time.Assumptions.for_platform(cfg.platform, measured))
+            run_time.Assumptions.for_platform(cfg.platform, recipe, measured))
     shown = [f"{'*' if o.key in cfg.verl.given else ' '} {o.arg}" for o in overrides(cfg.verl)]
     return RunPlan(cfg.verl.version, steps, save_freq, saved, kept, size, warnings, run_id=run_id,
                    checkpoint_folder=str(trainer.default_local_dir), checkpoint_time=timing, time=time,
                    hourly_usd=cfg.hourly_usd, settings=tuple(shown), start=start_from.lineage(cfg.start_from),
-                   algorithm=algorithms.name(cfg.verl))
+                   algorithm=algorithms.name(cfg.verl), steps_at_most=at_most)
 
 
 def _one_line(error: BaseException) -> str:

@@ -7,18 +7,18 @@ from typing import Any
 
 import pytest
 
-from domain import run_time
+from domain import run_time, staged
 from domain.config import load_config
 from domain.measured import Measured, Rates
 from domain.run_time import Assumptions, RunShape
 from domain.verl_config import check_run
 from domain.verl_wheel import config_dir
-from tests.conftest import BASE_CONFIG
+from tests.conftest import BASE_CONFIG, verl_value
 
 # Round numbers, so that every figure below is a hand calculation.
 SHAPE = RunShape(params=10**9, sequences=100, n_gpus=2, peak_flops=1e15, reference=True, recompute=True,
-                 steps=10, checkpoint_s=4.0, max_response_tokens=150, validations=2, validate_first=True,
-                 model_loads=2)
+                 steps=10, checkpoint_s=4.0, max_response_tokens=150, validation_prompts=1319, validations=2,
+                 validate_first=True, model_loads=2)
 ASSUME = Assumptions(mfu=0.5, prompt_tokens=100, response_tokens=100, decode_share=0.2, step_overhead_s=10.0)
 
 
@@ -54,7 +54,7 @@ def test_measured_rates_replace_the_assumed_ones_and_say_so() -> None:
     measured = Measured.model_validate({"run": "run-1", "stack": "smoke", "measuredAt": "2026-12-07T12:00:00Z",
                                         "rates": {"modelLoadGBps": 2.0, "verlStartupSeconds": 300.0,
                                                   "stepSeconds": 30.0}})
-    a = Assumptions.for_platform("g2", measured)
+    a = Assumptions.for_platform("g2", staged.RECIPES[0], measured)
     assert a.model_load_gbps == 2.0 and a.mfu == 0.20
     t = run_time.model(SHAPE, Assumptions(**{**ASSUME.__dict__, "model_load_gbps": 2.0, "measured": measured}))
     assert t.modeled_step_s == pytest.approx(11.29) and t.step_s == 30.0
@@ -78,19 +78,19 @@ def test_no_reference_no_recompute_and_unknowns() -> None:
 
 
 def test_the_assumptions_are_this_modules_and_named_in_what_synth_prints() -> None:
-    a = Assumptions.for_platform("a3u")
+    a = Assumptions.for_platform("a3u", staged.RECIPES[0])
     assert (a.mfu, a.prompt_tokens, a.response_tokens, a.decode_share, a.step_overhead_s) == (0.40, 128, 320, 0.20,
                                                                                               10.0)
     assert (a.tail_token_s, a.model_load_gbps, a.measured) == (0.02, 1.0, None)
-    assert (run_time.VALIDATION_PROMPTS, run_time.VERL_PROCESS_START_S, run_time.VLLM_START_S,
-            run_time.FIRST_SYNC_S, run_time.EXPORT_START_S) == (1319, 60.0, 90.0, 30.0, 60.0)
+    assert (run_time.VERL_PROCESS_START_S, run_time.VLLM_START_S, run_time.FIRST_SYNC_S,
+            run_time.EXPORT_START_S) == (60.0, 90.0, 30.0, 60.0)
     t = run_time.model(SHAPE, ASSUME)
     assert t.lines(None) == [
         "Modeled run: step ~11 s (modeled 11: rollout 1 with a response tail of 1, log-probs 0, update 0, weight sync "
         "and overhead 10); 10 steps, 2 validation passes (2 s each) and checkpoints (4 s) ~2 min, 0.1 GPU-hours, cost "
         "unknown (no price: set verl-gke:gpuNodeHourlyUsd)",
         "  assumptions (domain/run_time.py): training at 50% MFU of 1 PFLOP/s bf16 a GPU; 200 tokens a sequence (100 "
-        "prompt + 100 response), 100 sequences a step; decode ~100,000 tokens/s a GPU (20% of peak); responses up to "
+        "prompt + 100 response; the dataset's, domain/staged.py), 100 sequences a step; decode ~100,000 tokens/s a GPU (20% of peak); responses up to "
         "150 tokens, the tail at 20 ms an iteration; 1319 validation prompts a pass; 10 s a step for weight sync and "
         "overhead; checkpoints as above (domain/checkpoint_time.py)",
     ]
@@ -129,3 +129,46 @@ def test_synth_prints_the_cost_with_a_price_and_says_when_the_price_is_unknown(s
     assert t.cost_usd(cfg.hourly_usd) == round(t.run_s / 3600 * cfg.hourly_usd, 2)
     [a4] = [line for line in synth_stack("a4-standard").log if line.startswith("Modeled run: ")]
     assert a4.endswith("cost unknown (no price: set verl-gke:gpuNodeHourlyUsd)")
+
+
+def test_the_default_gsm8k_run_is_modeled_as_before() -> None:
+    # GSM8K's pinned facts moved into its recipe (domain/staged.py): 7,473 train rows, 1,319 test rows, 128 + 320
+    # tokens a sequence; the a4 default's figures are the ones the constants gave.
+    t = _plan("a4", "2").time
+    assert (t.shape.steps, t.shape.validation_prompts) == (58, 1319)
+    assert (t.step_s, t.validation_s, t.run_s) == (pytest.approx(47.63757487081244), pytest.approx(7.681251257002667),
+                                                   pytest.approx(2915.5458106891374))
+
+
+MATH = {"verl-gke:dataset": "DigitalLearningGmbH/MATH-lighteval", "verl-gke:gpuNodeHourlyUsd": '{"reservation": 100}',
+        "verl-gke:verl": verl_value({"data.filter_overlong_prompts": True})}
+
+
+def test_a_math_run_is_modeled_from_its_recipes_pinned_facts() -> None:
+    plan = _plan("a4", "2", **MATH)
+    t = plan.time
+    math = staged.recipe_for(staged.MATH_REPO)
+    assert (math.train_rows, math.test_rows, math.prompt_tokens, math.response_tokens) == (7500, 5000, 150, 550)
+    # 7,500 rows // 256 a batch x 2 epochs; fewer when verl drops prompts over data.max_prompt_length.
+    assert (plan.steps, plan.steps_at_most, t.shape.steps, t.shape.validation_prompts) == (58, True, 58, 5000)
+    # 16 B200s at 2.25 PFLOP/s: training at 30% (1.08e16 FLOP/s), decoding at 20% over 2 FLOPs a parameter.
+    p, tokens = 32762757120, 2048 * (150 + 512)  # responses of 550 tokens on average, capped at 512
+    decode = 16 * 2.25e15 * 0.2 / (2 * p)  # 109,881 tokens/s
+    assert t.update_s == pytest.approx(8 * p * tokens / 1.08e16)  # recomputed: 32.90 s
+    assert t.log_prob_s == pytest.approx(2 * p * tokens / 1.08e16)  # the actor's alone on a4: 8.23 s
+    assert (t.tail_s, t.rollout_s) == (0.0, pytest.approx(2048 * 512 / decode))  # 9.54 s
+    assert t.validation_s == pytest.approx(5000 * 512 / decode)  # 23.30 s
+    assert t.step_s == pytest.approx(32.9029 + 8.2257 + 9.5428 + 10, abs=1e-3)  # 60.67 s
+    assert t.shape.checkpoint_s == pytest.approx(106, abs=0.5)  # as GSM8K's: 6 saves
+    assert t.run_s == pytest.approx(58 * 60.6715 + 6 * 23.2980 + 106, abs=1)  # 3,765 s
+    usd = plan.hourly_usd  # the two GPU nodes at $100/h and the stack's other nodes
+    assert 200 < usd < 202 and t.cost_usd(usd) == round(t.run_s / 3600 * usd, 2)
+    lines = plan.lines()
+    assert lines[0] == ("GRPO run with verl 0.6.1: at most 58 steps (an upper bound: data.filter_overlong_prompts "
+                        "drops the prompts longer than data.max_prompt_length before the run)")
+    [run] = [line for line in lines if line.startswith("Modeled run: ")]
+    assert run.endswith(f"; at most 58 steps, 6 validation passes (23 s each) and checkpoints (106 s) "
+                        f"~{t.run_s / 60:.0f} min, {t.gpu_hours:.1f} GPU-hours, ~${t.cost_usd(usd):,.2f} at ${usd:,.2f}/h")
+    [assume] = [line for line in lines if line.startswith(run_time.ASSUMPTIONS)]
+    assert ("662 tokens a sequence (150 prompt + 512 response: a mean of 550 capped at "
+            "data.max_response_length; the dataset's, domain/staged.py)" in assume and "5000 validation prompts a pass" in assume)
