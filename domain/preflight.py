@@ -19,7 +19,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from domain.image_mirror import MIRROR_APIS
-from domain import gke_versions, grpo_spec, reward_fn, start_from, user_data, wandb_key
+from domain import algorithms, gke_versions, grpo_spec, reward_fn, start_from, user_data, wandb_key
+from domain.bucket import MOUNT_PATH, bucket_path
+from domain.staged import model_dir_for
 from domain.config import SCHEMA_MINOR, StackConfig, config_key, problem_line
 from domain.names import stack_names, stack_slug
 from domain.platforms import GPU_POOL_NAME, Platform, gpu_pool_name
@@ -93,7 +95,8 @@ CHECKS = {
     CLUSTER: "whether the stack's cluster exists already (its GPU pool's own nodes count as free)",
     QUOTA: "the project's GPU quota in the region covers gpuNodes x GPUs (on-demand, or preemptible for Spot "
            "and flex-start)",
-    OBJECT: "startFrom's checkpoint is complete at this GPU count, or its exported model is published",
+    OBJECT: "startFrom's checkpoint is complete at this GPU count, or its exported model is published; a model "
+            "folder of your own (critic.model.path, actor_rollout_ref.model.path) holds config.json",
     BUCKET_OBJECT: "dataDir's gs:// objects are at their pinned generations, with the columns and data_source "
                    "values verl reads",
     BUCKET_IAM: "staging's identity may read dataDir's gs:// bucket",
@@ -303,6 +306,7 @@ def run_preflight(cfg: StackConfig, invoke: Invoke, stack: str | None = None,
     gs_data_check(cfg, invoke, open_object, result)
     if stack is not None:
         staging_read_check(cfg, invoke, stack, result)
+        model_folder_check(cfg, invoke, stack, result)
     if cfg.existing_cluster:
         result.problems += existing_cluster_problems(cfg, stack, invoke)
         return result
@@ -442,6 +446,54 @@ def start_from_problems(cfg: StackConfig, stack: str, invoke: Invoke) -> list[st
             read[role] = None
     found = start_from.resumable_problem(cfg.start_from, cfg.gpu_nodes * cfg.facts.gpus_per_node, read)
     return [found] if found else []
+
+
+MODEL_CONFIG = "config.json"
+"""What every Hugging Face model folder verl loads holds (transformers' AutoConfig reads it first)."""
+
+
+def model_folders(cfg: StackConfig) -> dict[str, str]:
+    """The model folders of the user's own verl loads at the run's start: {verl path: folder}, each folder once.
+    Not the staged model (staging writes it) nor startFrom's exported one (start_from_problems reads its pointer)."""
+    own: dict[str, str] = {}
+    mine = (f"{MOUNT_PATH}/{model_dir_for(cfg.model)}",
+            start_from.overrides(cfg.start_from, "").get(start_from.MODEL_PATH))
+    for path in (start_from.MODEL_PATH, *((algorithms.CRITIC_MODEL,) if algorithms.has_critic(cfg.verl) else ())):
+        folder = cfg.verl.get(path)
+        if (isinstance(folder, str) and folder.startswith(f"{MOUNT_PATH}/") and folder not in mine
+                and folder not in own.values()):
+            own[path] = folder
+    return own
+
+
+def model_folder_check(cfg: StackConfig, invoke: Invoke, stack: str, result: PreflightResult) -> None:
+    """Each model folder of the user's own holds config.json in the stack's bucket (else verl fails at the run's
+    start, after the GPUs are up); NOT CHECKED, never refused, when the object cannot be read."""
+    bucket, found, checked = stack_names(cfg, stack).bucket, [], []
+    instead = {start_from.MODEL_PATH: f"the staged {cfg.model}", algorithms.CRITIC_MODEL: "the actor's model"}
+    for path, folder in model_folders(cfg).items():
+        name, key = f"{bucket_path(folder)}/{MODEL_CONFIG}", config_key(f"verl.{path}")
+        try:
+            answer = invoke(OBJECT, {"bucket": bucket, "name": name})
+        except Exception as error:  # noqa: BLE001 the provider's own message is the user's clue
+            message = provider_message(error, OBJECT)
+            if not _NOT_FOUND.search(message):
+                result.notes.append(f"{key}: NOT CHECKED that gs://{bucket}/{name} exists: the provider said: "
+                                    f"{message}")
+                continue
+            role = "critic's" if path == algorithms.CRITIC_MODEL else "actor's"
+            found.append(problem_line(key, folder, f"no gs://{bucket}/{name}: verl loads the {role} model, a "
+                                      "Hugging Face model folder, from there when the run starts; copy the model "
+                                      f"there (its config.json, tokenizer and safetensors), or leave {path} unset "
+                                      f"for {instead[path]}."))
+            continue
+        if answer.get(STAND_IN):
+            return
+        checked.append(path)
+    result.problems += found
+    if checked and not found:
+        result.checks.append(f"model folders: {' and '.join(checked)} hold{'s' if len(checked) == 1 else ''} "
+                             f"{MODEL_CONFIG}")
 
 
 def gs_data_check(cfg: StackConfig, invoke: Invoke, open_object: ObjectReader | None,

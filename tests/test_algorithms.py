@@ -159,7 +159,7 @@ BAD_ON_A4X = [
      "'*_micro_batch_size_per_gpu' is supported (the former is deprecated).",
      "verl-gke:verl.critic.ppo_micro_batch_size = 16: verl refuses this deprecated key with static batches; set "
      "critic.ppo_micro_batch_size_per_gpu instead."),
-    # The bucket's folders are known only once it exists (the job's start then fails on it).
+    # verl reads the folder only at the job's start: preview refuses it first (tests/test_preflight.py).
     (CRITIC, 2, {"critic.model.path": "/data/no-such-model"},
      "InstantiationException at critic.model: HFValidationError: Repo id must be in the form 'repo_name' or "
      "'namespace/repo_name': '/data/no-such-model'. Use `repo_type` argument if needed.", None),

@@ -422,3 +422,70 @@ def test_cloud_answers_of_the_wrong_shape_are_one_line_each(tmp_path: Path, toke
                "--set", "gcp:project=my-project-123", "--set", "verl-gke:reservation=my-reservation")
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
     assert message in run.stderr
+
+
+# --- a model folder of your own (the critic's, or the actor's): its config.json in the stack's bucket ----------
+
+BUCKET = "verl-dev-my-project-123"
+CRITIC = {"verl-gke:verl": json.dumps({"algorithm": {"adv_estimator": "gae"},
+                                       "critic": {"model": {"path": "/data/my-critic"}}})}
+
+
+def model_preview(config: dict[str, str], objects: dict[str, Any]) -> tuple[Any, list[dict]]:
+    """run_preflight at preview: the healthy project, the object reads (getBucketObjectContent) answered from
+    `objects` (name -> content, or the provider's error text: "googleapi: Error 404: No such object" for a
+    missing one, as startFrom's tests take it)."""
+    from domain import preflight
+    from domain.config import load_config
+
+    cfg = load_config({**REAL, "gcp:region": "us-central1", "gcp:zone": "us-central1-b", **config})
+    healthy, asked = preflight.healthy_answers(cfg), []
+
+    def invoke(token: str, args: dict[str, Any]) -> dict[str, Any]:
+        if token != preflight.OBJECT:
+            return healthy(token, args)
+        asked.append(args)
+        found = objects.get(args["name"], "googleapi: Error 404: No such object")
+        if found.startswith("googleapi:"):
+            raise RuntimeError(f"invoke of {token} failed: {found}")
+        return {"content": found}
+    return preflight.run_preflight(cfg, invoke, "dev"), asked
+
+
+def test_a_critic_model_folder_without_config_json_is_refused_at_preview_and_one_with_it_passes() -> None:
+    result, asked = model_preview(CRITIC, {})
+    assert asked == [{"bucket": BUCKET, "name": "my-critic/config.json"}]
+    assert result.problems == [
+        f'verl-gke:verl.critic.model.path = "/data/my-critic": no gs://{BUCKET}/my-critic/config.json: verl loads the '
+        "critic's model, a Hugging Face model folder, from there when the run starts; copy the model there (its "
+        "config.json, tokenizer and safetensors), or leave critic.model.path unset for the actor's model."]
+    result, _ = model_preview(CRITIC, {"my-critic/config.json": "{}"})
+    assert result.problems == [] and "model folders: critic.model.path holds config.json" in result.checks
+
+
+def test_an_unreadable_model_folder_is_not_checked_and_not_refused() -> None:
+    result, _ = model_preview(CRITIC, {"my-critic/config.json": "googleapi: Error 403: forbidden"})
+    assert result.problems == [] and result.notes[-1] == (
+        f"verl-gke:verl.critic.model.path: NOT CHECKED that gs://{BUCKET}/my-critic/config.json exists: the "
+        "provider said: googleapi: Error 403: forbidden")
+
+
+def test_the_actors_own_model_folder_is_checked_and_the_staged_one_is_not() -> None:
+    own = {"verl-gke:verl": json.dumps({"algorithm": {"adv_estimator": "gae"},
+                                        "actor_rollout_ref": {"model": {"path": "/data/mine/Qwen-ft"}}})}
+    result, asked = model_preview(own, {})  # the critic starts from the actor's model: one folder, one read
+    assert asked == [{"bucket": BUCKET, "name": "mine/Qwen-ft/config.json"}]
+    assert [p[:77] for p in result.problems] == [
+        'verl-gke:verl.actor_rollout_ref.model.path = "/data/mine/Qwen-ft": no gs://ve']
+    assert result.problems[0].endswith("or leave actor_rollout_ref.model.path unset for the staged "
+                                       "Qwen/Qwen2.5-32B-Instruct.")
+    # The staged model (and the critic that starts from it): staging writes it, nothing is read.
+    assert model_preview({"verl-gke:verl": json.dumps({"algorithm": {"adv_estimator": "gae"}})}, {})[1] == []
+
+
+def test_synth_with_cloud_answers_refuses_a_missing_critic_model() -> None:
+    from domain.preflight import OBJECT
+
+    line = problems_of({**GOOD, OBJECT: {"error": "googleapi: Error 404: No such object"}}, **CRITIC)
+    assert 'verl-gke:verl.critic.model.path = "/data/my-critic": no gs://' in line
+    assert synth_with({**GOOD, OBJECT: {"content": "{}"}}, **CRITIC).stack == STACK
