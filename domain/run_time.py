@@ -196,15 +196,17 @@ class RunTime:
             if s.validations:
                 saves = f", {s.validations} validation passes ({self.validation_s:.0f} s each)" + saves
             cost = self.cost_usd(usd_per_hour)
-            run = (f"{'at most ' if s.steps_at_most else ''}{s.steps} steps{saves} ~{self.run_s / 60:.0f} min, {self.gpu_hours:.1f} GPU-hours, "
+            run = (f"{'at most ' if s.steps_at_most else ''}{s.steps} steps{saves} ~{self.run_s / 60:.0f} min, "
+                   f"{self.gpu_hours:.1f} GPU-hours, "
                    + (f"~${cost:,.2f} at ${usd_per_hour:,.2f}/h" if cost is not None
                       else f"cost unknown (no price: set {PRICE_KEY})"))
         return [
             f"Modeled run: {step}; {run}",
             f"{ASSUMPTIONS}: training at {a.mfu:.0%} MFU of {s.peak_flops / 1e15:g} PFLOP/s bf16 "
             f"a GPU; {a.prompt_tokens + self.response_tokens} tokens a sequence ({a.prompt_tokens} prompt + "
-            f"{self.response_tokens} response{capped}; the dataset's, domain/staged.py), {s.sequences} sequences a step; decode ~{self.decode_tokens_per_s:,.0f} "
-            f"tokens/s a GPU ({a.decode_share:.0%} of peak); responses up to {s.max_response_tokens} tokens, the "
+            f"{self.response_tokens} response{capped}; the dataset's, domain/staged.py), {s.sequences} sequences a "
+            f"step; decode ~{self.decode_tokens_per_s:,.0f} tokens/s a GPU ({a.decode_share:.0%} of peak); "
+            f"responses up to {s.max_response_tokens} tokens, the "
             f"tail at {a.tail_token_s * 1000:g} ms an iteration; {s.validation_prompts} validation prompts a pass; "
             f"{a.step_overhead_s:g} s a step for weight sync and overhead; checkpoints as above "
             "(domain/checkpoint_time.py)",

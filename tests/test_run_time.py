@@ -90,7 +90,8 @@ def test_the_assumptions_are_this_modules_and_named_in_what_synth_prints() -> No
         "and overhead 10); 10 steps, 2 validation passes (2 s each) and checkpoints (4 s) ~2 min, 0.1 GPU-hours, cost "
         "unknown (no price: set verl-gke:gpuNodeHourlyUsd)",
         "  assumptions (domain/run_time.py): training at 50% MFU of 1 PFLOP/s bf16 a GPU; 200 tokens a sequence (100 "
-        "prompt + 100 response; the dataset's, domain/staged.py), 100 sequences a step; decode ~100,000 tokens/s a GPU (20% of peak); responses up to "
+        "prompt + 100 response; the dataset's, domain/staged.py), 100 sequences a step; decode ~100,000 tokens/s a "
+        "GPU (20% of peak); responses up to "
         "150 tokens, the tail at 20 ms an iteration; 1319 validation prompts a pass; 10 s a step for weight sync and "
         "overhead; checkpoints as above (domain/checkpoint_time.py)",
     ]
@@ -168,7 +169,8 @@ def test_a_math_run_is_modeled_from_its_recipes_pinned_facts() -> None:
                         "drops the prompts longer than data.max_prompt_length before the run)")
     [run] = [line for line in lines if line.startswith("Modeled run: ")]
     assert run.endswith(f"; at most 58 steps, 6 validation passes (23 s each) and checkpoints (106 s) "
-                        f"~{t.run_s / 60:.0f} min, {t.gpu_hours:.1f} GPU-hours, ~${t.cost_usd(usd):,.2f} at ${usd:,.2f}/h")
+                        f"~{t.run_s / 60:.0f} min, {t.gpu_hours:.1f} GPU-hours, ~${t.cost_usd(usd):,.2f} at "
+                        f"${usd:,.2f}/h")
     [assume] = [line for line in lines if line.startswith(run_time.ASSUMPTIONS)]
-    assert ("662 tokens a sequence (150 prompt + 512 response: a mean of 550 capped at "
-            "data.max_response_length; the dataset's, domain/staged.py)" in assume and "5000 validation prompts a pass" in assume)
+    assert ("662 tokens a sequence (150 prompt + 512 response: a mean of 550 capped at data.max_response_length; "
+            "the dataset's, domain/staged.py)" in assume and "5000 validation prompts a pass" in assume)
