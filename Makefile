@@ -10,15 +10,20 @@ RUNTIME := $(VENV)/.runtime-installed
 TESTSET := $(VENV)/.tests-installed
 # --no-compile: pip would compile all ~20,000 installed modules (77 s of CPU); Python compiles the few it imports.
 PIP := $(BIN)/pip install --progress-bar off --disable-pip-version-check --no-compile
+# uv installs the same pinned sets, resolving at once, downloading in parallel, linking from its cache (a
+# re-install takes seconds) and compiling nothing; pip installs uv itself (pinned in constraints.txt).
+# A local wheel folder pip is given (PIP_FIND_LINKS) is uv's too.
+UV := $(if $(PIP_FIND_LINKS),UV_FIND_LINKS="$(PIP_FIND_LINKS)" )$(BIN)/uv pip install --python $(BIN)/python
 
 .PHONY: synth synth-all test test-fast lint bench bench-tests clean deploy-venv explore
 
 # The runtime: what synth, `pulumi up` (the provider host runs in this venv) and the verl-gke CLI import.
 $(RUNTIME): requirements.txt constraints.txt pyproject.toml
 	@echo "verl-gke: installing the pinned runtime into $(VENV) (pulumi, pulumi-gcp, pulumi-kubernetes,"
-	@echo "verl-gke: ray, hydra-core): a few minutes, once; pip lists each package as it collects it"
+	@echo "verl-gke: ray, hydra-core): a minute, once; uv lists each package it installs"
 	test -x $(BIN)/python || $(MKVENV) $(VENV)
-	$(PIP) -r requirements.txt -c constraints.txt
+	$(PIP) uv -c constraints.txt
+	$(UV) -r requirements.txt -c constraints.txt
 	touch $(RUNTIME)
 	@echo "verl-gke: $(VENV) is ready"
 
@@ -29,12 +34,15 @@ deploy-venv:
 	$(BIN)/pip install --quiet --disable-pip-version-check --isolated --no-deps --require-hashes --no-build-isolation -r requirements.lock
 	$(BIN)/pip install --quiet --disable-pip-version-check --isolated --no-deps --no-build-isolation -e .
 
-# The tests and lint on top: torch (CPU build) alone first from its index, then the rest from PyPI.
+# The tests and lint on top: torch (CPU build) alone first, then the rest from PyPI. uv fails where torch's
+# index cannot be reached, so torch comes offline first (a local wheel folder or uv's cache), from its
+# index only when that fails.
 $(TESTSET): $(RUNTIME) requirements-torch.txt requirements-dev.txt constraints.txt
 	@echo "verl-gke: installing the test set into $(VENV) (pytest, ruff, schema checkers, torch CPU, transformers): once;"
-	@echo "verl-gke: pip lists each package as it collects it"
-	$(PIP) --no-deps -r requirements-torch.txt -c constraints.txt
-	$(PIP) -r requirements-dev.txt -c constraints.txt
+	@echo "verl-gke: uv lists each package it installs"
+	$(UV) --offline --no-deps -r requirements-torch.txt -c constraints.txt 2>/dev/null || \
+		$(UV) --no-deps -r requirements-torch.txt -c constraints.txt
+	$(UV) -r requirements-dev.txt -c constraints.txt
 	touch $(TESTSET)
 
 synth: $(RUNTIME)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fcntl
 import functools
 import inspect
+import io
 import json
 import os
 import pickle
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -136,6 +139,18 @@ def synth_stack(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], syn
     return get
 
 
+def synth_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m verl_gke.synth ARGS` as its main runs it, in this process: a child imports the program
+    anew (some 3 CPU s). tests/test_synth_deterministic.py runs the module itself as a child."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = synth.main(list(args))
+        except SystemExit as exited:  # argparse's usage errors
+            code = exited.code if isinstance(exited.code, int) else 1
+    return subprocess.CompletedProcess(["verl_gke.synth", *args], code, out.getvalue(), err.getvalue())
+
+
 # The tiers (docs/development.md): `make test-fast` runs the units alone.
 TIERS = {
     "unit": "pure code: no real Ray head, no whole-stack synth",
@@ -157,7 +172,7 @@ def _synthesizes(item: pytest.Function) -> bool:
     return any(f"{helper}(" in source for helper in _synth_helpers(item.module))
 
 
-_SYNTH_CALLS = ("synth.run(", "synth.main(", '"verl_gke.synth"')
+_SYNTH_CALLS = ("synth.run(", "synth.main(", '"verl_gke.synth"', "synth_cli(")
 """The program synthesized in this process, through synth's CLI, or in a child process."""
 
 

@@ -32,7 +32,7 @@ from workloads.run_lifecycle import (
     fail_start,
     meta,
 )
-from workloads.run_record import Gone, RecordStore
+from workloads.run_record import RECORD_KEY, Gone, RecordStore
 from workloads.run_supervisor import SupervisorConfig, decider
 
 NS, RC = "ray", "rc"
@@ -133,6 +133,7 @@ class World:
     on_sleep: list[Callable[[], None]] = field(default_factory=list)
     """What happens during each coming sleep of a process (one each, in order): a takeover mid-retry."""
     sleeping: bool = False
+    _listed: tuple[list[tuple[str, Any, Any]], dict[str, Any]] = field(default_factory=lambda: ([], {}), repr=False)
 
     def __post_init__(self) -> None:
         self.kube.on_head = self._pods
@@ -396,7 +397,15 @@ class World:
         return [sid for sid in self.head.live() if self.owner(sid) is not None]
 
     def records(self) -> dict[str, Any]:
-        return {s.run_id: s.record for s in RecordStore(InProcessApi(self.kube), NS, RC).list().values()}
+        """RecordStore.list's answer, listed again only when a ConfigMap changed: a write (its
+        resourceVersion) or a hand edit of its text (the promises read the records after every step;
+        listing and parsing them each time was a third of the exploration's CPU)."""
+        seen = [(path, obj["metadata"].get("resourceVersion"), (obj.get("data") or {}).get(RECORD_KEY))
+                for path, obj in self.kube.objects.items() if "/configmaps/" in path]
+        if seen != self._listed[0]:
+            self._listed = (seen, {s.run_id: s.record
+                                   for s in RecordStore(InProcessApi(self.kube), NS, RC).list().values()})
+        return dict(self._listed[1])
 
     def suspended(self) -> bool | None:
         cluster = self.kube.objects.get(RC_PATH)

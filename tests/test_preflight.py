@@ -5,8 +5,6 @@ gcp provider), and the version pick on its own."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +20,8 @@ from domain.preflight import (
     REQUIRED_APIS,
     RESERVATION,
 )
+from tests.conftest import synth_cli
 from verl_gke import synth
-from domain.stack_files import PROJECT_DIR
 
 STACK = "a4-standard"
 REAL = {"gcp:project": "my-project-123", "verl-gke:reservation": "my-reservation"}
@@ -288,15 +286,10 @@ def test_problems_of_every_check_come_together():
 
 # --- the command line -------------------------------------------------------------------------
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "verl_gke.synth", *args], cwd=PROJECT_DIR,
-                          capture_output=True, text=True, timeout=300)
-
-
 def test_synth_cloud_file_that_disagrees_exits_2_naming_the_key(tmp_path: Path):
     answers = tmp_path / "cloud.json"
     answers.write_text(json.dumps({**GOOD, RESERVATION: reservation(inUseCount=4)}))
-    run = _cli(STACK, "--out", str(tmp_path / "out"), "--cloud", str(answers),
+    run = synth_cli(STACK, "--out", str(tmp_path / "out"), "--cloud", str(answers),
                "--set", "gcp:project=my-project-123", "--set", "verl-gke:reservation=my-reservation")
     assert run.returncode == 2
     assert "verl-gke:gpuNodes = 2: reservation my-reservation has 0 of its 4 machines free" in run.stderr
@@ -306,7 +299,7 @@ def test_synth_cloud_file_that_disagrees_exits_2_naming_the_key(tmp_path: Path):
 def test_synth_cloud_file_that_matches_passes_with_no_check_left(tmp_path: Path):
     answers = tmp_path / "cloud.json"
     answers.write_text(json.dumps(GOOD))
-    run = _cli(STACK, "--out", str(tmp_path / "out"), "--cloud", str(answers),
+    run = synth_cli(STACK, "--out", str(tmp_path / "out"), "--cloud", str(answers),
                "--set", "gcp:project=my-project-123", "--set", "verl-gke:reservation=my-reservation")
     assert run.returncode == 0, run.stderr
     assert "Live checks not made" not in run.stdout
@@ -315,7 +308,7 @@ def test_synth_cloud_file_that_matches_passes_with_no_check_left(tmp_path: Path)
 def test_synth_cloud_file_with_an_unknown_token_is_refused(tmp_path: Path):
     answers = tmp_path / "cloud.json"
     answers.write_text(json.dumps({"gcp:compute/getNetwork:getNetwork": {}}))
-    run = _cli(STACK, "--out", str(tmp_path / "out"), "--cloud", str(answers))
+    run = synth_cli(STACK, "--out", str(tmp_path / "out"), "--cloud", str(answers))
     assert run.returncode == 2
     assert "no live check makes gcp:compute/getNetwork:getNetwork" in run.stderr
 
@@ -418,7 +411,7 @@ def test_the_cluster_carries_its_stacks_label(synth_stack):
 def test_cloud_answers_of_the_wrong_shape_are_one_line_each(tmp_path: Path, token: str, answer: Any, message: str):
     answers = tmp_path / "cloud.json"
     answers.write_text(json.dumps({**GOOD, token: answer}))
-    run = _cli(STACK, "--out", str(tmp_path / "out"), "--cloud", str(answers),
+    run = synth_cli(STACK, "--out", str(tmp_path / "out"), "--cloud", str(answers),
                "--set", "gcp:project=my-project-123", "--set", "verl-gke:reservation=my-reservation")
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
     assert message in run.stderr

@@ -109,22 +109,26 @@ def test_make_synth_installs_only_the_runtime_and_make_test_adds_the_test_set() 
         assert _rule(makefile, target)[0] == ["$(RUNTIME)"]
     prerequisites, recipe = _rule(makefile, "$(RUNTIME)")
     assert "requirements-dev.txt" not in prerequisites
-    installs = [line for line in recipe if " -r " in line]
-    assert installs == ["$(PIP) -r requirements.txt -c constraints.txt"]
+    installs = [line for line in recipe if " -c " in line]
+    assert installs == ["$(PIP) uv -c constraints.txt", "$(UV) -r requirements.txt -c constraints.txt"]
     for target in ("test", "lint"):
         assert _rule(makefile, target)[0] == ["$(TESTSET)"]
     prerequisites, recipe = _rule(makefile, "$(TESTSET)")
     assert prerequisites[0] == "$(RUNTIME)"
-    assert [line for line in recipe if " -r " in line] == [
-        "$(PIP) --no-deps -r requirements-torch.txt -c constraints.txt",
-        "$(PIP) -r requirements-dev.txt -c constraints.txt",
+    assert [line.rstrip(" \\") for line in recipe if " -r " in line] == [
+        "$(UV) --offline --no-deps -r requirements-torch.txt -c constraints.txt 2>/dev/null ||",
+        "$(UV) --no-deps -r requirements-torch.txt -c constraints.txt",
+        "$(UV) -r requirements-dev.txt -c constraints.txt",
     ]
 
 
-def test_the_first_install_shows_each_package_as_pip_collects_it() -> None:
-    """A first install takes minutes: pip's own lines (each package collected, downloaded, installed) are its
-    progress, so the install is not quiet."""
+def test_the_install_is_uv_pinned_with_the_same_files_and_shows_each_package() -> None:
+    """uv installs the pinned sets (itself pinned in constraints.txt, installed by pip with nothing compiled);
+    its lines (each package installed) are the install's progress, so it is not quiet."""
     makefile = (ROOT / "Makefile").read_text()
     (pip,) = [line for line in makefile.splitlines() if line.startswith("PIP :=")]
     assert pip == "PIP := $(BIN)/pip install --progress-bar off --disable-pip-version-check --no-compile"
-    assert "pip lists each package" in "".join(_rule(makefile, "$(RUNTIME)")[1])
+    (uv,) = [line for line in makefile.splitlines() if line.startswith("UV :=")]
+    assert uv.endswith("$(BIN)/uv pip install --python $(BIN)/python") and "--quiet" not in uv and "compile" not in uv
+    assert "uv==" in (ROOT / "constraints.txt").read_text()
+    assert "uv lists each package" in "".join(_rule(makefile, "$(RUNTIME)")[1])

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pulumi
 import pytest
 import yaml
 
-from tests.conftest import STACKS
+from tests.conftest import STACKS, synth_cli
 from verl_gke import synth
-from domain.stack_files import PROJECT_DIR
 
 RESOURCE_KEYS = {"urn", "type", "name", "parent", "custom", "provider", "dependencies", "inputs"}
 
@@ -69,14 +66,9 @@ def test_bad_config_registers_nothing():
     assert monitor.registrations == []
 
 
-def _synth_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "verl_gke.synth", *args], cwd=PROJECT_DIR,
-                          capture_output=True, text=True, timeout=120)
-
-
 def test_cli_rejects_bad_config_without_traceback(tmp_path: Path):
     out = tmp_path / "a4x"
-    run = _synth_cli("a4x", "--out", str(out), "--set", "verl-gke:clusterMode=autopilot",
+    run = synth_cli("a4x", "--out", str(out), "--set", "verl-gke:clusterMode=autopilot",
                      "--set", 'verl-gke:verl={"data": {"train_batch_size": 255}}')
     assert run.returncode != 0
     assert "Traceback" not in run.stderr + run.stdout
@@ -88,7 +80,7 @@ def test_cli_rejects_bad_config_without_traceback(tmp_path: Path):
 
 
 def test_cli_writes_dist_and_summary(tmp_path: Path):
-    run = _synth_cli("a4", "--out", str(tmp_path / "a4"))
+    run = synth_cli("a4", "--out", str(tmp_path / "a4"))
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("verl-gke synth: stack a4: ")
     assert len(run.stdout.splitlines()) <= SCREEN
@@ -136,7 +128,8 @@ def test_the_default_output_lists_the_verl_settings_the_user_set():
 
 
 def test_the_cli_takes_verbose(tmp_path: Path, capsys: pytest.CaptureFixture[str], synth_stack, monkeypatch):
-    monkeypatch.setattr(synth, "run", lambda stack, **_: synth_stack(stack))
+    result = synth_stack("a4x")  # before synth.run is replaced: the fixture's first call runs it (a deadlock after)
+    monkeypatch.setattr(synth, "run", lambda stack, **_: result)
     assert synth.main(["a4x", "--out", str(tmp_path / "a"), "--verbose"]) == 0
     assert "  critical path: " in capsys.readouterr().out
     assert synth.main(["a4x", "--out", str(tmp_path / "b")]) == 0
@@ -144,7 +137,7 @@ def test_the_cli_takes_verbose(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 
 def test_unknown_stack_lists_the_stacks():
-    run = _synth_cli("a5")
+    run = synth_cli("a5")
     assert run.returncode != 0
     assert "no stack file Pulumi.a5.yaml; stacks: a3u-standard, a4, a4-standard, a4x, smoke" in run.stderr
 
