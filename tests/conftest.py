@@ -216,3 +216,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(tier_of(item))
             if _shares_a_module_fixture(item) and not item.get_closest_marker("xdist_group"):
                 item.add_marker(pytest.mark.xdist_group(item.path.name))
+                if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
+                    _name_the_group(item, item.path.name)
+
+
+def _name_the_group(item: pytest.Function, group: str) -> None:
+    """The group in the test's id, where `--dist loadgroup` reads it: pytest-xdist 3.8 writes it to
+    `item._nodeid`, which pytest 9 no longer reads (its ids are `item._id`), so every group was split
+    over both workers and each set its module's Ray head and nodes up twice."""
+    from _pytest.nodeid import NodeId
+
+    if "@" not in item.nodeid.rsplit("]", 1)[-1]:
+        item._id = NodeId.parse(f"{item.nodeid}@{group}")

@@ -151,10 +151,10 @@ def _start_head(ray: Path | None, env: dict[str, str] | None) -> RayHead:
 def restart_head(head: RayHead) -> RayHead:
     """A KubeRay head pod restart without GCS fault tolerance: the head is killed and a new one
     starts on the same ports, knowing no jobs and no nodes."""
-    stop_head(head, grace_s=0.0)
     temp_dir = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
     command = [f"--temp-dir={temp_dir}" if arg.startswith("--temp-dir=") else arg for arg in head.command]
-    with ports_held():  # the same ports: no other process may pick them meanwhile
+    with ports_held():  # from the stop on: no node start of another worker may pick the ports it frees
+        stop_head(head, grace_s=0.0)
         return _launch(command, head.dashboard_url, temp_dir, dict(head.env))
 
 

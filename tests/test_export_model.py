@@ -53,7 +53,8 @@ def tiny_checkpoint(root: Path, step: int, seed: int):
     return model
 
 
-@pytest.mark.parametrize("release", [VERL_0_6_1, VERL_0_9_0], ids=lambda r: r.version)
+# 0.6.1 here; 0.9.0's merger (A4X) delivers the same weights in test_cli_export_runs_the_merger_as_a_ray_job_...
+@pytest.mark.parametrize("release", [VERL_0_6_1], ids=lambda r: r.version)
 def test_verls_merger_delivers_a_model_transformers_loads_with_the_same_weights(tmp_path: Path, release) -> None:
     import torch
     from transformers import AutoModelForCausalLM
@@ -216,8 +217,11 @@ def test_cli_export_runs_the_merger_as_a_ray_job_and_prints_the_models_uri(
     pointer, _ = gcs.read_json(f"models/{run_id}/model-step-7.json")
     assert (pointer["export"], pointer["step"]) == (f"verl-export-{run_id}-step-7", 7)
     loaded = AutoModelForCausalLM.from_pretrained(bucket / "models" / run_id / "model-step-7", torch_dtype="auto")
-    for key, tensor in model.state_dict().items():
-        assert torch.equal(loaded.state_dict()[key], tensor.to(torch.bfloat16)), key
+    got, expected = loaded.state_dict(), model.state_dict()
+    assert sorted(got) == sorted(expected)
+    assert {t.dtype for t in got.values()} == {torch.bfloat16}
+    for key, tensor in expected.items():
+        assert torch.equal(got[key], tensor.to(torch.bfloat16)), key
 
 
 def test_the_export_job_runs_on_the_head_unless_it_asks_for_memory() -> None:

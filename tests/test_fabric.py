@@ -5,12 +5,14 @@ as with NCCL on GPUs; only the figure itself needs GPUs to mean anything."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 
+import pulumi.dynamic
 import pytest
 from ray.job_submission import JobSubmissionClient
 
@@ -47,17 +49,35 @@ def test_bus_bandwidth_is_nccl_tests_formula():
 
 
 @pytest.fixture(scope="module")
-def measured(two_gpu_nodes: RayHead) -> dict:
-    """One real measurement across both nodes: the verdicts below (the provider's and the CLI's refusal
-    under a floor) judge it, rather than each measuring again."""
-    return fabric.run_fabric_check(JobSubmissionClient(two_gpu_nodes.dashboard_url), gloo_check(), stack="fab")
+def created(two_gpu_nodes: RayHead) -> tuple[pulumi.dynamic.CreateResult, fabric.FabricCheck, dict]:
+    """The one real measurement across both nodes, run by the provider's create as `pulumi up` does: its
+    result, the check the provider asked for and what the check returned. The verdicts below (the provider's
+    and the CLI's refusal under a floor, the CLI's report) judge it, rather than each measuring again."""
+    real = fabric.run_fabric_check
+    seen: list[tuple[fabric.FabricCheck, dict]] = []
+
+    def measuring(client: JobSubmissionClient, check: fabric.FabricCheck, stack: str) -> dict:
+        # At 4 MB x 3, not the provider's 256 MB x 20 (pinned in test_create_measures_...): a 256 MB gloo
+        # all-reduce takes a minute of both cores and checks nothing more of the contract.
+        seen.append((check, real(client, dataclasses.replace(check, size_mb=4, iters=3), stack)))
+        return seen[-1][1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fabric, "run_fabric_check", measuring)
+        result = GrpoJobProvider().create(_props(two_gpu_nodes, fabric_min_busbw_gbps=0.0001))
+    ((check, measured),) = seen
+    return result, check, measured
+
+
+@pytest.fixture(scope="module")
+def measured(created: tuple[pulumi.dynamic.CreateResult, fabric.FabricCheck, dict]) -> dict:
+    return created[2]
 
 
 def test_the_check_measures_across_every_gpu_of_both_nodes(measured: dict):
     result = measured
     assert (result["world"], result["nodes"], result["backend"], result["size_mb"]) == (4, 2, "gloo", 4)
     assert result["busbw_gbps"] > 0
-    assert result["submission_id"].startswith("verl-fabric-fab-")
     assert fabric.verdict(result, gloo_check(min_busbw_gbps=0.0001)) is None
     # The transport gate reads the job's real log: gloo prints no NCCL line, so a check that expects
     # RDMA fails naming what it saw (the transport is judged only where NCCL runs).
@@ -169,9 +189,13 @@ def _props(head: RayHead, **extra) -> dict:
             "ready_timeout_s": 240, "fabric_timeout_s": 240, **extra}
 
 
-def test_create_measures_the_fabric_then_submits_and_reports_the_figure(two_gpu_nodes: RayHead):
-    result = GrpoJobProvider().create(_props(two_gpu_nodes, fabric_min_busbw_gbps=0.0001))
-    assert result.outs["fabric_busbw_gbps"] > 0
+def test_create_measures_the_fabric_then_submits_and_reports_the_figure(two_gpu_nodes: RayHead, created):
+    result, check, measured = created
+    assert check == fabric.FabricCheck(nodes=2, gpus_per_node=2, min_busbw_gbps=0.0001, backend="gloo",
+                                       python=sys.executable, timeout_s=240)
+    assert (check.size_mb, check.iters) == (256, 20)  # what a deploy measures with
+    assert measured["submission_id"].startswith(f"verl-fabric-{result.outs['stack']}-")
+    assert result.outs["fabric_busbw_gbps"] == measured["busbw_gbps"] > 0
     assert JobSubmissionClient(two_gpu_nodes.dashboard_url).get_job_info(result.id).entrypoint.endswith("'print(1)'")
 
 
@@ -193,11 +217,22 @@ def test_verl_gke_fabric_prints_the_figure_and_fails_below_the_floor(two_gpu_nod
     outputs = write_outputs(tmp_path / "outputs.json", outputs_doc("verl-grpo-x", gpusPerNode=2))
     base = ["fabric", "--outputs", str(outputs), "--dashboard-url", two_gpu_nodes.dashboard_url, "--backend", "gloo",
             "--python", sys.executable, "--size-mb", "4", "--head-timeout", "60"]
+    asked: list[tuple[fabric.FabricCheck, str]] = []
+
+    def these_nodes(client: JobSubmissionClient, check: fabric.FabricCheck, stack: str) -> dict:
+        # These nodes' figure, measured once (by the provider's create): a check on real Ray is that test's.
+        asked.append((check, stack))
+        return measured
+
+    monkeypatch.setattr(fabric, "run_fabric_check", these_nodes)
     assert cli.main([*base, "--min-busbw", "0.0001"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("bus bandwidth ") and "over 2 nodes x 2 GPUs, gloo, job verl-fabric-a4-" in out
+    assert out.startswith(f"bus bandwidth {measured['busbw_gbps']:g} GB/s ")
+    assert f"over 2 nodes x 2 GPUs, gloo, job {measured['submission_id']}\n" in out
     assert "\nNCCL transports: none logged\n" in out
-    monkeypatch.setattr(fabric, "run_fabric_check", lambda *_args: measured)  # these nodes' figure, measured once
+    ((check, stack),) = asked
+    assert stack == "a4" and (check.nodes, check.gpus_per_node, check.backend, check.python, check.size_mb) == (
+        2, 2, "gloo", sys.executable, 4)
     assert cli.main([*base, "--min-busbw", "1e6"]) == 1
     assert "below the 1e+06 GB/s floor (verl-gke:fabricMinBusBandwidthGbps)" in capsys.readouterr().err
 

@@ -105,13 +105,18 @@ def _engine_up(provider: GrpoJobProvider, state: dict[str, object] | None,
         return state
 
 
-def _updates_under_faults(ray_head: str) -> None:
+def _updates_under_faults(ray_head: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import random
+
+    from components import job_spec
 
     from ray.job_submission import JobSubmissionClient
 
     from tests.ray_head import FlakyLink
 
+    # How long a call keeps trying a head it cannot reach (30 s in production): each delete under a cut
+    # link waits it out before it fails, three times here; the head answers at once while the link is up.
+    monkeypatch.setattr(job_spec, "REACH_TIMEOUT_S", 5.0)
     client = JobSubmissionClient(ray_head)
     link = FlakyLink(int(ray_head.rsplit(":", 1)[1]))
     stack = "invariant"
@@ -246,8 +251,9 @@ def test_a_targeted_up_whose_cascade_deleted_the_job_is_undone_by_the_next_up() 
 
 @pytest.mark.ray
 @pytest.mark.timeout(300)
-def test_no_sequence_of_updates_under_faults_leaves_two_runs_of_one_stack(ray_head: str) -> None:
-    _updates_under_faults(ray_head)
+def test_no_sequence_of_updates_under_faults_leaves_two_runs_of_one_stack(ray_head: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    _updates_under_faults(ray_head, monkeypatch)
 
 
 def _create_raises(*_args: object) -> object:
@@ -262,4 +268,4 @@ def test_the_fault_sequence_fails_when_the_provider_is_broken(ray_head: str, mon
                                                               method: str, broken: object) -> None:
     monkeypatch.setattr(GrpoJobProvider, method, broken)
     with pytest.raises(AssertionError):
-        _updates_under_faults(ray_head)
+        _updates_under_faults(ray_head, monkeypatch)
