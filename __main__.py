@@ -153,6 +153,7 @@ guard = NamespaceSecurity("namespace", {
     "supervisor_labels": supervisor.LABELS if cfg.run_supervisor else None,
     "kuberay_operator": cfg.ray_operator == "helm", "network_policies": cfg.ray_network_policy,
     "staging_writes_secret": wandb is not None,
+    "ray_servers": [cfg.mlflow_tracking_uri] if "mlflow" in loggers(cfg.verl) else [],
 }, k8s.merge(pulumi.ResourceOptions(depends_on=[storage])))
 
 # Staging runs on a CPU node while the GPU pool is still being created.

@@ -9,7 +9,7 @@ should depend on this component.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import NotRequired, TypedDict
 
 import pulumi
@@ -32,6 +32,8 @@ class NamespaceSecurityArgs(TypedDict):
     """The namespace holds the KubeRay operator (its Helm chart, A4X)."""
     staging_writes_secret: NotRequired[bool]
     """Staging reaches the Kubernetes API (it writes wandb's key Secret). Default False."""
+    ray_servers: NotRequired[Sequence[str]]
+    """http(s) URLs the Ray pods reach on their ports (the MLflow tracking server)."""
     network_policies: NotRequired[bool]
     """Default deny and the allows (default True; rayNetworkPolicy)."""
 
@@ -54,7 +56,8 @@ class NamespaceSecurity(pulumi.ComponentResource):
             for obj in network_policy.namespace_policies(
                     namespace=ns, cluster=args["ray_cluster"], staging=args["staging_labels"],
                     supervisor=args.get("supervisor_labels"), kuberay_operator=args.get("kuberay_operator", False),
-                    staging_writes_secret=args.get("staging_writes_secret", False)):
+                    staging_writes_secret=args.get("staging_writes_secret", False),
+                    ray_servers=args.get("ray_servers", ())):
                 k8s.networking.v1.NetworkPolicy(f"{name}-{obj['metadata']['name']}", metadata=obj["metadata"],
                                                 spec=obj["spec"], opts=child)
         self.register_outputs({})

@@ -133,6 +133,23 @@ def without_credentials(url: str) -> str:
                                     "***" if parts.fragment else ""))
 
 
+def host_and_port(url: str) -> tuple[str, int]:
+    """The host and TCP port of an http(s) URL (the scheme's port if it names none); ValueError if it names neither."""
+    parts = urllib.parse.urlsplit(url)
+    port = {"http": 80, "https": 443}.get(parts.scheme) if parts.port is None else parts.port  # ValueError >65535
+    if not parts.hostname or not port:
+        raise ValueError(f"no host and port in {without_credentials(url)}")
+    return parts.hostname, port
+
+
+def _server_url(url: str) -> bool:
+    try:
+        host_and_port(url)
+    except ValueError:
+        return False
+    return True
+
+
 def _url(check: Callable[[str], str | None]) -> AfterValidator:
     """A URL rule whose refusal shows the URL without its credentials."""
     def validate(url: str) -> str:
@@ -221,9 +238,11 @@ NcclInstallerUrl = Annotated[str, _url(lambda v: None if is_nccl_installer_url(v
                                        "commit>/gpudirect-rdma/<file>.yaml (no branch, tag, other host or repository, "
                                        "query or fragment).")]
 DashboardUrl = Annotated[str, _url(_dashboard_url_problem)]
+# The Ray pods' egress policy admits its port (manifests/network_policy.py).
 MlflowUri = Annotated[str, _url(lambda v: None if re.match(r"^https?://[^\s/]+", v) and without_credentials(v) == v
-                                else "an http:// or https:// URL of an MLflow tracking server, without credentials "
-                                "(they would be in the job's command and Pulumi's state).")]
+                                and _server_url(v) else "an http:// or https:// URL of an MLflow tracking server: a "
+                                "host, a port from 1 to 65535 if not the scheme's, no credentials (they would be in "
+                                "the job's command and Pulumi's state).")]
 RayVersion = Annotated[str, rule(lambda v: None if not v or is_ray_version(v) else
                                  "the Ray version inside verlImage, X.Y.Z such as 2.54.0.")]
 Seconds = Annotated[int, _duration(1)]

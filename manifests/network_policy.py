@@ -8,9 +8,11 @@ kubelet's probes. Pure builder: plain data in, a dict out.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from domain.config_fields import host_and_port
 from manifests.ray_cluster import DASHBOARD_PORT
 
 # KubeRay labels every pod of a RayCluster with its name.
@@ -79,12 +81,24 @@ def _kubernetes_api() -> dict[str, Any]:
     return {"ports": [dict(HTTPS)]}
 
 
+def _server(url: str) -> dict[str, Any]:
+    """The port of the server an http(s) URL names: at its address if the URL gives one; for a host name at every
+    address and every pod (NetworkPolicy cannot name hosts; a Service's pods match by identity, not ipBlock)."""
+    host, port = host_and_port(url)
+    try:
+        to = [{"ipBlock": {"cidr": str(ipaddress.ip_network(host))}}]
+    except ValueError:
+        to = [{"ipBlock": {"cidr": "0.0.0.0/0"}}, {"namespaceSelector": {}}]
+    return {"to": to, "ports": [{"protocol": "TCP", "port": port}]}
+
+
 def namespace_policies(*, namespace: str, cluster: str, staging: Mapping[str, str],
-                       supervisor: Mapping[str, str] | None = None,
-                       kuberay_operator: bool = False, staging_writes_secret: bool = False) -> list[dict[str, Any]]:
+                       supervisor: Mapping[str, str] | None = None, kuberay_operator: bool = False,
+                       staging_writes_secret: bool = False, ray_servers: Sequence[str] = ()) -> list[dict[str, Any]]:
     """Default deny for every pod of `namespace` (ingress and egress; CIS GKE 5.3.2), DNS for every
     pod, and the egress each workload needs: the Ray pods of `cluster` to each other, the metadata
-    server and HTTPS; staging (pods labelled `staging`) to the metadata server and HTTPS (and the Kubernetes
+    server, HTTPS and each of `ray_servers` (http(s) URLs: the MLflow tracking server) on its port;
+    staging (pods labelled `staging`) to the metadata server and HTTPS (and the Kubernetes
     API when `staging_writes_secret`: wandb's key); the run
     supervisor to the head's Job API, the Kubernetes API, the metadata server and HTTPS (its copy of the
     logs); the KubeRay operator to the Kubernetes API. Ingress to the Ray pods is ray_ingress_policy's."""
@@ -99,7 +113,7 @@ def namespace_policies(*, namespace: str, cluster: str, staging: Mapping[str, st
              {"to": [dict(KUBE_DNS), {"ipBlock": {"cidr": METADATA_SERVER}}, {"ipBlock": {"cidr": NODE_LOCAL_DNS}}],
               "ports": [dict(p) for p in DNS_PORTS]}]}},
         _policy(f"{cluster}-egress", namespace, {CLUSTER_LABEL: cluster},
-                [{"to": [own]}, _metadata_server(), _public_https()]),
+                [{"to": [own]}, _metadata_server(), _public_https(), *map(_server, ray_servers)]),
         _policy("staging-egress", namespace, staging,
                 [_metadata_server(), _public_https(), *([_kubernetes_api()] if staging_writes_secret else [])]),
     ]

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from manifests.network_policy import ray_ingress_policy
-from tests.conftest import STACKS
+from manifests.network_policy import namespace_policies, ray_ingress_policy
+from tests.conftest import STACKS, verl_value
 from tests.k8s_schema import validate_core
 from verl_gke import synth
 
@@ -128,7 +128,7 @@ FLOWS = [  # (from, to, port, protocol, allowed, why)
     (RAY_WORKER, METADATA, 80, "TCP", True, "the gcsfuse sidecar's Workload Identity token"),
     (RAY_WORKER, GKE_METADATA, 988, "TCP", True, "the GKE metadata server on Dataplane V2"),
     (RAY_WORKER, METADATA, 53, "UDP", True, "Cloud DNS for GKE answers on the metadata server"),
-    (RAY_WORKER, PUBLIC, 443, "TCP", True, "Google APIs (GCS through the sidecar; PyPI on A4X)"),
+    (RAY_WORKER, PUBLIC, 443, "TCP", True, "Google APIs (GCS through the sidecar; PyPI on A4X), wandb, the Hub"),
     (RAY_WORKER, PUBLIC, 80, "TCP", False, "no plain HTTP out"),
     (RAY_WORKER, PUBLIC, 22, "TCP", False, "no other port out"),
     (RAY_WORKER, VPC, 443, "TCP", False, "not the VPC (other machines, the nodes)"),
@@ -171,3 +171,57 @@ def test_on_a4x_the_kuberay_operator_reaches_the_kubernetes_api_only(synth_stack
     assert can_connect(policies, operator, API_SERVER_PRIVATE, 443)
     assert not can_connect(policies, operator, METADATA, 80)
     assert not can_connect(policies, operator, ("pod", NS, RAY_HEAD | {"ray.io/cluster": "gb200-ray-cluster"}), 8265)
+
+
+# --- the MLflow tracking server (verl-gke:mlflowTrackingUri): the Ray pods reach it on its port ----------------
+# NetworkPolicy names addresses, not hosts: an IP literal admits that address only; a host name its port at every
+# address and every pod (a Service of the cluster: Dataplane V2 matches pods by identity, not by ipBlock).
+
+ANY_ADDRESS = [{"ipBlock": {"cidr": "0.0.0.0/0"}}, {"namespaceSelector": {}}]
+
+
+@pytest.mark.parametrize("uri, to, port", [
+    ("http://10.1.2.3:5000", [{"ipBlock": {"cidr": "10.1.2.3/32"}}], 5000),
+    ("https://[fd00::7]/mlflow", [{"ipBlock": {"cidr": "fd00::7/128"}}], 443),
+    ("http://mlflow.mlflow.svc.cluster.local", ANY_ADDRESS, 80),
+    ("https://MLflow.corp.example:8443/", ANY_ADDRESS, 8443),
+])
+def test_the_ray_pods_alone_gain_one_rule_for_the_tracking_server(uri: str, to: list, port: int) -> None:
+    def policies(**servers: Any) -> list[dict[str, Any]]:
+        return namespace_policies(namespace=NS, cluster="b200-ray-cluster", staging=STAGING, supervisor=SUPERVISOR,
+                                  **servers)
+    default, with_server = policies(), policies(ray_servers=[uri])
+    [ray] = [i for i, p in enumerate(default) if p["metadata"]["name"] == "b200-ray-cluster-egress"]
+    assert with_server[ray]["spec"]["egress"] == [*default[ray]["spec"]["egress"],
+                                                  {"to": to, "ports": [{"protocol": "TCP", "port": port}]}]
+    assert with_server[:ray] + with_server[ray + 1:] == default[:ray] + default[ray + 1:]
+    validate_core(with_server[ray])
+
+
+def _with_mlflow(uri: str, *loggers: str) -> list[dict[str, Any]]:
+    return _policies(synth.run("a4-standard", overrides={
+        "verl-gke:verl": verl_value({"trainer.logger": list(loggers or ("console", "mlflow"))}),
+        "verl-gke:mlflowTrackingUri": uri}))
+
+
+def test_synth_lets_the_ray_pods_reach_an_mlflow_server_at_an_address_on_its_port_only() -> None:
+    policies, server = _with_mlflow("http://10.1.2.3:5000"), ("ip", "10.1.2.3")
+    assert can_connect(policies, RAY_WORKER, server, 5000) and can_connect(policies, RAY_HEAD, server, 5000)
+    assert not can_connect(policies, RAY_WORKER, server, 5001)
+    assert not can_connect(policies, RAY_WORKER, ("ip", "10.1.2.4"), 5000)
+    assert not can_connect(policies, RAY_WORKER, PUBLIC, 5000)
+    assert not can_connect(policies, STAGING, server, 5000) and not can_connect(policies, SUPERVISOR, server, 5000)
+
+
+def test_synth_lets_the_ray_pods_reach_an_mlflow_host_on_its_port_wherever_it_resolves() -> None:
+    policies = _with_mlflow("https://mlflow.corp.example")
+    assert can_connect(policies, RAY_WORKER, KUBE_DNS, 53, "UDP"), "its name resolves through the cluster's DNS"
+    assert can_connect(policies, RAY_WORKER, METADATA, 53, "UDP"), "or Cloud DNS for GKE"
+    assert can_connect(policies, RAY_WORKER, VPC, 443), "an internal load balancer"
+    assert can_connect(policies, RAY_HEAD, ("pod", "mlflow", {"app": "mlflow"}), 443), "a Service of the cluster"
+    assert not can_connect(policies, RAY_WORKER, VPC, 5000) and not can_connect(policies, RAY_WORKER, PUBLIC, 80)
+    assert not can_connect(policies, STAGING, VPC, 443)
+
+
+def test_a_tracking_uri_the_job_does_not_log_to_admits_nothing(synth_stack: Any) -> None:
+    assert _with_mlflow("http://10.1.2.3:5000", "console", "tensorboard") == _policies(synth_stack("a4-standard"))

@@ -338,12 +338,15 @@ def test_mlflow_without_a_tracking_uri_is_refused_naming_the_key() -> None:
         "sqlite:////tmp/mlruns.db on a pod, lost at release: set the server's http(s):// URL."]
 
 
-@pytest.mark.parametrize("uri", ["sqlite:////tmp/mlruns.db", "mlflow.example.com", "https://user:pw@mlflow.example"])
+# The Ray pods' egress policy admits the server's port (manifests/network_policy.py): a port it cannot name is refused.
+@pytest.mark.parametrize("uri", ["sqlite:////tmp/mlruns.db", "mlflow.example.com", "https://user:pw@mlflow.example",
+                                 "http://mlflow.example:abc", "http://mlflow.example:0", "http://mlflow.example:65536",
+                                 "http://:5000"])
 def test_a_tracking_uri_that_is_not_a_plain_server_url_is_refused(uri: str) -> None:
     [line] = refused({"trainer.logger": ["console", "mlflow"]}, **{"verl-gke:mlflowTrackingUri": uri})
     assert line.startswith("verl-gke:mlflowTrackingUri = ") and line.endswith(
-        ": an http:// or https:// URL of an MLflow tracking server, without credentials (they would be in the "
-        "job's command and Pulumi's state).")
+        ": an http:// or https:// URL of an MLflow tracking server: a host, a port from 1 to 65535 if not the "
+        "scheme's, no credentials (they would be in the job's command and Pulumi's state).")
     assert "pw" not in line
 
 
