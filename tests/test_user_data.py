@@ -72,7 +72,7 @@ def test_sources_verls_default_reward_does_not_score_are_refused_unless_a_custom
     assert len(lines) == 2 and lines[0].startswith(
         f'verl-gke:dataDir = "{folder}": train.parquet: data_source my/source is not one verl 0.6.1\'s default '
         "reward scores (")
-    assert lines[0].endswith("...); set verl.custom_reward_function.path for your own.")
+    assert lines[0].endswith("...); set verl-gke:rewardFunction for your own (checked and uploaded).")
     load_config({**BASE_CONFIG, KEY: str(folder),
                  "verl-gke:verl": verl_value({"custom_reward_function.path": "/data/reward.py"})})
 
