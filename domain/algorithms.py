@@ -9,6 +9,7 @@ that cannot run on the stack, refused before anything is created. Pure.
 from __future__ import annotations
 
 from domain.bucket import MOUNT_PATH
+from domain.platforms import PLATFORMS
 from domain.run_identity import V1_TRAINER_FROM, verl_version_tuple
 from domain.verl_settings import Problem, VerlSettings
 
@@ -21,6 +22,15 @@ VLLM_MAX_LORA_RANK = 512
 CRITIC_MODEL = "critic.model.path"
 FSDP_ONLY = "verl-gke runs verl's FSDP workers only; use \"fsdp2\" or \"fsdp\"."
 FILTER_GROUPS = "algorithm.filter_groups.enable"
+
+
+def _on(version: str) -> str:
+    names = [p.name for p in PLATFORMS.values() if p.verl.version == version]
+    return f"{' and '.join(n.upper() for n in names)} (verl {version}) only (verl-gke:platform {' or '.join(names)})"
+
+
+ELSEWHERE = {"algorithm.filter_groups": f"DAPO's dynamic sampling runs on {_on('0.9.0')}."}
+"""verl config sections one release lacks: where they run (verl_settings.check)."""
 
 
 def has_critic(run: VerlSettings) -> bool:

@@ -762,7 +762,8 @@ def _rdma_nics(platform: Platform, a4x_networking: str) -> int:
 def verl_given(value: Any, platform: Platform) -> tuple[dict[str, Any], list[verl_settings.Problem]]:
     """verl-gke:verl's entries that verl takes, as it takes them, and the problems of the others."""
     flat, problems = verl_settings.decode(value)
-    accepted, more = verl_settings.check(flat, platform.verl, grpo_spec.OWNED, grpo_spec.BOUNDS)
+    accepted, more = verl_settings.check(flat, platform.verl, grpo_spec.OWNED, grpo_spec.BOUNDS,
+                                        algorithms.ELSEWHERE)
     return accepted, problems + more
 
 

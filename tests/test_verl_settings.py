@@ -351,3 +351,11 @@ def test_a_logger_verl_gke_does_not_wire_is_refused_with_those_it_does() -> None
     assert refused({"trainer.logger": ["console", "swanlab", "file"]}) == [
         'verl-gke:verl.trainer.logger = ["console", "swanlab", "file"]: verl-gke wires console, tensorboard, '
         'mlflow and wandb (not swanlab, file).']
+
+
+def test_dynamic_sampling_on_an_x86_stack_says_it_runs_on_a4x_only() -> None:
+    assert refused({"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "acc"}) == [
+        "verl-gke:verl.algorithm.filter_groups.enable = true: verl 0.6.1's config has no algorithm.filter_groups: "
+        "DAPO's dynamic sampling runs on A4X (verl 0.9.0) only (verl-gke:platform a4x).",
+        'verl-gke:verl.algorithm.filter_groups.metric = "acc": verl 0.6.1\'s config has no algorithm.filter_groups: '
+        "DAPO's dynamic sampling runs on A4X (verl 0.9.0) only (verl-gke:platform a4x)."]
