@@ -717,6 +717,10 @@ class StackConfig(BaseModel):
                                    f"{', '.join(config_key(f'verl.{p}') for p in both)}, or this key.")
             elif value:
                 yield from check()
+        ours = reward_fn.verl_paths(self.reward_function)
+        for path in reward_fn.VERL_PATHS:
+            if path in self.verl.given and self.verl.get(path) is not None and path not in ours:
+                yield _line(f"verl.{path}", self.verl.get(path), f"use {reward_fn.KEY} (checked and uploaded).")
 
     @_cross_field
     def _verl_sizing_rules(self) -> Iterator[str]:

@@ -114,12 +114,18 @@ DAPO_REWARD = "def compute_score(data_source, solution_str, ground_truth, extra_
 
 
 @pytest.fixture(scope="module")
-def a4x_runs(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, list[str]]]:
-    """(algorithm as the plan names it, job overrides) of each algorithm snippet of docs/recipes.md and DAPO's
-    dynamic sampling (A4X only), synthesized on a4x."""
+def dapo_reward(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """verl-gke:rewardFunction of a reward that reports dynamic sampling's metric."""
     reward = tmp_path_factory.mktemp("reward") / "dapo_reward.py"
     reward.write_text(DAPO_REWARD)
-    dynamic = {"verl-gke:rewardFunction": str(reward), "verl-gke:verl": {"algorithm": {"filter_groups": {
+    return {"verl-gke:rewardFunction": str(reward)}
+
+
+@pytest.fixture(scope="module")
+def a4x_runs(dapo_reward: dict[str, str]) -> list[tuple[str, list[str]]]:
+    """(algorithm as the plan names it, job overrides) of each algorithm snippet of docs/recipes.md and DAPO's
+    dynamic sampling (A4X only), synthesized on a4x."""
+    dynamic = {**dapo_reward, "verl-gke:verl": {"algorithm": {"filter_groups": {
         "enable": True, "metric": "acc"}}}}
     snippets = [config for _, config in recipes() if "verl-gke:startFrom" not in config] + [dynamic]
     runs = []
@@ -140,8 +146,7 @@ def _with(args: list[str], paths: dict[str, object]) -> list[str]:
 
 A4X_CONFIG = {"verl-gke:platform": "a4x", "verl-gke:gpuNodes": "4"}
 CRITIC, LORA = {"algorithm.adv_estimator": "gae"}, {"actor_rollout_ref.model.lora_rank": 64}
-DAPO = {"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "acc",
-        "custom_reward_function.path": "/data/reward/my_reward.py"}
+DAPO = {"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "acc"}
 # (recipe, its index in a4x_runs, the change, verl 0.9.0's verdict, synth's line or None: not known offline)
 BAD_ON_A4X = [
     (CRITIC, 2, {"critic.use_dynamic_bsz": False, "critic.ppo_mini_batch_size": 512,
@@ -195,8 +200,9 @@ def test_verl_0_9_0_itself_accepts_each_algorithm_on_a4x_and_refuses_what_it_can
 
 
 @pytest.mark.parametrize(("recipe", "change", "line"), [(r, c, line) for r, _, c, _, line in BAD_ON_A4X if line])
-def test_what_verl_0_9_0_refuses_synth_refuses_in_one_line(recipe: dict, change: dict, line: str) -> None:
-    assert refused({**recipe, **change}, **A4X_CONFIG) == [line]
+def test_what_verl_0_9_0_refuses_synth_refuses_in_one_line(recipe: dict, change: dict, line: str,
+                                                           dapo_reward: dict[str, str]) -> None:
+    assert refused({**recipe, **change}, **A4X_CONFIG, **(dapo_reward if recipe is DAPO else {})) == [line]
 
 
 def test_a_critic_with_ulysses_needs_remove_padding_as_verl_0_6_1_refuses_it() -> None:
@@ -208,9 +214,9 @@ def test_a_critic_with_ulysses_needs_remove_padding_as_verl_0_6_1_refuses_it() -
         {**CRITIC, "critic.ulysses_sequence_parallel_size": 2, "critic.model.use_remove_padding": True})})
 
 
-def test_dynamic_sampling_with_a_reward_model_in_its_own_pool_is_accepted() -> None:
+def test_dynamic_sampling_with_a_reward_model_in_its_own_pool_is_accepted(dapo_reward: dict[str, str]) -> None:
     pooled = {**DAPO, "reward.reward_model.enable": True, "reward.reward_model.enable_resource_pool": True}
-    assert load_config({**BASE_CONFIG, "verl-gke:verl": verl_value(pooled), **A4X_CONFIG}).verl.get(
+    assert load_config({**BASE_CONFIG, "verl-gke:verl": verl_value(pooled), **A4X_CONFIG, **dapo_reward}).verl.get(
         "reward.reward_model.enable_resource_pool") is True
 
 

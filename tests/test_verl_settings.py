@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from domain import grpo_spec
+from domain import grpo_spec, reward_fn
 from domain.bucket import bucket_path, ray_writable_prefixes
 from domain.config import ConfigError, load_config
 from domain.grpo_spec import CHECKPOINT_LAUNCHER, RENAMED, entrypoint
@@ -244,11 +244,13 @@ def test_a_critic_runs_from_the_actors_model_unless_set_and_only_from_the_bucket
         'verl-gke:verl.critic.strategy = "megatron": verl-gke runs verl\'s FSDP workers only; use "fsdp2" or "fsdp".']
 
 
-def test_dynamic_sampling_is_refused_on_a4x_with_a_budget_only() -> None:
+def test_dynamic_sampling_is_refused_on_a4x_with_a_budget_only(tmp_path: Path) -> None:
     a4x = {"verl-gke:platform": "a4x", "verl-gke:gpuNodes": "4"}
-    dapo = {"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "acc",
-            "custom_reward_function.path": "/data/reward/my_reward.py"}
-    assert cfg_with(dapo, **a4x).verl.get("algorithm.filter_groups.enable")
+    reward = tmp_path / "my_reward.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    return {\"score\": 1.0, \"acc\": 1.0}\n")
+    dapo = {"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "acc"}
+    assert cfg_with(dapo, **a4x, **{reward_fn.KEY: str(reward)}).verl.get("algorithm.filter_groups.enable")
     assert refused({"algorithm.filter_groups.enable": True}, **a4x) == [
         "verl-gke:verl.algorithm.filter_groups.enable = true: dynamic sampling filters groups by a metric your reward "
         "function reports: set algorithm.filter_groups.metric (such as \"acc\") and a custom_reward_function that "
@@ -359,3 +361,18 @@ def test_dynamic_sampling_on_an_x86_stack_says_it_runs_on_a4x_only() -> None:
         "DAPO's dynamic sampling runs on A4X (verl 0.9.0) only (verl-gke:platform a4x).",
         'verl-gke:verl.algorithm.filter_groups.metric = "acc": verl 0.6.1\'s config has no algorithm.filter_groups: '
         "DAPO's dynamic sampling runs on A4X (verl 0.9.0) only (verl-gke:platform a4x)."]
+
+
+def test_a_reward_function_path_set_in_verl_is_refused_for_reward_function(tmp_path: Path) -> None:
+    a4x = {"verl-gke:platform": "a4x", "verl-gke:gpuNodes": "4"}
+    assert refused({"custom_reward_function.path": "/data/reward/my_reward.py"}) == [
+        'verl-gke:verl.custom_reward_function.path = "/data/reward/my_reward.py": use verl-gke:rewardFunction (checked '
+        "and uploaded)."]
+    assert refused({"reward.custom_reward_function.path": "/data/r.py"}, **a4x) == [
+        'verl-gke:verl.reward.custom_reward_function.path = "/data/r.py": use verl-gke:rewardFunction (checked and '
+        "uploaded)."]
+    reward = tmp_path / "mine.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
+    ours = reward_fn.verl_paths(str(reward))["custom_reward_function.path"]
+    assert cfg_with({"custom_reward_function.path": ours}, **{reward_fn.KEY: str(reward)}).verl.get(
+        "custom_reward_function.path") == ours
