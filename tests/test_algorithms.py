@@ -4,6 +4,7 @@ modeled step (issue 49, items 3-4)."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import yaml
 from domain import algorithms, run_memory, run_time
 from domain.config import load_config
 from domain.platforms import PLATFORMS
+from domain.verl_wheel import unpacked
 from tests.conftest import BASE_CONFIG, verl_value
 from tests.test_verl_settings import refused
 from tests.test_verl_config import _platform, job_args, verl_verdicts
@@ -287,3 +289,54 @@ def test_the_model_stand_in_gives_verl_the_pinned_shape_and_the_real_special_tok
             config.vocab_size, config.tie_word_embeddings) == (["Qwen2ForCausalLM"], 40, 8, 5120, 152064, False)
     assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (None, 151645, 151643)
     assert tokenizer.encode("<|im_start|>hi<|im_end|>")[::3] == [151644, 151645]
+
+
+def _registered(root: Path) -> dict[str, tuple[str, ...]]:
+    """What verl's own source allows, read from the wheel: the advantage estimators and policy losses its
+    registries hold (register_adv_est / register_policy_loss in verl/trainer/ppo/core_algos.py) and ActorConfig's
+    valid_loss_agg_modes (verl/workers/config/actor.py)."""
+    core = ast.parse((root / "verl/trainer/ppo/core_algos.py").read_text())
+    enum = next({t.targets[0].id: t.value.value for t in n.body if isinstance(t, ast.Assign)}
+                for n in core.body if isinstance(n, ast.ClassDef) and n.name == "AdvantageEstimator")
+
+    def names(decorator: str) -> tuple[str, ...]:
+        args = [d.args[0] for fn in ast.walk(core) for d in getattr(fn, "decorator_list", [])
+                if isinstance(d, ast.Call) and getattr(d.func, "id", "") == decorator]
+        return tuple(sorted(a.value if isinstance(a, ast.Constant) else enum[a.attr] for a in args))
+    actor = ast.parse((root / "verl/workers/config/actor.py").read_text())
+    modes = next(n.value for n in ast.walk(actor)
+                 if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "valid_loss_agg_modes")
+    return {"algorithm.adv_estimator": names("register_adv_est"),
+            "actor_rollout_ref.actor.loss_agg_mode": tuple(sorted(e.value for e in modes.elts)),
+            "actor_rollout_ref.actor.policy_loss.loss_mode": names("register_policy_loss")}
+
+
+def test_the_allowed_values_are_what_each_pinned_verl_wheel_registers() -> None:
+    releases = {p.verl.version: p.verl for p in PLATFORMS.values()}
+    assert {v: {path: tuple(sorted(allowed)) for path, allowed in algorithms.ALLOWED[v].items()}
+            for v in releases} == {v: _registered(unpacked(r)) for v, r in releases.items()}
+
+
+@pytest.mark.parametrize(("path", "value", "config", "line"), [
+    ("algorithm.adv_estimator", "foo", {}, 'verl-gke:verl.algorithm.adv_estimator = "foo": verl 0.6.1 allows gae, '
+     "grpo, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, rloo, opo, grpo_passk, gpg, rloo_vectorized, "
+     "grpo_vectorized."),
+    ("actor_rollout_ref.actor.loss_agg_mode", "token-sum", {}, 'verl-gke:verl.actor_rollout_ref.actor.loss_agg_mode '
+     '= "token-sum": verl 0.6.1 allows token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm.'),
+    ("actor_rollout_ref.actor.policy_loss.loss_mode", "sapo", {}, "verl-gke:verl.actor_rollout_ref.actor.policy_loss."
+     'loss_mode = "sapo": verl 0.6.1 allows vanilla, gspo, gpg, clip_cov, kl_cov, geo_mean, rollout_correction.'),
+    ("actor_rollout_ref.actor.policy_loss.loss_mode", "dapo", A4X_CONFIG, "verl-gke:verl.actor_rollout_ref.actor."
+     'policy_loss.loss_mode = "dapo": verl 0.9.0 allows vanilla, dppo_tv, dppo_kl, gspo, sapo, gpg, clip_cov, '
+     "kl_cov, geo_mean, dro, cispo, bypass_mode."),
+])
+def test_a_value_verl_does_not_register_is_refused_with_what_it_allows(path: str, value: str, config: dict,
+                                                                       line: str) -> None:
+    assert refused({path: value}, **config) == [line]
+
+
+@pytest.mark.parametrize(("path", "value", "config"), [
+    ("actor_rollout_ref.actor.loss_agg_mode", "token-sum", A4X_CONFIG),
+    ("actor_rollout_ref.actor.policy_loss.loss_mode", "gspo", {}),
+    ("algorithm.adv_estimator", "rloo", {})])
+def test_a_value_verl_registers_is_accepted(path: str, value: str, config: dict) -> None:
+    assert load_config({**BASE_CONFIG, "verl-gke:verl": verl_value({path: value}), **config}).verl.get(path) == value
