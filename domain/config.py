@@ -739,7 +739,8 @@ class StackConfig(BaseModel):
                            f"use gpuNodes {fits[0]}, or " if fits else "") + f"set {paths} to sizes that fit.")
             sizing = []
         legacy = legacy_trainer_for_deadline(self.verl.version, self.run_budget_hours > 0)  # as domain/stack_run.py
-        for problem in [*sizing, *grpo_spec.stack_problems(self.verl, p, self.model, self.verl_image),
+        for problem in [*sizing, *grpo_spec.token_budget_problems(self.verl),
+                        *grpo_spec.stack_problems(self.verl, p, self.model, self.verl_image),
                         *algorithms.problems(self.verl, legacy)]:
             yield _line(f"verl.{problem.path}", problem.value, problem.message)
         # One line per phase that would not fit, naming the paths that size it.

@@ -376,3 +376,28 @@ def test_a_reward_function_path_set_in_verl_is_refused_for_reward_function(tmp_p
     ours = reward_fn.verl_paths(str(reward))["custom_reward_function.path"]
     assert cfg_with({"custom_reward_function.path": ours}, **{reward_fn.KEY: str(reward)}).verl.get(
         "custom_reward_function.path") == ours
+
+
+def test_a_token_budget_below_one_whole_sequence_is_refused_with_the_minimum() -> None:
+    """verl's rearrange_micro_batches (verl/utils/seqlen_balancing.py, 0.6.1 and 0.9.0) asserts each dynamic
+    batch budget x the Ulysses size holds the longest sequence: up to max_prompt_length + max_response_length."""
+    assert refused({"data.max_response_length": 16384}) == [
+        "verl-gke:verl.actor_rollout_ref.actor.ppo_max_token_len_per_gpu = 16384: with dynamic batch size verl needs "
+        "it to hold one whole sequence (data.max_prompt_length + data.max_response_length = 16896 tokens, over "
+        "Ulysses size 1): raise it to at least 16896."]
+    budget = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
+    assert refused({budget: 1023})[0].endswith("(data.max_prompt_length + data.max_response_length = 1024 tokens, "
+                                               "over Ulysses size 1): raise it to at least 1024.")
+    assert cfg_with({budget: 1024}).verl.get(budget) == 1024
+    assert cfg_with({budget: 1000, "actor_rollout_ref.actor.use_dynamic_bsz": False}).verl.get(budget) == 1000
+    a4x = {"verl-gke:platform": "a4x", "verl-gke:gpuNodes": "4"}
+    assert refused({"algorithm.adv_estimator": "gae", "critic.forward_max_token_len_per_gpu": 1000,
+                    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": 500,
+                    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": 2,
+                    "actor_rollout_ref.model.use_remove_padding": True}, **a4x) == [
+        "verl-gke:verl.actor_rollout_ref.ref.log_prob_max_token_len_per_gpu = 500: with dynamic batch size verl needs "
+        "it to hold one whole sequence (data.max_prompt_length + data.max_response_length = 1024 tokens, over "
+        "Ulysses size 2): raise it to at least 512.",
+        "verl-gke:verl.critic.forward_max_token_len_per_gpu = 1000: with dynamic batch size verl needs it to hold one "
+        "whole sequence (data.max_prompt_length + data.max_response_length = 1024 tokens, over Ulysses size 1): "
+        "raise it to at least 1024."]
