@@ -9,7 +9,7 @@ that cannot run on the stack, refused before anything is created. Pure.
 from __future__ import annotations
 
 from domain.bucket import MOUNT_PATH
-from domain.platforms import PLATFORMS
+from domain.platforms import PLATFORMS, VERL_0_9_0
 from domain.run_identity import V1_TRAINER_FROM, verl_version_tuple
 from domain.verl_settings import Problem, VerlSettings
 
@@ -29,7 +29,7 @@ def _on(version: str) -> str:
     return f"{' and '.join(n.upper() for n in names)} (verl {version}) only (verl-gke:platform {' or '.join(names)})"
 
 
-ELSEWHERE = {"algorithm.filter_groups": f"DAPO's dynamic sampling runs on {_on('0.9.0')}."}
+ELSEWHERE = {"algorithm.filter_groups": f"DAPO's dynamic sampling runs on {_on(VERL_0_9_0.version)}."}
 """verl config sections one release lacks: where they run (verl_settings.check)."""
 
 _ESTIMATORS = ("gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "rloo", "opo",
