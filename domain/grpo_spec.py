@@ -276,7 +276,7 @@ def token_budget_problems(run: VerlSettings) -> list[Problem]:
     # (dynamic batch flag, budget, Ulysses size) of each pass that splits by tokens.
     passes = [(a + "use_dynamic_bsz", a + "ppo_max_token_len_per_gpu", a + "ulysses_sequence_parallel_size"),
               (r + "log_prob_use_dynamic_bsz", r + "log_prob_max_token_len_per_gpu", a + "ulysses_sequence_parallel_size")]
-    if run_memory.has_reference(run):
+    if run_memory.has_reference(run) and not algorithms.lora_rank(run):  # with LoRA the actor is the reference
         passes.append((f + "log_prob_use_dynamic_bsz", f + "log_prob_max_token_len_per_gpu",
                        f + "ulysses_sequence_parallel_size"))
     if algorithms.has_critic(run):

@@ -390,6 +390,10 @@ def test_a_token_budget_below_one_whole_sequence_is_refused_with_the_minimum() -
                                                "over Ulysses size 1): raise it to at least 1024.")
     assert cfg_with({budget: 1024}).verl.get(budget) == 1024
     assert cfg_with({budget: 1000, "actor_rollout_ref.actor.use_dynamic_bsz": False}).verl.get(budget) == 1000
+    # With LoRA the actor without its adapters is the reference (verl's ref_in_actor): the ref's budget is unread.
+    ref_budget = "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"
+    assert cfg_with({ref_budget: 500, "actor_rollout_ref.model.lora_rank": 64, "actor_rollout_ref.actor.use_kl_loss":
+                     True}).verl.get(ref_budget) == 500
     a4x = {"verl-gke:platform": "a4x", "verl-gke:gpuNodes": "4"}
     assert refused({"algorithm.adv_estimator": "gae", "critic.forward_max_token_len_per_gpu": 1000,
                     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": 500,
