@@ -9,6 +9,7 @@ that cannot run on the stack, refused before anything is created. Pure.
 from __future__ import annotations
 
 from domain.bucket import MOUNT_PATH
+from domain.platforms import PLATFORMS, VERL_0_9_0
 from domain.run_identity import V1_TRAINER_FROM, verl_version_tuple
 from domain.verl_settings import Problem, VerlSettings
 
@@ -21,6 +22,32 @@ VLLM_MAX_LORA_RANK = 512
 CRITIC_MODEL = "critic.model.path"
 FSDP_ONLY = "verl-gke runs verl's FSDP workers only; use \"fsdp2\" or \"fsdp\"."
 FILTER_GROUPS = "algorithm.filter_groups.enable"
+
+
+def _on(version: str) -> str:
+    names = [p.name for p in PLATFORMS.values() if p.verl.version == version]
+    return f"{' and '.join(n.upper() for n in names)} (verl {version}) only (verl-gke:platform {' or '.join(names)})"
+
+
+ELSEWHERE = {"algorithm.filter_groups": f"DAPO's dynamic sampling runs on {_on(VERL_0_9_0.version)}."}
+"""verl config sections one release lacks: where they run (verl_settings.check)."""
+
+_ESTIMATORS = ("gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "rloo", "opo",
+               "grpo_passk", "gpg", "rloo_vectorized", "grpo_vectorized")
+_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+ALLOWED: dict[str, dict[str, tuple[str, ...]]] = {
+    "0.6.1": {"algorithm.adv_estimator": _ESTIMATORS,
+              "actor_rollout_ref.actor.loss_agg_mode": _AGG_MODES,
+              "actor_rollout_ref.actor.policy_loss.loss_mode": (
+                  "vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "geo_mean", "rollout_correction")},
+    "0.9.0": {"algorithm.adv_estimator": (*_ESTIMATORS, "optimal_token_baseline", "tir_optimal_token_baseline", "gdpo"),
+              "actor_rollout_ref.actor.loss_agg_mode": ("token-mean", "token-sum", *_AGG_MODES[1:]),
+              "actor_rollout_ref.actor.policy_loss.loss_mode": (
+                  "vanilla", "dppo_tv", "dppo_kl", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "dro",
+                  "cispo", "bypass_mode")},
+}
+"""The values verl accepts per release (its advantage-estimator and policy-loss registries, ActorConfig's
+loss_agg_mode check; tests/test_algorithms.py reads them from the pinned wheels): any other fails on the GPUs."""
 
 
 def has_critic(run: VerlSettings) -> bool:
@@ -75,6 +102,9 @@ def problems(run: VerlSettings, legacy_trainer: bool) -> list[Problem]:
         elif static and run.get("critic.ppo_micro_batch_size_per_gpu") is None:
             add("critic.ppo_micro_batch_size_per_gpu", "critic.use_dynamic_bsz is false, so verl needs the critic's "
                 "micro batch size; set it (or leave dynamic batch size on).")
+    for path, allowed in ALLOWED[run.version].items():
+        if run.get(path) not in allowed:
+            add(path, f"verl {run.version} allows {', '.join(allowed)}.")
     rank = lora_rank(run)
     if rank > VLLM_MAX_LORA_RANK:
         add("actor_rollout_ref.model.lora_rank", f"at most {VLLM_MAX_LORA_RANK}: vLLM serves LoRA adapters up to that "

@@ -717,6 +717,10 @@ class StackConfig(BaseModel):
                                    f"{', '.join(config_key(f'verl.{p}') for p in both)}, or this key.")
             elif value:
                 yield from check()
+        ours = reward_fn.verl_paths(self.reward_function)
+        for path in reward_fn.VERL_PATHS:
+            if path in self.verl.given and self.verl.get(path) is not None and path not in ours:
+                yield _line(f"verl.{path}", self.verl.get(path), f"use {reward_fn.KEY} (checked and uploaded).")
 
     @_cross_field
     def _verl_sizing_rules(self) -> Iterator[str]:
@@ -735,7 +739,8 @@ class StackConfig(BaseModel):
                            f"use gpuNodes {fits[0]}, or " if fits else "") + f"set {paths} to sizes that fit.")
             sizing = []
         legacy = legacy_trainer_for_deadline(self.verl.version, self.run_budget_hours > 0)  # as domain/stack_run.py
-        for problem in [*sizing, *grpo_spec.stack_problems(self.verl, p, self.model, self.verl_image),
+        for problem in [*sizing, *grpo_spec.token_budget_problems(self.verl),
+                        *grpo_spec.stack_problems(self.verl, p, self.model, self.verl_image),
                         *algorithms.problems(self.verl, legacy)]:
             yield _line(f"verl.{problem.path}", problem.value, problem.message)
         # One line per phase that would not fit, naming the paths that size it.
@@ -762,7 +767,8 @@ def _rdma_nics(platform: Platform, a4x_networking: str) -> int:
 def verl_given(value: Any, platform: Platform) -> tuple[dict[str, Any], list[verl_settings.Problem]]:
     """verl-gke:verl's entries that verl takes, as it takes them, and the problems of the others."""
     flat, problems = verl_settings.decode(value)
-    accepted, more = verl_settings.check(flat, platform.verl, grpo_spec.OWNED, grpo_spec.BOUNDS)
+    accepted, more = verl_settings.check(flat, platform.verl, grpo_spec.OWNED, grpo_spec.BOUNDS,
+                                        algorithms.ELSEWHERE)
     return accepted, problems + more
 
 

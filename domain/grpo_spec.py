@@ -268,6 +268,31 @@ def verl_problems(run: VerlSettings, gpus_per_node: int, nnodes: int) -> list[Pr
 
 
 
+def token_budget_problems(run: VerlSettings) -> list[Problem]:
+    """With dynamic batch size verl's rearrange_micro_batches (verl/utils/seqlen_balancing.py, 0.6.1 and 0.9.0)
+    asserts budget x Ulysses size >= the longest sequence (0.6.1: the padded prompt + response; 0.9.0: the
+    longest one in the batch, up to the same), in the workers, once the GPUs are up."""
+    a, r, f = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "actor_rollout_ref.ref."
+    # (dynamic batch flag, budget, Ulysses size) of each pass that splits by tokens.
+    passes = [(a + "use_dynamic_bsz", a + "ppo_max_token_len_per_gpu", a + "ulysses_sequence_parallel_size"),
+              (r + "log_prob_use_dynamic_bsz", r + "log_prob_max_token_len_per_gpu", a + "ulysses_sequence_parallel_size")]
+    if run_memory.has_reference(run) and not algorithms.lora_rank(run):  # with LoRA the actor is the reference
+        passes.append((f + "log_prob_use_dynamic_bsz", f + "log_prob_max_token_len_per_gpu",
+                       f + "ulysses_sequence_parallel_size"))
+    if algorithms.has_critic(run):
+        passes += [("critic.use_dynamic_bsz", f"critic.{k}_max_token_len_per_gpu", "critic.ulysses_sequence_parallel_size")
+                   for k in ("ppo", "forward")]
+    longest = run.get("data.max_prompt_length") + run.get("data.max_response_length")
+    out = []
+    for dynamic, budget, ulysses in passes:
+        sp = run.get(ulysses) or 1
+        if run.get(dynamic) and run.get(budget) * sp < longest:
+            out.append(Problem(budget, run.get(budget), "with dynamic batch size verl needs it to hold one whole "
+                               f"sequence (data.max_prompt_length + data.max_response_length = {longest} tokens, over "
+                               f"Ulysses size {sp}): raise it to at least {math.ceil(longest / sp)}."))
+    return out
+
+
 def stack_problems(run: VerlSettings, platform: Platform, model: str, image: str) -> list[Problem]:
     """Settings verl's config takes that cannot run on this stack, refused before anything is created
     (verl itself fails on them only once the GPUs are allocated, or the stack's image lacks what they need)."""

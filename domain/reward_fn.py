@@ -79,6 +79,10 @@ def object_name(value: str) -> str:
     return f"{BUCKET_DIR}/reward/{hashlib.sha256(path.read_bytes()).hexdigest()[:16]}/{path.name}"
 
 
+VERL_PATHS = ("custom_reward_function.path", "reward.custom_reward_function.path")
+"""Where verl reads a reward function's file (the second on 0.9.0): set only through KEY, which checks it."""
+
+
 def verl_paths(value: str) -> dict[str, str]:
     """custom_reward_function.path and .name; {} when the file cannot be read (problems() says why)."""
     if not value:

@@ -236,4 +236,4 @@ def file_problems(value: str, name: str, source: Any, release: VerlRelease, run:
     shown = ", ".join(unknown[:_SHOWN]) + (f" and {more} more" if more > 0 else "")
     return [problem_line(KEY, value, f"{name}: {source_key} {shown} is not one verl {release.version}'s "
                          f"default reward scores ({', '.join(sorted(names)[:8])}, ...); set "
-                         f"verl.{CUSTOM_REWARD} for your own.")]
+                         "verl-gke:rewardFunction for your own (checked and uploaded).")]

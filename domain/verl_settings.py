@@ -337,11 +337,13 @@ def has_interpolation(value: Any) -> bool:
 
 
 def check(given: Mapping[str, Any], release: VerlRelease, owned: Mapping[str, str],
-          bounds: Mapping[str, tuple[Callable[[Any], bool], str]]) -> tuple[dict[str, Any], list[Problem]]:
+          bounds: Mapping[str, tuple[Callable[[Any], bool], str]],
+          elsewhere: Mapping[str, str] = {}) -> tuple[dict[str, Any], list[Problem]]:  # noqa: B006 read only
     """({path: value as verl takes it} of the accepted entries, every problem of the others).
 
     `owned` maps a path verl-gke sets itself to why it does (the key to set instead); `bounds` a path to
-    a test its value must pass and what the test allows."""
+    a test its value must pass and what the test allows; `elsewhere` a section another verl release has to
+    where it runs."""
     accepted: dict[str, Any] = {}
     problems: list[Problem] = []
     defaults = defaults_of(release)
@@ -357,6 +359,10 @@ def check(given: Mapping[str, Any], release: VerlRelease, owned: Mapping[str, st
         if not is_known(release, path):
             if _open_map(release, path):
                 accepted[path] = value
+                continue
+            if section := next((s for s in elsewhere if path.startswith(s + ".")), None):
+                problems.append(Problem(path, value, f"verl {release.version}'s config has no {section}: "
+                                        f"{elsewhere[section]}"))
                 continue
             guess = nearest(path, release)
             hint = f"; did you mean {guess}?" if guess else ""

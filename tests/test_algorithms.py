@@ -4,6 +4,7 @@ modeled step (issue 49, items 3-4)."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import yaml
 from domain import algorithms, run_memory, run_time
 from domain.config import load_config
 from domain.platforms import PLATFORMS
+from domain.verl_wheel import unpacked
 from tests.conftest import BASE_CONFIG, verl_value
 from tests.test_verl_settings import refused
 from tests.test_verl_config import _platform, job_args, verl_verdicts
@@ -100,10 +102,11 @@ def test_the_step_model_counts_the_critics_passes_and_loras_cheaper_update() -> 
 
 
 def test_max_response_length_changes_modeled_step_seconds_through_synth() -> None:
-    """Issue 49 item 4: a 16,384-token response limit waits for its longest responses (the tail)."""
+    """Issue 49 item 4: a 15,872-token response limit waits for its longest responses (the tail); with the
+    512-token prompt it fills the actor's 16,384-token budget (a longer one is refused)."""
     plain = synth.run("a4-standard")
-    longer = synth.run("a4-standard", overrides={"verl-gke:verl": {"data": {"max_response_length": 16384}}})
-    tail = (16384 - 512) * run_time.TAIL_TOKEN_S
+    longer = synth.run("a4-standard", overrides={"verl-gke:verl": {"data": {"max_response_length": 15872}}})
+    tail = (15872 - 512) * run_time.TAIL_TOKEN_S
     assert longer.outputs["modeledStepSeconds"] == pytest.approx(plain.outputs["modeledStepSeconds"] + tail, abs=0.1)
 
 
@@ -114,12 +117,18 @@ DAPO_REWARD = "def compute_score(data_source, solution_str, ground_truth, extra_
 
 
 @pytest.fixture(scope="module")
-def a4x_runs(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, list[str]]]:
-    """(algorithm as the plan names it, job overrides) of each algorithm snippet of docs/recipes.md and DAPO's
-    dynamic sampling (A4X only), synthesized on a4x."""
+def dapo_reward(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """verl-gke:rewardFunction of a reward that reports dynamic sampling's metric."""
     reward = tmp_path_factory.mktemp("reward") / "dapo_reward.py"
     reward.write_text(DAPO_REWARD)
-    dynamic = {"verl-gke:rewardFunction": str(reward), "verl-gke:verl": {"algorithm": {"filter_groups": {
+    return {"verl-gke:rewardFunction": str(reward)}
+
+
+@pytest.fixture(scope="module")
+def a4x_runs(dapo_reward: dict[str, str]) -> list[tuple[str, list[str]]]:
+    """(algorithm as the plan names it, job overrides) of each algorithm snippet of docs/recipes.md and DAPO's
+    dynamic sampling (A4X only), synthesized on a4x."""
+    dynamic = {**dapo_reward, "verl-gke:verl": {"algorithm": {"filter_groups": {
         "enable": True, "metric": "acc"}}}}
     snippets = [config for _, config in recipes() if "verl-gke:startFrom" not in config] + [dynamic]
     runs = []
@@ -140,8 +149,7 @@ def _with(args: list[str], paths: dict[str, object]) -> list[str]:
 
 A4X_CONFIG = {"verl-gke:platform": "a4x", "verl-gke:gpuNodes": "4"}
 CRITIC, LORA = {"algorithm.adv_estimator": "gae"}, {"actor_rollout_ref.model.lora_rank": 64}
-DAPO = {"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "acc",
-        "custom_reward_function.path": "/data/reward/my_reward.py"}
+DAPO = {"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "acc"}
 # (recipe, its index in a4x_runs, the change, verl 0.9.0's verdict, synth's line or None: not known offline)
 BAD_ON_A4X = [
     (CRITIC, 2, {"critic.use_dynamic_bsz": False, "critic.ppo_mini_batch_size": 512,
@@ -195,8 +203,9 @@ def test_verl_0_9_0_itself_accepts_each_algorithm_on_a4x_and_refuses_what_it_can
 
 
 @pytest.mark.parametrize(("recipe", "change", "line"), [(r, c, line) for r, _, c, _, line in BAD_ON_A4X if line])
-def test_what_verl_0_9_0_refuses_synth_refuses_in_one_line(recipe: dict, change: dict, line: str) -> None:
-    assert refused({**recipe, **change}, **A4X_CONFIG) == [line]
+def test_what_verl_0_9_0_refuses_synth_refuses_in_one_line(recipe: dict, change: dict, line: str,
+                                                           dapo_reward: dict[str, str]) -> None:
+    assert refused({**recipe, **change}, **A4X_CONFIG, **(dapo_reward if recipe is DAPO else {})) == [line]
 
 
 def test_a_critic_with_ulysses_needs_remove_padding_as_verl_0_6_1_refuses_it() -> None:
@@ -208,9 +217,9 @@ def test_a_critic_with_ulysses_needs_remove_padding_as_verl_0_6_1_refuses_it() -
         {**CRITIC, "critic.ulysses_sequence_parallel_size": 2, "critic.model.use_remove_padding": True})})
 
 
-def test_dynamic_sampling_with_a_reward_model_in_its_own_pool_is_accepted() -> None:
+def test_dynamic_sampling_with_a_reward_model_in_its_own_pool_is_accepted(dapo_reward: dict[str, str]) -> None:
     pooled = {**DAPO, "reward.reward_model.enable": True, "reward.reward_model.enable_resource_pool": True}
-    assert load_config({**BASE_CONFIG, "verl-gke:verl": verl_value(pooled), **A4X_CONFIG}).verl.get(
+    assert load_config({**BASE_CONFIG, "verl-gke:verl": verl_value(pooled), **A4X_CONFIG, **dapo_reward}).verl.get(
         "reward.reward_model.enable_resource_pool") is True
 
 
@@ -281,3 +290,54 @@ def test_the_model_stand_in_gives_verl_the_pinned_shape_and_the_real_special_tok
             config.vocab_size, config.tie_word_embeddings) == (["Qwen2ForCausalLM"], 40, 8, 5120, 152064, False)
     assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (None, 151645, 151643)
     assert tokenizer.encode("<|im_start|>hi<|im_end|>")[::3] == [151644, 151645]
+
+
+def _registered(root: Path) -> dict[str, tuple[str, ...]]:
+    """What verl's own source allows, read from the wheel: the advantage estimators and policy losses its
+    registries hold (register_adv_est / register_policy_loss in verl/trainer/ppo/core_algos.py) and ActorConfig's
+    valid_loss_agg_modes (verl/workers/config/actor.py)."""
+    core = ast.parse((root / "verl/trainer/ppo/core_algos.py").read_text())
+    enum = next({t.targets[0].id: t.value.value for t in n.body if isinstance(t, ast.Assign)}
+                for n in core.body if isinstance(n, ast.ClassDef) and n.name == "AdvantageEstimator")
+
+    def names(decorator: str) -> tuple[str, ...]:
+        args = [d.args[0] for fn in ast.walk(core) for d in getattr(fn, "decorator_list", [])
+                if isinstance(d, ast.Call) and getattr(d.func, "id", "") == decorator]
+        return tuple(sorted(a.value if isinstance(a, ast.Constant) else enum[a.attr] for a in args))
+    actor = ast.parse((root / "verl/workers/config/actor.py").read_text())
+    modes = next(n.value for n in ast.walk(actor)
+                 if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "valid_loss_agg_modes")
+    return {"algorithm.adv_estimator": names("register_adv_est"),
+            "actor_rollout_ref.actor.loss_agg_mode": tuple(sorted(e.value for e in modes.elts)),
+            "actor_rollout_ref.actor.policy_loss.loss_mode": names("register_policy_loss")}
+
+
+def test_the_allowed_values_are_what_each_pinned_verl_wheel_registers() -> None:
+    releases = {p.verl.version: p.verl for p in PLATFORMS.values()}
+    assert {v: {path: tuple(sorted(allowed)) for path, allowed in algorithms.ALLOWED[v].items()}
+            for v in releases} == {v: _registered(unpacked(r)) for v, r in releases.items()}
+
+
+@pytest.mark.parametrize(("path", "value", "config", "line"), [
+    ("algorithm.adv_estimator", "foo", {}, 'verl-gke:verl.algorithm.adv_estimator = "foo": verl 0.6.1 allows gae, '
+     "grpo, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, rloo, opo, grpo_passk, gpg, rloo_vectorized, "
+     "grpo_vectorized."),
+    ("actor_rollout_ref.actor.loss_agg_mode", "token-sum", {}, 'verl-gke:verl.actor_rollout_ref.actor.loss_agg_mode '
+     '= "token-sum": verl 0.6.1 allows token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm.'),
+    ("actor_rollout_ref.actor.policy_loss.loss_mode", "sapo", {}, "verl-gke:verl.actor_rollout_ref.actor.policy_loss."
+     'loss_mode = "sapo": verl 0.6.1 allows vanilla, gspo, gpg, clip_cov, kl_cov, geo_mean, rollout_correction.'),
+    ("actor_rollout_ref.actor.policy_loss.loss_mode", "dapo", A4X_CONFIG, "verl-gke:verl.actor_rollout_ref.actor."
+     'policy_loss.loss_mode = "dapo": verl 0.9.0 allows vanilla, dppo_tv, dppo_kl, gspo, sapo, gpg, clip_cov, '
+     "kl_cov, geo_mean, dro, cispo, bypass_mode."),
+])
+def test_a_value_verl_does_not_register_is_refused_with_what_it_allows(path: str, value: str, config: dict,
+                                                                       line: str) -> None:
+    assert refused({path: value}, **config) == [line]
+
+
+@pytest.mark.parametrize(("path", "value", "config"), [
+    ("actor_rollout_ref.actor.loss_agg_mode", "token-sum", A4X_CONFIG),
+    ("actor_rollout_ref.actor.policy_loss.loss_mode", "gspo", {}),
+    ("algorithm.adv_estimator", "rloo", {})])
+def test_a_value_verl_registers_is_accepted(path: str, value: str, config: dict) -> None:
+    assert load_config({**BASE_CONFIG, "verl-gke:verl": verl_value({path: value}), **config}).verl.get(path) == value

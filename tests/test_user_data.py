@@ -72,9 +72,10 @@ def test_sources_verls_default_reward_does_not_score_are_refused_unless_a_custom
     assert len(lines) == 2 and lines[0].startswith(
         f'verl-gke:dataDir = "{folder}": train.parquet: data_source my/source is not one verl 0.6.1\'s default '
         "reward scores (")
-    assert lines[0].endswith("...); set verl.custom_reward_function.path for your own.")
-    load_config({**BASE_CONFIG, KEY: str(folder),
-                 "verl-gke:verl": verl_value({"custom_reward_function.path": "/data/reward.py"})})
+    assert lines[0].endswith("...); set verl-gke:rewardFunction for your own (checked and uploaded).")
+    reward = tmp_path / "reward.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n")
+    load_config({**BASE_CONFIG, KEY: str(folder), "verl-gke:rewardFunction": str(reward)})
 
 
 def test_a_folder_without_the_files_is_refused(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from domain import grpo_spec
+from domain import grpo_spec, reward_fn
 from domain.bucket import bucket_path, ray_writable_prefixes
 from domain.config import ConfigError, load_config
 from domain.grpo_spec import CHECKPOINT_LAUNCHER, RENAMED, entrypoint
@@ -244,11 +244,13 @@ def test_a_critic_runs_from_the_actors_model_unless_set_and_only_from_the_bucket
         'verl-gke:verl.critic.strategy = "megatron": verl-gke runs verl\'s FSDP workers only; use "fsdp2" or "fsdp".']
 
 
-def test_dynamic_sampling_is_refused_on_a4x_with_a_budget_only() -> None:
+def test_dynamic_sampling_is_refused_on_a4x_with_a_budget_only(tmp_path: Path) -> None:
     a4x = {"verl-gke:platform": "a4x", "verl-gke:gpuNodes": "4"}
-    dapo = {"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "acc",
-            "custom_reward_function.path": "/data/reward/my_reward.py"}
-    assert cfg_with(dapo, **a4x).verl.get("algorithm.filter_groups.enable")
+    reward = tmp_path / "my_reward.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    return {\"score\": 1.0, \"acc\": 1.0}\n")
+    dapo = {"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "acc"}
+    assert cfg_with(dapo, **a4x, **{reward_fn.KEY: str(reward)}).verl.get("algorithm.filter_groups.enable")
     assert refused({"algorithm.filter_groups.enable": True}, **a4x) == [
         "verl-gke:verl.algorithm.filter_groups.enable = true: dynamic sampling filters groups by a metric your reward "
         "function reports: set algorithm.filter_groups.metric (such as \"acc\") and a custom_reward_function that "
@@ -354,3 +356,55 @@ def test_a_logger_verl_gke_does_not_wire_is_refused_with_those_it_does() -> None
     assert refused({"trainer.logger": ["console", "swanlab", "file"]}) == [
         'verl-gke:verl.trainer.logger = ["console", "swanlab", "file"]: verl-gke wires console, tensorboard, '
         'mlflow and wandb (not swanlab, file).']
+
+
+def test_dynamic_sampling_on_an_x86_stack_says_it_runs_on_a4x_only() -> None:
+    assert refused({"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "acc"}) == [
+        "verl-gke:verl.algorithm.filter_groups.enable = true: verl 0.6.1's config has no algorithm.filter_groups: "
+        "DAPO's dynamic sampling runs on A4X (verl 0.9.0) only (verl-gke:platform a4x).",
+        'verl-gke:verl.algorithm.filter_groups.metric = "acc": verl 0.6.1\'s config has no algorithm.filter_groups: '
+        "DAPO's dynamic sampling runs on A4X (verl 0.9.0) only (verl-gke:platform a4x)."]
+
+
+def test_a_reward_function_path_set_in_verl_is_refused_for_reward_function(tmp_path: Path) -> None:
+    a4x = {"verl-gke:platform": "a4x", "verl-gke:gpuNodes": "4"}
+    assert refused({"custom_reward_function.path": "/data/reward/my_reward.py"}) == [
+        'verl-gke:verl.custom_reward_function.path = "/data/reward/my_reward.py": use verl-gke:rewardFunction (checked '
+        "and uploaded)."]
+    assert refused({"reward.custom_reward_function.path": "/data/r.py"}, **a4x) == [
+        'verl-gke:verl.reward.custom_reward_function.path = "/data/r.py": use verl-gke:rewardFunction (checked and '
+        "uploaded)."]
+    reward = tmp_path / "mine.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
+    ours = reward_fn.verl_paths(str(reward))["custom_reward_function.path"]
+    assert cfg_with({"custom_reward_function.path": ours}, **{reward_fn.KEY: str(reward)}).verl.get(
+        "custom_reward_function.path") == ours
+
+
+def test_a_token_budget_below_one_whole_sequence_is_refused_with_the_minimum() -> None:
+    """verl's rearrange_micro_batches (verl/utils/seqlen_balancing.py, 0.6.1 and 0.9.0) asserts each dynamic
+    batch budget x the Ulysses size holds the longest sequence: up to max_prompt_length + max_response_length."""
+    assert refused({"data.max_response_length": 16384}) == [
+        "verl-gke:verl.actor_rollout_ref.actor.ppo_max_token_len_per_gpu = 16384: with dynamic batch size verl needs "
+        "it to hold one whole sequence (data.max_prompt_length + data.max_response_length = 16896 tokens, over "
+        "Ulysses size 1): raise it to at least 16896."]
+    budget = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
+    assert refused({budget: 1023})[0].endswith("(data.max_prompt_length + data.max_response_length = 1024 tokens, "
+                                               "over Ulysses size 1): raise it to at least 1024.")
+    assert cfg_with({budget: 1024}).verl.get(budget) == 1024
+    assert cfg_with({budget: 1000, "actor_rollout_ref.actor.use_dynamic_bsz": False}).verl.get(budget) == 1000
+    # With LoRA the actor without its adapters is the reference (verl's ref_in_actor): the ref's budget is unread.
+    ref_budget = "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"
+    assert cfg_with({ref_budget: 500, "actor_rollout_ref.model.lora_rank": 64, "actor_rollout_ref.actor.use_kl_loss":
+                     True}).verl.get(ref_budget) == 500
+    a4x = {"verl-gke:platform": "a4x", "verl-gke:gpuNodes": "4"}
+    assert refused({"algorithm.adv_estimator": "gae", "critic.forward_max_token_len_per_gpu": 1000,
+                    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": 500,
+                    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": 2,
+                    "actor_rollout_ref.model.use_remove_padding": True}, **a4x) == [
+        "verl-gke:verl.actor_rollout_ref.ref.log_prob_max_token_len_per_gpu = 500: with dynamic batch size verl needs "
+        "it to hold one whole sequence (data.max_prompt_length + data.max_response_length = 1024 tokens, over "
+        "Ulysses size 2): raise it to at least 512.",
+        "verl-gke:verl.critic.forward_max_token_len_per_gpu = 1000: with dynamic batch size verl needs it to hold one "
+        "whole sequence (data.max_prompt_length + data.max_response_length = 1024 tokens, over Ulysses size 1): "
+        "raise it to at least 1024."]
