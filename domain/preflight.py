@@ -102,6 +102,7 @@ CHECKS = {
     BUCKET_IAM: "staging's identity may read dataDir's gs:// bucket",
     BUCKET: "dataDir's gs:// bucket has uniform access, and its project (whose grants count too)",
     PROJECT_IAM: "staging's identity may read dataDir's gs:// bucket by its project's IAM policy",
+    SECRET: "wandbApiKeySecret's Secret Manager secret exists",
 }
 """Each live check by the invoke it makes, as synth lists the ones it could not make."""
 
