@@ -550,7 +550,7 @@ def gs_data_check(cfg: StackConfig, invoke: Invoke, open_object: ObjectReader | 
         result.checks.append("dataDir: the gs:// objects are at their pinned generations and hold the columns and "
                              "data_source values verl reads")
     if rows:  # the child process and deadline of the synth check (domain/reward_fn.py)
-        called = reward_fn.problems(cfg.reward_function, rows=rows)
+        called = reward_fn.problems(cfg.reward_function, cfg.verl.release, rows=rows)
         result.problems += called
         if not called:
             result.checks.append("rewardFunction: called on one row per data_source of each gs:// file's first row "

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from domain.bucket import MOUNT_PATH
+from domain.platforms import VerlRelease
 from domain.problems import problem_line
+from domain.run_identity import verl_version_tuple
 from domain.staged import RECIPES, Recipe
 from domain.user_data import BUCKET_DIR
 
@@ -35,10 +37,16 @@ def recipe_sample(recipe: Recipe) -> dict[str, Any]:
 SAMPLE = recipe_sample(RECIPES[0])
 """A GSM8K row."""
 
+AWAITS_FROM = (0, 9)
+"""verl releases from which the reward loop awaits an `async def` reward (verl/trainer/ppo/reward.py wraps it in
+_call_with_kwargs_async; experimental/reward_loop/reward_manager/*.py await it). 0.6.1 validates through
+workers/reward_manager/naive.py, which calls it without awaiting."""
+
 _PROBE = """
-import importlib.util, inspect, json, numbers, sys
+import asyncio, importlib.util, inspect, json, numbers, sys
 path, name, rows = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 sample = rows[0][1] if rows else json.loads(sys.argv[4])
+version, awaits = sys.argv[5], sys.argv[6] == "1"
 def answer(problem):
     print(json.dumps({"problem": problem})); sys.exit(0)
 try:
@@ -55,9 +63,12 @@ except TypeError as e:
     answer(f"{name} does not take the keywords verl calls it with ({', '.join(sample)}): {e}")
 except ValueError:
     pass
+if inspect.iscoroutinefunction(fn) and not awaits:
+    answer(f"{name} is async (async def), which verl {version} calls without awaiting; make it a plain def "
+           "(verl 0.9.0, on a4x, awaits it)")
 for where, sample in rows:
     try:
-        score = fn(**sample)
+        score = asyncio.run(fn(**sample)) if inspect.iscoroutinefunction(fn) else fn(**sample)
     except BaseException as e:
         answer(f"{name} raised {type(e).__name__}: {e} on {where}")
     value = score.get("score") if isinstance(score, dict) else score
@@ -90,11 +101,13 @@ def verl_paths(value: str) -> dict[str, str]:
         return {}
 
 
-def problems(value: str, sample: dict[str, Any] | None = None, timeout_s: float = CHECK_TIMEOUT_S, *,
+def problems(value: str, release: VerlRelease, sample: dict[str, Any] | None = None,
+             timeout_s: float = CHECK_TIMEOUT_S, *,
              rows: Sequence[tuple[str, dict[str, Any]]] | None = None) -> list[str]:
     """The file imports, has the function, takes verl's keywords and returns a number on `sample` (default
-    SAMPLE), or on each of `rows` ((where, sample), the first failure named by its where; () imports and binds
-    only): in a child process, so a hang, an exit or a crash of the user's code ends within `timeout_s`."""
+    SAMPLE; awaited where `release` awaits an async one), or on each of `rows` ((where, sample), the first
+    failure named by its where; () imports and binds only): in a child process, so a hang, an exit or a crash
+    of the user's code ends within `timeout_s`."""
     if not value:
         return []
     path, name = parse(value)
@@ -104,7 +117,8 @@ def problems(value: str, sample: dict[str, Any] | None = None, timeout_s: float 
     try:
         rows = [("a sample row", sample or SAMPLE)] if rows is None else rows
         done = subprocess.run([sys.executable, "-I", "-c", _PROBE, str(path.resolve()), name,
-                               json.dumps(list(rows), default=str), json.dumps(SAMPLE)],
+                               json.dumps(list(rows), default=str), json.dumps(SAMPLE), release.version,
+                               "1" if verl_version_tuple(release.version) >= AWAITS_FROM else "0"],
                               capture_output=True, text=True, timeout=timeout_s, cwd=path.resolve().parent)
     except subprocess.TimeoutExpired:
         return [problem_line(KEY, value, f"importing and calling {name} on a sample row took over {timeout_s:g} s.")]

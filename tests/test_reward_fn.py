@@ -10,6 +10,7 @@ import pytest
 
 from domain import reward_fn
 from domain.config import load_config
+from domain.platforms import VERL_0_6_1
 from tests.conftest import BASE_CONFIG
 from tests.test_user_data import refused, row, write
 from verl_gke import synth
@@ -52,9 +53,32 @@ def test_each_bad_function_is_refused_in_one_line(tmp_path: Path, text: str, why
     assert refused(**{KEY: str(path)}) == [f'{KEY} = "{path}": {why}.']
 
 
+ASYNC = GOOD.replace("def compute_score", "async def compute_score")
+A4X = {"verl-gke:platform": "a4x", "verl-gke:gpuNodes": "4"}
+
+
+def test_an_async_function_is_awaited_on_a4x_as_verl_0_9_0_awaits_it(tmp_path: Path) -> None:
+    # verl 0.9.0's reward loop (verl/experimental/reward_loop/reward_manager/naive.py) awaits a coroutine function.
+    path = reward(tmp_path, ASYNC)
+    cfg = load_config({**BASE_CONFIG, **A4X, KEY: str(path)})
+    assert cfg.verl.get("custom_reward_function.name") == "compute_score"
+    wrong = reward(tmp_path, ASYNC.replace("return float(", "return str("), "wrong.py")
+    assert refused(**A4X, **{KEY: str(wrong)}) == [
+        f"{KEY} = \"{wrong}\": compute_score returned 'True' on a sample row: verl takes a number, or a dict with a "
+        "numeric 'score'."]
+
+
+def test_an_async_function_is_refused_on_verl_0_6_1(tmp_path: Path) -> None:
+    # verl 0.6.1 validates through verl/workers/reward_manager/naive.py, which calls it without awaiting it.
+    path = reward(tmp_path, ASYNC)
+    assert refused(**{KEY: str(path)}) == [
+        f'{KEY} = "{path}": compute_score is async (async def), which verl 0.6.1 calls without awaiting; make it a '
+        "plain def (verl 0.9.0, on a4x, awaits it)."]
+
+
 def test_a_function_that_never_returns_is_stopped_at_the_deadline(tmp_path: Path) -> None:
     path = reward(tmp_path, "import time\ntime.sleep(60)\n")
-    assert reward_fn.problems(str(path), timeout_s=2) == [
+    assert reward_fn.problems(str(path), VERL_0_6_1, timeout_s=2) == [
         f'{KEY} = "{path}": importing and calling compute_score on a sample row took over 2 s.']
 
 
