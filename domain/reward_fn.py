@@ -18,6 +18,7 @@ from domain.problems import problem_line
 from domain.run_identity import verl_version_tuple
 from domain.staged import RECIPES, Recipe
 from domain.user_data import BUCKET_DIR
+from domain.verl_wheel import VerlUnavailable, unpacked
 
 KEY = "verl-gke:rewardFunction"
 DEFAULT_NAME = "compute_score"
@@ -42,18 +43,29 @@ AWAITS_FROM = (0, 9)
 _call_with_kwargs_async; experimental/reward_loop/reward_manager/*.py await it). 0.6.1 validates through
 workers/reward_manager/naive.py, which calls it without awaiting."""
 
+# Run with -I -S: the standard library and the pinned verl only, not this machine's packages. verl's and
+# verl.utils' __init__ import torch and omegaconf (the image has them): the probe skips those two, so that
+# verl.utils.reward_score's modules (standard library only, measured on 0.6.1 and 0.9.0) import without them.
 _PROBE = """
-import asyncio, importlib.util, inspect, json, numbers, sys
+import asyncio, importlib.util, inspect, json, numbers, sys, types
 path, name, rows = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 sample = rows[0][1] if rows else json.loads(sys.argv[4])
-version, awaits = sys.argv[5], sys.argv[6] == "1"
+version, awaits, verl_dir = sys.argv[5], sys.argv[6] == "1", sys.argv[7]
+sys.path.insert(0, verl_dir)
+for package in ("verl", "verl.utils"):
+    sys.modules[package] = types.ModuleType(package)
+    sys.modules[package].__path__ = [verl_dir + "/" + package.replace(".", "/")]
 def answer(problem):
     print(json.dumps({"problem": problem})); sys.exit(0)
+def why(e):
+    return f"{type(e).__name__}: {e}" + (f" (the check sees only the standard library and verl {version}; the "
+        "image's other packages are not checked offline, so a reward may import only these)"
+        if isinstance(e, ModuleNotFoundError) else "")
 try:
     spec = importlib.util.spec_from_file_location("custom_module", path)
     module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)
 except BaseException as e:
-    answer(f"does not import: {type(e).__name__}: {e}")
+    answer(f"does not import: {why(e)}")
 fn = getattr(module, name, None)
 if not callable(fn):
     answer(f"has no function {name}")
@@ -70,7 +82,7 @@ for where, sample in rows:
     try:
         score = asyncio.run(fn(**sample)) if inspect.iscoroutinefunction(fn) else fn(**sample)
     except BaseException as e:
-        answer(f"{name} raised {type(e).__name__}: {e} on {where}")
+        answer(f"{name} raised {why(e)} on {where}")
     value = score.get("score") if isinstance(score, dict) else score
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         answer(f"{name} returned {score!r} on {where}: verl takes a number, or a dict with a numeric 'score'")
@@ -115,10 +127,14 @@ def problems(value: str, release: VerlRelease, sample: dict[str, Any] | None = N
         return [problem_line(KEY, value, "a local Python file and, after ':', the function verl calls (default "
                              f"{DEFAULT_NAME}), e.g. reward.py:compute_score.")]
     try:
+        verl_dir = unpacked(release)
+    except VerlUnavailable as e:
+        return [problem_line(KEY, value, f"cannot be checked with verl {release.version}: {e}")]
+    try:
         rows = [("a sample row", sample or SAMPLE)] if rows is None else rows
-        done = subprocess.run([sys.executable, "-I", "-c", _PROBE, str(path.resolve()), name,
+        done = subprocess.run([sys.executable, "-I", "-S", "-c", _PROBE, str(path.resolve()), name,
                                json.dumps(list(rows), default=str), json.dumps(SAMPLE), release.version,
-                               "1" if verl_version_tuple(release.version) >= AWAITS_FROM else "0"],
+                               "1" if verl_version_tuple(release.version) >= AWAITS_FROM else "0", str(verl_dir)],
                               capture_output=True, text=True, timeout=timeout_s, cwd=path.resolve().parent)
     except subprocess.TimeoutExpired:
         return [problem_line(KEY, value, f"importing and calling {name} on a sample row took over {timeout_s:g} s.")]

@@ -22,6 +22,10 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 '''
 
 
+OFFLINE = ("(the check sees only the standard library and verl 0.6.1; the image's other packages are not checked "
+           "offline, so a reward may import only these)")
+
+
 def reward(tmp_path: Path, text: str, name: str = "reward.py") -> Path:
     path = tmp_path / name
     path.write_text(text)
@@ -37,7 +41,12 @@ def test_a_good_function_is_passed_to_verl_by_its_bucket_path_and_name(tmp_path:
 
 
 @pytest.mark.parametrize(("text", "why"), [
-    ("import no_such_module_here\n", "does not import: ModuleNotFoundError: No module named 'no_such_module_here'"),
+    ("import no_such_module_here\n", "does not import: ModuleNotFoundError: No module named 'no_such_module_here' "
+     f"{OFFLINE}"),
+    # on this machine (verl-gke's own dependency), not in the image
+    ("import pulumi\n", f"does not import: ModuleNotFoundError: No module named 'pulumi' {OFFLINE}"),
+    ("def compute_score(**kw):\n    import pulumi\n", "compute_score raised ModuleNotFoundError: No module named "
+     f"'pulumi' {OFFLINE} on a sample row"),
     ("def other(): pass\n", "has no function compute_score"),
     ("def compute_score(response, answer):\n    return 1.0\n",
      "compute_score does not take the keywords verl calls it with (data_source, solution_str, ground_truth, "
@@ -74,6 +83,22 @@ def test_an_async_function_is_refused_on_verl_0_6_1(tmp_path: Path) -> None:
     assert refused(**{KEY: str(path)}) == [
         f'{KEY} = "{path}": compute_score is async (async def), which verl 0.6.1 calls without awaiting; make it a '
         "plain def (verl 0.9.0, on a4x, awaits it)."]
+
+
+def test_verls_own_scorers_import_as_in_the_image(tmp_path: Path) -> None:
+    # The image holds verl; its reward_score modules need only the standard library (verl's and verl.utils'
+    # package imports, which need torch, are skipped by the check).
+    path = reward(tmp_path, "from verl.utils.reward_score import gsm8k, math_reward\n"
+                            "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                            "    return gsm8k.compute_score(solution_str, ground_truth)\n")
+    for config in ({}, A4X):
+        assert load_config({**BASE_CONFIG, **config, KEY: str(path)}).reward_function == str(path)
+    wrong = reward(tmp_path, "from verl.utils.reward_score import gsm8k\n"
+                             "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                             "    return gsm8k.compute_score(solution_str, ground_truth) > 0\n", "wrong.py")
+    assert refused(**{KEY: str(wrong)}) == [  # True: verl's gsm8k scored the sample row 1.0
+        f"{KEY} = \"{wrong}\": compute_score returned True on a sample row: verl takes a number, or a dict with a "
+        "numeric 'score'."]
 
 
 def test_a_function_that_never_returns_is_stopped_at_the_deadline(tmp_path: Path) -> None:
