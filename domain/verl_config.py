@@ -183,7 +183,7 @@ def _plan(cfg: StackConfig, composed: DictConfig, warnings: list[str], run_id: s
             validate_first=bool(trainer.val_before_train),
             model_loads=1 + int(reference and not algorithms.lora_rank(cfg.verl)) + int(algorithms.has_critic(cfg.verl)),
             critic=algorithms.has_critic(cfg.verl), lora=algorithms.lora_rank(cfg.verl) > 0),
-            run_time.Assumptions.for_platform(cfg.platform, recipe, measured))
+            run_time.Assumptions.for_platform(cfg.platform, recipe, measured, own_data=bool(cfg.data_dir)))
     shown = [f"{'*' if o.key in cfg.verl.given else ' '} {o.arg}" for o in overrides(cfg.verl)]
     return RunPlan(cfg.verl.version, steps, save_freq, saved, kept, size, warnings, run_id=run_id,
                    checkpoint_folder=str(trainer.default_local_dir), checkpoint_time=timing, time=time,

@@ -479,3 +479,6 @@ def test_a_local_folders_rows_give_the_modeled_steps_and_validation_prompts(tmp_
     problems, plan = verl_run_check(load_config({**BASE_CONFIG, KEY: str(folder)}))
     assert problems == [] and plan is not None
     assert (plan.steps, plan.time.shape.validation_prompts) == (1000 // 256 * 2, 300)  # 2 epochs, partial dropped
+    # Its token lengths are not read offline: the default dataset's stand in, and the line says so.
+    assert "tokens a sequence (128 prompt + 320 response; openai/gsm8k's, assumed for verl-gke:dataDir)" in (
+        plan.time.lines(None)[1])
