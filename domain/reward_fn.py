@@ -5,7 +5,9 @@ custom_reward_function.path and .name."""
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -43,23 +45,31 @@ AWAITS_FROM = (0, 9)
 _call_with_kwargs_async; experimental/reward_loop/reward_manager/*.py await it). 0.6.1 validates through
 workers/reward_manager/naive.py, which calls it without awaiting."""
 
-# Run with -I -S: the standard library and the pinned verl only, not this machine's packages. verl's and
-# verl.utils' __init__ import torch and omegaconf (the image has them): the probe skips those two, so that
-# verl.utils.reward_score's modules (standard library only, measured on 0.6.1 and 0.9.0) import without them.
+# Run with -I -S: the standard library, the pinned verl and, from this machine's packages, only those verl
+# itself requires (the image holds them to run verl; checked with this machine's copy). verl's and verl.utils'
+# __init__ import torch and omegaconf: the probe skips those two, so that verl.utils.reward_score's modules
+# (standard library only, measured on 0.6.1 and 0.9.0) import without them.
 _PROBE = """
-import asyncio, importlib.util, inspect, json, numbers, sys, types
+import asyncio, importlib.machinery, importlib.util, inspect, json, numbers, sys, types
 path, name, rows = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 sample = rows[0][1] if rows else json.loads(sys.argv[4])
 version, awaits, verl_dir = sys.argv[5], sys.argv[6] == "1", sys.argv[7]
-sys.path.insert(0, verl_dir)
+allowed, site = set(json.loads(sys.argv[8])) | {"verl"}, [p for p in json.loads(sys.argv[9]) if p not in sys.path]
+class OnlyVerlsRequirements:
+    def find_spec(self, fullname, path=None, target=None):
+        if path is None and fullname not in allowed and importlib.machinery.PathFinder.find_spec(fullname, site):
+            raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
+sys.meta_path.insert(0, OnlyVerlsRequirements())
+sys.path[:0] = [verl_dir]
+sys.path += site
 for package in ("verl", "verl.utils"):
     sys.modules[package] = types.ModuleType(package)
     sys.modules[package].__path__ = [verl_dir + "/" + package.replace(".", "/")]
 def answer(problem):
     print(json.dumps({"problem": problem})); sys.exit(0)
 def why(e):
-    return f"{type(e).__name__}: {e}" + (f" (the check sees only the standard library and verl {version}; the "
-        "image's other packages are not checked offline, so a reward may import only these)"
+    return f"{type(e).__name__}: {e}" + (f" (a reward may import the standard library, verl {version} and "
+        "what verl requires, which the image holds; other packages of the image are not known offline)"
         if isinstance(e, ModuleNotFoundError) else "")
 try:
     spec = importlib.util.spec_from_file_location("custom_module", path)
@@ -88,6 +98,30 @@ for where, sample in rows:
         answer(f"{name} returned {score!r} on {where}: verl takes a number, or a dict with a numeric 'score'")
 answer(None)
 """
+
+
+def _dist_names(lines: list[str]) -> set[str]:
+    """The distribution names of Requires-Dist lines without an extra, normalized."""
+    return {re.split(r"[\s\[<>=!;~(]", line, maxsplit=1)[0].lower().replace("_", "-")
+            for line in lines if "extra ==" not in line}
+
+
+def verls_requirements(verl_dir: Path) -> list[str]:
+    """The top-level modules of the distributions the pinned verl requires (its wheel's Requires-Dist, no
+    extras, and theirs in turn) as installed on this machine: the image holds them, the probe may import them."""
+    [info] = verl_dir.glob("*.dist-info")
+    metadata = (info / "METADATA").read_text().splitlines()
+    todo = _dist_names([line.removeprefix("Requires-Dist: ") for line in metadata if line.startswith("Requires-Dist: ")])
+    wanted: set[str] = set()
+    while todo:
+        name = todo.pop()
+        wanted.add(name)
+        try:
+            todo |= _dist_names(importlib.metadata.requires(name) or []) - wanted
+        except importlib.metadata.PackageNotFoundError:
+            pass  # not on this machine: the probe cannot import it either
+    return sorted(top for top, dists in importlib.metadata.packages_distributions().items()
+                  if any(d.lower().replace("_", "-") in wanted for d in dists))
 
 
 def parse(value: str) -> tuple[Path, str]:
@@ -134,7 +168,8 @@ def problems(value: str, release: VerlRelease, sample: dict[str, Any] | None = N
         rows = [("a sample row", sample or SAMPLE)] if rows is None else rows
         done = subprocess.run([sys.executable, "-I", "-S", "-c", _PROBE, str(path.resolve()), name,
                                json.dumps(list(rows), default=str), json.dumps(SAMPLE), release.version,
-                               "1" if verl_version_tuple(release.version) >= AWAITS_FROM else "0", str(verl_dir)],
+                               "1" if verl_version_tuple(release.version) >= AWAITS_FROM else "0", str(verl_dir),
+                               json.dumps(verls_requirements(verl_dir)), json.dumps(sys.path[1:])],
                               capture_output=True, text=True, timeout=timeout_s, cwd=path.resolve().parent)
     except subprocess.TimeoutExpired:
         return [problem_line(KEY, value, f"importing and calling {name} on a sample row took over {timeout_s:g} s.")]

@@ -22,8 +22,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 '''
 
 
-OFFLINE = ("(the check sees only the standard library and verl 0.6.1; the image's other packages are not checked "
-           "offline, so a reward may import only these)")
+OFFLINE = ("(a reward may import the standard library, verl 0.6.1 and what verl requires, which the image holds; "
+           "other packages of the image are not known offline)")
 
 
 def reward(tmp_path: Path, text: str, name: str = "reward.py") -> Path:
@@ -146,3 +146,9 @@ def test_it_is_called_on_a_row_of_each_data_source_of_your_folder(tmp_path: Path
     assert refused(**{"verl-gke:dataDir": str(folder), KEY: str(picky)}) == [
         f'{KEY} = "{picky}": compute_score raised AssertionError: their/source on row 1 of train.parquet '
         "(data_source their/source)."]
+
+
+def test_a_reward_may_import_what_verl_requires_as_the_image_holds_it(tmp_path: Path) -> None:
+    """numpy and pandas (and pandas' own dependencies) are verl's requirements: the image has them."""
+    path = reward(tmp_path, "import numpy, pandas\n" + GOOD.replace("return float(", "return numpy.float64("))
+    assert reward_fn.problems(str(path), VERL_0_6_1) == []
