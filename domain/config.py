@@ -709,7 +709,8 @@ class StackConfig(BaseModel):
                  lambda: user_data.problems(self.data_dir, self.facts.verl, self.verl)),
                 (reward_fn.KEY, self.reward_function, reward_fn.verl_paths(self.reward_function),
                  # gs:// data: imported and bound here, called on its own rows at preview (domain/preflight.py)
-                 lambda: reward_fn.problems(self.reward_function, reward_fn.recipe_sample(self.recipe),
+                 lambda: reward_fn.problems(self.reward_function, self.verl.release,
+                                            reward_fn.recipe_sample(self.recipe),
                                             rows=() if user_data.gs_data(self.data_dir) else
                                             user_data.folder_rows(self.data_dir, self.verl)))):
             if both := [path for path, v in ours.items() if self.verl.get(path) != v]:

@@ -102,6 +102,7 @@ CHECKS = {
     BUCKET_IAM: "staging's identity may read dataDir's gs:// bucket",
     BUCKET: "dataDir's gs:// bucket has uniform access, and its project (whose grants count too)",
     PROJECT_IAM: "staging's identity may read dataDir's gs:// bucket by its project's IAM policy",
+    SECRET: "wandbApiKeySecret's Secret Manager secret exists",
 }
 """Each live check by the invoke it makes, as synth lists the ones it could not make."""
 
@@ -549,7 +550,7 @@ def gs_data_check(cfg: StackConfig, invoke: Invoke, open_object: ObjectReader | 
         result.checks.append("dataDir: the gs:// objects are at their pinned generations and hold the columns and "
                              "data_source values verl reads")
     if rows:  # the child process and deadline of the synth check (domain/reward_fn.py)
-        called = reward_fn.problems(cfg.reward_function, rows=rows)
+        called = reward_fn.problems(cfg.reward_function, cfg.verl.release, rows=rows)
         result.problems += called
         if not called:
             result.checks.append("rewardFunction: called on one row per data_source of each gs:// file's first row "

@@ -5,7 +5,9 @@ custom_reward_function.path and .name."""
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -13,9 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from domain.bucket import MOUNT_PATH
+from domain.platforms import VerlRelease
 from domain.problems import problem_line
+from domain.run_identity import verl_version_tuple
 from domain.staged import RECIPES, Recipe
 from domain.user_data import BUCKET_DIR
+from domain.verl_wheel import VerlUnavailable, unpacked
 
 KEY = "verl-gke:rewardFunction"
 DEFAULT_NAME = "compute_score"
@@ -35,17 +40,42 @@ def recipe_sample(recipe: Recipe) -> dict[str, Any]:
 SAMPLE = recipe_sample(RECIPES[0])
 """A GSM8K row."""
 
+AWAITS_FROM = (0, 9)
+"""verl releases from which the reward loop awaits an `async def` reward (verl/trainer/ppo/reward.py wraps it in
+_call_with_kwargs_async; experimental/reward_loop/reward_manager/*.py await it). 0.6.1 validates through
+workers/reward_manager/naive.py, which calls it without awaiting."""
+
+# Run with -I -S: the standard library, the pinned verl and, from this machine's packages, only those verl
+# itself requires (the image holds them to run verl; checked with this machine's copy). verl's and verl.utils'
+# __init__ import torch and omegaconf: the probe skips those two, so that verl.utils.reward_score's modules
+# (standard library only, measured on 0.6.1 and 0.9.0) import without them.
 _PROBE = """
-import importlib.util, inspect, json, numbers, sys
+import asyncio, importlib.machinery, importlib.util, inspect, json, numbers, sys, types
 path, name, rows = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 sample = rows[0][1] if rows else json.loads(sys.argv[4])
+version, awaits, verl_dir = sys.argv[5], sys.argv[6] == "1", sys.argv[7]
+allowed, site = set(json.loads(sys.argv[8])) | {"verl"}, [p for p in json.loads(sys.argv[9]) if p not in sys.path]
+class OnlyVerlsRequirements:
+    def find_spec(self, fullname, path=None, target=None):
+        if path is None and fullname not in allowed and importlib.machinery.PathFinder.find_spec(fullname, site):
+            raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
+sys.meta_path.insert(0, OnlyVerlsRequirements())
+sys.path[:0] = [verl_dir]
+sys.path += site
+for package in ("verl", "verl.utils"):
+    sys.modules[package] = types.ModuleType(package)
+    sys.modules[package].__path__ = [verl_dir + "/" + package.replace(".", "/")]
 def answer(problem):
     print(json.dumps({"problem": problem})); sys.exit(0)
+def why(e):
+    return f"{type(e).__name__}: {e}" + (f" (a reward may import the standard library, verl {version} and "
+        "what verl requires, which the image holds; other packages of the image are not known offline)"
+        if isinstance(e, ModuleNotFoundError) else "")
 try:
     spec = importlib.util.spec_from_file_location("custom_module", path)
     module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)
 except BaseException as e:
-    answer(f"does not import: {type(e).__name__}: {e}")
+    answer(f"does not import: {why(e)}")
 fn = getattr(module, name, None)
 if not callable(fn):
     answer(f"has no function {name}")
@@ -55,16 +85,43 @@ except TypeError as e:
     answer(f"{name} does not take the keywords verl calls it with ({', '.join(sample)}): {e}")
 except ValueError:
     pass
+if inspect.iscoroutinefunction(fn) and not awaits:
+    answer(f"{name} is async (async def), which verl {version} calls without awaiting; make it a plain def "
+           "(verl 0.9.0, on a4x, awaits it)")
 for where, sample in rows:
     try:
-        score = fn(**sample)
+        score = asyncio.run(fn(**sample)) if inspect.iscoroutinefunction(fn) else fn(**sample)
     except BaseException as e:
-        answer(f"{name} raised {type(e).__name__}: {e} on {where}")
+        answer(f"{name} raised {why(e)} on {where}")
     value = score.get("score") if isinstance(score, dict) else score
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         answer(f"{name} returned {score!r} on {where}: verl takes a number, or a dict with a numeric 'score'")
 answer(None)
 """
+
+
+def _dist_names(lines: list[str]) -> set[str]:
+    """The distribution names of Requires-Dist lines without an extra, normalized."""
+    return {re.split(r"[\s\[<>=!;~(]", line, maxsplit=1)[0].lower().replace("_", "-")
+            for line in lines if "extra ==" not in line}
+
+
+def verls_requirements(verl_dir: Path) -> list[str]:
+    """The top-level modules of the distributions the pinned verl requires (its wheel's Requires-Dist, no
+    extras, and theirs in turn) as installed on this machine: the image holds them, the probe may import them."""
+    [info] = verl_dir.glob("*.dist-info")
+    metadata = (info / "METADATA").read_text().splitlines()
+    todo = _dist_names([line.removeprefix("Requires-Dist: ") for line in metadata if line.startswith("Requires-Dist: ")])
+    wanted: set[str] = set()
+    while todo:
+        name = todo.pop()
+        wanted.add(name)
+        try:
+            todo |= _dist_names(importlib.metadata.requires(name) or []) - wanted
+        except importlib.metadata.PackageNotFoundError:
+            pass  # not on this machine: the probe cannot import it either
+    return sorted(top for top, dists in importlib.metadata.packages_distributions().items()
+                  if any(d.lower().replace("_", "-") in wanted for d in dists))
 
 
 def parse(value: str) -> tuple[Path, str]:
@@ -94,11 +151,13 @@ def verl_paths(value: str) -> dict[str, str]:
         return {}
 
 
-def problems(value: str, sample: dict[str, Any] | None = None, timeout_s: float = CHECK_TIMEOUT_S, *,
+def problems(value: str, release: VerlRelease, sample: dict[str, Any] | None = None,
+             timeout_s: float = CHECK_TIMEOUT_S, *,
              rows: Sequence[tuple[str, dict[str, Any]]] | None = None) -> list[str]:
     """The file imports, has the function, takes verl's keywords and returns a number on `sample` (default
-    SAMPLE), or on each of `rows` ((where, sample), the first failure named by its where; () imports and binds
-    only): in a child process, so a hang, an exit or a crash of the user's code ends within `timeout_s`."""
+    SAMPLE; awaited where `release` awaits an async one), or on each of `rows` ((where, sample), the first
+    failure named by its where; () imports and binds only): in a child process, so a hang, an exit or a crash
+    of the user's code ends within `timeout_s`."""
     if not value:
         return []
     path, name = parse(value)
@@ -106,9 +165,15 @@ def problems(value: str, sample: dict[str, Any] | None = None, timeout_s: float 
         return [problem_line(KEY, value, "a local Python file and, after ':', the function verl calls (default "
                              f"{DEFAULT_NAME}), e.g. reward.py:compute_score.")]
     try:
+        verl_dir = unpacked(release)
+    except VerlUnavailable as e:
+        return [problem_line(KEY, value, f"cannot be checked with verl {release.version}: {e}")]
+    try:
         rows = [("a sample row", sample or SAMPLE)] if rows is None else rows
-        done = subprocess.run([sys.executable, "-I", "-c", _PROBE, str(path.resolve()), name,
-                               json.dumps(list(rows), default=str), json.dumps(SAMPLE)],
+        done = subprocess.run([sys.executable, "-I", "-S", "-c", _PROBE, str(path.resolve()), name,
+                               json.dumps(list(rows), default=str), json.dumps(SAMPLE), release.version,
+                               "1" if verl_version_tuple(release.version) >= AWAITS_FROM else "0", str(verl_dir),
+                               json.dumps(verls_requirements(verl_dir)), json.dumps(sys.path[1:])],
                               capture_output=True, text=True, timeout=timeout_s, cwd=path.resolve().parent)
     except subprocess.TimeoutExpired:
         return [problem_line(KEY, value, f"importing and calling {name} on a sample row took over {timeout_s:g} s.")]

@@ -65,13 +65,17 @@ class Assumptions:
     model_load_gbps: float = MODEL_LOAD_GBPS
     measured: Measured | None = None
     """The run whose rates replace the assumed ones (model load, start-up, step), where it measured them."""
+    tokens_from: str = "the dataset's, domain/staged.py"
 
     @classmethod
-    def for_platform(cls, platform: str, recipe: Recipe, measured: Measured | None = None) -> Assumptions:
-        """The platform's MFU, the dataset's token lengths (its recipe's, domain/staged.py), a run's measured rates."""
+    def for_platform(cls, platform: str, recipe: Recipe, measured: Measured | None = None, *,
+                     own_data: bool = False) -> Assumptions:
+        """The platform's MFU, the dataset's token lengths (its recipe's, domain/staged.py; with `own_data`, the
+        recipe's stand in: a dataDir's are not read offline), a run's measured rates."""
         load = measured.rates.model_load_gbps if measured else None
         return cls(mfu=MFU[platform], prompt_tokens=recipe.prompt_tokens, response_tokens=recipe.response_tokens,
-                   model_load_gbps=load or MODEL_LOAD_GBPS, measured=measured)
+                   model_load_gbps=load or MODEL_LOAD_GBPS, measured=measured,
+                   **({"tokens_from": f"{recipe.repo}'s, assumed for verl-gke:dataDir"} if own_data else {}))
 
     def source(self, rate: float | None) -> str:
         """" (measured on run X)" beside a figure a run measured, "" beside an assumed one."""
@@ -204,7 +208,7 @@ class RunTime:
             f"Modeled run: {step}; {run}",
             f"{ASSUMPTIONS}: training at {a.mfu:.0%} MFU of {s.peak_flops / 1e15:g} PFLOP/s bf16 "
             f"a GPU; {a.prompt_tokens + self.response_tokens} tokens a sequence ({a.prompt_tokens} prompt + "
-            f"{self.response_tokens} response{capped}; the dataset's, domain/staged.py), {s.sequences} sequences a "
+            f"{self.response_tokens} response{capped}; {a.tokens_from}), {s.sequences} sequences a "
             f"step; decode ~{self.decode_tokens_per_s:,.0f} tokens/s a GPU ({a.decode_share:.0%} of peak); "
             f"responses up to {s.max_response_tokens} tokens, the "
             f"tail at {a.tail_token_s * 1000:g} ms an iteration; {s.validation_prompts} validation prompts a pass; "

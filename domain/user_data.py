@@ -121,6 +121,20 @@ def known_sources(release: VerlRelease) -> tuple[frozenset[str], tuple[str, ...]
     return frozenset(names), tuple(prefixes)
 
 
+def row_counts(value: str) -> dict[str, int] | None:
+    """verl path (data.train_files, data.val_files) -> a local folder's rows, from the parquet footers; None for
+    gs:// data (its footers are read at preview) or unreadable files (problems() says why)."""
+    import pyarrow.parquet as pq
+
+    if not value or value.startswith("gs://"):
+        return None
+    try:
+        return {path: pq.ParquetFile(Path(value).expanduser() / name).metadata.num_rows
+                for path, name in FILES.items()}
+    except Exception:  # noqa: BLE001 dataDir's own check reports what is wrong with the file
+        return None
+
+
 def folder_rows(value: str, run: VerlSettings) -> list[tuple[str, dict[str, Any]]] | None:
     """reward_rows of a local folder's train.parquet and test.parquet; None for gs:// data (read at preview) or
     without readable data."""
@@ -225,6 +239,11 @@ def file_problems(value: str, name: str, source: Any, release: VerlRelease, run:
                              f"{prompt_key}, {source_key}, reward_model.ground_truth; extra_info optional).")]
     if file.metadata.num_rows == 0:
         return [problem_line(KEY, value, f"{name} has no rows.")]
+    batch = int(run.get("data.train_batch_size"))
+    if name == FILES["data.train_files"] and file.metadata.num_rows < batch:
+        return [problem_line(KEY, value, f"{name} has {file.metadata.num_rows} rows, fewer than "
+                             f"verl.data.train_batch_size = {batch} (verl drops the last partial batch and stops: "
+                             "'Train dataloader is empty!'); add rows or lower it.")]
     if run.get(CUSTOM_REWARD) or not read_sources:
         return []
     names, prefixes = known_sources(release)

@@ -16,7 +16,7 @@ from pathlib import Path
 from hydra.errors import HydraException
 from omegaconf import DictConfig
 
-from domain import algorithms, run_memory, run_time, start_from
+from domain import algorithms, run_memory, run_time, start_from, user_data
 from domain.checkpoint_time import CHECKPOINT_BYTES_PER_PARAM, MODEL_BYTES_PER_PARAM, CheckpointTime, checkpoint_time
 from domain.config import StackConfig, config_key, problem_line
 from domain.grpo_spec import Override, overrides
@@ -143,9 +143,13 @@ def _plan(cfg: StackConfig, composed: DictConfig, warnings: list[str], run_id: s
     steps = trainer.total_training_steps
     recipe = cfg.recipe
     at_most = False
-    if steps is None and not cfg.data_dir and (cfg.dataset, cfg.dataset_revision) == (recipe.repo, recipe.revision):
+    # A local dataDir's rows from its parquet footers, else the staged recipe's (gs:// data: unknown offline).
+    rows = user_data.row_counts(cfg.data_dir) or (
+        {"data.train_files": recipe.train_rows, "data.val_files": recipe.test_rows}
+        if not cfg.data_dir and (cfg.dataset, cfg.dataset_revision) == (recipe.repo, recipe.revision) else None)
+    if steps is None and rows:
         # verl's train loader drops the last partial batch.
-        steps = recipe.train_rows // composed.data.train_batch_size * trainer.total_epochs
+        steps = rows["data.train_files"] // composed.data.train_batch_size * trainer.total_epochs
         at_most = bool(composed.data.filter_overlong_prompts)
     save_freq = int(trainer.save_freq)
     saved = kept = None
@@ -172,13 +176,14 @@ def _plan(cfg: StackConfig, composed: DictConfig, warnings: list[str], run_id: s
             reference=reference,
             recompute=bool(composed.actor_rollout_ref.model.enable_gradient_checkpointing),
             steps=steps, checkpoint_s=timing.total_s if timing else 0.0,
-            max_response_tokens=int(composed.data.max_response_length), validation_prompts=recipe.test_rows,
+            max_response_tokens=int(composed.data.max_response_length),
+            validation_prompts=rows["data.val_files"] if rows else recipe.test_rows,
             steps_at_most=at_most,
             validations=run_time.validation_passes(steps, int(trainer.test_freq)),
             validate_first=bool(trainer.val_before_train),
             model_loads=1 + int(reference and not algorithms.lora_rank(cfg.verl)) + int(algorithms.has_critic(cfg.verl)),
             critic=algorithms.has_critic(cfg.verl), lora=algorithms.lora_rank(cfg.verl) > 0),
-            run_time.Assumptions.for_platform(cfg.platform, recipe, measured))
+            run_time.Assumptions.for_platform(cfg.platform, recipe, measured, own_data=bool(cfg.data_dir)))
     shown = [f"{'*' if o.key in cfg.verl.given else ' '} {o.arg}" for o in overrides(cfg.verl)]
     return RunPlan(cfg.verl.version, steps, save_freq, saved, kept, size, warnings, run_id=run_id,
                    checkpoint_folder=str(trainer.default_local_dir), checkpoint_time=timing, time=time,

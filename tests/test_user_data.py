@@ -30,10 +30,23 @@ def row(source: str = "openai/gsm8k", **extra: Any) -> dict[str, Any]:
             **extra}
 
 
-def write(folder: Path, rows: list[dict[str, Any]], drop: tuple[str, ...] = ()) -> Path:
+BATCH = 256
+"""verl-gke's data.train_batch_size: train.parquet needs at least a batch of rows."""
+
+
+def batch_of(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`rows` cycled to a whole batch (each row's first index unchanged)."""
+    return [rows[i % len(rows)] for i in range(max(len(rows), BATCH))] if rows else rows
+
+
+def write(folder: Path, rows: list[dict[str, Any]], drop: tuple[str, ...] = (),
+          test: list[dict[str, Any]] | None = None, train_rows: int | None = None) -> Path:
+    """train.parquet: `rows` cycled to `train_rows` (default a batch); test.parquet: `test`, default `rows`."""
     folder.mkdir(parents=True, exist_ok=True)
-    table = pa.Table.from_pylist([{k: v for k, v in r.items() if k not in drop} for r in rows])
-    for name in ("train.parquet", "test.parquet"):
+    train = batch_of(rows) if train_rows is None else [rows[i % len(rows)] for i in range(train_rows)]
+    for name, part in (("train.parquet", train), ("test.parquet", rows if test is None else test)):
+        table = pa.Table.from_pylist([{k: v for k, v in r.items() if k not in drop} for r in part],
+                                     schema=None if part else pa.Table.from_pylist(rows).schema)
         pq.write_table(table, folder / name)
     return folder
 
@@ -170,7 +183,8 @@ def check(cfg: Any, objects: dict[str, int], files: dict[str, bytes]) -> preflig
 
 
 def good_files(rows: list[dict[str, Any]], drop: tuple[str, ...] = ()) -> dict[str, bytes]:
-    return {f"{name}#{gen}": parquet_bytes(rows, drop) for name, gen in PINNED.items()}
+    return {f"{name}#{gen}": parquet_bytes(batch_of(rows) if name.endswith("train.parquet") else rows, drop)
+            for name, gen in PINNED.items()}
 
 
 def test_gs_data_pinned_and_well_formed_passes_preview(tmp_path: Path) -> None:
@@ -265,7 +279,7 @@ def test_the_preview_reader_reads_ranges_of_the_pinned_generation(gcs_emulator: 
     from tests.gcs_emulator import make_bucket
 
     theirs = make_bucket(gcs_emulator, "their-data", tmp_path)
-    data = parquet_bytes([row("my/source")])
+    data = parquet_bytes(batch_of([row("my/source")]))
     generations = {name: theirs.write(name, data, 0) for name in PINNED}
     value = GS.replace("1700000000000001", str(generations["rl/train.parquet"])).replace(
         "1700000000000002", str(generations["rl/test.parquet"]))
@@ -436,3 +450,36 @@ def test_preview_checks_the_grant(tmp_path: Path) -> None:
     assert result.problems == []
     assert [n[:60] for n in result.notes if "staging may read" in n] == [
         "dataDir: NOT CHECKED that staging may read gs://their-data: "]
+
+
+# Data size (issue 49): verl's train loader drops the last partial batch and stops with 'Train dataloader is empty!'
+# (verl/trainer/ppo/ray_trainer.py, 0.6.1 and 0.9.0) when train.parquet holds fewer rows than data.train_batch_size.
+def test_a_train_file_smaller_than_a_batch_is_refused(tmp_path: Path) -> None:
+    folder = write(tmp_path / "mine", [row()], train_rows=200)
+    assert refused(**{KEY: str(folder)}) == [
+        f'{KEY} = "{folder}": train.parquet has 200 rows, fewer than verl.data.train_batch_size = 256 (verl '
+        "drops the last partial batch and stops: 'Train dataloader is empty!'); add rows or lower it."]
+
+
+def test_an_empty_test_file_is_refused(tmp_path: Path) -> None:
+    folder = write(tmp_path / "mine", [row()], test=[])
+    assert refused(**{KEY: str(folder)}) == [f'{KEY} = "{folder}": test.parquet has no rows.']
+
+
+def test_a_gs_train_file_smaller_than_a_batch_is_refused_at_preview(tmp_path: Path) -> None:
+    files = {f"{name}#{gen}": parquet_bytes([row()] * 100) for name, gen in PINNED.items()}
+    assert check(gs_cfg(tmp_path), PINNED, files).problems == [
+        f'{KEY} = "{GS}": train.parquet has 100 rows, fewer than verl.data.train_batch_size = 256 (verl drops the '
+        "last partial batch and stops: 'Train dataloader is empty!'); add rows or lower it."]
+
+
+def test_a_local_folders_rows_give_the_modeled_steps_and_validation_prompts(tmp_path: Path) -> None:
+    from domain.verl_config import verl_run_check
+
+    folder = write(tmp_path / "mine", [row()], test=[row()] * 300, train_rows=1000)
+    problems, plan = verl_run_check(load_config({**BASE_CONFIG, KEY: str(folder)}))
+    assert problems == [] and plan is not None
+    assert (plan.steps, plan.time.shape.validation_prompts) == (1000 // 256 * 2, 300)  # 2 epochs, partial dropped
+    # Its token lengths are not read offline: the default dataset's stand in, and the line says so.
+    assert "tokens a sequence (128 prompt + 320 response; openai/gsm8k's, assumed for verl-gke:dataDir)" in (
+        plan.time.lines(None)[1])

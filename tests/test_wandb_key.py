@@ -178,3 +178,23 @@ def test_the_script_finds_its_modules_where_the_config_map_mounts_them(tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [str(tmp_path / "workloads" / "kube.py"), str(tmp_path / "workloads" / "gcs.py"),
                                    str(tmp_path / "domain" / "staged.py")]
+
+
+def test_synth_lists_the_secret_check_and_answers_it_from_cloud() -> None:
+    """Through run_preflight, as `pulumi preview` makes it: offline it is listed as not made; `--cloud` answers it."""
+    import pulumi
+
+    from domain.preflight import CHECKS
+
+    offline = synth.run("a4", overrides=WANDB)
+    assert SECRET in offline.unchecked
+    assert f"  {CHECKS[SECRET]} ({SECRET})" in synth.summary(offline, Path("dist")).splitlines()
+    with pytest.raises(pulumi.RunError) as caught:
+        synth.run("a4", overrides=WANDB, cloud={SECRET: {"error": "googleapi: Error 404: Secret not found"}})
+    project = stack_project(offline)
+    assert (f'verl-gke:wandbApiKeySecret = "wandb-key": no such secret in project {project}: create it with '
+            f"`gcloud secrets create wandb-key --project {project}`") in str(caught.value)
+    found = synth.run("a4", overrides=WANDB, cloud={SECRET: {"name": f"projects/{project}/secrets/wandb-key"}})
+    assert SECRET not in found.unchecked
+    assert f"wandb: Secret Manager secret projects/{project}/secrets/wandb-key exists" in found.outputs[
+        "preflightChecks"]
