@@ -72,6 +72,38 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
+NODE_PORT_SPAN = 10000
+PORT_COUNTER = Path(tempfile.gettempdir()) / "verl-gke-ray-ports.next"
+"""The next port node_ports hands out, machine-wide (read and written under PORT_LOCK)."""
+
+
+def node_ports(count: int) -> list[int]:
+    """`count` loopback ports for a Ray node, from the NODE_PORT_SPAN ports below the kernel's ephemeral range,
+    handed out in turn machine-wide: a node binds its worker ports only when a worker starts, long after they
+    were picked, and a port from free_ports (the ephemeral range) may by then be an outgoing connection's or
+    another node's. Call under ports_held()."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    first = low - NODE_PORT_SPAN
+    try:
+        port = int(PORT_COUNTER.read_text())
+    except (OSError, ValueError):
+        port = first
+    ports: list[int] = []
+    for _ in range(NODE_PORT_SPAN):
+        port = first + (port - first) % NODE_PORT_SPAN
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+                ports.append(port)
+            except OSError:
+                pass  # in use, or a socket of it in TIME_WAIT
+        port += 1
+        if len(ports) == count:
+            PORT_COUNTER.write_text(str(port))
+            return ports
+    raise RuntimeError(f"fewer than {count} free loopback ports in {first}..{low - 1}")
+
+
 PORT_LOCK = Path(tempfile.gettempdir()) / "verl-gke-ray-ports.lock"
 """Held from picking a node's ports until it listens on them: a process starting another node at the
 same time (a second pytest worker) could otherwise pick a port just closed and not yet taken."""
@@ -104,7 +136,7 @@ def ray_start_command(temp_dir: Path, ray: Path | None = None) -> tuple[list[str
         "object-manager-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
         "runtime-env-agent-port", "metrics-export-port",
     ]
-    ports = free_ports(len(names) + WORKER_PORTS)
+    ports = node_ports(len(names) + WORKER_PORTS)
     named = dict(zip(names, ports))
     worker_ports = ",".join(str(p) for p in ports[len(names):])
     command = [
@@ -222,7 +254,7 @@ def start_node(head: RayHead, *, cpus: int = 2, gpus: int = 0, resources: str = 
     names = ["node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
              "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port"]
     with ports_held():
-        ports = free_ports(len(names) + WORKER_PORTS)
+        ports = node_ports(len(names) + WORKER_PORTS)
         command = [
             sys.executable, "-m", "tests.ray_loopback", "start", f"--address={head.gcs_address}", "--block",
             "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}", f"--num-gpus={gpus}", "--disable-usage-stats",

@@ -3,6 +3,7 @@ Ray process of the tests listens anywhere but on the loopback interface."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import ray_head
 from tests.ray_head import PORT_LOCK, listening_outside_loopback, ports_held
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,3 +51,18 @@ def test_the_loopback_check_names_a_process_listening_on_every_interface() -> No
     finally:
         listener.kill()
         listener.wait()
+
+
+def test_node_ports_are_below_the_ephemeral_range_handed_out_in_turn_and_skip_a_bound_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node binds its worker ports only when a worker starts: no outgoing connection (ephemeral range) and
+    no later node start may be given one meanwhile."""
+    monkeypatch.setattr(ray_head, "PORT_COUNTER", tmp_path / "next")
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    first = ray_head.node_ports(3)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", first[-1] + 1))
+        second = ray_head.node_ports(3)
+    assert all(low - ray_head.NODE_PORT_SPAN <= p < low for p in first + second)
+    assert not set(first) & set(second) and first[-1] + 1 not in second
+    assert second[0] == first[-1] + 2
