@@ -704,10 +704,11 @@ class StackConfig(BaseModel):
     def _user_file_rules(self) -> Iterator[str]:
         """verl-gke:dataDir and rewardFunction (domain/user_data.py, domain/reward_fn.py): the verl paths each sets
         left to it, then its files (the reward called on a row per data_source of the data, when there is some)."""
+        reward_paths = reward_fn.verl_paths(self.reward_function)  # reads the file for its digest: once
         for key, value, ours, check in (
                 (user_data.KEY, self.data_dir, user_data.verl_paths(self.data_dir),
                  lambda: user_data.problems(self.data_dir, self.facts.verl, self.verl)),
-                (reward_fn.KEY, self.reward_function, reward_fn.verl_paths(self.reward_function),
+                (reward_fn.KEY, self.reward_function, reward_paths,
                  # gs:// data: imported and bound here, called on its own rows at preview (domain/preflight.py)
                  lambda: reward_fn.problems(self.reward_function, self.verl.release,
                                             reward_fn.recipe_sample(self.recipe),
@@ -718,9 +719,8 @@ class StackConfig(BaseModel):
                                    f"{', '.join(config_key(f'verl.{p}') for p in both)}, or this key.")
             elif value:
                 yield from check()
-        ours = reward_fn.verl_paths(self.reward_function)
         for path in reward_fn.VERL_PATHS:
-            if path in self.verl.given and self.verl.get(path) is not None and path not in ours:
+            if path in self.verl.given and self.verl.get(path) is not None and path not in reward_paths:
                 yield _line(f"verl.{path}", self.verl.get(path), f"use {reward_fn.KEY} (checked and uploaded).")
 
     @_cross_field
