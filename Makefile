@@ -8,7 +8,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.runtime-installed
 TESTSET := $(VENV)/.tests-installed
-# --no-compile: pip would compile all ~20,000 installed modules (77 s of CPU); Python compiles the few it imports.
+# --no-compile: pip would compile all ~20,000 installed modules (77 s of CPU); Python compiles the few it
+# imports, once: it writes their bytecode at the first import. An inherited PYTHONDONTWRITEBYTECODE would
+# have every process (pytest's workers, each Ray daemon, worker and job driver) compile all it imports
+# anew: `import ray` at twice its CPU, thousands of times a run.
+unexport PYTHONDONTWRITEBYTECODE
 PIP := $(BIN)/pip install --progress-bar off --disable-pip-version-check --no-compile
 # uv installs the same pinned sets, resolving at once, downloading in parallel, linking from its cache (a
 # re-install takes seconds) and compiling nothing; pip installs uv itself (pinned in constraints.txt).
@@ -51,9 +55,11 @@ synth: $(RUNTIME)
 synth-all: $(RUNTIME)
 	for s in a4 a4-standard a3u-standard a4x smoke; do $(BIN)/python -m verl_gke.synth $$s || exit 1; done
 
-# Two workers; a file whose tests share a module fixture stays on one of them (tests/conftest.py groups
-# it), every other test goes to whichever worker is free. `make test-fast`: the unit tier alone.
-TEST_WORKERS ?= 2
+# Three workers on two cores: the Ray tests wait on Ray much of their time, which the third fills (two
+# left a fifth of the cores idle). A file whose tests share a module fixture stays on one worker
+# (tests/conftest.py groups it), every other test goes to whichever worker is free. `make test-fast`:
+# the unit tier alone.
+TEST_WORKERS ?= 3
 PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 NO_TEST = { status=$$?; [ $$status -ne 5 ] || echo "make $@: pytest collected no test (exit 5): nothing was checked" >&2; exit $$status; }
 test: $(TESTSET)
