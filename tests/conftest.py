@@ -210,14 +210,16 @@ def _shares_a_module_fixture(item: pytest.Function) -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each test gets the marker of its tier, from what it uses: `-m unit` selects the inner loop. Under
     `--dist loadgroup` (make test), a file whose tests share a module fixture runs on one worker (set up
-    once); every other test goes to whichever worker is free, so no long file bounds the run."""
+    once), as do the tests of one `xdist_group` mark (a child process they share); every other test goes to whichever worker is free, so no long file bounds the run."""
     for item in items:
         if isinstance(item, pytest.Function):
             item.add_marker(tier_of(item))
-            if _shares_a_module_fixture(item) and not item.get_closest_marker("xdist_group"):
-                item.add_marker(pytest.mark.xdist_group(item.path.name))
-                if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
-                    _name_the_group(item, item.path.name)
+            marked = item.get_closest_marker("xdist_group")  # tests that share a process of their own
+            group = marked.args[0] if marked else item.path.name if _shares_a_module_fixture(item) else None
+            if group and not marked:
+                item.add_marker(pytest.mark.xdist_group(group))
+            if group and getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
+                _name_the_group(item, group)
 
 
 def _name_the_group(item: pytest.Function, group: str) -> None:
