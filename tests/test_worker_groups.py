@@ -32,8 +32,10 @@ def test_alone_0(): time.sleep(0.2)
 def test_a_module_fixture_is_set_up_on_one_worker_once_and_a_marked_group_runs_on_one_worker(tmp_path: Path) -> None:
     (tmp_path / "test_probe.py").write_text(PROBE)
     log = tmp_path / "setups"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PROBE_LOG": str(log)}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest",
+    # Of the installed pytest plugins, xdist alone: importing the others (hypothesis, hydra's) was most of the CPU.
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PROBE_LOG": str(log), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "xdist.plugin",
+                           "-p", "tests.conftest",
                            "-n", "2", "--dist", "loadgroup", "--rootdir", str(tmp_path), str(tmp_path / "test_probe.py")],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
