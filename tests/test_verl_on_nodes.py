@@ -27,7 +27,7 @@ from workloads import stage_data
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 # The driver resolves verl's entry module, then a Ray task (a worker process) does the same: found on sys.path as
-# the import system finds it, without running verl's package (it imports torch: some 10 CPU s a process).
+# the import system finds it, without running verl's package (it imports torch: seconds of CPU in each process).
 _PROBE = f"""
 import importlib.machinery, ray
 def where():
