@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import pytest
 
@@ -46,7 +46,8 @@ def _hermetic_home() -> Path:
 
 SESSION_HOME = _hermetic_home()
 
-from verl_gke import synth  # noqa: E402 after HOME moved: nothing may read the user's at import
+if TYPE_CHECKING:
+    from verl_gke import synth
 
 pytest_plugins = ["tests.ray_head", "tests.gcs_emulator"]
 
@@ -116,6 +117,8 @@ def synth_stack(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], syn
     """Runs the real program for a stack under mocks once per run: the first pytest worker that needs a
     stack synthesizes it and leaves the result (pickled) in the run's temp folder the workers share; the
     others wait for it and read it."""
+    from verl_gke import synth  # here, not at the top: a pytest process that synthesizes nothing skips its import
+
     base = tmp_path_factory.getbasetemp()
     shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     cache: dict[str, synth.SynthResult] = {}
@@ -142,6 +145,8 @@ def synth_stack(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], syn
 def synth_cli(*args: str) -> subprocess.CompletedProcess[str]:
     """`python -m verl_gke.synth ARGS` as its main runs it, in this process: a child imports the program
     anew (some 3 CPU s). tests/test_synth_deterministic.py runs the module itself as a child."""
+    from verl_gke import synth
+
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
@@ -210,14 +215,16 @@ def _shares_a_module_fixture(item: pytest.Function) -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each test gets the marker of its tier, from what it uses: `-m unit` selects the inner loop. Under
     `--dist loadgroup` (make test), a file whose tests share a module fixture runs on one worker (set up
-    once); every other test goes to whichever worker is free, so no long file bounds the run."""
+    once), as do the tests of one `xdist_group` mark (a child process they share); every other test goes to whichever worker is free, so no long file bounds the run."""
     for item in items:
         if isinstance(item, pytest.Function):
             item.add_marker(tier_of(item))
-            if _shares_a_module_fixture(item) and not item.get_closest_marker("xdist_group"):
-                item.add_marker(pytest.mark.xdist_group(item.path.name))
-                if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
-                    _name_the_group(item, item.path.name)
+            marked = item.get_closest_marker("xdist_group")  # tests that share a process of their own
+            group = marked.args[0] if marked else item.path.name if _shares_a_module_fixture(item) else None
+            if group and not marked:
+                item.add_marker(pytest.mark.xdist_group(group))
+            if group and getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
+                _name_the_group(item, group)
 
 
 def _name_the_group(item: pytest.Function, group: str) -> None:

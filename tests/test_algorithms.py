@@ -18,7 +18,7 @@ from domain.platforms import PLATFORMS
 from domain.verl_wheel import unpacked
 from tests.conftest import BASE_CONFIG, verl_value
 from tests.test_verl_settings import refused
-from tests.test_verl_config import _platform, job_args, verl_verdicts
+from tests.test_verl_config import ASKS_VERL, _platform, job_args, verl_verdicts
 from verl_gke import synth
 
 RECIPES = Path(__file__).resolve().parent.parent / "docs" / "recipes.md"
@@ -32,6 +32,7 @@ def recipes() -> list[tuple[str, dict[str, Any]]]:
     return found
 
 
+@ASKS_VERL
 @pytest.mark.timeout(900)
 def test_every_recipe_synthesizes_and_verl_accepts_it() -> None:
     results = [(stack, synth.run(stack, overrides=config)) for stack, config in recipes()]
@@ -190,6 +191,7 @@ BAD_ON_A4X = [
 ]
 
 
+@ASKS_VERL
 @pytest.mark.timeout(900)
 def test_verl_0_9_0_itself_accepts_each_algorithm_on_a4x_and_refuses_what_it_cannot_run(
         a4x_runs: list[tuple[str, list[str]]]) -> None:
@@ -223,6 +225,7 @@ def test_dynamic_sampling_with_a_reward_model_in_its_own_pool_is_accepted(dapo_r
         "reward.reward_model.enable_resource_pool") is True
 
 
+@ASKS_VERL
 @pytest.mark.timeout(300)
 def test_verl_0_9_0_refuses_lora_with_a_vllm_older_than_its_range(a4x_runs: list[tuple[str, list[str]]]) -> None:
     """The image's vLLM version is what verl's own version check reads: one below 0.18 is refused."""

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pulumi
@@ -20,21 +21,52 @@ def _tree(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("stack", ["a4", "a4x"])
-def test_two_synth_runs_in_separate_processes_write_the_same_bytes(stack: str, synth_stack, tmp_path: Path):
+STACKS = ("a4", "a4x")  # one of each platform family (x86, Arm)
+# `python -m verl_gke.synth STACK --out DIR` for each pair of arguments, in one process (one import of the program):
+# a run that leaves state behind for the next shows as a difference too.
+_SYNTH_EACH = """
+import runpy, sys
+for stack, out in zip(sys.argv[1::2], sys.argv[2::2]):
+    sys.argv = ["verl_gke.synth", stack, "--out", out]
+    try:
+        runpy.run_module("verl_gke.synth", run_name="__main__", alter_sys=True)
+    except SystemExit as exited:
+        if exited.code:
+            raise
+"""
+
+
+@pytest.fixture(scope="module")
+def written_by_another_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], dict[str, bytes]]]:
+    """The files a child process's synth of each stack wrote, started at once and read when a test asks."""
     # Different hash seeds (str sets, dicts of protobuf maps) and, each process its own, memory
     # addresses (sets of objects): neither may reach the output. The other run is the session's own
     # synth of the stack (another process, its hash seed random unless set: then this one differs).
     seed = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"
-    out = tmp_path / "out"
-    process = subprocess.Popen([sys.executable, "-m", "verl_gke.synth", stack, "--out", str(out)], cwd=PROJECT_DIR,
-                               env={**os.environ, "PYTHONHASHSEED": seed}, stdout=subprocess.DEVNULL,
+    root = tmp_path_factory.mktemp("synth")
+    process = subprocess.Popen([sys.executable, "-c", _SYNTH_EACH, *(a for s in STACKS for a in (s, str(root / s)))],
+                               cwd=PROJECT_DIR, env={**os.environ, "PYTHONHASHSEED": seed}, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE)
+
+    errors: list[bytes] = []
+
+    def written(stack: str) -> dict[str, bytes]:
+        if not errors:
+            errors.append(process.communicate(timeout=540)[1])
+        assert process.returncode == 0, errors[0].decode()[-2000:]
+        return _tree(root / stack)
+
+    yield written
+    process.kill()
+    process.wait()
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("stack", STACKS)
+def test_two_synth_runs_in_separate_processes_write_the_same_bytes(stack: str, synth_stack,
+                                                                    written_by_another_process) -> None:
     expected = {name: text.encode() for name, text in synth.render(synth_stack(stack)).items()}  # meanwhile
-    _, err = process.communicate(timeout=540)
-    assert process.returncode == 0, err.decode()[-2000:]
-    written = _tree(out)
+    written = written_by_another_process(stack)
     assert json.loads(written.pop(output_dir.MARKER))["files"] == list(expected)
     assert sorted(written) == sorted(expected)
     assert [name for name in written if written[name] != expected[name]] == []

@@ -3,13 +3,18 @@ validate_config here (a child process: importing verl needs torch)."""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import dataclasses
 import json
 import os
 import re
+import selectors
 import shlex
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -43,20 +48,60 @@ VERL_0_8_0 = VerlRelease(
 )
 
 
+class _Validator:
+    """tests/verl_validate.py: started on the first request, ended with the pytest process (or when its stdin
+    closes); each request answered within its deadline or the validator is killed."""
+
+    def __init__(self) -> None:
+        # No request leaves: a path no stand-in serves fails as on a node (an absolute path is no Hub repo id).
+        # Nothing of this repository on the path: verl's alone, per request.
+        env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "HF_HUB_OFFLINE": "1"}
+        self.log = tempfile.TemporaryFile()
+        self.process = subprocess.Popen([sys.executable, str(VALIDATE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=self.log, env=env, text=True, start_new_session=True)
+
+    def ask(self, request: str, timeout: float = 300) -> list[str | None]:
+        assert self.process.stdin and self.process.stdout
+        self.process.stdin.write(request + "\n")
+        self.process.stdin.flush()
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.process.stdout, selectors.EVENT_READ)
+            ready = selector.select(timeout)
+        line = self.process.stdout.readline() if ready else ""
+        if not line:
+            self.stop()
+        self.log.seek(0)
+        stderr = self.log.read().decode(errors="replace")[-3000:]
+        assert line, f"no answer from verl's validate_config within {timeout} s:\n{stderr}"
+        reply = json.loads(line)
+        assert "results" in reply, f"{reply['error']}:\n{stderr}"
+        return reply["results"]
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+
+_VALIDATOR: list[_Validator] = []
+atexit.register(lambda: [v.stop() for v in _VALIDATOR])
+# The tests that ask verl run on one pytest worker (`--dist loadgroup`): one validator in the run.
+ASKS_VERL = pytest.mark.xdist_group("verl_validate")
+
+
 def verl_verdicts(release: VerlRelease, runs: list[list[str]], vllm_version: str | None = None) -> list[str | None]:
     """verl's validate_config on each run (None: accepted), with the release first on the path, each pinned
-    model's folder and the image's vLLM (`vllm_version`: another version) as stand-ins (tests/verl_standins.py)."""
+    model's folder and the image's vLLM (`vllm_version`: another version) as stand-ins (tests/verl_standins.py):
+    each request in a fresh fork of the warm validator (tests/verl_validate.py)."""
     models = {f"{MOUNT_PATH}/{model_dir_for(repo)}": dataclasses.asdict(shape) for repo, shape in MODELS.items()}
     image_vllm = next((p.image_vllm for p in PLATFORMS.values() if p.verl == release and p.image_vllm), None)
     vllm = image_vllm and {"source": str(vllm_source.unpacked(image_vllm)),
                            "version": vllm_version or image_vllm.version}
-    request = json.dumps({"config_dir": str(config_dir(release)), "runs": runs, "models": models, "vllm": vllm})
-    # No request leaves: a path no stand-in serves fails as on a node (an absolute path is no Hub repo id).
-    env = {**os.environ, "PYTHONPATH": str(unpacked(release)), "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, str(VALIDATE)], input=request, capture_output=True, text=True,
-                          env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
+    request = json.dumps({"verl": str(unpacked(release)), "config_dir": str(config_dir(release)), "runs": runs,
+                          "models": models, "vllm": vllm})
+    if not _VALIDATOR or _VALIDATOR[0].process.poll() is not None:
+        _VALIDATOR[:] = [_Validator()]
+    return _VALIDATOR[0].ask(request)
 
 
 def job_args(result: synth.SynthResult) -> list[str]:
@@ -110,9 +155,10 @@ STATIC_BATCHES = {A + "use_dynamic_bsz": False, R + "log_prob_use_dynamic_bsz": 
                   "actor_rollout_ref.model.use_remove_padding": False}
 
 
+@ASKS_VERL
 @pytest.mark.timeout(600)
 def test_every_stack_passes_verls_own_validate_config_and_the_batch_rules_are_verls(synth_stack: Any) -> None:
-    """One verl process per release (importing verl takes torch): the stacks' runs, and on a4's release the
+    """One request to verl per release (importing verl takes torch): the stacks' runs, and on a4's release the
     program's batch rules, each verl's validate_config verdict matching the program's, or checked by verl only
     after allocation."""
     cases = {"defaults": {}, **VERL_RULES, **AFTER_ALLOCATION}

@@ -26,11 +26,17 @@ from workloads import stage_data
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
-# The driver resolves verl's entry module, then a Ray task (a worker process) does the same.
+# The driver resolves verl's entry module, then a Ray task (a worker process) does the same: found on sys.path as
+# the import system finds it, without running verl's package (it imports torch: seconds of CPU in each process).
 _PROBE = f"""
-import importlib.util, ray
+import importlib.machinery, ray
 def where():
-    spec = importlib.util.find_spec({VERL_ENTRY_MODULE!r})
+    spec, name = None, ""
+    for part in {VERL_ENTRY_MODULE!r}.split("."):
+        name = f"{{name}}.{{part}}" if name else part
+        spec = importlib.machinery.PathFinder.find_spec(name, spec and spec.submodule_search_locations)
+        if spec is None:
+            raise ModuleNotFoundError(f"No module named {{name!r}}")
     return spec.origin
 ray.init()
 print("driver", where())

@@ -1,20 +1,29 @@
-"""Runs verl's own validate_config on composed runs; a child process of tests/test_verl_config.py.
+"""Runs verl's own validate_config on composed runs; a child process of tests/test_verl_config.py, one per pytest
+worker.
 
-Run with PYTHONPATH set to an unpacked verl wheel (domain.verl_wheel.unpacked): importing verl needs torch,
-which the program itself never loads. Reads {"config_dir", "runs": [[override, ...], ...], "models": {path:
-shape}, "vllm": {"source", "version"} or null} on stdin: each model path is served by a stand-in folder and
-vLLM by the image's pinned source (tests/verl_standins.py). Prints a JSON list with, per run, null when verl
-accepts it or verl's error. With the V1 trainer, dynamic sampling is also put to the trainer's own check.
+Reads one request per line on stdin: {"verl": an unpacked verl wheel (domain.verl_wheel.unpacked), "config_dir",
+"runs": [[override, ...], ...], "models": {path: shape}, "vllm": {"source", "version"} or null}; each model path
+is served by a stand-in folder and vLLM by the image's pinned source (tests/verl_standins.py). Answers one line per
+request: {"results": [...]} with, per run, null when verl accepts it or verl's error. With the V1 trainer, dynamic
+sampling is also put to the trainer's own check.
+
+A fork server: the process imports verl's heavy dependencies once (torch, which the program itself never loads;
+not verl, nor vLLM: verl caches what it finds of vLLM), and each request runs in a child forked from it with the
+request's verl where PYTHONPATH would put it, so that it sees a fresh interpreter's state and nothing a request
+leaves behind (verl's modules and caches, the stand-ins on sys.meta_path) reaches the next.
 """
 
 from __future__ import annotations
 
 import ast
 import contextlib
+import importlib
 import json
 import logging
+import os
 import sys
 import tempfile
+import traceback
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -63,8 +72,14 @@ def v1_sampling_check(config: object) -> None:
     namespace["_resolve_filter_groups_metric"](SimpleNamespace(config=config))  # type: ignore[operator]
 
 
-def main() -> None:
-    request = json.load(sys.stdin)
+# Imported once, before the forks: what importing verl's validators imports anyway (datasets: from verl 0.9.0 on),
+# none of it looks for vLLM or verl.
+WARM = ("torch", "transformers", "transformers.modeling_utils", "hydra", "omegaconf", "ray", "tensordict", "accelerate",
+        "datasets")
+
+
+def answer(request: dict) -> list[str | None]:
+    sys.path.insert(1, request["verl"])  # after the script's folder, as PYTHONPATH
     with tempfile.TemporaryDirectory(prefix="verl-standins-") as tmp:
         folders = {}
         for i, (path, shape) in enumerate(request.get("models", {}).items()):
@@ -74,10 +89,41 @@ def main() -> None:
             VllmStandIn(Path(request["vllm"]["source"]), request["vllm"]["version"], Path(tmp) / "site")
         runs = [[f"{k}={folders[v]}" if v in folders else f"{k}={v}" for k, _, v in (a.partition("=") for a in run)]
                 for run in request["runs"]]
-        # verl prints notices on stdout: keep stdout for the answer alone.
+        # verl prints notices on stdout: keep stdout for the answers alone.
         with contextlib.redirect_stdout(sys.stderr):
-            results = [validate(request["config_dir"], run) for run in runs]
-    print(json.dumps(results))
+            return [validate(request["config_dir"], run) for run in runs]
+
+
+def in_a_fork(line: str) -> dict:
+    """The request's answer from a child forked for it; an error when the child fails (its traceback on
+    stderr)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        os.dup2(2, 1)  # whatever verl's native code prints stays out of the answers
+        code = 1
+        try:
+            with os.fdopen(write, "w") as pipe:
+                pipe.write(json.dumps(answer(json.loads(line))))
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stderr.flush()
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        body = pipe.read()
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    return {"results": json.loads(body)} if code == 0 else {"error": f"the request's child exited with {code}"}
+
+
+def main() -> None:
+    for name in WARM:
+        importlib.import_module(name)
+    for line in sys.stdin:
+        print(json.dumps(in_a_fork(line)), flush=True)
 
 
 if __name__ == "__main__":
