@@ -26,7 +26,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -409,16 +409,31 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "ray: starts or uses a real local Ray head")
 
 
+_CLUSTER: dict[str, RayHead] = {}
+"""The head the modules that use ray_cluster one after another share (tests/conftest.py groups them)."""
+_NEXT: list[pytest.Item | None] = [None]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    _NEXT[0] = nextitem  # for ray_cluster's teardown, which runs within this hook
+
+
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[RayHead]:
-    """A head of the test module's own (0 GPUs) that nodes join and leave with `start_node`; each
-    test stops the nodes it started."""
-    head = start_head(env=MULTI_NODE_ENV)
+    """A head (0 GPUs) that nodes join and leave with `start_node`; each test stops the nodes it started,
+    and waits for the head to count them dead, so the next test counts only its own. Modules that use it
+    one after another (one pytest-xdist group) share one head, each through a JobView of its own (its jobs
+    alone are listed, as on a head of the module's own); it stops after the last of them."""
+    head = _CLUSTER.get("head") or _CLUSTER.setdefault("head", start_head(env=MULTI_NODE_ENV))
+    view = JobView(head.dashboard_url)
     try:
-        yield head
+        yield replace(head, dashboard_url=view.url)
     finally:
-        # Its state is thrown away: no need to let it shut down cleanly.
-        stop_head(head, grace_s=5.0)
+        view.close()
+        if _NEXT[0] is None or "ray_cluster" not in getattr(_NEXT[0], "fixturenames", ()):
+            # Its state is thrown away: no need to let it shut down cleanly.
+            stop_head(_CLUSTER.pop("head"), grace_s=5.0)
 
 
 SHARED_HEAD = "ray-head.json"
