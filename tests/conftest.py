@@ -215,13 +215,17 @@ def _shares_a_module_fixture(item: pytest.Function) -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each test gets the marker of its tier, from what it uses: `-m unit` selects the inner loop. Under
     `--dist loadgroup` (make test), a file whose tests share a module fixture runs on one worker (set up
-    once), as do the tests of one `xdist_group` mark (a child process they share); every other test goes to whichever worker is free, so no long file bounds the run."""
+    once), as do the tests of one `xdist_group` mark (a child process they share) and the files that share
+    ray_cluster's head, one after another; every other test goes to whichever worker is free, so no long
+    file bounds the run."""
     for item in items:
         if isinstance(item, pytest.Function):
             item.add_marker(tier_of(item))
             marked = item.get_closest_marker("xdist_group")  # tests that share a process of their own
-            group = marked.args[0] if marked else item.path.name if _shares_a_module_fixture(item) else None
-            if group and not marked:
+            group = marked.args[0] if marked else None
+            if not marked and _shares_a_module_fixture(item):
+                # The modules that use ray_cluster share its head: one group, one after another.
+                group = "ray_cluster" if "ray_cluster" in item.fixturenames else item.path.name
                 item.add_marker(pytest.mark.xdist_group(group))
             if group and getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
                 _name_the_group(item, group)

@@ -10,7 +10,9 @@ end every Ray process on the machine.
 from __future__ import annotations
 
 import fcntl
+import http.client
 import ipaddress
+import json
 import os
 import shutil
 import signal
@@ -20,10 +22,12 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -49,7 +53,7 @@ HEAD_ENV = {
 class RayHead:
     """A running head: its process (leader of its own group), dashboard URL and temp dir."""
 
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | _Adopted
     dashboard_url: str
     temp_dir: Path
     gcs_address: str = ""
@@ -112,7 +116,14 @@ same time (a second pytest worker) could otherwise pick a port just closed and n
 @contextmanager
 def ports_held(timeout_s: float = 2 * HEAD_START_TIMEOUT_S) -> Iterator[None]:
     """One node start at a time on the machine, each bounded by HEAD_START_TIMEOUT_S."""
-    with open(PORT_LOCK, "a") as lock:
+    with _held(PORT_LOCK, timeout_s, "another Ray node start"):
+        yield
+
+
+@contextmanager
+def _held(path: Path, timeout_s: float, holder: str) -> Iterator[None]:
+    """An exclusive flock on `path`, waited for at most `timeout_s`."""
+    with open(path, "a") as lock:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -120,7 +131,7 @@ def ports_held(timeout_s: float = 2 * HEAD_START_TIMEOUT_S) -> Iterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"another Ray node start held {PORT_LOCK} for over {timeout_s:g} s") from None
+                    raise RuntimeError(f"{holder} held {path} for over {timeout_s:g} s") from None
                 time.sleep(0.1)
         try:
             yield
@@ -398,27 +409,230 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "ray: starts or uses a real local Ray head")
 
 
+_CLUSTER: dict[str, RayHead] = {}
+"""The head the modules that use ray_cluster one after another share (tests/conftest.py groups them)."""
+_NEXT: list[pytest.Item | None] = [None]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    _NEXT[0] = nextitem  # for ray_cluster's teardown, which runs within this hook
+
+
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[RayHead]:
-    """A head of the test module's own (0 GPUs) that nodes join and leave with `start_node`; each
-    test stops the nodes it started."""
-    head = start_head(env=MULTI_NODE_ENV)
+    """A head (0 GPUs) that nodes join and leave with `start_node`; each test stops the nodes it started,
+    and waits for the head to count them dead, so the next test counts only its own. Modules that use it
+    one after another (one pytest-xdist group) share one head, each through a JobView of its own (its jobs
+    alone are listed, as on a head of the module's own); it stops after the last of them."""
+    head = _CLUSTER.get("head") or _CLUSTER.setdefault("head", start_head(env=MULTI_NODE_ENV))
+    view = JobView(head.dashboard_url)
     try:
-        yield head
+        yield replace(head, dashboard_url=view.url)
     finally:
-        # Its state is thrown away: no need to let it shut down cleanly.
-        stop_head(head, grace_s=5.0)
+        view.close()
+        if _NEXT[0] is None or "ray_cluster" not in getattr(_NEXT[0], "fixturenames", ()):
+            # Its state is thrown away: no need to let it shut down cleanly.
+            stop_head(_CLUSTER.pop("head"), grace_s=5.0)
+
+
+SHARED_HEAD = "ray-head.json"
+"""In the run's folder: the one head every pytest worker's `ray_head` uses (its URL, pid and temp dir)."""
+
+
+def _run_folder(config: pytest.Config) -> Path:
+    """The temp folder of the whole run: under pytest-xdist the controller's, which holds each worker's."""
+    base = config._tmp_path_factory.getbasetemp()
+    return base.parent if hasattr(config, "workerinput") else base
 
 
 @pytest.fixture(scope="session")
-def ray_head() -> Iterator[str]:
-    """The dashboard URL of a real Ray head on 127.0.0.1, shared by the session."""
-    head = start_head()
+def ray_head(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The dashboard URL of a real Ray head on 127.0.0.1 as this pytest worker sees it (a JobView): one head
+    for the whole run, started by the first worker that needs it and stopped once, by the run's controller
+    (pytest_sessionfinish below), or by its watchdog should the controller die first."""
+    view = JobView(shared_head(_run_folder(request.config), under_xdist=hasattr(request.config, "workerinput")))
     try:
-        yield head.dashboard_url
+        yield view.url
     finally:
+        view.close()
+
+
+def shared_head(folder: Path, under_xdist: bool) -> str:
+    """The run's head's dashboard URL: started here unless another worker did (they wait for it)."""
+    record = folder / SHARED_HEAD
+    with _held(folder / "ray-head.lock", 3 * HEAD_START_TIMEOUT_S, "another pytest worker starting the Ray head"):
+        if record.is_file():
+            return str(json.loads(record.read_text())["dashboard_url"])
+        # A home of the run's own, not the starting worker's (removed when that worker exits).
+        home = folder / "ray-head-home"
+        workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") if under_xdist else "1"
+        head = start_head(env={
+            **HEAD_ENV, "HOME": str(home), **{name: str(home / sub) for name, sub in (
+                ("XDG_CONFIG_HOME", ".config"), ("XDG_CACHE_HOME", ".cache"), ("XDG_DATA_HOME", ".local/share"),
+                ("XDG_STATE_HOME", ".local/state"))},
+            # Each worker's jobs start as fast as on a head of its own: a job's supervisor actor is a new Ray
+            # worker process, and the raylet starts at most this many at once (its default: the head's 1 CPU;
+            # Ray's raylet/main.cc: worker_maximum_startup_concurrency overrides it).
+            "RAY_worker_maximum_startup_concurrency": workers})
+        # The controller is this worker's parent under pytest-xdist (execnet's popen), else this process.
+        owner = os.getppid() if under_xdist else os.getpid()
+        subprocess.Popen([sys.executable, "-c", "import sys; from tests.ray_head import watch; "
+                          "watch(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])",
+                          str(owner), str(head.process.pid), str(head.temp_dir)],
+                         cwd=REPO, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+        record.write_text(json.dumps({"dashboard_url": head.dashboard_url, "pid": head.process.pid,
+                                      "temp_dir": str(head.temp_dir)}))
+        return head.dashboard_url
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The run's controller (the only process under `-n 0`) stops the shared head once every worker is done."""
+    config = session.config
+    if not hasattr(config, "workerinput") and hasattr(config, "_tmp_path_factory"):
+        stop_shared_head(_run_folder(config))
+
+
+def stop_shared_head(folder: Path) -> None:
+    record = folder / SHARED_HEAD
+    if record.is_file():
+        found = json.loads(record.read_text())
+        record.unlink()
         # As ray_cluster's: its state is thrown away, and a clean exit can take the whole grace.
-        stop_head(head, grace_s=5.0)
+        stop_head(RayHead(process=_Adopted(found["pid"]), dashboard_url=found["dashboard_url"],
+                          temp_dir=Path(found["temp_dir"])), grace_s=5.0)
+
+
+class _Adopted:
+    """A head's leader that another pytest process may have started: signalled by pid, reaped if ours."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def poll(self) -> None:
+        with suppress(ChildProcessError):
+            os.waitpid(self.pid, os.WNOHANG)
+
+    def wait(self) -> None:
+        with suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+
+
+WATCH_PERIOD_S = 2.0
+
+
+def watch(owner: int, leader: int, temp_dir: str) -> None:
+    """A process of its own beside the shared head: once the run's controller is gone (killed before its
+    pytest_sessionfinish), ends the head's session; ends by itself once the head is stopped."""
+    while _alive(owner) and _alive(leader):
+        time.sleep(WATCH_PERIOD_S)
+    if _alive(leader):
+        with suppress(AssertionError):
+            stop_head(RayHead(process=_Adopted(leader), dashboard_url="", temp_dir=Path(temp_dir)), grace_s=5.0)
+
+
+def _alive(pid: int) -> bool:
+    """Whether the process runs (a zombie does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+class JobView:
+    """A pytest worker's view of the run's shared head, on a port of its own: every request goes through
+    unchanged (a log tail's websocket too), but the job list (GET /api/jobs/) names only the jobs submitted
+    through this view. It stands in for the head each worker had to itself, as a stack's head is its own
+    (one RayCluster per stack): what the product reads of every job on the head (a create refuses beside any
+    live model export, components/job_gates.py; the run supervisor releases the GPU workers only once no
+    job is live, workloads/run_lifecycle.py) then sees this worker's jobs only, never another worker's."""
+
+    def __init__(self, head_url: str) -> None:
+        self.head = urllib.parse.urlsplit(head_url)
+        self.own: set[str] = set()
+        handler = type("Relay", (_Relay,), {"view": self})
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+VIEW_REQUEST_TIMEOUT_S = 120.0
+"""Upper bound of one request the view passes on (the callers' own deadlines are shorter)."""
+_HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "te", "trailer", "upgrade",
+                "host", "accept-encoding", "proxy-connection"}
+
+
+class _Relay(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    view: JobView
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 quiet, as the head's own log is
+        pass
+
+    def _relay(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else None
+        if "upgrade" in self.headers.get("Connection", "").lower():
+            self._tunnel(body or b"")
+            return
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS}
+        upstream = http.client.HTTPConnection(self.view.head.hostname, self.view.head.port,
+                                              timeout=VIEW_REQUEST_TIMEOUT_S)
+        try:
+            upstream.request(self.command, self.path, body, headers)
+            reply = upstream.getresponse()
+            data = reply.read()
+        except OSError:
+            self.send_error(502, f"the shared Ray head at {self.view.head.geturl()} did not answer")
+            return
+        finally:
+            upstream.close()
+        if urllib.parse.urlsplit(self.path).path.rstrip("/") == "/api/jobs" and reply.status == 200:
+            if self.command == "POST":
+                self.view.own.add(json.loads(data)["submission_id"])
+            elif self.command == "GET":
+                data = json.dumps([j for j in json.loads(data) if j.get("submission_id") in self.view.own]).encode()
+        self.send_response(reply.status, reply.reason)
+        for name, value in reply.getheaders():
+            if name.lower() not in _HOP_HEADERS:
+                self.send_header(name, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def _tunnel(self, body: bytes) -> None:
+        """A websocket (a log tail): the request as it came, then bytes both ways until either side closes."""
+        self.close_connection = True
+        upstream = socket.create_connection((self.view.head.hostname, self.view.head.port))
+        head = self.requestline + "\r\n" + "".join(f"{k}: {v}\r\n" for k, v in self.headers.items()) + "\r\n"
+        upstream.sendall(head.encode("latin-1") + body)
+
+        def back() -> None:
+            with suppress(OSError):
+                while data := upstream.recv(65536):
+                    self.wfile.write(data)
+                    self.wfile.flush()
+            with suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+
+        thread = threading.Thread(target=back, daemon=True)
+        thread.start()
+        with suppress(OSError, ValueError):
+            while data := self.rfile.read1(65536):
+                upstream.sendall(data)
+        with suppress(OSError):
+            upstream.shutdown(socket.SHUT_RDWR)
+        thread.join(timeout=VIEW_REQUEST_TIMEOUT_S)
+        upstream.close()
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _relay
 
 
 class FlakyLink:

@@ -34,7 +34,7 @@ def two_gpu_nodes(ray_cluster: RayHead) -> Iterator[RayHead]:
         yield ray_cluster
     finally:
         for node in nodes:
-            stop_node(node)
+            stop_node(node, ray_cluster)  # counted dead before the next module's tests
 
 
 def gloo_check(**extra) -> fabric.FabricCheck:

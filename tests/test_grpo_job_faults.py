@@ -9,6 +9,7 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -119,7 +120,7 @@ def _updates_under_faults(ray_head: str, monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(job_spec, "REACH_TIMEOUT_S", 5.0)
     client = JobSubmissionClient(ray_head)
     link = FlakyLink(int(ray_head.rsplit(":", 1)[1]))
-    stack = "invariant"
+    stack = f"invariant{uuid.uuid4().hex[:8]}"  # ids of its own on the run's shared head (both tests use this)
     rng = random.Random(7)
     provider = GrpoJobProvider()
     state: dict[str, object] | None = None

@@ -26,8 +26,8 @@ from workloads.run_record import RecordStore, RunRecord
 from workloads.run_supervisor import SupervisorConfig, decider
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
-# The module's own head (ray_cluster): the last test leaves a job Ray cannot stop (see there), which
-# ends with this head.
+# The ray_cluster head: the last test leaves a job Ray cannot stop (see there), which ends with the head;
+# the modules after this one share the head but never see it (their JobViews list their own jobs).
 
 
 class CountingJobs(RayJobs):
