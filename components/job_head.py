@@ -122,16 +122,22 @@ def ended_message(client: JobSubmissionClient, submission_id: str, status: str, 
 
 
 def log_tail(client: JobSubmissionClient, job: JobDetails, lines: int) -> list[str]:
-    """The last `lines` lines of the job's driver log, cut by the head (the log may be GBs)."""
+    """The last `lines` lines of the job's driver log, cut by the head (the log may be GBs), without Ray's
+    echo of the entrypoint: Ray flushes it only once the driver runs (ray's job_supervisor.py
+    _exec_entrypoint), so a driver that writes at once can have it land after, or inside, its last line."""
     if not job.driver_node_id:
         return ["(no log tail: the job's driver never started)"]
+    echo = f"Running entrypoint for job {job.submission_id}: {job.entrypoint}\n"
     query = urllib.parse.urlencode({"submission_id": job.submission_id, "node_id": job.driver_node_id,
-                                    "lines": lines, "timeout": int(head_access.REQUEST_TIMEOUT_S)})
+                                    "lines": lines + echo.count("\n"), "timeout": int(head_access.REQUEST_TIMEOUT_S)})
     try:
         response = client._do_request("GET", f"/api/v0/logs/file?{query}")
     except HeadRequestError as e:
         return [f"(no log tail: {e})"]
     if response.status_code != 200:
         return [f"(no log tail: the head answered HTTP {response.status_code})"]
+    text = response.text
+    if (at := text.rfind(echo)) >= 0:
+        text = text[:at] + text[at + len(echo):]
     # Shown by `pulumi up` in a terminal or a CI log: written by the job, so made inert.
-    return inert(response.text).splitlines()[-lines:]
+    return inert(text).splitlines()[-lines:]

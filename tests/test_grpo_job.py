@@ -13,11 +13,13 @@ import shlex
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import dill
 import pulumi
@@ -25,10 +27,11 @@ import pulumi.dynamic
 import pytest
 from pulumi.output import Unknown
 from pulumi.runtime import rpc
-from ray.job_submission import JobSubmissionClient
+from ray.job_submission import JobDetails, JobStatus, JobSubmissionClient, JobType
 
 from components import job_lease
 from components.grpo_job import GrpoJob, GrpoJobProvider, planned_outs
+from components.job_head import log_tail
 from components.job_spec import JobSpec
 from workloads.run_lifecycle import DELETED
 from workloads.run_record import RecordStore, RunRecord
@@ -537,6 +540,35 @@ def test_a_run_that_fails_within_its_start_up_grace_fails_create_with_its_log_ta
     assert " FAILED while starting: Job entrypoint command failed with exit code 4" in first_line
     assert rest[0] == "last 20 log lines:"
     assert rest[1:] == [f"line {i}" for i in range(4980, 5000)]
+
+
+class _LogCutByTheHead:
+    """A stand-in for the head's `GET /api/v0/logs/file?lines=N`: the last N lines of a driver log, as Ray
+    2.60's log agent cuts them (dashboard/modules/log/log_agent.py: a last line without a newline counts)."""
+
+    def __init__(self, log: str) -> None:
+        self.log = log
+
+    def _do_request(self, method: str, endpoint: str) -> Any:
+        lines = int(urllib.parse.parse_qs(urllib.parse.urlsplit(endpoint).query)["lines"][0])
+        return SimpleNamespace(status_code=200, text="".join(self.log.splitlines(keepends=True)[-lines:]))
+
+
+@pytest.mark.parametrize("where", ["after its last line", "inside its last line"])
+def test_the_log_tail_is_the_drivers_own_end_wherever_rays_echo_of_the_entrypoint_lands(where: str) -> None:
+    """Ray's supervisor echoes the entrypoint into the driver log through a file buffer it flushes only once
+    the driver runs (ray 2.60 dashboard/modules/job/job_supervisor.py, _exec_entrypoint), so the echo of a
+    driver that writes at once can land after its lines (seen: a 4-line `python -c` among the last 20), or
+    between a line and its newline (an unbuffered print writes them apart)."""
+    entrypoint = _py("import sys\nfor i in range(30): print(f'step {i}')\nsys.exit(3)")
+    echo = f"Running entrypoint for job sid: {entrypoint}\n"
+    steps = "".join(f"step {i}\n" for i in range(30))
+    log = "INFO job_manager.py:581 -- Runtime env is setting up.\n" + (
+        steps + echo if where == "after its last line" else steps[:-1] + echo + "\n")
+    job = JobDetails(type=JobType.SUBMISSION, submission_id="sid", entrypoint=entrypoint, driver_node_id="n",
+                     status=JobStatus.FAILED)
+    assert log_tail(cast(JobSubmissionClient, _LogCutByTheHead(log)), job, 20) == [
+        f"step {i}" for i in range(10, 30)]
 
 
 def test_create_returns_once_the_run_survived_its_start_up_grace(props: Callable[..., dict[str, Any]]) -> None:
