@@ -24,7 +24,7 @@ from access.head_access import (
 from access.log_text import inert
 from components import job_lease
 from components.job_spec import JobSpec
-from workloads.run_lifecycle import RayJobs
+from workloads.run_lifecycle import RayJobs, driver_log_path, without_rays_echo
 
 if TYPE_CHECKING:
     from ray.job_submission import JobDetails, JobSubmissionClient
@@ -123,21 +123,15 @@ def ended_message(client: JobSubmissionClient, submission_id: str, status: str, 
 
 def log_tail(client: JobSubmissionClient, job: JobDetails, lines: int) -> list[str]:
     """The last `lines` lines of the job's driver log, cut by the head (the log may be GBs), without Ray's
-    echo of the entrypoint: Ray flushes it only once the driver runs (ray's job_supervisor.py
-    _exec_entrypoint), so a driver that writes at once can have it land after, or inside, its last line."""
+    echo of the entrypoint."""
     if not job.driver_node_id:
         return ["(no log tail: the job's driver never started)"]
-    echo = f"Running entrypoint for job {job.submission_id}: {job.entrypoint}\n"
-    query = urllib.parse.urlencode({"submission_id": job.submission_id, "node_id": job.driver_node_id,
-                                    "lines": lines + echo.count("\n"), "timeout": int(head_access.REQUEST_TIMEOUT_S)})
+    fields = {"submission_id": job.submission_id, "driver_node_id": job.driver_node_id, "entrypoint": job.entrypoint}
     try:
-        response = client._do_request("GET", f"/api/v0/logs/file?{query}")
+        response = client._do_request("GET", driver_log_path(fields, lines, head_access.REQUEST_TIMEOUT_S))
     except HeadRequestError as e:
         return [f"(no log tail: {e})"]
     if response.status_code != 200:
         return [f"(no log tail: the head answered HTTP {response.status_code})"]
-    text = response.text
-    if (at := text.rfind(echo)) >= 0:
-        text = text[:at] + text[at + len(echo):]
     # Shown by `pulumi up` in a terminal or a CI log: written by the job, so made inert.
-    return inert(text).splitlines()[-lines:]
+    return inert(without_rays_echo(response.text, fields)).splitlines()[-lines:]

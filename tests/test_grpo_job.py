@@ -33,7 +33,7 @@ from components import job_lease
 from components.grpo_job import GrpoJob, GrpoJobProvider, planned_outs
 from components.job_head import log_tail
 from components.job_spec import JobSpec
-from workloads.run_lifecycle import DELETED
+from workloads.run_lifecycle import DELETED, RayJobs
 from workloads.run_record import RecordStore, RunRecord
 from tests.kube_api import kube_api
 from tests.ray_head import FlakyLink, free_ports
@@ -567,8 +567,12 @@ def test_the_log_tail_is_the_drivers_own_end_wherever_rays_echo_of_the_entrypoin
         steps + echo if where == "after its last line" else steps[:-1] + echo + "\n")
     job = JobDetails(type=JobType.SUBMISSION, submission_id="sid", entrypoint=entrypoint, driver_node_id="n",
                      status=JobStatus.FAILED)
-    assert log_tail(cast(JobSubmissionClient, _LogCutByTheHead(log)), job, 20) == [
-        f"step {i}" for i in range(10, 30)]
+    head = _LogCutByTheHead(log)
+    assert log_tail(cast(JobSubmissionClient, head), job, 20) == [f"step {i}" for i in range(10, 30)]
+    # The run supervisor's own client (the tail it records for a failed attempt) reads it alike.
+    in_cluster = RayJobs("http://head")
+    in_cluster.send = lambda method, path, data, content_type: (head._do_request(method, path).text.encode(), None)
+    assert in_cluster.log_tail(job.dict(), lines=20) == [f"step {i}" for i in range(10, 30)]
 
 
 def test_create_returns_once_the_run_survived_its_start_up_grace(props: Callable[..., dict[str, Any]]) -> None:

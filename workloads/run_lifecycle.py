@@ -195,9 +195,27 @@ class RayJobs:
         """The last lines of a job's driver log, cut by the head (the log may be GBs)."""
         if not job.get("driver_node_id"):
             return []
-        query = urllib.parse.urlencode({"submission_id": job["submission_id"], "node_id": job["driver_node_id"],
-                                        "lines": lines, "timeout": int(self.timeout_s)})
-        return self._call("GET", f"/api/v0/logs/file?{query}", raw=True).decode(errors="replace").splitlines()
+        text = self._call("GET", driver_log_path(job, lines, self.timeout_s), raw=True).decode(errors="replace")
+        return without_rays_echo(text, job).splitlines()[-lines:]
+
+
+def _rays_echo(job: Mapping[str, Any]) -> str:
+    """Ray's own line in a driver log, which its supervisor flushes only once the driver runs (ray's
+    job_supervisor.py _exec_entrypoint): a driver that writes at once can have it after, or inside, its last line."""
+    return f"Running entrypoint for job {job.get('submission_id')}: {job.get('entrypoint')}\n"
+
+
+def driver_log_path(job: Mapping[str, Any], lines: int, timeout_s: float) -> str:
+    """The head's log API request for the last `lines` of the driver's own output (room for Ray's echo)."""
+    query = urllib.parse.urlencode({"submission_id": job["submission_id"], "node_id": job["driver_node_id"],
+                                    "lines": lines + _rays_echo(job).count("\n"), "timeout": int(timeout_s)})
+    return f"/api/v0/logs/file?{query}"
+
+
+def without_rays_echo(text: str, job: Mapping[str, Any]) -> str:
+    """A driver log's tail without Ray's echo of the entrypoint, wherever it landed."""
+    echo = _rays_echo(job)
+    return text[:at] + text[at + len(echo):] if (at := text.rfind(echo)) >= 0 else text
 
 
 def meta(job: Mapping[str, Any], key: str) -> str:
