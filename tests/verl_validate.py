@@ -1,16 +1,12 @@
-"""Runs verl's own validate_config on composed runs; a child process of tests/test_verl_config.py, one per pytest
-worker.
+"""verl's own validate_config on composed runs: a fork server, one per pytest worker (tests/test_verl_config.py).
 
-Reads one request per line on stdin: {"verl": an unpacked verl wheel (domain.verl_wheel.unpacked), "config_dir",
-"runs": [[override, ...], ...], "models": {path: shape}, "vllm": {"source", "version"} or null}; each model path
-is served by a stand-in folder and vLLM by the image's pinned source (tests/verl_standins.py). Answers one line per
-request: {"results": [...]} with, per run, null when verl accepts it or verl's error. With the V1 trainer, dynamic
-sampling is also put to the trainer's own check.
-
-A fork server: the process imports verl's heavy dependencies once (torch, which the program itself never loads;
-not verl, nor vLLM: verl caches what it finds of vLLM), and each request runs in a child forked from it with the
-request's verl where PYTHONPATH would put it, so that it sees a fresh interpreter's state and nothing a request
-leaves behind (verl's modules and caches, the stand-ins on sys.meta_path) reaches the next.
+Each stdin line is a request {"verl": an unpacked wheel, "config_dir", "runs": [[override, ...], ...], "models":
+{path: shape}, "vllm": {"source", "version"} or null}, models and vLLM served by stand-ins (tests/verl_standins.py);
+each answer line is {"results": [...]}: per run null (accepted) or verl's error; with the V1 trainer, dynamic
+sampling also meets the trainer's own check. The server imports verl's heavy dependencies once (torch; not verl or
+vLLM: verl caches what it finds of vLLM) and forks a child per request with the request's verl where PYTHONPATH
+would put it: a fresh interpreter's state, nothing a request leaves behind (verl's modules and caches, the
+stand-ins on sys.meta_path) reaching the next.
 """
 
 from __future__ import annotations
