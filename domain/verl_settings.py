@@ -41,17 +41,24 @@ class Problem:
 
 
 def compose_run(folder: Path, args: list[str]) -> DictConfig:
-    """verl's `ppo_trainer` config with `args` applied, as `main_ppo` composes it."""
+    """verl's `ppo_trainer` config with `args` applied, as `main_ppo` composes it (read-only: one
+    composition serves every caller with the same folder and args)."""
+    return _composition(folder, tuple(args))
+
+
+@lru_cache(maxsize=16)
+def _composition(folder: Path, args: tuple[str, ...]) -> DictConfig:
+    # A composition is some 0.2 CPU s, and a synth needs each twice (the program's check, synth's plan).
     with initialize_config_dir(config_dir=str(folder), version_base=None, job_name="verl-gke"):
-        return compose(CONFIG_NAME, overrides=args)
+        composed = compose(CONFIG_NAME, overrides=list(args))
+    OmegaConf.set_readonly(composed, True)
+    return composed
 
 
 @lru_cache(maxsize=None)
 def defaults_of(release: VerlRelease) -> DictConfig:
     """verl's own composed defaults for `release` (read-only; composed once per process)."""
-    base = compose_run(config_dir(release), [])
-    OmegaConf.set_readonly(base, True)
-    return base
+    return compose_run(config_dir(release), [])
 
 
 def decode(value: Any) -> tuple[dict[str, Any], list[Problem]]:

@@ -66,8 +66,17 @@ def cluster_version(result: synth.SynthResult) -> str:
     return cluster.inputs["minMasterVersion"]
 
 
-def test_matching_answers_pass_and_the_cluster_gets_the_channels_default():
-    result = synth_with(GOOD)
+@pytest.fixture(scope="module")
+def good() -> tuple[synth.SynthResult, Any]:
+    """synth_with(GOOD), once for the tests that read it, with each register request's options kept."""
+    from tests.mock_run import OptionsMonitor
+
+    monitor = OptionsMonitor(synth.SynthMocks(GOOD))
+    return synth.run(STACK, overrides=REAL, monitor=monitor), monitor
+
+
+def test_matching_answers_pass_and_the_cluster_gets_the_channels_default(good):
+    result, _ = good
     assert result.unchecked == []
     assert cluster_version(result) == "1.34.1-gke.1829001"
     assert "preflight: reservation my-reservation: 4 of 4 a4-highgpu-8g free" in result.log
@@ -95,10 +104,10 @@ def test_offline_synth_shows_no_answer_the_stand_in_invented(stack: str, synth_s
         assert invented not in text, invented
 
 
-def test_preflight_checks_hold_what_was_checked_and_stay_the_same_when_only_figures_move():
+def test_preflight_checks_hold_what_was_checked_and_stay_the_same_when_only_figures_move(good):
     """The output is part of every `pulumi up`'s diff: the figures that move between runs (machines in
     use, the channel's default) go to the log, the output names the checks that passed."""
-    first = synth_with(GOOD)
+    first, _ = good
     later = synth_with({**GOOD, RESERVATION: reservation(inUseCount=1),
                         ENGINE_VERSIONS: {**VERSIONS, "releaseChannelDefaultVersion": {"REGULAR": "1.35.0-gke.1500000"}}})
     assert first.outputs["preflightChecks"] == later.outputs["preflightChecks"] == [
@@ -211,11 +220,8 @@ def test_version_pick(wanted: str, floors: list[tuple[str, str]], expected: str 
     assert gke_versions.choose(wanted, "REGULAR", floors, VERSIONS) == expected
 
 
-def test_the_pick_never_upgrades_a_running_cluster():
-    from tests.mock_run import OptionsMonitor
-
-    monitor = OptionsMonitor(synth.SynthMocks(GOOD))
-    synth.run(STACK, overrides=REAL, monitor=monitor)
+def test_the_pick_never_upgrades_a_running_cluster(good):
+    _, monitor = good
     assert monitor.sent["gke-cluster"].ignore_changes == ["minMasterVersion"]
 
 

@@ -129,8 +129,18 @@ def _resource_hash(resource: pulumi.Resource) -> int:
     resources in sets (a component's children, an Output's resources) and awaits their URNs in the
     set's order (pulumi runtime/rpc.py _add_dependency, _expand_dependencies): that order decides
     which of the resources ready at the same moment registers first, so with addresses it changed
-    from run to run. Identity still decides equality."""
-    return zlib.crc32(f"{getattr(resource, '_type', '')}::{getattr(resource, '_name', '')}".encode())
+    from run to run. Identity still decides equality. Kept on the resource once its type and name are
+    set (never changed after): the SDK's cycle check hashes each resource thousands of times."""
+    known = resource.__dict__.get(_HASH)
+    if known is not None:
+        return known
+    value = zlib.crc32(f"{getattr(resource, '_type', '')}::{getattr(resource, '_name', '')}".encode())
+    if hasattr(resource, "_type") and hasattr(resource, "_name"):
+        resource.__dict__[_HASH] = value
+    return value
+
+
+_HASH = "_synth_hash"
 
 
 class SynthMocks(pulumi.runtime.Mocks):
@@ -381,9 +391,10 @@ def run(stack: str, project_dir: Path = PROJECT_DIR, overrides: dict[str, Any] |
     raw, secret_keys = raw_config(stack, project_dir, overrides)
     declared = declared_types(project_dir)
     try:
-        healthy = preflight.healthy_answers(load_config(raw, declared=declared))
+        checked = load_config(raw, declared=declared)  # frozen: the run's summary reads it too
+        healthy = preflight.healthy_answers(checked)
     except ConfigError:
-        healthy = None  # the program reports the config's problems itself
+        checked = healthy = None  # the program reports the config's problems itself
     monitor = monitor or RecordingMonitor(SynthMocks(cloud, healthy))
     if isinstance(monitor.mocks, SynthMocks) and monitor.mocks.healthy is None:
         monitor.mocks.healthy = healthy  # a caller's own monitor gets the stand-in too
@@ -392,7 +403,7 @@ def run(stack: str, project_dir: Path = PROJECT_DIR, overrides: dict[str, Any] |
         lambda: runpy.run_path(str(project_dir / "__main__.py"), run_name="__main__"),
         stack=stack, config=raw, secret_keys=secret_keys, preview=preview, monitor=monitor, log=log)
     unchecked = list(getattr(monitor.mocks, "unchecked", []))
-    cfg = load_config(raw, declared=declared)
+    cfg = checked if checked is not None else load_config(raw, declared=declared)
     _, plan = verl_run_check(cfg, measured.load(project_dir, stack))  # the program ran it: no problem left
     modeled = [run_memory.summary_line(cfg.verl, cfg.facts, cfg.model, cfg.gpu_nodes),
                *deploy_timing.model([r.__dict__ for r in registrations], staging_time(cfg.model)).lines(
