@@ -1,7 +1,7 @@
 """The suite's wall time per tier (tests/conftest.py's markers: unit, synth, integration), each tier a
 pytest run of its own with `make test`'s workers, then what one run of all of them costs.
 
-    python -m bench.test_tiers [--workers 2] [--tiers unit,synth,integration] [--all]
+    python -m bench.test_tiers [--workers 3] [--tiers unit,synth,integration] [--all]
 
 On a shared machine the wall times include whatever else runs: the load average is printed beside them,
 and the CPU seconds (user + sys) of pytest and its workers, which the load does not inflate much.
@@ -40,7 +40,7 @@ def run(marker: str | None, workers: int) -> tuple[float, float, str, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--tiers", default=",".join(TIERS))
     parser.add_argument("--all", action="store_true", help="also one run of the whole suite")
     args = parser.parse_args()
