@@ -436,7 +436,9 @@ def ray_cluster() -> Iterator[RayHead]:
     and waits for the head to count them dead, so the next test counts only its own. Modules that use it
     one after another (one pytest-xdist group) share one head, each through a JobView of its own (its jobs
     alone are listed, as on a head of the module's own); it stops after the last of them."""
-    head = _CLUSTER.get("head") or _CLUSTER.setdefault("head", start_head(env=MULTI_NODE_ENV))
+    if "head" not in _CLUSTER:
+        _CLUSTER["head"] = start_head(env=MULTI_NODE_ENV)
+    head = _CLUSTER["head"]
     view = JobView(head.dashboard_url)
     try:
         yield replace(head, dashboard_url=view.url)
@@ -621,7 +623,8 @@ class _Relay(BaseHTTPRequestHandler):
     def _tunnel(self, body: bytes) -> None:
         """A websocket (a log tail): the request as it came, then bytes both ways until either side closes."""
         self.close_connection = True
-        upstream = socket.create_connection((self.view.head.hostname, self.view.head.port))
+        upstream = socket.create_connection((self.view.head.hostname, self.view.head.port), VIEW_REQUEST_TIMEOUT_S)
+        upstream.settimeout(None)  # connected: the stream lasts as long as the caller follows it
         head = self.requestline + "\r\n" + "".join(f"{k}: {v}\r\n" for k, v in self.headers.items()) + "\r\n"
         upstream.sendall(head.encode("latin-1") + body)
 

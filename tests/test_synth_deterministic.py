@@ -3,6 +3,7 @@ refactor pure is a byte-for-byte diff of dist/."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -48,12 +49,11 @@ def written_by_another_process(tmp_path_factory: pytest.TempPathFactory) -> Iter
                                cwd=PROJECT_DIR, env={**os.environ, "PYTHONHASHSEED": seed}, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE)
 
-    errors: list[bytes] = []
+    finished = functools.cache(lambda: process.communicate(timeout=540)[1])  # its stderr, once it exited
 
     def written(stack: str) -> dict[str, bytes]:
-        if not errors:
-            errors.append(process.communicate(timeout=540)[1])
-        assert process.returncode == 0, errors[0].decode()[-2000:]
+        stderr = finished()
+        assert process.returncode == 0, stderr.decode()[-2000:]
         return _tree(root / stack)
 
     yield written
